@@ -1,0 +1,25 @@
+# grpokit: the two commands.  `make demo` and `make test` work on a fresh machine.
+PY      ?= python3
+VENV    ?= .venv
+BIN      = $(VENV)/bin
+# torch==2.13.0 is pinned in pyproject.toml: it resolves to the local CPU build here.
+STAMP    = $(VENV)/.installed
+
+.PHONY: demo test install clean bench
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e ".[test]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/grpokit demo --out runs/demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest tests
+
+clean:
+	rm -rf $(VENV) runs build *.egg-info
