@@ -1,0 +1,16 @@
+"""The math of GRPO and its family: pure functions of tensors, no model, no I/O."""
+from grpokit.algo.advantages import group_advantages, step_advantages
+from grpokit.algo.kl import kl_penalty
+from grpokit.algo.losses import policy_loss
+from grpokit.algo.ops import masked_mean, masked_sum, token_entropy, token_logprobs
+
+__all__ = [
+    "group_advantages",
+    "step_advantages",
+    "kl_penalty",
+    "policy_loss",
+    "masked_mean",
+    "masked_sum",
+    "token_logprobs",
+    "token_entropy",
+]

@@ -1,0 +1,146 @@
+"""Advantage estimators: pure functions of reward tensors (DESIGN.md stage 4).
+
+    group_advantages(rewards, group_size, scale=..., estimator=...)  outcome rewards, one per completion
+    step_advantages(step_rewards, step_ends, ...)                    process rewards, DeepSeekMath §4.1.3
+
+Groups are contiguous: rewards[g*G:(g+1)*G] are the G completions of prompt g.
+See docs/algorithm.md for the formulas and where each comes from.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+
+def _check_groups(n: int, group_size: int) -> int:
+    if group_size < 2:
+        raise ValueError(
+            f"group_size must be >= 2 to compare completions within a group, got {group_size} "
+            "(set rollout.num_generations >= 2)"
+        )
+    if n % group_size != 0:
+        raise ValueError(f"number of rewards ({n}) is not a multiple of group_size ({group_size})")
+    return n // group_size
+
+
+# Baselines: each maps grouped rewards [B, G] to the baseline subtracted from each reward [B, G].
+def _grpo_baseline(r: Tensor) -> Tensor:
+    return r.mean(dim=1, keepdim=True).expand_as(r)
+
+
+def _rloo_baseline(r: Tensor) -> Tensor:
+    # Leave-one-out (Ahmadian et al. 2024): the mean of the other G-1 rewards.
+    G = r.shape[1]
+    return (r.sum(dim=1, keepdim=True) - r) / (G - 1)
+
+
+BASELINES: dict[str, Callable[[Tensor], Tensor]] = {"grpo": _grpo_baseline, "rloo": _rloo_baseline}
+
+
+def _zero_if_tiny(centered: Tensor, spread: Tensor) -> Tensor:
+    # A group whose rewards are all equal carries no signal (seed Q15): its advantage is exactly
+    # 0 whatever the scale, so float noise in `centered` is never divided by a tiny std.
+    return torch.where(spread > 0, centered, torch.zeros_like(centered))
+
+
+def _scale_group(centered: Tensor, r: Tensor, eps: float) -> Tensor:
+    std = r.std(dim=1, correction=0, keepdim=True)  # population std, as in the seed (Q5)
+    return _zero_if_tiny(centered, std) / (std + eps)
+
+
+def _scale_batch(centered: Tensor, r: Tensor, eps: float) -> Tensor:
+    # REINFORCE++-baseline / Dr. GRPO-style batch normalizer: one std over all N rewards.
+    std = r.std(correction=0)
+    spread = r.amax(dim=1, keepdim=True) - r.amin(dim=1, keepdim=True)
+    return _zero_if_tiny(centered, spread) / (std + eps)
+
+
+def _scale_none(centered: Tensor, r: Tensor, eps: float) -> Tensor:
+    spread = r.amax(dim=1, keepdim=True) - r.amin(dim=1, keepdim=True)
+    return _zero_if_tiny(centered, spread)
+
+
+SCALES: dict[str, Callable[[Tensor, Tensor, float], Tensor]] = {
+    "group": _scale_group,
+    "batch": _scale_batch,
+    "none": _scale_none,
+}
+
+
+def _pick(table: dict, key: str, what: str):
+    if key not in table:
+        raise ValueError(f"unknown {what} {key!r}; allowed: {', '.join(table)}")
+    return table[key]
+
+
+def group_advantages(
+    rewards: Tensor,
+    group_size: int,
+    *,
+    scale: str = "group",
+    estimator: str = "grpo",
+    eps: float = 1e-6,
+) -> Tensor:
+    """Outcome advantages, one per completion: (r - baseline) / (std + eps).
+
+    rewards: [N], N = groups x group_size, groups contiguous. Returns [N] (float32 or rewards' dtype).
+    scale: "group" (population std of the group), "batch" (population std of all N), "none".
+    estimator: "grpo" (baseline = group mean) | "rloo" (baseline = mean of the other G-1).
+    Zero-variance groups get exactly 0.  Seed Q5: [1, 0, 0] -> [1.414, -0.707, -0.707].
+    """
+    if rewards.dim() != 1:
+        raise ValueError(f"rewards must be 1-D [N], got shape {tuple(rewards.shape)}")
+    B = _check_groups(rewards.numel(), group_size)
+    baseline_fn = _pick(BASELINES, estimator, "advantage estimator")
+    scale_fn = _pick(SCALES, scale, "reward scale")
+    r = rewards.float() if not rewards.is_floating_point() else rewards
+    r = r.view(B, group_size)  # [B, G]
+    centered = r - baseline_fn(r)  # [B, G]
+    return scale_fn(centered, r, eps).reshape(-1)
+
+
+def step_advantages(
+    step_rewards: list[Tensor],
+    step_ends: list[Tensor],
+    group_size: int,
+    num_tokens: int,
+    *,
+    eps: float = 1e-6,
+) -> Tensor:
+    """Process-supervision advantages (DeepSeekMath §4.1.3), one per completion token.
+
+    step_rewards[i]: [K_i] rewards of completion i's steps; step_ends[i]: [K_i] index (in the
+    completion, 0-based, inclusive) of the last token of each step, increasing.
+    The rewards of all steps of all G completions of a group are normalized together:
+    r~ = (r - mean) / (std + eps), population std. A token's advantage is the sum of the
+    normalized rewards of the steps that end at or after it. Tokens after the last step get 0.
+    Returns [N, num_tokens].
+    """
+    n = len(step_rewards)
+    if len(step_ends) != n:
+        raise ValueError(f"{n} step reward lists but {len(step_ends)} step boundary lists")
+    B = _check_groups(n, group_size)
+    out = torch.zeros(n, num_tokens)
+    for g in range(B):
+        idx = range(g * group_size, (g + 1) * group_size)
+        flat = torch.cat([step_rewards[i].float().reshape(-1) for i in idx])
+        if flat.numel() == 0:
+            continue
+        mean, std = flat.mean(), flat.std(correction=0)
+        for i in idx:
+            r, ends = step_rewards[i].float().reshape(-1), step_ends[i].long().reshape(-1)
+            if r.numel() != ends.numel():
+                raise ValueError(f"completion {i}: {r.numel()} step rewards but {ends.numel()} step ends")
+            if r.numel() == 0:
+                continue
+            if (ends.diff() <= 0).any() or ends.min() < 0:
+                raise ValueError(f"completion {i}: step ends must be increasing and >= 0, got {ends.tolist()}")
+            norm = (r - mean) / (std + eps) if std > 0 else torch.zeros_like(r)
+            # Suffix sums over steps: step k's tokens get sum_{j>=k} norm_j.
+            suffix = norm.flip(0).cumsum(0).flip(0)  # [K]
+            starts = torch.cat([ends.new_zeros(1), ends[:-1] + 1])
+            for s, e, v in zip(starts.tolist(), ends.tolist(), suffix.tolist()):
+                out[i, s : min(e + 1, num_tokens)] = v
+    return out
