@@ -1,0 +1,328 @@
+"""One typed config for a grpokit run: every default on one screen, a docstring per field.
+
+    cfg = load_config("config.yaml", ["algorithm.beta=0.0", "rollout.num_generations=16"])
+
+Names follow TRL's GRPOConfig where one exists (num_generations, beta, epsilon, epsilon_high,
+loss_type, scale_rewards, num_iterations, max_completion_length, importance_sampling_level).
+Unknown keys and bad values raise ConfigError with one line naming the key, the value and what
+is allowed.
+"""
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class ConfigError(ValueError):
+    """A user mistake in a config file or override; the message is one line that says the fix."""
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+
+
+class ModelConfig(Section):
+    name_or_path: str = ""
+    """Hugging Face model id or local folder, loaded with AutoModelForCausalLM.from_pretrained."""
+    tokenizer: str | None = None
+    """Tokenizer id or folder; None = the model's."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Weights dtype of the trained policy (the reference copy uses the same)."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass: less memory, ~30% more compute."""
+    attn_implementation: str | None = None
+    """Passed to from_pretrained (e.g. "sdpa", "eager", "flash_attention_2"); None = transformers' default."""
+    trust_remote_code: bool = False
+    """Allow model code from the hub folder (only for models you trust)."""
+
+
+class DataConfig(Section):
+    train_path: str = ""
+    """Prompts: a .jsonl/.json/.parquet/.csv file or a `datasets` save_to_disk folder."""
+    task: str | None = None
+    """A built-in task (countdown, arithmetic) to generate prompts from instead of train_path."""
+    task_train_size: int = Field(20000, ge=1)
+    """Rows generated for a built-in task's train split."""
+    eval_path: str | None = None
+    """Held-out prompts for evaluation; None = hold out `eval_size` rows of the train data (or the task's test split)."""
+    eval_size: int = Field(0, ge=0)
+    """Held-out rows for evaluation (0 = no held-out evaluation unless eval_path or a task is given)."""
+    prompt_column: str = "prompt"
+    """Column with the prompt: a string, or a list of chat messages {role, content}."""
+    max_prompt_length: int = Field(512, ge=1)
+    """Prompts longer than this many tokens are an error or are truncated (see overlong_prompts)."""
+    overlong_prompts: Literal["error", "truncate"] = "error"
+    """What to do with a prompt longer than max_prompt_length: stop with the row number, or keep its tail and count it."""
+    system_prompt: str | None = None
+    """Prepended to every prompt (as a system message for chat prompts)."""
+    shuffle: bool = True
+    """Reshuffle the prompts every epoch (seeded)."""
+
+
+class RolloutConfig(Section):
+    engine: Literal["hf", "fast", "vllm"] = "hf"
+    """Generation engine for rollouts: hf (transformers generate), fast (built-in, CPU / small GPUs), vllm."""
+    num_generations: int = Field(8, ge=2)
+    """G: completions sampled per prompt; the group its advantages are relative to (seed Q6, Q16)."""
+    prompts_per_step: int = Field(8, ge=1)
+    """Prompts sampled per step; the rollout batch is prompts_per_step x num_generations completions."""
+    temperature: float = Field(1.0, gt=0)
+    """Sampling temperature of rollouts (log-probs for the ratio use the same temperature)."""
+    top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling; 1.0 = off."""
+    top_k: int = Field(0, ge=0)
+    """Top-k sampling; 0 = off."""
+    max_completion_length: int = Field(256, ge=1)
+    """Completions stop here; those without EOS by then count as truncated."""
+    generation_batch_size: int = Field(0, ge=0)
+    """Max sequences per generate call; 0 = the whole rollout batch at once."""
+
+
+class AlgorithmConfig(Section):
+    beta: float = Field(0.04, ge=0)
+    """KL coefficient against pi_ref (DeepSeekMath: 0.04). 0 = no reference model is loaded."""
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    """Per-token KL estimator; k3 is DeepSeekMath's (seed, unified formulas)."""
+    epsilon: float = Field(0.2, ge=0)
+    """Lower clip range: ratio >= 1 - epsilon (and the upper one unless epsilon_high is set)."""
+    epsilon_high: float | None = Field(None, ge=0)
+    """Upper clip range (DAPO clip-higher: 0.28); None = epsilon."""
+    dual_clip: float | None = Field(None, gt=1)
+    """Dual-clip bound c for negative advantages (Ye et al. 2020, typically 3); None = off."""
+    loss_type: Literal["grpo", "bnpo", "dapo", "dr_grpo"] = "grpo"
+    """Loss normalization: grpo (per-sequence mean, seed), bnpo/dapo (token mean), dr_grpo (constant)."""
+    importance_sampling_level: Literal["token", "sequence"] = "token"
+    """Ratio level: token (GRPO) or sequence (GSPO)."""
+    scale_rewards: Literal["group", "batch", "none"] = "group"
+    """Advantage scale: group std (seed), batch std, or none (Dr. GRPO)."""
+    advantage_estimator: Literal["grpo", "rloo"] = "grpo"
+    """Baseline: group mean (grpo) or leave-one-out mean (rloo)."""
+    std_eps: float = Field(1e-6, gt=0)
+    """delta in (r - mean) / (std + delta) (seed Q17)."""
+    num_iterations: int = Field(1, ge=1)
+    """mu: passes of policy updates over each rollout batch (DeepSeekMath Alg. 1)."""
+    mask_truncated_completions: bool = False
+    """DAPO overlong filtering: truncated completions get no loss."""
+
+
+class OptimConfig(Section):
+    max_steps: int = Field(100, ge=1)
+    """Training steps; each is one rollout batch and num_iterations x num_minibatches optimizer steps."""
+    learning_rate: float = Field(1e-6, gt=0)
+    """AdamW peak learning rate (TRL's default; tiny models want ~1e-4)."""
+    weight_decay: float = Field(0.0, ge=0)
+    """AdamW weight decay."""
+    adam_beta1: float = Field(0.9, ge=0, lt=1)
+    """AdamW beta1."""
+    adam_beta2: float = Field(0.999, ge=0, lt=1)
+    """AdamW beta2."""
+    adam_epsilon: float = Field(1e-8, gt=0)
+    """AdamW epsilon."""
+    max_grad_norm: float = Field(1.0, ge=0)
+    """Gradient clipping by global norm; 0 = off."""
+    lr_scheduler: Literal["constant", "linear", "cosine"] = "constant"
+    """Learning-rate schedule after warmup, over all optimizer steps."""
+    warmup_steps: int = Field(0, ge=0)
+    """Linear warmup, in optimizer steps."""
+    num_minibatches: int = Field(1, ge=1)
+    """Optimizer steps per pass over a rollout batch (TRL: steps_per_generation)."""
+    micro_batch_size: int = Field(0, ge=0)
+    """Sequences per forward/backward (gradient accumulation); 0 = a whole minibatch at once."""
+
+
+class EvalConfig(Section):
+    every: int = Field(0, ge=0)
+    """Evaluate on the held-out set every this many steps (0 = only before and after training)."""
+    at_start: bool = True
+    """Evaluate before the first step (the baseline the run is compared with)."""
+    max_samples: int = Field(0, ge=0)
+    """Cap on held-out prompts evaluated; 0 = all."""
+    k: int = Field(8, ge=1)
+    """Samples per prompt for pass@k and maj@k (1 = greedy pass@1 only)."""
+    temperature: float = Field(1.0, gt=0)
+    """Sampling temperature for pass@k / maj@k (pass@1 is greedy)."""
+    batch_size: int = Field(64, ge=1)
+    """Prompts per generate call during evaluation."""
+
+
+class LoggingConfig(Section):
+    log_every: int = Field(1, ge=1)
+    """Write metrics every this many steps."""
+    sample_every: int = Field(10, ge=0)
+    """Print and save a few sample completions every this many steps (0 = never)."""
+    num_samples: int = Field(3, ge=0)
+    """How many sample completions to show."""
+    tensorboard: bool | None = None
+    """TensorBoard event files; None = when tensorboard is installed."""
+    wandb: bool = False
+    """Log to Weights & Biases (pip install grpokit[wandb])."""
+    mlflow: bool = False
+    """Log to MLflow (pip install grpokit[mlflow])."""
+
+
+class CheckpointConfig(Section):
+    save_every: int = Field(50, ge=0)
+    """Save a checkpoint every this many steps (0 = only at the end)."""
+    keep_last: int = Field(2, ge=1)
+    """Checkpoints kept; older ones are deleted after a successful save."""
+    resume: bool = True
+    """Resume from the newest checkpoint in output_dir when there is one."""
+
+
+class RewardSpec(Section):
+    function: str
+    """Built-in name (countdown, math, format, overlong, length) or import path package.module:function."""
+    weight: float = 1.0
+    """Weight in the total reward."""
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments bound to the function."""
+    name: str | None = None
+    """Metric name (reward/<name>); default the function's name."""
+
+
+class Config(Section):
+    output_dir: str = "runs/grpo"
+    """Where metrics, samples, checkpoints and the final model go; a run here resumes."""
+    seed: int = 0
+    """Seeds Python, NumPy and torch; rollouts and data order follow from it."""
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    rewards: list[RewardSpec] = Field(default_factory=list)
+    """Reward functions, summed with their weights."""
+    reward_errors: Literal["skip", "raise"] = "skip"
+    """A reward function that raises: skip (the sample gets no reward from it, counted) or raise."""
+
+    @model_validator(mode="after")
+    def _check_batch_shapes(self) -> "Config":
+        n = self.rollout.prompts_per_step * self.rollout.num_generations
+        if n % self.optim.num_minibatches:
+            raise ValueError(
+                f"optim.num_minibatches={self.optim.num_minibatches} must divide the rollout batch "
+                f"(rollout.prompts_per_step x rollout.num_generations = {n})"
+            )
+        mb = n // self.optim.num_minibatches
+        if self.optim.micro_batch_size and mb % self.optim.micro_batch_size:
+            raise ValueError(f"optim.micro_batch_size={self.optim.micro_batch_size} must divide the minibatch size {mb}")
+        return self
+
+    # Derived values, computed in one place.
+    @property
+    def rollout_batch_size(self) -> int:
+        return self.rollout.prompts_per_step * self.rollout.num_generations
+
+    @property
+    def minibatch_size(self) -> int:
+        return self.rollout_batch_size // self.optim.num_minibatches
+
+    @property
+    def micro_batch_size(self) -> int:
+        return self.optim.micro_batch_size or self.minibatch_size
+
+
+# ---------------------------------------------------------------- loading
+
+
+def _set_dotted(tree: dict, key: str, value: Any) -> None:
+    parts = key.split(".")
+    node: Any = tree
+    for i, part in enumerate(parts[:-1]):
+        if isinstance(node, list):
+            node = node[int(part)]
+            continue
+        nxt = node.get(part)
+        if nxt is None:
+            nxt = node[part] = {}
+        elif not isinstance(nxt, (dict, list)):
+            raise ConfigError(f"override {key}: '{'.'.join(parts[: i + 1])}' is a value, not a section")
+        node = nxt
+    if isinstance(node, list):
+        node[int(parts[-1])] = value
+    else:
+        node[parts[-1]] = value
+
+
+def parse_overrides(overrides: list[str] | None) -> list[tuple[str, Any]]:
+    out = []
+    for item in overrides or []:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like section.key=value (e.g. algorithm.beta=0.0)")
+        key, raw = item.split("=", 1)
+        out.append((key.strip(), yaml.safe_load(raw) if raw.strip() else ""))
+    return out
+
+
+def _allowed_keys(model: type[BaseModel], loc: tuple) -> list[str]:
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        ann = model.model_fields[part].annotation
+        inner = getattr(ann, "__args__", (ann,))[0] if not isinstance(ann, type) else ann
+        if not (isinstance(inner, type) and issubclass(inner, BaseModel)):
+            return []
+        model = inner
+    return list(model.model_fields)
+
+
+def _one_line(err: ValidationError) -> str:
+    e = err.errors()[0]
+    loc = tuple(e["loc"])
+    key = ".".join(str(p) for p in loc) or "config"
+    if e["type"] == "extra_forbidden":
+        allowed = _allowed_keys(Config, loc)
+        close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        return f"unknown config key '{key}'{hint} (allowed here: {', '.join(allowed)})"
+    if e["type"] == "value_error" and not loc:
+        return str(e["msg"]).removeprefix("Value error, ")
+    value = e.get("input")
+    return f"bad value for '{key}': {value!r}: {e['msg']}"
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None, *, base: dict | None = None) -> Config:
+    """YAML file (optional) + dotted overrides -> validated Config, or ConfigError with one line."""
+    tree: dict = dict(base or {})
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {str(p)!r} not found")
+        try:
+            loaded = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" at line {mark.line + 1}" if mark else ""
+            raise ConfigError(f"config file {str(p)!r} is not valid YAML{where}") from None
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {str(p)!r} must be a mapping of sections (model:, data:, ...)")
+        tree.update(loaded)
+    for key, value in parse_overrides(overrides):
+        try:
+            _set_dotted(tree, key, value)
+        except (IndexError, ValueError, TypeError) as exc:
+            raise ConfigError(f"override {key}={value!r} does not fit the config: {exc}") from None
+    try:
+        return Config.model_validate(tree)
+    except ValidationError as err:
+        raise ConfigError(_one_line(err)) from None
+
+
+def describe(model: type[BaseModel] = Config, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(dotted key, default, docstring) for every field: the table in the docs and `grpokit config`."""
+    rows = []
+    for name, field in model.model_fields.items():
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            rows += describe(ann, f"{prefix}{name}.")
+            continue
+        default = "" if field.is_required() else repr(field.get_default(call_default_factory=True))
+        rows.append((prefix + name, default, field.description or ""))
+    return rows
