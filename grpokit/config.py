@@ -132,6 +132,8 @@ class OptimConfig(Section):
     """Optimizer steps per pass over a rollout batch (TRL: steps_per_generation)."""
     micro_batch_size: int = Field(0, ge=0)
     """Sequences per forward/backward (gradient accumulation); 0 = a whole minibatch at once."""
+    max_consecutive_skips: int = Field(10, ge=1)
+    """Stop after this many optimizer steps in a row were skipped for a non-finite loss or gradient."""
 
 
 class EvalConfig(Section):
@@ -147,6 +149,10 @@ class EvalConfig(Section):
     """Sampling temperature for pass@k / maj@k (pass@1 is greedy)."""
     batch_size: int = Field(64, ge=1)
     """Prompts per generate call during evaluation."""
+    reward: str | None = None
+    """Reward function (by metric name) that judges correctness; None = the first configured one."""
+    correct_threshold: float = 1.0
+    """A completion is correct when the judging reward is >= this."""
 
 
 class LoggingConfig(Section):

@@ -1,0 +1,100 @@
+"""Held-out evaluation with fixed decoding: pass@1 (greedy), pass@k and maj@k (sampled, seeded).
+
+    metrics = evaluate(engine, rows, judge, k=8, temperature=1.0, max_tokens=64, seed=1234)
+
+`judge(rows, completions) -> (score, correct, well_formed)` turns completions into per-sample floats
+and booleans; `make_judge` builds one from a RewardManager (correct = the judging reward >= threshold).
+Sampling runs under a forked RNG, so evaluating never changes the training run's random stream.
+"""
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Callable, Sequence
+
+import torch
+
+from grpokit.rollout.base import Completions, SamplingParams
+
+Judge = Callable[[Sequence, Completions], tuple[list[float], list[bool], list[bool]]]
+
+
+def make_judge(reward_manager, *, reward_name: str | None = None, threshold: float = 1.0) -> Judge:
+    """Judge with one reward function's raw value (default: the first configured one)."""
+
+    def judge(rows, comps: Completions):
+        n = len(comps) // len(rows)
+        expand = lambda xs: [x for x in xs for _ in range(n)]  # noqa: E731
+        columns = {c: expand([r.columns[c] for r in rows]) for c in rows[0].columns}
+        out = reward_manager(
+            prompts=expand([r.prompt for r in rows]),
+            completions=comps.texts,
+            completion_ids=comps.token_ids,
+            columns=columns,
+        )
+        name = reward_name or next(iter(out.per_function))
+        if name not in out.per_function:
+            raise ValueError(f"eval reward {name!r} is not one of the configured rewards: {', '.join(out.per_function)}")
+        raw = torch.nan_to_num(out.per_function[name], nan=0.0)
+        fmt = out.per_function.get("format")
+        fmt = torch.nan_to_num(fmt, nan=0.0) > 0 if fmt is not None else raw > 0
+        return raw.tolist(), (raw >= threshold).tolist(), fmt.tolist()
+
+    return judge
+
+
+def answer_key(text: str) -> str:
+    """What maj@k votes on: the completion with whitespace normalized."""
+    return " ".join(text.split())
+
+
+@torch.no_grad()
+def evaluate(
+    engine,
+    rows: Sequence,
+    judge: Judge,
+    *,
+    k: int = 8,
+    temperature: float = 1.0,
+    max_tokens: int = 256,
+    batch_size: int = 64,
+    seed: int = 1234,
+) -> dict[str, float]:
+    t0 = time.perf_counter()
+    greedy = SamplingParams(max_tokens=max_tokens, greedy=True)
+    correct, fmt, scores, lengths = [], [], [], []
+    for start in range(0, len(rows), batch_size):
+        chunk = rows[start : start + batch_size]
+        comps = engine.generate([r.prompt_ids for r in chunk], 1, greedy)
+        s, c, f = judge(chunk, comps)
+        scores += s
+        correct += c
+        fmt += f
+        lengths += [len(t) for t in comps.token_ids]
+    n = max(len(rows), 1)
+    metrics = {
+        "eval/pass@1": sum(correct) / n,
+        "eval/format_rate": sum(fmt) / n,
+        "eval/reward_mean": sum(scores) / n,
+        "eval/mean_length": sum(lengths) / max(len(lengths), 1),
+        "eval/num_prompts": float(len(rows)),
+    }
+    if k > 1:
+        sampling = SamplingParams(max_tokens=max_tokens, temperature=temperature)
+        any_ok, maj_ok = 0, 0
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            for start in range(0, len(rows), max(1, batch_size // k) or 1):
+                chunk = rows[start : start + max(1, batch_size // k)]
+                comps = engine.generate([r.prompt_ids for r in chunk], k, sampling)
+                _, ok, _ = judge(chunk, comps)
+                for i in range(len(chunk)):
+                    oks = ok[i * k : (i + 1) * k]
+                    keys = [answer_key(t) for t in comps.texts[i * k : (i + 1) * k]]
+                    any_ok += any(oks)
+                    top = Counter(keys).most_common(1)[0][0]  # ties: the first seen
+                    maj_ok += oks[keys.index(top)]
+        metrics[f"eval/pass@{k}"] = any_ok / n
+        metrics[f"eval/maj@{k}"] = maj_ok / n
+    metrics["eval/time"] = time.perf_counter() - t0
+    return metrics

@@ -1,0 +1,24 @@
+"""Rollout engines behind one interface (base.RolloutEngine)."""
+from __future__ import annotations
+
+from grpokit.rollout.base import Completions, RolloutEngine, SamplingParams
+
+
+def make_engine(name: str, model, tokenizer, *, batch_size: int = 0) -> RolloutEngine:
+    """The engine named in rollout.engine, generating with `model` (pi_old)."""
+    if name == "hf":
+        from grpokit.rollout.hf import HFEngine
+
+        return HFEngine(model, tokenizer, batch_size=batch_size)
+    if name == "fast":
+        from grpokit.rollout.fast import FastEngine
+
+        return FastEngine(model, tokenizer, batch_size=batch_size)
+    if name == "vllm":
+        from grpokit.rollout.vllm import VLLMEngine
+
+        return VLLMEngine(model, tokenizer)
+    raise ValueError(f"unknown rollout.engine {name!r}; allowed: hf, fast, vllm")
+
+
+__all__ = ["Completions", "RolloutEngine", "SamplingParams", "make_engine"]

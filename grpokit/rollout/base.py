@@ -1,0 +1,55 @@
+"""The rollout interface: every engine turns prompt token ids into G completions each.
+
+    engine.generate(prompt_token_ids, n, sampling) -> Completions
+
+Output order is prompt-major: completions [i*n, (i+1)*n) belong to prompt i, so groups are
+contiguous as group_advantages expects. The engine plays pi_old: `sync_weights(model)` is called
+after every optimizer step that precedes a rollout.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int
+    """Max new tokens per completion."""
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    """0 = off."""
+    greedy: bool = False
+    """Argmax decoding (temperature, top_p and top_k are ignored)."""
+
+
+@dataclass
+class Completions:
+    token_ids: list[list[int]]  # [N][len_i] completion tokens, EOS included when the model stopped
+    texts: list[str]  # [N] decoded without special tokens
+    finish_reasons: list[str]  # [N] "stop" (EOS) | "length" (hit max_tokens: truncated)
+    logprobs: list[list[float]] | None = None  # [N][len_i] sampler log-probs (after temperature), if the engine has them
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def truncated(self) -> list[bool]:
+        return [r == "length" for r in self.finish_reasons]
+
+
+class RolloutEngine(Protocol):
+    def generate(self, prompt_token_ids: list[list[int]], n: int, sampling: SamplingParams) -> Completions: ...
+
+    def sync_weights(self, model: torch.nn.Module) -> None: ...
+
+
+def cut_at_eos(ids: list[int], eos_ids: set[int], max_tokens: int) -> tuple[list[int], str]:
+    """Keep tokens up to and including the first EOS; 'length' when there is none within max_tokens."""
+    for j, t in enumerate(ids[:max_tokens]):
+        if t in eos_ids:
+            return ids[: j + 1], "stop"
+    return ids[:max_tokens], "length"
