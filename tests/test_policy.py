@@ -1,0 +1,59 @@
+"""Per-token log-probs of a padded batch equal those of each sequence alone."""
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from grpokit.policy import completion_logprobs, pack_sequences
+
+
+def tiny_llama(seed=0):
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    return LlamaForCausalLM(cfg).eval()
+
+
+PROMPTS = [[1, 5, 6], [1, 7, 8, 9, 10, 11], [1, 2]]
+COMPS = [[3, 4, 2], [12], [13, 14, 15, 16, 17]]
+
+
+def test_pack_layout():
+    b = pack_sequences(PROMPTS, COMPS, pad_id=0)
+    assert b.input_ids.shape == (3, 6 + 5)
+    assert b.completion_mask.tolist() == [[1, 1, 1, 0, 0], [1, 0, 0, 0, 0], [1, 1, 1, 1, 1]]
+    # Row 0: 3 pads on the left, positions start at 0 on the first real token and never skip.
+    assert b.attention_mask[0].tolist() == [0, 0, 0, 1, 1, 1, 1, 1, 1, 0, 0]
+    assert b.position_ids[0, 3:9].tolist() == [0, 1, 2, 3, 4, 5]
+
+
+def test_padded_logprobs_equal_unpadded():
+    model = tiny_llama()
+    batch = pack_sequences(PROMPTS, COMPS, pad_id=0)
+    logp, ent = completion_logprobs(model, batch, with_entropy=True)
+    for i, (p, c) in enumerate(zip(PROMPTS, COMPS)):
+        # Reference: the sequence alone, no padding, full log-softmax.
+        ids = torch.tensor([p + c])
+        logits = model(input_ids=ids).logits[0, len(p) - 1 : -1]
+        ref = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(c)[:, None]).squeeze(-1)
+        torch.testing.assert_close(logp[i, : len(c)], ref, rtol=1e-5, atol=1e-5)
+        p_ = torch.softmax(logits.float(), -1)
+        torch.testing.assert_close(ent[i, : len(c)], -(p_ * p_.log()).sum(-1), rtol=1e-4, atol=1e-5)
+
+
+def test_row_subset_trims_padding_and_keeps_values():
+    model = tiny_llama()
+    batch = pack_sequences(PROMPTS, COMPS, pad_id=0)
+    full, _ = completion_logprobs(model, batch)
+    sub = batch.rows(torch.tensor([0, 2]))
+    assert sub.input_ids.shape[1] < batch.input_ids.shape[1]
+    part, _ = completion_logprobs(model, sub)
+    torch.testing.assert_close(part, full[[0, 2], : part.shape[1]], rtol=1e-5, atol=1e-5)
+
+
+def test_temperature_scales_logits():
+    model = tiny_llama()
+    batch = pack_sequences(PROMPTS[:1], COMPS[:1], pad_id=0)
+    lp, _ = completion_logprobs(model, batch, temperature=0.7)
+    ids = torch.tensor([PROMPTS[0] + COMPS[0]])
+    logits = model(input_ids=ids).logits[0, 2:-1] / 0.7
+    ref = torch.log_softmax(logits, -1).gather(-1, torch.tensor(COMPS[0])[:, None]).squeeze(-1)
+    torch.testing.assert_close(lp[0], ref, rtol=1e-5, atol=1e-5)
