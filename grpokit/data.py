@@ -1,0 +1,418 @@
+"""Stage 1 of DESIGN.md (config section `data`): load rows, render and tokenize prompts, sample prompts per step.
+
+    rows = load_rows("train.jsonl")                      # .jsonl .json .parquet .csv, or a datasets folder
+    train, held_out = split_rows(rows, eval_size=100, seed=0)
+    ds = PromptDataset(train, tokenizer, max_prompt_length=512)
+    sampler = PromptSampler(len(ds), prompts_per_step=8, seed=0)
+    batch = [ds[i] for i in sampler.next()]              # each row is then repeated G times by the trainer
+
+Rendering follows TRL (`maybe_apply_chat_template`): a string prompt is tokenized as-is with the
+tokenizer's special tokens (BOS); a list of chat messages goes through the tokenizer's chat template
+with the generation prompt, and is tokenized without special tokens because the template already
+writes them. Prompts are tokenized once, here, so rollouts never re-tokenize.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+SUPPORTED_FILES = (".jsonl", ".json", ".parquet", ".csv")
+OVERLONG_CHOICES = ("error", "truncate")
+
+Prompt = str | list[dict[str, Any]]
+
+
+class DataError(ValueError):
+    """A problem with the user's data, in one line that names the problem and the fix."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+
+
+def load_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """Read every row of a dataset file or `datasets` folder as a plain dict."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise DataError(f"dataset not found: {str(path)!r} (resolved to {p.resolve()}); check data.train_path / data.eval_path")
+    if p.is_dir():
+        rows = _read_datasets_folder(p)
+    else:
+        reader = _READERS.get(p.suffix.lower())
+        if reader is None:
+            raise DataError(
+                f"unsupported dataset file {p.name!r}; use one of {', '.join(SUPPORTED_FILES)} "
+                "or a folder written by datasets' save_to_disk"
+            )
+        rows = reader(p)
+    if not rows:
+        raise DataError(f"dataset {str(path)!r} has no rows; point to a file with at least one prompt")
+    return rows
+
+
+def _as_row(obj: Any, where: str, path: Path) -> dict[str, Any]:
+    if not isinstance(obj, dict):
+        raise DataError(f"{path.name}: {where} is a JSON {type(obj).__name__}, not an object; write one {{...}} per row")
+    return obj
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    with path.open(encoding="utf-8-sig") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path.name}: line {lineno} is not valid JSON ({e.msg}); fix or remove that line") from None
+            rows.append(_as_row(obj, f"line {lineno}", path))
+    return rows
+
+
+def _read_json(path: Path) -> list[dict[str, Any]]:
+    text = path.read_text(encoding="utf-8-sig")
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        if e.msg == "Extra data":  # more than one top-level value: JSON lines in a .json file
+            return _read_jsonl(path)
+        raise DataError(f"{path.name}: not valid JSON ({e.msg} at line {e.lineno}); fix the file") from None
+    if isinstance(obj, dict):  # a single JSON-lines row is also a valid JSON document
+        return [obj]
+    if not isinstance(obj, list):
+        raise DataError(f"{path.name}: holds a JSON {type(obj).__name__}; write a list of objects or one object per line")
+    return [_as_row(o, f"item {i}", path) for i, o in enumerate(obj)]
+
+
+def _read_parquet(path: Path) -> list[dict[str, Any]]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.read_table(path).to_pylist()
+    except (pa.ArrowException, OSError) as e:
+        raise DataError(f"{path.name}: cannot read as Parquet ({e}); check the file") from None
+
+
+def _read_csv(path: Path) -> list[dict[str, Any]]:
+    # Columns whose every non-empty cell is an int (or a float) become ints (floats), as
+    # pandas.read_csv and therefore datasets' CSV loader do; everything else stays a string.
+    with path.open(encoding="utf-8-sig", newline="") as f:
+        reader = csv.DictReader(f)
+        cells = list(reader)
+        names = reader.fieldnames or []
+    for i, row in enumerate(cells):
+        if None in row:
+            raise DataError(f"{path.name}: row {i} has more fields than the header {names}; quote fields that contain commas")
+    columns = {name: _infer_csv_column([row[name] for row in cells]) for name in names}
+    return [{name: columns[name][i] for name in names} for i in range(len(cells))]
+
+
+def _infer_csv_column(values: list[str | None]) -> list[Any]:
+    present = [v for v in values if v not in ("", None)]
+    if not present:
+        return values
+    for cast in (int, float):
+        try:
+            [cast(v) for v in present]
+        except ValueError:
+            continue
+        return [cast(v) if v not in ("", None) else None for v in values]
+    return values
+
+
+def _read_datasets_folder(path: Path) -> list[dict[str, Any]]:
+    try:
+        import datasets
+    except ImportError:
+        raise DataError(f"{path} is a folder; reading a datasets folder needs `pip install datasets`") from None
+    try:
+        ds = datasets.load_from_disk(str(path))
+    except FileNotFoundError:
+        raise DataError(
+            f"{path} is a folder but not one written by datasets' save_to_disk; point to a data file "
+            f"({', '.join(SUPPORTED_FILES)}) or a save_to_disk folder"
+        ) from None
+    if isinstance(ds, datasets.DatasetDict):
+        if "train" not in ds:
+            raise DataError(
+                f"{path} holds splits {sorted(ds)} but no 'train' split; save the split to train on "
+                "with ds[name].save_to_disk(folder) and point to that folder"
+            )
+        ds = ds["train"]
+    return ds.to_list()
+
+
+_READERS = {".jsonl": _read_jsonl, ".json": _read_json, ".parquet": _read_parquet, ".csv": _read_csv}
+
+
+# ---------------------------------------------------------------------------------------------
+# Columns and splitting
+
+
+def _column_names(rows: Sequence[dict[str, Any]]) -> list[str]:
+    names: dict[str, None] = {}  # ordered union: JSON-lines rows need not share keys
+    for row in rows:
+        names.update(dict.fromkeys(row))
+    return list(names)
+
+
+def _check_prompt_column(columns: list[str], prompt_column: str) -> None:
+    if prompt_column not in columns:
+        raise DataError(
+            f"no {prompt_column!r} column in the dataset (columns found: {columns}); "
+            "name the prompt column with data.prompt_column"
+        )
+
+
+def _prompt_key(prompt: Any) -> str:
+    # Same text <=> same key; a string and a one-message chat with that text are different prompts.
+    if isinstance(prompt, str):
+        return "s:" + prompt
+    return "j:" + json.dumps(prompt, sort_keys=True, default=str)
+
+
+def split_rows(
+    rows: Sequence[dict[str, Any]], eval_size: int | float, seed: int, *, prompt_column: str = "prompt"
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Hold out `eval_size` distinct prompts (an int, or a fraction in (0, 1) of the distinct prompts).
+
+    The held-out set has one row per chosen prompt; the train set is every row whose prompt was
+    not chosen (duplicates included), so no prompt text appears in both. Both keep the input order.
+    Deterministic in `seed`.
+    """
+    if not rows:
+        raise DataError("cannot split an empty dataset; point to a file with at least one prompt")
+    _check_prompt_column(_column_names(rows), prompt_column)
+    first_row_of: dict[str, int] = {}
+    for i, row in enumerate(rows):
+        first_row_of.setdefault(_prompt_key(row.get(prompt_column)), i)
+    n_unique = len(first_row_of)
+
+    if isinstance(eval_size, bool) or not isinstance(eval_size, (int, float)):
+        raise DataError(f"eval_size must be an int (rows) or a float in (0, 1) (fraction), got {eval_size!r}")
+    if isinstance(eval_size, float):
+        if not 0.0 < eval_size < 1.0:
+            raise DataError(f"eval_size={eval_size} as a fraction must be in (0, 1); use an int for a row count")
+        n_eval = math.ceil(eval_size * n_unique)  # ceil, as datasets' train_test_split does for test_size
+    else:
+        if eval_size < 0:
+            raise DataError(f"eval_size={eval_size} must be >= 0")
+        n_eval = eval_size
+    if n_eval == 0:
+        return list(rows), []
+    if n_eval >= n_unique:
+        raise DataError(
+            f"eval_size={eval_size} would hold out {n_eval} of the dataset's {n_unique} distinct prompts, "
+            "leaving none to train on; lower data.eval_size"
+        )
+
+    keys = list(first_row_of)  # first-occurrence order, so the shuffle below is deterministic
+    random.Random(seed).shuffle(keys)
+    held_keys = set(keys[:n_eval])
+    held_idx = sorted(first_row_of[k] for k in held_keys)
+    train = [row for row in rows if _prompt_key(row.get(prompt_column)) not in held_keys]
+    return train, [rows[i] for i in held_idx]
+
+
+# ---------------------------------------------------------------------------------------------
+# Rendering and tokenizing
+
+
+@dataclass(frozen=True)
+class PromptRow:
+    prompt_ids: list[int]  # [P] token ids fed to the model, P <= max_prompt_length
+    prompt_text: str  # the rendered text behind prompt_ids (decoded from them when truncated)
+    prompt: Prompt  # the original value, passed to reward functions as `prompts`
+    columns: dict[str, Any] = field(default_factory=dict)  # every other column, passed as keyword arguments
+
+
+def _is_messages(prompt: Any) -> bool:
+    return (
+        isinstance(prompt, list)
+        and len(prompt) > 0
+        and all(isinstance(m, dict) and isinstance(m.get("role"), str) and "content" in m for m in prompt)
+    )
+
+
+def _short_repr(value: Any, limit: int = 60) -> str:
+    r = repr(value).replace("\n", "\\n")
+    return r if len(r) <= limit else r[: limit - 3] + "..."
+
+
+class PromptDataset:
+    """Rows with their prompts rendered and tokenized once, at construction.
+
+    overlong="error" rejects a prompt longer than max_prompt_length; "truncate" keeps its last
+    max_prompt_length tokens (the question is usually at the end; the cost is that a truncated
+    prompt loses its BOS and the head of its chat template) and counts it in `num_truncated`.
+    """
+
+    def __init__(
+        self,
+        rows: Sequence[dict[str, Any]],
+        tokenizer: Any,
+        prompt_column: str = "prompt",
+        max_prompt_length: int = 512,
+        overlong: str = "error",
+        system_prompt: str | None = None,
+    ):
+        if overlong not in OVERLONG_CHOICES:
+            raise DataError(f"data.overlong_prompts={overlong!r} is not one of {list(OVERLONG_CHOICES)}")
+        if isinstance(max_prompt_length, bool) or not isinstance(max_prompt_length, int) or max_prompt_length < 1:
+            raise DataError(f"data.max_prompt_length={max_prompt_length!r} must be a positive int")
+        if not rows:
+            raise DataError("the dataset has no rows; point to a file with at least one prompt")
+        self.column_names = _column_names(rows)  # every column, prompt included, in first-seen order
+        _check_prompt_column(self.column_names, prompt_column)
+        self.prompt_column = prompt_column
+        self.max_prompt_length = max_prompt_length
+
+        prompts = [row.get(prompt_column) for row in rows]
+        texts = [self._render(i, p, tokenizer, system_prompt) for i, p in enumerate(prompts)]
+        ids = self._tokenize(texts, prompts, tokenizer)
+
+        lengths = [len(x) for x in ids]
+        if min(lengths) == 0:
+            i = lengths.index(0)
+            raise DataError(
+                f"row {i}: prompt {_short_repr(prompts[i])} renders to zero tokens; remove the row or fill in its prompt"
+            )
+        overlong_rows = [i for i, n in enumerate(lengths) if n > max_prompt_length]
+        if overlong_rows and overlong == "error":
+            i, more = overlong_rows[0], len(overlong_rows) - 1
+            others = f" ({more} more rows are too)" if more else ""
+            raise DataError(
+                f"row {i}: prompt is {lengths[i]} tokens, longer than data.max_prompt_length={max_prompt_length}{others}; "
+                "raise data.max_prompt_length or set data.overlong_prompts=truncate"
+            )
+        for i in overlong_rows:
+            ids[i] = ids[i][-max_prompt_length:]
+            texts[i] = tokenizer.decode(ids[i], skip_special_tokens=False)
+        self.num_truncated = len(overlong_rows)
+
+        self._ids = ids
+        self._texts = texts
+        self._prompts = prompts
+        self._columns = [{c: row.get(c) for c in self.column_names if c != prompt_column} for row in rows]
+
+    @staticmethod
+    def _render(i: int, prompt: Any, tokenizer: Any, system_prompt: str | None) -> str:
+        if isinstance(prompt, str):
+            return prompt if system_prompt is None else system_prompt + "\n" + prompt
+        if not _is_messages(prompt):
+            raise DataError(
+                f"row {i}: prompt {_short_repr(prompt)} ({type(prompt).__name__}) is not a string or a list of "
+                '{"role", "content"} messages; fix that row or point data.prompt_column at the prompt column'
+            )
+        if not getattr(tokenizer, "chat_template", None):
+            raise DataError(
+                f"row {i}: prompt is a list of chat messages but the tokenizer has no chat_template; "
+                "use a tokenizer with a chat template (e.g. an instruct model) or plain-string prompts"
+            )
+        messages = list(prompt)
+        if system_prompt is not None and not any(m["role"] == "system" for m in messages):
+            messages = [{"role": "system", "content": system_prompt}, *messages]
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+    @staticmethod
+    def _tokenize(texts: list[str], prompts: list[Any], tokenizer: Any) -> list[list[int]]:
+        # Two batched calls: plain strings get the tokenizer's special tokens (BOS), rendered chats
+        # do not, because the chat template already wrote them.
+        ids: list[list[int]] = [[] for _ in texts]
+        for is_str in (True, False):
+            idx = [i for i, p in enumerate(prompts) if isinstance(p, str) == is_str]
+            if idx:
+                enc = tokenizer([texts[i] for i in idx], add_special_tokens=is_str)["input_ids"]
+                for i, e in zip(idx, enc):
+                    ids[i] = list(e)
+        return ids
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def __getitem__(self, i: int) -> PromptRow:
+        return PromptRow(
+            prompt_ids=self._ids[i], prompt_text=self._texts[i], prompt=self._prompts[i], columns=self._columns[i]
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Sampling
+
+
+class PromptSampler:
+    """An endless stream of row indices, `prompts_per_step` at a time.
+
+    Epoch e visits every row once, in a permutation seeded by (seed, e); a batch that runs past
+    the end of an epoch continues into the next (so a batch may, rarely, hold a row twice).
+    `epoch` is the epoch the next index comes from, i.e. the number of completed passes.
+    The state is two ints, so resuming gives exactly the batches an uninterrupted run would.
+    """
+
+    def __init__(self, num_rows: int, prompts_per_step: int, seed: int, shuffle: bool = True):
+        if num_rows < 1:
+            raise DataError(f"cannot sample from {num_rows} rows; the dataset needs at least one prompt")
+        if prompts_per_step < 1:
+            raise DataError(f"rollout.prompts_per_step={prompts_per_step} must be >= 1")
+        if prompts_per_step > num_rows:
+            raise DataError(
+                f"rollout.prompts_per_step={prompts_per_step} is more than the {num_rows} rows in the dataset; "
+                "lower rollout.prompts_per_step or add rows"
+            )
+        self.num_rows = num_rows
+        self.prompts_per_step = prompts_per_step
+        self.seed = seed
+        self.shuffle = shuffle
+        self.epoch = 0
+        self.position = 0  # index into the current epoch's order
+        self._order = self._epoch_order(0)
+
+    def _epoch_order(self, epoch: int) -> list[int]:
+        if not self.shuffle:
+            return list(range(self.num_rows))
+        rng = np.random.default_rng([self.seed % 2**63, epoch])
+        return rng.permutation(self.num_rows).tolist()
+
+    def next(self) -> list[int]:
+        batch: list[int] = []
+        while len(batch) < self.prompts_per_step:
+            take = min(self.prompts_per_step - len(batch), self.num_rows - self.position)
+            batch += self._order[self.position : self.position + take]
+            self.position += take
+            if self.position == self.num_rows:
+                self.epoch += 1
+                self.position = 0
+                self._order = self._epoch_order(self.epoch)
+        return batch
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "num_rows": self.num_rows,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "epoch": self.epoch,
+            "position": self.position,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue the saved stream; seed and shuffle come from the state, prompts_per_step from self."""
+        if state["num_rows"] != self.num_rows:
+            raise DataError(
+                f"sampler state is for {state['num_rows']} rows but the dataset has {self.num_rows}; "
+                "resume with the same dataset and data split"
+            )
+        self.seed = state["seed"]
+        self.shuffle = state["shuffle"]
+        self.epoch = state["epoch"]
+        self.position = state["position"]
+        self._order = self._epoch_order(self.epoch)
