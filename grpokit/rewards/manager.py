@@ -1,0 +1,386 @@
+"""Rewards (DESIGN.md stage 3): load reward functions, call them as TRL does, combine them.
+
+    manager = RewardManager(specs, strict=False)
+    out = manager(prompts=..., completions=..., completion_ids=..., columns={"answer": [...]})
+    out.total          # [N] sum_k weight_k * r_k, None / failed entries counting as 0
+    out.per_function   # name -> [N] raw (unweighted) rewards, NaN where None or failed
+    out.errors         # name -> samples whose reward failed in this call
+    out.metrics()      # reward/... scalars, listed in RewardOutput.metrics
+
+Calling convention (TRL's, so TRL reward functions work unchanged): keyword arguments only,
+`fn(prompts=, completions=, completion_ids=, **columns, **spec.kwargs)`, returning one
+`float | None` per completion. A function without **kwargs gets only the arguments it
+declares; a required argument that is none of these is a ValueError naming it and the columns.
+Spec kwargs take precedence over a dataset column of the same name.
+
+Combination (TRL's `nansum` of weighted rewards): None means "not applicable" and counts as 0
+in the total; a sample for which no function applies gets total 0 and is counted in
+`reward/none_frac`. Failures are isolated: a function that raises or returns something other
+than N numbers gives no reward to any sample this call; a bad element (NaN, inf, a string, ...)
+voids only that element. Either way the samples are counted in `errors`, the first failure of
+each function is logged once with its traceback (logger "grpokit.rewards"), later ones only
+counted. strict=True raises RuntimeError instead.
+"""
+from __future__ import annotations
+
+import difflib
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import logging
+import math
+import numbers
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import Tensor
+
+from grpokit.rewards.builtins import BUILTIN_REWARDS
+
+logger = logging.getLogger("grpokit.rewards")
+
+#: arguments every reward function may receive besides the dataset columns
+CALL_ARGS = ("prompts", "completions", "completion_ids")
+#: names a reward may not take: they would collide with the summary metrics
+_RESERVED_NAMES = {"total", "none_frac", "errors"}
+
+
+@dataclass(frozen=True)
+class RewardSpec:
+    """One reward function in the combination (the config's reward entries look the same)."""
+
+    function: str | Callable[..., Any]
+    """a built-in name (grpokit.rewards.BUILTIN_REWARDS), "package.module:function",
+    "path/to/file.py:function", or (from Python) the callable itself"""
+    weight: float = 1.0
+    """multiplies this function's reward in the total"""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """keyword arguments passed on every call (settings such as a regex or a length limit)"""
+    name: str | None = None
+    """metric name (reward/<name>); default the function's name"""
+
+
+# -- loading -----------------------------------------------------------------------------
+
+def _load_file(path_text: str, spec: str) -> Any:
+    path = Path(path_text).expanduser().resolve()
+    if not path.is_file():
+        raise ValueError(f"reward {spec!r}: file {path_text!r} not found (looked at {path}); fix the path")
+    # A stable, unique module name, registered before running the file so dataclasses and
+    # pickling inside it find their module.
+    name = f"grpokit_reward_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
+    if name in sys.modules:
+        return sys.modules[name]
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(module_spec)  # type: ignore[arg-type]
+    sys.modules[name] = module
+    try:
+        module_spec.loader.exec_module(module)  # type: ignore[union-attr]
+    except Exception as e:
+        del sys.modules[name]
+        raise ValueError(f"reward {spec!r}: running {path} failed: {type(e).__name__}: {e}") from e
+    return module
+
+
+def _load_module(module_name: str, spec: str) -> Any:
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        parts = module_name.split(".")
+        if e.name in {".".join(parts[: i + 1]) for i in range(len(parts))}:
+            raise ValueError(
+                f"reward {spec!r}: module {e.name!r} not found; install it, add its folder to "
+                "PYTHONPATH, or give a file path ('path/to/file.py:function')"
+            ) from e
+        raise ValueError(f"reward {spec!r}: importing {module_name!r} failed: {e}") from e
+    except Exception as e:
+        raise ValueError(f"reward {spec!r}: importing {module_name!r} failed: {type(e).__name__}: {e}") from e
+
+
+def resolve_reward(spec_function: str | Callable[..., Any]) -> Callable[..., Any]:
+    """The callable a spec's `function` names: a built-in name, "package.module:function"
+    (a dotted attribute path such as "mod:Class.method" works) or "path/to/file.py:function"
+    (a target containing "/" or ending in ".py" is a file). A callable is returned as is."""
+    if callable(spec_function):
+        return spec_function
+    if not isinstance(spec_function, str):
+        raise ValueError(f"reward function must be a string or a callable, got {spec_function!r}")
+    spec = spec_function.strip()
+    if spec in BUILTIN_REWARDS:
+        return BUILTIN_REWARDS[spec]
+    if ":" not in spec:
+        close = difflib.get_close_matches(spec, BUILTIN_REWARDS, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise ValueError(
+            f"reward {spec!r} is not a built-in ({', '.join(BUILTIN_REWARDS)}); {hint}"
+            "use 'package.module:function' or 'path/to/file.py:function'"
+        )
+    target, attr_path = spec.rsplit(":", 1)
+    if not target or not attr_path:
+        raise ValueError(f"reward {spec!r}: expected 'package.module:function' or 'path/to/file.py:function'")
+    is_file = target.endswith(".py") or "/" in target or "\\" in target
+    obj = _load_file(target, spec) if is_file else _load_module(target, spec)
+    for attr in attr_path.split("."):
+        if not hasattr(obj, attr):
+            raise ValueError(
+                f"reward {spec!r}: {target!r} has no attribute {attr!r}; check the name after ':'"
+            )
+        obj = getattr(obj, attr)
+    if not callable(obj):
+        raise ValueError(
+            f"reward {spec!r}: {attr_path!r} is a {type(obj).__name__}, not callable; "
+            "point at a function fn(completions, **kwargs) -> list[float | None]"
+        )
+    return obj
+
+
+def _default_name(function: str | Callable[..., Any], fn: Callable[..., Any]) -> str:
+    if isinstance(function, str):
+        function = function.strip()
+        return function if function in BUILTIN_REWARDS else function.rsplit(":", 1)[-1].split(".")[-1]
+    inner = getattr(fn, "func", fn)  # functools.partial
+    return getattr(inner, "__name__", type(inner).__name__)
+
+
+# -- one reward function -----------------------------------------------------------------
+
+@dataclass
+class _Reward:
+    name: str
+    fn: Callable[..., Any]
+    weight: float
+    kwargs: dict[str, Any]
+    spec: str
+    accepts_any: bool
+    """the function has **kwargs (or an uninspectable signature): pass it everything"""
+    params: frozenset[str]
+    required: tuple[str, ...]
+
+    @classmethod
+    def build(cls, spec: Any) -> "_Reward":
+        if isinstance(spec, (str, RewardSpec)) or callable(spec):
+            spec = spec if isinstance(spec, RewardSpec) else RewardSpec(function=spec)
+        get = spec.get if isinstance(spec, Mapping) else (lambda k, d=None: getattr(spec, k, d))
+        function = get("function")
+        if function is None:
+            raise ValueError(f"reward spec {spec!r} has no 'function'")
+        fn = resolve_reward(function)
+        inner = getattr(fn, "func", fn)  # functools.partial
+        label = function if isinstance(function, str) else (
+            f"{getattr(inner, '__module__', '?')}:{getattr(inner, '__qualname__', type(inner).__name__)}"
+        )
+        name = get("name") or _default_name(function, fn)
+        if name in _RESERVED_NAMES or "/" in name:
+            raise ValueError(f"reward {label!r}: name {name!r} is reserved or contains '/'; set another `name`")
+        weight = get("weight", 1.0)
+        weight = 1.0 if weight is None else weight
+        if isinstance(weight, bool) or not isinstance(weight, numbers.Real) or not math.isfinite(weight):
+            raise ValueError(f"reward {name!r}: weight must be a finite number, got {weight!r}")
+        kwargs = dict(get("kwargs") or {})
+        if clash := sorted(set(kwargs) & set(CALL_ARGS)):
+            raise ValueError(f"reward {name!r}: kwargs may not set {clash}: the trainer passes them")
+
+        try:
+            parameters = list(inspect.signature(fn).parameters.values())
+        except (TypeError, ValueError):  # some builtins and C extensions: trust them with everything
+            parameters = [inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD)]
+        P = inspect.Parameter
+        if positional_only := [p.name for p in parameters if p.kind is P.POSITIONAL_ONLY and p.default is P.empty]:
+            raise ValueError(
+                f"reward {name!r}: parameters {positional_only} are positional-only, but reward "
+                "functions are called with keyword arguments only (TRL's convention)"
+            )
+        keyword = [p for p in parameters if p.kind in (P.POSITIONAL_OR_KEYWORD, P.KEYWORD_ONLY)]
+        accepts_any = any(p.kind is P.VAR_KEYWORD for p in parameters)
+        params = frozenset(p.name for p in keyword)
+        if not accepts_any and (unknown := sorted(set(kwargs) - params)):
+            raise ValueError(
+                f"reward {name!r}: kwargs {unknown} are not parameters of the function "
+                f"(it takes {sorted(params)} and no **kwargs)"
+            )
+        if validate := getattr(fn, "validate_kwargs", None):
+            validate(kwargs)
+        required = tuple(p.name for p in keyword if p.default is P.empty)
+        return cls(name, fn, float(weight), kwargs, str(label), accepts_any, params, required)
+
+    def arguments(self, call_args: dict[str, Any], columns: Mapping[str, Any]) -> dict[str, Any]:
+        available = {**columns, **call_args, **self.kwargs}
+        if missing := [a for a in self.required if a not in available]:
+            raise ValueError(
+                f"reward {self.name!r} ({self.spec}) needs argument {missing[0]!r}, which is not "
+                f"one of {list(CALL_ARGS)}, not in the spec's kwargs, and not a dataset column; "
+                f"dataset columns: {sorted(columns)}. Add the column to the dataset or set it in kwargs"
+            )
+        if self.accepts_any:
+            return available
+        return {k: v for k, v in available.items() if k in self.params}
+
+
+# -- the combination ---------------------------------------------------------------------
+
+@dataclass
+class RewardOutput:
+    total: Tensor  # [N] float32: nansum_k weight_k * per_function[k]; 0 where nothing applies
+    per_function: dict[str, Tensor]  # name -> [N] float32 raw rewards, NaN where None or failed
+    errors: dict[str, int]  # name -> samples whose reward failed in this call
+    weights: dict[str, float]  # name -> weight
+
+    def metrics(self) -> dict[str, float]:
+        """Scalars for logging (NaN when there is nothing to average):
+
+        reward/total, reward/total/std    mean and std of the weighted total over the batch
+        reward/<name>, reward/<name>/std   nanmean and nanstd of one function's raw reward
+                                           over the samples it applies to
+        reward/errors/<name>               samples whose reward from <name> failed this call
+        reward/none_frac                   fraction of samples no function applies to (all None
+                                           or failed); their total is 0
+        Stds are sample stds (Bessel-corrected, as TRL's nanstd); NaN under 2 values.
+        """
+        out = {"reward/total": _nanmean(self.total), "reward/total/std": _nanstd(self.total)}
+        for name, r in self.per_function.items():
+            out[f"reward/{name}"] = _nanmean(r)
+            out[f"reward/{name}/std"] = _nanstd(r)
+            out[f"reward/errors/{name}"] = float(self.errors[name])
+        none = torch.stack(list(self.per_function.values())).isnan().all(dim=0)  # [N]
+        out["reward/none_frac"] = none.float().mean().item() if none.numel() else float("nan")
+        return out
+
+
+def _nanmean(x: Tensor) -> float:
+    x = x[~x.isnan()]
+    return x.mean().item() if x.numel() else float("nan")
+
+
+def _nanstd(x: Tensor) -> float:
+    x = x[~x.isnan()]
+    return x.std().item() if x.numel() >= 2 else float("nan")
+
+
+class _Failure(Exception):
+    """What went wrong with one reward function's output, for the log or strict mode."""
+
+
+def _as_list(out: Any, n: int) -> list[Any]:
+    if isinstance(out, (list, tuple)):
+        items = list(out)
+    elif hasattr(out, "tolist") and getattr(out, "ndim", None) == 1:  # numpy array, torch tensor
+        items = out.tolist()
+    else:
+        raise _Failure(f"returned {type(out).__name__} instead of a list of N floats (N={n})")
+    if len(items) != n:
+        raise _Failure(f"returned {len(items)} rewards for {n} completions")
+    return items
+
+
+def _as_float(v: Any) -> float | None:
+    """The element as a float, NaN for None ("not applicable"), None if it is not a number."""
+    if v is None:
+        return math.nan
+    if hasattr(v, "item") and getattr(v, "ndim", None) == 0:  # 0-d tensor or numpy scalar
+        v = v.item()
+    if isinstance(v, numbers.Real):
+        return float(v)
+    return None
+
+
+class RewardManager:
+    """Calls each reward function once per batch (sequentially) and combines them.
+
+    specs: RewardSpec objects, or anything with attributes (or keys) function, weight, kwargs,
+    name; a bare string or callable is a spec with weight 1.
+    strict: raise RuntimeError on the first failing function instead of isolating it.
+    """
+
+    def __init__(self, specs: Any, strict: bool = False):
+        self.rewards = [_Reward.build(s) for s in specs]
+        if not self.rewards:
+            raise ValueError("no reward functions: give at least one reward spec")
+        names = [r.name for r in self.rewards]
+        if dupes := sorted({n for n in names if names.count(n) > 1}):
+            raise ValueError(f"reward names {dupes} are used more than once; give each spec a distinct `name`")
+        self.strict = strict
+        self._reported: set[str] = set()
+
+    @property
+    def names(self) -> list[str]:
+        return [r.name for r in self.rewards]
+
+    @property
+    def weights(self) -> dict[str, float]:
+        return {r.name: r.weight for r in self.rewards}
+
+    def __call__(
+        self,
+        *,
+        prompts: list[Any],
+        completions: list[Any],
+        completion_ids: list[list[int]],
+        columns: Mapping[str, list[Any]] | None = None,
+    ) -> RewardOutput:
+        columns = dict(columns or {})
+        n = len(completions)
+        call_args = {"prompts": prompts, "completions": completions, "completion_ids": completion_ids}
+        for key, value in {**call_args, **columns}.items():
+            if len(value) != n:
+                raise ValueError(f"{key} has {len(value)} entries for {n} completions")
+        if clash := sorted(set(columns) & set(CALL_ARGS)):
+            raise ValueError(f"dataset columns {clash} collide with the reward call's own arguments; rename them")
+
+        per_function: dict[str, Tensor] = {}
+        errors: dict[str, int] = {}
+        for reward in self.rewards:
+            per_function[reward.name], errors[reward.name] = self._call(reward, call_args, columns, n)
+        weighted = torch.stack([r.weight * per_function[r.name] for r in self.rewards])  # [K, N]
+        total = torch.nansum(weighted, dim=0)  # [N]; nansum as TRL: None / failed count as 0
+        return RewardOutput(total=total, per_function=per_function, errors=errors, weights=self.weights)
+
+    def _call(
+        self, reward: _Reward, call_args: dict[str, Any], columns: dict[str, Any], n: int
+    ) -> tuple[Tensor, int]:
+        kwargs = reward.arguments(call_args, columns)  # a missing column raises: a setup error
+        try:
+            items = _as_list(reward.fn(**kwargs), n)
+        except Exception as e:
+            problem = e if isinstance(e, _Failure) else f"raised {type(e).__name__}: {e}"
+            self._report(reward, str(problem), e if not isinstance(e, _Failure) else None)
+            return torch.full((n,), math.nan), n
+
+        values = [_as_float(v) for v in items]
+        bad = [i for i, v in enumerate(values) if v is None]
+        rewards = torch.tensor([math.nan if v is None else v for v in values], dtype=torch.float32)  # [N]
+        # inf, NaN, and finite doubles that overflow float32 are bad values too; None is not
+        none = torch.tensor([v is None for v in items], dtype=torch.bool)
+        bad = sorted(set(bad) | set(torch.nonzero(~rewards.isfinite() & ~none).flatten().tolist()))
+        if bad:
+            i = bad[0]
+            self._report(
+                reward,
+                f"returned {len(bad)} invalid reward(s) of {n}, e.g. {_short(items[i])} at index {i} "
+                "(rewards must be finite floats or None)",
+                None,
+            )
+            rewards[bad] = math.nan
+        return rewards, len(bad)
+
+    def _report(self, reward: _Reward, problem: str, exc: BaseException | None) -> None:
+        message = f"reward function {reward.name!r} ({reward.spec}) {problem}"
+        if self.strict:
+            raise RuntimeError(message) from exc
+        if reward.name in self._reported:
+            return
+        self._reported.add(reward.name)
+        logger.error(
+            "%s; the affected samples get no reward from it (NaN in per_function). "
+            "Reported once: later failures are only counted in reward/errors/%s",
+            message, reward.name, exc_info=exc,
+        )
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,0 +1,346 @@
+"""Rewards: TRL calling convention, loading, weighted combination, error isolation, built-ins."""
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from grpokit.rewards import BUILTIN_REWARDS, RewardManager, RewardSpec, resolve_reward
+from grpokit.rewards.builtins import extract_final_answer
+
+NAN = float("nan")
+
+
+def call(manager, completions, columns=None, completion_ids=None, prompts=None):
+    n = len(completions)
+    return manager(
+        prompts=prompts or [f"p{i}" for i in range(n)],
+        completions=completions,
+        completion_ids=completion_ids or [[1] * (i + 1) for i in range(n)],
+        columns=columns or {},
+    )
+
+
+def const(values, name="const"):
+    """A reward function returning fixed values, whatever it is given."""
+    def fn(completions, **kwargs):
+        return values
+    fn.__name__ = name
+    return fn
+
+
+def assert_same(actual: torch.Tensor, expected: list[float]):
+    torch.testing.assert_close(actual, torch.tensor(expected, dtype=torch.float32), equal_nan=True)
+
+
+# -- calling convention ------------------------------------------------------------------
+
+def test_trl_signature_gets_columns_and_call_args_as_keywords():
+    seen = {}
+
+    def exact(completions, answer, **kwargs):
+        seen.update(kwargs, answer=answer)
+        return [float(c == a) for c, a in zip(completions, answer)]
+
+    out = call(RewardManager([exact]), ["4", "5"], columns={"answer": ["4", "4"], "level": [1, 2]},
+               completion_ids=[[7], [8, 9]], prompts=["2+2", "2+2"])
+    assert_same(out.total, [1.0, 0.0])
+    assert seen == {"prompts": ["2+2", "2+2"], "completion_ids": [[7], [8, 9]], "level": [1, 2], "answer": ["4", "4"]}
+
+
+def test_function_without_kwargs_gets_only_what_it_declares():
+    def by_length(completion_ids, prompts):
+        return [len(ids) / len(p) for ids, p in zip(completion_ids, prompts)]
+
+    out = call(RewardManager([by_length]), ["a", "b"], columns={"answer": ["x", "y"]},
+               completion_ids=[[1, 2], [1]], prompts=["ab", "abcd"])
+    assert_same(out.total, [1.0, 0.25])
+
+
+def test_missing_column_names_function_column_and_available_columns():
+    def needs_solution(completions, solution):
+        return [0.0] * len(completions)
+
+    manager = RewardManager([needs_solution])  # strict=False: a setup error still raises
+    with pytest.raises(ValueError) as e:
+        call(manager, ["a"], columns={"answer": ["1"], "level": [3]})
+    msg = str(e.value)
+    assert "needs_solution" in msg and "'solution'" in msg and "['answer', 'level']" in msg
+
+
+def test_spec_kwargs_are_partial_applied_and_checked():
+    def scaled(completions, scale, **kwargs):
+        return [scale] * len(completions)
+
+    out = call(RewardManager([RewardSpec(scaled, kwargs={"scale": 3.0})]), ["a"], columns={"scale": [9.0]})
+    assert_same(out.total, [3.0])  # spec kwargs win over a column of the same name
+
+    def strict_sig(completions):
+        return [0.0] * len(completions)
+
+    with pytest.raises(ValueError, match=r"kwargs \['scale'\] are not parameters"):
+        RewardManager([RewardSpec(strict_sig, kwargs={"scale": 1})])
+    with pytest.raises(ValueError, match="may not set"):
+        RewardManager([RewardSpec(scaled, kwargs={"completions": []})])
+
+
+def test_specs_as_objects_dicts_strings_and_names():
+    spec_obj = SimpleNamespace(function="format", weight=2.0, kwargs={"pattern": "a+"}, name="as")
+    manager = RewardManager([spec_obj, {"function": "format", "name": "default_format"}, const([0.5], "half")])
+    assert manager.names == ["as", "default_format", "half"]
+    assert_same(call(manager, ["aaa"]).total, [2.5])
+    with pytest.raises(ValueError, match="distinct `name`"):
+        RewardManager(["format", "format"])
+    with pytest.raises(ValueError, match="reserved"):
+        RewardManager([RewardSpec("format", name="total")])
+    with pytest.raises(ValueError, match="at least one"):
+        RewardManager([])
+    with pytest.raises(ValueError, match="weight"):
+        RewardManager([RewardSpec("format", weight=float("inf"))])
+
+
+# -- loading -----------------------------------------------------------------------------
+
+def test_resolve_builtins_modules_and_files(tmp_path, monkeypatch):
+    for name, fn in BUILTIN_REWARDS.items():
+        assert resolve_reward(name) is fn
+
+    (tmp_path / "my_rewards.py").write_text(
+        "def shout(completions, **kwargs):\n    return [float(c.isupper()) for c in completions]\n"
+        "class Scorer:\n    @staticmethod\n    def score(completions, **kwargs):\n        return [1.0] * len(completions)\n"
+        "NOT_CALLABLE = 3\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert resolve_reward("my_rewards:shout")(completions=["HI", "hi"]) == [1.0, 0.0]
+    assert resolve_reward("my_rewards:Scorer.score")(completions=["x"]) == [1.0]
+
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "file_reward.py").write_text("def two(completions, **kw):\n    return [2.0] * len(completions)\n")
+    monkeypatch.chdir(tmp_path)
+    assert resolve_reward("sub/file_reward.py:two")(completions=["a"]) == [2.0]
+    assert resolve_reward(f"{tmp_path}/sub/file_reward.py:two")(completions=["a"]) == [2.0]
+    manager = RewardManager([RewardSpec("my_rewards:shout", weight=2.0), "sub/file_reward.py:two"])
+    assert manager.names == ["shout", "two"]
+    assert_same(call(manager, ["OK"]).total, [4.0])
+
+
+def test_resolve_errors_are_one_line_and_say_the_fix(tmp_path, monkeypatch):
+    (tmp_path / "broken_dep.py").write_text("import no_such_dependency_xyz\n")
+    (tmp_path / "has_const.py").write_text("VALUE = 3\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cases = {
+        "matth": "did you mean 'math'",
+        "no_such_pkg_xyz.mod:fn": "module 'no_such_pkg_xyz' not found",
+        "broken_dep:fn": "importing 'broken_dep' failed",
+        "has_const:missing": "has no attribute 'missing'",
+        "has_const:VALUE": "not callable",
+        "nowhere/r.py:fn": "not found",
+    }
+    for spec, expected in cases.items():
+        with pytest.raises(ValueError) as e:
+            resolve_reward(spec)
+        assert expected in str(e.value) and spec in str(e.value) and "\n" not in str(e.value), spec
+
+
+# -- combination -------------------------------------------------------------------------
+
+def test_weights_combine_with_hand_numbers():
+    manager = RewardManager([
+        RewardSpec(const([1.0, 0.0, 0.5], "a"), weight=2.0),
+        RewardSpec(const([0.2, None, -1.0], "b"), weight=-0.5),
+    ])
+    out = call(manager, ["x", "y", "z"])
+    # 2*1 - 0.5*0.2 = 1.9;  2*0 + (None -> 0) = 0;  2*0.5 - 0.5*(-1) = 1.5
+    assert_same(out.total, [1.9, 0.0, 1.5])
+    assert_same(out.per_function["a"], [1.0, 0.0, 0.5])  # raw, unweighted
+    assert_same(out.per_function["b"], [0.2, NAN, -1.0])
+    assert out.errors == {"a": 0, "b": 0} and out.weights == {"a": 2.0, "b": -0.5}
+
+
+def test_none_means_not_applicable_and_counts_in_none_frac():
+    manager = RewardManager([const([None, 1.0, None, 4.0], "a"), const([None, None, 2.0, 2.0], "b")])
+    out = call(manager, ["w", "x", "y", "z"])
+    assert_same(out.total, [0.0, 1.0, 2.0, 6.0])
+    m = out.metrics()
+    assert m["reward/none_frac"] == 0.25  # sample 0 gets nothing from anyone
+    assert m["reward/a"] == pytest.approx(2.5) and m["reward/b"] == pytest.approx(2.0)
+    assert m["reward/a/std"] == pytest.approx(math.sqrt(4.5))  # sample std of [1, 4]
+    assert m["reward/total"] == pytest.approx(9 / 4)
+    assert m["reward/errors/a"] == 0.0 and m["reward/errors/b"] == 0.0
+    assert set(m) == {"reward/total", "reward/total/std", "reward/a", "reward/a/std", "reward/errors/a",
+                      "reward/b", "reward/b/std", "reward/errors/b", "reward/none_frac"}
+
+
+def test_array_and_tensor_returns_are_accepted():
+    manager = RewardManager([const(np.array([1.0, 2.0]), "np"), const(torch.tensor([0.5, 0.5]), "pt"),
+                             const([torch.tensor(1.0), np.float32(2.0)], "scalars")])
+    assert_same(call(manager, ["a", "b"]).total, [2.5, 4.5])
+
+
+# -- isolation ---------------------------------------------------------------------------
+
+def test_raising_function_is_isolated_counted_and_logged_once(caplog):
+    def flaky(completions, **kwargs):
+        raise ZeroDivisionError("boom")
+
+    manager = RewardManager([flaky, const([1.0, 2.0], "ok")])
+    with caplog.at_level(logging.ERROR, logger="grpokit.rewards"):
+        first = call(manager, ["a", "b"])
+        second = call(manager, ["a", "b"])
+    for out in (first, second):
+        assert_same(out.total, [1.0, 2.0])
+        assert_same(out.per_function["flaky"], [NAN, NAN])
+        assert out.errors == {"flaky": 2, "ok": 0}
+        assert out.metrics()["reward/errors/flaky"] == 2.0
+    records = [r for r in caplog.records if r.name == "grpokit.rewards"]
+    assert len(records) == 1
+    assert "flaky" in records[0].getMessage() and "ZeroDivisionError: boom" in records[0].getMessage()
+    assert records[0].exc_info and "raise ZeroDivisionError" in caplog.text  # the traceback
+
+
+@pytest.mark.parametrize("returned, problem, n_errors, expected", [
+    ([1.0], "returned 1 rewards for 3 completions", 3, [NAN, NAN, NAN]),
+    (None, "returned NoneType instead of a list", 3, [NAN, NAN, NAN]),
+    ("1.0", "returned str instead of a list", 3, [NAN, NAN, NAN]),
+    ([1.0, "1.0", 0.5], "invalid reward(s) of 3, e.g. '1.0' at index 1", 1, [1.0, NAN, 0.5]),
+    ([NAN, 1.0, float("-inf")], "2 invalid reward(s) of 3, e.g. nan at index 0", 2, [NAN, 1.0, NAN]),
+    ([1e300, [1.0], None], "2 invalid reward(s)", 2, [NAN, NAN, NAN]),  # overflows float32; not a number
+])
+def test_bad_outputs_void_only_what_they_must(returned, problem, n_errors, expected, caplog):
+    bad = const(returned, "bad")
+    with caplog.at_level(logging.ERROR, logger="grpokit.rewards"):
+        out = call(RewardManager([bad, const([1.0, 1.0, 1.0], "one")]), ["a", "b", "c"])
+    assert out.errors["bad"] == n_errors
+    assert_same(out.per_function["bad"], expected)
+    assert_same(out.total, [1.0 + (0.0 if math.isnan(e) else e) for e in expected])
+    assert problem in caplog.text
+
+    with pytest.raises(RuntimeError, match="'bad'") as e:
+        call(RewardManager([bad], strict=True), ["a", "b", "c"])
+    assert problem in str(e.value)
+
+
+def test_strict_mode_raises_with_the_cause():
+    def flaky(completions, **kwargs):
+        raise KeyError("answer")
+
+    with pytest.raises(RuntimeError, match="'flaky'.*raised KeyError") as e:
+        call(RewardManager([flaky], strict=True), ["a"])
+    assert isinstance(e.value.__cause__, KeyError)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.data())
+def test_fuzz_total_is_finite_and_equals_reference_nansum(data):
+    n = data.draw(st.integers(1, 6))
+    k = data.draw(st.integers(1, 4))
+    entry = st.one_of(st.none(), st.just(NAN), st.just(math.inf), st.just("x"),
+                      st.floats(-1e3, 1e3), st.integers(-5, 5))
+    outputs = [data.draw(st.lists(entry, min_size=n, max_size=n)) for _ in range(k)]
+    weights = [data.draw(st.floats(-5, 5)) for _ in range(k)]
+    manager = RewardManager([RewardSpec(const(o, f"f{i}"), weight=w) for i, (o, w) in enumerate(zip(outputs, weights))])
+    logging.getLogger("grpokit.rewards").disabled = True
+    try:
+        out = call(manager, ["c"] * n)
+    finally:
+        logging.getLogger("grpokit.rewards").disabled = False
+
+    def valid(v):
+        return isinstance(v, (int, float)) and math.isfinite(v)
+
+    reference = [math.fsum(w * float(np.float32(o[i])) for o, w in zip(outputs, weights) if valid(o[i])) for i in range(n)]
+    assert torch.isfinite(out.total).all()
+    torch.testing.assert_close(out.total, torch.tensor(reference, dtype=torch.float32), rtol=1e-5, atol=1e-3)
+    for i, o in enumerate(outputs):
+        assert out.errors[f"f{i}"] == sum(v is not None and not valid(v) for v in o)
+    none_frac = sum(not any(valid(o[i]) for o in outputs) for i in range(n)) / n
+    assert out.metrics()["reward/none_frac"] == pytest.approx(none_frac)
+
+
+# -- built-ins ---------------------------------------------------------------------------
+
+def test_math_reward_worked_examples():
+    math_reward = BUILTIN_REWARDS["math"]
+    completions = [
+        "so the result is \\boxed{2}",                      # boxed vs plain gold "2"
+        "2",                                                 # bare answer
+        "I get \\boxed{3}",                                  # wrong
+        "first \\boxed{3}, no wait: \\boxed{2}",             # the last \boxed counts
+        "The answer is \\boxed{0.5}",                        # equal value, other form
+        "<think>maybe \\boxed{7}</think><answer>2</answer>", # the <answer> tag wins over the thinking
+        [{"role": "assistant", "content": "\\boxed{2}"}],    # conversational completion
+        "\\boxed{2}",                                        # gold that does not parse: not applicable
+    ]
+    answers = ["2", "2", "2", "2", "\\frac{1}{2}", "2", 2, ""]
+    assert math_reward(completions=completions, answer=answers) == [1.0, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0, None]
+    assert extract_final_answer("a \\boxed{\\frac{1}{2}} b") == "\\boxed{\\frac{1}{2}}"
+
+
+def test_math_reward_works_off_the_main_thread():
+    # math-verify's timeout uses signal.alarm, which raises off the main thread unless disabled.
+    result = {}
+    worker = threading.Thread(target=lambda: result.update(r=BUILTIN_REWARDS["math"](
+        completions=["\\boxed{4}", "\\boxed{5}"], answer=["4", "4"])))
+    worker.start()
+    worker.join()
+    assert result["r"] == [1.0, 0.0]
+
+
+def test_math_via_manager_counts_unparsable_gold_as_none():
+    out = call(RewardManager(["math"]), ["\\boxed{2}", "\\boxed{2}"], columns={"answer": ["2", None]})
+    assert_same(out.per_function["math"], [1.0, NAN])
+    assert out.errors == {"math": 0} and out.metrics()["reward/none_frac"] == 0.5
+
+
+def test_format_reward():
+    fmt = BUILTIN_REWARDS["format"]
+    completions = [
+        "<think>2+2 is 4</think><answer>4</answer>",
+        "<think>\nmulti\nline\n</think>\n<answer>\n4\n</answer>\n",
+        "<answer>4</answer>",
+        "<think>a</think><think>b</think><answer>c</answer>",
+        "<think>a</think><answer>4</answer> trailing text",
+    ]
+    assert fmt(completions=completions) == [1.0, 1.0, 0.0, 0.0, 0.0]
+    assert fmt(completions=["x 12 y"], pattern=r"\d+") == [0.0]
+    assert fmt(completions=["x 12 y"], pattern=r"\d+", search=True) == [1.0]
+    assert fmt(completions=["a\nb"], pattern="a.b", dotall=False) == [0.0]
+    with pytest.raises(ValueError, match="not a valid regex"):
+        RewardManager([RewardSpec("format", kwargs={"pattern": "(unclosed"})])
+
+
+def test_overlong_reward_follows_dapo_eq_13():
+    # L_max = 100, L_cache = 20: free up to 80, then linear down to -1 at 100, -1 beyond.
+    lengths = [10, 80, 81, 90, 100, 101]
+    out = BUILTIN_REWARDS["overlong"](completion_ids=[[0] * n for n in lengths], max_completion_length=100, cache_length=20)
+    assert out == pytest.approx([0.0, 0.0, -0.05, -0.5, -1.0, -1.0])
+    with pytest.raises(ValueError, match="max_completion_length"):
+        RewardManager([RewardSpec("overlong", kwargs={"cache_length": 20})])
+    with pytest.raises(ValueError, match="cache_length"):
+        RewardManager([RewardSpec("overlong", kwargs={"max_completion_length": 100})])
+    with pytest.raises(ValueError, match=r"cache_length \(200\) must be <="):
+        RewardManager([RewardSpec("overlong", kwargs={"max_completion_length": 100, "cache_length": 200})])
+
+
+def test_length_reward():
+    out = BUILTIN_REWARDS["length"](completion_ids=[[0] * 4, []], max_completion_length=10, coef=0.5)
+    assert out == pytest.approx([-0.2, 0.0])  # -0.5 * 4 / 10
+    with pytest.raises(ValueError, match="max_completion_length"):
+        RewardManager(["length"])
+
+
+def test_countdown_reward_delegates_to_the_task():
+    pytest.importorskip("grpokit.tasks.countdown")
+    out = call(RewardManager(["countdown"]), ["1*2*3*4", "1+2+3+4", "hello"],
+               columns={"numbers": [[1, 2, 3, 4]] * 3, "target": [24] * 3})
+    right, well_formed_but_wrong, garbage = out.per_function["countdown"].tolist()
+    assert right == 1.0 and garbage == 0.0 and 0.0 <= well_formed_but_wrong < 1.0
+    with pytest.raises(ValueError, match="'numbers'"):
+        call(RewardManager(["countdown"]), ["1+2"], columns={"target": [3]})
