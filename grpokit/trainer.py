@@ -222,7 +222,8 @@ class Trainer:
         timings["perf/logprob_time"] = time.perf_counter() - t
 
         batch = RolloutBatch(tokens, loss_mask, truncated, rewards, advantages, old_logp, ref_logp)
-        metrics = {**timings, **scored.metrics(), **self._rollout_metrics(batch, rows, comps)}
+        reward_metrics = {k: v for k, v in scored.metrics().items() if not k.startswith("reward/total")}
+        metrics = {**timings, **reward_metrics, **self._rollout_metrics(batch, rows, comps)}
         samples = self._samples(rows, comps, rewards, G)
         return batch, metrics, samples
 
@@ -430,6 +431,8 @@ class Trainer:
                         path = self.save()
                         prog.print(f"{self._stop_signal}: saved step {self.step} to {path}; run the same command to resume")
                         return last
+                if not cfg.checkpoint.save_every or self.step % cfg.checkpoint.save_every:
+                    self.save()  # the end state, so that running the command again finds the run finished
                 save_pretrained_atomic(self.model, self.tokenizer, self.out / "final")
         finally:
             for s, h in old_handlers.items():
