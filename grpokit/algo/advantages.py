@@ -39,27 +39,35 @@ def _rloo_baseline(r: Tensor) -> Tensor:
 BASELINES: dict[str, Callable[[Tensor], Tensor]] = {"grpo": _grpo_baseline, "rloo": _rloo_baseline}
 
 
-def _zero_if_tiny(centered: Tensor, spread: Tensor) -> Tensor:
+def _spread(r: Tensor) -> Tensor:
+    return r.amax(dim=1, keepdim=True) - r.amin(dim=1, keepdim=True)  # [B, 1]
+
+
+def _zero_if_tiny(adv: Tensor, r: Tensor, denom: Tensor | None = None) -> Tensor:
     # A group whose rewards are all equal carries no signal (seed Q15): its advantage is exactly
-    # 0 whatever the scale, so float noise in `centered` is never divided by a tiny std.
-    return torch.where(spread > 0, centered, torch.zeros_like(centered))
+    # 0 whatever the scale. Tested on max - min, not on the std: torch's std of equal rewards can be
+    # ~1e-16 instead of 0 (e.g. three times 5/3), and float noise in `centered` over it is O(1).
+    # Applied after the division, so eps = 0 gives 0 there too (not 0/0), and so does a std that
+    # underflows to 0 (not x/0 = inf).
+    keep = _spread(r) > 0  # [B, 1]
+    if denom is not None:
+        keep = keep & (denom > 0)
+    return torch.where(keep, adv, torch.zeros_like(adv))
 
 
 def _scale_group(centered: Tensor, r: Tensor, eps: float) -> Tensor:
     std = r.std(dim=1, correction=0, keepdim=True)  # population std, as in the seed (Q5)
-    return _zero_if_tiny(centered, std) / (std + eps)
+    return _zero_if_tiny(centered / (std + eps), r, std + eps)
 
 
 def _scale_batch(centered: Tensor, r: Tensor, eps: float) -> Tensor:
     # REINFORCE++-baseline / Dr. GRPO-style batch normalizer: one std over all N rewards.
     std = r.std(correction=0)
-    spread = r.amax(dim=1, keepdim=True) - r.amin(dim=1, keepdim=True)
-    return _zero_if_tiny(centered, spread) / (std + eps)
+    return _zero_if_tiny(centered / (std + eps), r, std + eps)
 
 
 def _scale_none(centered: Tensor, r: Tensor, eps: float) -> Tensor:
-    spread = r.amax(dim=1, keepdim=True) - r.amin(dim=1, keepdim=True)
-    return _zero_if_tiny(centered, spread)
+    return _zero_if_tiny(centered, r)
 
 
 SCALES: dict[str, Callable[[Tensor, Tensor, float], Tensor]] = {

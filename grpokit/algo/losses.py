@@ -137,7 +137,14 @@ def policy_loss(
     per_token = -obj
     kl = None
     if ref_logp is not None:
-        kl = kl_penalty(logp, ref_logp, kind=kl_estimator)
+        # Same for the KL: padding compares 0 with 0, so garbage there (e.g. logp = -inf) cannot make
+        # an inf that the masked sum hides in the forward pass but turns into 0 * inf = NaN in backward.
+        on = mask.bool()
+        kl = kl_penalty(
+            torch.where(on, logp, torch.zeros_like(logp)),
+            torch.where(on, ref_logp, torch.zeros_like(ref_logp)),
+            kind=kl_estimator,
+        )
         if beta != 0.0:
             per_token = per_token + beta * kl
 
