@@ -1,0 +1,20 @@
+"""Shared fixtures: a tiny real Llama model + character tokenizer, saved and loaded with from_pretrained."""
+import pytest
+import torch
+
+torch.set_num_threads(2)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A randomly initialized ~100k-parameter Llama with the built-in tasks' tokenizer, on disk."""
+    from grpokit.tasks import get_task
+    from grpokit.tasks.tiny_model import build_tiny_llama
+    from grpokit.tasks.tokenizer import build_tokenizer
+
+    path = tmp_path_factory.mktemp("tiny_model")
+    tok = build_tokenizer(get_task("countdown"), path)
+    model = build_tiny_llama(tok, size="test", seed=0)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
