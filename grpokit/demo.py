@@ -1,0 +1,149 @@
+"""`grpokit demo`: the whole pipeline on 2 CPU cores, no GPU, no downloads.
+
+    grpokit demo              # ~12 minutes: countdown, SFT warm-start then GRPO, 500 held-out problems
+    grpokit demo --quick      # ~1 minute smoke test with the same outputs
+
+1. builds a character tokenizer and a tiny Llama (a few million parameters) from a config;
+2. warms it up with SFT on countdown problems with one reference solution each;
+3. trains it with GRPO on the countdown reward, evaluating on the same held-out problems
+   (greedy pass@1, sampled pass@8 / maj@8) before and after;
+4. writes metrics.jsonl, plots, report.md and the final model to --out, and prints a before / after table.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+# Settings found in benchmarks/demo_tuning/notes.md; every GRPO key is a normal config override.
+FULL = {
+    "model_size": "demo",
+    "sft": dict(rows=20000, epochs=1.0, batch_size=64, lr=2e-3),
+    "grpo": [
+        "rollout.engine=hf",
+        "rollout.prompts_per_step=16",
+        "rollout.num_generations=8",
+        "rollout.max_completion_length=16",
+        "rollout.temperature=1.0",
+        "algorithm.beta=0.0",
+        "algorithm.loss_type=dapo",
+        "algorithm.epsilon_high=0.28",
+        "optim.learning_rate=5e-4",
+        "optim.max_steps=150",
+        "data.task_train_size=10000",
+        "data.eval_size=500",
+        "eval.k=8",
+        "eval.batch_size=250",
+        "checkpoint.save_every=50",
+        "logging.sample_every=25",
+    ],
+}
+QUICK = {
+    "model_size": "test",
+    "sft": dict(rows=2000, epochs=1.0, batch_size=64, lr=3e-3),
+    "grpo": [
+        "rollout.prompts_per_step=8",
+        "rollout.num_generations=8",
+        "rollout.max_completion_length=16",
+        "algorithm.beta=0.0",
+        "optim.learning_rate=5e-4",
+        "optim.max_steps=10",
+        "data.task_train_size=2000",
+        "data.eval_size=100",
+        "eval.k=4",
+        "checkpoint.save_every=5",
+        "logging.sample_every=5",
+    ],
+}
+
+
+def _eval_rows(metrics_path: Path) -> list[dict]:
+    rows = [json.loads(l) for l in metrics_path.read_text().splitlines() if l.strip()]
+    return [r for r in rows if r.get("eval/pass@1") is not None]
+
+
+def run_demo(out: Path, *, quick: bool = False, seed: int = 0, overrides: list[str] | None = None) -> dict:
+    from rich.console import Console
+    from rich.table import Table
+
+    from grpokit.config import load_config
+    from grpokit.plots import plot_metrics, write_report
+    from grpokit.sft import train_sft
+    from grpokit.tasks import get_task
+    from grpokit.tasks.tiny_model import build_tiny_llama
+    from grpokit.tasks.tokenizer import build_tokenizer
+    from grpokit.trainer import Trainer
+
+    console = Console()
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    settings = QUICK if quick else FULL
+    out = Path(out)
+    for owned in ("sft", "grpo"):  # a demo always starts fresh; only its own folders are removed
+        shutil.rmtree(out / owned, ignore_errors=True)
+    out.mkdir(parents=True, exist_ok=True)
+    t_start = time.perf_counter()
+
+    task = get_task("countdown")
+    tok = build_tokenizer(task, out / "sft")
+    model = build_tiny_llama(tok, size=settings["model_size"], seed=seed)
+    n_params = sum(p.numel() for p in model.parameters())
+    console.print(f"[bold]1/3[/] tiny Llama: {n_params / 1e6:.2f}M parameters, vocabulary {len(tok)} characters")
+
+    sft = settings["sft"]
+    pairs = task.make_rows("train", sft["rows"], seed)
+    t = time.perf_counter()
+    stats = train_sft(model, tok, pairs, epochs=sft["epochs"], batch_size=sft["batch_size"], lr=sft["lr"], seed=seed)
+    model.save_pretrained(out / "sft")
+    tok.save_pretrained(out / "sft")
+    sft_time = time.perf_counter() - t
+    console.print(f"[bold]2/3[/] SFT on {len(pairs)} solved problems: loss {stats.get('final_loss', float('nan')):.3f}, {sft_time:.0f}s")
+
+    cfg = load_config(
+        None,
+        [
+            f"model.name_or_path={out / 'sft'}",
+            "data.task=countdown",
+            f"output_dir={out / 'grpo'}",
+            f"seed={seed}",
+            *settings["grpo"],
+            *(overrides or []),
+        ],
+    )
+    console.print(f"[bold]3/3[/] GRPO: {cfg.optim.max_steps} steps of {cfg.rollout.prompts_per_step} prompts x G={cfg.rollout.num_generations}")
+    t = time.perf_counter()
+    Trainer(cfg).train()
+    grpo_time = time.perf_counter() - t
+
+    evals = _eval_rows(out / "grpo" / "metrics.jsonl")
+    before, after = evals[0], evals[-1]
+    k = cfg.eval.k
+    keys = ["eval/pass@1", f"eval/pass@{k}", f"eval/maj@{k}", "eval/format_rate", "eval/mean_length"]
+    table = Table(title=f"held-out countdown, {int(before['eval/num_prompts'])} problems (seed {seed})")
+    for col in ("metric", "SFT warm-start", "after GRPO", "change"):
+        table.add_column(col, justify="right" if col != "metric" else "left")
+    rows = [("metric", "SFT warm-start", "after GRPO", "change")]
+    for key in keys:
+        b, a = before.get(key), after.get(key)
+        if b is None or a is None:
+            continue
+        pct = key != "eval/mean_length"
+        fmt = (lambda v: f"{100 * v:.1f}%") if pct else (lambda v: f"{v:.1f}")
+        change = f"{100 * (a - b):+.1f} pts" if pct else f"{a - b:+.1f}"
+        table.add_row(key.removeprefix("eval/"), fmt(b), fmt(a), change)
+        rows.append((key.removeprefix("eval/"), fmt(b), fmt(a), change))
+    console.print(table)
+
+    plots = plot_metrics(out / "grpo" / "metrics.jsonl", out)
+    total = time.perf_counter() - t_start
+    notes = (
+        f"Model: tiny Llama, {n_params / 1e6:.2f}M parameters. SFT: {len(pairs)} problems, {sft_time:.0f}s. "
+        f"GRPO: {cfg.optim.max_steps} steps, {grpo_time:.0f}s. Total {total:.0f}s on {torch.get_num_threads()} threads.\n\n"
+        f"Reproduce: `grpokit demo{' --quick' if quick else ''} --seed {seed}`"
+    )
+    report = write_report(out, title="grpokit demo: GRPO on countdown", summary_rows=rows, plots=plots, notes=notes)
+    console.print(f"outputs in {out}: report {report.name}, plots, grpo/metrics.jsonl, final model grpo/final ({total:.0f}s)")
+    return {"before": before, "after": after, "sft_time": sft_time, "grpo_time": grpo_time, "total_time": total}
