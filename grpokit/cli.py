@@ -150,6 +150,12 @@ def config_cmd():
 
 
 def main() -> None:
+    try:  # transformers' per-file progress bars drown the training progress
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    except ImportError:
+        pass
     app()
 
 

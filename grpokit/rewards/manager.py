@@ -31,6 +31,7 @@ import inspect
 import logging
 import math
 import numbers
+import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -88,6 +89,10 @@ def _load_file(path_text: str, spec: str) -> Any:
 
 
 def _load_module(module_name: str, spec: str) -> Any:
+    # Like `python -m`, the current folder is importable: `my_rewards:fn` finds ./my_rewards.py
+    # even when grpokit runs as a console script (whose sys.path lacks the working directory).
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.append(os.getcwd())
     try:
         return importlib.import_module(module_name)
     except ModuleNotFoundError as e:
