@@ -1,0 +1,222 @@
+"""Countdown: combine the given numbers, each exactly once, with + - * (and parentheses) to hit a target.
+
+    prompt      "7 3 2 9>23="      numbers, ">", target, "="
+    completion  "(7-3)*2+9"        one reference solution (the trainer / SFT appends EOS)
+
+Reward (`reward`, TRL style): 1.0 when the expression uses each given number exactly once and
+evaluates exactly to the target; `partial_reward` (0.1) when it is well formed and uses the
+numbers correctly but misses the target; 0.0 otherwise. Model text is never passed to eval():
+a small recursive-descent parser reads it, with a length bound, and evaluates it with exact
+fractions (so "/" -- off by default, `ops="+-*/"` turns it on -- means exact division).
+
+Problems are generated like the game is played: draw the numbers, then repeatedly combine two
+of them with a random operator until one value is left; that value is the target and the
+combination is the reference completion. Subtraction is ordered so intermediate values are
+never negative. Difficulty knobs: `num_count`, `max_number`, `max_target`
+(benchmarks/demo_tuning/notes.md records how they were chosen for the demo).
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+from grpokit.tasks import Split, check_split, completion_text, split_of
+
+# precedence of the expression a string holds, for printing with the fewest parentheses
+_ATOM, _MUL, _ADD = 3, 2, 1
+
+#: longest completion the parser reads (characters); longer text gets reward 0
+MAX_EXPRESSION_CHARS = 64
+_MAX_DEPTH = 16  # parenthesis nesting bound, so the recursion stays shallow
+
+
+class _ParseError(ValueError):
+    pass
+
+
+def parse_expression(text: str, ops: str = "+-*/") -> tuple[Fraction, list[int]]:
+    """Value (exact) and the numbers used, in order, of an arithmetic expression over
+    non-negative integers with the operators in `ops` and parentheses. Raises ValueError on
+    anything else (unknown characters, unary minus, division by zero, too long or too deep)."""
+    if len(text) > MAX_EXPRESSION_CHARS:
+        raise _ParseError("expression too long")
+    tokens: list[str] = []
+    i = 0
+    while i < len(text):
+        c = text[i]
+        if c.isspace():
+            i += 1
+        elif c in "0123456789":
+            j = i
+            while j < len(text) and text[j] in "0123456789":
+                j += 1
+            tokens.append(text[i:j])
+            i = j
+        elif c in ops or c in "()":
+            tokens.append(c)
+            i += 1
+        else:
+            raise _ParseError(f"unexpected character {c!r}")
+    numbers: list[int] = []
+    pos = 0
+
+    def peek() -> str | None:
+        return tokens[pos] if pos < len(tokens) else None
+
+    def take() -> str:
+        nonlocal pos
+        if pos >= len(tokens):
+            raise _ParseError("unexpected end")
+        pos += 1
+        return tokens[pos - 1]
+
+    def expr(depth: int) -> Fraction:  # expr := term (("+" | "-") term)*
+        value = term(depth)
+        while peek() in ("+", "-"):
+            op = take()
+            rhs = term(depth)
+            value = value + rhs if op == "+" else value - rhs
+        return value
+
+    def term(depth: int) -> Fraction:  # term := factor (("*" | "/") factor)*
+        value = factor(depth)
+        while peek() in ("*", "/"):
+            op = take()
+            rhs = factor(depth)
+            if op == "*":
+                value = value * rhs
+            elif rhs == 0:
+                raise _ParseError("division by zero")
+            else:
+                value = value / rhs
+        return value
+
+    def factor(depth: int) -> Fraction:  # factor := NUMBER | "(" expr ")"
+        tok = take()
+        if tok == "(":
+            if depth >= _MAX_DEPTH:
+                raise _ParseError("too deeply nested")
+            value = expr(depth + 1)
+            if take() != ")":
+                raise _ParseError("expected ')'")
+            return value
+        if tok.isdigit():
+            numbers.append(int(tok))
+            return Fraction(int(tok))
+        raise _ParseError(f"unexpected {tok!r}")
+
+    value = expr(0)
+    if pos != len(tokens):
+        raise _ParseError(f"unexpected {tokens[pos]!r}")
+    return value, numbers
+
+
+def _combine(a: tuple[Fraction, str, int], b: tuple[Fraction, str, int], op: str) -> tuple[Fraction, str, int]:
+    """a op b as (value, text with the fewest parentheses, precedence)."""
+    (va, sa, pa), (vb, sb, pb) = a, b
+    if op in "*/" and pa == _ADD:
+        sa = f"({sa})"
+    if (op == "-" and pb == _ADD) or (op == "*" and pb == _ADD) or (op == "/" and pb != _ATOM):
+        sb = f"({sb})"
+    value = {"+": va + vb, "-": va - vb, "*": va * vb, "/": va / vb if vb else None}[op]
+    return value, f"{sa}{op}{sb}", _ADD if op in "+-" else _MUL
+
+
+@dataclass(frozen=True)
+class CountdownTask:
+    name: str = "countdown"
+    num_count: int = 4
+    """how many numbers each problem gives"""
+    min_number: int = 1
+    max_number: int = 9
+    """numbers are drawn uniformly from [min_number, max_number], repeats allowed"""
+    min_target: int = 1
+    max_target: int = 99
+    """problems whose target falls outside [min_target, max_target] are redrawn"""
+    ops: str = "+-*"
+    """operators the model may use; add "/" for exact division"""
+    partial_reward: float = 0.1
+    """reward of a well-formed expression that uses the numbers correctly but misses the target"""
+
+    charset: str = "0123456789+-*/() >="
+
+    def __post_init__(self) -> None:
+        if not set(self.ops) <= set("+-*/") or not self.ops:
+            raise ValueError(f"ops must be a non-empty subset of '+-*/', got {self.ops!r}")
+        if not (2 <= self.num_count and 0 <= self.min_number <= self.max_number):
+            raise ValueError("need num_count >= 2 and 0 <= min_number <= max_number")
+
+    # -- data ---------------------------------------------------------------------------
+    def canonical(self, numbers: list[int], target: int) -> str:
+        """The problem regardless of the order the numbers are shown in."""
+        return " ".join(map(str, sorted(numbers))) + f">{target}"
+
+    def problem_key(self, row: dict[str, Any]) -> str:
+        return self.canonical(row["numbers"], row["target"])
+
+    def prompt(self, numbers: list[int], target: int) -> str:
+        return " ".join(map(str, numbers)) + f">{target}="
+
+    def _draw(self, rng: random.Random) -> tuple[list[int], int, str] | None:
+        numbers = [rng.randint(self.min_number, self.max_number) for _ in range(self.num_count)]
+        pool = [(Fraction(n), str(n), _ATOM) for n in numbers]
+        while len(pool) > 1:
+            a = pool.pop(rng.randrange(len(pool)))
+            b = pool.pop(rng.randrange(len(pool)))
+            op = rng.choice(self.ops)
+            if op == "-" and a[0] < b[0]:
+                a, b = b, a  # intermediate values stay non-negative, as in the game
+            if op == "/" and (b[0] == 0 or (a[0] / b[0]).denominator != 1):
+                op = rng.choice([o for o in self.ops if o != "/"] or ["+"])
+            pool.append(_combine(a, b, op))
+        value, text, _ = pool[0]
+        if value.denominator != 1 or not (self.min_target <= value <= self.max_target):
+            return None
+        return numbers, int(value), text
+
+    def make_rows(self, split: Split, n: int, seed: int) -> list[dict[str, Any]]:
+        check_split(split)
+        rng = random.Random(f"{self.name}-{split}-{seed}")
+        rows: list[dict[str, Any]] = []
+        seen: set[str] = set()
+        for _ in range(1000 + 100 * n):
+            if len(rows) == n:
+                return rows
+            drawn = self._draw(rng)
+            if drawn is None:
+                continue
+            numbers, target, solution = drawn
+            key = self.canonical(numbers, target)
+            if key in seen or split_of(key) != split:
+                continue
+            seen.add(key)
+            rows.append({
+                "prompt": self.prompt(numbers, target),
+                "completion": solution,
+                "numbers": numbers,
+                "target": target,
+            })
+        if len(rows) == n:
+            return rows
+        raise ValueError(f"could only draw {len(rows)} distinct {split} problems of {self}; ask for fewer")
+
+    # -- reward -------------------------------------------------------------------------
+    def score(self, completion: Any, numbers: list[int], target: int) -> float:
+        text = completion_text(completion)
+        if len(text) > MAX_EXPRESSION_CHARS:  # bound the work before anything else
+            return 0.0
+        try:
+            value, used = parse_expression(text.strip(), self.ops)
+        except ValueError:
+            return 0.0
+        if sorted(used) != sorted(numbers):
+            return 0.0
+        return 1.0 if value == target else self.partial_reward
+
+    def reward(self, completions: list, numbers: list[list[int]], target: list[int], **kwargs: Any) -> list[float]:
+        return [self.score(c, nums, t) for c, nums, t in zip(completions, numbers, target, strict=True)]
+
+    def is_correct(self, completion: str, row: dict[str, Any]) -> bool:
+        return self.score(completion, row["numbers"], row["target"]) == 1.0

@@ -1,0 +1,136 @@
+"""SFT warm-start: completion-only labels, the loss, learning a toy task, files in and out."""
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from grpokit.sft import IGNORE_INDEX, _lr_lambda, collate, completion_loss, encode_pair, read_pairs, run_sft, train_sft
+from grpokit.tasks.tiny_model import build_tiny_llama
+from grpokit.tasks.tokenizer import build_tokenizer
+
+# toy task: swap two digits ("47=" -> "74"); a test-size model learns it in a few dozen steps
+SWAP = [{"prompt": f"{i}{j}=", "completion": f"{j}{i}"} for i in range(10) for j in range(10)]
+
+
+@pytest.fixture()
+def tok():
+    return build_tokenizer("0123456789+-=")
+
+
+def exact_match(model, tok, pairs):
+    tok.padding_side = "left"
+    enc = tok([p["prompt"] for p in pairs], return_tensors="pt", padding=True)
+    out = model.generate(**enc, max_new_tokens=4, do_sample=False,
+                         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    texts = tok.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+    return sum(t == p["completion"] for t, p in zip(texts, pairs)) / len(pairs)
+
+
+def test_encode_pair_labels_only_the_completion_and_eos(tok):
+    ids, labels, truncated = encode_pair(tok, "12=", "21", max_length=16)
+    c = tok.convert_tokens_to_ids
+    assert ids == [tok.bos_token_id, c("1"), c("2"), c("="), c("2"), c("1"), tok.eos_token_id]
+    assert labels == [IGNORE_INDEX] * 4 + [c("2"), c("1"), tok.eos_token_id]
+    assert not truncated
+    ids, labels, truncated = encode_pair(tok, "12=", "21", max_length=5)
+    assert truncated and len(ids) == len(labels) == 5 and labels[-1] == c("2")
+
+
+def test_collate_right_pads_with_plain_positions(tok):
+    a = encode_pair(tok, "1=", "1", 16)[:2]
+    b = encode_pair(tok, "123=", "321", 16)[:2]
+    batch = collate([a, b], tok.pad_token_id)
+    assert batch["input_ids"][0].tolist() == a[0] + [tok.pad_token_id] * 4
+    assert batch["attention_mask"].tolist() == [[1] * 5 + [0] * 4, [1] * 9]
+    assert batch["labels"][0].tolist() == a[1] + [IGNORE_INDEX] * 4
+    assert batch["position_ids"].tolist() == [list(range(9))] * 2
+
+
+def test_loss_is_cross_entropy_of_completion_tokens_only(tok):
+    model = build_tiny_llama(tok, size="test")
+    batch = collate([encode_pair(tok, "12=", "21", 16)[:2], encode_pair(tok, "3+45=", "48", 16)[:2]], tok.pad_token_id)
+    loss, n_tokens = completion_loss(model, batch)
+    assert n_tokens == 3 + 3  # two digits + EOS per row
+    # by hand: the log-prob of each completion token given everything before it
+    logp = torch.log_softmax(model(**{k: batch[k] for k in ("input_ids", "attention_mask", "position_ids")}).logits, -1)
+    expected = []
+    for row, (start, end) in enumerate([(4, 7), (6, 9)]):
+        for t in range(start, end):
+            expected.append(-logp[row, t - 1, batch["input_ids"][row, t]])
+    torch.testing.assert_close(loss, torch.stack(expected).mean())
+    # and transformers' own label-shifting loss agrees
+    torch.testing.assert_close(loss, model(**batch).loss)
+
+
+def test_lr_schedule_warmup_then_decay_to_zero():
+    cos = _lr_lambda(total=10, warmup=2, schedule="cosine")
+    assert [cos(0), cos(1), cos(2)] == [0.5, 1.0, 1.0]
+    assert cos(6) == pytest.approx(0.5) and cos(10) == pytest.approx(0.0)
+    lin = _lr_lambda(total=10, warmup=0, schedule="linear")
+    assert [lin(0), lin(5), lin(10)] == [1.0, 0.5, 0.0]
+
+
+def test_sft_lowers_the_loss_and_learns_a_toy_task(tok):
+    torch.manual_seed(0)
+    model = build_tiny_llama(tok, size="test")
+    assert exact_match(model, tok, SWAP) < 0.1
+    logs = []
+    stats = train_sft(model, tok, SWAP, steps=40, batch_size=32, lr=3e-3, warmup=5, seed=0, log_every=10,
+                      log_fn=logs.append)
+    assert stats["steps"] == 40 and [m["step"] for m in logs] == [10, 20, 30, 40]
+    assert stats["final_loss"] < stats["first_loss"] / 4
+    assert logs[-1]["loss"] < logs[0]["loss"]
+    assert exact_match(model, tok, SWAP) > 0.8
+
+
+def test_sft_is_deterministic_for_a_seed(tok):
+    weights = []
+    for _ in range(2):
+        model = build_tiny_llama(tok, size="test")
+        train_sft(model, tok, SWAP, steps=5, batch_size=16, seed=7)
+        weights.append(model.state_dict())
+    for name, w in weights[0].items():
+        assert torch.equal(w, weights[1][name]), name
+
+
+def test_sft_length_is_epochs_or_steps(tok):
+    model = build_tiny_llama(tok, size="test")
+    assert train_sft(model, tok, SWAP, epochs=0.5, batch_size=10)["steps"] == 5
+    assert train_sft(model, tok, SWAP, batch_size=30)["steps"] == 4  # one epoch by default
+    with pytest.raises(ValueError, match="epochs or steps"):
+        train_sft(model, tok, SWAP, epochs=1, steps=1)
+    with pytest.raises(ValueError, match="schedule"):
+        train_sft(model, tok, SWAP, schedule="exp")
+
+
+def test_run_sft_from_files_saves_hf_folder(tmp_path, tok):
+    base = tmp_path / "base"
+    tok.save_pretrained(base)
+    build_tiny_llama(tok, size="test").save_pretrained(base)
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps(p) + "\n" for p in SWAP))
+    out = tmp_path / "sft"
+    stats = run_sft(base, data, out, steps=40, batch_size=32, lr=3e-3, warmup=5)
+    assert (out / "model.safetensors").exists()
+    assert json.loads((out / "sft_stats.json").read_text())["steps"] == stats["steps"] == 40
+    model = AutoModelForCausalLM.from_pretrained(out)
+    assert exact_match(model, AutoTokenizer.from_pretrained(out), SWAP) > 0.8
+
+
+def test_read_pairs_csv_and_missing_column(tmp_path):
+    good = tmp_path / "pairs.csv"
+    with good.open("w", newline="") as f:
+        w = csv.DictWriter(f, ["prompt", "completion"])
+        w.writeheader()
+        w.writerows(SWAP[:3])
+    assert read_pairs(good) == SWAP[:3]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"prompt": "1=", "answer": "1"}) + "\n")
+    with pytest.raises(ValueError, match="'completion'"):
+        read_pairs(bad)
+    with pytest.raises(ValueError, match="unsupported"):
+        read_pairs(tmp_path / "pairs.parquet")
