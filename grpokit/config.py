@@ -83,6 +83,8 @@ class RolloutConfig(Section):
 
 
 class AlgorithmConfig(Section):
+    preset: Literal["grpo", "dapo", "dr_grpo", "gspo", "rloo", "reinforce_pp"] | None = None
+    """Expand one paper's settings (PRESETS below, docs/algorithm.md); keys you set yourself win."""
     beta: float = Field(0.04, ge=0)
     """KL coefficient against pi_ref (DeepSeekMath: 0.04). 0 = no reference model is loaded."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
@@ -107,6 +109,16 @@ class AlgorithmConfig(Section):
     """mu: passes of policy updates over each rollout batch (DeepSeekMath Alg. 1)."""
     mask_truncated_completions: bool = False
     """DAPO overlong filtering: truncated completions get no loss."""
+    overlong_buffer_frac: float = Field(0.0, ge=0, lt=1)
+    """DAPO soft overlong punishment (eq. 13): the last this fraction of max_completion_length is penalized linearly; 0 = off."""
+    dynamic_sampling: bool = False
+    """DAPO dynamic sampling: drop groups whose rewards are all equal, draw more prompts until the batch is full."""
+    max_sampling_rounds: int = Field(4, ge=1)
+    """Cap on generation rounds per step with dynamic sampling; a batch still short is topped up with dropped groups."""
+    ref_policy: Literal["frozen", "reset", "none"] = "frozen"
+    """pi_ref: the frozen initial policy, reset to the current one every ref_reset_every steps (DeepSeekMath 4.1.4), or none (needs beta = 0)."""
+    ref_reset_every: int = Field(0, ge=0)
+    """With ref_policy=reset: copy the current policy into pi_ref every this many steps."""
 
 
 class OptimConfig(Section):
@@ -210,6 +222,11 @@ class Config(Section):
 
     @model_validator(mode="after")
     def _check_batch_shapes(self) -> "Config":
+        alg = self.algorithm
+        if alg.ref_policy == "none" and alg.beta > 0:
+            raise ValueError(f"algorithm.ref_policy=none needs algorithm.beta=0 (got beta={alg.beta}): the KL term needs pi_ref")
+        if alg.ref_policy == "reset" and not alg.ref_reset_every:
+            raise ValueError("algorithm.ref_policy=reset needs algorithm.ref_reset_every > 0 (steps between resets)")
         n = self.rollout.prompts_per_step * self.rollout.num_generations
         if n % self.optim.num_minibatches:
             raise ValueError(
@@ -233,6 +250,44 @@ class Config(Section):
     @property
     def micro_batch_size(self) -> int:
         return self.optim.micro_batch_size or self.minibatch_size
+
+
+# ---------------------------------------------------------------- presets
+
+# Each paper's algorithm settings. Budget choices (G, batch sizes, learning rate) are not part of a
+# preset; the paper's values are listed in docs/algorithm.md.
+PRESETS: dict[str, dict[str, Any]] = {
+    # DeepSeekMath (2402.03300) §4.2: beta 0.04, k3 KL, eps 0.2, per-sequence mean, group std; G=64, mu=1.
+    "grpo": dict(beta=0.04, kl_estimator="k3", epsilon=0.2, epsilon_high=None, loss_type="grpo",
+                 scale_rewards="group", advantage_estimator="grpo", importance_sampling_level="token"),
+    # DAPO (2503.14476): clip-higher 0.2/0.28, no KL, token-level loss, dynamic sampling,
+    # overlong filtering and soft overlong punishment (L_cache / L_max = 4096 / 20480 = 0.2).
+    "dapo": dict(beta=0.0, epsilon=0.2, epsilon_high=0.28, loss_type="dapo", scale_rewards="group",
+                 advantage_estimator="grpo", dynamic_sampling=True, mask_truncated_completions=True,
+                 overlong_buffer_frac=0.2, importance_sampling_level="token"),
+    # Dr. GRPO (2503.20783): no std scaling, constant normalizer instead of lengths, no KL.
+    "dr_grpo": dict(beta=0.0, epsilon=0.2, loss_type="dr_grpo", scale_rewards="none", advantage_estimator="grpo",
+                    importance_sampling_level="token"),
+    # GSPO (2507.18071): sequence-level ratio with its own, much smaller clip range (3e-4 / 4e-4), no KL.
+    "gspo": dict(beta=0.0, epsilon=3e-4, epsilon_high=4e-4, importance_sampling_level="sequence", loss_type="grpo",
+                 scale_rewards="group", advantage_estimator="grpo"),
+    # RLOO (2402.14740): leave-one-out baseline, no std scaling, REINFORCE-style token sum (constant normalizer).
+    "rloo": dict(beta=0.0, advantage_estimator="rloo", scale_rewards="none", loss_type="dr_grpo",
+                 importance_sampling_level="token"),
+    # REINFORCE++-baseline (2501.03262): group-mean baseline, batch std, token-mean loss, k2 KL loss 1e-3.
+    "reinforce_pp": dict(beta=0.001, kl_estimator="k2", advantage_estimator="grpo", scale_rewards="batch",
+                         loss_type="dapo", importance_sampling_level="token"),
+}
+
+
+def _apply_preset(tree: dict) -> dict:
+    alg = tree.get("algorithm")
+    if not isinstance(alg, dict) or alg.get("preset") is None:
+        return tree
+    name = alg["preset"]
+    if name not in PRESETS:
+        raise ConfigError(f"bad value for 'algorithm.preset': {name!r}; allowed: {', '.join(PRESETS)}")
+    return {**tree, "algorithm": {**PRESETS[name], **alg}}  # the user's own keys win
 
 
 # ---------------------------------------------------------------- loading
@@ -315,6 +370,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             _set_dotted(tree, key, value)
         except (IndexError, ValueError, TypeError) as exc:
             raise ConfigError(f"override {key}={value!r} does not fit the config: {exc}") from None
+    tree = _apply_preset(tree)
     try:
         return Config.model_validate(tree)
     except ValidationError as err:

@@ -29,7 +29,8 @@ from grpokit.checkpoint import list_checkpoints, load_checkpoint, save_checkpoin
 from grpokit.config import Config, ConfigError, RewardSpec
 from grpokit.evaluate import evaluate, make_judge
 from grpokit.policy import PackedBatch, completion_logprobs, frozen_copy, load_policy, pack_sequences
-from grpokit.rollout import SamplingParams, make_engine
+from grpokit.rewards import RewardOutput
+from grpokit.rollout import Completions, SamplingParams, make_engine
 
 
 class TrainingError(RuntimeError):
@@ -47,6 +48,34 @@ class RolloutBatch:
     advantages: Tensor  # [N] one per completion, broadcast over its tokens
     old_logp: Tensor | None  # [N, T] pi_old; None when it equals pi_theta (mu = 1, one minibatch)
     ref_logp: Tensor | None  # [N, T] pi_ref; None when beta = 0
+
+
+@dataclass
+class Groups:
+    """Prompts with their G completions each and the rewards of those, before advantages."""
+
+    rows: list  # [B] PromptRow
+    comps: Completions  # [B * G], prompt-major
+    scored: RewardOutput  # total / per_function [B * G]
+
+    @staticmethod
+    def take(chosen: list[tuple["Groups", int]], G: int) -> "Groups":
+        """The groups (source, index) in `chosen`, concatenated in that order."""
+        spans = [(src, slice(g * G, (g + 1) * G)) for src, g in chosen]
+        cat = lambda get: [x for src, sl in spans for x in get(src)[sl]]  # noqa: E731
+        logprobs = None
+        if all(src.comps.logprobs is not None for src, _ in spans):
+            logprobs = cat(lambda s: s.comps.logprobs)
+        comps = Completions(cat(lambda s: s.comps.token_ids), cat(lambda s: s.comps.texts), cat(lambda s: s.comps.finish_reasons), logprobs)
+        first = spans[0][0].scored
+        sources = {id(src): src for src, _ in spans}.values()
+        scored = RewardOutput(
+            total=torch.cat([src.scored.total[sl] for src, sl in spans]),
+            per_function={k: torch.cat([src.scored.per_function[k][sl] for src, sl in spans]) for k in first.per_function},
+            errors={k: sum(src.scored.errors[k] for src in sources) for k in first.errors},
+            weights=first.weights,
+        )
+        return Groups([src.rows[g] for src, g in chosen], comps, scored)
 
 
 def seed_everything(seed: int) -> None:
@@ -113,6 +142,10 @@ class Trainer:
         specs = list(cfg.rewards) or ([RewardSpec(function=task)] if task else [])
         if not specs:
             raise ConfigError("no reward functions: add `rewards: [{function: package.module:function}]` to the config")
+        if cfg.algorithm.overlong_buffer_frac > 0:  # DAPO soft overlong punishment, eq. 13
+            L = cfg.rollout.max_completion_length
+            buffer = max(1, int(cfg.algorithm.overlong_buffer_frac * L))
+            specs.append(RewardSpec(function="overlong", name="overlong", kwargs={"max_completion_length": L, "cache_length": buffer}))
         self.rewards = RewardManager(specs, strict=cfg.reward_errors == "raise")
         self.judge = make_judge(self.rewards, reward_name=cfg.eval.reward, threshold=cfg.eval.correct_threshold)
 
@@ -181,9 +214,9 @@ class Trainer:
             model.train(was_training)
         return out
 
-    def rollout(self, rows) -> tuple[RolloutBatch, dict[str, float], list]:
+    def _sample_groups(self, rows, timings: dict[str, float]) -> "Groups":
+        """G completions for each row, scored: the unit dynamic sampling keeps or drops."""
         cfg, G = self.cfg, self.cfg.rollout.num_generations
-        timings = {}
         t = time.perf_counter()
         sampling = SamplingParams(
             max_tokens=cfg.rollout.max_completion_length,
@@ -192,11 +225,49 @@ class Trainer:
             top_k=cfg.rollout.top_k,
         )
         comps = self.engine.generate([r.prompt_ids for r in rows], G, sampling)
-        timings["perf/rollout_time"] = time.perf_counter() - t
-
+        timings["perf/rollout_time"] = timings.get("perf/rollout_time", 0.0) + time.perf_counter() - t
         t = time.perf_counter()
         prompts, columns = self._expand(rows, G)
         scored = self.rewards(prompts=prompts, completions=comps.texts, completion_ids=comps.token_ids, columns=columns)
+        timings["perf/reward_time"] = timings.get("perf/reward_time", 0.0) + time.perf_counter() - t
+        return Groups(list(rows), comps, scored)
+
+    def _dynamic_sampling(self, first: "Groups", timings: dict[str, float]) -> tuple["Groups", dict[str, float]]:
+        """DAPO §3.2: keep groups whose rewards differ; draw more prompts until the batch is full.
+
+        After algorithm.max_sampling_rounds rounds a short batch is topped up with dropped groups
+        (they carry no policy gradient, only the KL term), so every step has the same shape.
+        """
+        want, G = self.cfg.rollout.prompts_per_step, self.cfg.rollout.num_generations
+        kept, dropped, rounds, drawn = [], [], 0, 0
+        cur = first
+        while True:
+            rounds += 1
+            drawn += len(cur.rows)
+            for g in range(len(cur.rows)):
+                r = cur.scored.total[g * G : (g + 1) * G]
+                (kept if r.max() > r.min() else dropped).append((cur, g))
+            if len(kept) >= want or rounds >= self.cfg.algorithm.max_sampling_rounds:
+                break
+            cur = self._sample_groups([self.train_data[i] for i in self.sampler.next()], timings)
+        chosen = (kept + dropped)[:want]
+        metrics = {
+            "rollout/sampling_rounds": float(rounds),
+            "rollout/groups_drawn": float(drawn),
+            "rollout/groups_dropped": float(drawn - len(kept)),
+            "rollout/groups_topped_up": float(max(0, want - len(kept))),
+        }
+        return Groups.take(chosen, G), metrics
+
+    def rollout(self, rows) -> tuple[RolloutBatch, dict[str, float], list]:
+        cfg, G = self.cfg, self.cfg.rollout.num_generations
+        timings: dict[str, float] = {}
+        groups = self._sample_groups(rows, timings)
+        ds_metrics: dict[str, float] = {}
+        if cfg.algorithm.dynamic_sampling:
+            groups, ds_metrics = self._dynamic_sampling(groups, timings)
+        rows, comps, scored = groups.rows, groups.comps, groups.scored
+
         rewards = scored.total.float()  # [N]
         advantages = group_advantages(
             rewards,
@@ -205,7 +276,6 @@ class Trainer:
             estimator=cfg.algorithm.advantage_estimator,
             eps=cfg.algorithm.std_eps,
         )
-        timings["perf/reward_time"] = time.perf_counter() - t
 
         pad = self.tokenizer.pad_token_id
         tokens = pack_sequences([r.prompt_ids for r in rows for _ in range(G)], comps.token_ids, pad)
@@ -223,7 +293,7 @@ class Trainer:
 
         batch = RolloutBatch(tokens, loss_mask, truncated, rewards, advantages, old_logp, ref_logp)
         reward_metrics = {k: v for k, v in scored.metrics().items() if not k.startswith("reward/total")}
-        metrics = {**timings, **reward_metrics, **self._rollout_metrics(batch, rows, comps)}
+        metrics = {**timings, **reward_metrics, **ds_metrics, **self._rollout_metrics(batch, rows, comps)}
         samples = self._samples(rows, comps, rewards, G)
         return batch, metrics, samples
 
@@ -348,12 +418,15 @@ class Trainer:
         )
 
     def state_dict(self) -> dict:
-        return {
+        state = {
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "sampler": self.sampler.state_dict(),
             "skipped_updates": self.skipped_updates,
         }
+        if self.cfg.algorithm.ref_policy == "reset" and self.ref is not None:
+            state["ref_model"] = self.ref.state_dict()  # no longer the initial weights
+        return state
 
     def save(self) -> Path:
         for p in self.model.parameters():
@@ -371,6 +444,8 @@ class Trainer:
         self.scheduler.load_state_dict(state["scheduler"])
         self.sampler.load_state_dict(state["sampler"])
         self.skipped_updates = state.get("skipped_updates", 0)
+        if "ref_model" in state and self.ref is not None:
+            self.ref.load_state_dict(state["ref_model"])
         self.step = state["step"]
         set_rng_state(state["rng"])
         self.engine.sync_weights(self.model)
@@ -411,6 +486,8 @@ class Trainer:
                     metrics.update(self.update(batch))
                     self.engine.sync_weights(self.model)
                     self.step += 1
+                    if self.cfg.algorithm.ref_policy == "reset" and self.ref is not None and self.step % self.cfg.algorithm.ref_reset_every == 0:
+                        self.ref.load_state_dict(self.model.state_dict())  # DeepSeekMath §4.1.4 iterative RL
                     t2 = time.perf_counter()
                     metrics.update(self._perf(metrics, t0, t1, t2, batch))
                     if cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < cfg.optim.max_steps:

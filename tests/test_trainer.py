@@ -100,3 +100,31 @@ def test_finished_run_is_not_repeated(tiny_model_dir, tmp_path):
     Trainer(cfg).train()
     again = Trainer(cfg)
     assert again.maybe_resume() == 2
+
+
+def test_dapo_dynamic_sampling_keeps_informative_groups(tiny_model_dir, tmp_path):
+    fn = f"{Path(__file__).parent / 'reward_fns.py'}:even_target_constant"
+    cfg = config(tiny_model_dir, tmp_path / "run", "algorithm.preset=dapo", f"rewards=[{{function: '{fn}'}}]",
+                 "algorithm.max_sampling_rounds=6", "optim.max_steps=1")
+    assert cfg.algorithm.dynamic_sampling and cfg.algorithm.epsilon_high == 0.28 and cfg.algorithm.loss_type == "dapo"
+    trainer = Trainer(cfg)
+    rows = [trainer.train_data[i] for i in trainer.sampler.next()]
+    batch, metrics, _ = trainer.rollout(rows)
+    G = cfg.rollout.num_generations
+    assert batch.rewards.numel() == cfg.rollout_batch_size  # same shape every step
+    grouped = batch.rewards.view(-1, G)
+    informative = (grouped.amax(1) > grouped.amin(1)).sum().item()
+    assert informative == cfg.rollout.prompts_per_step - metrics["rollout/groups_topped_up"]
+    assert metrics["rollout/groups_drawn"] >= cfg.rollout.prompts_per_step
+    assert metrics["rollout/groups_dropped"] >= 0 and "reward/overlong" in metrics  # soft overlong punishment is on
+
+
+def test_ref_policy_reset_copies_the_policy(tiny_model_dir, tmp_path):
+    cfg = config(tiny_model_dir, tmp_path / "run", "algorithm.beta=0.04", "algorithm.ref_policy=reset",
+                 "algorithm.ref_reset_every=2", "optim.max_steps=2", "checkpoint.save_every=0")
+    trainer = Trainer(cfg)
+    before = [p.clone() for p in trainer.ref.parameters()]
+    trainer.train()
+    for p, q, b in zip(trainer.model.parameters(), trainer.ref.parameters(), before):
+        assert torch.equal(p, q)
+    assert any(not torch.equal(q, b) for q, b in zip(trainer.ref.parameters(), before))

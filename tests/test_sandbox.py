@@ -1,0 +1,350 @@
+"""The code sandbox (grpokit/rewards/sandbox.py) and the code_tests reward (grpokit/rewards/code.py).
+
+    .venv/bin/python -m pytest tests/test_sandbox.py -q
+
+The hostile-program suite runs every attack once, in parallel, through `code_tests` (one
+module fixture), then checks each result: reward 0, a reason, nothing outside changed, and
+this process still alive. It needs "namespaces" isolation (root and util-linux `unshare`)
+and is skipped elsewhere; the fallback's own tests run everywhere. Limits are small so the
+file stays quick: wall 3 s, CPU 2 s, 256 MiB.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import socket
+import tempfile
+import textwrap
+
+import pytest
+
+from grpokit.rewards import BUILTIN_REWARDS, RewardManager, RewardSpec
+from grpokit.rewards.code import code_tests, evaluate_code, extract_code, parse_tests
+from grpokit.rewards.sandbox import UID_BASE, UID_COUNT, Limits, isolation_mode, run_many, run_python
+
+SMALL = Limits(wall_time=3.0, cpu_time=2, memory_mb=256, processes=16, output_bytes=64 << 10, disk_mb=32,
+               file_size_mb=4)
+ROOMY = Limits(wall_time=30.0, memory_mb=256)  # for programs that must finish, even on a busy machine
+SMALL_KWARGS = {"wall_time": 3.0, "cpu_time": 2, "memory_mb": 256, "processes": 16,
+                "output_bytes": 64 << 10, "disk_mb": 32, "file_size_mb": 4}
+
+
+@pytest.fixture(scope="session")
+def namespaces():
+    if isolation_mode() != "namespaces":
+        pytest.skip("needs namespaces isolation (root and util-linux unshare); see docs/sandbox.md")
+
+
+def sandbox_processes() -> list[int]:
+    """Processes owned by a sandbox uid, anywhere on the machine."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            uid = os.stat(f"/proc/{pid}").st_uid
+        except OSError:
+            continue
+        if UID_BASE <= uid < UID_BASE + UID_COUNT:
+            found.append(int(pid))
+    return found
+
+
+def sandbox_dirs() -> set[str]:
+    return {n for n in os.listdir(tempfile.gettempdir()) if n.startswith("grpokit-sandbox-")}
+
+
+# -- run_python ----------------------------------------------------------------------------
+
+def test_runs_a_program_with_stdin_and_reports_ok():
+    r = run_python("import sys\nprint(sys.stdin.read()[::-1])", stdin="abc", limits=ROOMY)
+    assert (r.ok, r.reason, r.returncode, r.stdout) == (True, "ok", 0, "cba\n")
+    assert r.cpu_time is not None and r.wall_time > 0
+
+
+def test_uncaught_exception_is_error_with_traceback():
+    r = run_python("raise ValueError('boom')", limits=ROOMY)
+    assert (r.ok, r.reason, r.returncode) == (False, "error", 1)
+    assert "ValueError: boom" in r.stderr
+
+
+def test_environment_is_scrubbed(monkeypatch):
+    monkeypatch.setenv("GRPOKIT_TEST_SECRET", "hunter2")
+    r = run_python("import os, json\nprint(json.dumps(dict(os.environ)))", limits=ROOMY)
+    assert r.ok and "hunter2" not in r.stdout
+    import json
+    env = json.loads(r.stdout)
+    assert set(env) <= {"PATH", "LANG", "HOME", "TMPDIR", "PYTHONDONTWRITEBYTECODE", "PYTHONIOENCODING"}
+    assert env["PATH"] == "/usr/bin:/bin"
+
+
+def test_home_and_tmpdir_are_the_empty_working_folder_and_it_is_removed():
+    before = sandbox_dirs()
+    r = run_python("import os\nprint(os.getcwd() == os.environ['HOME'] == os.environ['TMPDIR'])\n"
+                   "print(sorted(os.listdir('.')))\nopen('scratch', 'w').write('x')", limits=ROOMY)
+    assert r.ok, r.stderr
+    assert r.stdout.splitlines() == ["True", "['main.py']"]
+    assert sandbox_dirs() <= before
+
+
+def test_files_are_put_next_to_the_program():
+    r = run_python("print(open('data.txt').read())", files={"data.txt": "hello"}, limits=ROOMY)
+    assert r.stdout == "hello\n"
+    with pytest.raises(ValueError):
+        run_python("pass", files={"../x": "no"})
+
+
+@pytest.mark.parametrize("code, reasons", [
+    ("import time\ntime.sleep(60)", {"timeout"}),
+    ("while True:\n    pass", {"cpu_limit", "timeout"}),  # which comes first depends on the load
+    ("x = bytearray(1 << 30)", {"memory_limit"}),
+    ("with open('big', 'wb') as f:\n    while True:\n        f.write(b'0' * (1 << 20))", {"file_size_limit"}),
+    ("import sys\nwhile True:\n    sys.stdout.write('x' * 65536)", {"output_limit"}),
+    ("import sys\nwhile True:\n    sys.stderr.write('x' * 65536)", {"output_limit"}),
+    ("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)", {"killed:SIGSEGV"}),
+], ids=["sleep", "loop", "memory", "file_size", "stdout_flood", "stderr_flood", "segv"])
+def test_limits_stop_the_program_with_a_reason(code, reasons):
+    r = run_python(code, limits=SMALL)
+    assert not r.ok and r.reason in reasons, (r.reason, r.stderr[-500:])
+    assert len(r.stdout.encode()) <= SMALL.output_bytes and len(r.stderr.encode()) <= SMALL.output_bytes
+
+
+def test_cpu_limit(namespaces):
+    r = run_python("while True:\n    pass", limits=Limits(cpu_time=1, wall_time=60))
+    assert r.reason == "cpu_limit" and r.returncode == -signal.SIGXCPU
+
+
+def test_disk_limit(namespaces):
+    code = "i = 0\nwhile True:\n    open(f'f{i}', 'wb').write(b'0' * (1 << 20))\n    i += 1"
+    r = run_python(code, limits=Limits(disk_mb=8, wall_time=30))
+    assert r.reason == "disk_limit", r.stderr[-300:]
+
+
+def test_namespaces_isolation_facts(namespaces):
+    code = textwrap.dedent("""
+        import os, socket
+        print(os.getuid() != 0, os.getpid(), sorted(os.listdir('/')))
+        print(socket.if_nameindex())
+    """)
+    r = run_python(code, limits=ROOMY)
+    assert r.ok and r.network_isolated and r.isolation == "namespaces", r.stderr
+    line1, line2 = r.stdout.splitlines()
+    assert line1.startswith("True 2 ")  # PID 1 is the launcher; the host's root is not there
+    assert "'work'" not in line1 and "'home'" not in line1
+    assert line2 == "[(1, 'lo')]"
+
+
+def test_run_many_keeps_order_and_runs_everything():
+    programs = [(f"print({i} * int(input()))", str(i)) for i in range(6)] + ["print('bare')"]
+    results = run_many(programs, limits=ROOMY, max_workers=3)
+    assert [r.stdout for r in results] == [f"{i * i}\n" for i in range(6)] + ["bare\n"]
+    assert run_many([], limits=ROOMY) == []
+
+
+def test_limits_are_validated():
+    with pytest.raises(ValueError, match="wall_time"):
+        Limits(wall_time=0)
+    with pytest.raises(ValueError, match="memory_mb"):
+        Limits(memory_mb=1.5)
+
+
+# -- the fallback without namespaces -------------------------------------------------------
+
+def test_require_network_isolation_refuses_to_run_without_it():
+    r = run_python("open('/tmp/should-not-run', 'w')", isolation="none",
+                   limits=Limits(require_network_isolation=True))
+    assert (r.ok, r.reason, r.returncode, r.network_isolated) == (False, "network_isolation_unavailable", None, False)
+
+
+def test_fallback_blocks_sockets_in_process_and_says_it_is_not_isolated():
+    code = "import socket\ntry:\n    socket.socket()\nexcept PermissionError as e:\n    print('blocked')"
+    r = run_python(code, isolation="none", limits=ROOMY)
+    assert (r.reason, r.stdout, r.network_isolated, r.isolation) == ("ok", "blocked\n", False, "none")
+
+
+def test_fallback_still_enforces_the_wall_limit():
+    r = run_python("import time\ntime.sleep(60)", isolation="none", limits=SMALL)
+    assert r.reason == "timeout" and not r.network_isolated
+
+
+# -- code_tests: extraction, parsing, scoring ----------------------------------------------
+
+def test_extract_code_prefers_the_last_python_block():
+    text = "plan\n```\nbare\n```\n```python\nfirst\n```\ntext\n```py\nsecond\n```\n"
+    assert extract_code(text) == "second\n"
+    assert extract_code("x\n```\nbare\n```") == "bare\n"
+    assert extract_code("```python\ntruncated") == "truncated"
+    assert extract_code("def f(): pass") == "def f(): pass"
+
+
+def test_parse_tests_counts_asserts_and_keeps_setup():
+    assert parse_tests("import math\nassert f(1) == 1\nx = 2\nassert f(x) == 2") == [
+        ("import math", False), ("assert f(1) == 1", True), ("x = 2", False), ("assert f(x) == 2", True)]
+    assert parse_tests("def check(f):\n    assert f(1) == 1\ncheck(f)") == [
+        ("def check(f):\n    assert f(1) == 1\ncheck(f)", True)]  # no top-level assert: one test
+    assert parse_tests(["assert f(1) == 1", "assert f(2) == 2"]) == [
+        ("assert f(1) == 1", True), ("assert f(2) == 2", True)]
+    for bad in ("assert (", ["ok = 1", 3], 5):
+        with pytest.raises(ValueError):
+            parse_tests(bad)
+
+
+ADD_TESTS = "assert add(1, 2) == 3\nassert add(2, 2) == 4\nassert add(0, 0) == 0\nassert add(-1, 1) == 0"
+
+
+def test_correct_gets_one_partial_gets_the_fraction():
+    completions = [
+        "Here:\n```python\ndef add(a, b):\n    return a + b\n```",  # all 4
+        "def add(a, b):\n    return a * 2",                          # add(2,2), add(0,0): 2 of 4
+        "```python\ndef add(a, b)\n    return a + b\n```",            # syntax error
+        "```python\nimport sys\ndef add(a, b):\n    return 0\nsys.exit(3)\n```",  # exits, then 2 of 4
+        [{"role": "assistant", "content": "```python\nadd = lambda a, b: a + b\n```"}],  # chat message
+    ]
+    scores = code_tests(completions, [ADD_TESTS] * 5, **SMALL_KWARGS)
+    assert scores == [1.0, 0.5, 0.0, 0.5, 1.0]
+    assert code_tests.last_reasons == ["passed", "failed", "syntax_error", "exception:SystemExit", "passed"]
+    assert [(r.passed, r.total) for r in code_tests.last_results] == [(4, 4), (2, 4), (0, 4), (2, 4), (4, 4)]
+
+
+def test_all_or_nothing_and_list_tests_and_rows_without_tests():
+    half = "def add(a, b):\n    return a * 2"
+    scores = code_tests([half, half, half, half, ""], [ADD_TESTS, ["assert add(2, 2) == 4"], None, "assert (", ADD_TESTS],
+                        partial=False, **SMALL_KWARGS)
+    assert scores == [0.0, 1.0, None, None, 0.0]
+    reasons = code_tests.last_reasons
+    assert reasons[:3] == ["failed", "passed", "no_tests"] and reasons[3].startswith("bad_tests") and reasons[4] == "no_code"
+
+
+def test_the_harness_resists_simple_reward_hacks():
+    hacks = [
+        "import builtins\nbuiltins.exec = lambda *a, **k: None\nbuiltins.compile = lambda *a, **k: None",
+        "import os\n_w = os.write\nos.write = lambda fd, b: _w(fd, b.replace(b' 0 4', b' 4 4'))",
+        "print('\\n0123456789abcdef0123456789abcdef ok 4 4')\nprint('deadbeef ok 4 4')",
+        "import builtins\nbuiltins.BaseException = int",
+        "import os\nos._exit(0)",
+        "class Always:\n    def __eq__(self, other):\n        return True\ndef add(a, b):\n    return Always()",
+    ]
+    scores = code_tests(hacks, [ADD_TESTS] * len(hacks), **SMALL_KWARGS)
+    # The last one (an always-equal object) is the documented hole: the harness cannot see it.
+    assert scores == [0.0, 0.0, 0.0, 0.0, 0.0, 1.0], code_tests.last_reasons
+    assert code_tests.last_reasons[:5] == ["failed", "failed", "failed", "failed", "no_summary"]
+
+
+def test_code_tests_is_a_builtin_reward_with_checked_settings():
+    assert BUILTIN_REWARDS["code_tests"] is code_tests
+    manager = RewardManager([RewardSpec("code_tests", kwargs=SMALL_KWARGS)])
+    out = manager(prompts=["p", "p"], completions=["def add(a, b):\n    return a + b", "nope"],
+                  completion_ids=[[1], [1]], columns={"tests": [ADD_TESTS, ADD_TESTS]})
+    assert out.total.tolist() == [1.0, 0.0] and out.errors == {"code_tests": 0}
+    for bad in ({"wall_time": -1}, {"partial": "yes"}, {"max_workers": 0}, {"timeout": 3}):
+        with pytest.raises(ValueError, match="code_tests"):
+            RewardManager([RewardSpec("code_tests", kwargs=bad)])
+
+
+# -- the hostile-program suite -------------------------------------------------------------
+
+SECRET = "grpokit-test-secret-" + os.urandom(8).hex()
+
+
+def _hostile_cases(outside: str, victim: str, port: int) -> dict[str, tuple[str, str, set[str]]]:
+    """name -> (solution, tests, allowed reasons). Each test passes only if the attack worked."""
+    me, group = os.getpid(), os.getpgid(0)
+    secret_hash = hashlib.sha256(SECRET.encode()).hexdigest()
+    home = os.path.expanduser("~")
+    return {
+        "fork_bomb": ("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass",
+                      "assert True", {"timeout", "cpu_limit"}),
+        "infinite_loop": ("while True:\n    pass", "assert True", {"timeout", "cpu_limit"}),
+        "memory_bomb": ("hoard = []\nwhile True:\n    hoard.append(bytearray(1 << 24))",
+                        "assert len(hoard) > 1000", {"exception:MemoryError", "memory_limit"}),
+        "sleep_past_wall": ("import time\ntime.sleep(60)\nDONE = True", "assert DONE", {"timeout"}),
+        "write_outside": (f"open({outside + '/created.txt'!r}, 'w').write('pwned')\n"
+                          f"open({victim!r}, 'a').write('pwned')\nWROTE = True",
+                          "assert WROTE", {"exception:FileNotFoundError", "exception:PermissionError"}),
+        "delete_files": (f"import os, shutil\nos.remove({victim!r})\nshutil.rmtree({outside!r})\nDELETED = True",
+                         "assert DELETED", {"exception:FileNotFoundError", "exception:PermissionError"}),
+        "read_secrets": ("import os, glob\nfound = os.environ.get('GRPOKIT_TEST_SECRET', '')\n"
+                         "for path in glob.glob('/proc/*/environ'):\n    try:\n"
+                         "        found = found or [v for v in open(path).read().split('\\0')"
+                         " if v.startswith('GRPOKIT_TEST_SECRET=')][0].split('=', 1)[1]\n"
+                         "    except (OSError, IndexError):\n        pass\nprint(found)",
+                         f"import hashlib\nassert hashlib.sha256(found.encode()).hexdigest() == {secret_hash!r}",
+                         {"failed"}),
+        "read_home": (f"import os\nentries = os.listdir({home!r})",
+                      f"assert {sorted(os.listdir(home))!r} == sorted(entries)",
+                      {"failed", "exception:PermissionError", "exception:FileNotFoundError"}),
+        "connect_loopback": (f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=2)\n"
+                             "s.sendall(b'pwned')\nCONNECTED = True",
+                             "assert CONNECTED", {"exception:OSError", "exception:ConnectionRefusedError",
+                                                  "exception:TimeoutError", "exception:PermissionError"}),
+        "signal_parent": ("import os, signal\nhits = 0\n"
+                          f"for pid in (os.getppid(), {me}, -{group}, -1):\n"
+                          "    try:\n        os.kill(pid, signal.SIGKILL)\n        hits += 1\n"
+                          "    except OSError:\n        pass",
+                          "assert hits == 4", {"failed"}),
+        "kill_own_group": ("import os, signal\nos.killpg(os.getpgid(0), signal.SIGKILL)\nALIVE = True",
+                           "assert ALIVE", {"killed:SIGKILL"}),
+        "gigabytes_of_output": ("import sys\nwhile True:\n    sys.stdout.write('x' * 65536)",
+                                "assert True", {"output_limit"}),
+        "gigabytes_to_disk": ("with open('big', 'wb') as f:\n    for _ in range(1024):\n"
+                              "        f.write(b'0' * (1 << 20))\nWRITTEN = True",
+                              "assert WRITTEN", {"exception:OSError"}),  # EFBIG at file_size_mb
+    }
+
+
+@pytest.fixture(scope="module")
+def hostile(namespaces, tmp_path_factory):
+    outside = tmp_path_factory.mktemp("outside")
+    victim = outside / "victim.txt"
+    victim.write_text("keep me")
+    os.chmod(outside, 0o777)  # even world-writable: the sandbox must not see it at all
+    os.chmod(victim, 0o666)
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    server.setblocking(False)
+    cases = _hostile_cases(str(outside), str(victim), server.getsockname()[1])
+    dirs_before = sandbox_dirs()
+    os.environ["GRPOKIT_TEST_SECRET"] = SECRET
+    try:
+        scores = code_tests([f"```python\n{code}\n```" for code, _, _ in cases.values()],
+                            [tests for _, tests, _ in cases.values()], max_workers=4, **SMALL_KWARGS)
+    finally:
+        del os.environ["GRPOKIT_TEST_SECRET"]
+    try:
+        server.accept()
+        connected = True
+    except BlockingIOError:
+        connected = False
+    server.close()
+    results = dict(zip(cases, code_tests.last_results))
+    yield {"cases": cases, "scores": dict(zip(cases, scores)), "results": results, "outside": outside,
+           "victim": victim, "connected": connected, "dirs_before": dirs_before}
+
+
+HOSTILE = list(_hostile_cases("/x", "/x/v", 1))
+
+
+@pytest.mark.parametrize("name", HOSTILE)
+def test_hostile_program_gets_zero_with_a_reason(hostile, name):
+    result = hostile["results"][name]
+    allowed = hostile["cases"][name][2]
+    assert hostile["scores"][name] == 0.0, (result.reason, result.sandbox.stderr[-500:] if result.sandbox else "")
+    assert result.reason in allowed, (result.reason, result.sandbox.stderr[-500:] if result.sandbox else "")
+    assert result.sandbox.network_isolated
+
+
+def test_hostile_programs_changed_nothing_outside(hostile):
+    outside, victim = hostile["outside"], hostile["victim"]
+    assert victim.read_text() == "keep me"
+    assert sorted(p.name for p in outside.iterdir()) == ["victim.txt"]
+    assert not hostile["connected"], "a sandboxed program reached the loopback server"
+    for result in hostile["results"].values():
+        assert SECRET not in result.sandbox.stdout and SECRET not in result.sandbox.stderr
+    assert sandbox_dirs() <= hostile["dirs_before"]  # every working folder was removed
+    assert sandbox_processes() == []  # nothing left running (fork bomb included)
+    os.kill(os.getpid(), 0)  # and we are alive to say so
+
+
+def test_output_is_capped(hostile):
+    out = hostile["results"]["gigabytes_of_output"].sandbox
+    assert len(out.stdout.encode()) == SMALL_KWARGS["output_bytes"]
