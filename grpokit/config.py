@@ -101,8 +101,8 @@ class AlgorithmConfig(Section):
     """Ratio level: token (GRPO) or sequence (GSPO)."""
     scale_rewards: Literal["group", "batch", "none"] = "group"
     """Advantage scale: group std (seed), batch std, or none (Dr. GRPO)."""
-    advantage_estimator: Literal["grpo", "rloo"] = "grpo"
-    """Baseline: group mean (grpo) or leave-one-out mean (rloo)."""
+    advantage_estimator: Literal["grpo", "rloo", "gae"] = "grpo"
+    """Baseline: group mean (grpo), leave-one-out mean (rloo), or a learned critic with GAE (gae: the PPO baseline)."""
     std_eps: float = Field(1e-6, gt=0)
     """delta in (r - mean) / (std + delta) (seed Q17)."""
     num_iterations: int = Field(1, ge=1)
@@ -119,6 +119,23 @@ class AlgorithmConfig(Section):
     """pi_ref: the frozen initial policy, reset to the current one every ref_reset_every steps (DeepSeekMath 4.1.4), or none (needs beta = 0)."""
     ref_reset_every: int = Field(0, ge=0)
     """With ref_policy=reset: copy the current policy into pi_ref every this many steps."""
+
+
+class PPOConfig(Section):
+    """Settings of the PPO baseline (`grpokit.ppo`, algorithm.advantage_estimator=gae); unused by GRPO."""
+
+    gamma: float = Field(1.0, ge=0, le=1)
+    """Discount over completion tokens (1.0: the usual choice for LLM RL)."""
+    lam: float = Field(0.95, ge=0, le=1)
+    """GAE lambda (Schulman et al. 2016)."""
+    vf_coef: float = Field(0.5, ge=0)
+    """Weight of the value loss."""
+    cliprange_value: float = Field(0.2, ge=0)
+    """Value clipping: the new value stays within this of the old one (0 = off)."""
+    critic_learning_rate: float = Field(1e-5, gt=0)
+    """AdamW learning rate of the critic (value model)."""
+    kl_in_reward: bool = True
+    """Per-token -beta * KL(pi || pi_ref) shaped into the reward (InstructGPT-style) instead of the loss."""
 
 
 class OptimConfig(Section):
@@ -212,6 +229,7 @@ class Config(Section):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
+    ppo: PPOConfig = Field(default_factory=PPOConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
