@@ -45,7 +45,7 @@ class RolloutBatch:
     loss_mask: Tensor  # [N, T] completion_mask, minus truncated rows when they are masked (DAPO)
     truncated: Tensor  # [N] bool: hit max_completion_length without EOS
     rewards: Tensor  # [N] weighted total reward
-    advantages: Tensor  # [N] one per completion, broadcast over its tokens
+    advantages: Tensor  # [N] one per completion, broadcast over its tokens; or [N, T] per token (PPO's GAE)
     old_logp: Tensor | None  # [N, T] pi_old; None when it equals pi_theta (mu = 1, one minibatch)
     ref_logp: Tensor | None  # [N, T] pi_ref; None when beta = 0
 
@@ -352,7 +352,7 @@ class Trainer:
                     loss, m_stats = policy_loss(
                         logp,
                         old,
-                        b.advantages[sub_idx],
+                        b.advantages[sub_idx] if b.advantages.dim() == 1 else b.advantages[sub_idx, :T],
                         mask,
                         ref_logp=ref,
                         beta=alg.beta,
