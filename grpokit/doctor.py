@@ -327,6 +327,11 @@ def check_zero_std(run: Run) -> list[Finding]:
     s = run.series("reward/zero_std_frac")
     if s is None:
         return []
+    if run.conf("algorithm.dynamic_sampling") is True:  # it ran and still could not fill the batch
+        sampling = ("dynamic sampling is on but ran out of rounds: raise algorithm.max_sampling_rounds"
+                    f"{run.now('algorithm.max_sampling_rounds')}")
+    else:
+        sampling = "DAPO dynamic sampling drops such groups: algorithm.dynamic_sampling=true (or algorithm.preset=dapo)"
     out = []
     for a, b, sm in _sustained(s, above=ZERO_STD_MAX):
         med = float(np.median(s.values[a : b + 1]))
@@ -340,7 +345,7 @@ def check_zero_std(run: Run) -> list[Finding]:
                 "too easy or too hard for the policy",
                 f"raise rollout.num_generations{run.now('rollout.num_generations')} or rollout.temperature"
                 f"{run.now('rollout.temperature')}; keep prompts of medium difficulty (filter by the current "
-                "pass rate); DAPO dynamic sampling (algorithm preset dapo) drops such groups",
+                f"pass rate); {sampling}",
             )
         )
     return out
@@ -505,8 +510,8 @@ def check_length(run: Run) -> list[Finding]:
                 _span(s, a, b),
                 f"rollout/completion_len_mean grew from {f3(start)} to {f3(float(np.median(sm)))} tokens "
                 f"({f3(float(np.median(sm)) / start)}x its start); fine if the answers got better, not if they repeat",
-                "read samples.jsonl for repetition; overlong shaping (the overlong reward) and "
-                "algorithm.mask_truncated_completions=true; algorithm.loss_type=dr_grpo or dapo"
+                "read samples.jsonl for repetition; overlong shaping (algorithm.overlong_buffer_frac=0.2, DAPO's "
+                "soft punishment, or the overlong reward) and algorithm.mask_truncated_completions=true; algorithm.loss_type=dr_grpo or dapo"
                 f"{run.now('algorithm.loss_type')} (the grpo loss's 1/|o_i| penalizes long wrong answers less); raise "
                 f"rollout.max_completion_length{run.now('rollout.max_completion_length')} if long answers are right",
             )
@@ -529,7 +534,8 @@ def check_truncation(run: Run) -> list[Finding]:
                 f"rollout/truncated_frac median {pct(med)}: that share of completions hit "
                 "max_completion_length without EOS; they usually score 0 and bias the length",
                 f"raise rollout.max_completion_length{run.now('rollout.max_completion_length')}; overlong shaping "
-                "(the overlong reward); algorithm.mask_truncated_completions=true"
+                f"(algorithm.overlong_buffer_frac=0.2{run.now('algorithm.overlong_buffer_frac')}, or the overlong reward); "
+                "algorithm.mask_truncated_completions=true"
                 f"{run.now('algorithm.mask_truncated_completions')}; algorithm.loss_type=dr_grpo or dapo against "
                 "the grpo loss's length bias",
             )

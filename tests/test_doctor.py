@@ -163,7 +163,10 @@ def test_zero_std_groups(level, severity):
     m["reward/zero_std_frac"] = np.clip(np.where(T >= 80, level, 0.3) + np.random.default_rng(1).normal(0, 0.03, N), 0, 1)
     (f,) = only(diagnose(rows_of(m, ev), CONFIG), "zero_std")
     assert near(f.steps[0], 80) and f.steps[1] == 200 and f.severity == severity
-    assert "num_generations (now 8)" in f.fix and "dapo" in f.fix
+    assert "num_generations (now 8)" in f.fix and "algorithm.dynamic_sampling=true" in f.fix
+    cfg = {**CONFIG, "algorithm": {**CONFIG["algorithm"], "dynamic_sampling": True, "max_sampling_rounds": 4}}
+    (f,) = diagnose(rows_of(m, ev), cfg)
+    assert "max_sampling_rounds (now 4)" in f.fix
 
 
 def test_clip_fraction_high():
