@@ -4,6 +4,7 @@
     grpokit eval MODEL_DIR --config config.yaml            held-out pass@1 / pass@k / maj@k
     grpokit sft MODEL_DIR DATA.jsonl --out DIR             supervised warm-start on prompt / completion pairs
     grpokit demo [--quick] [--out DIR]                     the whole pipeline on a tiny model, no downloads
+    grpokit doctor RUN_DIR                                 what looks wrong in a run, with step ranges and fixes
     grpokit config                                         every config key with its default and meaning
 
 User mistakes (bad config, missing data, unloadable model) print one line and exit with status 2.
@@ -131,6 +132,14 @@ def demo(
     from grpokit.demo import run_demo
 
     _run(lambda: run_demo(out, quick=quick, seed=seed))
+
+
+@app.command()
+def doctor(run_dir: Path = typer.Argument(..., help="a run's output_dir (or its metrics.jsonl)")):
+    """Read a run's metrics and report known GRPO problems with step ranges and fixes (seed Q24)."""
+    from grpokit.doctor import doctor_main
+
+    raise typer.Exit(doctor_main(str(run_dir)))
 
 
 @app.command("config")
