@@ -289,7 +289,7 @@ class Trainer:
         need_old = cfg.algorithm.num_iterations > 1 or cfg.optim.num_minibatches > 1
         old_logp = self._logprobs(self.model, tokens) if need_old else None
         ref_logp = self._logprobs(self.ref, tokens) if self.ref is not None else None
-        timings["perf/logprob_time"] = time.perf_counter() - t
+        timings["perf/ref_time"] = time.perf_counter() - t
 
         batch = RolloutBatch(tokens, loss_mask, truncated, rewards, advantages, old_logp, ref_logp)
         reward_metrics = {k: v for k, v in scored.metrics().items() if not k.startswith("reward/total")}
@@ -525,7 +525,8 @@ class Trainer:
 
     def _perf(self, metrics, t0, t1, t2, batch: RolloutBatch) -> dict[str, float]:
         tokens = batch.tokens.completion_mask.sum().item()
-        train_tokens = tokens * self.cfg.algorithm.num_iterations
+        # Prompt + completion tokens through forward and backward, once per pass (padding excluded).
+        train_tokens = batch.tokens.attention_mask.sum().item() * self.cfg.algorithm.num_iterations
         return {
             "perf/step_time": t2 - t0,
             "perf/train_time": t2 - t1,
