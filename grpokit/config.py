@@ -38,6 +38,8 @@ class ModelConfig(Section):
     """Passed to from_pretrained (e.g. "sdpa", "eager", "flash_attention_2"); None = transformers' default."""
     trust_remote_code: bool = False
     """Allow model code from the hub folder (only for models you trust)."""
+    disable_dropout: bool = True
+    """Set every dropout probability to 0, so pi_theta, pi_old and pi_ref see the same network (as verl / OpenRLHF)."""
 
 
 class DataConfig(Section):

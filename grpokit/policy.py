@@ -56,6 +56,16 @@ def load_model(name_or_path: str, *, dtype: str = "float32", attn_implementation
         ) from None
 
 
+def disable_dropout(model) -> None:
+    """Zero every dropout: with dropout on, the ratio pi_theta / pi_old is noisy even before any update."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        for attr in ("attention_dropout", "dropout"):
+            if isinstance(getattr(module, attr, None), float):
+                setattr(module, attr, 0.0)
+
+
 def load_policy(model_cfg):
     """(model, tokenizer) from a ModelConfig; the model is in train mode."""
     if not model_cfg.name_or_path:
@@ -69,6 +79,8 @@ def load_policy(model_cfg):
     )
     if model.generation_config is not None and model.generation_config.pad_token_id is None:
         model.generation_config.pad_token_id = tok.pad_token_id
+    if model_cfg.disable_dropout:
+        disable_dropout(model)
     if model_cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()
         model.config.use_cache = False
