@@ -10,10 +10,14 @@ file stays quick: wall 3 s, CPU 2 s, 256 MiB.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
+import json
 import signal
 import socket
+import subprocess
+import sys
 import tempfile
 import textwrap
 
@@ -21,6 +25,7 @@ import pytest
 
 from grpokit.rewards import BUILTIN_REWARDS, RewardManager, RewardSpec
 from grpokit.rewards.code import code_tests, evaluate_code, extract_code, parse_tests
+from grpokit.rewards import sandbox
 from grpokit.rewards.sandbox import UID_BASE, UID_COUNT, Limits, isolation_mode, run_many, run_python
 
 SMALL = Limits(wall_time=3.0, cpu_time=2, memory_mb=256, processes=16, output_bytes=64 << 10, disk_mb=32,
@@ -71,7 +76,6 @@ def test_environment_is_scrubbed(monkeypatch):
     monkeypatch.setenv("GRPOKIT_TEST_SECRET", "hunter2")
     r = run_python("import os, json\nprint(json.dumps(dict(os.environ)))", limits=ROOMY)
     assert r.ok and "hunter2" not in r.stdout
-    import json
     env = json.loads(r.stdout)
     assert set(env) <= {"PATH", "LANG", "HOME", "TMPDIR", "PYTHONDONTWRITEBYTECODE", "PYTHONIOENCODING"}
     assert env["PATH"] == "/usr/bin:/bin"
@@ -103,7 +107,7 @@ def test_files_are_put_next_to_the_program():
     ("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)", {"killed:SIGSEGV"}),
 ], ids=["sleep", "loop", "memory", "file_size", "stdout_flood", "stderr_flood", "segv"])
 def test_limits_stop_the_program_with_a_reason(code, reasons):
-    r = run_python(code, limits=SMALL)
+    r = run_python(code, limits=dataclasses.replace(SMALL, wall_time=1.0))
     assert not r.ok and r.reason in reasons, (r.reason, r.stderr[-500:])
     assert len(r.stdout.encode()) <= SMALL.output_bytes and len(r.stderr.encode()) <= SMALL.output_bytes
 
@@ -162,7 +166,7 @@ def test_fallback_blocks_sockets_in_process_and_says_it_is_not_isolated():
 
 
 def test_fallback_still_enforces_the_wall_limit():
-    r = run_python("import time\ntime.sleep(60)", isolation="none", limits=SMALL)
+    r = run_python("import time\ntime.sleep(60)", isolation="none", limits=dataclasses.replace(SMALL, wall_time=1.0))
     assert r.reason == "timeout" and not r.network_isolated
 
 
@@ -207,11 +211,14 @@ def test_correct_gets_one_partial_gets_the_fraction():
 
 def test_all_or_nothing_and_list_tests_and_rows_without_tests():
     half = "def add(a, b):\n    return a * 2"
-    scores = code_tests([half, half, half, half, ""], [ADD_TESTS, ["assert add(2, 2) == 4"], None, "assert (", ADD_TESTS],
-                        partial=False, **SMALL_KWARGS)
+    tests = [ADD_TESTS, ["assert add(2, 2) == 4"], None, "assert (", ADD_TESTS]
+    scores = code_tests([half, half, half, half, ""], tests, partial=False, **SMALL_KWARGS)
     assert scores == [0.0, 1.0, None, None, 0.0]
     reasons = code_tests.last_reasons
-    assert reasons[:3] == ["failed", "passed", "no_tests"] and reasons[3].startswith("bad_tests") and reasons[4] == "no_code"
+    assert reasons[:3] == ["failed", "passed", "no_tests"] and reasons[4] == "no_code"
+    assert reasons[3].startswith("bad_tests")
+    with pytest.raises(ValueError, match="2 completions but 1 rows"):
+        evaluate_code([half, half], [ADD_TESTS])
 
 
 def test_the_harness_resists_simple_reward_hacks():
@@ -254,14 +261,15 @@ def _hostile_cases(outside: str, victim: str, port: int) -> dict[str, tuple[str,
         "fork_bomb": ("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass",
                       "assert True", {"timeout", "cpu_limit"}),
         "infinite_loop": ("while True:\n    pass", "assert True", {"timeout", "cpu_limit"}),
-        "memory_bomb": ("hoard = []\nwhile True:\n    hoard.append(bytearray(1 << 24))",
+        # bytes(n) is calloc'd: the address space runs out before page faults make it slow
+        "memory_bomb": ("hoard = []\nwhile True:\n    hoard.append(bytes(1 << 24))",
                         "assert len(hoard) > 1000", {"exception:MemoryError", "memory_limit"}),
         "sleep_past_wall": ("import time\ntime.sleep(60)\nDONE = True", "assert DONE", {"timeout"}),
         "write_outside": (f"open({outside + '/created.txt'!r}, 'w').write('pwned')\n"
                           f"open({victim!r}, 'a').write('pwned')\nWROTE = True",
-                          "assert WROTE", {"exception:FileNotFoundError", "exception:PermissionError"}),
+                          "assert WROTE", {"exception:FileNotFoundError:ENOENT", "exception:PermissionError:EACCES"}),
         "delete_files": (f"import os, shutil\nos.remove({victim!r})\nshutil.rmtree({outside!r})\nDELETED = True",
-                         "assert DELETED", {"exception:FileNotFoundError", "exception:PermissionError"}),
+                         "assert DELETED", {"exception:FileNotFoundError:ENOENT", "exception:PermissionError:EACCES"}),
         "read_secrets": ("import os, glob\nfound = os.environ.get('GRPOKIT_TEST_SECRET', '')\n"
                          "for path in glob.glob('/proc/*/environ'):\n    try:\n"
                          "        found = found or [v for v in open(path).read().split('\\0')"
@@ -271,11 +279,10 @@ def _hostile_cases(outside: str, victim: str, port: int) -> dict[str, tuple[str,
                          {"failed"}),
         "read_home": (f"import os\nentries = os.listdir({home!r})",
                       f"assert {sorted(os.listdir(home))!r} == sorted(entries)",
-                      {"failed", "exception:PermissionError", "exception:FileNotFoundError"}),
+                      {"failed", "exception:PermissionError:EACCES", "exception:FileNotFoundError:ENOENT"}),
         "connect_loopback": (f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=2)\n"
                              "s.sendall(b'pwned')\nCONNECTED = True",
-                             "assert CONNECTED", {"exception:OSError", "exception:ConnectionRefusedError",
-                                                  "exception:TimeoutError", "exception:PermissionError"}),
+                             "assert CONNECTED", {"exception:OSError:ENETUNREACH"}),
         "signal_parent": ("import os, signal\nhits = 0\n"
                           f"for pid in (os.getppid(), {me}, -{group}, -1):\n"
                           "    try:\n        os.kill(pid, signal.SIGKILL)\n        hits += 1\n"
@@ -287,7 +294,7 @@ def _hostile_cases(outside: str, victim: str, port: int) -> dict[str, tuple[str,
                                 "assert True", {"output_limit"}),
         "gigabytes_to_disk": ("with open('big', 'wb') as f:\n    for _ in range(1024):\n"
                               "        f.write(b'0' * (1 << 20))\nWRITTEN = True",
-                              "assert WRITTEN", {"exception:OSError"}),  # EFBIG at file_size_mb
+                              "assert WRITTEN", {"exception:OSError:EFBIG"}),  # at file_size_mb
     }
 
 
@@ -348,3 +355,79 @@ def test_hostile_programs_changed_nothing_outside(hostile):
 def test_output_is_capped(hostile):
     out = hostile["results"]["gigabytes_of_output"].sandbox
     assert len(out.stdout.encode()) == SMALL_KWARGS["output_bytes"]
+
+
+# -- an unprivileged user: the "userns" isolation ------------------------------------------
+
+NOBODY = 65534
+_USERNS_CHECK = """
+import importlib.util, json, os, sys
+spec = importlib.util.spec_from_file_location("sandbox_under_test", sys.argv[1])
+sb = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = sb
+spec.loader.exec_module(sb)
+limits = sb.Limits(wall_time=20, cpu_time=5, memory_mb=256, processes=8)
+programs = {
+    "facts": "import os\\nstatus = open('/proc/self/status').read()\\n"
+             "print(os.getuid(), status.split('CapEff:')[1].split()[0], sorted(os.listdir('/')))",
+    "fork_bomb": "import os\\nwhile True:\\n    os.fork()",
+    "kill_parent": "import os, signal\\nos.kill(%d, signal.SIGKILL)" % os.getpid(),
+    "write_usr": "open('/usr/pwned', 'w')",
+    "connect": "import socket\\nsocket.create_connection(('127.0.0.1', 9), timeout=2)",
+}
+out = {"mode": sb.isolation_mode()}
+if out["mode"] == "userns":
+    for name, code in programs.items():
+        r = sb.run_python(code, limits=limits)
+        out[name] = [r.reason, r.stdout, r.stderr[-300:], r.network_isolated]
+print(json.dumps(out))
+"""
+
+
+def _python_for_nobody() -> str | None:
+    """An interpreter (>= 3.9) that an unprivileged uid may run: ours when its path allows."""
+    for python in (sys.executable, "/usr/bin/python3", "/usr/local/bin/python3"):
+        if os.path.exists(python) and sandbox._world_executable(python):
+            ok = subprocess.run([python, "-c", "import sys; sys.exit(sys.version_info < (3, 9))"])
+            if ok.returncode == 0:
+                return python
+    return None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching to an unprivileged uid needs root")
+def test_an_unprivileged_user_gets_user_namespace_isolation():
+    python = _python_for_nobody()
+    if python is None or not _world_readable(sandbox.__file__):
+        pytest.skip("no interpreter or sandbox.py that an unprivileged uid can read")
+    proc = subprocess.run([python, "-I", "-c", _USERNS_CHECK, sandbox.__file__], user=NOBODY, group=NOBODY,
+                          extra_groups=[], capture_output=True, text=True, cwd="/", env={"PATH": "/usr/bin:/bin"},
+                          timeout=300)  # a guard against a hang, not a speed bound
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout)
+    if out["mode"] != "userns":
+        pytest.skip(f"unprivileged user namespaces are not available here (isolation {out['mode']!r})")
+    facts = out["facts"]
+    assert facts[0] == "ok" and facts[3], facts
+    uid, cap_eff, root = facts[1].split(" ", 2)
+    assert (uid, cap_eff) == ("0", "0000000000000000")  # uid 0 of its namespace, no capabilities
+    assert "'work'" not in root and "'home'" not in root
+    bomb = out["fork_bomb"]
+    assert bomb[0] == "error" and "BlockingIOError" in bomb[2]  # RLIMIT_NPROC holds in the namespace
+    assert out["kill_parent"][0] == "error" and "ProcessLookupError" in out["kill_parent"][2]
+    assert out["write_usr"][0] == "error" and "Read-only file system" in out["write_usr"][2]
+    assert out["connect"][0] == "error" and "Network is unreachable" in out["connect"][2]
+    leftovers = [p for p in filter(str.isdigit, os.listdir("/proc")) if _owner(p) == NOBODY]
+    assert leftovers == []
+
+
+def _world_readable(path: str) -> bool:
+    parts = os.path.realpath(path).split(os.sep)
+    folders = [os.sep.join(parts[:i]) for i in range(2, len(parts))]
+    return all(os.stat(f).st_mode & 0o001 for f in folders) and bool(os.stat(path).st_mode & 0o004)
+
+
+def _owner(pid: str) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None

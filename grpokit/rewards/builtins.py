@@ -236,4 +236,5 @@ BUILTIN_REWARDS: dict[str, Callable[..., list]] = {
     "countdown": countdown_reward,
     "overlong": overlong_reward,
     "length": length_reward,
+    "code_tests": __import__("grpokit.rewards.code", fromlist=["code_tests"]).code_tests,  # sandboxed
 }
