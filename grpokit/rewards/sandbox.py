@@ -495,6 +495,9 @@ def _run(code: str, stdin: str, limits: Limits, files: dict, mode: str, uid: int
             pass_fds=(report_w,), env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
             start_new_session=True, cwd=workdir,
         )
+    except BaseException:
+        os.close(report_r)
+        raise
     finally:
         os.close(report_w)
         if stdin_file is not None:
