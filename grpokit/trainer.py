@@ -338,7 +338,7 @@ class Trainer:
                 # Whole-minibatch normalizers: accumulation over micro-batches gives the same gradient.
                 num_tokens = b.loss_mask[idx].sum().item()
                 self.optimizer.zero_grad(set_to_none=True)
-                finite = True
+                finite, minibatch_loss = True, 0.0
                 for s in range(0, mb, micro):
                     sub_idx = idx[s : s + micro]
                     tokens = b.tokens.rows(sub_idx)
@@ -371,17 +371,16 @@ class Trainer:
                         break
                     loss.backward()
                     weight = mask.sum().item()
-                    m_stats["loss"] = loss.item()
-                    acc.add({f"policy/{k}": v for k, v in m_stats.items() if k != "loss"}, weight)
-                    acc.add({"policy/loss": loss.item()}, 1.0)
+                    acc.add({f"policy/{k}": v for k, v in m_stats.items()}, weight)
+                    minibatch_loss += loss.item()  # micro-batch losses add up to the minibatch's loss
                     if entropy is not None:
-                        acc.add({"policy/entropy": masked_mean(entropy, b.tokens.completion_mask[sub_idx, :T]).item()}, weight)
+                        acc.add({"policy/entropy": masked_mean(entropy, tokens.completion_mask).item()}, weight)
                 grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.max_grad_norm or float("inf"))
                 if not finite or not torch.isfinite(grad_norm):
                     self._skip_update("loss" if not finite else "gradient norm")
                     continue
                 self.consecutive_skips = 0
-                acc.add({"policy/grad_norm": grad_norm.item(), "policy/lr": self.scheduler.get_last_lr()[0]})
+                acc.add({"policy/loss": minibatch_loss, "policy/grad_norm": grad_norm.item(), "policy/lr": self.scheduler.get_last_lr()[0]})
                 self.optimizer.step()
                 self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
