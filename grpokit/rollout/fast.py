@@ -1,0 +1,277 @@
+"""The `fast` rollout engine: a decode loop of our own around the model's forward, for CPUs and small GPUs.
+
+    engine = FastEngine(model, tokenizer)                      # rollout.engine=fast
+    comps = engine.generate(prompt_ids, n=8, sampling=SamplingParams(max_tokens=16))
+    python benchmarks/rollout_engines.py                       # tokens/s against transformers' generate
+
+Same model, same distribution as `generate` (tests/test_rollout_fast.py: identical greedy tokens,
+first-token frequencies against the exact processed distribution); what it does differently:
+
+- the KV cache is preallocated ([B, H, prompt width + max_tokens, D] per layer, written in place)
+  instead of growing by torch.cat every step, which copies the whole cache once per token;
+- each prompt is prefilled once and its cache repeated to its n samples (generate prefills
+  every prompt n times);
+- rows that hit EOS leave the batch (cache rows, mask rows, positions), where generate keeps
+  decoding padding for them until the last row of the batch stops. They leave in bulk, once they
+  are more than COMPACT_FRACTION of the batch: each compaction copies the whole cache, and doing
+  it at every EOS measured slower (benchmarks/rollout_engines.py); so at most 1/8 of a step's rows
+  are finished rows still riding along, their tokens discarded;
+- sampling is temperature -> top-k -> top-p -> softmax -> multinomial, the order and the tie rules
+  of transformers' TemperatureLogitsWarper / TopKLogitsWarper / TopPLogitsWarper (min_tokens_to_keep=1);
+  top_k=0 and top_p=1 are off (generate would silently fill a None top_k with its default 50);
+- it returns log-probs of the chosen tokens (see below).
+
+Not here: beam search, repetition penalties, stop strings, min_p; architectures whose cache is not
+transformers' Cache API (the cache is transformers' DynamicCache with preallocated full-attention
+layers; sliding-window and linear-attention layers keep transformers' own classes).
+
+Log-probs: log_softmax(logits / temperature)[token], BEFORE top-k / top-p filtering: exactly what
+grpokit.policy.completion_logprobs computes for pi_old at the same temperature, whatever the filters.
+They are the sampler's own log-probs only when top_k=0 and top_p=1 (with filters the sampler's
+distribution is renormalized over the kept tokens). Greedy decoding reports temperature-1 log-probs.
+"""
+from __future__ import annotations
+
+import inspect
+
+import torch
+from torch import Tensor
+from transformers.cache_utils import DynamicCache, DynamicLayer
+
+from grpokit.rollout.base import Completions, SamplingParams
+from grpokit.rollout.hf import eos_token_ids, left_pad
+
+
+#: Finished rows leave the batch once they are more than this fraction of it (0: at every EOS).
+#: 0, 1/8 and 1/4 measured within noise of each other, 0 a little slower; never compacting is much
+#: slower for long completions.
+COMPACT_FRACTION = 0.125
+
+
+class PreallocatedLayer(DynamicLayer):
+    """One full-attention layer's cache in fixed buffers [B, H, capacity, D], filled left to right.
+
+    `update` writes the new keys / values in place and returns views of the filled part, so the
+    model's attention sees what a DynamicLayer would give it, without DynamicLayer's per-token
+    torch.cat of the whole cache. Subclassing DynamicLayer keeps transformers' mask code treating
+    it as a plain growing cache (kv length = seq length + query length, offset 0).
+    """
+
+    def __init__(self, capacity: int):
+        super().__init__()
+        self.capacity = capacity
+        self.length = 0
+
+    def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
+        B, H, _, Dk = key_states.shape
+        self.device = key_states.device
+        self._k = key_states.new_empty(B, H, self.capacity, Dk)  # [B, H, capacity, Dk]
+        self._v = value_states.new_empty(B, H, self.capacity, value_states.shape[-1])  # [B, H, capacity, Dv]
+        self.is_initialized = True
+        self._refresh()
+
+    def _refresh(self) -> None:
+        self.keys = self._k[:, :, : self.length]
+        self.values = self._v[:, :, : self.length]
+
+    def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        end = self.length + key_states.shape[-2]
+        if end > self.capacity:
+            raise RuntimeError(f"KV cache overflow: {end} tokens in a cache preallocated for {self.capacity}")
+        self._k[:, :, self.length : end] = key_states
+        self._v[:, :, self.length : end] = value_states
+        self.length = end
+        self._refresh()
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def get_max_length(self) -> int:
+        return self.capacity
+
+    def reset(self) -> None:
+        self.length = 0
+        self.keys = self.values = None
+        self.is_initialized = False
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if tokens_to_remove > 0:
+            raise ValueError("crop takes a negative number of tokens to remove")
+        self.length = max(0, self.length + tokens_to_remove)
+        if self.is_initialized:
+            self._refresh()
+
+    def _gather_rows(self, index: Tensor) -> None:
+        # index_select of whole contiguous rows (unfilled tail included) is one memcpy per row; copying
+        # only the filled part means indexing a strided view, which measured 2x slower on CPU.
+        self._k = self._k.index_select(0, index)  # [B', H, capacity, Dk]
+        self._v = self._v.index_select(0, index)  # [B', H, capacity, Dv]
+        self._refresh()
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        if self.is_initialized:
+            self._gather_rows(torch.arange(self._k.shape[0], device=self.device).repeat_interleave(repeats))
+
+    def batch_select_indices(self, indices: Tensor) -> None:
+        if self.is_initialized:
+            self._gather_rows(indices)
+
+    def reorder_cache(self, beam_idx: Tensor) -> None:
+        self.batch_select_indices(beam_idx)
+
+
+def make_cache(config, capacity: int) -> DynamicCache:
+    """transformers' DynamicCache for `config`, with every plain full-attention layer preallocated.
+
+    Other layer kinds (sliding window, linear attention) keep transformers' own classes, which
+    already implement batch_repeat_interleave / batch_select_indices.
+    """
+    cache = DynamicCache(config=config)
+    if not cache.layers:  # no per-layer types known: layers would be created lazily as DynamicLayer
+        n = config.get_text_config(decoder=True).num_hidden_layers
+        cache.layers = [PreallocatedLayer(capacity) for _ in range(n)]
+        cache.layer_class_to_replicate = None
+    else:
+        cache.layers = [PreallocatedLayer(capacity) if type(layer) is DynamicLayer else layer for layer in cache.layers]
+    return cache
+
+
+def process_logits(logits: Tensor, sampling: SamplingParams) -> Tensor:
+    """Temperature, then top-k, then top-p, as transformers' logits warpers do: [B, V] -> [B, V] (-inf = removed)."""
+    scores = logits / sampling.temperature if sampling.temperature != 1.0 else logits
+    if sampling.top_k > 0:
+        k = min(sampling.top_k, scores.shape[-1])
+        kth = torch.topk(scores, k).values[..., -1:]  # ties with the k-th value are kept, as in TopKLogitsWarper
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if sampling.top_p < 1.0:
+        # TopPLogitsWarper: drop the tokens whose ascending cumulative prob is <= 1 - top_p, i.e. keep the
+        # smallest set whose prob reaches top_p; the most likely token is always kept (min_tokens_to_keep=1).
+        sorted_scores, order = torch.sort(scores, descending=False)
+        drop = sorted_scores.softmax(-1).cumsum(-1) <= (1 - sampling.top_p)
+        drop[..., -1:] = False
+        scores = scores.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+    return scores
+
+
+def _cache_kwarg(model) -> str:
+    """The name of the cache argument of the model's forward: `cache` in recent transformers, `past_key_values` before."""
+    for m in (model, getattr(model, "get_base_model", lambda: None)()):
+        if m is None:
+            continue
+        params = inspect.signature(m.forward).parameters
+        for name in ("cache", "past_key_values"):
+            if name in params:
+                return name
+    return "past_key_values"
+
+
+class FastEngine:
+    """Generates with the training model (no copy); `batch_size` caps the sequences per batch, like HFEngine."""
+
+    def __init__(self, model, tokenizer, *, batch_size: int = 0):
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        self.eos_ids = eos_token_ids(model, tokenizer)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos_ids))
+        self.sync_weights(model)
+
+    def sync_weights(self, model) -> None:
+        self.model = model  # same module: nothing to copy
+        self._cache_arg = _cache_kwarg(model)
+
+    def generate(self, prompt_token_ids: list[list[int]], n: int, sampling: SamplingParams) -> Completions:
+        model = self.model
+        was_training = model.training
+        model.eval()  # no dropout while sampling pi_old
+        # no_grad rather than inference_mode: a module that creates a buffer during the forward (some RoPE
+        # variants do) would otherwise keep an inference tensor that the next backward pass refuses.
+        per_call = max(1, (self.batch_size or len(prompt_token_ids) * n) // n)
+        token_ids, logprobs, reasons = [], [], []
+        try:
+            with torch.no_grad():
+                for start in range(0, len(prompt_token_ids), per_call):
+                    ids, lps = self._generate_batch(prompt_token_ids[start : start + per_call], n, sampling)
+                    for row, lp in zip(ids, lps):
+                        stopped = bool(row) and row[-1] in self.eos_ids
+                        token_ids.append(row)
+                        logprobs.append(lp)
+                        reasons.append("stop" if stopped else "length")
+        finally:
+            model.train(was_training)
+        texts = self.tokenizer.batch_decode(token_ids, skip_special_tokens=True)
+        return Completions(token_ids=token_ids, texts=texts, finish_reasons=reasons, logprobs=logprobs)
+
+    def _forward(self, cache, **inputs) -> Tensor:
+        out = self.model(**inputs, **{self._cache_arg: cache}, use_cache=True, logits_to_keep=1)
+        return out.logits[:, -1, :].float()  # [B, V]
+
+    def _generate_batch(
+        self, prompts: list[list[int]], n: int, sampling: SamplingParams
+    ) -> tuple[list[list[int]], list[list[float]]]:
+        """Completions for `prompts` x n, prompt-major: (token ids [B*n][len_i], log-probs [B*n][len_i])."""
+        T = sampling.max_tokens
+        B = len(prompts) * n
+        if T <= 0:
+            return [[] for _ in range(B)], [[] for _ in range(B)]
+        device = next(self.model.parameters()).device
+        ids, mask = left_pad(prompts, self.pad_id)  # [b, P]
+        ids, mask = ids.to(device), mask.to(device)
+        P = ids.shape[1]
+        cache = make_cache(self.model.config, P + T)
+
+        # Prefill each prompt once; position = cumsum(mask) - 1, so left padding shifts nothing.
+        positions = (mask.cumsum(-1) - 1).clamp_min(0)  # [b, P]
+        logits = self._forward(cache, input_ids=ids, attention_mask=mask, position_ids=positions)  # [b, V]
+        if n > 1:  # share the prompt's cache with its n samples: rows i*n .. i*n+n-1 belong to prompt i
+            cache.batch_repeat_interleave(n)
+            logits = logits.repeat_interleave(n, dim=0)
+        full_mask = torch.ones(B, P + T, dtype=mask.dtype, device=device)  # [B, P + T]: generated tokens are all real
+        full_mask[:, :P] = mask.repeat_interleave(n, dim=0)
+        next_pos = positions[:, -1:].repeat_interleave(n, dim=0) + 1  # [B, 1]
+
+        eos = torch.tensor(sorted(self.eos_ids), device=device)
+        out_tokens = torch.full((B, T), self.pad_id, dtype=torch.long, device=device)  # [B, T]
+        out_logp = torch.zeros((B, T), dtype=torch.float32, device=device)  # [B, T]
+        rows = torch.arange(B, device=device)  # [B_active]: the output row of each batch row
+        alive = torch.ones(B, dtype=torch.bool, device=device)  # [B_active]: no EOS yet
+        for t in range(T):
+            tok, logp = self._sample(logits, sampling)  # [B_active], [B_active]
+            out_tokens[rows, t] = tok  # rows past EOS write junk after their EOS; the cut below ignores it
+            out_logp[rows, t] = logp
+            if t == T - 1:
+                break
+            alive &= ~torch.isin(tok, eos)
+            n_alive = int(alive.sum())  # a CPU-GPU sync point, once per step: it decides whether the batch shrinks
+            if n_alive == 0:
+                break
+            if len(rows) - n_alive > COMPACT_FRACTION * len(rows):
+                # Drop finished rows everywhere they live: cache, mask, positions, the token to feed.
+                keep = alive.nonzero().squeeze(-1)  # [B_active']
+                cache.batch_select_indices(keep)
+                rows, tok, full_mask, next_pos, alive = rows[keep], tok[keep], full_mask[keep], next_pos[keep], alive[keep]
+            logits = self._forward(
+                cache,
+                input_ids=tok[:, None],
+                attention_mask=full_mask[:, : P + t + 1],
+                position_ids=next_pos,
+            )
+            next_pos = next_pos + 1
+
+        # Cut each row after its first EOS; a row that stops at step T - 1 has length T and ends with EOS.
+        is_eos = torch.isin(out_tokens, eos)  # [B, T]
+        lengths = torch.where(is_eos.any(-1), is_eos.int().argmax(-1) + 1, T).tolist()  # argmax: the first EOS
+        tokens, lps = out_tokens.tolist(), out_logp.tolist()
+        return [tokens[i][: lengths[i]] for i in range(B)], [lps[i][: lengths[i]] for i in range(B)]
+
+    def _sample(self, logits: Tensor, sampling: SamplingParams) -> tuple[Tensor, Tensor]:
+        """Next token per row and its log-prob log_softmax(logits / temperature) (before top-k / top-p)."""
+        if sampling.greedy:
+            tok = logits.argmax(-1)
+            return tok, logits.log_softmax(-1).gather(-1, tok[:, None]).squeeze(-1)
+        scaled = logits / sampling.temperature if sampling.temperature != 1.0 else logits
+        scores = process_logits(logits, sampling)
+        tok = torch.multinomial(scores.softmax(-1), num_samples=1).squeeze(-1)
+        return tok, scaled.log_softmax(-1).gather(-1, tok[:, None]).squeeze(-1)

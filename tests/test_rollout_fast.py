@@ -1,0 +1,201 @@
+"""The fast rollout engine: same tokens as transformers' generate, same sampling distribution, log-probs
+equal to the trainer's, EOS / length handling and prompt-major order.
+
+The model is a tiny random Llama (GQA, untied head) saved and loaded with from_pretrained; its weights
+are drawn with a larger std than usual (0.15) so that greedy completions vary with the prompt and
+some of them stop at EOS within a few tokens while others run to the length limit.
+"""
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+import grpokit.rollout.fast as fast
+from grpokit.policy import completion_logprobs, pack_sequences
+from grpokit.rollout import make_engine
+from grpokit.rollout.base import SamplingParams
+from grpokit.rollout.fast import FastEngine, process_logits
+from grpokit.rollout.hf import HFEngine
+from grpokit.tasks import get_task
+from grpokit.tasks.tokenizer import build_tokenizer
+
+TEXTS = ["1 2>3=", "45 6 7>99=", "8>8=", "12 34 5 6>100=", "7", "3 3 3 3 3 3 3 3 3 3 3>1="]  # ragged
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """A 64-wide model gains nothing from intra-op threads, and on a loaded machine their barriers cost 10x."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def model_and_tok(tmp_path_factory):
+    path = tmp_path_factory.mktemp("fast_engine_model")
+    build_tokenizer(get_task("countdown"), path)
+    tok = AutoTokenizer.from_pretrained(path)
+    cfg = LlamaConfig(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, initializer_range=0.15,
+        tie_word_embeddings=False, pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+    )
+    torch.manual_seed(0)
+    LlamaForCausalLM(cfg).save_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    model.train()  # as the trainer hands it over
+    return model, tok
+
+
+@pytest.fixture(scope="module")
+def gpt2(tmp_path_factory, model_and_tok):
+    """Learned absolute positions: unlike RoPE, a wrong position shifted by a constant changes the output."""
+    _, tok = model_and_tok
+    path = tmp_path_factory.mktemp("fast_engine_gpt2")
+    cfg = GPT2Config(
+        vocab_size=len(tok), n_embd=64, n_layer=2, n_head=4, n_positions=128, initializer_range=0.15,
+        pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+    )
+    torch.manual_seed(0)
+    GPT2LMHeadModel(cfg).save_pretrained(path)
+    return AutoModelForCausalLM.from_pretrained(path)
+
+
+@pytest.fixture(scope="module")
+def prompts(model_and_tok):
+    _, tok = model_and_tok
+    return [tok(t)["input_ids"] for t in TEXTS]
+
+
+def test_make_engine_routes_fast(model_and_tok):
+    model, tok = model_and_tok
+    assert isinstance(make_engine("fast", model, tok, batch_size=8), FastEngine)
+
+
+@pytest.mark.parametrize("compact_fraction", [0.0, fast.COMPACT_FRACTION], ids=["at_first_eos", "default"])
+def test_greedy_matches_hf_generate(model_and_tok, prompts, monkeypatch, compact_fraction):
+    """Ragged prompts, n=3: the same tokens and finish reasons as generate, prompt-major."""
+    monkeypatch.setattr(fast, "COMPACT_FRACTION", compact_fraction)  # 0.0: rows leave at their EOS
+    model, tok = model_and_tok
+    greedy = SamplingParams(max_tokens=20, greedy=True)
+    n = 3
+    # generate refuses num_return_sequences > 1 without sampling, so it gets each prompt n times.
+    ref = HFEngine(model, tok).generate([p for p in prompts for _ in range(n)], 1, greedy)
+    out = FastEngine(model, tok).generate(prompts, n, greedy)
+    assert out.token_ids == ref.token_ids
+    assert out.finish_reasons == ref.finish_reasons
+    assert out.texts == ref.texts
+    assert {"stop", "length"} <= set(out.finish_reasons)  # both paths exercised
+    assert len({tuple(out.token_ids[i * n]) for i in range(len(prompts))}) == len(prompts)  # prompt-dependent
+    # One prompt per call (batch_size caps sequences), and n=1, change nothing.
+    assert FastEngine(model, tok, batch_size=n).generate(prompts, n, greedy).token_ids == ref.token_ids
+    assert FastEngine(model, tok).generate(prompts, 1, greedy).token_ids == ref.token_ids[::n]
+
+
+def test_greedy_matches_hf_generate_absolute_positions(gpt2, model_and_tok, prompts):
+    """Left padding must not shift positions (position = cumsum(mask) - 1), which only a model with
+    absolute position embeddings can see."""
+    _, tok = model_and_tok
+    greedy = SamplingParams(max_tokens=12, greedy=True)
+    ref = HFEngine(gpt2, tok).generate([p for p in prompts for _ in range(2)], 1, greedy)
+    out = FastEngine(gpt2, tok).generate(prompts, 2, greedy)
+    assert out.token_ids == ref.token_ids
+    assert out.finish_reasons == ref.finish_reasons
+
+
+def test_train_mode_restored(model_and_tok, prompts):
+    model, tok = model_and_tok
+    assert model.training
+    FastEngine(model, tok).generate(prompts[:2], 2, SamplingParams(max_tokens=3))
+    assert model.training
+    model.eval()
+    FastEngine(model, tok).generate(prompts[:2], 2, SamplingParams(max_tokens=3))
+    assert not model.training
+    model.train()
+
+
+@pytest.mark.parametrize("top_k,top_p", [(0, 1.0), (5, 1.0), (0, 0.7), (3, 0.5), (50, 0.95)])
+def test_process_logits_matches_transformers_warpers(top_k, top_p):
+    """Temperature -> top-k -> top-p, with transformers' tie and boundary rules (ties at the k-th value kept)."""
+    torch.manual_seed(0)
+    logits = torch.randn(64, 23)
+    logits[:8] = torch.randint(-2, 3, (8, 23)).float()  # many exact ties
+    sp = SamplingParams(max_tokens=1, temperature=0.7, top_k=top_k, top_p=top_p)
+    ref = TemperatureLogitsWarper(0.7)(None, logits)
+    if top_k:
+        ref = TopKLogitsWarper(top_k)(None, ref)
+    if top_p < 1:
+        ref = TopPLogitsWarper(top_p)(None, ref)
+    torch.testing.assert_close(process_logits(logits, sp), ref, rtol=0, atol=0)
+
+
+def test_first_token_frequencies_match_processed_distribution(model_and_tok, prompts):
+    """4000 samples of the first token at T=0.7, top_k=5, top_p=0.9 against the exact distribution, built
+    by hand: softmax(logits / T), keep the 5 most likely, renormalize, keep the smallest most-likely set
+    whose mass reaches 0.9, renormalize. Chi-square at the 0.1% level, fixed seed."""
+    model, tok = model_and_tok
+    prompt = prompts[0]
+    with torch.no_grad():
+        logits = model.eval()(input_ids=torch.tensor([prompt])).logits[0, -1].float()
+    model.train()
+    p, order = torch.softmax(logits / 0.7, -1).sort(descending=True)
+    p = p[:5] / p[:5].sum()
+    keep = int((p.cumsum(0) < 0.9).sum()) + 1  # smallest prefix with mass >= 0.9
+    support, p = order[:keep], p[:keep] / p[:keep].sum()
+    assert 2 <= keep < 5  # both filters cut something here; otherwise the test would not test them
+
+    N = 4000
+    torch.manual_seed(1234)
+    out = FastEngine(model, tok).generate([prompt], N, SamplingParams(max_tokens=1, temperature=0.7, top_k=5, top_p=0.9))
+    first = torch.tensor([ids[0] for ids in out.token_ids])
+    assert torch.isin(first, support).all(), "sampled a token outside the top-k / top-p support"
+    counts = torch.stack([(first == t).sum() for t in support]).double()
+    chi2 = float(((counts - N * p.double()) ** 2 / (N * p.double())).sum())
+    critical = {1: 10.83, 2: 13.82, 3: 16.27, 4: 18.47}[keep - 1]  # chi-square 0.999 quantiles, df = keep - 1
+    assert chi2 < critical, (chi2, counts.tolist(), (N * p).tolist())
+
+
+def test_eos_and_length(model_and_tok, prompts):
+    """A stopped completion ends with its only EOS ("stop"); otherwise it has max_tokens tokens and no EOS ("length")."""
+    model, tok = model_and_tok
+    torch.manual_seed(0)
+    out = FastEngine(model, tok).generate(prompts, 8, SamplingParams(max_tokens=10, temperature=1.0))
+    eos = tok.eos_token_id
+    assert len(out) == len(prompts) * 8
+    for ids, why, lp, text in zip(out.token_ids, out.finish_reasons, out.logprobs, out.texts):
+        assert len(lp) == len(ids)
+        assert text == tok.decode(ids, skip_special_tokens=True)
+        if why == "stop":
+            assert ids[-1] == eos and eos not in ids[:-1]
+        else:
+            assert why == "length" and len(ids) == 10 and eos not in ids
+    assert {"stop", "length"} <= set(out.finish_reasons)
+    assert out.truncated == [r == "length" for r in out.finish_reasons]
+    empty = FastEngine(model, tok).generate(prompts[:2], 2, SamplingParams(max_tokens=0))
+    assert empty.token_ids == [[]] * 4 and empty.finish_reasons == ["length"] * 4
+
+
+@pytest.mark.parametrize(
+    "compact_fraction,top_k,top_p",
+    [(0.0, 0, 1.0), (fast.COMPACT_FRACTION, 0, 1.0), (fast.COMPACT_FRACTION, 5, 0.9)],
+    ids=["at_first_eos", "default", "filtered"],
+)
+def test_logprobs_equal_trainer_logprobs(model_and_tok, prompts, monkeypatch, compact_fraction, top_k, top_p):
+    """Sampled completions (rows leaving the batch at different steps): the engine's log-probs are the ones
+    completion_logprobs computes with the same temperature, so the prompt-major order, the shared prompt
+    cache, positions and masks after compaction are all right. With top-k / top-p they are still the
+    log-probs before filtering (the documented choice), not the renormalized sampler's."""
+    monkeypatch.setattr(fast, "COMPACT_FRACTION", compact_fraction)
+    model, tok = model_and_tok
+    n, T = 4, 0.8
+    torch.manual_seed(3)
+    out = FastEngine(model, tok).generate(prompts, n, SamplingParams(max_tokens=12, temperature=T, top_k=top_k, top_p=top_p))
+    assert len({len(ids) for ids in out.token_ids}) > 2  # ragged completions: rows left the batch at different steps
+    batch = pack_sequences([p for p in prompts for _ in range(n)], out.token_ids, tok.pad_token_id)
+    model.eval()
+    with torch.no_grad():
+        ref, _ = completion_logprobs(model, batch, temperature=T)
+    model.train()
+    for i, lp in enumerate(out.logprobs):
+        torch.testing.assert_close(torch.tensor(lp), ref[i, : len(lp)], rtol=1e-4, atol=1e-4)
