@@ -50,11 +50,13 @@ class HFEngine:
         )
         if sampling.greedy:
             return GenerationConfig(do_sample=False, **common)
+        # top_k=0 spelled out: None would let transformers fill in its default of 50, and the
+        # sampled distribution would no longer be the one the trainer computes log-probs for.
         return GenerationConfig(
             do_sample=True,
             temperature=sampling.temperature,
             top_p=sampling.top_p,
-            top_k=sampling.top_k if sampling.top_k > 0 else None,
+            top_k=sampling.top_k,
             **common,
         )
 
@@ -64,6 +66,8 @@ class HFEngine:
         was_training = model.training
         model.eval()  # no dropout while sampling pi_old
         device = next(model.parameters()).device
+        if sampling.greedy and n > 1:  # generate refuses num_return_sequences > 1 without sampling
+            prompt_token_ids, n = [p for p in prompt_token_ids for _ in range(n)], 1
         per_call = max(1, (self.batch_size or len(prompt_token_ids) * n) // n)
         token_ids, reasons = [], []
         try:
