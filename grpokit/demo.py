@@ -24,7 +24,7 @@ FULL = {
     "model_size": "demo",
     "sft": dict(rows=20000, epochs=1.0, batch_size=64, lr=2e-3),
     "grpo": [
-        "rollout.engine=hf",
+        "rollout.engine=fast",
         "rollout.prompts_per_step=16",
         "rollout.num_generations=8",
         "rollout.max_completion_length=16",
@@ -46,6 +46,7 @@ QUICK = {
     "model_size": "test",
     "sft": dict(rows=2000, epochs=1.0, batch_size=64, lr=3e-3),
     "grpo": [
+        "rollout.engine=fast",
         "rollout.prompts_per_step=8",
         "rollout.num_generations=8",
         "rollout.max_completion_length=16",
