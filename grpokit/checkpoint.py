@@ -7,7 +7,9 @@
 
 A save goes to a temporary folder, is fsynced, gets its COMPLETE marker, and is renamed into place:
 a crash during a save leaves the previous checkpoint intact, and a folder without COMPLETE is
-never loaded. Older checkpoints are deleted only after a new one is complete.
+never loaded. Older checkpoints are deleted only after a new one is complete, and are first renamed
+out of the step-N namespace, so a crash during the deletion cannot leave a half-deleted step-N.
+Any failure while writing (a full disk, an unwritable folder) is a CheckpointError.
 """
 from __future__ import annotations
 
@@ -47,6 +49,22 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def ensure_writable_dir(path: str | Path) -> Path:
+    """Create path if needed and check that files can be written there: called before a run starts."""
+    path = Path(path)
+    probe = path / f".write-test-{os.getpid()}"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe.write_text("ok\n")
+        probe.unlink()
+    except OSError as exc:
+        raise CheckpointError(
+            f"output_dir {str(path)!r} is not a writable folder ({exc.strerror or exc}: {exc.filename or path}); "
+            "set output_dir to a folder you can write to"
+        ) from None
+    return path
+
+
 def _fsync_tree(path: Path) -> None:
     for p in sorted(path.rglob("*")):
         if p.is_file():
@@ -64,8 +82,8 @@ def save_pretrained_atomic(model, tokenizer, dest: Path, extra_state: dict | Non
     dest = Path(dest)
     tmp = dest.parent / f".tmp-{dest.name}-{os.getpid()}"
     try:
-        if tmp.exists():
-            shutil.rmtree(tmp)
+        for stale in (*dest.parent.glob(f".tmp-{dest.name}-*"), *dest.parent.glob(f".old-{dest.name}-*")):
+            shutil.rmtree(stale)  # left by a process killed during an earlier save of dest
         tmp.mkdir(parents=True)
         model.save_pretrained(tmp, safe_serialization=True)
         if tokenizer is not None:
@@ -86,12 +104,13 @@ def save_pretrained_atomic(model, tokenizer, dest: Path, extra_state: dict | Non
             os.fsync(fd)
         finally:
             os.close(fd)
-    except OSError as exc:
+    except Exception as exc:  # OSError, but safetensors and torch.save report a full disk as their own errors
         shutil.rmtree(tmp, ignore_errors=True)
+        why = getattr(exc, "strerror", None) or (str(exc).splitlines() or [type(exc).__name__])[0]
         raise CheckpointError(
-            f"could not save to {str(dest)!r}: {exc.strerror or exc} (free disk space or make output_dir writable; "
+            f"could not save to {str(dest)!r}: {why} (free disk space or make output_dir writable; "
             "earlier checkpoints are untouched)"
-        ) from None
+        ) from exc
     return dest
 
 
@@ -112,10 +131,20 @@ def save_checkpoint(out_dir: Path, step: int, model, tokenizer, state: dict, kee
     root.mkdir(parents=True, exist_ok=True)
     path = save_pretrained_atomic(model, tokenizer, root / f"step-{step:06d}", {**state, "step": step, "rng": rng_state()})
     for _, old in list_checkpoints(out_dir)[:-keep_last]:
-        shutil.rmtree(old, ignore_errors=True)
-    for stale in root.glob(".tmp-*"):  # left by a crash during an earlier save
+        _remove(old)
+    for stale in (*root.glob(".tmp-*"), *root.glob(".old-*")):  # left by a crash during an earlier save
         shutil.rmtree(stale, ignore_errors=True)
     return path
+
+
+def _remove(path: Path) -> None:
+    """Delete a checkpoint folder: rename it out of step-N first (atomic), then delete the files."""
+    doomed = path.parent / f".old-{path.name}-{os.getpid()}"
+    try:
+        path.rename(doomed)
+    except OSError:
+        return
+    shutil.rmtree(doomed, ignore_errors=True)
 
 
 def load_checkpoint(path: Path, model) -> dict:
@@ -127,14 +156,32 @@ def load_checkpoint(path: Path, model) -> dict:
     if not files:
         raise CheckpointError(f"checkpoint {str(path)!r} has no safetensors weights; delete it to start from the one before")
     weights = {}
-    for f in files:
-        weights.update(load_file(f))
-    missing, unexpected = model.load_state_dict(weights, strict=False)
+    try:
+        for f in files:
+            weights.update(load_file(f))
+    except Exception as exc:  # SafetensorError, OSError: a damaged file
+        raise CheckpointError(f"checkpoint {str(path)!r} cannot be read ({_why(exc)}); delete it to resume from the one before") from None
+    refit = "resume with the model it was trained from, or set a new output_dir"
+    try:
+        missing, unexpected = model.load_state_dict(weights, strict=False)
+    except RuntimeError as exc:  # shape mismatches raise even with strict=False
+        raise CheckpointError(f"checkpoint {str(path)!r} does not match the model ({_why(exc)}); {refit}") from None
     # Tied weights (lm_head = embed_tokens) are saved once; anything else missing is an error.
     tied = set(getattr(model, "_tied_weights_keys", None) or [])
     really_missing = [k for k in missing if k not in tied and not k.endswith("lm_head.weight")]
     if really_missing or unexpected:
-        raise CheckpointError(f"checkpoint {str(path)!r} does not match the model: missing {really_missing[:3]}, unexpected {unexpected[:3]}")
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} does not match the model: missing {really_missing[:3]}, unexpected {unexpected[:3]}; {refit}"
+        )
     if hasattr(model, "tie_weights"):
         model.tie_weights()
-    return torch.load(path / STATE_FILE, weights_only=False)
+    try:
+        return torch.load(path / STATE_FILE, weights_only=False)
+    except Exception as exc:
+        raise CheckpointError(f"checkpoint {str(path)!r} cannot be read ({_why(exc)}); delete it to resume from the one before") from None
+
+
+def _why(exc: BaseException) -> str:
+    """The telling line of an exception message (torch puts the size mismatch on the second line)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return next((line for line in lines if "mismatch" in line), lines[0] if lines else type(exc).__name__)
