@@ -10,7 +10,9 @@ a padded row gets exactly the log-probs it would get alone (tests/test_policy.py
 from __future__ import annotations
 
 import copy
+import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -18,15 +20,27 @@ from torch import Tensor
 from grpokit.algo import token_entropy, token_logprobs
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+logger = logging.getLogger("grpokit.policy")
 
 
 class ModelLoadError(ValueError):
     """The model or tokenizer could not be loaded; the message names the config key and the fix."""
 
 
+def _check_local(name_or_path: str, key: str) -> None:
+    """A path that is clearly local (absolute, ./, ../, ~, or under an existing folder) must exist:
+    otherwise transformers would take it for a hub id and fail with a message about repo ids."""
+    p = Path(name_or_path).expanduser()
+    local = p.is_absolute() or name_or_path.startswith((".", "~")) or (len(p.parts) > 1 and Path(p.parts[0]).is_dir())
+    if local and not p.exists():
+        where = "" if str(p.resolve()) == name_or_path else f" (resolved to {p.resolve()})"
+        raise ModelLoadError(f"{key}={name_or_path!r}: no such folder{where}; fix the path, or give a Hugging Face model id")
+
+
 def load_tokenizer(name_or_path: str, *, trust_remote_code: bool = False):
     from transformers import AutoTokenizer
 
+    _check_local(name_or_path, "model.tokenizer / model.name_or_path")
     try:
         tok = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as exc:
@@ -38,6 +52,7 @@ def load_tokenizer(name_or_path: str, *, trust_remote_code: bool = False):
         if tok.eos_token is None:
             raise ModelLoadError(f"tokenizer {name_or_path!r} has neither a pad nor an EOS token; add one to its special tokens")
         tok.pad_token = tok.eos_token
+        logger.warning("tokenizer %r has no pad token; padding with its EOS token %r", name_or_path, tok.eos_token)
     tok.padding_side = "left"
     return tok
 
@@ -45,6 +60,7 @@ def load_tokenizer(name_or_path: str, *, trust_remote_code: bool = False):
 def load_model(name_or_path: str, *, dtype: str = "float32", attn_implementation: str | None = None, trust_remote_code: bool = False):
     from transformers import AutoModelForCausalLM
 
+    _check_local(name_or_path, "model.name_or_path")
     kwargs = dict(dtype=DTYPES[dtype], trust_remote_code=trust_remote_code)
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
