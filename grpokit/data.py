@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import math
 import os
 import random
@@ -28,6 +29,7 @@ SUPPORTED_FILES = (".jsonl", ".json", ".parquet", ".csv")
 OVERLONG_CHOICES = ("error", "truncate")
 
 Prompt = str | list[dict[str, Any]]
+logger = logging.getLogger("grpokit.data")
 
 
 class DataError(ValueError):
@@ -299,6 +301,11 @@ class PromptDataset:
             ids[i] = ids[i][-max_prompt_length:]
             texts[i] = tokenizer.decode(ids[i], skip_special_tokens=False)
         self.num_truncated = len(overlong_rows)
+        if overlong_rows:
+            logger.warning(
+                "%d of %d prompts are longer than data.max_prompt_length=%d tokens; kept the last %d tokens of each "
+                "(data.overlong_prompts=truncate)", len(overlong_rows), len(ids), max_prompt_length, max_prompt_length,
+            )
 
         self._ids = ids
         self._texts = texts
