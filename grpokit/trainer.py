@@ -25,7 +25,14 @@ import yaml
 from torch import Tensor
 
 from grpokit.algo import group_advantages, masked_mean, policy_loss
-from grpokit.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint, save_pretrained_atomic, set_rng_state
+from grpokit.checkpoint import (
+    ensure_writable_dir,
+    list_checkpoints,
+    load_checkpoint,
+    save_checkpoint,
+    save_pretrained_atomic,
+    set_rng_state,
+)
 from grpokit.config import Config, ConfigError, RewardSpec
 from grpokit.evaluate import evaluate, make_judge
 from grpokit.policy import PackedBatch, completion_logprobs, frozen_copy, load_policy, pack_sequences
@@ -146,8 +153,18 @@ class Trainer:
             L = cfg.rollout.max_completion_length
             buffer = max(1, int(cfg.algorithm.overlong_buffer_frac * L))
             specs.append(RewardSpec(function="overlong", name="overlong", kwargs={"max_completion_length": L, "cache_length": buffer}))
-        self.rewards = RewardManager(specs, strict=cfg.reward_errors == "raise")
+        try:
+            self.rewards = RewardManager(specs, strict=cfg.reward_errors == "raise")
+            # A column a reward function needs is checked now, not at the first rollout.
+            columns = {c: [] for c in self.train_data.column_names if c != cfg.data.prompt_column}
+            for reward in self.rewards.rewards:
+                reward.arguments({"prompts": [], "completions": [], "completion_ids": []}, columns)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        if cfg.eval.reward is not None and cfg.eval.reward not in self.rewards.names:
+            raise ConfigError(f"eval.reward={cfg.eval.reward!r} is not a configured reward; use one of {self.rewards.names}")
         self.judge = make_judge(self.rewards, reward_name=cfg.eval.reward, threshold=cfg.eval.correct_threshold)
+        self._check_context_length()
 
         self.engine = make_engine(cfg.rollout.engine, model, tokenizer, batch_size=cfg.rollout.generation_batch_size)
         self.optimizer = torch.optim.AdamW(
@@ -165,6 +182,22 @@ class Trainer:
         self.consecutive_skips = 0
         self.skipped_updates = 0
         self._stop_signal: str | None = None
+        self.interrupted: str | None = None  # the signal (SIGTERM / SIGINT) that made train() stop early
+
+    def _check_context_length(self) -> None:
+        """Longest prompt + max_completion_length must fit the model's positions: checked before any training."""
+        limit = getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
+        if not isinstance(limit, int):
+            return
+        datasets = [d for d in (self.train_data, self.eval_data) if d is not None]
+        longest = max(len(d[i].prompt_ids) for d in datasets for i in range(len(d)))
+        T = self.cfg.rollout.max_completion_length
+        if longest + T > limit:
+            raise ConfigError(
+                f"the longest prompt ({longest} tokens) + rollout.max_completion_length={T} is {longest + T} tokens, "
+                f"more than the model's max_position_embeddings={limit}; lower rollout.max_completion_length to "
+                f"{max(limit - longest, 0)} or shorten the prompts (data.max_prompt_length, data.overlong_prompts=truncate)"
+            )
 
     # ------------------------------------------------------------------ data
     def _rows(self, train_rows, eval_rows):
@@ -228,7 +261,12 @@ class Trainer:
         timings["perf/rollout_time"] = timings.get("perf/rollout_time", 0.0) + time.perf_counter() - t
         t = time.perf_counter()
         prompts, columns = self._expand(rows, G)
-        scored = self.rewards(prompts=prompts, completions=comps.texts, completion_ids=comps.token_ids, columns=columns)
+        try:
+            scored = self.rewards(prompts=prompts, completions=comps.texts, completion_ids=comps.token_ids, columns=columns)
+        except RuntimeError as exc:
+            if not self.rewards.strict:
+                raise
+            raise TrainingError(f"step {self.step + 1}: {exc} (reward_errors=raise; reward_errors=skip counts it and goes on)") from exc
         timings["perf/reward_time"] = timings.get("perf/reward_time", 0.0) + time.perf_counter() - t
         return Groups(list(rows), comps, scored)
 
@@ -330,6 +368,13 @@ class Trainer:
         N, mb, micro = b.rewards.numel(), cfg.minibatch_size, cfg.micro_batch_size
         acc = MeanAccumulator()
         params = [p for p in self.model.parameters() if p.requires_grad]
+        for name, x in (("weighted total reward", b.rewards), ("advantage", b.advantages)):
+            bad = (~torch.isfinite(x)).view(N, -1).any(1).nonzero().flatten().tolist()  # completions
+            if bad:  # e.g. weighted rewards that overflow float32: every optimizer step of this batch is skipped
+                for _ in range(alg.num_iterations * cfg.optim.num_minibatches):
+                    self._skip_update(name, f"{len(bad)} of {N} completions, first: completion {bad[0]}")
+                self.optimizer.zero_grad(set_to_none=True)
+                return {"policy/skipped_updates": float(self.skipped_updates)}
         for it in range(alg.num_iterations):
             # A fresh minibatch split each pass; a single minibatch needs no shuffle.
             order = torch.randperm(N) if cfg.optim.num_minibatches > 1 else torch.arange(N)
@@ -368,6 +413,9 @@ class Trainer:
                     )
                     if not torch.isfinite(loss):
                         finite = False
+                        where = f"pass {it + 1}, minibatch {m + 1}"
+                        if not torch.isfinite(logp.detach()[mask.bool()]).all():
+                            where += ": the policy's log-probs were non-finite"
                         break
                     loss.backward()
                     weight = mask.sum().item()
@@ -377,7 +425,10 @@ class Trainer:
                         acc.add({"policy/entropy": masked_mean(entropy, tokens.completion_mask).item()}, weight)
                 grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.max_grad_norm or float("inf"))
                 if not finite or not torch.isfinite(grad_norm):
-                    self._skip_update("loss" if not finite else "gradient norm")
+                    if finite:
+                        bad = [n for n, p in self.model.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
+                        where = f"pass {it + 1}, minibatch {m + 1}" + (f": first in {bad[0]}" if bad else "")
+                    self._skip_update("loss" if not finite else "gradient norm", where)
                     continue
                 self.consecutive_skips = 0
                 acc.add({"policy/loss": minibatch_loss, "policy/grad_norm": grad_norm.item(), "policy/lr": self.scheduler.get_last_lr()[0]})
@@ -386,14 +437,15 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         return {**acc.means(), "policy/skipped_updates": float(self.skipped_updates)}
 
-    def _skip_update(self, what: str) -> None:
+    def _skip_update(self, what: str, where: str = "") -> None:
         self.optimizer.zero_grad(set_to_none=True)
         self.skipped_updates += 1
         self.consecutive_skips += 1
         limit = self.cfg.optim.max_consecutive_skips
         if self.consecutive_skips >= limit:
+            where = f", {where}" if where else ""
             raise TrainingError(
-                f"the {what} was non-finite in {limit} optimizer steps in a row (step {self.step}); "
+                f"the {what} was non-finite in {limit} optimizer steps in a row (last at step {self.step + 1}{where}); "
                 "no checkpoint with these weights was written. Lower optim.learning_rate, check the rewards "
                 "for NaN/inf, or use model.dtype=float32"
             )
@@ -428,9 +480,9 @@ class Trainer:
         return state
 
     def save(self) -> Path:
-        for p in self.model.parameters():
+        for name, p in self.model.named_parameters():
             if not torch.isfinite(p).all():
-                raise TrainingError(f"refusing to save step {self.step}: the weights hold NaN/inf")
+                raise TrainingError(f"refusing to save step {self.step}: the weights hold NaN/inf (first in {name})")
         return save_checkpoint(self.out, self.step, self.model, self.tokenizer, self.state_dict(), self.cfg.checkpoint.keep_last)
 
     def maybe_resume(self) -> int | None:
@@ -461,9 +513,10 @@ class Trainer:
         from grpokit.logging import MetricLogger, TrainProgress
 
         cfg = self.cfg
-        self.out.mkdir(parents=True, exist_ok=True)
+        ensure_writable_dir(self.out)
         (self.out / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(), sort_keys=False))
         resumed = self.maybe_resume()
+        saved_step = resumed  # the step of the newest checkpoint on disk: never written twice
         log = MetricLogger(self.out, tensorboard=cfg.logging.tensorboard, wandb=cfg.logging.wandb, mlflow=cfg.logging.mlflow, config=cfg.model_dump())
         old_handlers = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         last: dict[str, float] = {}
@@ -503,11 +556,13 @@ class Trainer:
                         on_log(self.step, metrics)
                     if cfg.checkpoint.save_every and self.step % cfg.checkpoint.save_every == 0:
                         self.save()
-                    if self._stop_signal:
-                        path = self.save()
+                        saved_step = self.step
+                    if self._stop_signal and self.step < cfg.optim.max_steps:
+                        path = self.save() if saved_step != self.step else self.out / "checkpoints" / f"step-{self.step:06d}"
                         prog.print(f"{self._stop_signal}: saved step {self.step} to {path}; run the same command to resume")
+                        self.interrupted = self._stop_signal
                         return last
-                if not cfg.checkpoint.save_every or self.step % cfg.checkpoint.save_every:
+                if saved_step != self.step:
                     self.save()  # the end state, so that running the command again finds the run finished
                 save_pretrained_atomic(self.model, self.tokenizer, self.out / "final")
         finally:
