@@ -8,9 +8,12 @@
     grpokit config                                         every config key with its default and meaning
 
 User mistakes (bad config, missing data, unloadable model) print one line and exit with status 2.
+`grpokit train` stopped by SIGTERM / SIGINT saves a checkpoint and exits with 128 + the signal
+number (143 / 130); the same command resumes. docs/errors.md lists every message.
 """
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 from typing import Optional
@@ -59,10 +62,14 @@ def train(
 
     def go():
         cfg = load_config(config, overrides)
+        from grpokit.checkpoint import ensure_writable_dir
         from grpokit.ppo import make_trainer
 
+        ensure_writable_dir(cfg.output_dir)  # before loading the model, so a bad path fails in a second
         trainer = make_trainer(cfg)  # grpokit.ppo.PPOTrainer for gae, else grpokit.trainer.Trainer
         last = trainer.train()
+        if trainer.interrupted:  # saved; the trainer printed the step and how to resume
+            raise typer.Exit(128 + signal.Signals[trainer.interrupted].value)
         typer.echo(f"done: step {trainer.step}; final model in {Path(cfg.output_dir) / 'final'}")
         return last
 
