@@ -1,0 +1,22 @@
+"""`grpokit demo --quick` produces the same outputs as the full demo."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+GRPOKIT = str(Path(sys.executable).with_name("grpokit"))
+
+
+def test_demo_quick_outputs(tmp_path):
+    out = tmp_path / "demo"
+    r = subprocess.run([GRPOKIT, "demo", "--quick", "--out", str(out)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "SFT warm-start" in r.stdout and "after GRPO" in r.stdout  # the before / after table
+    for name in ("report.md", "reward.png", "eval.png", "kl.png", "clip.png", "lengths.png"):
+        assert (out / name).is_file(), name
+    rows = [json.loads(l) for l in (out / "grpo" / "metrics.jsonl").read_text().splitlines()]
+    evals = [row for row in rows if "eval/pass@1" in row]
+    assert evals[0]["step"] == 0 and evals[-1]["step"] == rows[-1]["step"]  # before and after
+    assert (out / "grpo" / "final" / "model.safetensors").is_file()
+    report = (out / "report.md").read_text()
+    assert "pass@1" in report and "reward.png" in report
