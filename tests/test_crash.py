@@ -1,0 +1,313 @@
+"""Crash safety: a kill at any moment never leaves an unreadable checkpoint, and the same command resumes.
+
+Run: .venv/bin/python -m pytest tests/test_crash.py
+(benchmarks/kill_resume.py does the same with 20 SIGKILLs at random moments.)
+
+- kill -9 mid-step, mid-save and mid-deletion of an old checkpoint: every step-N folder stays
+  loadable, the rerun resumes from the newest one, and the weights at the end equal those of a run
+  that was never killed, bit for bit;
+- a save that raises part-way leaves the previous checkpoint intact and no half-written folder;
+  a half-written folder left by a crash is never loaded;
+- SIGTERM to a `grpokit train` process, and SIGINT: the step finishes, a checkpoint is saved (once),
+  a line names the step and says to rerun the command; exit status 128 + signal (143, 130).
+
+The kills run `grpokit train` in a forked child of the test process (the console script's code,
+without paying for a Python start per run); test_sigterm_console_script runs the real console script.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+from grpokit.checkpoint import MARKER, STATE_FILE, CheckpointError, list_checkpoints
+from grpokit.cli import app
+from grpokit.config import load_config
+from grpokit.trainer import Trainer
+
+REWARD = f"{Path(__file__).parent / 'reward_fns.py'}:count_sevens"
+PROMPTS = [{"prompt": f"{a} {b}>{a + b}=", "target": a + b} for a in range(1, 5) for b in range(1, 3)]
+
+
+def overrides(model_dir, tmp_path, out="run", max_steps=6):
+    return [
+        f"model.name_or_path={model_dir}",
+        f"data.train_path={tmp_path / 'prompts.jsonl'}",
+        f"rewards=[{{function: '{REWARD}'}}]",
+        "rollout.prompts_per_step=2",
+        "rollout.num_generations=4",
+        "rollout.max_completion_length=4",
+        "optim.learning_rate=3e-3",
+        f"optim.max_steps={max_steps}",
+        "algorithm.beta=0.0",
+        "eval.at_start=false",
+        "logging.sample_every=0",
+        "logging.tensorboard=false",
+        "checkpoint.save_every=1",
+        "checkpoint.keep_last=2",
+        f"output_dir={tmp_path / out}",
+    ]
+
+
+@pytest.fixture
+def setup(tiny_model_dir, tmp_path):
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    (tmp_path / "config.yaml").write_text("{}\n")
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in PROMPTS))
+    return tiny_model_dir, tmp_path
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def fork_train(args: list[str], log: Path, stall: str | None = None) -> int:
+    """`grpokit train ARGS` in a forked child writing to `log`; returns its pid.
+
+    stall="save": the child's second checkpoint save stops for good after writing the weights into
+    its temporary folder. stall="delete": the first deletion of an old checkpoint stops after one
+    file. The parent then kills the child there.
+    """
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        out = open(log, "w", buffering=1)
+        os.dup2(out.fileno(), 1)
+        os.dup2(out.fileno(), 2)
+        sys.stdout = sys.stderr = out
+        torch.set_num_threads(1)
+        if stall == "save":
+            from transformers import PreTrainedModel
+
+            real, saves = PreTrainedModel.save_pretrained, set()
+
+            def save_then_hang(self, path, *a, **k):
+                real(self, path, *a, **k)
+                saves.add(str(path))
+                if len(saves) == 2 and ".tmp-step-" in str(path):
+                    time.sleep(600)
+
+            PreTrainedModel.save_pretrained = save_then_hang
+        elif stall == "delete":
+            import shutil
+
+            real_rmtree = shutil.rmtree
+
+            def delete_one_file_then_hang(path, *a, **k):
+                if Path(path).name.startswith(".old-step-"):
+                    next(p for p in Path(path).iterdir() if p.suffix == ".safetensors").unlink()
+                    time.sleep(600)
+                real_rmtree(path, *a, **k)
+
+            shutil.rmtree = delete_one_file_then_hang
+        try:
+            app(["train", *args])
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        os._exit(code)
+
+
+def wait_for(predicate, pid: int, timeout: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        done, status = os.waitpid(pid, os.WNOHANG)
+        assert not done, f"the run exited ({os.waitstatus_to_exitcode(status)}) before the moment to kill it"
+        assert time.monotonic() < deadline, "timed out waiting for the moment to kill"
+        time.sleep(0.002)
+
+
+def kill9(pid: int) -> None:
+    os.kill(pid, signal.SIGKILL)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == -signal.SIGKILL
+
+
+def logged_steps(out: Path) -> int:
+    path = out / "metrics.jsonl"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def hidden(out: Path, prefix: str, pid: int | None = None) -> list[Path]:
+    """Folders under checkpoints/ named prefix... (and written by process pid: .tmp-step-N-PID, .old-step-N-PID)."""
+    root = out / "checkpoints"
+    found = [p for p in root.iterdir() if p.name.startswith(prefix)] if root.is_dir() else []
+    return [p for p in found if p.name.endswith(f"-{pid}")] if pid is not None else found
+
+
+def assert_checkpoints_readable(out: Path) -> list[int]:
+    """Every step-N folder is complete, loads with from_pretrained, and its trainer state loads."""
+    from transformers import AutoModelForCausalLM
+
+    root = out / "checkpoints"
+    folders = sorted(p for p in root.iterdir() if p.name.startswith("step-")) if root.is_dir() else []
+    for p in folders:
+        assert (p / MARKER).is_file(), f"{p.name} has no {MARKER}"
+        AutoModelForCausalLM.from_pretrained(p)
+        state = torch.load(p / STATE_FILE, weights_only=False)
+        assert state["step"] == int(p.name.split("-")[1])
+    steps = [s for s, _ in list_checkpoints(out)]
+    assert steps == [int(p.name.split("-")[1]) for p in folders]
+    return steps
+
+
+# ----------------------------------------------------------------------------- kill -9
+
+
+def test_sigkill_anywhere_then_resume_is_exact(setup):
+    model_dir, tmp_path = setup
+    straight = tmp_path / "straight"
+    pid = fork_train([str(tmp_path / "config.yaml"), *overrides(model_dir, tmp_path, "straight")], tmp_path / "straight.log")
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, (tmp_path / "straight.log").read_text()[-2000:]
+
+    out = tmp_path / "run"
+    args = [str(tmp_path / "config.yaml"), *overrides(model_dir, tmp_path)]
+    kills = []
+    for i, (moment, stall) in enumerate([("mid-step", None), ("mid-save", "save"), ("mid-delete", "delete")]):
+        before = [s for s, _ in list_checkpoints(out)]
+        log = tmp_path / f"kill{i}.log"
+        start = logged_steps(out)
+        pid = fork_train(args, log, stall)
+        if stall is None:
+            wait_for(lambda: logged_steps(out) >= start + 2, pid)  # between steps, or inside a save
+        elif stall == "save":
+            wait_for(lambda: any((p / "model.safetensors").exists() for p in hidden(out, ".tmp-step-", pid)), pid)
+        else:
+            wait_for(lambda: any(not list(p.glob("*.safetensors")) for p in hidden(out, ".old-step-", pid)), pid)
+        kill9(pid)
+        if before:
+            assert f"resuming from checkpoint step {before[-1]}" in log.read_text()
+        steps = assert_checkpoints_readable(out)
+        if stall == "save":  # killed while a step's weights were in .tmp-step-N-PID: step N is no checkpoint
+            (tmp,) = hidden(out, ".tmp-step-", pid)
+            assert int(tmp.name.split("-")[2]) not in steps and steps[-1] >= before[-1]
+        kills.append((moment, steps))
+
+    log = tmp_path / "final.log"
+    pid = fork_train(args, log)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, log.read_text()[-2000:]
+    assert f"resuming from checkpoint step {kills[-1][1][-1]}" in log.read_text()
+    assert assert_checkpoints_readable(out)[-1] == 6
+    assert not hidden(out, ".")  # no half-written or half-deleted folder is left behind
+    assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == list(range(1, 7))
+    a, b = load_file(straight / "final" / "model.safetensors"), load_file(out / "final" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # bit for bit
+
+
+# ----------------------------------------------------------------------------- a save that fails part-way
+
+
+def test_save_that_raises_leaves_previous_checkpoint(setup, monkeypatch):
+    model_dir, tmp_path = setup
+    cfg = load_config(None, overrides(model_dir, tmp_path, max_steps=3))
+    from transformers import AutoModelForCausalLM, PreTrainedModel
+
+    real, calls = PreTrainedModel.save_pretrained, []
+
+    def fails_on_second(self, path, *a, **k):
+        calls.append(path)
+        real(self, path, *a, **k)  # the weights are written, then the save dies
+        if len(calls) == 2:
+            raise RuntimeError("simulated crash inside save_pretrained")
+
+    monkeypatch.setattr(PreTrainedModel, "save_pretrained", fails_on_second)
+    with pytest.raises(CheckpointError, match=r"step-000002.*simulated crash.*earlier checkpoints are untouched"):
+        Trainer(cfg).train()
+    assert assert_checkpoints_readable(tmp_path / "run") == [1]
+    assert not hidden(tmp_path / "run", ".")
+    AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "checkpoints" / "step-000001")
+
+    # What a kill would leave: a temporary folder with weights, and a step folder without COMPLETE.
+    root = tmp_path / "run" / "checkpoints"
+    for name in (".tmp-step-000002-99999", "step-000003"):
+        (root / name).mkdir()
+        (root / name / "model.safetensors").write_bytes(b"half a file")
+        (root / name / STATE_FILE).write_bytes(b"half a file")
+    monkeypatch.setattr(PreTrainedModel, "save_pretrained", real)
+    resumed = Trainer(cfg)
+    assert resumed.maybe_resume() == 1  # neither half-written folder is loaded
+    resumed.train()
+    assert resumed.step == 3 and not (root / ".tmp-step-000002-99999").exists()
+
+
+# ----------------------------------------------------------------------------- SIGTERM / SIGINT
+
+
+def test_sigterm_console_script(setup):
+    model_dir, tmp_path = setup
+    args = [str(tmp_path / "config.yaml"), *overrides(model_dir, tmp_path, max_steps=12), "checkpoint.save_every=5"]
+    proc = subprocess.Popen([sys.executable, "-m", "grpokit.cli", "train", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    out = tmp_path / "run"
+    deadline = time.monotonic() + 300
+    while logged_steps(out) < 1 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 128 + signal.SIGTERM, (stdout[-2000:], stderr[-2000:])
+    m = re.search(r"SIGTERM: saved step (\d+) to (\S+); run the same command to resume", stdout)
+    assert m, stdout[-2000:]
+    step = int(m.group(1))
+    assert 1 <= step < 12 and "Traceback" not in stderr and "done:" not in stdout
+    assert assert_checkpoints_readable(out)[-1] == step
+
+    again = CliRunner().invoke(app, ["train", *args])
+    assert again.exit_code == 0, again.output
+    assert f"resuming from checkpoint step {step}" in again.stdout and "done: step 12" in again.stdout
+
+
+def test_sigint_saves_once_and_stops(setup, monkeypatch):
+    model_dir, tmp_path = setup
+    import grpokit.trainer
+
+    real, saved = grpokit.trainer.save_checkpoint, []
+    monkeypatch.setattr(grpokit.trainer, "save_checkpoint", lambda out, step, *a, **k: saved.append(step) or real(out, step, *a, **k))
+    cfg = load_config(None, [*overrides(model_dir, tmp_path, max_steps=6), "checkpoint.save_every=2"])
+    trainer = Trainer(cfg)
+    handler = signal.getsignal(signal.SIGINT)
+
+    def ctrl_c(step, metrics):
+        if step == 2:
+            os.kill(os.getpid(), signal.SIGINT)  # caught by train(): the step finishes and is saved
+
+    trainer.train(on_log=ctrl_c)
+    assert trainer.interrupted == "SIGINT" and trainer.step == 2
+    assert saved == [2]  # the periodic save at step 2 is the signal's save: not written twice
+    assert signal.getsignal(signal.SIGINT) is handler  # the handlers are restored
+    assert not (tmp_path / "run" / "final").exists()
+
+
+def test_second_ctrl_c_stops_at_once(setup, monkeypatch):
+    model_dir, tmp_path = setup
+    real = Trainer.update
+
+    def update_then_two_ctrl_c(self, batch):
+        stats = real(self, batch)
+        if self.step == 1:  # during step 2: the first Ctrl-C asks for a save, the second one stops now
+            os.kill(os.getpid(), signal.SIGINT)
+            while self._stop_signal is None:  # two signals sent back to back would arrive as one
+                time.sleep(0.001)
+            os.kill(os.getpid(), signal.SIGINT)
+        return stats
+
+    monkeypatch.setattr(Trainer, "update", update_then_two_ctrl_c)
+    handler = signal.getsignal(signal.SIGINT)
+    r = CliRunner().invoke(app, ["train", str(tmp_path / "config.yaml"), *overrides(model_dir, tmp_path)])
+    assert r.exit_code == 130 and "saved step" not in r.output, r.output  # typer: KeyboardInterrupt -> 130
+    assert signal.getsignal(signal.SIGINT) is handler
+    assert assert_checkpoints_readable(tmp_path / "run") == [1]  # step 1's checkpoint; step 2 was never saved

@@ -1,0 +1,417 @@
+"""Every bad input listed in docs/errors.md, and what the user sees.
+
+Run: .venv/bin/python -m pytest tests/test_errors.py
+
+User mistakes give one line on stderr that names the problem and the fix, exit status 2 and no
+traceback. Reward functions that misbehave are not errors: the sample gets no reward from them,
+the failure is counted (reward/errors/<name>) and logged once (unless reward_errors=raise).
+Each test runs `grpokit train` in-process through typer's test runner (the same code the console
+script runs, without paying for a Python start per row); test_console_script_one_line runs the
+real console script once. The last column of the table in docs/errors.md names the test of each
+row; test_every_row_has_a_test keeps the two in step.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from grpokit.checkpoint import list_checkpoints
+from grpokit.cli import app
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPTS = [{"prompt": f"{a} {b} {c}>{t}=", "target": t} for a, b, c, t in
+           [(3, 4, 5, 12), (2, 1, 5, 10), (6, 4, 8, 9), (1, 2, 3, 6), (7, 1, 2, 9), (5, 5, 2, 8), (9, 3, 1, 4), (8, 2, 6, 4)]]
+
+BAD_REWARDS = '''
+import math
+
+def sevens(completions, **kwargs):
+    return [c.count("7") / max(len(c), 1) for c in completions]
+
+def needs_answer(completions, answer, **kwargs):
+    return [float(c == a) for c, a in zip(completions, answer)]
+
+def boom(completions, **kwargs):
+    raise ZeroDivisionError("division by zero")
+
+def too_short(completions, **kwargs):
+    return [0.0] * (len(completions) - 1)
+
+def strings(completions, **kwargs):
+    return ["1.0"] * len(completions)
+
+def nan_and_inf(completions, **kwargs):
+    return [math.nan if i % 2 else math.inf for i in range(len(completions))]
+
+def huge(completions, **kwargs):
+    # finite floats, but 10 x this overflows float32: the weighted total is inf (once: the run goes on)
+    global calls
+    calls = globals().get("calls", 0) + 1
+    return [3e38 if calls == 1 else 0.0 for _ in completions]
+
+def huge_tie_breaker(completions, **kwargs):
+    # finite totals whose group mean overflows float32: the advantages are NaN (once)
+    global calls2
+    calls2 = globals().get("calls2", 0) + 1
+    return [(3e38 if i % 4 else 0.0) if calls2 == 1 else 0.0 for i in range(len(completions))]
+'''
+
+
+@pytest.fixture(autouse=True)
+def _quiet_and_quick(monkeypatch):
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # as grpokit.cli.main does; the test runner skips main()
+    monkeypatch.setattr("grpokit.plots.plot_metrics", lambda *a, **k: None)  # plots are not what these test
+
+
+@pytest.fixture
+def env(tiny_model_dir, tmp_path):
+    """A config file, a prompts file and a rewards file in tmp_path, and the overrides of a 1-step run."""
+    (tmp_path / "config.yaml").write_text("{}\n")
+    write_jsonl(tmp_path / "prompts.jsonl", PROMPTS)
+    (tmp_path / "bad_rewards.py").write_text(BAD_REWARDS)
+    base = [
+        f"model.name_or_path={tiny_model_dir}",
+        f"data.train_path={tmp_path / 'prompts.jsonl'}",
+        f"rewards=[{{function: '{tmp_path / 'bad_rewards.py'}:sevens'}}]",
+        "rollout.prompts_per_step=2",
+        "rollout.num_generations=4",
+        "rollout.max_completion_length=4",
+        "optim.max_steps=1",
+        "algorithm.beta=0.0",
+        "eval.at_start=false",
+        "logging.sample_every=0",
+        "logging.tensorboard=false",
+        "checkpoint.save_every=0",
+        f"output_dir={tmp_path / 'run'}",
+    ]
+    return tmp_path, base
+
+
+def write_jsonl(path: Path, rows) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def rewards(tmp_path, *names, weight=1.0) -> str:
+    return "rewards=[" + ", ".join(f"{{function: '{tmp_path / 'bad_rewards.py'}:{n}', weight: {weight}}}" for n in names) + "]"
+
+
+def train(env, *overrides, config=None):
+    tmp_path, base = env
+    return CliRunner().invoke(app, ["train", str(config or tmp_path / "config.yaml"), *base, *overrides])
+
+
+def user_error(result, *words) -> str:
+    """The one stderr line of a user mistake (exit 2, no traceback); asserts it names `words`."""
+    assert result.exit_code == 2, (result.exit_code, result.output, result.exception)
+    assert isinstance(result.exception, SystemExit)
+    assert "Traceback" not in result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    for w in words:
+        assert w in lines[0], (w, lines[0])
+    return lines[0]
+
+
+def metrics(env) -> list[dict]:
+    return [json.loads(line) for line in (env[0] / "run" / "metrics.jsonl").read_text().splitlines()]
+
+
+# ----------------------------------------------------------------------------- config
+
+
+def test_config_file_missing(env):
+    user_error(train(env, config=env[0] / "nope.yaml"), "config file", "nope.yaml", "not found")
+
+
+def test_config_not_yaml(env):
+    bad = env[0] / "bad.yaml"
+    bad.write_text("model: [1, 2\n")
+    user_error(train(env, config=bad), "is not valid YAML at line")
+
+
+def test_config_typo_did_you_mean(env):
+    user_error(train(env, "algorithm.betaa=0.1"), "unknown config key 'algorithm.betaa'", "did you mean 'beta'?")
+
+
+def test_config_bad_value_lists_allowed(env):
+    user_error(train(env, "algorithm.loss_type=foo"), "'algorithm.loss_type'", "'foo'", "'grpo'", "'dr_grpo'")
+
+
+def test_group_size_below_two(env):
+    user_error(train(env, "rollout.num_generations=1"), "rollout.num_generations", "greater than or equal to 2")
+
+
+def test_prompts_per_step_not_divisible_by_minibatches(env):
+    user_error(train(env, "rollout.prompts_per_step=3", "rollout.num_generations=2", "optim.num_minibatches=4"),
+               "optim.num_minibatches=4 must divide the rollout batch", "= 6")
+
+
+def test_minibatch_not_divisible_by_micro_batch(env):
+    user_error(train(env, "rollout.prompts_per_step=3", "rollout.num_generations=2", "optim.micro_batch_size=4"),
+               "optim.micro_batch_size=4 must divide the minibatch size 6")
+
+
+def test_eval_reward_not_configured(env):
+    user_error(train(env, "eval.reward=acuracy"), "eval.reward='acuracy' is not a configured reward", "sevens")
+
+
+# ----------------------------------------------------------------------------- model and output folder
+
+
+def test_model_path_missing(env):
+    user_error(train(env, f"model.name_or_path={env[0] / 'no-such-model'}"), "no-such-model", "no such folder", "fix the path")
+
+
+def test_output_dir_not_writable(env, monkeypatch):
+    # We run as root, so chmod would not stop us: a path under a regular file cannot be created by anyone.
+    (env[0] / "file.txt").write_text("x")
+    loaded = []
+    monkeypatch.setattr("grpokit.policy.load_model", lambda *a, **k: loaded.append(1))
+    msg = user_error(train(env, f"output_dir={env[0] / 'file.txt' / 'run'}"), "output_dir", "file.txt/run", "not a writable folder")
+    assert "Not a directory" in msg and not loaded  # checked before the model is loaded
+
+
+def test_context_longer_than_model_positions(env):
+    # The tiny Llama has max_position_embeddings=256; the longest prompt is 10 tokens.
+    user_error(train(env, "rollout.max_completion_length=300"), "max_position_embeddings=256",
+               "rollout.max_completion_length=300", "lower rollout.max_completion_length to 246")
+    assert not (env[0] / "run" / "metrics.jsonl").exists()  # nothing trained
+
+
+def test_tokenizer_without_pad_token_falls_back_to_eos(env, tiny_model_dir, caplog):
+    tok = env[0] / "tok-no-pad"
+    shutil.copytree(tiny_model_dir, tok)
+    cfg = json.loads((tok / "tokenizer_config.json").read_text())
+    cfg.pop("pad_token")
+    (tok / "tokenizer_config.json").write_text(json.dumps(cfg))
+    with caplog.at_level(logging.WARNING, logger="grpokit"):
+        r = train(env, f"model.tokenizer={tok}")
+    assert r.exit_code == 0, r.output
+    assert "has no pad token; padding with its EOS token '</s>'" in caplog.text
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def test_dataset_missing(env):
+    user_error(train(env, f"data.train_path={env[0] / 'nope.jsonl'}"), "dataset not found", "nope.jsonl", "data.train_path")
+
+
+def test_dataset_empty(env):
+    (env[0] / "empty.jsonl").write_text("")
+    user_error(train(env, f"data.train_path={env[0] / 'empty.jsonl'}"), "has no rows")
+
+
+def test_dataset_bad_json_line(env):
+    (env[0] / "bad.jsonl").write_text('{"prompt": "1 2>3="}\n{"prompt": \n')
+    user_error(train(env, f"data.train_path={env[0] / 'bad.jsonl'}"), "line 2 is not valid JSON", "fix or remove that line")
+
+
+def test_dataset_unsupported_format(env):
+    (env[0] / "prompts.txt").write_text("1 2>3=\n")
+    user_error(train(env, f"data.train_path={env[0] / 'prompts.txt'}"), "unsupported dataset file 'prompts.txt'", ".jsonl")
+
+
+def test_dataset_without_prompt_column(env):
+    path = write_jsonl(env[0] / "q.jsonl", [{"question": r["prompt"], "target": r["target"]} for r in PROMPTS])
+    user_error(train(env, f"data.train_path={path}"), "no 'prompt' column", "'question'", "data.prompt_column")
+
+
+def test_fewer_rows_than_prompts_per_step(env):
+    path = write_jsonl(env[0] / "two.jsonl", PROMPTS[:1])
+    user_error(train(env, f"data.train_path={path}"), "rollout.prompts_per_step=2 is more than the 1 rows")
+
+
+def test_eval_size_leaves_nothing_to_train_on(env):
+    user_error(train(env, "data.eval_size=8"), "data.eval_size", "leaving none to train on")
+
+
+def test_chat_prompts_without_chat_template(env):
+    path = write_jsonl(env[0] / "chat.jsonl", [{"prompt": [{"role": "user", "content": r["prompt"]}]} for r in PROMPTS])
+    user_error(train(env, f"data.train_path={path}"), "row 0", "no chat_template", "plain-string prompts")
+
+
+def test_prompt_longer_than_max_prompt_length(env):
+    user_error(train(env, "data.max_prompt_length=5"), "row 0: prompt is 10 tokens", "data.max_prompt_length=5",
+               "data.overlong_prompts=truncate")
+
+
+def test_prompt_longer_than_max_prompt_length_truncated(env, caplog):
+    with caplog.at_level(logging.WARNING, logger="grpokit"):
+        r = train(env, "data.max_prompt_length=5", "data.overlong_prompts=truncate")
+    assert r.exit_code == 0, r.output
+    assert "8 of 8 prompts are longer than data.max_prompt_length=5 tokens" in caplog.text
+
+
+def test_resume_with_a_different_dataset(env):
+    assert train(env).exit_code == 0
+    more = write_jsonl(env[0] / "more.jsonl", PROMPTS + [{"prompt": "4 4 4>12=", "target": 12}])
+    user_error(train(env, f"data.train_path={more}", "optim.max_steps=2"),
+               "sampler state is for 8 rows but the dataset has 9", "same dataset")
+
+
+def test_resume_with_another_model(env):
+    assert train(env).exit_code == 0
+    from transformers import AutoTokenizer
+
+    from grpokit.tasks.tiny_model import build_tiny_llama
+
+    other = env[0] / "other-model"
+    tok = AutoTokenizer.from_pretrained(env[1][0].split("=", 1)[1])
+    build_tiny_llama(tok, size="test", hidden_size=64).save_pretrained(other)
+    tok.save_pretrained(other)
+    user_error(train(env, f"model.name_or_path={other}", "optim.max_steps=2"),
+               "step-000001' does not match the model (size mismatch for", "set a new output_dir")
+
+
+def test_damaged_checkpoint(env):
+    assert train(env).exit_code == 0
+    (env[0] / "run" / "checkpoints" / "step-000001" / "model.safetensors").write_bytes(b"not safetensors")
+    user_error(train(env, "optim.max_steps=2"), "step-000001' cannot be read", "delete it to resume from the one before")
+
+
+# ----------------------------------------------------------------------------- rewards
+
+
+def test_reward_module_not_found(env):
+    user_error(train(env, "rewards=[{function: 'no_such_module:score'}]"), "module 'no_such_module' not found", "PYTHONPATH")
+
+
+def test_reward_function_not_in_module(env):
+    user_error(train(env, rewards(env[0], "scroe")), "has no attribute 'scroe'", "check the name after ':'")
+
+
+def test_reward_file_not_found(env):
+    user_error(train(env, "rewards=[{function: 'no/such/file.py:score'}]"), "file 'no/such/file.py' not found")
+
+
+def test_reward_builtin_typo(env):
+    user_error(train(env, "rewards=[{function: mth}]"), "reward 'mth' is not a built-in", "did you mean 'math'?")
+
+
+def test_reward_needs_a_missing_column(env, monkeypatch):
+    rolled = []
+    monkeypatch.setattr("grpokit.trainer.Trainer.rollout", lambda *a: rolled.append(1))
+    user_error(train(env, rewards(env[0], "needs_answer")), "needs argument 'answer'", "dataset columns: ['target']",
+               "Add the column")
+    assert not rolled  # found at start, not at the first rollout
+
+
+def test_misbehaving_rewards_are_counted_not_fatal(env, caplog):
+    """A reward function that raises, returns the wrong length, strings, or NaN / inf."""
+    fns = ["sevens", "boom", "too_short", "strings", "nan_and_inf"]
+    with caplog.at_level(logging.ERROR, logger="grpokit.rewards"):
+        r = train(env, rewards(env[0], *fns), "optim.max_steps=2")
+    assert r.exit_code == 0, r.output
+    N = 8
+    for row in metrics(env):
+        assert row["reward/errors/sevens"] == 0
+        for name in fns[1:]:
+            assert row[f"reward/errors/{name}"] == N, name  # every sample, every step: counted
+        assert row["policy/skipped_updates"] == 0  # voided values never reach the update
+    text = caplog.text
+    assert "'boom'" in text and "raised ZeroDivisionError: division by zero" in text
+    assert "'too_short'" in text and "returned 7 rewards for 8 completions" in text
+    assert "'strings'" in text and "returned 8 invalid reward(s) of 8, e.g. '1.0'" in text
+    assert "'nan_and_inf'" in text and "returned 8 invalid reward(s) of 8, e.g. inf" in text
+    assert text.count("raised ZeroDivisionError") == 1  # logged once, then only counted
+
+
+def test_reward_raises_with_reward_errors_raise(env):
+    user_error(train(env, rewards(env[0], "boom"), "reward_errors=raise"),
+               "step 1: reward function 'boom'", "raised ZeroDivisionError: division by zero", "reward_errors=skip")
+
+
+def test_weighted_rewards_overflow_skip_the_update(env):
+    r = train(env, rewards(env[0], "huge", weight=10.0), "optim.max_steps=2")
+    assert r.exit_code == 0, r.output
+    rows = metrics(env)
+    assert [row["policy/skipped_updates"] for row in rows] == [1, 1]  # step 1 skipped, step 2 updated
+    assert "policy/grad_norm" not in rows[0] and "policy/grad_norm" in rows[1]
+
+
+def test_non_finite_advantages_skip_the_update(env):
+    r = train(env, rewards(env[0], "huge_tie_breaker"), "optim.max_steps=2")
+    assert r.exit_code == 0, r.output
+    assert [row["policy/skipped_updates"] for row in metrics(env)] == [1, 1]
+
+
+def test_non_finite_loss_in_a_row_stops_with_one_line(env, monkeypatch):
+    import grpokit.trainer
+
+    real = grpokit.trainer.policy_loss
+
+    def nan_loss(*args, **kwargs):
+        loss, stats = real(*args, **kwargs)
+        return loss * float("nan"), stats
+
+    monkeypatch.setattr(grpokit.trainer, "policy_loss", nan_loss)
+    msg = user_error(train(env, "optim.max_steps=5", "optim.max_consecutive_skips=2", "checkpoint.save_every=1"),
+                     "the loss was non-finite in 2 optimizer steps in a row (last at step 2, pass 1, minibatch 1)",
+                     "no checkpoint with these weights was written")
+    assert "Lower optim.learning_rate" in msg
+    assert [s for s, _ in list_checkpoints(env[0] / "run")] == [1]  # step 1's weights were untouched, hence finite
+
+
+# ----------------------------------------------------------------------------- disk
+
+
+def test_disk_full_during_a_save(env, monkeypatch):
+    """ENOSPC inside a save: one line, the previous checkpoint intact, the rerun resumes from it."""
+    real_save, calls = torch.save, []
+
+    def full_disk(obj, f, *args, **kwargs):
+        calls.append(f)
+        if len(calls) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    user_error(train(env, "optim.max_steps=3", "checkpoint.save_every=1"),
+               "could not save to", "step-000002", "No space left on device", "earlier checkpoints are untouched")
+    ckpts = env[0] / "run" / "checkpoints"
+    assert [s for s, _ in list_checkpoints(env[0] / "run")] == [1]
+    assert not [p.name for p in ckpts.iterdir() if p.name.startswith(".")]  # the half-written save is gone
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(ckpts / "step-000001")
+    monkeypatch.setattr(torch, "save", real_save)
+    r = train(env, "optim.max_steps=3", "checkpoint.save_every=1")
+    assert r.exit_code == 0 and "resuming from checkpoint step 1" in r.stdout, r.output
+    assert [row["step"] for row in metrics(env)] == [1, 2, 3]
+
+
+# ----------------------------------------------------------------------------- the console script and the table
+
+
+def test_console_script_one_line(env):
+    """The real `grpokit train` process, on a row that goes through model loading and Trainer setup."""
+    tmp_path, base = env
+    r = subprocess.run([sys.executable, "-m", "grpokit.cli", "train", str(tmp_path / "config.yaml"), *base,
+                        rewards(tmp_path, "needs_answer")], capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: reward 'needs_answer'"), r.stderr
+
+
+def test_every_row_has_a_test():
+    table = set(re.findall(r"`(test_\w+)`", (ROOT / "docs" / "errors.md").read_text()))
+    tests = {name for f in ("test_errors.py", "test_numerics.py", "test_crash.py")
+             for name in re.findall(r"^def (test_\w+)", (ROOT / "tests" / f).read_text(), re.M)}
+    assert len(table) >= 40 and table <= tests, sorted(table - tests)  # every row names a test that exists
+    here = {name for name in globals() if name.startswith("test_")}
+    untabled = here - table - {"test_every_row_has_a_test", "test_console_script_one_line"}
+    assert not untabled, sorted(untabled)  # every bad input tested here is in the table
