@@ -66,8 +66,8 @@ class DataConfig(Section):
 
 
 class RolloutConfig(Section):
-    engine: Literal["hf", "fast", "vllm"] = "hf"
-    """Generation engine for rollouts: hf (transformers generate), fast (built-in, CPU / small GPUs), vllm."""
+    engine: Literal["hf", "fast"] = "hf"
+    """Generation engine for rollouts: hf (transformers generate) or fast (built-in KV-cache engine, CPU / small GPUs)."""
     num_generations: int = Field(8, ge=2)
     """G: completions sampled per prompt; the group its advantages are relative to (seed Q6, Q16)."""
     prompts_per_step: int = Field(8, ge=1)

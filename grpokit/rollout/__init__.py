@@ -14,11 +14,7 @@ def make_engine(name: str, model, tokenizer, *, batch_size: int = 0) -> RolloutE
         from grpokit.rollout.fast import FastEngine
 
         return FastEngine(model, tokenizer, batch_size=batch_size)
-    if name == "vllm":
-        from grpokit.rollout.vllm import VLLMEngine
-
-        return VLLMEngine(model, tokenizer)
-    raise ValueError(f"unknown rollout.engine {name!r}; allowed: hf, fast, vllm")
+    raise ValueError(f"unknown rollout.engine {name!r}; allowed: hf, fast")
 
 
 __all__ = ["Completions", "RolloutEngine", "SamplingParams", "make_engine"]
