@@ -13,6 +13,8 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from grpokit.algo.ops import pick
+
 
 def _check_groups(n: int, group_size: int) -> int:
     if group_size < 2:
@@ -77,12 +79,6 @@ SCALES: dict[str, Callable[[Tensor, Tensor, float], Tensor]] = {
 }
 
 
-def _pick(table: dict, key: str, what: str):
-    if key not in table:
-        raise ValueError(f"unknown {what} {key!r}; allowed: {', '.join(table)}")
-    return table[key]
-
-
 def group_advantages(
     rewards: Tensor,
     group_size: int,
@@ -101,8 +97,8 @@ def group_advantages(
     if rewards.dim() != 1:
         raise ValueError(f"rewards must be 1-D [N], got shape {tuple(rewards.shape)}")
     B = _check_groups(rewards.numel(), group_size)
-    baseline_fn = _pick(BASELINES, estimator, "advantage estimator")
-    scale_fn = _pick(SCALES, scale, "reward scale")
+    baseline_fn = pick(BASELINES, estimator, "advantage estimator")
+    scale_fn = pick(SCALES, scale, "reward scale")
     r = rewards.float() if not rewards.is_floating_point() else rewards
     r = r.view(B, group_size)  # [B, G]
     centered = r - baseline_fn(r)  # [B, G]

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from grpokit.algo.kl import kl_penalty
-from grpokit.algo.ops import masked_mean, masked_sum
+from grpokit.algo.ops import masked_mean, masked_sum, pick
 
 # Each aggregation: (per-token loss [N, T], mask [N, T], normalizers) -> scalar.
 Aggregation = Callable[[Tensor, Tensor, "Normalizers"], Tensor]
@@ -79,12 +79,6 @@ RATIO_LEVELS: dict[str, Callable[[Tensor, Tensor, Tensor], Tensor]] = {
 }
 
 
-def _pick(table: dict, key: str, what: str):
-    if key not in table:
-        raise ValueError(f"unknown {what} {key!r}; allowed: {', '.join(table)}")
-    return table[key]
-
-
 def policy_loss(
     logp: Tensor,
     old_logp: Tensor,
@@ -119,8 +113,8 @@ def policy_loss(
         raise ValueError(f"clip ranges must be >= 0, got eps_low={eps_low}, eps_high={eps_high}")
     if dual_clip is not None and dual_clip <= 1.0:
         raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
-    aggregate = _pick(AGGREGATIONS, loss_type, "loss_type")
-    log_ratio_fn = _pick(RATIO_LEVELS, ratio_level, "ratio_level")
+    aggregate = pick(AGGREGATIONS, loss_type, "loss_type")
+    log_ratio_fn = pick(RATIO_LEVELS, ratio_level, "ratio_level")
     eps_high = eps_low if eps_high is None else eps_high
 
     mask = mask.to(logp.dtype)

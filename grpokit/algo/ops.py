@@ -5,6 +5,13 @@ import torch
 from torch import Tensor
 
 
+def pick(table: dict, key: str, what: str):
+    """table[key], or a ValueError that lists the allowed names (the variants are picked from dicts)."""
+    if key not in table:
+        raise ValueError(f"unknown {what} {key!r}; allowed: {', '.join(table)}")
+    return table[key]
+
+
 def masked_sum(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     x = torch.where(mask.bool(), x, torch.zeros_like(x))  # where, not *, so inf/NaN in padding never leak
     return x.sum() if dim is None else x.sum(dim)
