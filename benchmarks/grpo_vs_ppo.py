@@ -1,6 +1,6 @@
 """GRPO vs PPO (learned critic, GAE) on the same task, budget and SFT warm start: held-out accuracy and memory.
 
-    python benchmarks/grpo_vs_ppo.py --make-sft runs/sft_countdown        # a warm start, ~3 min on 2 cores
+    python benchmarks/grpo_vs_ppo.py --make-sft runs/sft_countdown        # a warm start, ~8 min on 2 cores
     python benchmarks/grpo_vs_ppo.py --model runs/sft_countdown --steps 40
 
 The seed's claim (Q2, Q7, Q8): GRPO needs no critic, so it saves the critic's memory and compute.
@@ -16,11 +16,12 @@ learning rate (--critic-lr). Reported per arm:
   - peak RSS of the arm's own process (ru_maxrss: each arm runs in a subprocess), which adds
     activations, the rollout's KV cache, Python and libraries: noisy, and for tiny models dominated
     by the fixed cost of torch + transformers;
-  - wall time (noisy on a shared machine; the per-phase times are in each run's metrics.jsonl).
+  - seconds in training steps (evaluation excluded), and of those the critic's (its forward pass at
+    rollout time, GAE, its updates): noisy on a shared machine; per-phase times are in metrics.jsonl.
 
 A warm start: any folder with a countdown-SFT'd causal LM and its tokenizer. `grpokit demo` writes
 one to runs/demo/sft (the demo's 3.4M-parameter model); `--make-sft DIR` here builds a smaller one
-(the tests' tiny Llama, SFT on 16,000 countdown solutions); benchmarks/demo_tuning/exp_sft.py
+(the tests' 0.2M-parameter Llama, 3 epochs of SFT on 16,000 countdown solutions); benchmarks/demo_tuning/exp_sft.py
 --save DIR saves the models of the demo-tuning experiments. Extra config overrides for both arms
 go after --set, e.g. --set rollout.engine=fast algorithm.loss_type=dapo.
 """
@@ -114,6 +115,8 @@ def run_arm(args) -> None:
         "eval_prompts": int(evals[-1]["eval/num_prompts"]),
         "reward_last5": sum(rewards[-5:]) / len(rewards[-5:]),
         "wall_s": wall,
+        "train_s": sum(r.get("perf/step_time", 0.0) for r in rows),
+        "critic_s": sum(r.get("perf/critic_train_time", 0.0) + r.get("perf/value_time", 0.0) for r in rows),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "bytes": state_bytes(trainer),
         "explained_variance_last5": _mean([r.get("value/explained_variance") for r in rows[-5:]]),
@@ -126,7 +129,7 @@ def _mean(xs):
     return sum(xs) / len(xs) if xs else None
 
 
-def make_sft(out: str, *, size: str, rows: int, lr: float, seed: int, threads: int) -> None:
+def make_sft(out: str, *, size: str, rows: int, epochs: float, lr: float, seed: int, threads: int) -> None:
     from grpokit.sft import train_sft
     from grpokit.tasks import get_task
     from grpokit.tasks.tiny_model import build_tiny_llama
@@ -136,7 +139,7 @@ def make_sft(out: str, *, size: str, rows: int, lr: float, seed: int, threads: i
     task = get_task("countdown")
     tok = build_tokenizer(task, out)
     model = build_tiny_llama(tok, size=size, seed=seed)
-    stats = train_sft(model, tok, task.make_rows("train", rows, seed), epochs=1.0, batch_size=64, lr=lr, seed=seed)
+    stats = train_sft(model, tok, task.make_rows("train", rows, seed), epochs=epochs, batch_size=64, lr=lr, seed=seed)
     model.save_pretrained(out)
     tok.save_pretrained(out)
     print(f"SFT warm start saved to {out}: {stats}")
@@ -165,7 +168,8 @@ def print_table(command: str, args, results: dict[str, dict]) -> None:
         ("AdamW MiB", lambda r: mb(r["bytes"]["optimizer_state"])),
         ("state MiB", lambda r: mb(r["bytes"]["total"])),
         ("peak RSS MiB", lambda r: f"{r['peak_rss_mb']:.0f}"),
-        ("wall s", lambda r: f"{r['wall_s']:.0f}"),
+        ("steps s", lambda r: f"{r['train_s']:.0f}"),
+        ("critic s", lambda r: f"{r['critic_s']:.0f}"),
     ]
     table = [[name for name, _ in cols]] + [[f(r) for _, f in cols] for r in results.values()]
     widths = [max(len(row[i]) for row in table) for i in range(len(cols))]
@@ -201,13 +205,14 @@ def main() -> None:
     p.add_argument("--make-sft", metavar="DIR", help="build a countdown SFT warm start in DIR and exit")
     p.add_argument("--sft-size", default="test", help="tiny Llama preset for --make-sft (test | demo)")
     p.add_argument("--sft-rows", type=int, default=16000)
+    p.add_argument("--sft-epochs", type=float, default=3.0)
     p.add_argument("--sft-lr", type=float, default=3e-3)
     p.add_argument("--arm", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     args = p.parse_args()
 
     if args.make_sft:
-        make_sft(args.make_sft, size=args.sft_size, rows=args.sft_rows, lr=args.sft_lr, seed=args.seed, threads=args.threads)
+        make_sft(args.make_sft, size=args.sft_size, rows=args.sft_rows, epochs=args.sft_epochs, lr=args.sft_lr, seed=args.seed, threads=args.threads)
         return
     if not args.model:
         p.error("--model is required (a warm-start folder; see --make-sft)")

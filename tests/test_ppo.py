@@ -164,6 +164,12 @@ def test_value_loss_accumulates_to_the_whole_minibatch():
 # ---------------------------------------------------------------- the trainer
 
 
+@pytest.fixture(autouse=True)
+def no_plots(monkeypatch):
+    """Plots are tested elsewhere (tests/test_logging.py); here they would only cost seconds per run."""
+    monkeypatch.setattr("grpokit.plots.plot_metrics", lambda *args, **kwargs: [])
+
+
 def config(model_dir, out, *extra):
     return load_config(
         None,
@@ -185,6 +191,7 @@ def config(model_dir, out, *extra):
             "ppo.lam=1.0",
             "eval.at_start=false",
             "logging.sample_every=0",
+            "logging.tensorboard=false",
             f"output_dir={out}",
             *extra,
         ],
