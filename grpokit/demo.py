@@ -22,7 +22,7 @@ import torch
 # Settings found in benchmarks/demo_tuning/notes.md; every GRPO key is a normal config override.
 FULL = {
     "model_size": "demo",
-    "sft": dict(rows=20000, epochs=1.0, batch_size=64, lr=2e-3),
+    "sft": dict(rows=10000, epochs=3.0, batch_size=64, lr=1e-3),
     "grpo": [
         "rollout.engine=fast",
         "rollout.prompts_per_step=16",
