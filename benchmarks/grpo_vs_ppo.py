@@ -1,7 +1,7 @@
 """GRPO vs PPO (learned critic, GAE) on the same task, budget and SFT warm start: held-out accuracy and memory.
 
-    python benchmarks/grpo_vs_ppo.py --make-sft runs/sft_countdown        # a warm start, ~8 min on 2 cores
-    python benchmarks/grpo_vs_ppo.py --model runs/sft_countdown --steps 40
+    python benchmarks/grpo_vs_ppo.py --model runs/demo/sft --steps 40    # any countdown-SFT'd model folder
+    python benchmarks/grpo_vs_ppo.py --make-sft runs/sft_countdown        # or build a small warm start, ~12 min
 
 The seed's claim (Q2, Q7, Q8): GRPO needs no critic, so it saves the critic's memory and compute.
 Both arms get the same model folder (--model), the same task (data.task=countdown unless --set
@@ -192,7 +192,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--prompts", type=int, default=8, help="rollout.prompts_per_step")
     p.add_argument("--G", type=int, default=8, help="rollout.num_generations (completions per prompt)")
-    p.add_argument("--lr", type=float, default=5e-4, help="policy learning rate, both arms")
+    p.add_argument("--lr", type=float, default=1e-4, help="policy learning rate, both arms (5e-4 collapsed both; docs/ppo.md)")
     p.add_argument("--critic-lr", type=float, default=1e-3, help="PPO's critic learning rate")
     p.add_argument("--beta", type=float, default=0.0, help="KL coefficient, both arms (PPO: shaped into the reward)")
     p.add_argument("--max-completion-length", type=int, default=16)
