@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpokit.tasks import DEFAULT_CHARSET, TASKS, Task, get_task, split_of
 from grpokit.tasks.arithmetic import ArithmeticTask
-from grpokit.tasks.countdown import CountdownTask, parse_expression
+from grpokit.tasks.countdown import CountdownTask, parse_expression, parse_steps
 from grpokit.tasks.tiny_model import build_tiny_llama
 from grpokit.tasks.tokenizer import build_tokenizer
 
@@ -58,7 +58,7 @@ def test_countdown_problem_in_any_order_is_one_problem():
 
 def test_countdown_asks_for_fewer_when_the_space_is_exhausted():
     with pytest.raises(ValueError, match="distinct"):
-        CountdownTask(num_count=2, max_number=3).make_rows("train", 500, seed=0)
+        CountdownTask(num_count=2, min_count=None, max_number=3).make_rows("train", 500, seed=0)
 
 
 # --- countdown reward --------------------------------------------------------------------
@@ -97,6 +97,37 @@ def test_countdown_reward(completion, expected):
     assert task.reward([completion], numbers=[[3, 7, 2]], target=[23], prompts=["3 7 2>23="]) == [expected]
 
 
+def test_parse_steps_worked_examples():
+    assert parse_steps("7-3=4,4*2=8,8+9=17", [7, 3, 2, 9]) == Fraction(17)
+    assert parse_steps("10*10=100,100+2=102,102-4=98", [4, 2, 10, 10]) == Fraction(98)  # repeated number
+    for bad in ["7-3=4,4*2=8", "7-3=5,5*2=10,10+9=19", "7-3=4,4*2=8,8+9=17,1+1=2", "7-7=0,3*2=6,6+9=15",
+                "7-3=4,4*2=8,8-9=1", "7-3=4,,8+9=17", "7-3", "-7+3=4,4*2=8,8+9=17", "7-3=4,4*2=8,8+9=17" * 5]:
+        with pytest.raises(ValueError):
+            parse_steps(bad, [7, 3, 2, 9])
+
+
+@pytest.mark.parametrize(
+    "completion, expected",
+    [
+        ("7-3=4,4*2=8,8+9=17", 1.0),
+        ("9+7=16,3-2=1,16-1=15", 0.1),  # a complete, correct chain that misses the target
+        ("7-3=4,4*2=8,8+9=18", 0.0),    # a wrong result
+        ("7-3=4,4*2=8", 0.0),           # 9 unused
+        ("(7-3)*2+9", 1.0),             # the expression format is accepted too
+    ],
+)
+def test_countdown_reward_of_step_solutions(completion, expected):
+    assert CountdownTask().reward([completion], numbers=[[7, 3, 2, 9]], target=[17]) == [expected]
+
+
+def test_countdown_step_format_rows_are_solved_by_their_reference():
+    task = CountdownTask(solution_format="steps")
+    rows = task.make_rows("train", 300, seed=0)
+    assert all("=" in r["completion"] and task.is_correct(r["completion"], r) for r in rows)
+    assert all(set(r["completion"]) <= set(task.charset) for r in rows)  # the tokenizer has every character
+    assert all(r["completion"].count("=") == len(r["numbers"]) - 1 for r in rows)
+
+
 def test_countdown_division_is_exact_and_off_by_default():
     assert CountdownTask().reward(["8/4+5"], numbers=[[8, 4, 5]], target=[7]) == [0.0]
     with_div = CountdownTask(ops="+-*/")
@@ -110,8 +141,12 @@ def test_countdown_division_is_exact_and_off_by_default():
 
 
 def test_countdown_difficulty_knobs():
-    rows = CountdownTask(num_count=3, max_number=20, max_target=50).make_rows("test", 100, seed=0)
+    rows = CountdownTask(num_count=3, min_count=None, max_number=20, max_target=50).make_rows("test", 100, seed=0)
     assert all(len(r["numbers"]) == 3 and max(r["numbers"]) <= 20 and 1 <= r["target"] <= 50 for r in rows)
+    rows = CountdownTask(num_count=4, min_count=2).make_rows("train", 300, seed=0)
+    assert {len(r["numbers"]) for r in rows} == {2, 3, 4}
+    with pytest.raises(ValueError, match="min_count"):
+        CountdownTask(num_count=3, min_count=4)
 
 
 # --- arithmetic reward -------------------------------------------------------------------

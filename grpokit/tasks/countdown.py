@@ -12,8 +12,9 @@ fractions (so "/" -- off by default, `ops="+-*/"` turns it on -- means exact div
 Problems are generated like the game is played: draw the numbers, then repeatedly combine two
 of them with a random operator until one value is left; that value is the target and the
 combination is the reference completion. Subtraction is ordered so intermediate values are
-never negative. Difficulty knobs: `num_count`, `max_number`, `max_target`
-(benchmarks/demo_tuning/notes.md records how they were chosen for the demo).
+never negative. Difficulty knobs: `min_count`..`num_count` numbers from [`min_number`, `max_number`],
+targets up to `max_target`; the defaults (3-4 numbers from 1..20, targets 1..99)
+were chosen for the demo in benchmarks/demo_tuning/notes.md.
 """
 from __future__ import annotations
 
@@ -113,6 +114,39 @@ def parse_expression(text: str, ops: str = "+-*/") -> tuple[Fraction, list[int]]
     return value, numbers
 
 
+_OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b, "/": lambda a, b: a / b}
+
+
+def parse_steps(text: str, numbers: list[int], ops: str = "+-*/") -> Fraction:
+    """Value of a step-by-step solution "7-3=4,4*2=8,8+9=17": each step combines two numbers still
+    available (given ones, or results of earlier steps) and states the result, which becomes
+    available. Returns the last result. Raises ValueError when a step is malformed, uses a number
+    that is not available, states a wrong result, or when numbers are left unused."""
+    if len(text) > MAX_EXPRESSION_CHARS:
+        raise _ParseError("solution too long")
+    pool = list(numbers)
+    value = None
+    for step in text.split(","):
+        lhs, eq, result = step.strip().partition("=")
+        i = next((k for k, c in enumerate(lhs) if c in ops and k > 0), -1)
+        a, op, b = lhs[:i], lhs[i:i + 1], lhs[i + 1:]
+        if not eq or i < 0 or not (a.isdigit() and b.isdigit() and result.isdigit()):
+            raise _ParseError(f"malformed step {step!r}")
+        for n in (int(a), int(b)):
+            if n not in pool:
+                raise _ParseError(f"{n} is not available")
+            pool.remove(n)
+        if op == "/" and int(b) == 0:
+            raise _ParseError("division by zero")
+        value = _OPS[op](Fraction(int(a)), Fraction(int(b)))
+        if value != int(result):
+            raise _ParseError(f"wrong result in {step!r}")
+        pool.append(int(result))
+    if len(pool) != 1:
+        raise _ParseError("numbers left unused")
+    return value
+
+
 def _combine(a: tuple[Fraction, str, int], b: tuple[Fraction, str, int], op: str) -> tuple[Fraction, str, int]:
     """a op b as (value, text with the fewest parentheses, precedence)."""
     (va, sa, pa), (vb, sb, pb) = a, b
@@ -128,9 +162,11 @@ def _combine(a: tuple[Fraction, str, int], b: tuple[Fraction, str, int], op: str
 class CountdownTask:
     name: str = "countdown"
     num_count: int = 4
-    """how many numbers each problem gives"""
+    """how many numbers each problem gives (the most, when min_count is set)"""
+    min_count: int | None = 3
+    """each problem gives a count drawn uniformly from [min_count, num_count]; None = num_count"""
     min_number: int = 1
-    max_number: int = 9
+    max_number: int = 20
     """numbers are drawn uniformly from [min_number, max_number], repeats allowed"""
     min_target: int = 1
     max_target: int = 99
@@ -139,14 +175,21 @@ class CountdownTask:
     """operators the model may use; add "/" for exact division"""
     partial_reward: float = 0.1
     """reward of a well-formed expression that uses the numbers correctly but misses the target"""
+    solution_format: str = "expression"
+    """reference completions: "expression" ("(7-3)*2+9") or "steps" ("7-3=4,4*2=8,8+9=17");
+    the reward accepts both"""
 
-    charset: str = "0123456789+-*/() >="
+    charset: str = "0123456789+-*/() >=,"
 
     def __post_init__(self) -> None:
         if not set(self.ops) <= set("+-*/") or not self.ops:
             raise ValueError(f"ops must be a non-empty subset of '+-*/', got {self.ops!r}")
-        if not (2 <= self.num_count and 0 <= self.min_number <= self.max_number):
-            raise ValueError("need num_count >= 2 and 0 <= min_number <= max_number")
+        if not (2 <= self._fewest <= self.num_count and 0 <= self.min_number <= self.max_number):
+            raise ValueError("need 2 <= min_count <= num_count and 0 <= min_number <= max_number")
+
+    @property
+    def _fewest(self) -> int:
+        return self.num_count if self.min_count is None else self.min_count
 
     # -- data ---------------------------------------------------------------------------
     def canonical(self, numbers: list[int], target: int) -> str:
@@ -160,8 +203,10 @@ class CountdownTask:
         return " ".join(map(str, numbers)) + f">{target}="
 
     def _draw(self, rng: random.Random) -> tuple[list[int], int, str] | None:
-        numbers = [rng.randint(self.min_number, self.max_number) for _ in range(self.num_count)]
+        count = rng.randint(self._fewest, self.num_count)
+        numbers = [rng.randint(self.min_number, self.max_number) for _ in range(count)]
         pool = [(Fraction(n), str(n), _ATOM) for n in numbers]
+        steps = []
         while len(pool) > 1:
             a = pool.pop(rng.randrange(len(pool)))
             b = pool.pop(rng.randrange(len(pool)))
@@ -171,7 +216,10 @@ class CountdownTask:
             if op == "/" and (b[0] == 0 or (a[0] / b[0]).denominator != 1):
                 op = rng.choice([o for o in self.ops if o != "/"] or ["+"])
             pool.append(_combine(a, b, op))
+            steps.append(f"{a[0]}{op}{b[0]}={pool[-1][0]}")
         value, text, _ = pool[0]
+        if self.solution_format == "steps":
+            text = ",".join(steps)
         if value.denominator != 1 or not (self.min_target <= value <= self.max_target):
             return None
         return numbers, int(value), text
@@ -208,10 +256,13 @@ class CountdownTask:
         if len(text) > MAX_EXPRESSION_CHARS:  # bound the work before anything else
             return 0.0
         try:
-            value, used = parse_expression(text.strip(), self.ops)
+            if "=" in text:
+                value = parse_steps(text.strip(), numbers, self.ops)
+            else:
+                value, used = parse_expression(text.strip(), self.ops)
+                if sorted(used) != sorted(numbers):
+                    return 0.0
         except ValueError:
-            return 0.0
-        if sorted(used) != sorted(numbers):
             return 0.0
         return 1.0 if value == target else self.partial_reward
 

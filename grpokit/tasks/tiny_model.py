@@ -17,7 +17,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 #: presets; "demo" was chosen in benchmarks/demo_tuning/notes.md
 SIZES: dict[str, dict[str, int]] = {
-    "demo": dict(hidden_size=256, num_layers=4, num_heads=4, intermediate_size=768),
+    "demo": dict(hidden_size=192, num_layers=4, num_heads=4, intermediate_size=512),
     "test": dict(hidden_size=96, num_layers=2, num_heads=4, intermediate_size=256),
 }
 
