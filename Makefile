@@ -21,5 +21,10 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest tests
 
+# TRL, accelerate and datasets for benchmarks/compare_trl.py (the bench extra in pyproject.toml).
+bench: $(STAMP)
+	$(BIN)/pip install -q -e ".[bench]"
+	@echo "now: $(BIN)/python benchmarks/compare_trl.py   (see benchmarks/README.md)"
+
 clean:
 	rm -rf $(VENV) runs build *.egg-info

@@ -1,0 +1,565 @@
+"""grpokit against TRL's GRPOTrainer on the same GRPO workload, on CPU: time per step, tokens/s, memory, reward.
+
+    make bench                                            # installs .[bench] (trl, accelerate, datasets) into .venv
+    .venv/bin/python benchmarks/compare_trl.py            # both workloads -> benchmarks/results/compare_trl.md + reward_curves.png
+    .venv/bin/python benchmarks/compare_trl.py --workloads small --steps 12   # a quick look
+
+Same workload for both frameworks: the same tiny Llama and character tokenizer (grpokit.tasks), saved to a
+folder and warmed up once with grpokit.sft on countdown (or --model DIR); the same countdown rows (a JSONL
+file for grpokit's data.train_path, a datasets.Dataset of the same rows for TRL); the same reward function
+(grpokit.rewards.builtins.countdown_reward); the same G, prompts per step, completion length, mu, beta,
+epsilon, loss_type, scale_rewards, temperature, learning rate (constant), AdamW betas / eps, grad clipping,
+fp32 on CPU, no evaluation, no checkpoints during the timed steps. One TRL optimizer step is one grpokit step:
+per_device_train_batch_size = prompts x G, gradient_accumulation_steps = steps_per_generation = 1, so each
+generation batch is trained on once per mu (TRL's max_steps = steps x mu, grouped back into steps of mu).
+
+Workloads (WORKLOADS below):
+  small    ~1M parameters, 16 prompts x G=8, 8-token completions (rows whose reference answer fits in 7
+           characters + EOS), 50 steps: the reward curves come from this one.
+  compute  ~25M parameters, 4 prompts x G=8, 64-token completions: the SFT targets are the reference answer
+           right-padded with spaces to 64 characters (the countdown reward strips whitespace, so the reward is
+           unchanged), so nearly every completion is 64 tokens long and both frameworks do the same work.
+
+Each framework runs in its own subprocess (peak RSS = the child's ru_maxrss), grpokit first, then TRL, in this
+one invocation. Per step: grpokit reads perf/step_time, perf/rollout_time, perf/train_time from its on_log
+callback; TRL is timed with a TrainerCallback (on_step_begin -> on_step_end) plus timers around
+`_generate_single_turn` (generation) and `_generate_and_score_completions` (generation + rewards + ref
+log-probs). Columns (medians over the steps after --warmup):
+  s/step       whole step (rollout, rewards, old/ref log-probs, update, weight sync)
+  rollout s    the generation call only
+  logp+reward s  rewards, old / ref log-prob passes and batch packing (rollout phase minus generation)
+  train s      the policy update: step - (generation + rewards + old/ref log-probs)
+  rollout tok/s  completion tokens generated (EOS included) / rollout s
+  train tok/s    completion tokens x mu / train s (grpokit's perf/train_tokens_per_s)
+  peak RSS     ru_maxrss of the framework's process at the end of its last step (imports included; grpokit's
+               final checkpoint save, which TRL with save_strategy="no" does not do, is left out)
+The roofline section counts 6 x non-embedding params x real (non-padding) prompt+completion tokens x mu per
+training phase and 2 x non-embedding params x generated tokens per rollout, against this machine's fp32
+matmul peak (benchmarks/roofline.py). Timings on a shared machine are noisy: the load is recorded per run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+sys.path.insert(0, str(HERE))
+
+from roofline import machine_load, peak_matmul_flops  # noqa: E402
+
+#: name -> model shape, batch, algorithm and SFT settings; the same for both frameworks
+WORKLOADS: dict[str, dict] = {
+    "small": dict(
+        name="small",
+        model=dict(hidden_size=128, num_layers=4, num_heads=4, intermediate_size=512),
+        prompts=16, G=8, T=8, lr=5e-4, steps=50,
+        sft=dict(rows=12000, epochs=3.0, batch_size=64, lr=2e-3),
+        pad_to=None,  # answers stay as they are; rows whose answer does not fit in T - 1 chars are dropped
+    ),
+    "compute": dict(
+        name="compute",
+        model=dict(hidden_size=512, num_layers=8, num_heads=8, intermediate_size=1408),
+        prompts=4, G=8, T=64, lr=1e-4, steps=12,
+        sft=dict(rows=1000, steps=40, batch_size=16, lr=1e-3),
+        pad_to=64,  # answers right-padded with spaces to 64 characters: completions run to max length
+    ),
+}
+#: the countdown problems of both workloads, pinned so that changes to CountdownTask's defaults do not change
+#: the benchmark (4 numbers from 1..9, targets 1..99, + - *); the reward reads numbers / target from each row
+TASK = dict(num_count=4, min_number=1, max_number=9, min_target=1, max_target=99, ops="+-*")
+ALGO = dict(beta=0.04, epsilon=0.2, loss_type="grpo", scale_rewards="group", mu=1, temperature=1.0, seed=0)
+
+
+# ---------------------------------------------------------------- the shared workload (parent)
+
+
+def countdown_task():
+    import dataclasses
+
+    from grpokit.tasks import CountdownTask
+
+    fields = {f.name for f in dataclasses.fields(CountdownTask)}
+    extra = {"min_count": None} if "min_count" in fields else {}  # newer versions draw a variable count by default
+    return CountdownTask(**TASK, **extra)
+
+
+def _rows(wl: dict, split_seed: int, n: int) -> list[dict]:
+    """Countdown rows for this workload: answers padded (compute) or short enough for T (small)."""
+    rows = countdown_task().make_rows("train", n, split_seed)
+    if wl["pad_to"]:
+        return [{**r, "completion": r["completion"].ljust(wl["pad_to"])} for r in rows]
+    return [r for r in rows if len(r["completion"]) <= wl["T"] - 1]
+
+
+def build_model(wl: dict, work: Path, *, sft: bool = True, model: str | None = None) -> Path:
+    """The workload's model folder (model + tokenizer), built and SFT-warmed once, then reused."""
+    if model:
+        return Path(model)
+    out = work / f"{wl['name']}-model{'-sft' if sft else ''}"
+    stamp = out / "workload.json"
+    task = countdown_task()
+    spec = json.dumps({k: wl[k] for k in ("model", "sft", "pad_to", "T")} | {"sft_done": sft, "task": repr(task)}, sort_keys=True)
+    if stamp.exists() and stamp.read_text() == spec:
+        return out
+    from grpokit.sft import train_sft
+    from grpokit.tasks.tiny_model import build_tiny_llama
+    from grpokit.tasks.tokenizer import build_tokenizer
+
+    tok = build_tokenizer(task)
+    m = build_tiny_llama(tok, **wl["model"])
+    if sft:
+        s = dict(wl["sft"])
+        pairs = _rows(wl, 0, s.pop("rows"))
+        t = time.perf_counter()
+        stats = train_sft(m, tok, pairs, seed=0, log_every=10**9, **s)
+        print(f"[{wl['name']}] SFT warm-start: {stats['steps']} steps, loss {stats['first_loss']:.3f} -> "
+              f"{stats['final_loss']:.3f}, {time.perf_counter() - t:.0f}s", flush=True)
+    out.mkdir(parents=True, exist_ok=True)
+    m.save_pretrained(str(out))
+    tok.save_pretrained(str(out))
+    stamp.write_text(spec)
+    return out
+
+
+def write_prompts(wl: dict, work: Path) -> Path:
+    """The GRPO prompts of this workload (prompt, numbers, target), one JSON object a line."""
+    path = work / f"{wl['name']}-prompts.jsonl"
+    rows = _rows(wl, 1, 4000)
+    with path.open("w") as f:
+        for r in rows:
+            f.write(json.dumps({"prompt": r["prompt"], "numbers": r["numbers"], "target": r["target"]}) + "\n")
+    return path
+
+
+def pick_engine(choice: str) -> str:
+    if choice != "auto":
+        return choice
+    try:
+        import grpokit.rollout.fast  # noqa: F401 - being written in parallel; use it when it is there
+
+        return "fast"
+    except ImportError:
+        return "hf"
+
+
+# ---------------------------------------------------------------- the children
+
+
+def _rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+def child_grpokit(spec: dict) -> dict:
+    import torch
+
+    torch.set_num_threads(spec["threads"])
+    from grpokit.config import load_config
+    from grpokit.trainer import Trainer
+
+    class TimedTrainer(Trainer):
+        """Adds the batch shapes and the rollout-phase wall time to each step's record."""
+
+        def rollout(self, rows):
+            t = time.perf_counter()
+            batch, metrics, samples = super().rollout(rows)
+            tok = batch.tokens
+            self._rec = dict(
+                prep_s=time.perf_counter() - t,
+                n_seqs=int(tok.input_ids.shape[0]),
+                completion_tokens=int(tok.completion_mask.sum()),
+                real_tokens=int(tok.attention_mask.sum()),
+                padded_tokens=int(tok.input_ids.numel()),
+            )
+            return batch, metrics, samples
+
+    mu = spec["mu"]
+    tree = {
+        "output_dir": spec["out_dir"],
+        "seed": spec["seed"],
+        "model": {"name_or_path": spec["model_dir"], "dtype": "float32"},
+        "data": {"train_path": spec["data_path"], "eval_size": 0},
+        "rollout": {
+            "engine": spec["engine"], "num_generations": spec["G"], "prompts_per_step": spec["prompts"],
+            "max_completion_length": spec["T"], "temperature": spec["temperature"], "top_p": 1.0, "top_k": 0,
+        },
+        "algorithm": {
+            "beta": spec["beta"], "epsilon": spec["epsilon"], "loss_type": spec["loss_type"],
+            "scale_rewards": spec["scale_rewards"], "num_iterations": mu,
+        },
+        "optim": {"learning_rate": spec["lr"], "max_steps": spec["steps"], "lr_scheduler": "constant", "max_grad_norm": 1.0},
+        "eval": {"at_start": False, "every": 0},
+        "logging": {"tensorboard": False, "sample_every": 0},
+        "checkpoint": {"save_every": 0, "resume": False},
+        "rewards": [{"function": "countdown"}],
+    }
+    cfg = load_config(base=tree)
+    shapes = (
+        f"grpokit: rollout batch {cfg.rollout_batch_size} = {cfg.rollout.prompts_per_step} prompts x G={cfg.rollout.num_generations}; "
+        f"{cfg.optim.num_minibatches} minibatch(es) of {cfg.minibatch_size}, micro-batch {cfg.micro_batch_size}; "
+        f"mu={mu} -> {mu * cfg.optim.num_minibatches} optimizer step(s) per step on {cfg.minibatch_size} completions each; "
+        f"engine={cfg.rollout.engine}"
+    )
+    print(shapes, flush=True)
+    trainer = TimedTrainer(cfg)
+    steps = []
+
+    def on_log(step, m):
+        steps.append(dict(
+            trainer._rec, step=step, step_s=m["perf/step_time"], gen_s=m["perf/rollout_time"],
+            train_s=m["perf/train_time"], reward=m["reward/mean"], rss_mb=_rss_mb(),
+        ))
+
+    t = time.perf_counter()
+    trainer.train(on_log=on_log)
+    return {"framework": "grpokit", "engine": cfg.rollout.engine, "shapes": shapes, "steps": steps,
+            "wall_s": time.perf_counter() - t, "peak_rss_mb": _rss_mb()}
+
+
+def child_trl(spec: dict) -> dict:
+    import torch
+
+    torch.set_num_threads(spec["threads"])
+    import datasets
+    import trl
+    from transformers import AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from grpokit.rewards.builtins import countdown_reward
+
+    rows = [json.loads(line) for line in Path(spec["data_path"]).read_text().splitlines() if line.strip()]
+    dataset = datasets.Dataset.from_list(rows)
+    N, mu = spec["prompts"] * spec["G"], spec["mu"]
+    args = GRPOConfig(
+        output_dir=spec["out_dir"],
+        per_device_train_batch_size=N,
+        gradient_accumulation_steps=1,
+        steps_per_generation=1,
+        num_generations=spec["G"],
+        max_completion_length=spec["T"],
+        num_iterations=mu,
+        beta=spec["beta"],
+        epsilon=spec["epsilon"],
+        loss_type=spec["loss_type"],
+        scale_rewards=spec["scale_rewards"],
+        temperature=spec["temperature"],
+        top_p=1.0,
+        top_k=0,
+        learning_rate=spec["lr"],
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        max_steps=spec["steps"] * mu,
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        eval_strategy="no",
+        seed=spec["seed"],
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        log_completions=False,
+    )
+    timers: dict[str, float] = {"gen_s": 0.0, "prep_s": 0.0}
+    shape_rec: dict = {}
+
+    for hook in ("_generate_single_turn", "_generate_and_score_completions"):
+        if not hasattr(GRPOTrainer, hook):
+            raise SystemExit(f"TRL {trl.__version__} has no GRPOTrainer.{hook}; this benchmark times TRL 1.16 (make bench)")
+
+    class TimedGRPOTrainer(GRPOTrainer):
+        def _generate_single_turn(self, *a, **kw):
+            t = time.perf_counter()
+            out = super()._generate_single_turn(*a, **kw)
+            timers["gen_s"] += time.perf_counter() - t
+            return out
+
+        def _generate_and_score_completions(self, *a, **kw):
+            t = time.perf_counter()
+            out = super()._generate_and_score_completions(*a, **kw)
+            timers["prep_s"] += time.perf_counter() - t
+            if self.model.training:
+                pm, cm = out["prompt_mask"], out["completion_mask"]
+                shape_rec.update(
+                    n_seqs=int(pm.shape[0]), completion_tokens=int(cm.sum()), real_tokens=int(pm.sum() + cm.sum()),
+                    padded_tokens=int(pm.shape[0] * (pm.shape[1] + cm.shape[1])),
+                )
+            return out
+
+    opt_steps: list[dict] = []
+
+    class Clock(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):
+            self.t = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            opt_steps.append(dict(shape_rec, step_s=time.perf_counter() - self.t, rss_mb=_rss_mb(), **timers))
+            timers.update(gen_s=0.0, prep_s=0.0)
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            if logs and "reward" in logs and opt_steps:
+                opt_steps[-1]["reward"] = logs["reward"]
+
+    tokenizer = AutoTokenizer.from_pretrained(spec["model_dir"])
+    trainer = TimedGRPOTrainer(
+        model=spec["model_dir"], reward_funcs=countdown_reward, args=args, train_dataset=dataset,
+        processing_class=tokenizer, callbacks=[Clock()],
+    )
+    a = trainer.args
+    shapes = (
+        f"TRL {trl.__version__}: per_device_train_batch_size={a.per_device_train_batch_size} x "
+        f"gradient_accumulation_steps={a.gradient_accumulation_steps} = {a.per_device_train_batch_size * a.gradient_accumulation_steps} "
+        f"completions per optimizer step; generation_batch_size={a.generation_batch_size} "
+        f"(steps_per_generation={a.steps_per_generation}, num_generations={a.num_generations} -> "
+        f"{a.generation_batch_size // a.num_generations} prompts); num_iterations={a.num_iterations} -> a new generation every "
+        f"{a.steps_per_generation * a.num_iterations} optimizer step(s); optim={a.optim}"
+    )
+    print(shapes, flush=True)
+    t = time.perf_counter()
+    trainer.train()
+    wall = time.perf_counter() - t
+    # mu optimizer steps (the first one generates) make one grpokit step.
+    steps = []
+    for i in range(0, len(opt_steps), mu):
+        group = opt_steps[i : i + mu]
+        first = dict(group[0])
+        first["step_s"] = sum(g["step_s"] for g in group)
+        first["train_s"] = first["step_s"] - first["prep_s"]
+        first["step"] = i // mu + 1
+        steps.append(first)
+    return {"framework": "TRL", "engine": "transformers generate", "shapes": shapes, "steps": steps,
+            "wall_s": wall, "peak_rss_mb": _rss_mb()}
+
+
+def run_child(framework: str, spec: dict, work: Path) -> dict:
+    """One framework in its own process; its stdout/stderr go to a log file next to the run."""
+    spec_path = work / f"{spec['workload']}-{framework}-spec.json"
+    result_path = work / f"{spec['workload']}-{framework}-result.json"
+    log_path = work / f"{spec['workload']}-{framework}.log"
+    spec_path.write_text(json.dumps(spec, indent=2))
+    result_path.unlink(missing_ok=True)
+    env = dict(os.environ, OMP_NUM_THREADS=str(spec["threads"]), TOKENIZERS_PARALLELISM="false")
+    load_before = machine_load()
+    t = time.perf_counter()
+    with log_path.open("w") as log:
+        rc = subprocess.run(
+            [sys.executable, __file__, "--child", framework, "--spec", str(spec_path), "--result", str(result_path)],
+            stdout=log, stderr=subprocess.STDOUT, env=env,
+        ).returncode
+    if rc != 0 or not result_path.exists():
+        tail = "\n".join(log_path.read_text().splitlines()[-30:])
+        raise SystemExit(f"{framework} on {spec['workload']} failed (exit {rc}); last lines of {log_path}:\n{tail}")
+    res = json.loads(result_path.read_text())
+    res["load_before"], res["load_after"] = load_before, machine_load()
+    print(f"[{spec['workload']}] {framework}: {len(res['steps'])} steps in {time.perf_counter() - t:.0f}s "
+          f"({res['load_after']})", flush=True)
+    return res
+
+
+# ---------------------------------------------------------------- summary, table, plot
+
+
+def summarize(res: dict, warmup: int, mu: int, n_nonemb: int) -> dict:
+    timed = res["steps"][warmup:]
+    if not timed:
+        raise SystemExit(f"{res['framework']}: no steps left after {warmup} warm-up steps; raise --steps")
+    med = lambda f: statistics.median(f(s) for s in timed)  # noqa: E731
+    return {
+        "steps": len(timed),
+        "step_s": med(lambda s: s["step_s"]),
+        "gen_s": med(lambda s: s["gen_s"]),
+        "prep_s": med(lambda s: s["prep_s"] - s["gen_s"]),
+        "train_s": med(lambda s: s["train_s"]),
+        "rollout_tps": med(lambda s: s["completion_tokens"] / s["gen_s"]),
+        "train_tps": med(lambda s: s["completion_tokens"] * mu / s["train_s"]),
+        "len": statistics.mean(s["completion_tokens"] / s["n_seqs"] for s in timed),
+        "pad_frac": statistics.mean(1 - s["real_tokens"] / s["padded_tokens"] for s in timed),
+        "rss": max(s["rss_mb"] for s in res["steps"]),  # ru_maxrss by the last step: the final save is not counted
+        "train_flops": med(lambda s: 6 * n_nonemb * s["real_tokens"] * mu / s["train_s"]),
+        "rollout_flops": med(lambda s: 2 * n_nonemb * s["completion_tokens"] / s["gen_s"]),
+    }
+
+
+def best_round(summaries: list[dict]) -> dict:
+    """Of several rounds, the one with the lowest median s/step: load on a shared machine only ever
+    slows a run down, so the fastest round is the closest to the machine's own speed."""
+    return min(summaries, key=lambda s: s["step_s"])
+
+
+def table(wl: dict, g: dict, t: dict, g_res: dict, t_res: dict) -> list[str]:
+    cols = [("s/step", "step_s", "{:.3f}"), ("rollout s", "gen_s", "{:.3f}"), ("logp+reward s", "prep_s", "{:.3f}"),
+            ("train s", "train_s", "{:.3f}"),
+            ("rollout tok/s", "rollout_tps", "{:.0f}"), ("train tok/s", "train_tps", "{:.0f}"),
+            ("peak RSS MB", "rss", "{:.0f}")]
+    head = "| | " + " | ".join(c[0] for c in cols) + " | mean completion len | padding |"
+    lines = [head, "|---" * (len(cols) + 3) + "|"]
+    for name, s, res in (("grpokit (" + g_res["engine"] + ")", g, g_res), ("TRL (" + t_res["engine"] + ")", t, t_res)):
+        lines.append(f"| {name} | " + " | ".join(f.format(s[k]) for _, k, f in cols)
+                     + f" | {s['len']:.1f} | {100 * s['pad_frac']:.0f}% |")
+    lines.append("| **grpokit / TRL** | " + " | ".join(f"{g[k] / t[k]:.2f}x" for _, k, _ in cols) + " | | |")
+    return lines
+
+
+def plot(curves: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(curves), figsize=(5.5 * len(curves), 3.8), squeeze=False)
+    for ax, (name, runs) in zip(axes[0], curves.items()):
+        for label, steps in runs.items():
+            x = [s["step"] for s in steps]
+            y = [s.get("reward", float("nan")) for s in steps]
+            line = ax.plot(x, y, alpha=0.35, marker=".", linewidth=1)[0]
+            k = 5  # trailing mean over k steps, so two noisy curves can be told apart
+            smooth = [statistics.fmean(y[max(0, i - k + 1) : i + 1]) for i in range(len(y))]
+            ax.plot(x, smooth, color=line.get_color(), linewidth=2, label=f"{label} ({k}-step mean)")
+        ax.set_title(f"{name} workload: mean reward per step (same SFT start)")
+        ax.set_xlabel("step")
+        ax.set_ylabel("reward (countdown)")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workloads", default="small,compute", help="comma-separated: " + ", ".join(WORKLOADS))
+    ap.add_argument("--steps", type=int, help="steps per framework (default: the workload's: small 50, compute 12)")
+    ap.add_argument("--warmup", type=int, default=2, help="steps left out of the medians")
+    ap.add_argument("--engine", default="auto", choices=["auto", "fast", "hf"], help="grpokit rollout engine (auto: fast if present)")
+    ap.add_argument("--rounds", type=int, default=1, help="alternate grpokit / TRL runs this many times; the fastest round counts")
+    ap.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads in each child")
+    ap.add_argument("--model", help="use this model folder (model + tokenizer) instead of building and SFT-ing one")
+    ap.add_argument("--compute-prompts", type=int, help="prompts per step of the compute workload (default 4)")
+    ap.add_argument("--mu", type=int, default=ALGO["mu"], help="num_iterations for both")
+    ap.add_argument("--beta", type=float, default=ALGO["beta"])
+    ap.add_argument("--work", default="runs/compare_trl", help="scratch folder: models, prompts, runs, logs")
+    ap.add_argument("--out", default=str(RESULTS), help="where compare_trl.md and reward_curves.png go")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--spec", help=argparse.SUPPRESS)
+    ap.add_argument("--result", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+
+    if args.child:
+        spec = json.loads(Path(args.spec).read_text())
+        res = (child_grpokit if args.child == "grpokit" else child_trl)(spec)
+        Path(args.result).write_text(json.dumps(res))
+        return
+
+    command = "python " + " ".join(shlex.quote(a) for a in ["benchmarks/compare_trl.py"] + (argv if argv is not None else sys.argv[1:]))
+    work, out = Path(args.work), Path(args.out)
+    work.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    engine = pick_engine(args.engine)
+    import torch
+
+    torch.set_num_threads(args.threads)  # the SFT warm-start; the children set their own
+    load0 = machine_load()
+    peaks = peak_matmul_flops()  # all cores
+
+    def peak_now(**kw) -> float:
+        """Peak at the thread count the children run with (what the % of peak columns compare with)."""
+        return max(peak_matmul_flops(threads=args.threads, **kw).values())
+
+    # A peak is a best case: the running max of measurements taken before and after every child run,
+    # so a load spike during one measurement does not inflate the % of peak.
+    peak = peak_now()
+    print(f"{load0}; peak fp32 matmul {max(peaks.values()) / 1e9:.1f} GFLOP/s on {os.cpu_count()} threads, "
+          f"{peak / 1e9:.1f} on {args.threads}; grpokit engine: {engine}", flush=True)
+    md = [
+        "# grpokit vs TRL GRPOTrainer (CPU, fp32)",
+        "",
+        f"`{command}`",
+        "",
+        f"Machine: {os.cpu_count()} CPU cores, torch {torch.__version__}, {torch.get_num_threads()} threads; "
+        f"{load0} at the start. Peak fp32 matmul on all {os.cpu_count()} cores (benchmarks/roofline.py): "
+        + ", ".join(f"n={n}: {v / 1e9:.1f}" for n, v in peaks.items()) + " GFLOP/s"
+        + (f"; on the {args.threads} thread(s) the runs use: {peak / 1e9:.1f} GFLOP/s. " if args.threads != os.cpu_count() else ". ")
+        + f"Medians over the steps after {args.warmup} warm-up steps. grpokit rollout engine: `{engine}`.",
+        "",
+    ]
+    curves: dict[str, dict] = {}
+    for name in [w.strip() for w in args.workloads.split(",") if w.strip()]:
+        wl = dict(WORKLOADS[name])
+        if name == "compute" and args.compute_prompts:
+            wl["prompts"] = args.compute_prompts
+        model_dir = build_model(wl, work, model=args.model)
+        data_path = write_prompts(wl, work)
+        from transformers import AutoModelForCausalLM
+
+        from roofline import param_counts
+
+        counts = param_counts(AutoModelForCausalLM.from_pretrained(str(model_dir)))
+        spec = dict(ALGO, workload=name, model_dir=str(model_dir), data_path=str(data_path), G=wl["G"],
+                    prompts=wl["prompts"], T=wl["T"], lr=wl["lr"], steps=args.steps or wl["steps"], threads=args.threads,
+                    engine=engine, mu=args.mu, beta=args.beta)
+        runs: dict[str, list[dict]] = {"grpokit": [], "trl": []}
+        for r in range(args.rounds):  # g, t, g, t, ...: a load change on a shared machine hits both
+            for fw in ("grpokit", "trl"):
+                run_dir = work / f"{name}-{fw}"
+                if run_dir.exists():
+                    import shutil
+
+                    shutil.rmtree(run_dir)  # a fresh run, never a resume
+                runs[fw].append(run_child(fw, dict(spec, out_dir=str(run_dir)), work))
+                peak = max(peak, peak_now(sizes=(4096,), repeats=3))
+        results = {fw: rs[0] for fw, rs in runs.items()}  # the first round: reward curves, shapes
+        g = best_round([summarize(x, args.warmup, args.mu, counts["non_embedding"]) for x in runs["grpokit"]])
+        t = best_round([summarize(x, args.warmup, args.mu, counts["non_embedding"]) for x in runs["trl"]])
+        loads = "; ".join(f"{'grpokit' if fw == 'grpokit' else 'TRL'} run {i + 1}: {x['load_before']} -> {x['load_after']}"
+                          for i in range(args.rounds) for fw, x in ((fw, runs[fw][i]) for fw in runs))
+        curves[name] = {f"grpokit ({results['grpokit']['engine']})": results["grpokit"]["steps"][:50],
+                        "TRL": results["trl"]["steps"][:50]}
+        md += [
+            f"## {name}: {counts['total'] / 1e6:.2f}M parameters ({counts['non_embedding'] / 1e6:.2f}M non-embedding), "
+            f"{wl['prompts']} prompts x G={wl['G']}, completions <= {wl['T']} tokens, {spec['steps']} steps",
+            "",
+            f"beta={spec['beta']}, epsilon={spec['epsilon']}, loss_type={spec['loss_type']}, scale_rewards={spec['scale_rewards']}, "
+            f"mu={spec['mu']}, lr={spec['lr']} (constant), temperature={spec['temperature']}, seed={spec['seed']}, "
+            f"threads={spec['threads']}, {args.rounds} round(s) per framework"
+            + (" (each row: the round with the lowest median s/step)" if args.rounds > 1 else "") + f". Load: {loads}.",
+            "",
+            *table(wl, g, t, results["grpokit"], results["trl"]),
+            "",
+            "Effective batch shapes:",
+            "",
+            f"- {results['grpokit']['shapes']}",
+            f"- {results['trl']['shapes']}",
+            "",
+            f"Roofline (peak {peak / 1e9:.1f} GFLOP/s on {args.threads} thread(s), the best fp32 matmul rate measured before and "
+            f"after each run so far): training phase 6 x {counts['non_embedding'] / 1e6:.2f}M x real "
+            "prompt+completion tokens x mu / train s; rollout 2 x non-embedding params x generated tokens / rollout s.",
+            "",
+            "| | train GFLOP/s | % of peak | rollout GFLOP/s | % of peak |",
+            "|---|---:|---:|---:|---:|",
+        ]
+        for label, s in (("grpokit", g), ("TRL", t)):
+            md.append(f"| {label} | {s['train_flops'] / 1e9:.2f} | {100 * s['train_flops'] / peak:.1f}% | "
+                      f"{s['rollout_flops'] / 1e9:.2f} | {100 * s['rollout_flops'] / peak:.1f}% |")
+        first = lambda r: [round(s.get("reward", float("nan")), 3) for s in r["steps"][:10]]  # noqa: E731
+        md += ["", f"Reward, first steps: grpokit {first(results['grpokit'])}; TRL {first(results['trl'])}.", ""]
+        print("\n".join(md[-24:]), flush=True)
+        (work / f"{name}-results.json").write_text(json.dumps(runs))
+    plot(curves, out / "reward_curves.png")
+    md += ["![reward curves](reward_curves.png)", ""]
+    (out / "compare_trl.md").write_text("\n".join(md))
+    print(f"wrote {out / 'compare_trl.md'} and {out / 'reward_curves.png'}")
+
+
+if __name__ == "__main__":
+    main()
