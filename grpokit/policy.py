@@ -170,12 +170,25 @@ def completion_logprobs(
     *,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    share_prompts: bool = True,
 ) -> tuple[Tensor, Tensor | None]:
     """log pi(completion token | prefix) for every completion position: [N, T] (and entropy [N, T]).
 
     Only the last T + 1 positions go through the LM head (logits_to_keep): the prompt's logits are
     never computed. The logits at position P - 1 + t predict completion token t.
+
+    share_prompts: rows with the same prompt (GRPO's G completions of one prompt) run that prompt
+    through the model once, and their completions attend to its keys / values (shared_prompt_logits);
+    same values and gradients as the plain pass, fewer FLOPs. Used when at most half the rows have a
+    distinct prompt and the model takes a KV cache with gradients (not with gradient checkpointing).
     """
+    if share_prompts and _can_share(model):
+        P = batch.input_ids.shape[1] - batch.completion_width
+        prompts = torch.cat([batch.input_ids[:, :P], batch.attention_mask[:, :P]], dim=1)  # [N, 2P]
+        unique, inverse = torch.unique(prompts, dim=0, return_inverse=True)  # [U, 2P], [N]
+        if unique.shape[0] * 2 <= prompts.shape[0]:
+            logits = shared_prompt_logits(model, batch, unique[:, :P], unique[:, P:], inverse)
+            return _logp_entropy(logits, batch, temperature, with_entropy)
     T = batch.completion_width
     out = model(
         input_ids=batch.input_ids,
@@ -184,7 +197,54 @@ def completion_logprobs(
         use_cache=False,
         logits_to_keep=T + 1,
     )
-    logits = out.logits[:, :-1, :]  # [N, T, V]
+    return _logp_entropy(out.logits[:, :-1, :], batch, temperature, with_entropy)  # logits [N, T, V]
+
+
+def _logp_entropy(logits: Tensor, batch: PackedBatch, temperature: float, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
     logp = token_logprobs(logits, batch.completion_ids, temperature=temperature)
     entropy = token_entropy(logits.detach(), temperature=temperature) if with_entropy else None
     return logp, entropy
+
+
+def _can_share(model) -> bool:
+    # Gradient checkpointing turns the KV cache off in training mode; the plain pass then does the work.
+    checkpointing = getattr(model, "is_activation_checkpointing", None)  # transformers >= 5.x's name
+    if checkpointing is None:
+        checkpointing = getattr(model, "is_gradient_checkpointing", False)
+    return not checkpointing and hasattr(model, "config")
+
+
+def shared_prompt_logits(model, batch: PackedBatch, prompt_ids: Tensor, prompt_mask: Tensor, inverse: Tensor) -> Tensor:
+    """Logits [N, T, V] predicting each completion token, each distinct prompt run through the model once.
+
+    prompt_ids / prompt_mask: [U, P] the distinct (left-padded) prompts; inverse: [N] row -> its prompt.
+    1. the U prompts -> KV cache [U, H, P, D] per layer and the logits of their last position
+       (which predict completion token 0);
+    2. the cache rows are gathered to [N, H, P, D] (an index: its backward sums the N rows' gradients
+       into their prompt, so gradients are those of the plain pass);
+    3. the N completions run with that cache; position t's logits predict token t + 1.
+    Costs U x P + N x T tokens instead of N x (P + T): with G = 8 completions of 12-token prompts and
+    8-token completions, 1216 tokens instead of 2560.
+    """
+    from transformers.cache_utils import DynamicCache
+
+    from grpokit.rollout.fast import _cache_kwarg
+
+    P, T = prompt_ids.shape[1], batch.completion_width
+    cache = DynamicCache(config=model.config)
+    kw = {_cache_kwarg(model): cache}
+    prompt_pos = (prompt_mask.cumsum(-1) - 1).clamp_min(0)  # [U, P], as pack_sequences computes it
+    first = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=prompt_pos, use_cache=True, logits_to_keep=1, **kw)
+    logits0 = first.logits[inverse]  # [N, 1, V]: predicts completion token 0
+    if T == 1:
+        return logits0
+    cache.batch_select_indices(inverse)  # [N, H, P, D] per layer, differentiable
+    rest = model(
+        input_ids=batch.input_ids[:, P:],
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids[:, P:],
+        use_cache=True,
+        logits_to_keep=T,
+        **kw,
+    )
+    return torch.cat([logits0, rest.logits[:, : T - 1]], dim=1)  # [N, T, V]

@@ -57,3 +57,53 @@ def test_temperature_scales_logits():
     logits = model(input_ids=ids).logits[0, 2:-1] / 0.7
     ref = torch.log_softmax(logits, -1).gather(-1, torch.tensor(COMPS[0])[:, None]).squeeze(-1)
     torch.testing.assert_close(lp[0], ref, rtol=1e-5, atol=1e-5)
+
+
+def _grouped_batch(G=4):
+    """3 prompts of different lengths x G completions of different lengths (some end early)."""
+    g = torch.Generator().manual_seed(1)
+    prompts, comps = [], []
+    for p in PROMPTS:
+        for _ in range(G):
+            n = int(torch.randint(1, 7, (1,), generator=g))
+            prompts.append(p)
+            comps.append(torch.randint(3, 40, (n,), generator=g).tolist())
+    return pack_sequences(prompts, comps, pad_id=0)
+
+
+def _logp_and_grads(model, batch, share):
+    model.zero_grad(set_to_none=True)
+    logp, ent = completion_logprobs(model, batch, with_entropy=True, share_prompts=share)
+    (logp * batch.completion_mask).sum().backward()
+    return logp.detach(), ent, {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def test_shared_prompts_give_the_plain_pass_values_and_gradients(monkeypatch):
+    """Each distinct prompt through the model once, its KV cache gathered to its G rows: same log-probs,
+    entropies and parameter gradients as running every row's prompt + completion."""
+    import grpokit.policy as policy
+
+    model = tiny_llama().train()
+    batch = _grouped_batch()
+    plain = _logp_and_grads(model, batch, share=False)
+    calls = []
+    real = policy.shared_prompt_logits
+    monkeypatch.setattr(policy, "shared_prompt_logits", lambda *a: calls.append(a[3].shape) or real(*a))
+    shared = _logp_and_grads(model, batch, share=True)
+    assert calls == [(3, batch.input_ids.shape[1] - batch.completion_width)]  # 3 distinct prompts, run once each
+    mask = batch.completion_mask.bool()
+    torch.testing.assert_close(shared[0][mask], plain[0][mask], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(shared[1][mask], plain[1][mask], rtol=1e-5, atol=1e-5)
+    for name, grad in plain[2].items():
+        torch.testing.assert_close(shared[2][name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_shared_prompts_with_one_token_completions_and_a_shuffled_subset():
+    model = tiny_llama()
+    batch = pack_sequences([p for p in PROMPTS for _ in range(2)], [[5]] * 6, pad_id=0)
+    torch.testing.assert_close(completion_logprobs(model, batch)[0], completion_logprobs(model, batch, share_prompts=False)[0])
+    sub = _grouped_batch().rows(torch.randperm(12, generator=torch.Generator().manual_seed(0))[:8])
+    plain, _ = completion_logprobs(model, sub, share_prompts=False)
+    shared, _ = completion_logprobs(model, sub)
+    mask = sub.completion_mask.bool()
+    torch.testing.assert_close(shared[mask], plain[mask], rtol=1e-5, atol=1e-5)
