@@ -101,8 +101,8 @@ class AlgorithmConfig(Section):
     """Loss normalization: grpo (per-sequence mean, seed), bnpo/dapo (token mean), dr_grpo (constant)."""
     importance_sampling_level: Literal["token", "sequence"] = "token"
     """Ratio level: token (GRPO) or sequence (GSPO)."""
-    scale_rewards: Literal["group", "batch", "none"] = "group"
-    """Advantage scale: group std (seed), batch std, or none (Dr. GRPO)."""
+    scale_rewards: Literal["group", "batch", "batch_centered", "none"] = "group"
+    """Advantage scale: group std (seed), batch std of the rewards (TRL), batch_centered (REINFORCE++-baseline: mean and std of the group-centered values over the batch), or none (Dr. GRPO)."""
     advantage_estimator: Literal["grpo", "rloo", "gae"] = "grpo"
     """Baseline: group mean (grpo), leave-one-out mean (rloo), or a learned critic with GAE (gae: the PPO baseline)."""
     std_eps: float = Field(1e-6, gt=0)
@@ -294,8 +294,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     # RLOO (2402.14740): leave-one-out baseline, no std scaling, REINFORCE-style token sum (constant normalizer).
     "rloo": dict(beta=0.0, advantage_estimator="rloo", scale_rewards="none", loss_type="dr_grpo",
                  importance_sampling_level="token"),
-    # REINFORCE++-baseline (2501.03262): group-mean baseline, batch std, token-mean loss, k2 KL loss 1e-3.
-    "reinforce_pp": dict(beta=0.001, kl_estimator="k2", advantage_estimator="grpo", scale_rewards="batch",
+    # REINFORCE++-baseline (2501.03262): group-mean baseline, then the centered values whitened over the
+    # batch (their std, not the raw rewards'), token-mean loss, k2 KL loss 1e-3.
+    "reinforce_pp": dict(beta=0.001, kl_estimator="k2", advantage_estimator="grpo", scale_rewards="batch_centered",
                          loss_type="dapo", importance_sampling_level="token"),
 }
 

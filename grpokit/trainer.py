@@ -33,7 +33,7 @@ from grpokit.checkpoint import (
     save_pretrained_atomic,
     set_rng_state,
 )
-from grpokit.config import Config, ConfigError, RewardSpec
+from grpokit.config import AlgorithmConfig, Config, ConfigError, RewardSpec
 from grpokit.evaluate import evaluate, make_judge
 from grpokit.policy import PackedBatch, completion_logprobs, frozen_copy, load_policy, pack_sequences
 from grpokit.rewards import RewardOutput
@@ -83,6 +83,61 @@ class Groups:
             weights=first.weights,
         )
         return Groups([src.rows[g] for src, g in chosen], comps, scored)
+
+
+# ---------------------------------------------------------------- the config's algorithm, as pure functions
+# The trainer goes from rewards and log-probs to the loss only through these three, so that
+# tests/test_presets.py can check each preset against its paper on tensors, without a model.
+
+
+def outcome_advantages(alg: AlgorithmConfig, rewards: Tensor, group_size: int) -> Tensor:
+    """[N] advantages of [N] outcome rewards (groups contiguous), as algorithm.* says."""
+    return group_advantages(
+        rewards, group_size, scale=alg.scale_rewards, estimator=alg.advantage_estimator, eps=alg.std_eps
+    )
+
+
+def make_loss_mask(alg: AlgorithmConfig, completion_mask: Tensor, truncated: Tensor) -> Tensor:
+    """[N, T] tokens that get a loss: the completion tokens, minus truncated rows under DAPO's overlong filtering."""
+    loss_mask = completion_mask.clone()
+    if alg.mask_truncated_completions:
+        loss_mask[truncated] = 0
+    return loss_mask
+
+
+def algorithm_loss(
+    alg: AlgorithmConfig,
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    loss_mask: Tensor,
+    *,
+    ref_logp: Tensor | None,
+    max_completion_length: int,
+    num_sequences: int | None = None,
+    num_tokens: int | float | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """policy_loss with algorithm.*'s clip ranges, KL, loss type and ratio level (-J, to minimize).
+
+    logp, old_logp, ref_logp, loss_mask: [N, T]; advantages: [N] or [N, T]. num_sequences /
+    num_tokens: the whole batch's counts when this is a micro-batch of it (docs/algorithm.md §4)."""
+    return policy_loss(
+        logp,
+        old_logp,
+        advantages,
+        loss_mask,
+        ref_logp=ref_logp,
+        beta=alg.beta,
+        eps_low=alg.epsilon,
+        eps_high=alg.epsilon_high,
+        loss_type=alg.loss_type,
+        ratio_level=alg.importance_sampling_level,
+        max_completion_length=max_completion_length,
+        kl_estimator=alg.kl_estimator,
+        dual_clip=alg.dual_clip,
+        num_sequences=num_sequences,
+        num_tokens=num_tokens,
+    )
 
 
 def seed_everything(seed: int) -> None:
@@ -307,20 +362,12 @@ class Trainer:
         rows, comps, scored = groups.rows, groups.comps, groups.scored
 
         rewards = scored.total.float()  # [N]
-        advantages = group_advantages(
-            rewards,
-            G,
-            scale=cfg.algorithm.scale_rewards,
-            estimator=cfg.algorithm.advantage_estimator,
-            eps=cfg.algorithm.std_eps,
-        )
+        advantages = outcome_advantages(cfg.algorithm, rewards, G)
 
         pad = self.tokenizer.pad_token_id
         tokens = pack_sequences([r.prompt_ids for r in rows for _ in range(G)], comps.token_ids, pad)
         truncated = torch.tensor(comps.truncated, dtype=torch.bool)
-        loss_mask = tokens.completion_mask.clone()
-        if cfg.algorithm.mask_truncated_completions:
-            loss_mask[truncated] = 0
+        loss_mask = make_loss_mask(cfg.algorithm, tokens.completion_mask, truncated)
 
         t = time.perf_counter()
         # pi_old differs from pi_theta only after an optimizer step inside this batch's updates.
@@ -394,20 +441,14 @@ class Trainer:
                     mask = b.loss_mask[sub_idx, :T]
                     old = b.old_logp[sub_idx, :T] if b.old_logp is not None else logp.detach()
                     ref = b.ref_logp[sub_idx, :T] if b.ref_logp is not None else None
-                    loss, m_stats = policy_loss(
+                    loss, m_stats = algorithm_loss(
+                        alg,
                         logp,
                         old,
                         b.advantages[sub_idx] if b.advantages.dim() == 1 else b.advantages[sub_idx, :T],
                         mask,
                         ref_logp=ref,
-                        beta=alg.beta,
-                        eps_low=alg.epsilon,
-                        eps_high=alg.epsilon_high,
-                        loss_type=alg.loss_type,
-                        ratio_level=alg.importance_sampling_level,
                         max_completion_length=cfg.rollout.max_completion_length,
-                        kl_estimator=alg.kl_estimator,
-                        dual_clip=alg.dual_clip,
                         num_sequences=mb,
                         num_tokens=num_tokens,
                     )

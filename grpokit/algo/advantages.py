@@ -68,6 +68,15 @@ def _scale_batch(centered: Tensor, r: Tensor, eps: float) -> Tensor:
     return _zero_if_tiny(centered / (std + eps), r, std + eps)
 
 
+def _scale_batch_centered(centered: Tensor, r: Tensor, eps: float) -> Tensor:
+    # REINFORCE++-baseline (Hu et al. 2025, 2501.03262): the group-centered values A' are whitened
+    # over the whole batch, (A' - mean_batch A') / std_batch A'. The std is that of A', not of the raw
+    # rewards as in "batch" (TRL's scale_rewards=batch): removing each group's mean first leaves
+    # only the within-group spread. mean_batch A' is 0 up to rounding with either baseline.
+    std = centered.std(correction=0)
+    return _zero_if_tiny((centered - centered.mean()) / (std + eps), r, std + eps)
+
+
 def _scale_none(centered: Tensor, r: Tensor, eps: float) -> Tensor:
     return _zero_if_tiny(centered, r)
 
@@ -75,6 +84,7 @@ def _scale_none(centered: Tensor, r: Tensor, eps: float) -> Tensor:
 SCALES: dict[str, Callable[[Tensor, Tensor, float], Tensor]] = {
     "group": _scale_group,
     "batch": _scale_batch,
+    "batch_centered": _scale_batch_centered,
     "none": _scale_none,
 }
 
@@ -90,7 +100,8 @@ def group_advantages(
     """Outcome advantages, one per completion: (r - baseline) / (std + eps).
 
     rewards: [N], N = groups x group_size, groups contiguous. Returns [N] (float32 or rewards' dtype).
-    scale: "group" (population std of the group), "batch" (population std of all N), "none".
+    scale: "group" (population std of the group), "batch" (population std of all N rewards),
+           "batch_centered" (REINFORCE++-baseline: whiten the centered values over all N), "none".
     estimator: "grpo" (baseline = group mean) | "rloo" (baseline = mean of the other G-1).
     Zero-variance groups get exactly 0.  Seed Q5: [1, 0, 0] -> [1.414, -0.707, -0.707].
     """
