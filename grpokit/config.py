@@ -102,7 +102,7 @@ class AlgorithmConfig(Section):
     importance_sampling_level: Literal["token", "sequence"] = "token"
     """Ratio level: token (GRPO) or sequence (GSPO)."""
     scale_rewards: Literal["group", "batch", "batch_centered", "none"] = "group"
-    """Advantage scale: group std (seed), batch std of the rewards (TRL), batch_centered (REINFORCE++-baseline: mean and std of the group-centered values over the batch), or none (Dr. GRPO)."""
+    """Advantage scale: group std (seed), batch std of the rewards (TRL), batch_centered (REINFORCE++-baseline: mean and std of the group-centered values over the batch), or none (Dr. GRPO). Step rewards (a reward function returning StepScores) switch the advantages to DeepSeekMath §4.1.3 process supervision, which needs group (docs/algorithm.md)."""
     advantage_estimator: Literal["grpo", "rloo", "gae"] = "grpo"
     """Baseline: group mean (grpo), leave-one-out mean (rloo), or a learned critic with GAE (gae: the PPO baseline)."""
     std_eps: float = Field(1e-6, gt=0)

@@ -24,7 +24,7 @@ import torch
 import yaml
 from torch import Tensor
 
-from grpokit.algo import group_advantages, masked_mean, policy_loss
+from grpokit.algo import group_advantages, masked_mean, policy_loss, step_advantages
 from grpokit.checkpoint import (
     ensure_writable_dir,
     list_checkpoints,
@@ -37,6 +37,7 @@ from grpokit.config import AlgorithmConfig, Config, ConfigError, RewardSpec
 from grpokit.evaluate import evaluate, make_judge
 from grpokit.policy import PackedBatch, completion_logprobs, frozen_copy, load_policy, pack_sequences
 from grpokit.rewards import RewardOutput
+from grpokit.rewards.steps import process_rewards
 from grpokit.rollout import Completions, SamplingParams, make_engine
 
 
@@ -52,7 +53,7 @@ class RolloutBatch:
     loss_mask: Tensor  # [N, T] completion_mask, minus truncated rows when they are masked (DAPO)
     truncated: Tensor  # [N] bool: hit max_completion_length without EOS
     rewards: Tensor  # [N] weighted total reward
-    advantages: Tensor  # [N] one per completion, broadcast over its tokens; or [N, T] per token (PPO's GAE)
+    advantages: Tensor  # [N] one per completion, broadcast over its tokens; or [N, T] per token (process rewards, PPO's GAE)
     old_logp: Tensor | None  # [N, T] pi_old; None when it equals pi_theta (mu = 1, one minibatch)
     ref_logp: Tensor | None  # [N, T] pi_ref; None when beta = 0
 
@@ -76,11 +77,14 @@ class Groups:
         comps = Completions(cat(lambda s: s.comps.token_ids), cat(lambda s: s.comps.texts), cat(lambda s: s.comps.finish_reasons), logprobs)
         first = spans[0][0].scored
         sources = {id(src): src for src, _ in spans}.values()
+        step_names = {k for src, _ in spans for k in src.scored.steps}
+        steps = {k: [s for src, sl in spans for s in src.scored.steps.get(k, [None] * len(src.scored.total))[sl]] for k in step_names}
         scored = RewardOutput(
             total=torch.cat([src.scored.total[sl] for src, sl in spans]),
             per_function={k: torch.cat([src.scored.per_function[k][sl] for src, sl in spans]) for k in first.per_function},
             errors={k: sum(src.scored.errors[k] for src in sources) for k in first.errors},
             weights=first.weights,
+            steps=steps,
         )
         return Groups([src.rows[g] for src, g in chosen], comps, scored)
 
@@ -95,6 +99,20 @@ def outcome_advantages(alg: AlgorithmConfig, rewards: Tensor, group_size: int) -
     return group_advantages(
         rewards, group_size, scale=alg.scale_rewards, estimator=alg.advantage_estimator, eps=alg.std_eps
     )
+
+
+def process_advantages(alg: AlgorithmConfig, step_rewards: list[Tensor], step_ends: list[Tensor], group_size: int, num_tokens: int) -> Tensor:
+    """[N, T] advantages of step rewards (DeepSeekMath §4.1.3): all steps of a group normalized
+    together, token t gets the sum over the steps ending at or after it. Only the group z-score
+    is defined for steps, so other algorithm.scale_rewards / advantage_estimator are an error."""
+    if alg.scale_rewards != "group" or alg.advantage_estimator != "grpo":
+        raise ConfigError(
+            f"a reward function returned step scores (process rewards), whose advantages are DeepSeekMath's "
+            f"group-normalized step rewards; algorithm.scale_rewards={alg.scale_rewards!r} / "
+            f"advantage_estimator={alg.advantage_estimator!r} do not apply to them: use scale_rewards=group, "
+            "advantage_estimator=grpo, or return one float per completion"
+        )
+    return step_advantages(step_rewards, step_ends, group_size, num_tokens, eps=alg.std_eps)
 
 
 def make_loss_mask(alg: AlgorithmConfig, completion_mask: Tensor, truncated: Tensor) -> Tensor:
@@ -362,10 +380,13 @@ class Trainer:
         rows, comps, scored = groups.rows, groups.comps, groups.scored
 
         rewards = scored.total.float()  # [N]
-        advantages = outcome_advantages(cfg.algorithm, rewards, G)
-
         pad = self.tokenizer.pad_token_id
         tokens = pack_sequences([r.prompt_ids for r in rows for _ in range(G)], comps.token_ids, pad)
+        if scored.steps:  # process rewards: one advantage per token (DeepSeekMath §4.1.3)
+            step_rewards, step_ends = process_rewards(scored, comps.texts, comps.token_ids, self.tokenizer)
+            advantages = process_advantages(cfg.algorithm, step_rewards, step_ends, G, tokens.completion_ids.shape[1])
+        else:
+            advantages = outcome_advantages(cfg.algorithm, rewards, G)
         truncated = torch.tensor(comps.truncated, dtype=torch.bool)
         loss_mask = make_loss_mask(cfg.algorithm, tokens.completion_mask, truncated)
 
@@ -386,14 +407,16 @@ class Trainer:
         G = self.cfg.rollout.num_generations
         grouped = b.rewards.view(-1, G)
         lengths = b.tokens.completion_mask.sum(-1).float()
+        # Per-token advantages (process rewards): statistics over the completion tokens.
+        adv = b.advantages if b.advantages.dim() == 1 else b.advantages[b.tokens.completion_mask.bool()]
         return {
             "reward/mean": b.rewards.mean().item(),
             "reward/std": b.rewards.std(correction=0).item(),
             "reward/zero_std_frac": (grouped.amax(1) == grouped.amin(1)).float().mean().item(),
             "reward/group_std_mean": grouped.std(1, correction=0).mean().item(),
-            "advantage/mean": b.advantages.mean().item(),
-            "advantage/std": b.advantages.std(correction=0).item(),
-            "advantage/abs_mean": b.advantages.abs().mean().item(),
+            "advantage/mean": adv.mean().item(),
+            "advantage/std": adv.std(correction=0).item(),
+            "advantage/abs_mean": adv.abs().mean().item(),
             "rollout/completion_len_mean": lengths.mean().item(),
             "rollout/completion_len_min": lengths.min().item(),
             "rollout/completion_len_max": lengths.max().item(),

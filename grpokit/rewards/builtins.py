@@ -5,6 +5,7 @@ returns one `float | None` per completion (None: "not applicable to this sample"
     math       completions, answer           timeout_seconds=5                    1.0 / 0.0, None: gold unparsable
     format     completions                   pattern, search=False, dotall=True   1.0 / 0.0
     countdown  completions, numbers, target  the task's ops, partial_reward       1.0 / partial / 0.0
+    countdown_steps  completions, numbers, target  ops                     StepScores: per step 1 / 0, +1 at the target
     overlong   completion_ids                max_completion_length, cache_length  DAPO eq. 13, in [-1, 0]
     length     completion_ids                max_completion_length, coef=1.0      -coef * L / max_completion_length
 
@@ -176,6 +177,78 @@ def countdown_reward(completions: list, numbers: list, target: list, **kwargs: A
     return fn(completions=completions, numbers=numbers, target=target, **kwargs)
 
 
+def _countdown_step(step: str, pool: list[int], ops: str) -> int | None:
+    """The result of one step "a<op>b=c" when it is well formed, uses two available numbers (taken
+    from pool) and states the right result (added to pool); else None, pool unchanged."""
+    from fractions import Fraction
+
+    lhs, eq, result = step.strip().partition("=")
+    i = next((k for k, c in enumerate(lhs) if c in ops and k > 0), -1)
+    a, op, b = lhs[:i].strip(), lhs[i : i + 1], lhs[i + 1 :].strip()
+    result = result.strip()
+    if not eq or i < 0 or not all(x.isdigit() and len(x) <= 6 for x in (a, b, result)):
+        return None
+    x, y = int(a), int(b)
+    left = list(pool)
+    for v in (x, y):
+        if v not in left:
+            return None
+        left.remove(v)
+    if op == "/" and y == 0:
+        return None
+    value = {"+": Fraction(x) + y, "-": Fraction(x) - y, "*": Fraction(x) * y, "/": Fraction(x) / (y or 1)}[op]
+    if value != int(result):
+        return None
+    pool[:] = left + [int(result)]
+    return int(result)
+
+
+def countdown_steps(
+    completions: list, numbers: list, target: list, *, ops: str = "+-*", **kwargs: Any
+) -> list:
+    """Process reward for step-by-step countdown solutions ("7-3=4,4*2=8,8+9=17", the task's
+    solution_format="steps"), one StepScores per completion; steps are split at ",".
+
+    A step scores 1.0 when it is well formed, combines two numbers still available (given ones or
+    earlier results) with an operator in `ops`, and states the right result; the first step that
+    is not scores 0.0 and runs to the end of the text (nothing after it is credited). The last
+    step gets +1.0 more when every number was used and its result is the target. So a right
+    three-step solution scores [1, 1, 2], one that misses the target [1, 1, 1], one wrong at the
+    second step [1, 0]. Empty text: one step [0.0]. `outcome` (the one-number reward used for
+    logging and evaluation) is 1.0 for a right solution, else 0.0.
+    """
+    from grpokit.rewards.steps import StepScores
+
+    out = []
+    for completion, nums, tgt in zip(completions, numbers, target, strict=True):
+        text = _text(completion)
+        pool, scores, ends, pos, last = list(nums), [], [], 0, None
+        for step in text.split(","):
+            end = pos + len(step)
+            last = _countdown_step(step, pool, ops)
+            if last is None:
+                scores.append(0.0)
+                ends.append(len(text))
+                break
+            scores.append(1.0)
+            ends.append(end)
+            pos = end + 1  # past the comma
+        solved = last is not None and len(pool) == 1 and last == tgt
+        if solved:
+            scores[-1] += 1.0
+        out.append(StepScores(scores=scores, ends=ends, outcome=1.0 if solved else 0.0))
+    return out
+
+
+def _validate_countdown_steps(kwargs: dict) -> None:
+    ops = kwargs.get("ops", "+-*")
+    if not isinstance(ops, str) or not ops or not set(ops) <= set("+-*/"):
+        raise ValueError(f"reward 'countdown_steps': kwargs['ops'] must be a non-empty subset of '+-*/', got {ops!r}")
+
+
+countdown_steps.validate_kwargs = _validate_countdown_steps  # type: ignore[attr-defined]
+
+
 # -- length shaping ----------------------------------------------------------------------
 
 def overlong_reward(
@@ -234,6 +307,7 @@ BUILTIN_REWARDS: dict[str, Callable[..., list]] = {
     "math": math_reward,
     "format": format_reward,
     "countdown": countdown_reward,
+    "countdown_steps": countdown_steps,
     "overlong": overlong_reward,
     "length": length_reward,
     "code_tests": __import__("grpokit.rewards.code", fromlist=["code_tests"]).code_tests,  # sandboxed

@@ -9,7 +9,10 @@
 
 Calling convention (TRL's, so TRL reward functions work unchanged): keyword arguments only,
 `fn(prompts=, completions=, completion_ids=, **columns, **spec.kwargs)`, returning one
-`float | None` per completion. A function without **kwargs gets only the arguments it
+`float | None` per completion, or a `StepScores` (per-step scores with the character offsets
+where the steps end: process rewards, grpokit/rewards/steps.py). A StepScores counts as its
+`value` (its outcome, default the sum of its scores) wherever one number is needed, and is kept
+in `out.steps` for the trainer's per-token advantages. A function without **kwargs gets only the arguments it
 declares; a required argument that is none of these is a ValueError naming it and the columns.
 Spec kwargs take precedence over a dataset column of the same name.
 
@@ -42,6 +45,7 @@ import torch
 from torch import Tensor
 
 from grpokit.rewards.builtins import BUILTIN_REWARDS
+from grpokit.rewards.steps import StepScores
 
 logger = logging.getLogger("grpokit.rewards")
 
@@ -234,6 +238,9 @@ class RewardOutput:
     per_function: dict[str, Tensor]  # name -> [N] float32 raw rewards, NaN where None or failed
     errors: dict[str, int]  # name -> samples whose reward failed in this call
     weights: dict[str, float]  # name -> weight
+    steps: dict[str, list[StepScores | None]] = field(default_factory=dict)
+    """name -> [N] the step scores of functions that returned any this call; None where an
+    element was a float, None or invalid (per_function then holds its value or NaN)"""
 
     def metrics(self) -> dict[str, float]:
         """Scalars for logging (NaN when there is nothing to average):
@@ -244,6 +251,8 @@ class RewardOutput:
         reward/errors/<name>               samples whose reward from <name> failed this call
         reward/none_frac                   fraction of samples no function applies to (all None
                                            or failed); their total is 0
+        reward/<name>/steps                mean number of steps of <name>'s StepScores (only for
+                                           functions that returned step scores)
         Stds are sample stds (Bessel-corrected, as TRL's nanstd); NaN under 2 values.
         """
         out = {"reward/total": _nanmean(self.total), "reward/total/std": _nanstd(self.total)}
@@ -251,6 +260,9 @@ class RewardOutput:
             out[f"reward/{name}"] = _nanmean(r)
             out[f"reward/{name}/std"] = _nanstd(r)
             out[f"reward/errors/{name}"] = float(self.errors[name])
+            if name in self.steps:
+                counts = [len(s.scores) for s in self.steps[name] if s is not None]
+                out[f"reward/{name}/steps"] = sum(counts) / len(counts) if counts else float("nan")
         none = torch.stack(list(self.per_function.values())).isnan().all(dim=0)  # [N]
         out["reward/none_frac"] = none.float().mean().item() if none.numel() else float("nan")
         return out
@@ -338,23 +350,38 @@ class RewardManager:
 
         per_function: dict[str, Tensor] = {}
         errors: dict[str, int] = {}
+        steps: dict[str, list[StepScores | None]] = {}
         for reward in self.rewards:
-            per_function[reward.name], errors[reward.name] = self._call(reward, call_args, columns, n)
+            per_function[reward.name], errors[reward.name], step_list = self._call(reward, call_args, columns, n)
+            if step_list is not None:
+                steps[reward.name] = step_list
         weighted = torch.stack([r.weight * per_function[r.name] for r in self.rewards])  # [K, N]
         total = torch.nansum(weighted, dim=0)  # [N]; nansum as TRL: None / failed count as 0
-        return RewardOutput(total=total, per_function=per_function, errors=errors, weights=self.weights)
+        return RewardOutput(total=total, per_function=per_function, errors=errors, weights=self.weights, steps=steps)
 
     def _call(
         self, reward: _Reward, call_args: dict[str, Any], columns: dict[str, Any], n: int
-    ) -> tuple[Tensor, int]:
+    ) -> tuple[Tensor, int, list[StepScores | None] | None]:
         kwargs = reward.arguments(call_args, columns)  # a missing column raises: a setup error
         try:
             items = _as_list(reward.fn(**kwargs), n)
         except Exception as e:
             problem = e if isinstance(e, _Failure) else f"raised {type(e).__name__}: {e}"
             self._report(reward, str(problem), e if not isinstance(e, _Failure) else None)
-            return torch.full((n,), math.nan), n
+            return torch.full((n,), math.nan), n, None
 
+        steps: list[StepScores | None] | None = None
+        step_problems: dict[int, str] = {}
+        if any(isinstance(v, StepScores) for v in items):
+            steps = [None] * n
+            for i, v in enumerate(items):
+                if not isinstance(v, StepScores):
+                    continue
+                if problem := v.problem(len(_text(call_args["completions"][i]))):
+                    step_problems[i] = problem
+                    continue
+                steps[i] = v
+                items[i] = v.value
         values = [_as_float(v) for v in items]
         bad = [i for i, v in enumerate(values) if v is None]
         rewards = torch.tensor([math.nan if v is None else v for v in values], dtype=torch.float32)  # [N]
@@ -363,14 +390,18 @@ class RewardManager:
         bad = sorted(set(bad) | set(torch.nonzero(~rewards.isfinite() & ~none).flatten().tolist()))
         if bad:
             i = bad[0]
+            why = f": {step_problems[i]}" if i in step_problems else ""
             self._report(
                 reward,
-                f"returned {len(bad)} invalid reward(s) of {n}, e.g. {_short(items[i])} at index {i} "
-                "(rewards must be finite floats or None)",
+                f"returned {len(bad)} invalid reward(s) of {n}, e.g. {_short(items[i])} at index {i}{why} "
+                "(rewards must be finite floats, StepScores or None)",
                 None,
             )
             rewards[bad] = math.nan
-        return rewards, len(bad)
+            if steps is not None:
+                for i in bad:
+                    steps[i] = None
+        return rewards, len(bad), steps
 
     def _report(self, reward: _Reward, problem: str, exc: BaseException | None) -> None:
         message = f"reward function {reward.name!r} ({reward.spec}) {problem}"
@@ -384,6 +415,15 @@ class RewardManager:
             "Reported once: later failures are only counted in reward/errors/%s",
             message, reward.name, exc_info=exc,
         )
+
+
+def _text(completion: Any) -> str:
+    """The text a StepScores' offsets refer to: the string, or the last message's content (as TRL)."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, list) and completion and isinstance(completion[-1], dict):
+        return str(completion[-1].get("content", ""))
+    return ""
 
 
 def _short(value: Any, limit: int = 60) -> str:
