@@ -212,7 +212,7 @@ class CheckpointConfig(Section):
 
 class RewardSpec(Section):
     function: str
-    """Built-in name (countdown, math, format, overlong, length) or import path package.module:function."""
+    """Built-in name (countdown, countdown_steps, math, format, overlong, length, code_tests) or import path package.module:function."""
     weight: float = 1.0
     """Weight in the total reward."""
     kwargs: dict[str, Any] = Field(default_factory=dict)
