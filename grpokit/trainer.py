@@ -7,7 +7,8 @@ One step, as in DeepSeekMath Algorithm 1 and the seed (Q3):
 
 Departures from the textbook, each a config switch: the loss normalization (algorithm.loss_type),
 clip-higher (epsilon_high), sequence-level ratios (GSPO), the advantage scale (Dr. GRPO), masking
-truncated completions (DAPO). docs/algorithm.md has the formulas.
+truncated completions (DAPO). Process supervision (DeepSeekMath §4.1.3) needs no switch: when a
+reward function returns StepScores, the advantages are per token. docs/algorithm.md has the formulas.
 """
 from __future__ import annotations
 

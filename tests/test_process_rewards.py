@@ -280,7 +280,7 @@ def test_end_to_end_with_step_rewards(tiny_model_dir, tmp_path):
     cfg = trainer_config(
         tiny_model_dir, tmp_path / "run", rewards, "data.task=countdown", "data.task_train_size=50",
         "data.eval_size=0", "rollout.max_completion_length=8", "optim.max_steps=3", "optim.learning_rate=1e-3",
-        "algorithm.num_iterations=2",
+        "algorithm.num_iterations=2", "algorithm.dynamic_sampling=true",  # groups re-assembled with their steps
     )
     trainer = Trainer(cfg)
     seen = []
