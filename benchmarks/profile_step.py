@@ -3,6 +3,11 @@
     .venv/bin/python benchmarks/profile_step.py --workload small --steps 8            # phase table
     .venv/bin/python benchmarks/profile_step.py --workload small --cprofile 25        # + top functions
     .venv/bin/python benchmarks/profile_step.py --workload small --set model.compile=true
+    .venv/bin/python benchmarks/profile_step.py --workload small --ab model.compile=true --steps 20   # A/B
+
+--ab builds two trainers in this process, A (the config) and B (A + the --ab overrides), runs --warmup steps
+of each (compile time is reported as B's warm-up minus A's), then alternates A and B step by step, so that
+load from other processes on a shared machine hits both alike; it prints medians per phase and B / A.
 
 Needs the workload's model and prompts, built by compare_trl.py in runs/compare_trl (it builds them if missing).
 Phases are the trainer's own perf/* timings: rollout (generation), reward, ref (pi_ref / pi_old log-prob
@@ -56,7 +61,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--cprofile", type=int, default=0, help="print this many top functions by cumulative time")
     ap.add_argument("--set", nargs="*", default=[], help="config overrides, key=value")
+    ap.add_argument("--ab", nargs="*", help="compare against a second trainer with these extra overrides")
     args = ap.parse_args()
+    if args.ab:
+        return ab(args)
 
     import shutil
 
@@ -100,6 +108,54 @@ def main() -> None:
     if prof is not None:
         pstats.Stats(prof).sort_stats("cumulative").print_stats(args.cprofile)
         pstats.Stats(prof).sort_stats("tottime").print_stats(args.cprofile)
+
+
+PHASES = ("step", "rollout", "ref", "train")
+
+
+def one_step(trainer) -> dict[str, float]:
+    """One GRPO step outside Trainer.train (no logging, no checkpoints): phase times in seconds."""
+    t0 = time.perf_counter()
+    rows = [trainer.train_data[i] for i in trainer.sampler.next()]
+    batch, metrics, _ = trainer.rollout(rows)
+    t1 = time.perf_counter()
+    trainer.update(batch)
+    trainer.engine.sync_weights(trainer.model)
+    trainer.step += 1
+    t2 = time.perf_counter()
+    return {"step": t2 - t0, "rollout": metrics["perf/rollout_time"], "ref": metrics["perf/ref_time"], "train": t2 - t1}
+
+
+def ab(args) -> None:
+    import shutil
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from grpokit.trainer import Trainer
+
+    trainers, warm = {}, {}
+    for name, extra in (("A", []), ("B", args.ab)):
+        out = Path(f"runs/profile_step_{name}")
+        shutil.rmtree(out, ignore_errors=True)
+        trainers[name] = Trainer(make_config(args.workload, args.steps + args.warmup, str(out), args.set + extra))
+        t = time.perf_counter()
+        for _ in range(args.warmup):
+            one_step(trainers[name])
+        warm[name] = time.perf_counter() - t
+    recs: dict[str, list] = {"A": [], "B": []}
+    for _ in range(args.steps):
+        for name in ("A", "B"):
+            recs[name].append(one_step(trainers[name]))
+    med = {n: {k: statistics.median(r[k] for r in rs) for k in PHASES} for n, rs in recs.items()}
+    print(f"{args.workload}, {args.threads} thread(s), {args.steps} interleaved steps after {args.warmup} warm-up steps each; "
+          f"A: {' '.join(args.set) or 'defaults'}; B: A + {' '.join(args.ab)}")
+    print(f"warm-up: A {warm['A']:.1f}s, B {warm['B']:.1f}s")
+    print("| | " + " | ".join(f"{k} s" for k in PHASES) + " |")
+    print("|---" * (len(PHASES) + 1) + "|")
+    for n in ("A", "B"):
+        print(f"| {n} | " + " | ".join(f"{med[n][k]:.4f}" for k in PHASES) + " |")
+    print("| B / A | " + " | ".join(f"{med['B'][k] / med['A'][k]:.2f}x" for k in PHASES) + " |")
 
 
 if __name__ == "__main__":

@@ -40,6 +40,9 @@ class ModelConfig(Section):
     """Allow model code from the hub folder (only for models you trust)."""
     disable_dropout: bool = True
     """Set every dropout probability to 0, so pi_theta, pi_old and pi_ref see the same network (as verl / OpenRLHF)."""
+    compile: bool = False
+    """torch.compile the log-prob passes (training forward/backward, pi_ref and pi_old) and the fast engine's forward.
+    Costs a compile at the first steps and a recompile when a new batch shape appears (README, Performance)."""
 
 
 class DataConfig(Section):

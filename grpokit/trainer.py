@@ -208,6 +208,9 @@ class Trainer:
         self.model, self.tokenizer = model, tokenizer
         # pi_ref is the policy as loaded, before any resume replaces the weights; not built when beta = 0.
         self.ref = frozen_copy(model) if cfg.algorithm.beta > 0 else None
+        # What the log-prob passes call: the same modules (same parameters), compiled when model.compile is set.
+        self.policy_fn = torch.compile(model) if cfg.model.compile else model
+        self.ref_fn = torch.compile(self.ref) if cfg.model.compile and self.ref is not None else self.ref
 
         train_rows, eval_rows, task = self._rows(train_rows, eval_rows)
         data_kw = dict(
@@ -240,9 +243,15 @@ class Trainer:
         self.judge = make_judge(self.rewards, reward_name=cfg.eval.reward, threshold=cfg.eval.correct_threshold)
         self._check_context_length()
 
-        self.engine = make_engine(cfg.rollout.engine, model, tokenizer, batch_size=cfg.rollout.generation_batch_size)
+        self.engine = make_engine(
+            cfg.rollout.engine, model, tokenizer, batch_size=cfg.rollout.generation_batch_size, compile=cfg.model.compile
+        )
+        params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
-            [p for p in model.parameters() if p.requires_grad],
+            params,
+            # One fused kernel over all parameters instead of a dozen ops per tensor: 4-5x faster steps on
+            # CPU (TRL's default is adamw_torch_fused too); other devices keep the per-tensor loop.
+            fused=all(p.device.type in ("cpu", "cuda") for p in params) or None,
             lr=cfg.optim.learning_rate,
             betas=(cfg.optim.adam_beta1, cfg.optim.adam_beta2),
             eps=cfg.optim.adam_epsilon,
@@ -394,8 +403,8 @@ class Trainer:
         t = time.perf_counter()
         # pi_old differs from pi_theta only after an optimizer step inside this batch's updates.
         need_old = cfg.algorithm.num_iterations > 1 or cfg.optim.num_minibatches > 1
-        old_logp = self._logprobs(self.model, tokens) if need_old else None
-        ref_logp = self._logprobs(self.ref, tokens) if self.ref is not None else None
+        old_logp = self._logprobs(self.policy_fn, tokens) if need_old else None
+        ref_logp = self._logprobs(self.ref_fn, tokens) if self.ref is not None else None
         timings["perf/ref_time"] = time.perf_counter() - t
 
         batch = RolloutBatch(tokens, loss_mask, truncated, rewards, advantages, old_logp, ref_logp)
@@ -460,7 +469,7 @@ class Trainer:
                     tokens = b.tokens.rows(sub_idx)
                     T = tokens.completion_width
                     logp, entropy = completion_logprobs(
-                        self.model, tokens, temperature=cfg.rollout.temperature, with_entropy=it == 0
+                        self.policy_fn, tokens, temperature=cfg.rollout.temperature, with_entropy=it == 0
                     )
                     mask = b.loss_mask[sub_idx, :T]
                     old = b.old_logp[sub_idx, :T] if b.old_logp is not None else logp.detach()

@@ -128,3 +128,50 @@ def test_ref_policy_reset_copies_the_policy(tiny_model_dir, tmp_path):
     for p, q, b in zip(trainer.model.parameters(), trainer.ref.parameters(), before):
         assert torch.equal(p, q)
     assert any(not torch.equal(q, b) for q, b in zip(trainer.ref.parameters(), before))
+
+
+def _compile_works() -> bool:
+    import shutil
+
+    return hasattr(torch, "compile") and shutil.which("g++") is not None  # inductor builds C++ kernels on CPU
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _compile_works(), reason="torch.compile needs inductor and a C++ compiler")
+def test_compile_gives_the_eager_numbers(tiny_model_dir, tmp_path):
+    """model.compile=true: the rollout engine, the pi_ref pass and the update run through torch.compile and give
+    the eager trainer's tokens, log-probs, loss and gradients (up to float reassociation)."""
+    from grpokit.rollout import SamplingParams
+
+    extra = ["optim.max_steps=2", "algorithm.beta=0.04", "checkpoint.save_every=0", "rollout.engine=fast"]
+    eager = Trainer(config(tiny_model_dir, tmp_path / "a", *extra))
+    compiled = Trainer(config(tiny_model_dir, tmp_path / "b", *extra, "model.compile=true"))
+    assert compiled.policy_fn is not compiled.model and eager.policy_fn is eager.model
+    rows = [eager.train_data[i] for i in range(4)]
+    prompts = [r.prompt_ids for r in rows]
+
+    greedy = SamplingParams(max_tokens=8, greedy=True)
+    a, b = eager.engine.generate(prompts, 2, greedy), compiled.engine.generate(prompts, 2, greedy)
+    assert a.token_ids == b.token_ids
+    torch.testing.assert_close(torch.tensor(sum(b.logprobs, [])), torch.tensor(sum(a.logprobs, [])), rtol=1e-4, atol=1e-5)
+
+    torch.manual_seed(0)
+    batch, _, _ = eager.rollout(rows)
+    ref = compiled._logprobs(compiled.ref_fn, batch.tokens)
+    mask = batch.tokens.completion_mask.bool()
+    torch.testing.assert_close(ref[mask], batch.ref_logp[mask], rtol=1e-4, atol=1e-5)
+
+    grads = {}
+    for name, tr in (("eager", eager), ("compiled", compiled)):
+        step = tr.optimizer.step
+
+        def record(*a, _step=step, _name=name, _tr=tr, **kw):  # the gradient the optimizer is about to apply
+            grads[_name] = {n: p.grad.clone() for n, p in _tr.model.named_parameters()}
+            return _step(*a, **kw)
+
+        tr.optimizer.step = record
+    ma, mb = eager.update(batch), compiled.update(batch)
+    for k in ("policy/loss", "policy/grad_norm", "policy/kl", "policy/entropy"):
+        assert ma[k] == pytest.approx(mb[k], rel=1e-4, abs=1e-6), k
+    for name, g in grads["eager"].items():
+        torch.testing.assert_close(grads["compiled"][name], g, rtol=1e-3, atol=1e-6, msg=name)

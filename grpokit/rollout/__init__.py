@@ -4,8 +4,9 @@ from __future__ import annotations
 from grpokit.rollout.base import Completions, RolloutEngine, SamplingParams
 
 
-def make_engine(name: str, model, tokenizer, *, batch_size: int = 0) -> RolloutEngine:
-    """The engine named in rollout.engine, generating with `model` (pi_old)."""
+def make_engine(name: str, model, tokenizer, *, batch_size: int = 0, compile: bool = False) -> RolloutEngine:
+    """The engine named in rollout.engine, generating with `model` (pi_old); compile: the fast engine's
+    forward through torch.compile (the hf engine ignores it)."""
     if name == "hf":
         from grpokit.rollout.hf import HFEngine
 
@@ -13,7 +14,7 @@ def make_engine(name: str, model, tokenizer, *, batch_size: int = 0) -> RolloutE
     if name == "fast":
         from grpokit.rollout.fast import FastEngine
 
-        return FastEngine(model, tokenizer, batch_size=batch_size)
+        return FastEngine(model, tokenizer, batch_size=batch_size, compile=compile)
     raise ValueError(f"unknown rollout.engine {name!r}; allowed: hf, fast")
 
 

@@ -171,15 +171,21 @@ def _cache_kwarg(model) -> str:
 class FastEngine:
     """Generates with the training model (no copy); `batch_size` caps the sequences per batch, like HFEngine."""
 
-    def __init__(self, model, tokenizer, *, batch_size: int = 0):
+    def __init__(self, model, tokenizer, *, batch_size: int = 0, compile: bool = False):
         self.tokenizer = tokenizer
         self.batch_size = batch_size
+        self.compile = compile  # model.compile: prefill and decode steps through torch.compile (dynamic shapes)
+        self.model = None
         self.eos_ids = eos_token_ids(model, tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos_ids))
         self.sync_weights(model)
 
     def sync_weights(self, model) -> None:
-        self.model = model  # same module: nothing to copy
+        if model is not self.model:  # same module: nothing to copy, nothing to recompile
+            # dynamic=True: the cache length grows every token and the batch shrinks as rows finish;
+            # one graph with symbolic sizes instead of a recompile per shape.
+            self._step_fn = torch.compile(model, dynamic=True) if self.compile else model
+        self.model = model
         self._cache_arg = _cache_kwarg(model)
 
     def generate(self, prompt_token_ids: list[list[int]], n: int, sampling: SamplingParams) -> Completions:
@@ -205,7 +211,7 @@ class FastEngine:
         return Completions(token_ids=token_ids, texts=texts, finish_reasons=reasons, logprobs=logprobs)
 
     def _forward(self, cache, **inputs) -> Tensor:
-        out = self.model(**inputs, **{self._cache_arg: cache}, use_cache=True, logits_to_keep=1)
+        out = self._step_fn(**inputs, **{self._cache_arg: cache}, use_cache=True, logits_to_keep=1)
         return out.logits[:, -1, :].float()  # [B, V]
 
     def _generate_batch(
