@@ -1,4 +1,4 @@
-"""Held-out evaluation with fixed decoding: pass@1 (greedy), pass@k and maj@k (sampled, seeded).
+"""Held-out evaluation with fixed decoding: pass@1 (greedy), pass@k, maj@k and mean@k (sampled, seeded).
 
     metrics = evaluate(engine, rows, judge, k=8, temperature=1.0, max_tokens=64, seed=1234)
 
@@ -81,7 +81,7 @@ def evaluate(
     }
     if k > 1:
         sampling = SamplingParams(max_tokens=max_tokens, temperature=temperature)
-        any_ok, maj_ok = 0, 0
+        any_ok, maj_ok, sample_ok = 0, 0, 0
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             for start in range(0, len(rows), max(1, batch_size // k) or 1):
@@ -92,9 +92,11 @@ def evaluate(
                     oks = ok[i * k : (i + 1) * k]
                     keys = [answer_key(t) for t in comps.texts[i * k : (i + 1) * k]]
                     any_ok += any(oks)
+                    sample_ok += sum(oks)
                     top = Counter(keys).most_common(1)[0][0]  # ties: the first seen
                     maj_ok += oks[keys.index(top)]
         metrics[f"eval/pass@{k}"] = any_ok / n
         metrics[f"eval/maj@{k}"] = maj_ok / n
+        metrics[f"eval/mean@{k}"] = sample_ok / (n * k)
     metrics["eval/time"] = time.perf_counter() - t0
     return metrics

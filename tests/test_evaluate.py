@@ -1,0 +1,52 @@
+"""evaluate(): the held-out metrics on a scripted engine, with worked numbers."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from grpokit.evaluate import evaluate
+from grpokit.rollout.base import Completions
+
+# prompt id -> (greedy answer, 4 sampled answers); the right answer of every prompt is "7"
+SCRIPT = {
+    1: ("7", ["7", "7", "3", "3"]),     # greedy right; 2 of 4 samples right; majority: tie "7"/"3" -> first seen "7"
+    2: ("3", ["3", "3", "7", "1"]),     # greedy wrong; 1 of 4 right; majority "3" wrong
+    3: ("1", ["1", "2", "5", "1 "]),    # nothing right; "1" and "1 " are one answer for maj@k
+}
+
+
+class ScriptedEngine:
+    def generate(self, prompt_token_ids, n, sampling):
+        texts = []
+        for ids in prompt_token_ids:
+            greedy, sampled = SCRIPT[ids[0]]
+            texts += [greedy] if sampling.greedy else sampled[:n]
+        return Completions([[0] * len(t) for t in texts], texts, ["stop"] * len(texts))
+
+    def sync_weights(self, model):
+        pass
+
+
+def judge(rows, comps):
+    ok = [t.strip() == "7" for t in comps.texts]
+    return [float(o) for o in ok], ok, [True] * len(ok)
+
+
+@pytest.mark.parametrize("batch_size", [1, 2, 64])
+def test_evaluate_worked_numbers(batch_size):
+    rows = [SimpleNamespace(prompt_ids=[i]) for i in (1, 2, 3)]
+    m = evaluate(ScriptedEngine(), rows, judge, k=4, batch_size=batch_size)
+    assert m["eval/pass@1"] == pytest.approx(1 / 3)     # greedy: prompt 1 only
+    assert m["eval/pass@4"] == pytest.approx(2 / 3)     # any sample right: prompts 1 and 2
+    assert m["eval/maj@4"] == pytest.approx(1 / 3)      # majority right: prompt 1 (tie -> first seen)
+    assert m["eval/mean@4"] == pytest.approx(3 / 12)    # 2 + 1 + 0 right samples of 12
+    assert m["eval/reward_mean"] == pytest.approx(1 / 3)
+    assert m["eval/num_prompts"] == 3.0
+    assert m["eval/mean_length"] == pytest.approx(1.0)
+
+
+def test_evaluate_k1_has_no_sampled_metrics():
+    rows = [SimpleNamespace(prompt_ids=[1])]
+    m = evaluate(ScriptedEngine(), rows, judge, k=1)
+    assert m["eval/pass@1"] == 1.0 and not any(key.startswith(("eval/maj", "eval/mean@")) for key in m)
