@@ -3,6 +3,7 @@
     make bench                                            # installs .[bench] (trl, accelerate, datasets) into .venv
     .venv/bin/python benchmarks/compare_trl.py            # both workloads -> benchmarks/results/compare_trl.md + reward_curves.png
     .venv/bin/python benchmarks/compare_trl.py --workloads small --steps 12   # a quick look
+    .venv/bin/python benchmarks/compare_trl.py --compile  # also grpokit with model.compile=true (a third run per round)
 
 Same workload for both frameworks: the same tiny Llama and character tokenizer (grpokit.tasks), saved to a
 folder and warmed up once with grpokit.sft on countdown (or --model DIR); the same countdown rows (a JSONL
@@ -33,8 +34,9 @@ log-probs). Columns (medians over the steps after --warmup):
   train tok/s    completion tokens x mu / train s (grpokit's perf/train_tokens_per_s)
   peak RSS     ru_maxrss of the framework's process at the end of its last step (imports included; grpokit's
                final checkpoint save, which TRL with save_strategy="no" does not do, is left out)
-The roofline section counts 6 x non-embedding params x real (non-padding) prompt+completion tokens x mu per
-training phase and 2 x non-embedding params x generated tokens per rollout, against this machine's fp32
+The roofline section counts 6 x non-embedding params x the real (non-padding) tokens each framework runs through
+the model x mu per training phase (grpokit runs each distinct prompt once and its G completions on its KV cache:
+distinct prompts' tokens + completion tokens; TRL: every row's prompt + completion) and 2 x non-embedding params x generated tokens per rollout, against this machine's fp32
 matmul peak (benchmarks/roofline.py). Timings on a shared machine are noisy: the load is recorded per run.
 """
 from __future__ import annotations
@@ -162,6 +164,7 @@ def child_grpokit(spec: dict) -> dict:
     import torch
 
     torch.set_num_threads(spec["threads"])
+    from grpokit import policy
     from grpokit.config import load_config
     from grpokit.trainer import Trainer
 
@@ -172,7 +175,13 @@ def child_grpokit(spec: dict) -> dict:
             t = time.perf_counter()
             batch, metrics, samples = super().rollout(rows)
             tok = batch.tokens
+            P = tok.input_ids.shape[1] - tok.completion_width
+            prompts = torch.cat([tok.input_ids[:, :P], tok.attention_mask[:, :P]], dim=1)
+            distinct = torch.unique(prompts, dim=0)
+            shared = hasattr(policy, "shared_prompt_logits") and distinct.shape[0] * 2 <= prompts.shape[0]  # as completion_logprobs decides
+            prompt_tokens = int(distinct[:, P:].sum()) if shared else int(tok.attention_mask[:, :P].sum())
             self._rec = dict(
+                model_tokens=prompt_tokens + int(tok.completion_mask.sum()),
                 prep_s=time.perf_counter() - t,
                 n_seqs=int(tok.input_ids.shape[0]),
                 completion_tokens=int(tok.completion_mask.sum()),
@@ -201,12 +210,13 @@ def child_grpokit(spec: dict) -> dict:
         "checkpoint": {"save_every": 0, "resume": False},
         "rewards": [{"function": "countdown"}],
     }
-    cfg = load_config(base=tree)
+    cfg = load_config(base=tree, overrides=spec.get("overrides") or None)
+    engine = cfg.rollout.engine + (", compile" if getattr(cfg.model, "compile", False) else "")
     shapes = (
         f"grpokit: rollout batch {cfg.rollout_batch_size} = {cfg.rollout.prompts_per_step} prompts x G={cfg.rollout.num_generations}; "
         f"{cfg.optim.num_minibatches} minibatch(es) of {cfg.minibatch_size}, micro-batch {cfg.micro_batch_size}; "
         f"mu={mu} -> {mu * cfg.optim.num_minibatches} optimizer step(s) per step on {cfg.minibatch_size} completions each; "
-        f"engine={cfg.rollout.engine}"
+        f"engine={engine}"
     )
     print(shapes, flush=True)
     trainer = TimedTrainer(cfg)
@@ -220,7 +230,7 @@ def child_grpokit(spec: dict) -> dict:
 
     t = time.perf_counter()
     trainer.train(on_log=on_log)
-    return {"framework": "grpokit", "engine": cfg.rollout.engine, "shapes": shapes, "steps": steps,
+    return {"framework": "grpokit", "engine": engine, "shapes": shapes, "steps": steps,
             "wall_s": time.perf_counter() - t, "peak_rss_mb": _rss_mb()}
 
 
@@ -350,6 +360,12 @@ def run_child(framework: str, spec: dict, work: Path) -> dict:
     spec_path.write_text(json.dumps(spec, indent=2))
     result_path.unlink(missing_ok=True)
     env = dict(os.environ, OMP_NUM_THREADS=str(spec["threads"]), TOKENIZERS_PARALLELISM="false")
+    if spec.get("overrides"):  # torch.compile runs start from an empty compile cache: the warm-up a first run pays
+        import shutil
+
+        cache = work / f"{spec['workload']}-{framework}-inductor-cache"
+        shutil.rmtree(cache, ignore_errors=True)
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(cache.resolve())
     load_before = machine_load()
     t = time.perf_counter()
     with log_path.open("w") as log:
@@ -386,7 +402,8 @@ def summarize(res: dict, warmup: int, mu: int, n_nonemb: int) -> dict:
         "len": statistics.mean(s["completion_tokens"] / s["n_seqs"] for s in timed),
         "pad_frac": statistics.mean(1 - s["real_tokens"] / s["padded_tokens"] for s in timed),
         "rss": max(s["rss_mb"] for s in res["steps"]),  # ru_maxrss by the last step: the final save is not counted
-        "train_flops": med(lambda s: 6 * n_nonemb * s["real_tokens"] * mu / s["train_s"]),
+        "train_flops": med(lambda s: 6 * n_nonemb * s.get("model_tokens", s["real_tokens"]) * mu / s["train_s"]),
+        "warmup_s": sum(s["step_s"] for s in res["steps"][:warmup]),
         "rollout_flops": med(lambda s: 2 * n_nonemb * s["completion_tokens"] / s["gen_s"]),
     }
 
@@ -397,17 +414,21 @@ def best_round(summaries: list[dict]) -> dict:
     return min(summaries, key=lambda s: s["step_s"])
 
 
-def table(wl: dict, g: dict, t: dict, g_res: dict, t_res: dict) -> list[str]:
+def table(rows: list[tuple[str, dict, dict]]) -> list[str]:
+    """rows: (label, summary, result) for each grpokit variant, then TRL last; a ratio row per grpokit variant."""
     cols = [("s/step", "step_s", "{:.3f}"), ("rollout s", "gen_s", "{:.3f}"), ("logp+reward s", "prep_s", "{:.3f}"),
             ("train s", "train_s", "{:.3f}"),
             ("rollout tok/s", "rollout_tps", "{:.0f}"), ("train tok/s", "train_tps", "{:.0f}"),
             ("peak RSS MB", "rss", "{:.0f}")]
     head = "| | " + " | ".join(c[0] for c in cols) + " | mean completion len | padding |"
     lines = [head, "|---" * (len(cols) + 3) + "|"]
-    for name, s, res in (("grpokit (" + g_res["engine"] + ")", g, g_res), ("TRL (" + t_res["engine"] + ")", t, t_res)):
+    for _, s, res in rows:
+        name = ("grpokit (" if res["framework"] == "grpokit" else "TRL (") + res["engine"] + ")"
         lines.append(f"| {name} | " + " | ".join(f.format(s[k]) for _, k, f in cols)
                      + f" | {s['len']:.1f} | {100 * s['pad_frac']:.0f}% |")
-    lines.append("| **grpokit / TRL** | " + " | ".join(f"{g[k] / t[k]:.2f}x" for _, k, _ in cols) + " | | |")
+    t = rows[-1][1]
+    for _, g, res in rows[:-1]:
+        lines.append(f"| **grpokit ({res['engine']}) / TRL** | " + " | ".join(f"{g[k] / t[k]:.2f}x" for _, k, _ in cols) + " | | |")
     return lines
 
 
@@ -443,6 +464,7 @@ def main(argv=None) -> None:
     ap.add_argument("--warmup", type=int, default=2, help="steps left out of the medians")
     ap.add_argument("--engine", default="auto", choices=["auto", "fast", "hf"], help="grpokit rollout engine (auto: fast if present)")
     ap.add_argument("--rounds", type=int, default=1, help="alternate grpokit / TRL runs this many times; the fastest round counts")
+    ap.add_argument("--compile", action="store_true", help="also run grpokit with model.compile=true (a third run per round)")
     ap.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads in each child")
     ap.add_argument("--model", help="use this model folder (model + tokenizer) instead of building and SFT-ing one")
     ap.add_argument("--compute-prompts", type=int, help="prompts per step of the compute workload (default 4)")
@@ -457,7 +479,7 @@ def main(argv=None) -> None:
 
     if args.child:
         spec = json.loads(Path(args.spec).read_text())
-        res = (child_grpokit if args.child == "grpokit" else child_trl)(spec)
+        res = (child_grpokit if args.child.startswith("grpokit") else child_trl)(spec)
         Path(args.result).write_text(json.dumps(res))
         return
 
@@ -508,20 +530,21 @@ def main(argv=None) -> None:
         spec = dict(ALGO, workload=name, model_dir=str(model_dir), data_path=str(data_path), G=wl["G"],
                     prompts=wl["prompts"], T=wl["T"], lr=wl["lr"], steps=args.steps or wl["steps"], threads=args.threads,
                     engine=engine, mu=args.mu, beta=args.beta)
-        runs: dict[str, list[dict]] = {"grpokit": [], "trl": []}
+        # variant -> config overrides for grpokit (TRL runs last in each round)
+        variants = {"grpokit": [], **({"grpokit-compile": ["model.compile=true"]} if args.compile else {}), "trl": []}
+        runs: dict[str, list[dict]] = {v: [] for v in variants}
         for r in range(args.rounds):  # g, t, g, t, ...: a load change on a shared machine hits both
-            for fw in ("grpokit", "trl"):
+            for fw, overrides in variants.items():
                 run_dir = work / f"{name}-{fw}"
                 if run_dir.exists():
                     import shutil
 
                     shutil.rmtree(run_dir)  # a fresh run, never a resume
-                runs[fw].append(run_child(fw, dict(spec, out_dir=str(run_dir)), work))
+                runs[fw].append(run_child(fw, dict(spec, out_dir=str(run_dir), overrides=overrides), work))
                 peak = max(peak, peak_now(sizes=(4096,), repeats=3))
         results = {fw: rs[0] for fw, rs in runs.items()}  # the first round: reward curves, shapes
-        g = best_round([summarize(x, args.warmup, args.mu, counts["non_embedding"]) for x in runs["grpokit"]])
-        t = best_round([summarize(x, args.warmup, args.mu, counts["non_embedding"]) for x in runs["trl"]])
-        loads = "; ".join(f"{'grpokit' if fw == 'grpokit' else 'TRL'} run {i + 1}: {x['load_before']} -> {x['load_after']}"
+        best = {fw: best_round([summarize(x, args.warmup, args.mu, counts["non_embedding"]) for x in rs]) for fw, rs in runs.items()}
+        loads = "; ".join(f"{'TRL' if fw == 'trl' else fw} run {i + 1}: {x['load_before']} -> {x['load_after']}"
                           for i in range(args.rounds) for fw, x in ((fw, runs[fw][i]) for fw in runs))
         curves[name] = {f"grpokit ({results['grpokit']['engine']})": results["grpokit"]["steps"][:50],
                         "TRL": results["trl"]["steps"][:50]}
@@ -534,21 +557,25 @@ def main(argv=None) -> None:
             f"threads={spec['threads']}, {args.rounds} round(s) per framework"
             + (" (each row: the round with the lowest median s/step)" if args.rounds > 1 else "") + f". Load: {loads}.",
             "",
-            *table(wl, g, t, results["grpokit"], results["trl"]),
+            *table([(fw, best[fw], results[fw]) for fw in runs]),
+            "",
+            "Warm-up (the first " + str(args.warmup) + " steps, left out of the medians; with model.compile=true they include "
+            "compiling from an empty compile cache; a recompile for a new batch shape later falls in the timed steps): " + ", ".join(f"{results[fw]['framework']} ({results[fw]['engine']}) {best[fw]['warmup_s']:.1f} s"
+                                       for fw in runs) + " (the best round's run).",
             "",
             "Effective batch shapes:",
             "",
-            f"- {results['grpokit']['shapes']}",
-            f"- {results['trl']['shapes']}",
+            *[f"- {results[fw]['shapes']}" for fw in runs],
             "",
             f"Roofline (peak {peak / 1e9:.1f} GFLOP/s on {args.threads} thread(s), the best fp32 matmul rate measured before and "
-            f"after each run so far): training phase 6 x {counts['non_embedding'] / 1e6:.2f}M x real "
-            "prompt+completion tokens x mu / train s; rollout 2 x non-embedding params x generated tokens / rollout s.",
+            f"after each run so far): training phase 6 x {counts['non_embedding'] / 1e6:.2f}M x the real tokens run "
+            "through the model (grpokit: each distinct prompt once + the completions; TRL: every prompt + completion) x mu "
+            "/ train s; rollout 2 x non-embedding params x generated tokens / rollout s.",
             "",
             "| | train GFLOP/s | % of peak | rollout GFLOP/s | % of peak |",
             "|---|---:|---:|---:|---:|",
         ]
-        for label, s in (("grpokit", g), ("TRL", t)):
+        for label, s in ((f"{results[fw]['framework']} ({results[fw]['engine']})", best[fw]) for fw in runs):
             md.append(f"| {label} | {s['train_flops'] / 1e9:.2f} | {100 * s['train_flops'] / peak:.1f}% | "
                       f"{s['rollout_flops'] / 1e9:.2f} | {100 * s['rollout_flops'] / peak:.1f}% |")
         first = lambda r: [round(s.get("reward", float("nan")), 3) for s in r["steps"][:10]]  # noqa: E731

@@ -209,6 +209,10 @@ class Trainer:
         # pi_ref is the policy as loaded, before any resume replaces the weights; not built when beta = 0.
         self.ref = frozen_copy(model) if cfg.algorithm.beta > 0 else None
         # What the log-prob passes call: the same modules (same parameters), compiled when model.compile is set.
+        if cfg.model.compile:
+            # One model forward, several graphs: rollout prefill / decode, pi_ref, training prompt / completion
+            # passes (grad on / off, frozen / trainable weights); dynamo's default limit of 8 would leave some eager.
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 32)
         self.policy_fn = torch.compile(model) if cfg.model.compile else model
         self.ref_fn = torch.compile(self.ref) if cfg.model.compile and self.ref is not None else self.ref
 
