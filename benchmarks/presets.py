@@ -1,0 +1,331 @@
+"""Every algorithm preset on countdown from the same SFT warm start, budget and seeds: held-out accuracy per step.
+
+    python benchmarks/presets.py                        # warm start /tmp/sft_G; 10 runs, ~30 min on 1 CPU thread
+    python benchmarks/presets.py --model runs/demo/sft --steps 50 --presets grpo,dapo --seeds 0
+
+Writes benchmarks/results/presets.md (command, machine load, tables) and presets.png (held-out
+accuracy against optimizer steps and against training seconds). The issue's claim under test: "on
+countdown from the same warm start, the DAPO preset reaches plain GRPO's final held-out accuracy in
+fewer optimizer steps (table, 3 seeds)". grpo and dapo run with --seeds (default 0,1,2), every other
+preset with the first seed only.
+
+Every run gets the same config; only `algorithm.preset=<name>` differs (PRESETS in
+grpokit/config.py, docs/algorithm.md §9): the model folder (--model), data.task=countdown, 16 prompts
+x G=8 completions of at most 16 tokens at T=1.0, the same steps and learning rate, mu=1 and one
+minibatch (so one optimizer step per training step), the same seed. The held-out problems are the
+same for every run and seed (countdown's test split drawn with seed 0, --eval-size of them); the
+trainer evaluates them before step 1, every --eval-every steps and after the last step:
+  - eval/mean@8: mean correctness of 8 samples per problem at T=1 (the unbiased sampled pass@1,
+    DAPO's avg@k); the step comparison is made on this one;
+  - eval/pass@1: greedy decoding, also reported.
+"Reaches" = the first evaluated step whose accuracy is >= the grpo run's (same seed) final accuracy;
+the steps resolution is --eval-every. Training seconds are the sum of perf/step_time (evaluation
+excluded); on a shared machine they are noisy, so the load average is recorded with each run.
+
+A warm start is any countdown-SFT'd model folder with its tokenizer; benchmarks/grpo_vs_ppo.py
+--make-sft DIR builds one (~12 min), `grpokit demo` leaves one in runs/demo/sft.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from unittest import mock
+
+import torch
+
+ALL_PRESETS = ["grpo", "dapo", "dr_grpo", "gspo", "rloo", "reinforce_pp"]
+MULTI_SEED = ("grpo", "dapo")  # the presets of the claim, run with every seed
+K = 8  # eval.k: samples per held-out problem for mean@k
+
+
+def config_overrides(args, preset: str, seed: int) -> list[str]:
+    """The one config of every run; only algorithm.preset (and the seed, output folder) differ."""
+    return [
+        f"model.name_or_path={args.model}",
+        "data.task=countdown",
+        "data.task_train_size=10000",  # the default (20000) is more than countdown's ~16,400 distinct train problems
+        f"data.eval_size={args.eval_size}",
+        f"output_dir={Path(args.out) / f'{preset}-seed{seed}'}",
+        f"seed={seed}",
+        "rollout.engine=fast",
+        f"rollout.prompts_per_step={args.prompts}",
+        f"rollout.num_generations={args.G}",
+        f"rollout.max_completion_length={args.max_completion_length}",
+        "rollout.temperature=1.0",
+        f"optim.learning_rate={args.lr}",
+        f"optim.max_steps={args.steps}",
+        f"eval.k={K}",
+        f"eval.every={args.eval_every}",
+        "eval.batch_size=256",
+        "checkpoint.save_every=0",  # only the end state the trainer always writes
+        "checkpoint.resume=false",
+        "logging.sample_every=0",
+        "logging.tensorboard=false",
+        f"algorithm.preset={preset}",
+    ]
+
+
+def load_avg() -> str:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "n/a"
+
+
+def run_one(args, preset: str, seed: int, eval_rows: list[dict]) -> dict:
+    """One training run in this process; its held-out curve and times."""
+    from grpokit.config import load_config
+    from grpokit.plots import read_metrics
+    from grpokit.trainer import Trainer
+
+    cfg = load_config(None, config_overrides(args, preset, seed))
+    shutil.rmtree(cfg.output_dir, ignore_errors=True)  # a fresh run, not a resume or an append
+    load_before = load_avg()
+    t = time.perf_counter()
+    # The trainer draws its own per-run plots after training; this benchmark draws one figure for all runs.
+    with mock.patch("grpokit.plots.plot_metrics", lambda *a, **k: []):
+        Trainer(cfg, eval_rows=eval_rows).train()
+    wall = time.perf_counter() - t
+    curve, train_s = [], 0.0
+    for r in read_metrics(Path(cfg.output_dir) / "metrics.jsonl"):
+        train_s += r.get("perf/step_time") or 0.0
+        if r.get("eval/pass@1") is not None:
+            curve.append({"step": int(r["step"]), "train_s": train_s, "pass@1": r["eval/pass@1"], "mean@k": r[f"eval/mean@{K}"]})
+    return {"preset": preset, "seed": seed, "curve": curve, "train_s": train_s, "wall_s": wall, "load": f"{load_before} -> {load_avg()}"}
+
+
+def first_reach(curve: list[dict], key: str, target: float) -> int | None:
+    return next((p["step"] for p in curve if p[key] >= target - 1e-12), None)
+
+
+# ---------------------------------------------------------------- report
+
+
+def pct(x: float | None) -> str:
+    return "—" if x is None else f"{100 * x:.1f}"
+
+
+def reach_cells(runs: list[dict], grpo_final: dict[int, dict]) -> dict[tuple[str, int], dict | None]:
+    """(preset, seed) -> {metric: first step at grpo's final value, or None}; None when no grpo run has that seed."""
+    out = {}
+    for r in runs:
+        ref = grpo_final.get(r["seed"])
+        out[r["preset"], r["seed"]] = {key: first_reach(r["curve"], key, ref[key]) for key in ("mean@k", "pass@1")} if ref else None
+    return out
+
+
+def curve_table(runs: list[dict], key: str, reach: dict, grpo_final: dict) -> list[str]:
+    steps = sorted({p["step"] for r in runs for p in r["curve"]})
+    head = ["preset", "seed", *[f"step {s}" for s in steps], "reaches grpo's final at step", "train s", "wall s"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * 2 + "---:|" * (len(head) - 2)]
+    for r in runs:
+        at = {p["step"]: p[key] for p in r["curve"]}
+        ref = grpo_final.get(r["seed"])
+        hits = reach[r["preset"], r["seed"]]
+        if hits is None:
+            cell = "—"
+        else:
+            cell = "not reached" if hits[key] is None else f"{hits[key]} (≥ {pct(ref[key])})"
+        cells = [r["preset"], str(r["seed"]), *[pct(at.get(s)) for s in steps], cell,
+                 f"{r['train_s']:.0f}", f"{r['wall_s']:.0f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def summary_table(runs: list[dict], reach: dict) -> list[str]:
+    head = ["preset", "seeds", f"mean@{K} start", f"mean@{K} final", f"reaches grpo's final mean@{K} at step (mean; reached in)",
+            "pass@1 start", "pass@1 final", "reaches grpo's final pass@1 at step (mean; reached in)", "train s (mean)"]
+    lines = ["| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
+    for preset in dict.fromkeys(r["preset"] for r in runs):
+        group = [r for r in runs if r["preset"] == preset]
+        n = len(group)
+        mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+
+        def reached(key):
+            hits = [reach[preset, r["seed"]] for r in group]
+            if all(h is None for h in hits):
+                return "—"
+            got = [h[key] for h in hits if h is not None and h[key] is not None]
+            return f"{mean(got):.0f}; {len(got)}/{n}" if got else f"not reached; 0/{n}"
+
+        lines.append("| " + " | ".join([
+            preset, ",".join(str(r["seed"]) for r in group),
+            pct(mean([r["curve"][0]["mean@k"] for r in group])), pct(mean([r["curve"][-1]["mean@k"] for r in group])),
+            reached("mean@k"),
+            pct(mean([r["curve"][0]["pass@1"] for r in group])), pct(mean([r["curve"][-1]["pass@1"] for r in group])),
+            reached("pass@1"),
+            f"{mean([r['train_s'] for r in group]):.0f}",
+        ]) + " |")
+    return lines
+
+
+def verdict(runs: list[dict], reach: dict) -> str:
+    """The claim, answered from the numbers: DAPO reaches grpo's final mean@k in fewer steps, per seed."""
+    dapo = [r for r in runs if r["preset"] == "dapo"]
+    grpo = {r["seed"]: r for r in runs if r["preset"] == "grpo"}
+    pairs = [(r["seed"], reach["dapo", r["seed"]]["mean@k"], reach["grpo", r["seed"]]["mean@k"]) for r in dapo if r["seed"] in grpo]
+    if not pairs:
+        return "The claim needs grpo and dapo runs with the same seeds; this run has none."
+    sooner = [s for s, d, g in pairs if d is not None and d < g]
+    parts = [f"seed {s}: dapo {'never' if d is None else f'at step {d}'}, grpo at step {g}" for s, d, g in pairs]
+    head = (f"**Claim (mean@{K}): DAPO reached plain GRPO's final held-out mean@{K} in fewer optimizer steps in "
+            f"{len(sooner)} of {len(pairs)} seeds**")
+    return f"{head} ({'; '.join(parts)}; steps are multiples of the eval interval)."
+
+
+def plot(runs: list[dict], path: Path, title: str) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(11, 7.5), dpi=100)
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(2, 2)
+    colors = {p: f"C{i}" for i, p in enumerate(ALL_PRESETS)}
+    styles = ["-", "--", ":", "-."]
+    for row, (key, label) in enumerate([("mean@k", f"held-out mean@{K} (T=1)"), ("pass@1", "held-out pass@1 (greedy)")]):
+        for col, (xkey, xlabel) in enumerate([("step", "optimizer steps"), ("train_s", "training seconds (eval excluded)")]):
+            ax = axes[row][col]
+            for i, r in enumerate(runs):
+                seeds = [x["seed"] for x in runs if x["preset"] == r["preset"]]
+                ax.plot([p[xkey] for p in r["curve"]], [100 * p[key] for p in r["curve"]], styles[seeds.index(r["seed"]) % 4],
+                        color=colors.get(r["preset"], "k"), marker="o", markersize=3, linewidth=1.3,
+                        label=f"{r['preset']} s{r['seed']}")
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel(f"{label}, %")
+            ax.grid(True, alpha=0.3)
+    axes[0][0].legend(fontsize="x-small", ncol=2)
+    fig.suptitle(title, fontsize="medium")
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+
+
+def cpu_name() -> str:
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        return next(l.split(":", 1)[1].strip() for l in lines if l.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent)
+        return out.stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+def write_report(args, command: str, runs: list[dict], started: str, load_start: str, total_s: float) -> Path:
+    results = Path(args.results)
+    results.mkdir(parents=True, exist_ok=True)
+    grpo_final = {r["seed"]: r["curve"][-1] for r in runs if r["preset"] == "grpo"}
+    reach = reach_cells(runs, grpo_final)
+    budget = (f"{args.steps} steps x {args.prompts} prompts x G={args.G}, completions <= {args.max_completion_length} "
+              f"tokens, T=1.0, lr {args.lr} (constant), mu=1, 1 minibatch (1 optimizer step per step)")
+    png = results / "presets.png"
+    plot(runs, png, f"countdown, every preset from the warm start {args.model}, held-out {args.eval_size} problems\n{budget}")
+    md = [
+        "# Algorithm presets on countdown, same warm start and budget",
+        "",
+        f"`{command}`",
+        "",
+        f"Machine: {os.cpu_count()} CPU cores ({cpu_name()}), torch {torch.__version__}, "
+        f"{args.threads} thread(s), shared with other jobs; load average (1, 5, 15 min) {load_start} at the start; "
+        f"started {started}, {total_s / 60:.1f} min in all; grpokit commit {git_commit()}.",
+        "",
+        f"Warm start `{args.model}` (every run starts from it). Budget of every run: {budget}. Held-out: the same "
+        f"{args.eval_size} countdown test problems for every run, evaluated at step 0, every {args.eval_every} steps and "
+        f"at the end. Each run sets only `algorithm.preset` (docs/algorithm.md §9); every other key is equal "
+        f"(`config_overrides` in benchmarks/presets.py).",
+        "",
+        f"**Which metric.** On this tiny model GRPO raises *sampled* accuracy but barely moves, or lowers, *greedy* "
+        f"pass@1, so the step comparison is made on **mean@{K}**: the mean correctness of {K} samples per problem at "
+        f"T=1 (the unbiased estimate of sampled pass@1; DAPO's avg@k). Greedy pass@1 is shown as well, with the "
+        f"same comparison. \"Reaches grpo's final\" is the first evaluated step at which a run's accuracy is at "
+        f"least the grpo run's (same seed) accuracy at its last step; it is resolved to the eval interval "
+        f"({args.eval_every} steps), and grpo itself may reach its own final value before the end. With "
+        f"{args.eval_size} problems one problem is {100 / args.eval_size:.1f} points of pass@1 and mean@{K} "
+        f"moves in steps of {100 / (args.eval_size * K):.3f} points.",
+        "",
+        verdict(runs, reach),
+        "",
+        "## Summary (mean over seeds)",
+        "",
+        *summary_table(runs, reach),
+        "",
+        f"## Held-out mean@{K} (%) at each evaluated step",
+        "",
+        *curve_table(runs, "mean@k", reach, grpo_final),
+        "",
+        "## Held-out greedy pass@1 (%) at each evaluated step",
+        "",
+        *curve_table(runs, "pass@1", reach, grpo_final),
+        "",
+        f"![held-out accuracy against steps and training seconds]({png.name})",
+        "",
+        "Training seconds: the sum of `perf/step_time` (rollout, rewards, updates; evaluation excluded); wall s: the "
+        "whole run with evaluations. DAPO's dynamic sampling generates extra rounds when groups are all-correct or "
+        "all-wrong, so its steps cost more. Load average per run (before -> after): "
+        + "; ".join(f"{r['preset']} s{r['seed']}: {r['load']}" for r in runs) + ".",
+        "",
+    ]
+    path = results / "presets.md"
+    path.write_text("\n".join(md))
+    return path
+
+
+def parse_args(argv: list[str] | None = None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="/tmp/sft_G", help="warm-start model folder (every run starts from it)")
+    p.add_argument("--presets", default=",".join(ALL_PRESETS))
+    p.add_argument("--seeds", default="0,1,2", help=f"seeds of {' and '.join(MULTI_SEED)}; the other presets use the first")
+    p.add_argument("--steps", type=int, default=150)
+    p.add_argument("--prompts", type=int, default=16, help="rollout.prompts_per_step")
+    p.add_argument("--G", type=int, default=8, help="rollout.num_generations")
+    p.add_argument("--max-completion-length", type=int, default=16)
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--eval-size", type=int, default=200, help="held-out test problems")
+    p.add_argument("--eval-every", type=int, default=25)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--out", default="runs/presets", help="run folders (metrics.jsonl, final model)")
+    p.add_argument("--results", default=str(Path(__file__).parent / "results"), help="where presets.md / presets.png go")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> Path:
+    from grpokit.tasks import get_task
+
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    presets = args.presets.split(",")
+    unknown = [p for p in presets if p not in ALL_PRESETS]
+    if unknown:
+        raise SystemExit(f"unknown preset(s) {unknown}; allowed: {', '.join(ALL_PRESETS)}")
+    seeds = [int(s) for s in args.seeds.split(",")]
+    command = "python benchmarks/presets.py " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
+    # One held-out set for every run and seed (the trainer would otherwise draw the test split with the run's seed).
+    eval_rows = get_task("countdown").make_rows("test", args.eval_size, 0)
+    started, load_start, t0 = time.strftime("%Y-%m-%d %H:%M %Z"), load_avg(), time.perf_counter()
+    runs = []
+    for preset in presets:
+        for seed in seeds if preset in MULTI_SEED else seeds[:1]:
+            print(f"[{time.perf_counter() - t0:6.0f}s] {preset} seed {seed} ...", flush=True)
+            r = run_one(args, preset, seed, eval_rows)
+            print("    " + "  ".join(f"step {p['step']}: mean@{K} {pct(p['mean@k'])} pass@1 {pct(p['pass@1'])}" for p in r["curve"])
+                  + f"  ({r['train_s']:.0f}s train, {r['wall_s']:.0f}s wall)", flush=True)
+            runs.append(r)
+    path = write_report(args, command, runs, started, load_start, time.perf_counter() - t0)
+    print(f"wrote {path} and {path.with_suffix('.png')}")
+    return path
+
+
+if __name__ == "__main__":
+    main()
