@@ -40,6 +40,7 @@ p.add_argument("--epochs", type=float)
 p.add_argument("--steps", type=int)
 p.add_argument("--bs", type=int, default=64)
 p.add_argument("--lr", type=float, default=1e-3)
+p.add_argument("--schedule", default="cosine", choices=["cosine", "linear", "constant"])
 p.add_argument("--wd", type=float, default=0.01)
 p.add_argument("--seed", type=int, default=0)
 p.add_argument("--n-test", type=int, default=500)
@@ -60,7 +61,7 @@ test = task.make_rows("test", a.n_test, seed=1000 + a.seed)
 t_data = time.perf_counter() - t0
 print(f"params {n_params/1e6:.2f}M  data {t_data:.1f}s", flush=True)
 c0 = time.process_time()
-stats = train_sft(model, tok, train, epochs=a.epochs, steps=a.steps, batch_size=a.bs, lr=a.lr, weight_decay=a.wd,
+stats = train_sft(model, tok, train, epochs=a.epochs, steps=a.steps, batch_size=a.bs, lr=a.lr, schedule=a.schedule, weight_decay=a.wd,
                   seed=a.seed, log_every=100, log_fn=lambda m: print({k: round(v, 4) for k, v in m.items()}, flush=True))
 sft_cpu = time.process_time() - c0
 print("sft", stats, flush=True)

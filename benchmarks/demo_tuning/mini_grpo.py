@@ -33,19 +33,27 @@ p.add_argument("--max-number", type=int, default=20)
 p.add_argument("--temp", type=float, default=1.0, help="rollout temperature (log-probs use the same)")
 p.add_argument("--n-train", type=int, default=10000)
 p.add_argument("--eval-every", type=int, default=100)
+p.add_argument("--adv", default="grpo", choices=["grpo", "positive", "nostd"], help="positive: only A>0 (rejection-sampling fine-tuning)")
+p.add_argument("--schedule", default="constant", choices=["constant", "cosine", "linear"])
+p.add_argument("--warmup", type=int, default=0)
+p.add_argument("--beta2", type=float, default=0.999)
+p.add_argument("--partial", type=float, default=0.1, help="countdown partial reward of a well-formed miss")
 a = p.parse_args()
 torch.set_num_threads(a.threads)
 torch.manual_seed(0)
 task = CountdownTask(num_count=a.num_count, min_count=a.min_count or None, max_number=a.max_number,
-                     solution_format=a.format)
+                     solution_format=a.format, partial_reward=a.partial)
 tok = AutoTokenizer.from_pretrained(a.model)
 model = AutoModelForCausalLM.from_pretrained(a.model)
 test = task.make_rows("test", 500, seed=1000)
 train = task.make_rows("train", 10000, seed=0)[: a.n_train]
 ev = evaluate(model, tok, task, test, max_new_tokens=a.max_new)
 print("before", {k: v for k, v in ev.items() if k != "examples"}, flush=True)
-opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.0)
+opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, a.beta2), weight_decay=0.0)
 g = torch.Generator().manual_seed(0)
+import math
+decay = {"constant": lambda f: 1.0, "cosine": lambda f: 0.5 * (1 + math.cos(math.pi * f)), "linear": lambda f: 1 - f}[a.schedule]
+sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / (a.warmup + 1)) * decay(min(i / a.steps, 1.0)))
 t0 = time.perf_counter()
 for step in range(1, a.steps + 1):
     rows = [train[i] for i in torch.randint(len(train), (a.prompts,), generator=g).tolist()]
@@ -64,7 +72,12 @@ for step in range(1, a.steps + 1):
     reps = [r for r in rows for _ in range(a.G)]
     rewards = torch.tensor(task.reward(texts, numbers=[r["numbers"] for r in reps], target=[r["target"] for r in reps]))
     rg = rewards.view(a.prompts, a.G)
-    adv = ((rg - rg.mean(1, keepdim=True)) / (rg.std(1, unbiased=False, keepdim=True) + 1e-6)).view(-1)  # [N]
+    adv = rg - rg.mean(1, keepdim=True)
+    if a.adv != "nostd":
+        adv = adv / (rg.std(1, unbiased=False, keepdim=True) + 1e-6)
+    adv = adv.view(-1)  # [N]
+    if a.adv == "positive":
+        adv = adv.clamp(min=0)
     attn = torch.cat([enc["attention_mask"].repeat_interleave(a.G, 0), cmask.long()], 1)
     pos = (attn.cumsum(1) - 1).clamp(min=0)
     model.train()
@@ -76,6 +89,7 @@ for step in range(1, a.steps + 1):
     loss.backward()
     gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
+    sched.step()
     if step % 10 == 0:
         print(f"step {step} reward {rewards.mean():.3f} acc {(rewards == 1).float().mean():.3f} gn {gn:.2f} "
               f"{time.perf_counter() - t0:.0f}s", flush=True)
