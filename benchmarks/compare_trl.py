@@ -360,11 +360,12 @@ def run_child(framework: str, spec: dict, work: Path) -> dict:
     spec_path.write_text(json.dumps(spec, indent=2))
     result_path.unlink(missing_ok=True)
     env = dict(os.environ, OMP_NUM_THREADS=str(spec["threads"]), TOKENIZERS_PARALLELISM="false")
-    if spec.get("overrides"):  # torch.compile runs start from an empty compile cache: the warm-up a first run pays
+    if spec.get("overrides"):  # torch.compile: the first round starts from an empty compile cache (what a first run pays)
         import shutil
 
         cache = work / f"{spec['workload']}-{framework}-inductor-cache"
-        shutil.rmtree(cache, ignore_errors=True)
+        if spec.get("round", 0) == 0:
+            shutil.rmtree(cache, ignore_errors=True)
         env["TORCHINDUCTOR_CACHE_DIR"] = str(cache.resolve())
     load_before = machine_load()
     t = time.perf_counter()
@@ -540,10 +541,14 @@ def main(argv=None) -> None:
                     import shutil
 
                     shutil.rmtree(run_dir)  # a fresh run, never a resume
-                runs[fw].append(run_child(fw, dict(spec, out_dir=str(run_dir), overrides=overrides), work))
+                runs[fw].append(run_child(fw, dict(spec, out_dir=str(run_dir), overrides=overrides, round=r), work))
                 peak = max(peak, peak_now(sizes=(4096,), repeats=3))
         results = {fw: rs[0] for fw, rs in runs.items()}  # the first round: reward curves, shapes
-        best = {fw: best_round([summarize(x, args.warmup, args.mu, counts["non_embedding"]) for x in rs]) for fw, rs in runs.items()}
+        per_round = {fw: [summarize(x, args.warmup, args.mu, counts["non_embedding"]) for x in rs] for fw, rs in runs.items()}
+        best = {fw: best_round(rs) for fw, rs in per_round.items()}
+        # Each round runs the frameworks back to back, so a pair shares the machine's load better than
+        # two best rounds picked independently: the speed-up per round, and its median.
+        paired = {fw: [t["step_s"] / g["step_s"] for g, t in zip(per_round[fw], per_round["trl"])] for fw in runs if fw != "trl"}
         loads = "; ".join(f"{'TRL' if fw == 'trl' else fw} run {i + 1}: {x['load_before']} -> {x['load_after']}"
                           for i in range(args.rounds) for fw, x in ((fw, runs[fw][i]) for fw in runs))
         curves[name] = {f"grpokit ({results['grpokit']['engine']})": results["grpokit"]["steps"][:50],
@@ -559,9 +564,15 @@ def main(argv=None) -> None:
             "",
             *table([(fw, best[fw], results[fw]) for fw in runs]),
             "",
-            "Warm-up (the first " + str(args.warmup) + " steps, left out of the medians; with model.compile=true they include "
-            "compiling from an empty compile cache; a recompile for a new batch shape later falls in the timed steps): " + ", ".join(f"{results[fw]['framework']} ({results[fw]['engine']}) {best[fw]['warmup_s']:.1f} s"
-                                       for fw in runs) + " (the best round's run).",
+            "Speed-up per round (TRL s/step / grpokit s/step, the two runs of one round back to back): "
+            + "; ".join(f"grpokit ({results[fw]['engine']}) " + ", ".join(f"{x:.2f}x" for x in xs)
+                        + f" (median {statistics.median(xs):.2f}x)" for fw, xs in paired.items()) + ".",
+            "",
+            "Warm-up (the first " + str(args.warmup) + " steps of the first round, left out of the medians; with "
+            "model.compile=true they include compiling from an empty compile cache, later rounds reuse that cache; a "
+            "recompile for a new batch shape later falls in the timed steps): "
+            + ", ".join(f"{results[fw]['framework']} ({results[fw]['engine']}) {per_round[fw][0]['warmup_s']:.1f} s"
+                        for fw in runs) + ".",
             "",
             "Effective batch shapes:",
             "",
