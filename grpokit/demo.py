@@ -22,7 +22,7 @@ import torch
 # Settings found in benchmarks/demo_tuning/notes.md; every GRPO key is a normal config override.
 FULL = {
     "model_size": "demo",
-    "sft": dict(rows=10000, epochs=3.0, batch_size=64, lr=1e-3),
+    "sft": dict(rows=20000, steps=900, batch_size=64, lr=1e-3),
     "grpo": [
         "rollout.engine=fast",
         "rollout.prompts_per_step=16",
@@ -30,21 +30,22 @@ FULL = {
         "rollout.max_completion_length=16",
         "rollout.temperature=1.0",
         "algorithm.beta=0.0",
-        "algorithm.loss_type=dapo",
-        "algorithm.epsilon_high=0.28",
-        "optim.learning_rate=5e-4",
-        "optim.max_steps=150",
+        "optim.learning_rate=1e-4",
+        "optim.lr_scheduler=cosine",
+        "optim.warmup_steps=50",
+        "optim.max_steps=400",
         "data.task_train_size=10000",
         "data.eval_size=500",
+        "eval.every=100",
         "eval.k=8",
         "eval.batch_size=250",
-        "checkpoint.save_every=50",
-        "logging.sample_every=25",
+        "checkpoint.save_every=100",
+        "logging.sample_every=50",
     ],
 }
 QUICK = {
     "model_size": "test",
-    "sft": dict(rows=2000, epochs=1.0, batch_size=64, lr=3e-3),
+    "sft": dict(rows=2000, steps=32, batch_size=64, lr=3e-3),
     "grpo": [
         "rollout.engine=fast",
         "rollout.prompts_per_step=8",
@@ -97,7 +98,7 @@ def run_demo(out: Path, *, quick: bool = False, seed: int = 0, overrides: list[s
     sft = settings["sft"]
     pairs = task.make_rows("train", sft["rows"], seed)
     t = time.perf_counter()
-    stats = train_sft(model, tok, pairs, epochs=sft["epochs"], batch_size=sft["batch_size"], lr=sft["lr"], seed=seed)
+    stats = train_sft(model, tok, pairs, steps=sft["steps"], batch_size=sft["batch_size"], lr=sft["lr"], seed=seed)
     model.save_pretrained(out / "sft")
     tok.save_pretrained(out / "sft")
     sft_time = time.perf_counter() - t
@@ -122,7 +123,7 @@ def run_demo(out: Path, *, quick: bool = False, seed: int = 0, overrides: list[s
     evals = _eval_rows(out / "grpo" / "metrics.jsonl")
     before, after = evals[0], evals[-1]
     k = cfg.eval.k
-    keys = ["eval/pass@1", f"eval/pass@{k}", f"eval/maj@{k}", "eval/format_rate", "eval/mean_length"]
+    keys = ["eval/pass@1", f"eval/mean@{k}", f"eval/pass@{k}", f"eval/maj@{k}", "eval/format_rate", "eval/mean_length"]
     table = Table(title=f"held-out countdown, {int(before['eval/num_prompts'])} problems (seed {seed})")
     for col in ("metric", "SFT warm-start", "after GRPO", "change"):
         table.add_column(col, justify="right" if col != "metric" else "left")
