@@ -81,7 +81,8 @@ def run_demo(out: Path, *, quick: bool = False, seed: int = 0, overrides: list[s
     from grpokit.trainer import Trainer
 
     console = Console()
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    # all cores unless OMP_NUM_THREADS says otherwise (e.g. several demos side by side)
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or os.cpu_count() or 1))
     settings = QUICK if quick else FULL
     out = Path(out)
     for owned in ("sft", "grpo"):  # a demo always starts fresh; only its own folders are removed
