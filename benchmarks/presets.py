@@ -2,6 +2,7 @@
 
     python benchmarks/presets.py                        # warm start /tmp/sft_G; 10 runs, ~30 min on 1 CPU thread
     python benchmarks/presets.py --model runs/demo/sft --steps 50 --presets grpo,dapo --seeds 0
+    python benchmarks/presets.py --report-only          # redraw the report from runs/presets/runs.json
 
 Writes benchmarks/results/presets.md (command, machine load, tables) and presets.png (held-out
 accuracy against optimizer steps and against training seconds). The issue's claim under test: "on
@@ -28,6 +29,7 @@ A warm start is any countdown-SFT'd model folder with its tokenizer; benchmarks/
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import shlex
@@ -166,6 +168,23 @@ def summary_table(runs: list[dict], reach: dict) -> list[str]:
     return lines
 
 
+def eval_noise(runs: list[dict]) -> str:
+    """How much the held-out numbers move without training, and between consecutive evaluations of one run."""
+    parts = []
+    for preset in dict.fromkeys(r["preset"] for r in runs):
+        starts = [r["curve"][0]["mean@k"] for r in runs if r["preset"] == preset]
+        if len(starts) > 1:
+            parts.append(f"The warm start's mean@{K} measured with {preset}'s {len(starts)} seeds' sampling seeds (same weights, "
+                         f"same problems): {', '.join(pct(x) for x in starts)}.")
+            break
+    drops = [(a["mean@k"] - b["mean@k"], r, a, b) for r in runs for a, b in zip(r["curve"], r["curve"][1:])]
+    if drops:
+        d, r, a, b = max(drops, key=lambda x: x[0])
+        parts.append(f"Largest fall between two consecutive evaluations of one run: {r['preset']} seed {r['seed']}, "
+                     f"mean@{K} {pct(a['mean@k'])} at step {a['step']} -> {pct(b['mean@k'])} at step {b['step']}.")
+    return " ".join(parts)
+
+
 def verdict(runs: list[dict], reach: dict) -> str:
     """The claim, answered from the numbers: DAPO reaches grpo's final mean@k in fewer steps, per seed."""
     dapo = [r for r in runs if r["preset"] == "dapo"]
@@ -177,7 +196,13 @@ def verdict(runs: list[dict], reach: dict) -> str:
     parts = [f"seed {s}: dapo {'never' if d is None else f'at step {d}'}, grpo at step {g}" for s, d, g in pairs]
     head = (f"**Claim (mean@{K}): DAPO reached plain GRPO's final held-out mean@{K} in fewer optimizer steps in "
             f"{len(sooner)} of {len(pairs)} seeds**")
-    return f"{head} ({'; '.join(parts)}; steps are multiples of the eval interval)."
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    seeds = [s for s, _, _ in pairs]
+    finals = {p: mean([r["curve"][-1]["mean@k"] for r in runs if r["preset"] == p and r["seed"] in seeds]) for p in ("grpo", "dapo")}
+    tail = (f"Final mean@{K}, mean over these seeds: dapo {pct(finals['dapo'])}, grpo {pct(finals['grpo'])}."
+            + ("" if any(d is None for _, d, _ in pairs) else
+               f" Steps to grpo's final, mean over seeds: dapo {mean([d for _, d, _ in pairs]):.0f}, grpo {mean([g for _, _, g in pairs]):.0f}."))
+    return f"{head} ({'; '.join(parts)}; steps are multiples of the eval interval). {tail}"
 
 
 def plot(runs: list[dict], path: Path, title: str) -> None:
@@ -215,14 +240,17 @@ def cpu_name() -> str:
 
 
 def git_commit() -> str:
+    """HEAD when the runs start, and whether grpokit/ differs from it (the code the runs actually import)."""
+    root = Path(__file__).resolve().parents[1]
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent)
-        return out.stdout.strip() or "unknown"
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=root).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "grpokit"], capture_output=True, text=True, cwd=root).stdout.strip()
     except OSError:
         return "unknown"
+    return (head or "unknown") + (" (grpokit/ with uncommitted changes)" if dirty else "")
 
 
-def write_report(args, command: str, runs: list[dict], started: str, load_start: str, total_s: float) -> Path:
+def write_report(args, command: str, runs: list[dict], started: str, load_start: str, total_s: float, commit: str) -> Path:
     results = Path(args.results)
     results.mkdir(parents=True, exist_ok=True)
     grpo_final = {r["seed"]: r["curve"][-1] for r in runs if r["preset"] == "grpo"}
@@ -238,7 +266,7 @@ def write_report(args, command: str, runs: list[dict], started: str, load_start:
         "",
         f"Machine: {os.cpu_count()} CPU cores ({cpu_name()}), torch {torch.__version__}, "
         f"{args.threads} thread(s), shared with other jobs; load average (1, 5, 15 min) {load_start} at the start; "
-        f"started {started}, {total_s / 60:.1f} min in all; grpokit commit {git_commit()}.",
+        f"started {started}, {total_s / 60:.1f} min in all; grpokit commit {commit} at the start.",
         "",
         f"Warm start `{args.model}` (every run starts from it). Budget of every run: {budget}. Held-out: the same "
         f"{args.eval_size} countdown test problems for every run, evaluated at step 0, every {args.eval_every} steps and "
@@ -255,6 +283,9 @@ def write_report(args, command: str, runs: list[dict], started: str, load_start:
         f"moves in steps of {100 / (args.eval_size * K):.3f} points.",
         "",
         verdict(runs, reach),
+        "",
+        f"**Noise.** {eval_noise(runs)} A difference of a few points between two runs, or a step of the eval interval "
+        f"in \"reaches\", is within what one run does from one evaluation to the next.",
         "",
         "## Summary (mean over seeds)",
         "",
@@ -296,6 +327,7 @@ def parse_args(argv: list[str] | None = None):
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", default="runs/presets", help="run folders (metrics.jsonl, final model)")
     p.add_argument("--results", default=str(Path(__file__).parent / "results"), help="where presets.md / presets.png go")
+    p.add_argument("--report-only", action="store_true", help="redraw the report from --out/runs.json without training")
     return p.parse_args(argv)
 
 
@@ -310,10 +342,17 @@ def main(argv: list[str] | None = None) -> Path:
     if unknown:
         raise SystemExit(f"unknown preset(s) {unknown}; allowed: {', '.join(ALL_PRESETS)}")
     seeds = [int(s) for s in args.seeds.split(",")]
-    command = "python benchmarks/presets.py " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
+    command = " ".join(["python benchmarks/presets.py", *(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))])
+    saved = Path(args.out) / "runs.json"
+    if args.report_only:
+        state = json.loads(saved.read_text())
+        args = argparse.Namespace(**{**state["args"], "results": args.results})  # the settings the runs had
+        path = write_report(args, state["command"], state["runs"], state["started"], state["load_start"], state["total_s"], state["commit"])
+        print(f"wrote {path} and {path.with_suffix('.png')} from {saved}")
+        return path
     # One held-out set for every run and seed (the trainer would otherwise draw the test split with the run's seed).
     eval_rows = get_task("countdown").make_rows("test", args.eval_size, 0)
-    started, load_start, t0 = time.strftime("%Y-%m-%d %H:%M %Z"), load_avg(), time.perf_counter()
+    started, load_start, commit, t0 = time.strftime("%Y-%m-%d %H:%M %Z"), load_avg(), git_commit(), time.perf_counter()
     runs = []
     for preset in presets:
         for seed in seeds if preset in MULTI_SEED else seeds[:1]:
@@ -322,7 +361,9 @@ def main(argv: list[str] | None = None) -> Path:
             print("    " + "  ".join(f"step {p['step']}: mean@{K} {pct(p['mean@k'])} pass@1 {pct(p['pass@1'])}" for p in r["curve"])
                   + f"  ({r['train_s']:.0f}s train, {r['wall_s']:.0f}s wall)", flush=True)
             runs.append(r)
-    path = write_report(args, command, runs, started, load_start, time.perf_counter() - t0)
+    state = dict(args=vars(args), command=command, runs=runs, started=started, load_start=load_start, total_s=time.perf_counter() - t0, commit=commit)
+    saved.write_text(json.dumps(state, indent=1))  # --report-only redraws the report from this
+    path = write_report(args, **{k: state[k] for k in ("command", "runs", "started", "load_start", "total_s", "commit")})
     print(f"wrote {path} and {path.with_suffix('.png')}")
     return path
 

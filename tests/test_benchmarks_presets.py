@@ -33,6 +33,10 @@ def test_presets_benchmark_writes_a_row_per_run(tiny_model_dir, tmp_path):
     summary = text.split("## Summary", 1)[1].split("\n## ", 1)[0]
     assert len([l for l in summary.splitlines() if re.match(r"\| (grpo|dapo) \| 0 \|", l)]) == 2
     assert "Claim (mean@8)" in text
+    # --report-only redraws the same report from the saved runs, without training.
+    md.unlink()
+    args = ["--out", str(tmp_path / "runs"), "--results", str(tmp_path / "results"), "--report-only"]
+    assert bench.main(args).read_text() == text
 
 
 def test_first_reach_is_the_first_evaluated_step_at_or_above_the_target():
