@@ -1,6 +1,6 @@
 """`grpokit demo`: the whole pipeline on 2 CPU cores, no GPU, no downloads.
 
-    grpokit demo              # ~12 minutes: countdown, SFT warm-start then GRPO, 500 held-out problems
+    grpokit demo              # ~10 minutes: countdown, SFT warm-start then GRPO, 500 held-out problems
     grpokit demo --quick      # ~1 minute smoke test with the same outputs
 
 1. builds a character tokenizer and a tiny Llama (a few million parameters) from a config;
