@@ -26,7 +26,8 @@ from typing import Any, Callable
 logger = logging.getLogger("grpokit.rewards")
 
 
-def _text(completion: Any) -> str:
+def completion_text(completion: Any) -> str:
+    """A completion's text: the string, or the last message's content (conversational completions, as TRL)."""
     if isinstance(completion, str):
         return completion
     if isinstance(completion, list) and completion and isinstance(completion[-1], dict):
@@ -109,7 +110,7 @@ def math_reward(
             rewards.append(None)
             continue
         try:
-            pred = parse(extract_final_answer(_text(completion)), parsing_timeout=timeout)
+            pred = parse(extract_final_answer(completion_text(completion)), parsing_timeout=timeout)
             rewards.append(float(bool(pred) and verify(gold_parsed, pred, timeout_seconds=timeout)))
         except Exception:  # math-verify bugs on odd inputs: unverified means wrong, as in TRL
             logger.debug("math-verify failed on %r", completion, exc_info=True)
@@ -148,7 +149,7 @@ def format_reward(
     """
     regex = re.compile(pattern, re.DOTALL if dotall else 0)
     match = regex.search if search else regex.fullmatch
-    return [1.0 if match(_text(c)) else 0.0 for c in completions]
+    return [1.0 if match(completion_text(c)) else 0.0 for c in completions]
 
 
 def _validate_format(kwargs: dict) -> None:
@@ -221,7 +222,7 @@ def countdown_steps(
 
     out = []
     for completion, nums, tgt in zip(completions, numbers, target, strict=True):
-        text = _text(completion)
+        text = completion_text(completion)
         pool, scores, ends, pos, last = list(nums), [], [], 0, None
         for step in text.split(","):
             end = pos + len(step)

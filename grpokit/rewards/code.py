@@ -195,7 +195,7 @@ def evaluate_code(
     isolation: Isolation = "auto",
 ) -> list[CodeResult]:
     """One CodeResult per completion: extract its code, run it with its row's tests, score it."""
-    from grpokit.rewards.builtins import _text  # here: builtins imports this module
+    from grpokit.rewards.builtins import completion_text  # here: builtins imports this module
 
     if len(completions) != len(tests):
         raise ValueError(f"{len(completions)} completions but {len(tests)} rows of tests")
@@ -214,7 +214,7 @@ def evaluate_code(
         if total == 0:
             results[i] = CodeResult(None, "no_tests")
             continue
-        code = extract_code(_text(completion))
+        code = extract_code(completion_text(completion))
         if not code.strip():
             results[i] = CodeResult(0.0, "no_code", 0, total)
             continue

@@ -44,7 +44,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from grpokit.rewards.builtins import BUILTIN_REWARDS
+from grpokit.rewards.builtins import BUILTIN_REWARDS, completion_text
 from grpokit.rewards.steps import StepScores
 
 logger = logging.getLogger("grpokit.rewards")
@@ -377,7 +377,7 @@ class RewardManager:
             for i, v in enumerate(items):
                 if not isinstance(v, StepScores):
                     continue
-                if problem := v.problem(len(_text(call_args["completions"][i]))):
+                if problem := v.problem(len(completion_text(call_args["completions"][i]))):
                     step_problems[i] = problem
                     continue
                 steps[i] = v
@@ -415,15 +415,6 @@ class RewardManager:
             "Reported once: later failures are only counted in reward/errors/%s",
             message, reward.name, exc_info=exc,
         )
-
-
-def _text(completion: Any) -> str:
-    """The text a StepScores' offsets refer to: the string, or the last message's content (as TRL)."""
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, list) and completion and isinstance(completion[-1], dict):
-        return str(completion[-1].get("content", ""))
-    return ""
 
 
 def _short(value: Any, limit: int = 60) -> str:
