@@ -179,29 +179,14 @@ def countdown_reward(completions: list, numbers: list, target: list, **kwargs: A
 
 
 def _countdown_step(step: str, pool: list[int], ops: str) -> int | None:
-    """The result of one step "a<op>b=c" when it is well formed, uses two available numbers (taken
-    from pool) and states the right result (added to pool); else None, pool unchanged."""
-    from fractions import Fraction
+    """The result of one step "a<op>b=c" (the task's apply_step: taken from / added to pool), or
+    None when the step is not valid (pool unchanged)."""
+    from grpokit.tasks.countdown import apply_step
 
-    lhs, eq, result = step.strip().partition("=")
-    i = next((k for k, c in enumerate(lhs) if c in ops and k > 0), -1)
-    a, op, b = lhs[:i].strip(), lhs[i : i + 1], lhs[i + 1 :].strip()
-    result = result.strip()
-    if not eq or i < 0 or not all(x.isdigit() and len(x) <= 6 for x in (a, b, result)):
+    try:
+        return apply_step(step, pool, ops)
+    except ValueError:
         return None
-    x, y = int(a), int(b)
-    left = list(pool)
-    for v in (x, y):
-        if v not in left:
-            return None
-        left.remove(v)
-    if op == "/" and y == 0:
-        return None
-    value = {"+": Fraction(x) + y, "-": Fraction(x) - y, "*": Fraction(x) * y, "/": Fraction(x) / (y or 1)}[op]
-    if value != int(result):
-        return None
-    pool[:] = left + [int(result)]
-    return int(result)
 
 
 def countdown_steps(

@@ -15,6 +15,8 @@ from __future__ import annotations
 import hashlib
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from grpokit.rewards.builtins import completion_text  # noqa: F401  (tasks' rewards read completions the same way)
+
 Split = Literal["train", "test"]
 
 #: share of all problems that belong to the test split (by hash), in percent
@@ -48,16 +50,6 @@ def split_of(canonical_problem: str) -> Split:
     (not Python's `hash`, which is salted per process)."""
     h = int.from_bytes(hashlib.blake2b(canonical_problem.encode(), digest_size=8).digest(), "big")
     return "test" if h % 100 < TEST_PERCENT else "train"
-
-
-def completion_text(completion: Any) -> str:
-    """The text of one completion as TRL passes it: a string, or (conversational datasets)
-    a list of messages whose last one is the assistant's."""
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, list) and completion and isinstance(completion[-1], dict):
-        return str(completion[-1].get("content", ""))
-    return ""
 
 
 def check_split(split: str) -> None:

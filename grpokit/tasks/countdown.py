@@ -117,31 +117,40 @@ def parse_expression(text: str, ops: str = "+-*/") -> tuple[Fraction, list[int]]
 _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b, "/": lambda a, b: a / b}
 
 
+def apply_step(step: str, pool: list[int], ops: str = "+-*/") -> int:
+    """One step "a<op>b=c" of a step-by-step solution: checks that it is well formed, that a and b
+    are available in pool (given numbers or earlier results) and that c is a <op> b; then takes a
+    and b from pool, adds c, and returns c. Raises ValueError otherwise, pool unchanged."""
+    lhs, eq, result = step.strip().partition("=")
+    i = next((k for k, c in enumerate(lhs) if c in ops and k > 0), -1)
+    a, op, b = lhs[:i].strip(), lhs[i:i + 1], lhs[i + 1:].strip()
+    result = result.strip()
+    if not eq or i < 0 or not all(x.isdigit() and len(x) <= 6 for x in (a, b, result)):
+        raise _ParseError(f"malformed step {step!r}")
+    left = list(pool)
+    for n in (int(a), int(b)):
+        if n not in left:
+            raise _ParseError(f"{n} is not available")
+        left.remove(n)
+    if op == "/" and int(b) == 0:
+        raise _ParseError("division by zero")
+    if _OPS[op](Fraction(int(a)), Fraction(int(b))) != int(result):
+        raise _ParseError(f"wrong result in {step!r}")
+    pool[:] = left + [int(result)]
+    return int(result)
+
+
 def parse_steps(text: str, numbers: list[int], ops: str = "+-*/") -> Fraction:
     """Value of a step-by-step solution "7-3=4,4*2=8,8+9=17": each step combines two numbers still
     available (given ones, or results of earlier steps) and states the result, which becomes
-    available. Returns the last result. Raises ValueError when a step is malformed, uses a number
-    that is not available, states a wrong result, or when numbers are left unused."""
+    available (apply_step). Returns the last result. Raises ValueError when a step is malformed,
+    uses a number that is not available, states a wrong result, or when numbers are left unused."""
     if len(text) > MAX_EXPRESSION_CHARS:
         raise _ParseError("solution too long")
     pool = list(numbers)
     value = None
     for step in text.split(","):
-        lhs, eq, result = step.strip().partition("=")
-        i = next((k for k, c in enumerate(lhs) if c in ops and k > 0), -1)
-        a, op, b = lhs[:i], lhs[i:i + 1], lhs[i + 1:]
-        if not eq or i < 0 or not (a.isdigit() and b.isdigit() and result.isdigit()):
-            raise _ParseError(f"malformed step {step!r}")
-        for n in (int(a), int(b)):
-            if n not in pool:
-                raise _ParseError(f"{n} is not available")
-            pool.remove(n)
-        if op == "/" and int(b) == 0:
-            raise _ParseError("division by zero")
-        value = _OPS[op](Fraction(int(a)), Fraction(int(b)))
-        if value != int(result):
-            raise _ParseError(f"wrong result in {step!r}")
-        pool.append(int(result))
+        value = Fraction(apply_step(step, pool, ops))
     if len(pool) != 1:
         raise _ParseError("numbers left unused")
     return value
