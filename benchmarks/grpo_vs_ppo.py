@@ -20,9 +20,10 @@ learning rate (--critic-lr). Reported per arm:
     rollout time, GAE, its updates): noisy on a shared machine; per-phase times are in metrics.jsonl.
 
 A warm start: any folder with a countdown-SFT'd causal LM and its tokenizer. `grpokit demo` writes
-one to runs/demo/sft (the demo's 3.4M-parameter model); `--make-sft DIR` here builds a smaller one
-(the tests' 0.2M-parameter Llama, 3 epochs of SFT on 16,000 countdown solutions); benchmarks/demo_tuning/exp_sft.py
---save DIR saves the models of the demo-tuning experiments. Extra config overrides for both arms
+one to runs/demo/sft (the demo's 1.78M-parameter model); `--make-sft DIR` here builds a smaller one
+(the tests' 0.2M-parameter Llama, 3 epochs of SFT on 16,000 countdown solutions); the demo-tuning
+experiments' exp_sft.py --save DIR (removed from the tree; last in commit e102b80, see docs/demo_tuning.md)
+saved the warm start "G" of docs/ppo.md. Extra config overrides for both arms
 go after --set, e.g. --set rollout.engine=fast algorithm.loss_type=dapo.
 """
 from __future__ import annotations
@@ -63,8 +64,8 @@ def state_bytes(trainer) -> dict[str, int]:
         "ref_params": tensor_bytes(trainer.ref.parameters()) if trainer.ref is not None else 0,
         "critic_params": tensor_bytes(critic),
         "grads": tensor_bytes(p for p in policy + critic if p.requires_grad),
-        "optimizer_state": optimizer_bytes(trainer.optimizer)
-        + (optimizer_bytes(trainer.critic_optimizer) if hasattr(trainer, "critic_optimizer") else 0),
+        "optimizer_state": optimizer_bytes(trainer.optimizer.adamw)
+        + (optimizer_bytes(trainer.critic.optimizer.adamw) if trainer.critic is not None else 0),
     }
     out["total"] = sum(out.values())
     return out

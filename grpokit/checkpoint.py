@@ -10,6 +10,9 @@ a crash during a save leaves the previous checkpoint intact, and a folder withou
 never loaded. Older checkpoints are deleted only after a new one is complete, and are first renamed
 out of the step-N namespace, so a crash during the deletion cannot leave a half-deleted step-N.
 Any failure while writing (a full disk, an unwritable folder) is a CheckpointError.
+
+Resuming (`resume`) and the stop signals of a run (`StopSignals`: SIGTERM / SIGINT finish the step,
+save, and stop) live here too.
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ import os
 import random
 import re
 import shutil
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -185,3 +189,52 @@ def _why(exc: BaseException) -> str:
     """The telling line of an exception message (torch puts the size mismatch on the second line)."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     return next((line for line in lines if "mismatch" in line), lines[0] if lines else type(exc).__name__)
+
+
+def latest_checkpoint(out_dir: Path) -> tuple[int, Path] | None:
+    """(step, folder) of the newest complete checkpoint under out_dir, or None."""
+    found = list_checkpoints(out_dir)
+    return found[-1] if found else None
+
+
+def resume(out_dir: Path, model) -> tuple[int, dict] | None:
+    """Load the newest complete checkpoint's weights into model and restore the RNGs; returns (step, the
+    trainer state saved with them), or None when out_dir holds no checkpoint."""
+    found = latest_checkpoint(out_dir)
+    if found is None:
+        return None
+    step, path = found
+    state = load_checkpoint(path, model)
+    set_rng_state(state["rng"])
+    return step, state
+
+
+class StopSignals:
+    """SIGTERM / SIGINT while a run is inside: the first is remembered (`received`, the signal's name) so that
+    the loop finishes its step, saves and stops; a second one stops at once (KeyboardInterrupt).
+    The previous handlers are restored on exit.
+
+        with StopSignals() as stop:
+            while ...:
+                ...
+                if stop.received: save and return
+    """
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self):
+        self.received: str | None = None
+        self._previous: dict = {}
+
+    def _handle(self, signum, frame) -> None:
+        if self.received is not None:  # a second Ctrl-C: stop now
+            raise KeyboardInterrupt
+        self.received = signal.Signals(signum).name
+
+    def __enter__(self) -> "StopSignals":
+        self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 
 class ConfigError(ValueError):
@@ -214,14 +215,32 @@ class CheckpointConfig(Section):
 
 
 class RewardSpec(Section):
-    function: str
-    """Built-in name (countdown, countdown_steps, math, format, overlong, length, code_tests) or import path package.module:function."""
+    """One reward function in the combination: an entry of `rewards` in a config, or built in Python,
+    where the function may come first: RewardSpec("math"), RewardSpec(my_fn, weight=0.5)."""
+
+    function: str | Callable[..., Any]
+    """Built-in name (math, format, overlong, length, code_tests; countdown, countdown_steps from the built-in tasks), package.module:function, path/to/file.py:function, or (from Python) the callable itself."""
     weight: float = 1.0
     """Weight in the total reward."""
     kwargs: dict[str, Any] = Field(default_factory=dict)
-    """Keyword arguments bound to the function."""
+    """Keyword arguments passed on every call (settings such as a regex or a length limit)."""
     name: str | None = None
     """Metric name (reward/<name>); default the function's name."""
+
+    def __init__(self, function: Any = None, /, **data: Any) -> None:
+        if function is not None:
+            if "function" in data:
+                raise TypeError("RewardSpec got the function twice (positionally and as function=)")
+            data["function"] = function
+        super().__init__(**data)
+
+    @field_validator("function", mode="plain")
+    @classmethod
+    def _name_or_callable(cls, value: Any) -> Any:
+        # plain: a config's value gets the usual message, without pydantic's per-union-member locations
+        if isinstance(value, str) or callable(value):
+            return value
+        raise PydanticCustomError("string_type", "Input should be a valid string")
 
 
 class Config(Section):

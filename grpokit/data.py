@@ -1,5 +1,6 @@
 """Stage 1 of DESIGN.md (config section `data`): load rows, render and tokenize prompts, sample prompts per step.
 
+    data = build_datasets(cfg.data, tokenizer, seed=cfg.seed)   # train / eval / sft / demo: rows -> split -> datasets
     rows = load_rows("train.jsonl")                      # .jsonl .json .parquet .csv, or a datasets folder
     train, held_out = split_rows(rows, eval_size=100, seed=0)
     ds = PromptDataset(train, tokenizer, max_prompt_length=512)
@@ -24,6 +25,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
+
+from grpokit.config import ConfigError
+from grpokit.tasks import get_task
 
 SUPPORTED_FILES = (".jsonl", ".json", ".parquet", ".csv")
 OVERLONG_CHOICES = ("error", "truncate")
@@ -236,6 +240,7 @@ class PromptRow:
     prompt_text: str  # the rendered text behind prompt_ids (decoded from them when truncated)
     prompt: Prompt  # the original value, passed to reward functions as `prompts`
     columns: dict[str, Any] = field(default_factory=dict)  # every other column, passed as keyword arguments
+    truncated: bool = False  # longer than max_prompt_length, cut to its last tokens (overlong="truncate")
 
 
 def _is_messages(prompt: Any) -> bool:
@@ -308,6 +313,7 @@ class PromptDataset:
             )
 
         self._ids = ids
+        self._truncated = set(overlong_rows)
         self._texts = texts
         self._prompts = prompts
         self._columns = [{c: row.get(c) for c in self.column_names if c != prompt_column} for row in rows]
@@ -349,7 +355,82 @@ class PromptDataset:
 
     def __getitem__(self, i: int) -> PromptRow:
         return PromptRow(
-            prompt_ids=self._ids[i], prompt_text=self._texts[i], prompt=self._prompts[i], columns=self._columns[i]
+            prompt_ids=self._ids[i],
+            prompt_text=self._texts[i],
+            prompt=self._prompts[i],
+            columns=self._columns[i],
+            truncated=i in self._truncated,
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# The one builder: train, eval, sft and the demo get their data here
+
+
+@dataclass
+class Datasets:
+    train: PromptDataset
+    eval: PromptDataset | None  # None: no held-out prompts
+    task: Any | None  # the built-in task (grpokit.tasks) the rows came from: its reward is the default
+
+
+def build_datasets(
+    data_cfg: Any,
+    tokenizer: Any,
+    *,
+    seed: int,
+    train_rows: Sequence[dict[str, Any]] | None = None,
+    eval_rows: Sequence[dict[str, Any]] | None = None,
+    required_columns: Sequence[str] = (),
+) -> Datasets:
+    """The run's datasets as the config's `data` section says: rows from data.task, data.train_path or
+    `train_rows`; held-out rows from `eval_rows`, data.eval_path, data.eval_size distinct prompts split off
+    (seeded), or the task's test split; prompts rendered and tokenized once (PromptDataset).
+    required_columns: columns every row needs besides the prompt (SFT: "completion")."""
+    task = None
+    if train_rows is None and data_cfg.task:
+        try:
+            task = get_task(data_cfg.task)
+        except ValueError as exc:
+            raise ConfigError(f"data.task: {exc}") from None
+        train_rows = task.make_rows("train", data_cfg.task_train_size, seed)
+        if eval_rows is None and data_cfg.eval_path is None:
+            eval_rows = task.make_rows("test", data_cfg.eval_size or 500, seed)
+    elif train_rows is None:
+        if not data_cfg.train_path:
+            raise ConfigError("no training data: set data.train_path (a .jsonl/.parquet/.csv file) or data.task")
+        train_rows = load_rows(data_cfg.train_path)
+    if eval_rows is None:
+        if data_cfg.eval_path:
+            eval_rows = load_rows(data_cfg.eval_path)
+        elif data_cfg.eval_size:
+            train_rows, eval_rows = split_rows(train_rows, data_cfg.eval_size, seed, prompt_column=data_cfg.prompt_column)
+    for name, rows in (("data.train_path", train_rows), ("data.eval_path", eval_rows or [])):
+        for column in required_columns:
+            if rows and column not in _column_names(rows):
+                raise DataError(f"no {column!r} column in the dataset ({name}; columns found: {_column_names(rows)})")
+    kw = dict(
+        prompt_column=data_cfg.prompt_column,
+        max_prompt_length=data_cfg.max_prompt_length,
+        overlong=data_cfg.overlong_prompts,
+        system_prompt=data_cfg.system_prompt,
+    )
+    held_out = PromptDataset(eval_rows, tokenizer, **kw) if eval_rows else None
+    return Datasets(PromptDataset(train_rows, tokenizer, **kw), held_out, task)
+
+
+def check_context_length(data: Datasets, model_config: Any, max_completion_length: int) -> None:
+    """Longest prompt + max_completion_length must fit the model's positions: checked before any training."""
+    limit = getattr(model_config, "max_position_embeddings", None)
+    if not isinstance(limit, int):
+        return
+    longest = max(len(d[i].prompt_ids) for d in (data.train, data.eval) if d is not None for i in range(len(d)))
+    T = max_completion_length
+    if longest + T > limit:
+        raise ConfigError(
+            f"the longest prompt ({longest} tokens) + rollout.max_completion_length={T} is {longest + T} tokens, "
+            f"more than the model's max_position_embeddings={limit}; lower rollout.max_completion_length to "
+            f"{max(limit - longest, 0)} or shorten the prompts (data.max_prompt_length, data.overlong_prompts=truncate)"
         )
 
 

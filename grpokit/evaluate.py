@@ -14,6 +14,17 @@ from typing import Callable, Sequence
 
 import torch
 
+from grpokit.metrics import (
+    EVAL_FORMAT_RATE,
+    EVAL_MEAN_LENGTH,
+    EVAL_NUM_PROMPTS,
+    EVAL_PASS_AT_1,
+    EVAL_REWARD_MEAN,
+    EVAL_TIME,
+    eval_maj_at,
+    eval_mean_at,
+    eval_pass_at,
+)
 from grpokit.rollout.base import Completions, SamplingParams
 
 Judge = Callable[[Sequence, Completions], tuple[list[float], list[bool], list[bool]]]
@@ -73,11 +84,11 @@ def evaluate(
         lengths += [len(t) for t in comps.token_ids]
     n = max(len(rows), 1)
     metrics = {
-        "eval/pass@1": sum(correct) / n,
-        "eval/format_rate": sum(fmt) / n,
-        "eval/reward_mean": sum(scores) / n,
-        "eval/mean_length": sum(lengths) / max(len(lengths), 1),
-        "eval/num_prompts": float(len(rows)),
+        EVAL_PASS_AT_1: sum(correct) / n,
+        EVAL_FORMAT_RATE: sum(fmt) / n,
+        EVAL_REWARD_MEAN: sum(scores) / n,
+        EVAL_MEAN_LENGTH: sum(lengths) / max(len(lengths), 1),
+        EVAL_NUM_PROMPTS: float(len(rows)),
     }
     if k > 1:
         sampling = SamplingParams(max_tokens=max_tokens, temperature=temperature)
@@ -95,8 +106,8 @@ def evaluate(
                     sample_ok += sum(oks)
                     top = Counter(keys).most_common(1)[0][0]  # ties: the first seen
                     maj_ok += oks[keys.index(top)]
-        metrics[f"eval/pass@{k}"] = any_ok / n
-        metrics[f"eval/maj@{k}"] = maj_ok / n
-        metrics[f"eval/mean@{k}"] = sample_ok / (n * k)
-    metrics["eval/time"] = time.perf_counter() - t0
+        metrics[eval_pass_at(k)] = any_ok / n
+        metrics[eval_maj_at(k)] = maj_ok / n
+        metrics[eval_mean_at(k)] = sample_ok / (n * k)
+    metrics[EVAL_TIME] = time.perf_counter() - t0
     return metrics

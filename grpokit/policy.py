@@ -1,23 +1,24 @@
-"""The policy: model / tokenizer loading, and per-token log-probs of sampled completions.
+"""The policy: model / tokenizer loading (policy, reference, critic backbone, SFT), and per-token log-probs.
 
-    model, tokenizer = load_policy(cfg.model)
-    batch = pack_sequences(prompt_ids, completion_ids, pad_id)      # left-padded prompts, right-padded completions
-    logp, entropy = completion_logprobs(model, batch.input_ids, batch.attention_mask, batch.position_ids, T)
+    model, tokenizer = load_policy(cfg.model)                     # AutoModelForCausalLM + tokenizer, train mode
+    ref = build_reference(model, cfg.algorithm)                   # frozen copy of pi_theta, or None (beta = 0)
+    backbone = load_model(path, head="backbone")                  # the critic's body (AutoModel)
+    logp, entropy = completion_logprobs(model, packed, temperature=1.0, with_entropy=True)   # [N, T] each
 
-Position ids follow the attention mask (cumsum - 1), so left padding never shifts a position:
-a padded row gets exactly the log-probs it would get alone (tests/test_policy.py).
+`packed` is a grpokit.batch.PackedBatch (pack_sequences: left-padded prompts, right-padded completions).
 """
 from __future__ import annotations
 
 import copy
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
 from grpokit.algo import token_entropy, token_logprobs
+from grpokit.batch import PackedBatch
+from grpokit.rollout.base import cache_kwarg
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 logger = logging.getLogger("grpokit.policy")
@@ -57,18 +58,33 @@ def load_tokenizer(name_or_path: str, *, trust_remote_code: bool = False):
     return tok
 
 
-def load_model(name_or_path: str, *, dtype: str = "float32", attn_implementation: str | None = None, trust_remote_code: bool = False):
-    from transformers import AutoModelForCausalLM
+AUTO_CLASSES = {"causal_lm": "AutoModelForCausalLM", "backbone": "AutoModel"}
 
+
+def load_model(
+    name_or_path: str,
+    *,
+    dtype: str = "float32",
+    attn_implementation: str | None = None,
+    trust_remote_code: bool = False,
+    head: str = "causal_lm",
+):
+    """from_pretrained with the config's dtype / attention / remote-code settings, for every model grpokit loads:
+    head="causal_lm" (the policy, SFT) or "backbone" (the body without its LM head: the PPO critic's)."""
+    import transformers
+
+    auto = getattr(transformers, AUTO_CLASSES[head])
     _check_local(name_or_path, "model.name_or_path")
     kwargs = dict(dtype=DTYPES[dtype], trust_remote_code=trust_remote_code)
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
     try:
-        return AutoModelForCausalLM.from_pretrained(name_or_path, **kwargs)
+        return auto.from_pretrained(name_or_path, **kwargs)
     except (OSError, ValueError) as exc:
+        what = "a causal LM" if head == "causal_lm" else "a model backbone (for the critic)"
         raise ModelLoadError(
-            f"could not load a causal LM from {name_or_path!r} (model.name_or_path): {str(exc).splitlines()[0]}"
+            f"could not load {what} from {name_or_path!r} (model.name_or_path) with {AUTO_CLASSES[head]}: "
+            f"{str(exc).splitlines()[0]}"
         ) from None
 
 
@@ -83,25 +99,44 @@ def disable_dropout(model) -> None:
 
 
 def load_policy(model_cfg):
-    """(model, tokenizer) from a ModelConfig; the model is in train mode."""
+    """(model, tokenizer) from a ModelConfig, the model prepared for training (`prepare`)."""
     if not model_cfg.name_or_path:
         raise ModelLoadError("model.name_or_path is empty: set it to a Hugging Face model id or a local folder")
     tok = load_tokenizer(model_cfg.tokenizer or model_cfg.name_or_path, trust_remote_code=model_cfg.trust_remote_code)
-    model = load_model(
+    model = prepare(load_model_from_config(model_cfg), model_cfg)
+    if model.generation_config is not None and model.generation_config.pad_token_id is None:
+        model.generation_config.pad_token_id = tok.pad_token_id
+    return model, tok
+
+
+def load_model_from_config(model_cfg, *, head: str = "causal_lm"):
+    """load_model with model.* settings: the policy (causal_lm) or the critic's body (backbone) from one folder."""
+    return load_model(
         model_cfg.name_or_path,
         dtype=model_cfg.dtype,
         attn_implementation=model_cfg.attn_implementation,
         trust_remote_code=model_cfg.trust_remote_code,
+        head=head,
     )
-    if model.generation_config is not None and model.generation_config.pad_token_id is None:
-        model.generation_config.pad_token_id = tok.pad_token_id
+
+
+def prepare(model, model_cfg):
+    """model.* training settings on a loaded model: dropout off (model.disable_dropout), gradient
+    checkpointing (model.gradient_checkpointing); returns it in train mode."""
     if model_cfg.disable_dropout:
         disable_dropout(model)
     if model_cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()
         model.config.use_cache = False
-    model.train()
-    return model, tok
+    return model.train()
+
+
+def build_reference(model, alg) -> torch.nn.Module | None:
+    """pi_ref as algorithm.* says: None when beta = 0 or ref_policy=none (no KL term, no second copy in
+    memory); else a frozen copy of the policy as it is now (ref_policy=reset later copies the policy into it)."""
+    if alg.beta == 0 or alg.ref_policy == "none":
+        return None
+    return frozen_copy(model)
 
 
 def frozen_copy(model) -> torch.nn.Module:
@@ -110,58 +145,6 @@ def frozen_copy(model) -> torch.nn.Module:
     ref.eval()
     ref.requires_grad_(False)
     return ref
-
-
-@dataclass
-class PackedBatch:
-    input_ids: Tensor  # [N, P + T]  left-padded prompt, then right-padded completion
-    attention_mask: Tensor  # [N, P + T]
-    position_ids: Tensor  # [N, P + T]  cumsum(attention_mask) - 1: padding never shifts a position
-    completion_ids: Tensor  # [N, T]
-    completion_mask: Tensor  # [N, T]  1 on completion tokens (EOS included), 0 on padding
-
-    @property
-    def completion_width(self) -> int:
-        return self.completion_ids.shape[1]
-
-    def rows(self, idx: Tensor | slice) -> "PackedBatch":
-        b = PackedBatch(*(t[idx] for t in (self.input_ids, self.attention_mask, self.position_ids, self.completion_ids, self.completion_mask)))
-        return b.trimmed()
-
-    def trimmed(self) -> "PackedBatch":
-        """Drop columns that are padding in every row (left of the prompts, right of the completions)."""
-        left = int(self.attention_mask.sum(0).nonzero()[0]) if self.attention_mask.any() else 0
-        T = int(self.completion_mask.sum(1).max()) if self.completion_mask.numel() else 0
-        T = max(T, 1)
-        P = self.input_ids.shape[1] - self.completion_width
-        stop = P + T
-        return PackedBatch(
-            self.input_ids[:, left:stop],
-            self.attention_mask[:, left:stop],
-            self.position_ids[:, left:stop],
-            self.completion_ids[:, :T],
-            self.completion_mask[:, :T],
-        )
-
-
-def pack_sequences(prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int) -> PackedBatch:
-    N = len(prompt_ids)
-    if N != len(completion_ids):
-        raise ValueError(f"{N} prompts but {len(completion_ids)} completions")
-    P = max(len(p) for p in prompt_ids)
-    T = max(1, max(len(c) for c in completion_ids))
-    input_ids = torch.full((N, P + T), pad_id, dtype=torch.long)
-    attn = torch.zeros((N, P + T), dtype=torch.long)
-    cmask = torch.zeros((N, T), dtype=torch.long)
-    for i, (p, c) in enumerate(zip(prompt_ids, completion_ids)):
-        input_ids[i, P - len(p) : P] = torch.tensor(p, dtype=torch.long)
-        attn[i, P - len(p) : P] = 1
-        if c:
-            input_ids[i, P : P + len(c)] = torch.tensor(c, dtype=torch.long)
-            attn[i, P : P + len(c)] = 1
-            cmask[i, : len(c)] = 1
-    position_ids = (attn.cumsum(-1) - 1).clamp_min(0)
-    return PackedBatch(input_ids, attn, position_ids, input_ids[:, P:], cmask)
 
 
 def completion_logprobs(
@@ -228,11 +211,9 @@ def shared_prompt_logits(model, batch: PackedBatch, prompt_ids: Tensor, prompt_m
     """
     from transformers.cache_utils import DynamicCache
 
-    from grpokit.rollout.fast import _cache_kwarg
-
     P, T = prompt_ids.shape[1], batch.completion_width
     cache = DynamicCache(config=model.config)
-    kw = {_cache_kwarg(model): cache}
+    kw = {cache_kwarg(model): cache}
     prompt_pos = (prompt_mask.cumsum(-1) - 1).clamp_min(0)  # [U, P], as pack_sequences computes it
     first = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=prompt_pos, use_cache=True, logits_to_keep=1, **kw)
     logits0 = first.logits[inverse]  # [N, 1, V]: predicts completion token 0
@@ -248,3 +229,20 @@ def shared_prompt_logits(model, batch: PackedBatch, prompt_ids: Tensor, prompt_m
         **kw,
     )
     return torch.cat([logits0, rest.logits[:, : T - 1]], dim=1)  # [N, T, V]
+
+
+@torch.no_grad()
+def batched_logprobs(model, tokens: PackedBatch, *, micro_batch_size: int, temperature: float = 1.0) -> Tensor:
+    """Log-probs [N, T] (float32, 0 on padding) under a model in eval mode, no gradient, in micro-batches:
+    the pi_old and pi_ref passes."""
+    out = torch.zeros(tokens.completion_ids.shape, dtype=torch.float32)
+    was_training = model.training
+    model.eval()
+    try:
+        for s in range(0, out.shape[0], micro_batch_size):
+            sub = tokens.rows(slice(s, s + micro_batch_size))
+            logp, _ = completion_logprobs(model, sub, temperature=temperature)
+            out[s : s + micro_batch_size, : sub.completion_width] = logp.float()
+    finally:
+        model.train(was_training)
+    return out

@@ -5,6 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from grpokit import metrics as M
 from grpokit.evaluate import evaluate
 from grpokit.rollout.base import Completions
 
@@ -44,6 +45,11 @@ def test_evaluate_worked_numbers(batch_size):
     assert m["eval/reward_mean"] == pytest.approx(1 / 3)
     assert m["eval/num_prompts"] == 3.0
     assert m["eval/mean_length"] == pytest.approx(1.0)
+    # every key is a name of grpokit.metrics (docs/metrics.md, "eval/")
+    assert set(m) == {
+        M.EVAL_PASS_AT_1, M.EVAL_FORMAT_RATE, M.EVAL_REWARD_MEAN, M.EVAL_MEAN_LENGTH, M.EVAL_NUM_PROMPTS,
+        M.eval_pass_at(4), M.eval_maj_at(4), M.eval_mean_at(4), M.EVAL_TIME,
+    }
 
 
 def test_evaluate_k1_has_no_sampled_metrics():

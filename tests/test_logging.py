@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from grpokit.logging import MetricLogger, TrainProgress, print_samples
-from grpokit.plots import plot_metrics, read_metrics, series, write_report
+from grpokit.metrics import read_metrics
+from grpokit.records import MetricLogger, TrainProgress, plot_metrics, print_samples, series, write_report
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -29,12 +29,12 @@ def _lines(path):
 def test_stdlib_logging_is_not_shadowed():
     import logging
 
-    import grpokit.logging as glog
+    import grpokit.records.sinks as sinks
 
     assert logging is sys.modules["logging"] and hasattr(logging, "getLogger")
-    assert glog.pylogging is logging
-    # A fresh interpreter that imports grpokit.logging first still gets the stdlib module for `logging`.
-    code = "import grpokit.logging, logging; assert hasattr(logging, 'basicConfig'); print(logging.__file__)"
+    assert sinks.logging is logging
+    # A fresh interpreter that imports grpokit.records first still gets the stdlib module for `logging`.
+    code = "import grpokit.records, logging; assert hasattr(logging, 'basicConfig'); print(logging.__file__)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "grpokit" not in out
 
@@ -203,16 +203,16 @@ def test_tensorboard_event_files(tmp_path):
 
 
 def test_tensorboard_requested_but_missing_names_the_extra(tmp_path, monkeypatch):
-    import grpokit.logging as glog
+    import grpokit.records.sinks as sinks
 
-    monkeypatch.setattr(glog, "_tensorboard_error", lambda: ModuleNotFoundError("No module named 'tensorboard'"))
+    monkeypatch.setattr(sinks, "_tensorboard_error", lambda: ModuleNotFoundError("No module named 'tensorboard'"))
     with pytest.raises(ImportError, match=r"grpokit\[tensorboard\]"):
         MetricLogger(tmp_path, tensorboard=True)
     assert MetricLogger(tmp_path).tensorboard is False  # None: quietly without it
 
 
 def test_tensorboard_default_follows_availability(tmp_path):
-    from grpokit.logging import tensorboard_available
+    from grpokit.records import tensorboard_available
 
     log = MetricLogger(tmp_path)
     assert log.tensorboard == tensorboard_available()

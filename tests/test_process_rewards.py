@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from grpokit.batch import process_rewards, step_token_ends, token_char_ends
 from grpokit.config import ConfigError, load_config
 from grpokit.rewards import RewardManager, RewardSpec, StepScores
-from grpokit.rewards.builtins import countdown_steps
-from grpokit.rewards.steps import process_rewards, step_token_ends, token_char_ends
 from grpokit.rollout import Completions
-from grpokit.tasks import get_task
+from grpokit.tasks import get_task, reward_registry
+from grpokit.tasks.countdown import countdown_steps
 from grpokit.tasks.tokenizer import build_tokenizer
 from grpokit.trainer import Trainer
 
@@ -54,9 +54,7 @@ def test_countdown_steps_worked(text, scores, ends, outcome):
 
 
 def test_countdown_steps_is_a_builtin_and_the_task_solutions_score_full():
-    from grpokit.rewards import BUILTIN_REWARDS
-
-    assert BUILTIN_REWARDS["countdown_steps"] is countdown_steps
+    assert reward_registry()["countdown_steps"] is countdown_steps  # a config's rewards may name it
     task = get_task("countdown")
     rows = type(task)(solution_format="steps").make_rows("train", 20, seed=0)
     out = countdown_steps([r["completion"] for r in rows], [r["numbers"] for r in rows], [r["target"] for r in rows])
@@ -241,9 +239,14 @@ def test_trainer_advantages_match_the_papers_loop(tiny_model_dir, tmp_path, mixe
     torch.testing.assert_close(batch.advantages, want, rtol=1e-5, atol=1e-5)
     assert metrics["reward/countdown_steps"] == pytest.approx(3 / 8)  # outcome: 3 right of 8
     assert metrics["reward/countdown_steps/steps"] == pytest.approx(sum([3, 3, 2, 1, 2, 2, 2, 2]) / 8)
-    # The loss takes the [N, T] advantages: one update runs and is finite.
+    # The loss takes the [N, T] advantages token by token. In this first pass pi_theta = pi_old (ratio 1,
+    # nothing clipped) and beta = 0, so the grpo loss is -1/N sum_i 1/|o_i| sum_t A[i, t] over each
+    # completion's tokens (EOS included; `want` is 0 past them): an update that broadcast one advantage
+    # per completion, or normalized otherwise, would give another number.
+    lengths = torch.tensor([len(text) + stop for r in ROWS for text, stop in SCRIPT[r["prompt"]]])  # [N]
+    want_loss = -(want.sum(dim=1) / lengths).mean().item()
     stats = trainer.update(batch)
-    assert math.isfinite(stats["policy/loss"])
+    assert stats["policy/loss"] == pytest.approx(want_loss, rel=1e-4, abs=1e-6)
 
 
 def test_step_rewards_need_the_group_zscore(tiny_model_dir, tmp_path):

@@ -1,9 +1,13 @@
 """Rewards: TRL calling convention, loading, weighted combination, error isolation, built-ins."""
 from __future__ import annotations
 
+import ast
 import logging
 import math
+import subprocess
+import sys
 import threading
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -12,6 +16,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import grpokit.rewards
 from grpokit.rewards import BUILTIN_REWARDS, RewardManager, RewardSpec, resolve_reward
 from grpokit.rewards.builtins import extract_final_answer
 
@@ -109,6 +114,7 @@ def test_specs_as_objects_dicts_strings_and_names():
 # -- loading -----------------------------------------------------------------------------
 
 def test_resolve_builtins_modules_and_files(tmp_path, monkeypatch):
+    assert list(BUILTIN_REWARDS) == ["math", "format", "overlong", "length", "code_tests"]  # task-agnostic
     for name, fn in BUILTIN_REWARDS.items():
         assert resolve_reward(name) is fn
 
@@ -264,6 +270,54 @@ def test_fuzz_total_is_finite_and_equals_reference_nansum(data):
     assert out.metrics()["reward/none_frac"] == pytest.approx(none_frac)
 
 
+def test_registry_is_the_callers():
+    def mine(completions, **kwargs):
+        return [1.0] * len(completions)
+
+    registry = {"mine": mine, **BUILTIN_REWARDS}
+    assert resolve_reward("mine", registry) is mine
+    manager = RewardManager(["mine", RewardSpec("format", weight=0.5)], registry=registry)
+    assert manager.names == ["mine", "format"]
+    assert_same(call(manager, ["x"]).total, [1.0])
+    # The message lists the registry's names in its order; without one, the built-ins.
+    with pytest.raises(ValueError, match=r"'mne' is not a built-in \(mine, math, format, .*\); did you mean 'mine'\?"):
+        RewardManager(["mne"], registry=registry)
+    with pytest.raises(ValueError, match=r"'mine' is not a built-in \(math, format, overlong, length, code_tests\)"):
+        RewardManager(["mine"])
+
+
+def test_reward_spec_is_the_configs():
+    import grpokit.config
+    import grpokit.rewards.manager
+
+    assert RewardSpec is grpokit.config.RewardSpec is grpokit.rewards.manager.RewardSpec
+    fn = const([1.0], "f")
+    assert RewardSpec("math").function == "math" and RewardSpec(fn, weight=0.5).function is fn
+    assert RewardSpec(function="math", name="m") == RewardSpec("math", name="m")
+    with pytest.raises(TypeError, match="twice"):
+        RewardSpec("math", function="format")
+    with pytest.raises(ValueError, match="valid string"):
+        RewardSpec(3)
+
+
+def test_rewards_never_import_tasks():
+    # Tasks use rewards, never the reverse (grpokit/tasks/__init__.py holds the tasks' rewards):
+    # no import of grpokit.tasks anywhere in grpokit/rewards, function bodies included ...
+    for path in sorted(Path(grpokit.rewards.__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            else:
+                continue
+            assert not any(n.startswith("grpokit.tasks") for n in names), f"{path.name}:{node.lineno}"
+    # ... and importing the rewards loads no task module.
+    code = "import sys, grpokit.rewards; print(sorted(m for m in sys.modules if m.startswith('grpokit.tasks')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
 # -- built-ins ---------------------------------------------------------------------------
 
 def test_math_reward_worked_examples():
@@ -334,13 +388,3 @@ def test_length_reward():
     assert out == pytest.approx([-0.2, 0.0])  # -0.5 * 4 / 10
     with pytest.raises(ValueError, match="max_completion_length"):
         RewardManager(["length"])
-
-
-def test_countdown_reward_delegates_to_the_task():
-    pytest.importorskip("grpokit.tasks.countdown")
-    out = call(RewardManager(["countdown"]), ["1*2*3*4", "1+2+3+4", "hello"],
-               columns={"numbers": [[1, 2, 3, 4]] * 3, "target": [24] * 3})
-    right, well_formed_but_wrong, garbage = out.per_function["countdown"].tolist()
-    assert right == 1.0 and garbage == 0.0 and 0.0 <= well_formed_but_wrong < 1.0
-    with pytest.raises(ValueError, match="'numbers'"):
-        call(RewardManager(["countdown"]), ["1+2"], columns={"target": [3]})

@@ -7,9 +7,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from grpokit.tasks import DEFAULT_CHARSET, TASKS, Task, get_task, split_of
+from grpokit.rewards import BUILTIN_REWARDS, RewardManager, resolve_reward
+from grpokit.tasks import DEFAULT_CHARSET, TASK_REWARDS, TASKS, Task, get_task, reward_registry, split_of
 from grpokit.tasks.arithmetic import ArithmeticTask
-from grpokit.tasks.countdown import CountdownTask, parse_expression, parse_steps
+from grpokit.tasks.countdown import CountdownTask, countdown_reward, countdown_steps, parse_expression, parse_steps
 from grpokit.tasks.tiny_model import build_tiny_llama
 from grpokit.tasks.tokenizer import build_tokenizer
 
@@ -147,6 +148,39 @@ def test_countdown_difficulty_knobs():
     assert {len(r["numbers"]) for r in rows} == {2, 3, 4}
     with pytest.raises(ValueError, match="min_count"):
         CountdownTask(num_count=3, min_count=4)
+
+
+# --- the tasks' rewards by name ------------------------------------------------------------
+def test_reward_registry_adds_the_task_rewards_to_the_builtins():
+    assert TASK_REWARDS == {"countdown": countdown_reward, "countdown_steps": countdown_steps}
+    registry = reward_registry()
+    # The order error messages list them in (docs/errors.md).
+    assert list(registry) == ["math", "format", "countdown", "countdown_steps", "overlong", "length", "code_tests"]
+    assert registry == {**BUILTIN_REWARDS, **TASK_REWARDS}
+    assert "countdown" not in BUILTIN_REWARDS  # rewards never know about tasks
+    with pytest.raises(ValueError) as e:
+        resolve_reward("mth", registry)
+    assert str(e.value) == (
+        "reward 'mth' is not a built-in (math, format, countdown, countdown_steps, overlong, length, code_tests); "
+        "did you mean 'math'? use 'package.module:function' or 'path/to/file.py:function'"
+    )
+
+
+def test_countdown_reward_delegates_to_the_task():
+    out = RewardManager(["countdown"], registry=reward_registry())(
+        prompts=["p"] * 3, completions=["1*2*3*4", "1+2+3+4", "hello"], completion_ids=[[1]] * 3,
+        columns={"numbers": [[1, 2, 3, 4]] * 3, "target": [24] * 3},
+    )
+    right, well_formed_but_wrong, garbage = out.per_function["countdown"].tolist()
+    assert right == 1.0 and garbage == 0.0 and well_formed_but_wrong == pytest.approx(0.1)  # the task's partial reward
+    with pytest.raises(ValueError, match="'numbers'"):
+        RewardManager(["countdown"], registry=reward_registry())(
+            prompts=["p"], completions=["1+2"], completion_ids=[[1]], columns={"target": [3]}
+        )
+    # Settings in the spec's kwargs configure the task; others pass through.
+    assert countdown_reward(["8/4+5", "1+2"], numbers=[[8, 4, 5], [1, 2]], target=[7, 4]) == [0.0, 0.1]
+    assert countdown_reward(["8/4+5", "1+2"], numbers=[[8, 4, 5], [1, 2]], target=[7, 4],
+                            ops="+-*/", partial_reward=0.5, prompts=["a", "b"]) == [1.0, 0.5]
 
 
 # --- arithmetic reward -------------------------------------------------------------------

@@ -7,6 +7,8 @@ import torch
 
 from grpokit.checkpoint import list_checkpoints
 from grpokit.config import load_config
+from grpokit.policy import batched_logprobs
+from grpokit.algorithm import reward_specs
 from grpokit.trainer import Trainer
 
 REWARD = f"{Path(__file__).parent / 'reward_fns.py'}:count_sevens"
@@ -82,7 +84,7 @@ def test_resume_continues_exactly(tiny_model_dir, tmp_path, extra):
     resumed = Trainer(config(tiny_model_dir, tmp_path / "b", *steps))
     assert resumed.maybe_resume() == 2 and resumed.step == 2
     saved = torch.load(tmp_path / "b" / "checkpoints" / "step-000002" / "trainer_state.pt", weights_only=False)
-    opt = resumed.optimizer.state_dict()
+    opt = resumed.optimizer.adamw.state_dict()
     for k, st in saved["optimizer"]["state"].items():
         torch.testing.assert_close(opt["state"][k]["exp_avg"], st["exp_avg"], rtol=0, atol=0)
     resumed.train()
@@ -106,17 +108,26 @@ def test_dapo_dynamic_sampling_keeps_informative_groups(tiny_model_dir, tmp_path
     fn = f"{Path(__file__).parent / 'reward_fns.py'}:even_target_constant"
     cfg = config(tiny_model_dir, tmp_path / "run", "algorithm.preset=dapo", f"rewards=[{{function: '{fn}'}}]",
                  "algorithm.max_sampling_rounds=6", "optim.max_steps=1")
+    assert "overlong" in [s.name for s in reward_specs(cfg, None)]  # the preset's soft overlong punishment is on
+    # ... but it varies with length inside every group: off here, so that constant groups are really constant
+    cfg = config(tiny_model_dir, tmp_path / "run", "algorithm.preset=dapo", f"rewards=[{{function: '{fn}'}}]",
+                 "algorithm.max_sampling_rounds=6", "optim.max_steps=1", "algorithm.overlong_buffer_frac=0")
     assert cfg.algorithm.dynamic_sampling and cfg.algorithm.epsilon_high == 0.28 and cfg.algorithm.loss_type == "dapo"
     trainer = Trainer(cfg)
-    rows = [trainer.train_data[i] for i in trainer.sampler.next()]
+    data = [trainer.train_data[i] for i in range(len(trainer.train_data))]
+    even = [r for r in data if r.columns["target"] % 2 == 0]
+    rows = even[:2] + [r for r in data if r.columns["target"] % 2 == 1][:2]  # two groups with no signal
     batch, metrics, _ = trainer.rollout(rows)
     G = cfg.rollout.num_generations
     assert batch.rewards.numel() == cfg.rollout_batch_size  # same shape every step
     grouped = batch.rewards.view(-1, G)
     informative = (grouped.amax(1) > grouped.amin(1)).sum().item()
-    assert informative == cfg.rollout.prompts_per_step - metrics["rollout/groups_topped_up"]
-    assert metrics["rollout/groups_drawn"] >= cfg.rollout.prompts_per_step
-    assert metrics["rollout/groups_dropped"] >= 0 and "reward/overlong" in metrics  # soft overlong punishment is on
+    P = cfg.rollout.prompts_per_step
+    drawn, dropped, topped = (metrics[f"rollout/groups_{k}"] for k in ("drawn", "dropped", "topped_up"))
+    assert drawn >= P and drawn % P == 0 and drawn == P * metrics["rollout/sampling_rounds"]
+    kept = drawn - dropped  # informative groups found over all rounds
+    assert informative == min(kept, P) and topped == max(0, P - kept)
+    assert dropped >= 2  # the two groups of even targets are constant (even_target_constant)
 
 
 def test_ref_policy_reset_copies_the_policy(tiny_model_dir, tmp_path):
@@ -157,7 +168,7 @@ def test_compile_gives_the_eager_numbers(tiny_model_dir, tmp_path):
 
     torch.manual_seed(0)
     batch, _, _ = eager.rollout(rows)
-    ref = compiled._logprobs(compiled.ref_fn, batch.tokens)
+    ref = batched_logprobs(compiled.ref_fn, batch.tokens, micro_batch_size=compiled.cfg.micro_batch_size)
     mask = batch.tokens.completion_mask.bool()
     torch.testing.assert_close(ref[mask], batch.ref_logp[mask], rtol=1e-4, atol=1e-5)
 

@@ -5,11 +5,24 @@
     out = manager(prompts=..., completions=..., completion_ids=..., columns={"answer": [...]})
     out.total, out.per_function, out.errors, out.metrics()
 
-See manager.py for the calling convention and error isolation, builtins.py for the built-ins,
-steps.py for process (per-step) rewards: a function may return StepScores instead of a float.
+See manager.py for the calling convention and error isolation, builtins.py for the task-agnostic
+built-ins, text.py for the text a reward scores (completion_text), steps.py for process (per-step)
+rewards: a function may return StepScores instead of a float. RewardSpec is the config's
+(grpokit.config.RewardSpec). Rewards never import grpokit.tasks: a built-in task's rewards live with
+the task, and `RewardManager(specs, registry=grpokit.tasks.reward_registry())` lets specs name them.
 """
+from grpokit.config import RewardSpec
 from grpokit.rewards.builtins import BUILTIN_REWARDS
-from grpokit.rewards.manager import RewardManager, RewardOutput, RewardSpec, resolve_reward
+from grpokit.rewards.manager import RewardManager, RewardOutput, resolve_reward
 from grpokit.rewards.steps import StepScores
+from grpokit.rewards.text import completion_text
 
-__all__ = ["BUILTIN_REWARDS", "RewardManager", "RewardOutput", "RewardSpec", "StepScores", "resolve_reward"]
+__all__ = [
+    "BUILTIN_REWARDS",
+    "RewardManager",
+    "RewardOutput",
+    "RewardSpec",
+    "StepScores",
+    "completion_text",
+    "resolve_reward",
+]

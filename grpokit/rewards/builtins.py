@@ -4,10 +4,13 @@ returns one `float | None` per completion (None: "not applicable to this sample"
     name       reads                         settings (spec kwargs)               value
     math       completions, answer           timeout_seconds=5                    1.0 / 0.0, None: gold unparsable
     format     completions                   pattern, search=False, dotall=True   1.0 / 0.0
-    countdown  completions, numbers, target  the task's ops, partial_reward       1.0 / partial / 0.0
-    countdown_steps  completions, numbers, target  ops                     StepScores: per step 1 / 0, +1 at the target
     overlong   completion_ids                max_completion_length, cache_length  DAPO eq. 13, in [-1, 0]
     length     completion_ids                max_completion_length, coef=1.0      -coef * L / max_completion_length
+    code_tests completions, tests            partial=True, sandbox limits         passed / total (grpokit/rewards/code.py)
+
+These are the task-agnostic built-ins. A built-in task's rewards (countdown, countdown_steps) live
+with the task (grpokit/tasks/); `grpokit.tasks.reward_registry()` is this table plus them, the
+names a config's `rewards` may use.
 
 A function may carry a `validate_kwargs(kwargs)` attribute; RewardManager calls it when it is
 built, so a missing or bad setting fails at start-up, not at the first reward.
@@ -16,23 +19,16 @@ the last message's content, as in TRL.
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import re
 import threading
 from typing import Any, Callable
 
+from grpokit.rewards.code import code_tests
+from grpokit.rewards.text import completion_text
+
 logger = logging.getLogger("grpokit.rewards")
-
-
-def completion_text(completion: Any) -> str:
-    """A completion's text: the string, or the last message's content (conversational completions, as TRL)."""
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, list) and completion and isinstance(completion[-1], dict):
-        return str(completion[-1].get("content", ""))
-    return ""
 
 
 def _check_positive_int(kwargs: dict, key: str, reward: str) -> int:
@@ -162,79 +158,6 @@ def _validate_format(kwargs: dict) -> None:
 format_reward.validate_kwargs = _validate_format  # type: ignore[attr-defined]
 
 
-# -- countdown ---------------------------------------------------------------------------
-
-def countdown_reward(completions: list, numbers: list, target: list, **kwargs: Any) -> list[float]:
-    """The countdown task's reward (grpokit/tasks/countdown.py): 1.0 when the expression uses
-    each number once and hits the target, the task's partial reward when it is well formed
-    but misses, else 0.0. Settings in kwargs (ops, partial_reward) configure the task."""
-    # Imported here so grpokit.rewards imports without (and before) the tasks package.
-    from grpokit.tasks import countdown as task
-
-    fn: Callable[..., list[float]] | None = getattr(task, "reward", None)
-    if fn is None:  # the task is a dataclass whose fields are its settings
-        fields = {f.name for f in dataclasses.fields(task.CountdownTask)} - {"name"}
-        fn = task.CountdownTask(**{k: v for k, v in kwargs.items() if k in fields}).reward
-    return fn(completions=completions, numbers=numbers, target=target, **kwargs)
-
-
-def _countdown_step(step: str, pool: list[int], ops: str) -> int | None:
-    """The result of one step "a<op>b=c" (the task's apply_step: taken from / added to pool), or
-    None when the step is not valid (pool unchanged)."""
-    from grpokit.tasks.countdown import apply_step
-
-    try:
-        return apply_step(step, pool, ops)
-    except ValueError:
-        return None
-
-
-def countdown_steps(
-    completions: list, numbers: list, target: list, *, ops: str = "+-*", **kwargs: Any
-) -> list:
-    """Process reward for step-by-step countdown solutions ("7-3=4,4*2=8,8+9=17", the task's
-    solution_format="steps"), one StepScores per completion; steps are split at ",".
-
-    A step scores 1.0 when it is well formed, combines two numbers still available (given ones or
-    earlier results) with an operator in `ops`, and states the right result; the first step that
-    is not scores 0.0 and runs to the end of the text (nothing after it is credited). The last
-    step gets +1.0 more when every number was used and its result is the target. So a right
-    three-step solution scores [1, 1, 2], one that misses the target [1, 1, 1], one wrong at the
-    second step [1, 0]. Empty text: one step [0.0]. `outcome` (the one-number reward used for
-    logging and evaluation) is 1.0 for a right solution, else 0.0.
-    """
-    from grpokit.rewards.steps import StepScores
-
-    out = []
-    for completion, nums, tgt in zip(completions, numbers, target, strict=True):
-        text = completion_text(completion)
-        pool, scores, ends, pos, last = list(nums), [], [], 0, None
-        for step in text.split(","):
-            end = pos + len(step)
-            last = _countdown_step(step, pool, ops)
-            if last is None:
-                scores.append(0.0)
-                ends.append(len(text))
-                break
-            scores.append(1.0)
-            ends.append(end)
-            pos = end + 1  # past the comma
-        solved = last is not None and len(pool) == 1 and last == tgt
-        if solved:
-            scores[-1] += 1.0
-        out.append(StepScores(scores=scores, ends=ends, outcome=1.0 if solved else 0.0))
-    return out
-
-
-def _validate_countdown_steps(kwargs: dict) -> None:
-    ops = kwargs.get("ops", "+-*")
-    if not isinstance(ops, str) or not ops or not set(ops) <= set("+-*/"):
-        raise ValueError(f"reward 'countdown_steps': kwargs['ops'] must be a non-empty subset of '+-*/', got {ops!r}")
-
-
-countdown_steps.validate_kwargs = _validate_countdown_steps  # type: ignore[attr-defined]
-
-
 # -- length shaping ----------------------------------------------------------------------
 
 def overlong_reward(
@@ -292,9 +215,7 @@ length_reward.validate_kwargs = _validate_length  # type: ignore[attr-defined]
 BUILTIN_REWARDS: dict[str, Callable[..., list]] = {
     "math": math_reward,
     "format": format_reward,
-    "countdown": countdown_reward,
-    "countdown_steps": countdown_steps,
     "overlong": overlong_reward,
     "length": length_reward,
-    "code_tests": __import__("grpokit.rewards.code", fromlist=["code_tests"]).code_tests,  # sandboxed
+    "code_tests": code_tests,  # sandboxed
 }

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from grpokit.rewards.sandbox import Isolation, Limits, SandboxResult, run_many
+from grpokit.rewards.text import completion_text
 
 logger = logging.getLogger("grpokit.rewards")
 
@@ -195,8 +196,6 @@ def evaluate_code(
     isolation: Isolation = "auto",
 ) -> list[CodeResult]:
     """One CodeResult per completion: extract its code, run it with its row's tests, score it."""
-    from grpokit.rewards.builtins import completion_text  # here: builtins imports this module
-
     if len(completions) != len(tests):
         raise ValueError(f"{len(completions)} completions but {len(tests)} rows of tests")
     results: list[CodeResult | None] = [None] * len(completions)

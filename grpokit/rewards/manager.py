@@ -1,6 +1,6 @@
 """Rewards (DESIGN.md stage 3): load reward functions, call them as TRL does, combine them.
 
-    manager = RewardManager(specs, strict=False)
+    manager = RewardManager(specs, strict=False, registry=None)   # registry: the names specs may use
     out = manager(prompts=..., completions=..., completion_ids=..., columns={"answer": [...]})
     out.total          # [N] sum_k weight_k * r_k, None / failed entries counting as 0
     out.per_function   # name -> [N] raw (unweighted) rewards, NaN where None or failed
@@ -44,8 +44,10 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from grpokit.rewards.builtins import BUILTIN_REWARDS, completion_text
+from grpokit.config import RewardSpec
+from grpokit.rewards.builtins import BUILTIN_REWARDS
 from grpokit.rewards.steps import StepScores
+from grpokit.rewards.text import completion_text
 
 logger = logging.getLogger("grpokit.rewards")
 
@@ -55,19 +57,9 @@ CALL_ARGS = ("prompts", "completions", "completion_ids")
 _RESERVED_NAMES = {"total", "none_frac", "errors"}
 
 
-@dataclass(frozen=True)
-class RewardSpec:
-    """One reward function in the combination (the config's reward entries look the same)."""
-
-    function: str | Callable[..., Any]
-    """a built-in name (grpokit.rewards.BUILTIN_REWARDS), "package.module:function",
-    "path/to/file.py:function", or (from Python) the callable itself"""
-    weight: float = 1.0
-    """multiplies this function's reward in the total"""
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    """keyword arguments passed on every call (settings such as a regex or a length limit)"""
-    name: str | None = None
-    """metric name (reward/<name>); default the function's name"""
+#: reward name -> function: the names a spec's `function` may use (BUILTIN_REWARDS by default;
+#: the trainer's grpokit.tasks.reward_registry() adds the built-in tasks' rewards)
+Registry = Mapping[str, Callable[..., Any]]
 
 
 # -- loading -----------------------------------------------------------------------------
@@ -111,22 +103,26 @@ def _load_module(module_name: str, spec: str) -> Any:
         raise ValueError(f"reward {spec!r}: importing {module_name!r} failed: {type(e).__name__}: {e}") from e
 
 
-def resolve_reward(spec_function: str | Callable[..., Any]) -> Callable[..., Any]:
-    """The callable a spec's `function` names: a built-in name, "package.module:function"
-    (a dotted attribute path such as "mod:Class.method" works) or "path/to/file.py:function"
-    (a target containing "/" or ending in ".py" is a file). A callable is returned as is."""
+def resolve_reward(
+    spec_function: str | Callable[..., Any], registry: Registry = BUILTIN_REWARDS
+) -> Callable[..., Any]:
+    """The callable a spec's `function` names: a name in `registry` (the built-ins by default;
+    the trainer passes grpokit.tasks.reward_registry(), which adds the tasks' rewards),
+    "package.module:function" (a dotted attribute path such as "mod:Class.method" works) or
+    "path/to/file.py:function" (a target containing "/" or ending in ".py" is a file).
+    A callable is returned as is."""
     if callable(spec_function):
         return spec_function
     if not isinstance(spec_function, str):
         raise ValueError(f"reward function must be a string or a callable, got {spec_function!r}")
     spec = spec_function.strip()
-    if spec in BUILTIN_REWARDS:
-        return BUILTIN_REWARDS[spec]
+    if spec in registry:
+        return registry[spec]
     if ":" not in spec:
-        close = difflib.get_close_matches(spec, BUILTIN_REWARDS, n=1)
+        close = difflib.get_close_matches(spec, list(registry), n=1)
         hint = f"did you mean {close[0]!r}? " if close else ""
         raise ValueError(
-            f"reward {spec!r} is not a built-in ({', '.join(BUILTIN_REWARDS)}); {hint}"
+            f"reward {spec!r} is not a built-in ({', '.join(registry)}); {hint}"
             "use 'package.module:function' or 'path/to/file.py:function'"
         )
     target, attr_path = spec.rsplit(":", 1)
@@ -148,10 +144,10 @@ def resolve_reward(spec_function: str | Callable[..., Any]) -> Callable[..., Any
     return obj
 
 
-def _default_name(function: str | Callable[..., Any], fn: Callable[..., Any]) -> str:
+def _default_name(function: str | Callable[..., Any], fn: Callable[..., Any], registry: Registry) -> str:
     if isinstance(function, str):
         function = function.strip()
-        return function if function in BUILTIN_REWARDS else function.rsplit(":", 1)[-1].split(".")[-1]
+        return function if function in registry else function.rsplit(":", 1)[-1].split(".")[-1]
     inner = getattr(fn, "func", fn)  # functools.partial
     return getattr(inner, "__name__", type(inner).__name__)
 
@@ -171,19 +167,19 @@ class _Reward:
     required: tuple[str, ...]
 
     @classmethod
-    def build(cls, spec: Any) -> "_Reward":
+    def build(cls, spec: Any, registry: Registry) -> "_Reward":
         if isinstance(spec, (str, RewardSpec)) or callable(spec):
             spec = spec if isinstance(spec, RewardSpec) else RewardSpec(function=spec)
         get = spec.get if isinstance(spec, Mapping) else (lambda k, d=None: getattr(spec, k, d))
         function = get("function")
         if function is None:
             raise ValueError(f"reward spec {spec!r} has no 'function'")
-        fn = resolve_reward(function)
+        fn = resolve_reward(function, registry)
         inner = getattr(fn, "func", fn)  # functools.partial
         label = function if isinstance(function, str) else (
             f"{getattr(inner, '__module__', '?')}:{getattr(inner, '__qualname__', type(inner).__name__)}"
         )
-        name = get("name") or _default_name(function, fn)
+        name = get("name") or _default_name(function, fn, registry)
         if name in _RESERVED_NAMES or "/" in name:
             raise ValueError(f"reward {label!r}: name {name!r} is reserved or contains '/'; set another `name`")
         weight = get("weight", 1.0)
@@ -308,13 +304,17 @@ def _as_float(v: Any) -> float | None:
 class RewardManager:
     """Calls each reward function once per batch (sequentially) and combines them.
 
-    specs: RewardSpec objects, or anything with attributes (or keys) function, weight, kwargs,
-    name; a bare string or callable is a spec with weight 1.
+    specs: RewardSpec objects (grpokit.config.RewardSpec), or anything with attributes (or keys)
+    function, weight, kwargs, name; a bare string or callable is a spec with weight 1.
     strict: raise RuntimeError on the first failing function instead of isolating it.
+    registry: the names a spec's `function` may use; None = BUILTIN_REWARDS (the task-agnostic
+    built-ins). The trainer passes grpokit.tasks.reward_registry(), the built-ins plus the
+    built-in tasks' rewards (countdown, countdown_steps): rewards never import tasks.
     """
 
-    def __init__(self, specs: Any, strict: bool = False):
-        self.rewards = [_Reward.build(s) for s in specs]
+    def __init__(self, specs: Any, strict: bool = False, registry: Registry | None = None):
+        registry = BUILTIN_REWARDS if registry is None else registry
+        self.rewards = [_Reward.build(s, registry) for s in specs]
         if not self.rewards:
             raise ValueError("no reward functions: give at least one reward spec")
         names = [r.name for r in self.rewards]

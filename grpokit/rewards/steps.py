@@ -8,12 +8,13 @@ A reward function returns, for each completion, a float (an outcome reward), Non
 applicable) or a StepScores: one score per step and the character offset in the completion
 text where each step ends (`text[:ends[k]]` is the text up to and including step k). Offsets
 are characters because reward functions see text; the trainer maps them to completion tokens
-with the tokenizer (`token_char_ends`, `step_token_ends`).
+with the tokenizer (`token_char_ends`, `step_token_ends` in grpokit/batch.py).
 
-How a batch's rewards become the step rewards of each completion (`process_rewards`), the rule
-when outcome and step rewards are mixed: every reward function contributes weight x score at
-the token where each of its steps ends; an outcome reward (a float) is a single step ending at
-the completion's last token. Contributions that land on the same token add up into one step.
+How a batch's rewards become the step rewards of each completion (`process_rewards`,
+grpokit/batch.py), the rule when outcome and step rewards are mixed: every reward function
+contributes weight x score at the token where each of its steps ends; an outcome reward (a
+float) is a single step ending at the completion's last token. Contributions that land on the
+same token add up into one step.
 With step rewards present, the trainer normalizes all the steps of a group together and gives
 token t the sum of the normalized rewards of the steps ending at or after t
 (`grpokit.algo.step_advantages`); with one outcome reward only, that is exactly the outcome
@@ -23,15 +24,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from bisect import bisect_left
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-
-import torch
-from torch import Tensor
-
-if TYPE_CHECKING:
-    from grpokit.rewards.manager import RewardOutput
 
 
 @dataclass(frozen=True)
@@ -77,67 +70,3 @@ class StepScores:
         ):
             return f"outcome must be a finite number or None, got {self.outcome!r}"
         return None
-
-
-def token_char_ends(tokenizer: Any, token_ids: list[int]) -> list[int]:
-    """[L] for each completion token, how many characters of the completion's text are complete
-    once it is decoded: the length of the common prefix of the decoded token prefix and the text.
-
-    Decodes every prefix as the rollout engines decode (skip_special_tokens=True), so it holds for
-    any tokenizer (character-level, BPE, SentencePiece): a prefix that ends inside a multi-byte
-    character decodes to a replacement character there, which does not count until the token
-    that completes it. Non-decreasing. One batch_decode per completion."""
-    if not token_ids:
-        return []
-    texts = tokenizer.batch_decode([token_ids[: k + 1] for k in range(len(token_ids))], skip_special_tokens=True)
-    full = texts[-1]
-    out, best = [], 0
-    for t in texts:
-        if full.startswith(t):  # the usual case, checked in C
-            n = len(t)
-        else:
-            n = next((j for j, (a, b) in enumerate(zip(t, full)) if a != b), min(len(t), len(full)))
-        best = max(best, n)
-        out.append(best)
-    return out
-
-
-def step_token_ends(char_ends: list[int], token_ends: list[int], text_length: int) -> list[int]:
-    """Token index (0-based, inclusive) where each step ends: the first token whose decoded prefix
-    covers the step's last character; a step ending at the end of the text ends at the last token
-    (so EOS, which decodes to nothing, belongs to the final step). token_ends: token_char_ends."""
-    last = len(token_ends) - 1
-    return [last if e >= text_length else min(bisect_left(token_ends, e), last) for e in char_ends]
-
-
-def process_rewards(
-    scored: "RewardOutput", texts: list[str], token_ids: list[list[int]], tokenizer: Any
-) -> tuple[list[Tensor], list[Tensor]]:
-    """Each completion's step rewards [K_i] and step end tokens [K_i], for step_advantages.
-
-    Every function with a nonzero weight contributes weight x score at each of its steps' end
-    tokens (a float reward: one step at the last token; None or a failed reward: nothing);
-    contributions on the same token add up."""
-    out_rewards, out_ends = [], []
-    for i, (text, ids) in enumerate(zip(texts, token_ids, strict=True)):
-        at: dict[int, float] = {}
-        token_ends: list[int] | None = None
-        for name, r in scored.per_function.items():
-            w = scored.weights[name]
-            if w == 0 or not ids:
-                continue
-            steps = scored.steps.get(name)
-            item = steps[i] if steps is not None else None
-            if item is None:  # an outcome reward, or a float from a step function: one step at the end
-                v = float(r[i])
-                if math.isfinite(v):
-                    at[len(ids) - 1] = at.get(len(ids) - 1, 0.0) + w * v
-                continue
-            if token_ends is None:
-                token_ends = token_char_ends(tokenizer, ids)
-            for tok, s in zip(step_token_ends(item.ends, token_ends, len(text)), item.scores):
-                at[tok] = at.get(tok, 0.0) + w * float(s)
-        order = sorted(at)
-        out_rewards.append(torch.tensor([at[t] for t in order], dtype=torch.float32))
-        out_ends.append(torch.tensor(order, dtype=torch.long))
-    return out_rewards, out_ends

@@ -8,6 +8,7 @@ after every optimizer step that precedes a rollout.
 """
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -31,7 +32,10 @@ class Completions:
     token_ids: list[list[int]]  # [N][len_i] completion tokens, EOS included when the model stopped
     texts: list[str]  # [N] decoded without special tokens
     finish_reasons: list[str]  # [N] "stop" (EOS) | "length" (hit max_tokens: truncated)
-    logprobs: list[list[float]] | None = None  # [N][len_i] sampler log-probs (after temperature), if the engine has them
+    # [N][len_i] sampler log-probs (after temperature), if the engine has them (fast: yes, hf: no). The loop does
+    # not read them yet; they stay for the vLLM engine's sampler-trainer mismatch check (issue 13) and are tested
+    # against the trainer's log-probs (tests/test_rollout_fast.py, test_trainer.py::test_compile_gives_the_eager_numbers).
+    logprobs: list[list[float]] | None = None
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -53,3 +57,15 @@ def cut_at_eos(ids: list[int], eos_ids: set[int], max_tokens: int) -> tuple[list
         if t in eos_ids:
             return ids[: j + 1], "stop"
     return ids[:max_tokens], "length"
+
+
+def cache_kwarg(model) -> str:
+    """The name of the cache argument of the model's forward: `cache` in recent transformers, `past_key_values` before."""
+    for m in (model, getattr(model, "get_base_model", lambda: None)()):
+        if m is None:
+            continue
+        params = inspect.signature(m.forward).parameters
+        for name in ("cache", "past_key_values"):
+            if name in params:
+                return name
+    return "past_key_values"

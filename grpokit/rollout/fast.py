@@ -32,13 +32,11 @@ distribution is renormalized over the kept tokens). Greedy decoding reports temp
 """
 from __future__ import annotations
 
-import inspect
-
 import torch
 from torch import Tensor
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
-from grpokit.rollout.base import Completions, SamplingParams
+from grpokit.rollout.base import Completions, SamplingParams, cache_kwarg
 from grpokit.rollout.hf import eos_token_ids, left_pad
 
 
@@ -156,18 +154,6 @@ def process_logits(logits: Tensor, sampling: SamplingParams) -> Tensor:
     return scores
 
 
-def _cache_kwarg(model) -> str:
-    """The name of the cache argument of the model's forward: `cache` in recent transformers, `past_key_values` before."""
-    for m in (model, getattr(model, "get_base_model", lambda: None)()):
-        if m is None:
-            continue
-        params = inspect.signature(m.forward).parameters
-        for name in ("cache", "past_key_values"):
-            if name in params:
-                return name
-    return "past_key_values"
-
-
 class FastEngine:
     """Generates with the training model (no copy); `batch_size` caps the sequences per batch, like HFEngine."""
 
@@ -186,7 +172,7 @@ class FastEngine:
             # one graph with symbolic sizes instead of a recompile per shape.
             self._step_fn = torch.compile(model, dynamic=True) if self.compile else model
         self.model = model
-        self._cache_arg = _cache_kwarg(model)
+        self._cache_arg = cache_kwarg(model)
 
     def generate(self, prompt_token_ids: list[list[int]], n: int, sampling: SamplingParams) -> Completions:
         model = self.model

@@ -5,61 +5,20 @@
     rows = task.make_rows("train", 1000, seed=0)   # [{"prompt", "completion", "numbers", "target"}]
     task.reward(completions=["3*7+2"], numbers=[[3, 7, 2]], target=[23])   # -> [1.0]
 
-Every task has the same small interface (`Task` below). Train and test problems never
-overlap: a problem goes to one split by a hash of its canonical form (`split_of`), whatever
-the seed, so two calls with different seeds still cannot leak test problems into training.
-Text formats are compact because the demo model is character-level and pays per character.
+Every task has the same small interface (`Task`, grpokit/tasks/base.py, with the train / test
+split by hash). Text formats are compact because the demo model is character-level and pays per
+character. Tasks use rewards (grpokit.rewards), never the reverse: the rewards a config can name
+that belong to a task are in TASK_REWARDS, and `reward_registry()` is every name a config's
+`rewards` may use, for RewardManager(specs, registry=reward_registry()).
 """
 from __future__ import annotations
 
-import hashlib
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Callable
 
-from grpokit.rewards.builtins import completion_text  # noqa: F401  (tasks' rewards read completions the same way)
-
-Split = Literal["train", "test"]
-
-#: share of all problems that belong to the test split (by hash), in percent
-TEST_PERCENT = 20
-
-
-@runtime_checkable
-class Task(Protocol):
-    name: str
-    charset: str  # every character a prompt or reference completion can contain
-
-    def make_rows(self, split: Split, n: int, seed: int) -> list[dict[str, Any]]:
-        """`n` distinct problems of `split`; each row has "prompt", "completion" (one reference
-        solution, without EOS) and the task's reward columns."""
-        ...
-
-    def reward(self, completions: list, **columns: Any) -> list[float]:
-        """TRL-style reward: keyword arguments only, columns aligned with completions."""
-        ...
-
-    def is_correct(self, completion: str, row: dict[str, Any]) -> bool: ...
-
-    def problem_key(self, row: dict[str, Any]) -> str:
-        """The problem's canonical text: rows with the same key are the same problem, and
-        `split_of(key)` is the split it belongs to."""
-        ...
-
-
-def split_of(canonical_problem: str) -> Split:
-    """The split a problem belongs to, from a stable hash of its canonical text
-    (not Python's `hash`, which is salted per process)."""
-    h = int.from_bytes(hashlib.blake2b(canonical_problem.encode(), digest_size=8).digest(), "big")
-    return "test" if h % 100 < TEST_PERCENT else "train"
-
-
-def check_split(split: str) -> None:
-    if split not in ("train", "test"):
-        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-
-
-# The task modules import the helpers above, so they are imported after them.
-from grpokit.tasks.arithmetic import ArithmeticTask  # noqa: E402
-from grpokit.tasks.countdown import CountdownTask  # noqa: E402
+from grpokit.rewards.builtins import BUILTIN_REWARDS
+from grpokit.tasks.arithmetic import ArithmeticTask
+from grpokit.tasks.base import TEST_PERCENT, Split, Task, check_split, split_of
+from grpokit.tasks.countdown import CountdownTask, countdown_reward, countdown_steps
 
 TASKS: dict[str, Task] = {
     "countdown": CountdownTask(),
@@ -68,6 +27,21 @@ TASKS: dict[str, Task] = {
 
 #: every character of every built-in task: the default alphabet of the demo tokenizer
 DEFAULT_CHARSET = "".join(sorted(set("".join(t.charset for t in TASKS.values()))))
+
+#: the tasks' rewards, by the name a config's `rewards` entry uses
+TASK_REWARDS: dict[str, Callable[..., list]] = {
+    "countdown": countdown_reward,
+    "countdown_steps": countdown_steps,
+}
+
+
+def reward_registry() -> dict[str, Callable[..., Any]]:
+    """Every reward a config may name: BUILTIN_REWARDS and TASK_REWARDS, in the order error messages
+    list them: the answer checkers (math, format), the tasks' rewards, then the rest (overlong,
+    length, code_tests)."""
+    builtins = list(BUILTIN_REWARDS.items())
+    cut = [name for name, _ in builtins].index("format") + 1
+    return dict(builtins[:cut] + list(TASK_REWARDS.items()) + builtins[cut:])
 
 
 def get_task(name: str) -> Task:
@@ -79,12 +53,17 @@ def get_task(name: str) -> Task:
 
 __all__ = [
     "Task",
+    "Split",
     "TASKS",
+    "TASK_REWARDS",
     "DEFAULT_CHARSET",
     "TEST_PERCENT",
     "get_task",
+    "reward_registry",
     "split_of",
-    "completion_text",
+    "check_split",
     "CountdownTask",
     "ArithmeticTask",
+    "countdown_reward",
+    "countdown_steps",
 ]

@@ -12,7 +12,8 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from grpokit.tasks import Split, check_split, completion_text, split_of
+from grpokit.rewards.text import completion_text
+from grpokit.tasks.base import Split, check_split, split_of
 
 
 @dataclass(frozen=True)

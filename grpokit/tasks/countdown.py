@@ -3,11 +3,14 @@
     prompt      "7 3 2 9>23="      numbers, ">", target, "="
     completion  "(7-3)*2+9"        one reference solution (the trainer / SFT appends EOS)
 
-Reward (`reward`, TRL style): 1.0 when the expression uses each given number exactly once and
-evaluates exactly to the target; `partial_reward` (0.1) when it is well formed and uses the
-numbers correctly but misses the target; 0.0 otherwise. Model text is never passed to eval():
+Reward (`CountdownTask.reward`, TRL style): 1.0 when the expression uses each given number
+exactly once and evaluates exactly to the target; `partial_reward` (0.1) when it is well formed
+and uses the numbers correctly but misses the target; 0.0 otherwise. `countdown_reward` below (the
+config's reward "countdown") builds the task from the spec's kwargs and calls its reward. Model text is never passed to eval():
 a small recursive-descent parser reads it, with a length bound, and evaluates it with exact
 fractions (so "/" -- off by default, `ops="+-*/"` turns it on -- means exact division).
+`countdown_steps` (the config's reward "countdown_steps") is the process reward of step-by-step
+solutions: one score per step (grpokit.rewards.StepScores).
 
 Problems are generated like the game is played: draw the numbers, then repeatedly combine two
 of them with a random operator until one value is left; that value is the target and the
@@ -19,11 +22,13 @@ were chosen for the demo in benchmarks/demo_tuning/notes.md.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from fractions import Fraction
 from typing import Any
 
-from grpokit.tasks import Split, check_split, completion_text, split_of
+from grpokit.rewards.steps import StepScores
+from grpokit.rewards.text import completion_text
+from grpokit.tasks.base import Split, check_split, split_of
 
 # precedence of the expression a string holds, for printing with the fewest parentheses
 _ATOM, _MUL, _ADD = 3, 2, 1
@@ -280,3 +285,67 @@ class CountdownTask:
 
     def is_correct(self, completion: str, row: dict[str, Any]) -> bool:
         return self.score(completion, row["numbers"], row["target"]) == 1.0
+
+
+# -- the task's rewards, by name in a config (grpokit.tasks.TASK_REWARDS) ---------------------
+
+def countdown_reward(completions: list, numbers: list, target: list, **kwargs: Any) -> list[float]:
+    """The reward "countdown": CountdownTask.reward, 1.0 when the expression uses each number once
+    and hits the target, the task's partial reward when it is well formed but misses, else 0.0.
+    Settings in kwargs that are task fields (ops, partial_reward, ...) configure the task."""
+    settings = {f.name for f in fields(CountdownTask)} - {"name"}
+    task = CountdownTask(**{k: v for k, v in kwargs.items() if k in settings})
+    return task.reward(completions=completions, numbers=numbers, target=target, **kwargs)
+
+
+def _countdown_step(step: str, pool: list[int], ops: str) -> int | None:
+    """The result of one step "a<op>b=c" (apply_step: taken from / added to pool), or None when
+    the step is not valid (pool unchanged)."""
+    try:
+        return apply_step(step, pool, ops)
+    except ValueError:
+        return None
+
+
+def countdown_steps(
+    completions: list, numbers: list, target: list, *, ops: str = "+-*", **kwargs: Any
+) -> list[StepScores]:
+    """Process reward for step-by-step countdown solutions ("7-3=4,4*2=8,8+9=17", the task's
+    solution_format="steps"), one StepScores per completion; steps are split at ",".
+
+    A step scores 1.0 when it is well formed, combines two numbers still available (given ones or
+    earlier results) with an operator in `ops`, and states the right result; the first step that
+    is not scores 0.0 and runs to the end of the text (nothing after it is credited). The last
+    step gets +1.0 more when every number was used and its result is the target. So a right
+    three-step solution scores [1, 1, 2], one that misses the target [1, 1, 1], one wrong at the
+    second step [1, 0]. Empty text: one step [0.0]. `outcome` (the one-number reward used for
+    logging and evaluation) is 1.0 for a right solution, else 0.0.
+    """
+    out = []
+    for completion, nums, tgt in zip(completions, numbers, target, strict=True):
+        text = completion_text(completion)
+        pool, scores, ends, pos, last = list(nums), [], [], 0, None
+        for step in text.split(","):
+            end = pos + len(step)
+            last = _countdown_step(step, pool, ops)
+            if last is None:
+                scores.append(0.0)
+                ends.append(len(text))
+                break
+            scores.append(1.0)
+            ends.append(end)
+            pos = end + 1  # past the comma
+        solved = last is not None and len(pool) == 1 and last == tgt
+        if solved:
+            scores[-1] += 1.0
+        out.append(StepScores(scores=scores, ends=ends, outcome=1.0 if solved else 0.0))
+    return out
+
+
+def _validate_countdown_steps(kwargs: dict) -> None:
+    ops = kwargs.get("ops", "+-*")
+    if not isinstance(ops, str) or not ops or not set(ops) <= set("+-*/"):
+        raise ValueError(f"reward 'countdown_steps': kwargs['ops'] must be a non-empty subset of '+-*/', got {ops!r}")
+
+
+countdown_steps.validate_kwargs = _validate_countdown_steps  # type: ignore[attr-defined]

@@ -1,0 +1,97 @@
+"""The config's `algorithm` section applied: pure functions from rewards and log-probs to the loss.
+
+    advantages = outcome_advantages(cfg.algorithm, rewards, G)                       # [N]
+    loss_mask = make_loss_mask(cfg.algorithm, completion_mask, truncated)            # [N, T]
+    loss, stats = algorithm_loss(cfg.algorithm, logp, old_logp, advantages, loss_mask, ref_logp=ref, max_completion_length=L)
+
+The loop (grpokit/trainer.py) goes from rewards and log-probs to the loss only through these, so
+that tests/test_presets.py checks each preset against its paper on tensors, without a model.
+The math itself is in grpokit/algo/ (no config there); docs/algorithm.md has the formulas.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from torch import Tensor
+
+from grpokit.algo import group_advantages, policy_loss, step_advantages
+from grpokit.batch import Groups
+from grpokit.config import AlgorithmConfig, Config, ConfigError, RewardSpec
+
+
+def outcome_advantages(alg: AlgorithmConfig, rewards: Tensor, group_size: int) -> Tensor:
+    """[N] advantages of [N] outcome rewards (groups contiguous), as algorithm.* says."""
+    return group_advantages(rewards, group_size, scale=alg.scale_rewards, estimator=alg.advantage_estimator, eps=alg.std_eps)
+
+
+def process_advantages(alg: AlgorithmConfig, step_rewards: list[Tensor], step_ends: list[Tensor], group_size: int, num_tokens: int) -> Tensor:
+    """[N, T] advantages of step rewards (DeepSeekMath §4.1.3): all steps of a group normalized
+    together, token t gets the sum over the steps ending at or after it. Only the group z-score
+    is defined for steps, so other algorithm.scale_rewards / advantage_estimator are an error."""
+    if alg.scale_rewards != "group" or alg.advantage_estimator != "grpo":
+        raise ConfigError(
+            f"a reward function returned step scores (process rewards), whose advantages are DeepSeekMath's "
+            f"group-normalized step rewards; algorithm.scale_rewards={alg.scale_rewards!r} / "
+            f"advantage_estimator={alg.advantage_estimator!r} do not apply to them: use scale_rewards=group, "
+            "advantage_estimator=grpo, or return one float per completion"
+        )
+    return step_advantages(step_rewards, step_ends, group_size, num_tokens, eps=alg.std_eps)
+
+
+def make_loss_mask(alg: AlgorithmConfig, completion_mask: Tensor, truncated: Tensor) -> Tensor:
+    """[N, T] tokens that get a loss: the completion tokens, minus truncated rows under DAPO's overlong filtering."""
+    loss_mask = completion_mask.clone()
+    if alg.mask_truncated_completions:
+        loss_mask[truncated] = 0
+    return loss_mask
+
+
+def algorithm_loss(alg: AlgorithmConfig, logp: Tensor, old_logp: Tensor, advantages: Tensor, loss_mask: Tensor, *,
+                   ref_logp: Tensor | None, max_completion_length: int, num_sequences: int | None = None,
+                   num_tokens: int | float | None = None, beta: float | None = None) -> tuple[Tensor, dict[str, float]]:
+    """policy_loss with algorithm.*'s clip ranges, KL, loss type and ratio level (-J, to minimize).
+
+    logp, old_logp, ref_logp, loss_mask: [N, T]; advantages: [N] or [N, T]. num_sequences / num_tokens:
+    the whole minibatch's counts when this is a micro-batch of it (docs/algorithm.md §4). beta: None =
+    algorithm.beta; the PPO critic passes 0 when it puts the KL into the reward instead."""
+    return policy_loss(
+        logp, old_logp, advantages, loss_mask, ref_logp=ref_logp, beta=alg.beta if beta is None else beta,
+        eps_low=alg.epsilon, eps_high=alg.epsilon_high, loss_type=alg.loss_type, ratio_level=alg.importance_sampling_level,
+        max_completion_length=max_completion_length, kl_estimator=alg.kl_estimator, dual_clip=alg.dual_clip,
+        num_sequences=num_sequences, num_tokens=num_tokens,
+    )
+
+
+def reward_specs(cfg: Config, task) -> list[RewardSpec]:
+    """The configured reward functions; the built-in task's reward when none is configured; DAPO's soft
+    overlong punishment (eq. 13) when algorithm.overlong_buffer_frac > 0."""
+    specs = list(cfg.rewards) or ([RewardSpec(function=task.name)] if task else [])
+    if not specs:
+        raise ConfigError("no reward functions: add `rewards: [{function: package.module:function}]` to the config")
+    if cfg.algorithm.overlong_buffer_frac > 0:
+        L = cfg.rollout.max_completion_length
+        cache = max(1, int(cfg.algorithm.overlong_buffer_frac * L))
+        specs.append(RewardSpec(function="overlong", name="overlong", kwargs={"max_completion_length": L, "cache_length": cache}))
+    return specs
+
+
+def dynamic_sampling(first: Groups, draw: Callable[[], Groups], want: int, G: int, max_rounds: int) -> tuple[Groups, dict[str, float]]:
+    """DAPO §3.2: keep groups whose rewards differ; draw() more prompts' groups until `want` are kept.
+    After max_rounds rounds a short batch is topped up with dropped groups (they carry no policy
+    gradient, only the KL term), so every step has the same shape."""
+    kept, dropped, rounds, drawn, cur = [], [], 0, 0, first
+    while True:
+        rounds, drawn = rounds + 1, drawn + len(cur.rows)
+        for g in range(len(cur.rows)):
+            r = cur.scored.total[g * G : (g + 1) * G]
+            (kept if r.max() > r.min() else dropped).append((cur, g))
+        if len(kept) >= want or rounds >= max_rounds:
+            break
+        cur = draw()
+    metrics = {
+        "rollout/sampling_rounds": float(rounds),
+        "rollout/groups_drawn": float(drawn),
+        "rollout/groups_dropped": float(drawn - len(kept)),
+        "rollout/groups_topped_up": float(max(0, want - len(kept))),
+    }
+    return Groups.take((kept + dropped)[:want], G), metrics

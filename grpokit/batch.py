@@ -1,0 +1,205 @@
+"""The step's data: packed token sequences, groups of scored completions, and the rollout batch.
+
+    tokens = pack_sequences(prompt_ids, completion_ids, pad_id)    # [N, P + T]: left-padded prompts, right-padded completions
+    groups = Groups(rows, completions, scored)                     # B prompts x G completions, scored
+    groups = Groups.take([(groups, 0), (more, 3)], G)              # DAPO dynamic sampling keeps some groups
+    step_rewards, step_ends = process_rewards(scored, texts, token_ids, tokenizer)  # DeepSeekMath §4.1.3
+
+N = prompts x G completions, groups contiguous (prompt-major), everywhere in this file.
+Position ids follow the attention mask (cumsum - 1), so left padding never shifts a position: a
+padded row gets exactly the log-probs it would get alone (tests/test_policy.py).
+"""
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from grpokit.data import PromptRow
+from grpokit.rewards import RewardOutput
+from grpokit.rollout import Completions
+
+
+@dataclass
+class PackedBatch:
+    input_ids: Tensor  # [N, P + T]  left-padded prompt, then right-padded completion
+    attention_mask: Tensor  # [N, P + T]
+    position_ids: Tensor  # [N, P + T]  cumsum(attention_mask) - 1: padding never shifts a position
+    completion_ids: Tensor  # [N, T]
+    completion_mask: Tensor  # [N, T]  1 on completion tokens (EOS included), 0 on padding
+
+    @property
+    def completion_width(self) -> int:
+        return self.completion_ids.shape[1]
+
+    def rows(self, idx: Tensor | slice) -> "PackedBatch":
+        b = PackedBatch(*(t[idx] for t in (self.input_ids, self.attention_mask, self.position_ids, self.completion_ids, self.completion_mask)))
+        return b.trimmed()
+
+    def trimmed(self) -> "PackedBatch":
+        """Drop columns that are padding in every row (left of the prompts, right of the completions)."""
+        left = int(self.attention_mask.sum(0).nonzero()[0]) if self.attention_mask.any() else 0
+        T = int(self.completion_mask.sum(1).max()) if self.completion_mask.numel() else 0
+        T = max(T, 1)
+        P = self.input_ids.shape[1] - self.completion_width
+        stop = P + T
+        return PackedBatch(
+            self.input_ids[:, left:stop],
+            self.attention_mask[:, left:stop],
+            self.position_ids[:, left:stop],
+            self.completion_ids[:, :T],
+            self.completion_mask[:, :T],
+        )
+
+
+def pack_sequences(prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int) -> PackedBatch:
+    N = len(prompt_ids)
+    if N != len(completion_ids):
+        raise ValueError(f"{N} prompts but {len(completion_ids)} completions")
+    P = max(len(p) for p in prompt_ids)
+    T = max(1, max(len(c) for c in completion_ids))
+    input_ids = torch.full((N, P + T), pad_id, dtype=torch.long)
+    attn = torch.zeros((N, P + T), dtype=torch.long)
+    cmask = torch.zeros((N, T), dtype=torch.long)
+    for i, (p, c) in enumerate(zip(prompt_ids, completion_ids)):
+        input_ids[i, P - len(p) : P] = torch.tensor(p, dtype=torch.long)
+        attn[i, P - len(p) : P] = 1
+        if c:
+            input_ids[i, P : P + len(c)] = torch.tensor(c, dtype=torch.long)
+            attn[i, P : P + len(c)] = 1
+            cmask[i, : len(c)] = 1
+    position_ids = (attn.cumsum(-1) - 1).clamp_min(0)
+    return PackedBatch(input_ids, attn, position_ids, input_ids[:, P:], cmask)
+
+
+@dataclass
+class Groups:
+    """Prompts with their G completions each and the rewards of those, before advantages."""
+
+    rows: list[PromptRow]  # [B]
+    comps: Completions  # [B * G], prompt-major
+    scored: RewardOutput  # total / per_function [B * G]
+
+    @staticmethod
+    def take(chosen: list[tuple["Groups", int]], G: int) -> "Groups":
+        """The groups (source, index) in `chosen`, concatenated in that order."""
+        spans = [(src, slice(g * G, (g + 1) * G)) for src, g in chosen]
+        cat = lambda get: [x for src, sl in spans for x in get(src)[sl]]  # noqa: E731
+        logprobs = None
+        if all(src.comps.logprobs is not None for src, _ in spans):
+            logprobs = cat(lambda s: s.comps.logprobs)
+        comps = Completions(cat(lambda s: s.comps.token_ids), cat(lambda s: s.comps.texts), cat(lambda s: s.comps.finish_reasons), logprobs)
+        first = spans[0][0].scored
+        sources = {id(src): src for src, _ in spans}.values()
+        step_names = {k for src, _ in spans for k in src.scored.steps}
+        steps = {k: [s for src, sl in spans for s in src.scored.steps.get(k, [None] * len(src.scored.total))[sl]] for k in step_names}
+        scored = RewardOutput(
+            total=torch.cat([src.scored.total[sl] for src, sl in spans]),
+            per_function={k: torch.cat([src.scored.per_function[k][sl] for src, sl in spans]) for k in first.per_function},
+            errors={k: sum(src.scored.errors[k] for src in sources) for k in first.errors},
+            weights=first.weights,
+            steps=steps,
+        )
+        return Groups([src.rows[g] for src, g in chosen], comps, scored)
+
+
+def repeat_rows(rows: list[PromptRow], G: int) -> tuple[list[Any], dict[str, list[Any]]]:
+    """Prompts and dataset columns repeated G times, aligned with the completions (reward function arguments)."""
+    prompts = [r.prompt for r in rows for _ in range(G)]
+    columns = {c: [r.columns[c] for r in rows for _ in range(G)] for c in rows[0].columns}
+    return prompts, columns
+
+
+@dataclass
+class ValueTargets:
+    """What the PPO critic's update needs from the rollout (grpokit/critic.py)."""
+
+    values: Tensor  # [N, T] V_old: the critic at rollout time (the value-clipping anchor)
+    returns: Tensor  # [N, T] GAE returns A + V_old: the critic's targets
+
+
+@dataclass
+class RolloutBatch:
+    """Everything one step trains on. N = prompts_per_step x G completions, groups contiguous."""
+
+    tokens: PackedBatch  # input_ids / masks [N, P + T], completion ids / mask [N, T]
+    loss_mask: Tensor  # [N, T] completion_mask, minus truncated rows when they are masked (DAPO)
+    truncated: Tensor  # [N] bool: hit max_completion_length without EOS
+    rewards: Tensor  # [N] weighted total reward
+    advantages: Tensor  # [N] one per completion, broadcast over its tokens; or [N, T] per token (process rewards, PPO's GAE)
+    old_logp: Tensor | None  # [N, T] pi_old; None when it equals pi_theta (mu = 1, one minibatch)
+    ref_logp: Tensor | None  # [N, T] pi_ref; None when beta = 0
+    value_targets: ValueTargets | None  # the critic's V_old and returns [N, T] (PPO); None for GRPO
+
+
+# ---------------------------------------------------------------- process rewards: characters -> tokens
+# Reward functions see text and say where each step ends in characters (grpokit.rewards.StepScores);
+# the loop trains on tokens. DeepSeekMath §4.1.3; docs/algorithm.md, "Process rewards end to end".
+
+
+def token_char_ends(tokenizer: Any, token_ids: list[int]) -> list[int]:
+    """[L] for each completion token, how many characters of the completion's text are complete
+    once it is decoded: the length of the common prefix of the decoded token prefix and the text.
+
+    Decodes every prefix as the rollout engines decode (skip_special_tokens=True), so it holds for
+    any tokenizer (character-level, BPE, SentencePiece): a prefix that ends inside a multi-byte
+    character decodes to a replacement character there, which does not count until the token
+    that completes it. Non-decreasing. One batch_decode per completion."""
+    if not token_ids:
+        return []
+    texts = tokenizer.batch_decode([token_ids[: k + 1] for k in range(len(token_ids))], skip_special_tokens=True)
+    full = texts[-1]
+    out, best = [], 0
+    for t in texts:
+        if full.startswith(t):  # the usual case, checked in C
+            n = len(t)
+        else:
+            n = next((j for j, (a, b) in enumerate(zip(t, full)) if a != b), min(len(t), len(full)))
+        best = max(best, n)
+        out.append(best)
+    return out
+
+
+def step_token_ends(char_ends: list[int], token_ends: list[int], text_length: int) -> list[int]:
+    """Token index (0-based, inclusive) where each step ends: the first token whose decoded prefix
+    covers the step's last character; a step ending at the end of the text ends at the last token
+    (so EOS, which decodes to nothing, belongs to the final step). token_ends: token_char_ends."""
+    last = len(token_ends) - 1
+    return [last if e >= text_length else min(bisect_left(token_ends, e), last) for e in char_ends]
+
+
+def process_rewards(
+    scored: RewardOutput, texts: list[str], token_ids: list[list[int]], tokenizer: Any
+) -> tuple[list[Tensor], list[Tensor]]:
+    """Each completion's step rewards [K_i] and step end tokens [K_i], for step_advantages.
+
+    Every function with a nonzero weight contributes weight x score at each of its steps' end
+    tokens (a float reward: one step at the last token; None or a failed reward: nothing);
+    contributions on the same token add up."""
+    out_rewards, out_ends = [], []
+    for i, (text, ids) in enumerate(zip(texts, token_ids, strict=True)):
+        at: dict[int, float] = {}
+        token_ends: list[int] | None = None
+        for name, r in scored.per_function.items():
+            w = scored.weights[name]
+            if w == 0 or not ids:
+                continue
+            steps = scored.steps.get(name)
+            item = steps[i] if steps is not None else None
+            if item is None:  # an outcome reward, or a float from a step function: one step at the end
+                v = float(r[i])
+                if math.isfinite(v):
+                    at[len(ids) - 1] = at.get(len(ids) - 1, 0.0) + w * v
+                continue
+            if token_ends is None:
+                token_ends = token_char_ends(tokenizer, ids)
+            for tok, s in zip(step_token_ends(item.ends, token_ends, len(text)), item.scores):
+                at[tok] = at.get(tok, 0.0) + w * float(s)
+        order = sorted(at)
+        out_rewards.append(torch.tensor([at[t] for t in order], dtype=torch.float32))
+        out_ends.append(torch.tensor(order, dtype=torch.long))
+    return out_rewards, out_ends

@@ -1,0 +1,177 @@
+"""The PPO baseline's critic: a value model, its values, its GAE advantages and its update.
+
+    grpokit train config.yaml algorithm.advantage_estimator=gae ppo.critic_learning_rate=1e-4
+
+The one loop (grpokit/trainer.py) uses a Critic when algorithm.advantage_estimator=gae, in place of
+the group baseline; everything else (rollout, rewards, the clipped policy loss, checkpoints) is
+GRPO's. InstructGPT-style (Ouyang et al. 2022; TRL's PPOTrainer), on the same rollout batch as GRPO
+(prompts_per_step x num_generations completions: PPO does not need groups, but the same batch makes
+the comparison one of budgets, not of batch sizes):
+    V_old per completion token (this critic)
+    -> per-token rewards: the score on the last token, minus beta * (logp_old - logp_ref) on every
+       token when ppo.kl_in_reward (then the policy loss runs with beta = 0)          (algo/gae)
+    -> GAE(gamma, lam) advantages and returns; advantages whitened over the batch     (algo/gae)
+    -> after the policy's mu passes, mu passes of minibatch steps on the clipped value loss with
+       the critic's own AdamW (ppo.critic_learning_rate).
+
+What GRPO saves (seed Q2, Q7, Q8) is exactly this: a second backbone, its AdamW moments, and a
+forward + backward pass of it per step. benchmarks/grpo_vs_ppo.py measures both (docs/ppo.md).
+"""
+from __future__ import annotations
+
+import copy
+import time
+
+import torch
+from torch import Tensor, nn
+
+from grpokit.algo import gae_advantages, masked_whiten, token_rewards, value_loss
+from grpokit.batch import PackedBatch, ValueTargets
+from grpokit.checkpoint import CheckpointError
+from grpokit.metrics import MeanAccumulator, critic_metrics
+from grpokit.optim import Optimizer
+from grpokit.policy import load_model_from_config, prepare
+
+
+class ValueModel(nn.Module):
+    """V(s_t) for every completion token: a transformer backbone whose last hidden states feed a
+    scalar head (nn.Linear(hidden, 1), zero-initialized, float32)."""
+
+    def __init__(self, backbone: nn.Module):
+        super().__init__()
+        self.backbone = backbone
+        hidden = backbone.config.get_text_config().hidden_size
+        self.head = nn.Linear(hidden, 1)
+        # V = 0 everywhere at the start: no guess about the reward scale. The backbone gets gradient
+        # from the second critic step on, once the head is no longer 0.
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
+
+    def forward(self, batch: PackedBatch) -> Tensor:
+        T = batch.completion_width
+        h = self.backbone(
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            position_ids=batch.position_ids,
+            use_cache=False,
+        ).last_hidden_state  # [N, P + T, H]
+        # The state before completion token t is the prefix up to P - 1 + t: the position whose
+        # logits predict token t (as in completion_logprobs).
+        h = h[:, -(T + 1) : -1]  # [N, T, H]
+        return self.head(h.float()).squeeze(-1)  # [N, T]
+
+
+def build_value_model(model_cfg, policy: nn.Module) -> ValueModel:
+    """The policy's architecture without its LM head, loaded from model.name_or_path (a copy of the
+    policy's backbone when the policy was passed in without a path)."""
+    if not model_cfg.name_or_path:
+        return ValueModel(copy.deepcopy(policy.base_model))
+    return ValueModel(prepare(load_model_from_config(model_cfg, head="backbone"), model_cfg)).train()
+
+
+class Critic:
+    def __init__(self, cfg, policy: nn.Module, *, has_ref: bool, total_steps: int):
+        self.cfg = cfg
+        # beta > 0 with kl_in_reward: -beta * KL per token in the reward, and none in the loss.
+        self.kl_coef = cfg.algorithm.beta if (cfg.ppo.kl_in_reward and has_ref) else 0.0
+        self.model = build_value_model(cfg.model, policy)
+        self.optimizer = Optimizer(
+            self.model.named_parameters(),
+            cfg.optim,
+            lr=cfg.ppo.critic_learning_rate,
+            total_steps=total_steps,
+            name="critic",
+            fix="lower ppo.critic_learning_rate or check the rewards for NaN/inf",
+        )
+
+    @property
+    def shapes_kl_into_reward(self) -> bool:
+        """True when the KL is in the per-token reward: the policy loss must then run with beta = 0."""
+        return self.cfg.ppo.kl_in_reward
+
+    @torch.no_grad()
+    def values(self, tokens: PackedBatch) -> Tensor:
+        """V_old [N, T] under the critic, no gradient, in micro-batches; 0 on padding."""
+        out = torch.zeros(tokens.completion_ids.shape, dtype=torch.float32)
+        mb = self.cfg.micro_batch_size
+        self.model.eval()
+        try:
+            for s in range(0, out.shape[0], mb):
+                sub = tokens.rows(slice(s, s + mb))
+                v = self.model(sub)  # [mb, T_sub]
+                out[s : s + mb, : sub.completion_width] = torch.where(sub.completion_mask.bool(), v, torch.zeros_like(v))
+        finally:
+            self.model.train()
+        return out
+
+    def advantages(
+        self, rewards: Tensor, tokens: PackedBatch, loss_mask: Tensor, *, old_logp: Tensor | None, ref_logp: Tensor | None
+    ) -> tuple[Tensor, ValueTargets, dict[str, float]]:
+        """Whitened GAE advantages [N, T], the critic's targets, and the critic's metrics.
+        rewards: [N] sequence scores; old_logp / ref_logp: [N, T], needed when the KL is shaped into the reward."""
+        t = time.perf_counter()
+        mask = tokens.completion_mask  # [N, T] every sampled token is a step of the episode
+        values = self.values(tokens)  # [N, T]
+        kl = old_logp - ref_logp if self.kl_coef > 0 else None  # [N, T] k1 = log pi_old / pi_ref (InstructGPT eq. 2)
+        per_token = token_rewards(rewards, mask, kl=kl, kl_coef=self.kl_coef)  # [N, T]
+        adv, returns = gae_advantages(per_token, values, mask, gamma=self.cfg.ppo.gamma, lam=self.cfg.ppo.lam)
+        # Whitening over the tokens that get a loss: the per-token analogue of GRPO's std scaling.
+        white = masked_whiten(adv, loss_mask)  # [N, T]
+        metrics = critic_metrics(white, adv, values, returns, loss_mask, mask, per_token, rewards)
+        metrics["perf/value_time"] = time.perf_counter() - t
+        return white, ValueTargets(values, returns), metrics
+
+    def update(self, tokens: PackedBatch, loss_mask: Tensor, targets: ValueTargets, *, at_step: int) -> dict[str, float]:
+        """mu passes of minibatch steps on the clipped value loss, with the policy's batch shapes."""
+        t = time.perf_counter()
+        cfg, ppo = self.cfg, self.cfg.ppo
+        N, mb, micro = loss_mask.shape[0], cfg.minibatch_size, cfg.micro_batch_size
+        acc = MeanAccumulator()
+        for _ in range(cfg.algorithm.num_iterations):
+            order = torch.randperm(N) if cfg.optim.num_minibatches > 1 else torch.arange(N)
+            for m in range(cfg.optim.num_minibatches):
+                idx = order[m * mb : (m + 1) * mb]
+                num_tokens = loss_mask[idx].sum().item()  # the minibatch's token mean, whatever the micro-batches
+                self.optimizer.zero_grad()
+                finite = True
+                for s in range(0, mb, micro):
+                    sub_idx = idx[s : s + micro]
+                    sub = tokens.rows(sub_idx)
+                    T = sub.completion_width
+                    mask = loss_mask[sub_idx, :T]
+                    loss, stats = value_loss(
+                        self.model(sub),
+                        targets.values[sub_idx, :T],
+                        targets.returns[sub_idx, :T],
+                        mask,
+                        clip_range=ppo.cliprange_value,
+                        num_tokens=num_tokens,
+                    )
+                    if not torch.isfinite(loss):
+                        finite = False
+                        break
+                    # With its own AdamW, vf_coef only scales the critic's gradient before clipping.
+                    (ppo.vf_coef * loss).backward()
+                    acc.add({f"value/{k}": v for k, v in stats.items()}, mask.sum().item())
+                done = self.optimizer.step(loss_finite=finite, at_step=at_step)
+                if done is not None:
+                    acc.add({f"value/{k}": v for k, v in done.items()})
+        self.optimizer.zero_grad()
+        return {**acc.means(), "value/skipped_updates": float(self.optimizer.skipped), "perf/critic_train_time": time.perf_counter() - t}
+
+    def state_dict(self) -> dict:
+        opt = self.optimizer.state_dict()
+        return {
+            "critic": self.model.state_dict(),
+            "critic_optimizer": opt["optimizer"],
+            "critic_scheduler": opt["scheduler"],
+            "critic_skipped_updates": opt["skipped"],
+        }
+
+    def load_state_dict(self, state: dict, where: str) -> None:
+        if "critic" not in state:
+            raise CheckpointError(f"checkpoint {where!r} has no critic (a GRPO run?); give the PPO run its own output_dir")
+        self.model.load_state_dict(state["critic"])
+        self.optimizer.load_state_dict(
+            {"optimizer": state["critic_optimizer"], "scheduler": state["critic_scheduler"], "skipped": state.get("critic_skipped_updates", 0)}
+        )

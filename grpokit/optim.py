@@ -1,0 +1,143 @@
+"""Optimizers: AdamW, the learning-rate schedules, and the guard that skips non-finite updates.
+
+    opt = Optimizer(model.named_parameters(), cfg.optim, lr=cfg.optim.learning_rate, total_steps=1000)
+    opt.zero_grad(); loss.backward()
+    stats = opt.step(where="pass 1, minibatch 1")   # clip, then step + schedule; or skip a non-finite update
+
+One schedule table (SCHEDULES) serves GRPO, the PPO critic and SFT. A non-finite loss or gradient
+norm skips that optimizer step (counted in `skipped`); `max_consecutive_skips` in a row stop the run
+with a TrainingError that says what was non-finite, where, and what to change.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Iterable
+
+import torch
+from torch import Tensor
+
+
+class TrainingError(RuntimeError):
+    """The run cannot go on (e.g. updates non-finite too many times in a row); the message says why."""
+
+
+def _constant(progress: float) -> float:
+    return 1.0
+
+
+def _linear(progress: float) -> float:
+    return max(0.0, 1.0 - progress)
+
+
+def _cosine(progress: float) -> float:
+    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+#: LR multiplier after warm-up, as a function of progress in [0, 1] through the remaining steps.
+SCHEDULES: dict[str, Callable[[float], float]] = {"constant": _constant, "linear": _linear, "cosine": _cosine}
+
+
+def lr_lambda(kind: str, warmup: int, total: int) -> Callable[[int], float]:
+    """LR multiplier of optimizer step `step` (0-based): linear warm-up over `warmup` steps to 1, then
+    SCHEDULES[kind] over the remaining total - warmup steps (clamped at the end)."""
+    if kind not in SCHEDULES:
+        raise ValueError(f"unknown learning-rate schedule {kind!r}; allowed: {', '.join(SCHEDULES)}")
+    decay = SCHEDULES[kind]
+
+    def f(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        return decay((step - warmup) / max(1, total - warmup))
+
+    return f
+
+
+def adamw(params, *, lr: float, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0, fused: bool | None = None):
+    """AdamW. fused=None: one fused kernel over all parameters when they are all on CPU / CUDA (4-5x faster
+    steps on CPU than a dozen ops per tensor; TRL's default is adamw_torch_fused too)."""
+    params = list(params)
+    flat = [p for group in params for p in (group["params"] if isinstance(group, dict) else [group])]
+    if fused is None:
+        fused = all(p.device.type in ("cpu", "cuda") for p in flat) or None
+    return torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, fused=fused)
+
+
+class Optimizer:
+    """AdamW + LR schedule + gradient clipping + the non-finite guard, for one set of trainable parameters.
+
+    name: what is being trained, for messages ("optimizer" for the policy, "critic").
+    fix: what to tell the user when updates stay non-finite."""
+
+    def __init__(
+        self,
+        named_parameters: Iterable[tuple[str, torch.nn.Parameter]],
+        optim_cfg,
+        *,
+        lr: float,
+        total_steps: int,
+        name: str = "optimizer",
+        fix: str = "lower optim.learning_rate, check the rewards for NaN/inf, or use model.dtype=float32",
+    ):
+        self.named = [(n, p) for n, p in named_parameters if p.requires_grad]
+        self.params = [p for _, p in self.named]
+        self.cfg = optim_cfg
+        self.name, self.fix = name, fix
+        self.adamw = adamw(
+            self.params,
+            lr=lr,
+            betas=(optim_cfg.adam_beta1, optim_cfg.adam_beta2),
+            eps=optim_cfg.adam_epsilon,
+            weight_decay=optim_cfg.weight_decay,
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.adamw, lr_lambda(optim_cfg.lr_scheduler, optim_cfg.warmup_steps, total_steps)
+        )
+        self.skipped = 0  # optimizer steps skipped over the whole run (checkpointed)
+        self.consecutive_skips = 0
+
+    def zero_grad(self) -> None:
+        self.adamw.zero_grad(set_to_none=True)
+
+    def step(self, *, loss_finite: bool = True, where: str = "", at_step: int = 0) -> dict[str, float] | None:
+        """Clip the gradient and take one optimizer + schedule step; returns grad_norm and lr. A non-finite
+        loss (the caller stopped before backward) or gradient norm skips the step instead: returns None."""
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm or float("inf"))
+        if not loss_finite or not torch.isfinite(grad_norm):
+            if loss_finite:
+                bad = [n for n, p in self.named if p.grad is not None and not torch.isfinite(p.grad).all()]
+                where += f": first in {bad[0]}" if bad else ""
+            self.skip("loss" if not loss_finite else "gradient norm", where, at_step)
+            return None
+        self.consecutive_skips = 0
+        stats = {"grad_norm": grad_norm.item(), "lr": self.scheduler.get_last_lr()[0]}
+        self.adamw.step()
+        self.scheduler.step()
+        return stats
+
+    def skip(self, what: str, where: str, at_step: int) -> None:
+        """Count a skipped optimizer step; too many in a row raise TrainingError."""
+        self.zero_grad()
+        self.skipped += 1
+        self.consecutive_skips += 1
+        limit = self.cfg.max_consecutive_skips
+        if self.consecutive_skips >= limit:
+            where = f", {where}" if where else ""
+            kind = "optimizer" if self.name == "optimizer" else f"{self.name} optimizer"
+            raise TrainingError(
+                f"the {what} was non-finite in {limit} {kind} steps in a row (last at step {at_step}{where}); "
+                f"no checkpoint with these weights was written. {self.fix[0].upper() + self.fix[1:]}"
+            )
+
+    def state_dict(self) -> dict:
+        return {"optimizer": self.adamw.state_dict(), "scheduler": self.scheduler.state_dict(), "skipped": self.skipped}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.adamw.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.skipped = state.get("skipped", 0)
+
+
+def non_finite(x: Tensor, n: int) -> str | None:
+    """'k of n completions, first: completion i' when rows of x ([n] or [n, T]) hold NaN/inf, else None."""
+    bad = (~torch.isfinite(x)).view(n, -1).any(1).nonzero().flatten().tolist()
+    return f"{len(bad)} of {n} completions, first: completion {bad[0]}" if bad else None

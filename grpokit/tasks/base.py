@@ -1,0 +1,53 @@
+"""What every built-in task shares: the `Task` interface and the train / test split by hash.
+
+    from grpokit.tasks.base import Split, check_split, split_of
+    split_of("3 7 21>23")   # -> "train" or "test", the same in every process and for every seed
+
+Train and test problems never overlap: a problem goes to one split by a hash of its canonical
+form (`split_of`), whatever the seed, so two calls with different seeds still cannot leak test
+problems into training. The task modules import this one; the package (grpokit/tasks/__init__.py)
+imports them.
+"""
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Literal, Protocol, runtime_checkable
+
+Split = Literal["train", "test"]
+
+#: share of all problems that belong to the test split (by hash), in percent
+TEST_PERCENT = 20
+
+
+@runtime_checkable
+class Task(Protocol):
+    name: str
+    charset: str  # every character a prompt or reference completion can contain
+
+    def make_rows(self, split: Split, n: int, seed: int) -> list[dict[str, Any]]:
+        """`n` distinct problems of `split`; each row has "prompt", "completion" (one reference
+        solution, without EOS) and the task's reward columns."""
+        ...
+
+    def reward(self, completions: list, **columns: Any) -> list[float]:
+        """TRL-style reward: keyword arguments only, columns aligned with completions."""
+        ...
+
+    def is_correct(self, completion: str, row: dict[str, Any]) -> bool: ...
+
+    def problem_key(self, row: dict[str, Any]) -> str:
+        """The problem's canonical text: rows with the same key are the same problem, and
+        `split_of(key)` is the split it belongs to."""
+        ...
+
+
+def split_of(canonical_problem: str) -> Split:
+    """The split a problem belongs to, from a stable hash of its canonical text
+    (not Python's `hash`, which is salted per process)."""
+    h = int.from_bytes(hashlib.blake2b(canonical_problem.encode(), digest_size=8).digest(), "big")
+    return "test" if h % 100 < TEST_PERCENT else "train"
+
+
+def check_split(split: str) -> None:
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
