@@ -8,7 +8,7 @@
 Same workload for both frameworks: the same tiny Llama and character tokenizer (grpokit.tasks), saved to a
 folder and warmed up once with grpokit.sft on countdown (or --model DIR); the same countdown rows (a JSONL
 file for grpokit's data.train_path, a datasets.Dataset of the same rows for TRL); the same reward function
-(grpokit.rewards.builtins.countdown_reward); the same G, prompts per step, completion length, mu, beta,
+(grpokit.tasks.countdown.countdown_reward); the same G, prompts per step, completion length, mu, beta,
 epsilon, loss_type, scale_rewards, temperature, learning rate (constant), AdamW betas / eps, grad clipping,
 fp32 on CPU, no evaluation, no checkpoints during the timed steps. One TRL optimizer step is one grpokit step:
 per_device_train_batch_size = prompts x G, gradient_accumulation_steps = steps_per_generation = 1, so each
@@ -243,7 +243,7 @@ def child_trl(spec: dict) -> dict:
     from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from grpokit.rewards.builtins import countdown_reward
+    from grpokit.tasks.countdown import countdown_reward
 
     rows = [json.loads(line) for line in Path(spec["data_path"]).read_text().splitlines() if line.strip()]
     dataset = datasets.Dataset.from_list(rows)

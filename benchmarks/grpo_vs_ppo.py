@@ -6,7 +6,7 @@
 The seed's claim (Q2, Q7, Q8): GRPO needs no critic, so it saves the critic's memory and compute.
 Both arms get the same model folder (--model), the same task (data.task=countdown unless --set
 says otherwise), the same rollout batch (prompts x G completions), the same number of steps and
-the same policy learning rate; PPO also trains a critic (grpokit.ppo, docs/ppo.md) with its own
+the same policy learning rate; PPO also trains a critic (grpokit/critic.py, docs/ppo.md) with its own
 learning rate (--critic-lr). Reported per arm:
   - held-out greedy pass@1 (eval/pass@1) before and after, on --eval-size test problems;
   - mean training reward over the last 5 steps;
@@ -74,7 +74,7 @@ def state_bytes(trainer) -> dict[str, int]:
 def run_arm(args) -> None:
     """One arm in this process; writes a JSON result to --result."""
     from grpokit.config import load_config
-    from grpokit.ppo import make_trainer
+    from grpokit.trainer import Trainer
 
     torch.set_num_threads(args.threads)
     overrides = [
@@ -103,7 +103,7 @@ def run_arm(args) -> None:
     cfg = load_config(None, overrides)
     shutil.rmtree(cfg.output_dir, ignore_errors=True)  # a fresh run, not a resume or an append
     t = time.perf_counter()
-    trainer = make_trainer(cfg)
+    trainer = Trainer(cfg)
     trainer.train()
     wall = time.perf_counter() - t
     rows = [json.loads(l) for l in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines() if l.strip()]

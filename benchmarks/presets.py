@@ -84,7 +84,7 @@ def load_avg() -> str:
 def run_one(args, preset: str, seed: int, eval_rows: list[dict]) -> dict:
     """One training run in this process; its held-out curve and times."""
     from grpokit.config import load_config
-    from grpokit.plots import read_metrics
+    from grpokit.metrics import read_metrics
     from grpokit.trainer import Trainer
 
     cfg = load_config(None, config_overrides(args, preset, seed))
@@ -92,7 +92,7 @@ def run_one(args, preset: str, seed: int, eval_rows: list[dict]) -> dict:
     load_before = load_avg()
     t = time.perf_counter()
     # The trainer draws its own per-run plots after training; this benchmark draws one figure for all runs.
-    with mock.patch("grpokit.plots.plot_metrics", lambda *a, **k: []):
+    with mock.patch("grpokit.trainer.plot_metrics", lambda *a, **k: []):
         Trainer(cfg, eval_rows=eval_rows).train()
     wall = time.perf_counter() - t
     curve, train_s = [], 0.0

@@ -232,6 +232,7 @@ class StopSignals:
         self.received = signal.Signals(signum).name
 
     def __enter__(self) -> "StopSignals":
+        self.received = None
         self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
         return self
 

@@ -26,17 +26,11 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="GRPO and its
 def _user_errors() -> tuple[type[BaseException], ...]:
     from grpokit.checkpoint import CheckpointError
     from grpokit.config import ConfigError
+    from grpokit.data import DataError
+    from grpokit.optim import TrainingError
     from grpokit.policy import ModelLoadError
-    from grpokit.trainer import TrainingError
 
-    errors: list[type[BaseException]] = [ConfigError, ModelLoadError, CheckpointError, TrainingError]
-    try:
-        from grpokit.data import DataError
-
-        errors.append(DataError)
-    except ImportError:
-        pass
-    return tuple(errors)
+    return (ConfigError, ModelLoadError, CheckpointError, TrainingError, DataError)
 
 
 def _fail(msg: str, code: int = 2) -> None:
@@ -63,10 +57,10 @@ def train(
     def go():
         cfg = load_config(config, overrides)
         from grpokit.checkpoint import ensure_writable_dir
-        from grpokit.ppo import make_trainer
+        from grpokit.trainer import Trainer
 
         ensure_writable_dir(cfg.output_dir)  # before loading the model, so a bad path fails in a second
-        trainer = make_trainer(cfg)  # grpokit.ppo.PPOTrainer for gae, else grpokit.trainer.Trainer
+        trainer = Trainer(cfg)  # with a critic (grpokit/critic.py) when algorithm.advantage_estimator=gae
         last = trainer.train()
         if trainer.interrupted:  # saved; the trainer printed the step and how to resume
             raise typer.Exit(128 + signal.Signals[trainer.interrupted].value)

@@ -128,7 +128,7 @@ class AlgorithmConfig(Section):
 
 
 class PPOConfig(Section):
-    """Settings of the PPO baseline (`grpokit.ppo`, algorithm.advantage_estimator=gae); unused by GRPO."""
+    """Settings of the PPO baseline (`grpokit/critic.py`, algorithm.advantage_estimator=gae); unused by GRPO."""
 
     gamma: float = Field(1.0, ge=0, le=1)
     """Discount over completion tokens (1.0: the usual choice for LLM RL)."""

@@ -11,7 +11,6 @@
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import time
@@ -19,7 +18,18 @@ from pathlib import Path
 
 import torch
 
-# Settings found in benchmarks/demo_tuning/notes.md; every GRPO key is a normal config override.
+from grpokit.metrics import (
+    EVAL_FORMAT_RATE,
+    EVAL_MEAN_LENGTH,
+    EVAL_NUM_PROMPTS,
+    EVAL_PASS_AT_1,
+    eval_maj_at,
+    eval_mean_at,
+    eval_pass_at,
+    read_metrics,
+)
+
+# Settings found in the trials of docs/demo_tuning.md; every GRPO key is a normal config override.
 FULL = {
     "model_size": "demo",
     "sft": dict(rows=20000, steps=900, batch_size=64, lr=1e-3),
@@ -64,16 +74,37 @@ QUICK = {
 
 
 def _eval_rows(metrics_path: Path) -> list[dict]:
-    rows = [json.loads(l) for l in metrics_path.read_text().splitlines() if l.strip()]
-    return [r for r in rows if r.get("eval/pass@1") is not None]
+    return [r for r in read_metrics(metrics_path) if r.get(EVAL_PASS_AT_1) is not None]
+
+
+def _before_after(console, before: dict, after: dict, k: int, seed: int) -> list[tuple[str, ...]]:
+    """Print the held-out table (SFT warm-start vs after GRPO) and return its rows for the report."""
+    from rich.table import Table
+
+    keys = [EVAL_PASS_AT_1, eval_mean_at(k), eval_pass_at(k), eval_maj_at(k), EVAL_FORMAT_RATE, EVAL_MEAN_LENGTH]
+    table = Table(title=f"held-out countdown, {int(before[EVAL_NUM_PROMPTS])} problems (seed {seed})")
+    for col in ("metric", "SFT warm-start", "after GRPO", "change"):
+        table.add_column(col, justify="right" if col != "metric" else "left")
+    rows = [("metric", "SFT warm-start", "after GRPO", "change")]
+    for key in keys:
+        b, a = before.get(key), after.get(key)
+        if b is None or a is None:
+            continue
+        pct = key != EVAL_MEAN_LENGTH
+        fmt = (lambda v: f"{100 * v:.1f}%") if pct else (lambda v: f"{v:.1f}")
+        change = f"{100 * (a - b):+.1f} pts" if pct else f"{a - b:+.1f}"
+        table.add_row(key.removeprefix("eval/"), fmt(b), fmt(a), change)
+        rows.append((key.removeprefix("eval/"), fmt(b), fmt(a), change))
+    console.print(table)
+    return rows
 
 
 def run_demo(out: Path, *, quick: bool = False, seed: int = 0, overrides: list[str] | None = None) -> dict:
     from rich.console import Console
-    from rich.table import Table
 
-    from grpokit.config import load_config
-    from grpokit.plots import plot_metrics, write_report
+    from grpokit.config import DataConfig, load_config
+    from grpokit.data import build_datasets
+    from grpokit.records import plot_metrics, write_report
     from grpokit.sft import train_sft
     from grpokit.tasks import get_task
     from grpokit.tasks.tiny_model import build_tiny_llama
@@ -96,8 +127,8 @@ def run_demo(out: Path, *, quick: bool = False, seed: int = 0, overrides: list[s
     n_params = sum(p.numel() for p in model.parameters())
     console.print(f"[bold]1/3[/] tiny Llama: {n_params / 1e6:.2f}M parameters, vocabulary {len(tok)} characters")
 
-    sft = settings["sft"]
-    pairs = task.make_rows("train", sft["rows"], seed)
+    sft = settings["sft"]  # the task's train split, read as training reads it; "completion" is its reference solution
+    pairs = build_datasets(DataConfig(task=task.name, task_train_size=sft["rows"]), tok, seed=seed).train
     t = time.perf_counter()
     stats = train_sft(model, tok, pairs, steps=sft["steps"], batch_size=sft["batch_size"], lr=sft["lr"], seed=seed)
     model.save_pretrained(out / "sft")
@@ -123,22 +154,7 @@ def run_demo(out: Path, *, quick: bool = False, seed: int = 0, overrides: list[s
 
     evals = _eval_rows(out / "grpo" / "metrics.jsonl")
     before, after = evals[0], evals[-1]
-    k = cfg.eval.k
-    keys = ["eval/pass@1", f"eval/mean@{k}", f"eval/pass@{k}", f"eval/maj@{k}", "eval/format_rate", "eval/mean_length"]
-    table = Table(title=f"held-out countdown, {int(before['eval/num_prompts'])} problems (seed {seed})")
-    for col in ("metric", "SFT warm-start", "after GRPO", "change"):
-        table.add_column(col, justify="right" if col != "metric" else "left")
-    rows = [("metric", "SFT warm-start", "after GRPO", "change")]
-    for key in keys:
-        b, a = before.get(key), after.get(key)
-        if b is None or a is None:
-            continue
-        pct = key != "eval/mean_length"
-        fmt = (lambda v: f"{100 * v:.1f}%") if pct else (lambda v: f"{v:.1f}")
-        change = f"{100 * (a - b):+.1f} pts" if pct else f"{a - b:+.1f}"
-        table.add_row(key.removeprefix("eval/"), fmt(b), fmt(a), change)
-        rows.append((key.removeprefix("eval/"), fmt(b), fmt(a), change))
-    console.print(table)
+    rows = _before_after(console, before, after, cfg.eval.k, seed)
 
     plots = plot_metrics(out / "grpo" / "metrics.jsonl", out)
     total = time.perf_counter() - t_start

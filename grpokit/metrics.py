@@ -3,7 +3,7 @@ functions that turn a step's tensors into the trainer's metric dicts. docs/metri
 
     from grpokit import metrics as M
     rows = M.read_metrics("runs/x/metrics.jsonl")    # [{"step": 1, "time": 1.7e9, "reward/mean": 0.4, ...}, ...]
-    M.rollout_metrics(rewards, advantages, completion_mask, truncated, prompt_lengths, group_size=8)
+    M.rollout_metrics(rewards, advantages, completion_mask, truncated, prompt_lengths, 8, prompts_truncated)
     acc = M.MeanAccumulator()
     acc.add({M.POLICY_KL: 0.01}, weight=37)          # weighted by the micro-batch's tokens
     acc.means()                                      # {"policy/kl": 0.01}
@@ -165,6 +165,7 @@ ROLLOUT_COMPLETION_LEN_MAX = "rollout/completion_len_max"
 ROLLOUT_TRUNCATED_FRAC = "rollout/truncated_frac"
 ROLLOUT_PROMPT_LEN_MEAN = "rollout/prompt_len_mean"
 ROLLOUT_TOKENS = "rollout/tokens"
+ROLLOUT_TRUNCATED_PROMPTS = "rollout/truncated_prompts"
 ROLLOUT_SAMPLING_ROUNDS = "rollout/sampling_rounds"
 ROLLOUT_GROUPS_DRAWN = "rollout/groups_drawn"
 ROLLOUT_GROUPS_DROPPED = "rollout/groups_dropped"
@@ -281,12 +282,14 @@ def rollout_metrics(
     truncated: Tensor,
     prompt_lengths: list[int],
     group_size: int,
+    prompts_truncated: list[bool],
 ) -> dict[str, float]:
     """reward/, advantage/ and rollout/ statistics of one rollout batch (docs/metrics.md).
 
     rewards: [N] weighted totals, groups of group_size contiguous. advantages: [N], or [N, T] per token
     (process rewards; then over the completion tokens). completion_mask: [N, T]. truncated: [N] bool.
-    prompt_lengths: [B] tokens of each prompt after the chat template."""
+    prompt_lengths: [B] tokens of each prompt after the chat template. prompts_truncated: [B] which prompts
+    data.overlong_prompts=truncate cut to data.max_prompt_length tokens."""
     grouped = rewards.view(-1, group_size)  # [B, G]
     lengths = completion_mask.sum(-1).float()  # [N]
     adv = advantages if advantages.dim() == 1 else advantages[completion_mask.bool()]
@@ -304,6 +307,7 @@ def rollout_metrics(
         ROLLOUT_TRUNCATED_FRAC: truncated.float().mean().item(),
         ROLLOUT_PROMPT_LEN_MEAN: float(np.mean(prompt_lengths)),
         ROLLOUT_TOKENS: lengths.sum().item(),
+        ROLLOUT_TRUNCATED_PROMPTS: float(sum(prompts_truncated)),
     }
 
 

@@ -10,62 +10,46 @@ samples a correct answer learns nothing; a short SFT on reference solutions puts
 sampling sometimes succeeds (the demo's warm start). The loss is the cross-entropy of the
 completion tokens only, EOS included: prompt tokens and padding get label -100.
 
-Sequences are the prompt encoded as the tokenizer does by default (with its BOS, if any;
-a list of chat messages goes through the chat template with the generation prompt) followed
-by the completion encoded without special tokens plus EOS -- the same token boundary as a
+Data comes through grpokit.data like training data (JSONL / JSON / Parquet / CSV / a datasets
+folder, a "prompt" column rendered as for GRPO: the tokenizer's BOS for a string, the chat
+template with the generation prompt for messages, the system prompt), plus a "completion"
+column encoded without special tokens and followed by EOS -- the same token boundary as a
 rollout, which samples completion tokens after the prompt's tokens. Batches are right-padded,
-so position ids are simply 0..T-1 for every row. AdamW (no weight decay on norms and
-biases), linear warm-up then cosine or linear decay to 0, gradient clipping; deterministic
-for a given seed on a given machine.
+so position ids are simply 0..T-1 for every row. AdamW (no weight decay on norms and biases),
+linear warm-up then cosine or linear decay to 0 (grpokit.optim's schedules), gradient clipping;
+deterministic for a given seed on a given machine.
 """
 from __future__ import annotations
 
-import csv
 import json
 import math
 import random
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
+
+from grpokit.config import DataConfig
+from grpokit.data import PromptDataset, build_datasets
+from grpokit.optim import SCHEDULES, adamw, lr_lambda
+from grpokit.policy import load_model, load_tokenizer
 
 IGNORE_INDEX = -100  # label of tokens the loss skips (prompt, padding)
 
 
 # --- data ------------------------------------------------------------------------------
-def read_pairs(path: str | Path) -> list[dict[str, Any]]:
-    """Rows of a JSONL (one object a line), JSON (a list of objects) or CSV file that has the
-    columns "prompt" and "completion"."""
-    path = Path(path)
-    if path.suffix == ".csv":
-        with path.open(newline="") as f:
-            rows = list(csv.DictReader(f))
-    elif path.suffix in (".jsonl", ".json"):
-        text = path.read_text()
-        if path.suffix == ".json" and text.lstrip().startswith("["):
-            rows = json.loads(text)
-        else:
-            rows = [json.loads(line) for line in text.splitlines() if line.strip()]
-    else:
-        raise ValueError(f"{path}: unsupported file type {path.suffix!r}; use .jsonl, .json or .csv")
-    if not rows:
-        raise ValueError(f"{path}: no rows")
-    for column in ("prompt", "completion"):
-        if column not in rows[0]:
-            raise ValueError(f"{path}: missing column {column!r} (columns: {sorted(rows[0])})")
-    return rows
+def load_pairs(path: str | Path, tokenizer: Any, *, system_prompt: str | None = None, max_prompt_length: int = 512) -> PromptDataset:
+    """(prompt, completion) rows of a data file, read and rendered by grpokit.data (build_datasets)."""
+    data_cfg = DataConfig(train_path=str(path), system_prompt=system_prompt, max_prompt_length=max_prompt_length)
+    return build_datasets(data_cfg, tokenizer, seed=0, required_columns=("completion",)).train
 
 
-def encode_pair(tokenizer: Any, prompt: Any, completion: str, max_length: int) -> tuple[list[int], list[int], bool]:
-    """(input ids, labels, truncated) of one example; labels are IGNORE_INDEX on the prompt."""
-    if isinstance(prompt, list):  # chat messages
-        text = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
-        prompt_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    else:
-        prompt_ids = tokenizer(prompt)["input_ids"]
+def encode_pair(tokenizer: Any, prompt_ids: list[int], completion: str, max_length: int) -> tuple[list[int], list[int], bool]:
+    """(input ids, labels, truncated) of one example: the rendered prompt's ids, then the completion and EOS;
+    labels are IGNORE_INDEX on the prompt."""
     completion_ids = tokenizer(completion, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-    ids = prompt_ids + completion_ids
+    ids = list(prompt_ids) + completion_ids
     labels = [IGNORE_INDEX] * len(prompt_ids) + completion_ids
     truncated = len(ids) > max_length
     return ids[:max_length], labels[:max_length], truncated
@@ -101,24 +85,51 @@ def completion_loss(model: Any, batch: dict[str, torch.Tensor]) -> tuple[torch.T
 
 
 # --- training --------------------------------------------------------------------------
-def _lr_lambda(total: int, warmup: int, schedule: str) -> Callable[[int], float]:
-    def f(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        progress = (step - warmup) / max(total - warmup, 1)
-        if schedule == "cosine":
-            return 0.5 * (1.0 + math.cos(math.pi * progress))
-        if schedule == "linear":
-            return 1.0 - progress
-        return 1.0
+def _examples(tokenizer: Any, pairs: Sequence[dict[str, Any]] | PromptDataset, max_length: int) -> tuple[list, int]:
+    """[(input ids, labels)] of every pair, and how many were cut at max_length."""
+    if not isinstance(pairs, PromptDataset):  # rendered as training prompts are; the whole sequence is cut at max_length
+        pairs = PromptDataset(pairs, tokenizer, max_prompt_length=max_length, overlong="truncate")
+    rows = [pairs[i] for i in range(len(pairs))]
+    encoded = [encode_pair(tokenizer, r.prompt_ids, str(r.columns["completion"]), max_length) for r in rows]
+    return [(ids, labels) for ids, labels, _ in encoded], sum(t for _, _, t in encoded)
 
-    return f
+
+def _optimizer(model: Any, lr: float, weight_decay: float, schedule: Callable[[int], float]):
+    """AdamW with no weight decay on norms and biases, and its LambdaLR schedule."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
+    # The per-tensor AdamW (fused=False) keeps the demo's SFT warm start bit for bit what it was measured with.
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    optimizer = adamw(groups, lr=lr, fused=False)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+
+
+def _check_arguments(tokenizer: Any, pairs: Any, epochs: float | None, steps: int | None, schedule: str) -> None:
+    if epochs is not None and steps is not None:
+        raise ValueError("give epochs or steps, not both")
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {', '.join(map(repr, SCHEDULES))}, got {schedule!r}")
+    if tokenizer.eos_token_id is None:
+        raise ValueError("the tokenizer has no EOS token; SFT appends EOS to every completion")
+    if not len(pairs):
+        raise ValueError("no training pairs")
+
+
+def _update(model: Any, optimizer, scheduler, batch: dict[str, torch.Tensor], max_grad_norm: float):
+    """One optimizer step on one batch: (loss, completion tokens, gradient norm before clipping)."""
+    loss, n_tokens = completion_loss(model, batch)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    optimizer.step()
+    scheduler.step()
+    return loss, n_tokens, grad_norm
 
 
 def train_sft(
     model: Any,
     tokenizer: Any,
-    pairs: list[dict[str, Any]],
+    pairs: Sequence[dict[str, Any]] | PromptDataset,
     *,
     epochs: float | None = None,
     steps: int | None = None,
@@ -133,7 +144,8 @@ def train_sft(
     log_every: int = 20,
     log_fn: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
-    """Fine-tune `model` in place on `pairs` ({"prompt", "completion"}) and return final stats.
+    """Fine-tune `model` in place on `pairs` (rows {"prompt", "completion"}, or a PromptDataset whose rows
+    have a "completion" column: load_pairs) and return final stats.
 
     Length of training: `epochs` (passes over the pairs, may be fractional) or `steps`
     (optimizer steps of `batch_size` pairs); neither means one epoch.
@@ -141,31 +153,16 @@ def train_sft(
     schedule: "cosine" | "linear" (decay to 0 after warm-up) | "constant".
     log_fn: called every `log_every` steps and at the end with {"step", "loss", "lr", ...}.
     """
-    if epochs is not None and steps is not None:
-        raise ValueError("give epochs or steps, not both")
-    if schedule not in ("cosine", "linear", "constant"):
-        raise ValueError(f"schedule must be one of 'cosine', 'linear', 'constant', got {schedule!r}")
-    if tokenizer.eos_token_id is None:
-        raise ValueError("the tokenizer has no EOS token; SFT appends EOS to every completion")
-    if not pairs:
-        raise ValueError("no training pairs")
+    _check_arguments(tokenizer, pairs, epochs, steps, schedule)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-
-    encoded = [encode_pair(tokenizer, p["prompt"], str(p["completion"]), max_length) for p in pairs]
-    n_truncated = sum(t for _, _, t in encoded)
-    examples = [(ids, labels) for ids, labels, _ in encoded]
+    examples, n_truncated = _examples(tokenizer, pairs, max_length)
     steps_per_epoch = math.ceil(len(examples) / batch_size)
     total = steps if steps is not None else max(1, round((1.0 if epochs is None else epochs) * steps_per_epoch))
     warmup_steps = int(warmup) if warmup >= 1 else int(warmup * total)
 
     torch.manual_seed(seed)  # dropout, if the model has any
     order_rng = random.Random(seed)
-    decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=lr
-    )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(total, warmup_steps, schedule))
+    optimizer, scheduler = _optimizer(model, lr, weight_decay, lr_lambda(schedule, warmup_steps, total))
 
     was_training = model.training
     model.train()
@@ -180,13 +177,7 @@ def train_sft(
             order_rng.shuffle(order)
         idx, order = order[:batch_size], order[batch_size:]
         batch = {k: v.to(device) for k, v in collate([examples[i] for i in idx], pad_id).items()}
-        loss, n_tokens = completion_loss(model, batch)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-        optimizer.step()
-        scheduler.step()
-
+        loss, n_tokens, grad_norm = _update(model, optimizer, scheduler, batch, max_grad_norm)
         losses.append(loss.item())
         window_loss += loss.item() * n_tokens
         window_tokens += n_tokens
@@ -222,15 +213,12 @@ def run_sft(
     **train_kwargs: Any,
 ) -> dict[str, Any]:
     """SFT from files: load the model and tokenizer in `model_path` (a folder or hub id) with
-    from_pretrained, train on the pairs in `data_path` (JSONL / JSON / CSV with columns
-    "prompt" and "completion"), and save model (safetensors) + tokenizer + sft_stats.json to
+    from_pretrained, train on the pairs in `data_path` (JSONL / JSON / Parquet / CSV / a
+    datasets folder with columns "prompt" and "completion", read by grpokit.data), and save model (safetensors) + tokenizer + sft_stats.json to
     `out_dir`. `train_kwargs` are train_sft's (epochs, steps, batch_size, lr, warmup, ...)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    pairs = read_pairs(data_path)
-    tokenizer = AutoTokenizer.from_pretrained(str(model_path))
-    model = AutoModelForCausalLM.from_pretrained(str(model_path))
-    stats = train_sft(model, tokenizer, pairs, **train_kwargs)
+    tokenizer = load_tokenizer(str(model_path))
+    model = load_model(str(model_path))
+    stats = train_sft(model, tokenizer, load_pairs(data_path, tokenizer), **train_kwargs)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out_dir))

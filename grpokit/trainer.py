@@ -71,6 +71,7 @@ class Trainer:
         self.critic = Critic(cfg, model, has_ref=self.ref is not None, total_steps=total) if alg.advantage_estimator == "gae" else None
         self.loss_beta = 0.0 if self.critic is not None and self.critic.shapes_kl_into_reward else alg.beta
         self.step = 0
+        self.signals = StopSignals()  # SIGTERM / SIGINT during train(): finish the step, save, stop
         self.interrupted: str | None = None  # the signal (SIGTERM / SIGINT) that made train() stop early
 
     def _build_rewards(self, specs: list[RewardSpec]) -> RewardManager:
@@ -140,7 +141,8 @@ class Trainer:
 
         batch = RolloutBatch(tokens, loss_mask, truncated, rewards, advantages, old_logp, ref_logp, value_targets)
         metrics.update({k: v for k, v in scored.metrics().items() if not k.startswith("reward/total")})
-        metrics.update(rollout_metrics(rewards, advantages, tokens.completion_mask, truncated, [len(r.prompt_ids) for r in rows], G))
+        metrics.update(rollout_metrics(rewards, advantages, tokens.completion_mask, truncated, [len(r.prompt_ids) for r in rows], G,
+                                       [r.truncated for r in rows]))
         metrics.update(critic_metrics)
         return batch, metrics, sample_records([r.prompt_text for r in rows], comps.texts, rewards, G, cfg.logging.num_samples)
 
@@ -253,7 +255,7 @@ class Trainer:
         log = MetricLogger(self.out, tensorboard=cfg.logging.tensorboard, wandb=cfg.logging.wandb, mlflow=cfg.logging.mlflow, config=cfg.model_dump())
         metrics: dict[str, float] = {}
         try:
-            with StopSignals() as stop, TrainProgress(cfg.optim.max_steps, start_step=self.step) as prog:
+            with self.signals as stop, TrainProgress(cfg.optim.max_steps, start_step=self.step) as prog:
                 if resumed is not None:
                     log.truncate_after(self.step)
                     prog.print(f"resuming from checkpoint step {resumed} in {self.out / 'checkpoints'}")

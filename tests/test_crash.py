@@ -300,7 +300,7 @@ def test_second_ctrl_c_stops_at_once(setup, monkeypatch):
         stats = real(self, batch)
         if self.step == 1:  # during step 2: the first Ctrl-C asks for a save, the second one stops now
             os.kill(os.getpid(), signal.SIGINT)
-            while self._stop_signal is None:  # two signals sent back to back would arrive as one
+            while self.signals.received is None:  # two signals sent back to back would arrive as one
                 time.sleep(0.001)
             os.kill(os.getpid(), signal.SIGINT)
         return stats

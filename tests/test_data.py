@@ -219,6 +219,7 @@ def test_truncation_keeps_the_tail_and_counts(tok):
     rows = [{"prompt": "context context QUESTION"}, {"prompt": "short"}]
     ds = PromptDataset(rows, tok, max_prompt_length=8, overlong="truncate")
     assert ds.num_truncated == 1
+    assert [ds[0].truncated, ds[1].truncated] == [True, False]  # counted per step as rollout/truncated_prompts
     assert ds[0].prompt_ids == char_ids(tok, "QUESTION")
     assert ds[0].prompt_text == "QUESTION"
     assert ds[0].prompt == "context context QUESTION"

@@ -72,7 +72,7 @@ def _quiet_and_quick(monkeypatch):
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # as grpokit.cli.main does; the test runner skips main()
-    monkeypatch.setattr("grpokit.plots.plot_metrics", lambda *a, **k: None)  # plots are not what these test
+    monkeypatch.setattr("grpokit.trainer.plot_metrics", lambda *a, **k: None)  # plots are not what these test
 
 
 @pytest.fixture
@@ -350,15 +350,15 @@ def test_non_finite_advantages_skip_the_update(env):
 
 
 def test_non_finite_loss_in_a_row_stops_with_one_line(env, monkeypatch):
-    import grpokit.trainer
+    import grpokit.algorithm
 
-    real = grpokit.trainer.policy_loss
+    real = grpokit.algorithm.policy_loss
 
     def nan_loss(*args, **kwargs):
         loss, stats = real(*args, **kwargs)
         return loss * float("nan"), stats
 
-    monkeypatch.setattr(grpokit.trainer, "policy_loss", nan_loss)
+    monkeypatch.setattr(grpokit.algorithm, "policy_loss", nan_loss)
     msg = user_error(train(env, "optim.max_steps=5", "optim.max_consecutive_skips=2", "checkpoint.save_every=1"),
                      "the loss was non-finite in 2 optimizer steps in a row (last at step 2, pass 1, minibatch 1)",
                      "no checkpoint with these weights was written")
@@ -415,3 +415,17 @@ def test_every_row_has_a_test():
     here = {name for name in globals() if name.startswith("test_")}
     untabled = here - table - {"test_every_row_has_a_test", "test_console_script_one_line"}
     assert not untabled, sorted(untabled)  # every bad input tested here is in the table
+
+
+def test_a_renamed_prompt_column_with_a_held_out_split_trains(env):
+    # The split used to be called without the column: "no 'prompt' column ... name the prompt column with
+    # data.prompt_column" although it was named.
+    tmp_path, _ = env
+    questions = [{"question": r["prompt"], "target": r["target"]} for r in PROMPTS]
+    write_jsonl(tmp_path / "questions.jsonl", questions)
+    r = train(env, f"data.train_path={tmp_path / 'questions.jsonl'}", "data.prompt_column=question", "data.eval_size=2",
+              "eval.at_start=true", "eval.k=1")
+    assert r.exit_code == 0, (r.output, r.exception)
+    rows = metrics(env)
+    assert rows[0]["step"] == 0 and rows[0]["eval/num_prompts"] == 2  # the 2 held-out questions were evaluated
+    assert rows[-1]["step"] == 1 and rows[-1]["eval/num_prompts"] == 2

@@ -66,7 +66,8 @@ def test_rollout_metrics_two_groups_of_two():
     advantages = torch.tensor([1.0, -1.0, 0.0, 0.0])
     completion_mask = torch.tensor([[1, 1, 1], [1, 0, 0], [1, 1, 0], [1, 1, 1]])  # lengths 3, 1, 2, 3
     truncated = torch.tensor([True, False, False, True])
-    m = rollout_metrics(rewards, advantages, completion_mask, truncated, prompt_lengths=[5, 8], group_size=2)
+    m = rollout_metrics(rewards, advantages, completion_mask, truncated, prompt_lengths=[5, 8], group_size=2,
+                        prompts_truncated=[False, True])
     expected = {
         "reward/mean": 0.75,  # 3 / 4
         "reward/std": math.sqrt(0.1875),  # deviations .25, -.75, .25, .25: (3 * .0625 + .5625) / 4
@@ -81,6 +82,7 @@ def test_rollout_metrics_two_groups_of_two():
         "rollout/truncated_frac": 0.5,
         "rollout/prompt_len_mean": 6.5,  # (5 + 8) / 2
         "rollout/tokens": 9.0,
+        "rollout/truncated_prompts": 1.0,  # the second prompt was cut to data.max_prompt_length
     }
     assert list(m) == list(expected)
     assert m == pytest.approx(expected)
@@ -88,7 +90,7 @@ def test_rollout_metrics_two_groups_of_two():
 
     # Per-token advantages (process rewards): over the completion tokens; padding (100) never counts.
     per_token = torch.tensor([[1.0, 1.0, 1.0], [2.0, 100.0, 100.0], [0.0, 0.0, 100.0], [-1.0, -1.0, -1.0]])
-    m = rollout_metrics(rewards, per_token, completion_mask, truncated, [5, 8], 2)
+    m = rollout_metrics(rewards, per_token, completion_mask, truncated, [5, 8], 2, [False, False])
     assert m["advantage/mean"] == pytest.approx(2 / 9)  # (3 + 2 + 0 - 3) / 9 tokens
     assert m["advantage/abs_mean"] == pytest.approx(8 / 9)
 
@@ -162,7 +164,7 @@ def _emitted_reward_names() -> set[str]:
     )
     mask = torch.ones(2, 1)
     names = set(scored.metrics())
-    names |= set(rollout_metrics(torch.tensor([1.0, 0.0]), torch.tensor([1.0, -1.0]), mask, torch.tensor([False, False]), [3], 2))
+    names |= set(rollout_metrics(torch.tensor([1.0, 0.0]), torch.tensor([1.0, -1.0]), mask, torch.tensor([False, False]), [3], 2, [False]))
     names |= set(critic_metrics(mask, mask, mask, mask, mask, mask, mask, torch.ones(2)))
     return {n for n in names if n.startswith(M.REWARD_PREFIX)}
 

@@ -23,7 +23,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import grpokit.trainer
+import grpokit.algorithm
 from grpokit.algo import group_advantages, policy_loss
 from grpokit.checkpoint import list_checkpoints
 from grpokit.config import load_config
@@ -47,7 +47,7 @@ def config(model_dir, out, *extra):
 
 @pytest.fixture(autouse=True)
 def _no_plots(monkeypatch):
-    monkeypatch.setattr("grpokit.plots.plot_metrics", lambda *a, **k: None)  # plots are not what these test
+    monkeypatch.setattr("grpokit.trainer.plot_metrics", lambda *a, **k: None)  # plots are not what these test
 
 
 def read_metrics(out):
@@ -70,7 +70,7 @@ def nan_loss_on(calls: set[int]):
 
 
 def test_nan_loss_steps_are_skipped_counted_and_the_run_goes_on(tiny_model_dir, tmp_path, monkeypatch):
-    monkeypatch.setattr(grpokit.trainer, "policy_loss", nan_loss_on({1, 3}))
+    monkeypatch.setattr(grpokit.algorithm, "policy_loss", nan_loss_on({1, 3}))
     cfg = config(tiny_model_dir, tmp_path / "run", "optim.max_steps=3", "optim.max_consecutive_skips=2", "checkpoint.save_every=0")
     trainer = Trainer(cfg)
     before = [p.detach().clone() for p in trainer.model.parameters()]
@@ -102,7 +102,7 @@ def test_non_finite_gradient_stops_with_the_parameter_named(tiny_model_dir, tmp_
         value, stats = real(logp, *args, **kwargs)
         return value + _InfGrad.apply(logp), stats
 
-    monkeypatch.setattr(grpokit.trainer, "policy_loss", inf_grad_loss)
+    monkeypatch.setattr(grpokit.algorithm, "policy_loss", inf_grad_loss)
     cfg = config(tiny_model_dir, tmp_path / "run", "optim.max_steps=3", "optim.max_consecutive_skips=2", "checkpoint.save_every=1")
     trainer = Trainer(cfg)
     before = [p.detach().clone() for p in trainer.model.parameters()]

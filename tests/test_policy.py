@@ -2,7 +2,8 @@
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from grpokit.policy import completion_logprobs, pack_sequences
+from grpokit.batch import pack_sequences
+from grpokit.policy import completion_logprobs
 
 
 def tiny_llama(seed=0):

@@ -9,7 +9,7 @@ import torch
 from grpokit.algo import explained_variance, gae_advantages, masked_whiten, token_rewards, value_loss
 from grpokit.checkpoint import list_checkpoints
 from grpokit.config import load_config
-from grpokit.policy import pack_sequences
+from grpokit.batch import pack_sequences
 
 REWARD = f"{Path(__file__).parent / 'reward_fns.py'}:count_sevens"
 
@@ -167,7 +167,7 @@ def test_value_loss_accumulates_to_the_whole_minibatch():
 @pytest.fixture(autouse=True)
 def no_plots(monkeypatch):
     """Plots are tested elsewhere (tests/test_logging.py); here they would only cost seconds per run."""
-    monkeypatch.setattr("grpokit.plots.plot_metrics", lambda *args, **kwargs: [])
+    monkeypatch.setattr("grpokit.trainer.plot_metrics", lambda *args, **kwargs: [])
 
 
 def config(model_dir, out, *extra):
@@ -203,32 +203,33 @@ def read_metrics(out):
 
 
 def test_critic_values_ignore_padding_and_later_tokens(tiny_model_dir, tmp_path):
-    from grpokit.ppo import PPOTrainer
+    from grpokit.trainer import Trainer
 
-    tr = PPOTrainer(config(tiny_model_dir, tmp_path / "run"))
-    torch.nn.init.normal_(tr.critic.head.weight)  # a non-zero head, so values depend on the states
+    tr = Trainer(config(tiny_model_dir, tmp_path / "run"))
+    torch.nn.init.normal_(tr.critic.model.head.weight)  # a non-zero head, so values depend on the states
     prompts, comps = [[1, 5, 6], [7, 8]], [[9, 10, 11, 12], [13]]
-    both = tr._values(pack_sequences(prompts, comps, tr.tokenizer.pad_token_id))  # [2, 4]
-    alone = tr._values(pack_sequences(prompts[:1], comps[:1], tr.tokenizer.pad_token_id))
+    both = tr.critic.values(pack_sequences(prompts, comps, tr.tokenizer.pad_token_id))  # [2, 4]
+    alone = tr.critic.values(pack_sequences(prompts[:1], comps[:1], tr.tokenizer.pad_token_id))
     torch.testing.assert_close(both[0], alone[0], rtol=1e-4, atol=1e-5)
-    prefix = tr._values(pack_sequences(prompts[:1], [comps[0][:2]], tr.tokenizer.pad_token_id))
+    prefix = tr.critic.values(pack_sequences(prompts[:1], [comps[0][:2]], tr.tokenizer.pad_token_id))
     torch.testing.assert_close(prefix[0], alone[0, :2], rtol=1e-4, atol=1e-5)  # V(s_t) sees only the prefix
     assert both[1, 1:].eq(0).all()
 
 
 def test_cli_picks_ppo_for_gae(tiny_model_dir, tmp_path):
-    from grpokit.ppo import PPOTrainer, make_trainer
+    from grpokit.critic import Critic
+    from grpokit.trainer import Trainer
 
-    tr = make_trainer(config(tiny_model_dir, tmp_path / "run", "algorithm.beta=0.04"))
-    assert isinstance(tr, PPOTrainer)
+    tr = Trainer(config(tiny_model_dir, tmp_path / "run", "algorithm.beta=0.04"))
+    assert isinstance(tr.critic, Critic)
     # The KL goes into the reward; the policy loss runs with beta = 0 and the reference is kept.
-    assert tr.kl_coef == 0.04 and tr._loop_cfg.algorithm.beta == 0.0 and tr.cfg.algorithm.beta == 0.04
+    assert tr.critic.kl_coef == 0.04 and tr.loss_beta == 0.0 and tr.cfg.algorithm.beta == 0.04
     assert tr.ref is not None
-    assert sum(p.numel() for p in tr.critic.parameters()) > 0.9 * sum(p.numel() for p in tr.model.parameters())
+    assert sum(p.numel() for p in tr.critic.model.parameters()) > 0.9 * sum(p.numel() for p in tr.model.parameters())
 
 
 def test_ppo_reward_rises(tiny_model_dir, tmp_path):
-    from grpokit.ppo import PPOTrainer
+    from grpokit.trainer import Trainer as PPOTrainer  # the one loop, with a critic for advantage_estimator=gae
 
     cfg = config(tiny_model_dir, tmp_path / "run", "optim.max_steps=10", "checkpoint.save_every=0")
     PPOTrainer(cfg).train()
@@ -250,7 +251,7 @@ class Crash(Exception):
 
 
 def test_ppo_resume_restores_the_critic_exactly(tiny_model_dir, tmp_path):
-    from grpokit.ppo import PPOTrainer
+    from grpokit.trainer import Trainer as PPOTrainer  # the one loop, with a critic for advantage_estimator=gae
 
     steps = ["optim.max_steps=3", "checkpoint.save_every=2", "checkpoint.keep_last=5", "algorithm.beta=0.04",
              "algorithm.num_iterations=2", "optim.num_minibatches=2", "optim.micro_batch_size=8"]
@@ -270,24 +271,23 @@ def test_ppo_resume_restores_the_critic_exactly(tiny_model_dir, tmp_path):
     assert resumed.maybe_resume() == 2
     saved = torch.load(tmp_path / "b" / "checkpoints" / "step-000002" / "trainer_state.pt", weights_only=False)
     for k, v in saved["critic"].items():
-        assert torch.equal(resumed.critic.state_dict()[k], v), k
-    opt = resumed.critic_optimizer.state_dict()
+        assert torch.equal(resumed.critic.model.state_dict()[k], v), k
+    opt = resumed.critic.optimizer.adamw.state_dict()
     assert opt["state"] and all(torch.equal(opt["state"][k]["exp_avg"], st["exp_avg"]) for k, st in saved["critic_optimizer"]["state"].items())
     resumed.train()
     assert resumed.step == 3
     # Bit for bit the same policy and critic as the uninterrupted run.
     for (n, p), (_, q) in zip(straight.model.named_parameters(), resumed.model.named_parameters()):
         assert torch.equal(p, q), n
-    for (n, p), (_, q) in zip(straight.critic.named_parameters(), resumed.critic.named_parameters()):
+    for (n, p), (_, q) in zip(straight.critic.model.named_parameters(), resumed.critic.model.named_parameters()):
         assert torch.equal(p, q), n
 
 
 def test_ppo_refuses_a_grpo_checkpoint(tiny_model_dir, tmp_path):
     from grpokit.checkpoint import CheckpointError
-    from grpokit.ppo import PPOTrainer
     from grpokit.trainer import Trainer
 
     grpo = config(tiny_model_dir, tmp_path / "run", "algorithm.advantage_estimator=grpo", "optim.max_steps=1", "eval.max_samples=1")
     Trainer(grpo).train()
     with pytest.raises(CheckpointError, match="no critic"):
-        PPOTrainer(config(tiny_model_dir, tmp_path / "run", "optim.max_steps=2")).maybe_resume()
+        Trainer(config(tiny_model_dir, tmp_path / "run", "optim.max_steps=2")).maybe_resume()  # gae: with a critic

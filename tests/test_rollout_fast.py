@@ -11,7 +11,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LM
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 import grpokit.rollout.fast as fast
-from grpokit.policy import completion_logprobs, pack_sequences
+from grpokit.batch import pack_sequences
+from grpokit.policy import completion_logprobs
 from grpokit.rollout import make_engine
 from grpokit.rollout.base import SamplingParams
 from grpokit.rollout.fast import FastEngine, process_logits

@@ -8,7 +8,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from grpokit.sft import IGNORE_INDEX, _lr_lambda, collate, completion_loss, encode_pair, read_pairs, run_sft, train_sft
+from grpokit.data import DataError
+from grpokit.optim import lr_lambda
+from grpokit.sft import IGNORE_INDEX, collate, completion_loss, encode_pair, load_pairs, run_sft, train_sft
 from grpokit.tasks.tiny_model import build_tiny_llama
 from grpokit.tasks.tokenizer import build_tokenizer
 
@@ -30,19 +32,23 @@ def exact_match(model, tok, pairs):
     return sum(t == p["completion"] for t, p in zip(texts, pairs)) / len(pairs)
 
 
+def prompt_ids(tok, prompt):
+    return tok(prompt)["input_ids"]  # a string prompt as grpokit.data renders it: the tokenizer's BOS first
+
+
 def test_encode_pair_labels_only_the_completion_and_eos(tok):
-    ids, labels, truncated = encode_pair(tok, "12=", "21", max_length=16)
+    ids, labels, truncated = encode_pair(tok, prompt_ids(tok, "12="), "21", max_length=16)
     c = tok.convert_tokens_to_ids
     assert ids == [tok.bos_token_id, c("1"), c("2"), c("="), c("2"), c("1"), tok.eos_token_id]
     assert labels == [IGNORE_INDEX] * 4 + [c("2"), c("1"), tok.eos_token_id]
     assert not truncated
-    ids, labels, truncated = encode_pair(tok, "12=", "21", max_length=5)
+    ids, labels, truncated = encode_pair(tok, prompt_ids(tok, "12="), "21", max_length=5)
     assert truncated and len(ids) == len(labels) == 5 and labels[-1] == c("2")
 
 
 def test_collate_right_pads_with_plain_positions(tok):
-    a = encode_pair(tok, "1=", "1", 16)[:2]
-    b = encode_pair(tok, "123=", "321", 16)[:2]
+    a = encode_pair(tok, prompt_ids(tok, "1="), "1", 16)[:2]
+    b = encode_pair(tok, prompt_ids(tok, "123="), "321", 16)[:2]
     batch = collate([a, b], tok.pad_token_id)
     assert batch["input_ids"][0].tolist() == a[0] + [tok.pad_token_id] * 4
     assert batch["attention_mask"].tolist() == [[1] * 5 + [0] * 4, [1] * 9]
@@ -52,7 +58,7 @@ def test_collate_right_pads_with_plain_positions(tok):
 
 def test_loss_is_cross_entropy_of_completion_tokens_only(tok):
     model = build_tiny_llama(tok, size="test")
-    batch = collate([encode_pair(tok, "12=", "21", 16)[:2], encode_pair(tok, "3+45=", "48", 16)[:2]], tok.pad_token_id)
+    batch = collate([encode_pair(tok, prompt_ids(tok, "12="), "21", 16)[:2], encode_pair(tok, prompt_ids(tok, "3+45="), "48", 16)[:2]], tok.pad_token_id)
     loss, n_tokens = completion_loss(model, batch)
     assert n_tokens == 3 + 3  # two digits + EOS per row
     # by hand: the log-prob of each completion token given everything before it
@@ -67,10 +73,10 @@ def test_loss_is_cross_entropy_of_completion_tokens_only(tok):
 
 
 def test_lr_schedule_warmup_then_decay_to_zero():
-    cos = _lr_lambda(total=10, warmup=2, schedule="cosine")
+    cos = lr_lambda("cosine", warmup=2, total=10)
     assert [cos(0), cos(1), cos(2)] == [0.5, 1.0, 1.0]
     assert cos(6) == pytest.approx(0.5) and cos(10) == pytest.approx(0.0)
-    lin = _lr_lambda(total=10, warmup=0, schedule="linear")
+    lin = lr_lambda("linear", warmup=0, total=10)
     assert [lin(0), lin(5), lin(10)] == [1.0, 0.5, 0.0]
 
 
@@ -121,16 +127,21 @@ def test_run_sft_from_files_saves_hf_folder(tmp_path, tok):
     assert exact_match(model, AutoTokenizer.from_pretrained(out), SWAP) > 0.8
 
 
-def test_read_pairs_csv_and_missing_column(tmp_path):
+def test_load_pairs_reads_csv_through_grpokit_data_and_names_a_missing_column(tmp_path, tok):
     good = tmp_path / "pairs.csv"
     with good.open("w", newline="") as f:
         w = csv.DictWriter(f, ["prompt", "completion"])
         w.writeheader()
-        w.writerows(SWAP[:3])
-    assert read_pairs(good) == SWAP[:3]
+        w.writerows(SWAP[1:4])  # CSV columns of numbers are read as numbers (as datasets does): "10" -> 10
+    ds = load_pairs(good, tok)
+    assert [ds[i].prompt for i in range(3)] == [p["prompt"] for p in SWAP[1:4]]
+    assert [str(ds[i].columns["completion"]) for i in range(3)] == [p["completion"] for p in SWAP[1:4]]
+    assert ds[0].prompt_ids == prompt_ids(tok, SWAP[1]["prompt"])
+    with_system = load_pairs(good, tok, system_prompt="swap")  # rendered as training prompts are (data.system_prompt)
+    assert with_system[0].prompt_ids == prompt_ids(tok, "swap\n" + SWAP[1]["prompt"])
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"prompt": "1=", "answer": "1"}) + "\n")
-    with pytest.raises(ValueError, match="'completion'"):
-        read_pairs(bad)
-    with pytest.raises(ValueError, match="unsupported"):
-        read_pairs(tmp_path / "pairs.parquet")
+    with pytest.raises(DataError, match="'completion'"):
+        load_pairs(bad, tok)
+    with pytest.raises(DataError, match="not found"):
+        load_pairs(tmp_path / "pairs.parquet", tok)

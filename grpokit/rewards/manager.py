@@ -45,6 +45,7 @@ import torch
 from torch import Tensor
 
 from grpokit.config import RewardSpec
+from grpokit.metrics import REWARD_NONE_FRAC, REWARD_TOTAL, REWARD_TOTAL_STD, RESERVED_REWARD_NAMES, reward_errors, reward_fn, reward_fn_std, reward_fn_steps
 from grpokit.rewards.builtins import BUILTIN_REWARDS
 from grpokit.rewards.steps import StepScores
 from grpokit.rewards.text import completion_text
@@ -54,7 +55,7 @@ logger = logging.getLogger("grpokit.rewards")
 #: arguments every reward function may receive besides the dataset columns
 CALL_ARGS = ("prompts", "completions", "completion_ids")
 #: names a reward may not take: they would collide with the summary metrics
-_RESERVED_NAMES = {"total", "none_frac", "errors"}
+_RESERVED_NAMES = RESERVED_REWARD_NAMES  # reward/<name> of these is another metric (grpokit/metrics.py)
 
 
 #: reward name -> function: the names a spec's `function` may use (BUILTIN_REWARDS by default;
@@ -181,7 +182,8 @@ class _Reward:
         )
         name = get("name") or _default_name(function, fn, registry)
         if name in _RESERVED_NAMES or "/" in name:
-            raise ValueError(f"reward {label!r}: name {name!r} is reserved or contains '/'; set another `name`")
+            why = "contains '/'" if "/" in name else f"is reserved (reward/{name} is another metric; reserved: {', '.join(sorted(_RESERVED_NAMES))})"
+            raise ValueError(f"reward {label!r}: name {name!r} {why}; set another `name`")
         weight = get("weight", 1.0)
         weight = 1.0 if weight is None else weight
         if isinstance(weight, bool) or not isinstance(weight, numbers.Real) or not math.isfinite(weight):
@@ -251,16 +253,16 @@ class RewardOutput:
                                            functions that returned step scores)
         Stds are sample stds (Bessel-corrected, as TRL's nanstd); NaN under 2 values.
         """
-        out = {"reward/total": _nanmean(self.total), "reward/total/std": _nanstd(self.total)}
+        out = {REWARD_TOTAL: _nanmean(self.total), REWARD_TOTAL_STD: _nanstd(self.total)}
         for name, r in self.per_function.items():
-            out[f"reward/{name}"] = _nanmean(r)
-            out[f"reward/{name}/std"] = _nanstd(r)
-            out[f"reward/errors/{name}"] = float(self.errors[name])
+            out[reward_fn(name)] = _nanmean(r)
+            out[reward_fn_std(name)] = _nanstd(r)
+            out[reward_errors(name)] = float(self.errors[name])
             if name in self.steps:
                 counts = [len(s.scores) for s in self.steps[name] if s is not None]
-                out[f"reward/{name}/steps"] = sum(counts) / len(counts) if counts else float("nan")
+                out[reward_fn_steps(name)] = sum(counts) / len(counts) if counts else float("nan")
         none = torch.stack(list(self.per_function.values())).isnan().all(dim=0)  # [N]
-        out["reward/none_frac"] = none.float().mean().item() if none.numel() else float("nan")
+        out[REWARD_NONE_FRAC] = none.float().mean().item() if none.numel() else float("nan")
         return out
 
 

@@ -17,7 +17,7 @@ of them with a random operator until one value is left; that value is the target
 combination is the reference completion. Subtraction is ordered so intermediate values are
 never negative. Difficulty knobs: `min_count`..`num_count` numbers from [`min_number`, `max_number`],
 targets up to `max_target`; the defaults (3-4 numbers from 1..20, targets 1..99)
-were chosen for the demo in benchmarks/demo_tuning/notes.md.
+were chosen for the demo in docs/demo_tuning.md.
 """
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-#: presets; "demo" was chosen in benchmarks/demo_tuning/notes.md
+#: presets; "demo" was chosen in docs/demo_tuning.md
 SIZES: dict[str, dict[str, int]] = {
     "demo": dict(hidden_size=192, num_layers=4, num_heads=4, intermediate_size=512),
     "test": dict(hidden_size=96, num_layers=2, num_heads=4, intermediate_size=256),
