@@ -16,7 +16,7 @@ from torch import Tensor
 
 from grpokit.algo import group_advantages, policy_loss, step_advantages
 from grpokit.batch import Groups
-from grpokit.config import AlgorithmConfig, Config, ConfigError, RewardSpec
+from grpokit.config import AlgorithmConfig, ConfigError
 
 
 def outcome_advantages(alg: AlgorithmConfig, rewards: Tensor, group_size: int) -> Tensor:
@@ -60,19 +60,6 @@ def algorithm_loss(alg: AlgorithmConfig, logp: Tensor, old_logp: Tensor, advanta
         max_completion_length=max_completion_length, kl_estimator=alg.kl_estimator, dual_clip=alg.dual_clip,
         num_sequences=num_sequences, num_tokens=num_tokens,
     )
-
-
-def reward_specs(cfg: Config, task) -> list[RewardSpec]:
-    """The configured reward functions; the built-in task's reward when none is configured; DAPO's soft
-    overlong punishment (eq. 13) when algorithm.overlong_buffer_frac > 0."""
-    specs = list(cfg.rewards) or ([RewardSpec(function=task.name)] if task else [])
-    if not specs:
-        raise ConfigError("no reward functions: add `rewards: [{function: package.module:function}]` to the config")
-    if cfg.algorithm.overlong_buffer_frac > 0:
-        L = cfg.rollout.max_completion_length
-        cache = max(1, int(cfg.algorithm.overlong_buffer_frac * L))
-        specs.append(RewardSpec(function="overlong", name="overlong", kwargs={"max_completion_length": L, "cache_length": cache}))
-    return specs
 
 
 def dynamic_sampling(first: Groups, draw: Callable[[], Groups], want: int, G: int, max_rounds: int) -> tuple[Groups, dict[str, float]]:

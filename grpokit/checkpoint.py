@@ -36,6 +36,13 @@ class CheckpointError(RuntimeError):
     """A checkpoint could not be written or read; the message says where and what to do."""
 
 
+def seed_everything(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's global generators (what rng_state saves and set_rng_state restores)."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
 def rng_state() -> dict[str, Any]:
     return {
         "python": random.getstate(),

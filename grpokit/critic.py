@@ -160,18 +160,10 @@ class Critic:
         return {**acc.means(), "value/skipped_updates": float(self.optimizer.skipped), "perf/critic_train_time": time.perf_counter() - t}
 
     def state_dict(self) -> dict:
-        opt = self.optimizer.state_dict()
-        return {
-            "critic": self.model.state_dict(),
-            "critic_optimizer": opt["optimizer"],
-            "critic_scheduler": opt["scheduler"],
-            "critic_skipped_updates": opt["skipped"],
-        }
+        return {"critic": self.model.state_dict(), **self.optimizer.state_dict(prefix="critic_")}
 
     def load_state_dict(self, state: dict, where: str) -> None:
         if "critic" not in state:
             raise CheckpointError(f"checkpoint {where!r} has no critic (a GRPO run?); give the PPO run its own output_dir")
         self.model.load_state_dict(state["critic"])
-        self.optimizer.load_state_dict(
-            {"optimizer": state["critic_optimizer"], "scheduler": state["critic_scheduler"], "skipped": state.get("critic_skipped_updates", 0)}
-        )
+        self.optimizer.load_state_dict(state, prefix="critic_")

@@ -128,13 +128,18 @@ class Optimizer:
                 f"no checkpoint with these weights was written. {self.fix[0].upper() + self.fix[1:]}"
             )
 
-    def state_dict(self) -> dict:
-        return {"optimizer": self.adamw.state_dict(), "scheduler": self.scheduler.state_dict(), "skipped": self.skipped}
+    def state_dict(self, prefix: str = "") -> dict:
+        """AdamW moments, schedule position and skip count, under `prefix` (one trainer state holds several)."""
+        return {
+            f"{prefix}optimizer": self.adamw.state_dict(),
+            f"{prefix}scheduler": self.scheduler.state_dict(),
+            f"{prefix}skipped_updates": self.skipped,
+        }
 
-    def load_state_dict(self, state: dict) -> None:
-        self.adamw.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.skipped = state.get("skipped", 0)
+    def load_state_dict(self, state: dict, prefix: str = "") -> None:
+        self.adamw.load_state_dict(state[f"{prefix}optimizer"])
+        self.scheduler.load_state_dict(state[f"{prefix}scheduler"])
+        self.skipped = state.get(f"{prefix}skipped_updates", 0)
 
 
 def non_finite(x: Tensor, n: int) -> str | None:

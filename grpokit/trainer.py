@@ -13,35 +13,28 @@ reward function returns StepScores, the advantages are per token. docs/algorithm
 """
 from __future__ import annotations
 
-import random
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 import yaml
 from torch import Tensor
 
 from grpokit.algo import masked_mean
-from grpokit.algorithm import algorithm_loss, dynamic_sampling, make_loss_mask, outcome_advantages, process_advantages, reward_specs
+from grpokit.algorithm import algorithm_loss, dynamic_sampling, make_loss_mask, outcome_advantages, process_advantages
 from grpokit.batch import Groups, RolloutBatch, pack_sequences, process_rewards, repeat_rows
-from grpokit.checkpoint import StopSignals, ensure_writable_dir, resume, save_checkpoint, save_pretrained_atomic
-from grpokit.config import Config, ConfigError, RewardSpec
+from grpokit.checkpoint import StopSignals, ensure_writable_dir, resume, save_checkpoint, save_pretrained_atomic, seed_everything
+from grpokit.config import Config
 from grpokit.critic import Critic
 from grpokit.data import PromptSampler, build_datasets, check_context_length
 from grpokit.evaluate import evaluate, make_judge
-from grpokit.metrics import MeanAccumulator, perf_metrics, rollout_metrics, sample_records
+from grpokit.metrics import METRICS_FILE, MeanAccumulator, perf_metrics, rollout_metrics, sample_records
 from grpokit.optim import Optimizer, TrainingError, non_finite
 from grpokit.policy import batched_logprobs, build_reference, completion_logprobs, load_policy
 from grpokit.records import MetricLogger, TrainProgress, plot_metrics
-from grpokit.rewards import RewardManager
+from grpokit.rewards.build import build_rewards
 from grpokit.rollout import SamplingParams, make_engine
 from grpokit.tasks import reward_registry
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
 
 
 class Trainer:
@@ -61,7 +54,7 @@ class Trainer:
         data = build_datasets(cfg.data, tokenizer, seed=cfg.seed, train_rows=train_rows, eval_rows=eval_rows)
         self.train_data, self.eval_data = data.train, data.eval
         self.sampler = PromptSampler(len(self.train_data), cfg.rollout.prompts_per_step, cfg.seed, shuffle=cfg.data.shuffle)
-        self.rewards = self._build_rewards(reward_specs(cfg, data.task))
+        self.rewards = build_rewards(cfg, self.train_data.column_names, registry=reward_registry(), task=data.task)
         self.judge = make_judge(self.rewards, reward_name=cfg.eval.reward, threshold=cfg.eval.correct_threshold)
         check_context_length(data, getattr(model, "config", None), cfg.rollout.max_completion_length)
 
@@ -73,19 +66,6 @@ class Trainer:
         self.step = 0
         self.signals = StopSignals()  # SIGTERM / SIGINT during train(): finish the step, save, stop
         self.interrupted: str | None = None  # the signal (SIGTERM / SIGINT) that made train() stop early
-
-    def _build_rewards(self, specs: list[RewardSpec]) -> RewardManager:
-        cfg = self.cfg
-        try:
-            rewards = RewardManager(specs, strict=cfg.reward_errors == "raise", registry=reward_registry())
-            columns = {c: [] for c in self.train_data.column_names if c != cfg.data.prompt_column}
-            for reward in rewards.rewards:  # a column a reward function needs is checked now, not at the first rollout
-                reward.arguments({"prompts": [], "completions": [], "completion_ids": []}, columns)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
-        if cfg.eval.reward is not None and cfg.eval.reward not in rewards.names:
-            raise ConfigError(f"eval.reward={cfg.eval.reward!r} is not a configured reward; use one of {rewards.names}")
-        return rewards
 
     # ------------------------------------------------------------------ rollout -> rewards -> advantages
     def _sample_groups(self, rows, timings: dict[str, float]) -> Groups:
@@ -131,8 +111,8 @@ class Trainer:
 
         value_targets, critic_metrics = None, {}
         if self.critic is not None:  # PPO: whitened GAE from the critic's values [N, T]
-            kl_old = old_logp if old_logp is not None or not self.critic.kl_coef else logprobs(self.model)
-            advantages, value_targets, critic_metrics = self.critic.advantages(rewards, tokens, loss_mask, old_logp=kl_old, ref_logp=ref_logp)
+            pi_old = old_logp if old_logp is not None or not self.critic.kl_coef else logprobs(self.model)  # KL shaping: pi_old at mu = 1 too
+            advantages, value_targets, critic_metrics = self.critic.advantages(rewards, tokens, loss_mask, old_logp=pi_old, ref_logp=ref_logp)
         elif scored.steps:  # process rewards: one advantage per token (DeepSeekMath §4.1.3)
             step_rewards, step_ends = process_rewards(scored, comps.texts, comps.token_ids, self.tokenizer)
             advantages = process_advantages(alg, step_rewards, step_ends, G, tokens.completion_width)  # [N, T]
@@ -216,8 +196,7 @@ class Trainer:
                         max_tokens=self.cfg.rollout.max_completion_length, batch_size=ev.batch_size, seed=self.cfg.seed + 1234)
 
     def state_dict(self) -> dict:
-        opt = self.optimizer.state_dict()
-        state = {"optimizer": opt["optimizer"], "scheduler": opt["scheduler"], "skipped_updates": opt["skipped"], "sampler": self.sampler.state_dict()}
+        state = {**self.optimizer.state_dict(), "sampler": self.sampler.state_dict()}
         if self.cfg.algorithm.ref_policy == "reset" and self.ref is not None:
             state["ref_model"] = self.ref.state_dict()  # no longer the initial weights
         return {**state, **(self.critic.state_dict() if self.critic is not None else {})}
@@ -235,7 +214,7 @@ class Trainer:
         if found is None:
             return None
         step, state = found
-        self.optimizer.load_state_dict({"optimizer": state["optimizer"], "scheduler": state["scheduler"], "skipped": state.get("skipped_updates", 0)})
+        self.optimizer.load_state_dict(state)
         self.sampler.load_state_dict(state["sampler"])
         if "ref_model" in state and self.ref is not None:
             self.ref.load_state_dict(state["ref_model"])
@@ -281,7 +260,7 @@ class Trainer:
         finally:
             log.close()
         try:
-            plot_metrics(self.out / "metrics.jsonl", self.out)
+            plot_metrics(self.out / METRICS_FILE, self.out)
         except Exception as exc:  # plots are a convenience; never lose a finished run over them
             print(f"warning: plots were not written: {exc}")
         return metrics

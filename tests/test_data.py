@@ -4,6 +4,7 @@ from __future__ import annotations
 import csv
 import json
 import string
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -377,3 +378,29 @@ def test_sampler_errors():
         PromptSampler(5, 8, seed=0)
     with pytest.raises(DataError, match="state is for 5 rows but the dataset has 6"):
         PromptSampler(6, 2, seed=0).load_state_dict(PromptSampler(5, 2, seed=0).state_dict())
+
+
+def test_a_renamed_prompt_column_with_a_held_out_split_trains(tiny_model_dir, tmp_path, monkeypatch):
+    """`grpokit train` with data.prompt_column=question and data.eval_size > 0: the split used to be
+    called without the column and died with "no 'prompt' column ... name the prompt column with
+    data.prompt_column" although it was named."""
+    from typer.testing import CliRunner
+
+    from grpokit.cli import app
+
+    monkeypatch.setattr("grpokit.trainer.plot_metrics", lambda *a, **k: None)
+    rows = [{"question": f"{a} {b}>{a + b}=", "target": a + b} for a in range(1, 5) for b in range(1, 3)]
+    (tmp_path / "questions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    reward = f"{Path(__file__).parent / 'reward_fns.py'}:count_sevens"
+    (tmp_path / "config.yaml").write_text("{}\n")
+    result = CliRunner().invoke(app, [
+        "train", str(tmp_path / "config.yaml"), f"model.name_or_path={tiny_model_dir}",
+        f"data.train_path={tmp_path / 'questions.jsonl'}", "data.prompt_column=question", "data.eval_size=2",
+        f"rewards=[{{function: '{reward}'}}]", "rollout.prompts_per_step=2", "rollout.num_generations=2",
+        "rollout.max_completion_length=4", "optim.max_steps=1", "algorithm.beta=0.0", "eval.k=1",
+        "logging.sample_every=0", "logging.tensorboard=false", "checkpoint.save_every=0", f"output_dir={tmp_path / 'run'}",
+    ])
+    assert result.exit_code == 0, (result.output, result.exception)
+    logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in logged] == [0, 1]
+    assert all(r["eval/num_prompts"] == 2 for r in logged)  # the 2 held-out questions, before and after

@@ -416,16 +416,3 @@ def test_every_row_has_a_test():
     untabled = here - table - {"test_every_row_has_a_test", "test_console_script_one_line"}
     assert not untabled, sorted(untabled)  # every bad input tested here is in the table
 
-
-def test_a_renamed_prompt_column_with_a_held_out_split_trains(env):
-    # The split used to be called without the column: "no 'prompt' column ... name the prompt column with
-    # data.prompt_column" although it was named.
-    tmp_path, _ = env
-    questions = [{"question": r["prompt"], "target": r["target"]} for r in PROMPTS]
-    write_jsonl(tmp_path / "questions.jsonl", questions)
-    r = train(env, f"data.train_path={tmp_path / 'questions.jsonl'}", "data.prompt_column=question", "data.eval_size=2",
-              "eval.at_start=true", "eval.k=1")
-    assert r.exit_code == 0, (r.output, r.exception)
-    rows = metrics(env)
-    assert rows[0]["step"] == 0 and rows[0]["eval/num_prompts"] == 2  # the 2 held-out questions were evaluated
-    assert rows[-1]["step"] == 1 and rows[-1]["eval/num_prompts"] == 2

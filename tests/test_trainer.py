@@ -8,7 +8,7 @@ import torch
 from grpokit.checkpoint import list_checkpoints
 from grpokit.config import load_config
 from grpokit.policy import batched_logprobs
-from grpokit.algorithm import reward_specs
+from grpokit.rewards.build import reward_specs
 from grpokit.trainer import Trainer
 
 REWARD = f"{Path(__file__).parent / 'reward_fns.py'}:count_sevens"

@@ -10,6 +10,7 @@ built-ins, text.py for the text a reward scores (completion_text), steps.py for 
 rewards: a function may return StepScores instead of a float. RewardSpec is the config's
 (grpokit.config.RewardSpec). Rewards never import grpokit.tasks: a built-in task's rewards live with
 the task, and `RewardManager(specs, registry=grpokit.tasks.reward_registry())` lets specs name them.
+build.py makes the run's RewardManager from its config (build_rewards).
 """
 from grpokit.config import RewardSpec
 from grpokit.rewards.builtins import BUILTIN_REWARDS

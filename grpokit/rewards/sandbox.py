@@ -122,15 +122,19 @@ class SandboxResult:
 
 
 # -- the launcher: runs first inside the sandbox, as root where we are root ----------------
-# Its source is sent with `python -I -S -c`, so it imports nothing from grpokit and may use
-# only names defined inside it.
+# Its source (the functions in _LAUNCHER_FUNCTIONS) is sent with `python -I -S -c`, so they
+# import nothing from grpokit and may use only names defined inside them and each other.
+# _launcher_main imports every module any of them uses before it mounts or chroots anything;
+# the helpers' own imports then only look the modules up in sys.modules.
 
 def _launcher_main() -> None:
+    """The launcher's steps, in order: become non-dumpable, set up the sandbox's root and enter
+    it, fork the program (limits, uid, exec), wait for it and report its status and CPU time."""
     import ctypes
     import json
     import os
     import resource
-    import shutil
+    import shutil  # noqa: F401  (for _launcher_build_root, imported before the chroot)
     import signal
     import sys
 
@@ -140,81 +144,17 @@ def _launcher_main() -> None:
     def report(**fields):
         os.write(report_fd, json.dumps(fields).encode())
 
-    MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
-    MS_REMOUNT, MS_BIND, MS_REC = 32, 4096, 16384
-    MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 1024, 2048, 1 << 21
-    PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_SECUREBITS, PR_SET_NO_NEW_PRIVS = 4, 24, 28, 38
+    PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS = 4, 38
     libc = ctypes.CDLL(None, use_errno=True)
 
-    def check(ret, what):
-        if ret != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"{what}: {os.strerror(err)}")
-
     # Nobody may ptrace us or open our descriptors (the report pipe) through /proc.
-    check(libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "prctl(PR_SET_DUMPABLE)")
-
-    def mount(src, dst, fstype, flags, data=None):
-        args = [None if a is None else os.fsencode(a) for a in (src, dst, fstype, data)]
-        check(libc.mount(args[0], args[1], args[2], ctypes.c_ulong(flags), args[3]), f"mount {src} on {dst}")
-
-    def bind(src, root, device=False):
-        dst = root + src
-        if os.path.islink(src):  # /bin -> usr/bin on merged-/usr systems
-            os.makedirs(os.path.dirname(dst), 0o755, exist_ok=True)
-            if not os.path.lexists(dst):
-                os.symlink(os.readlink(src), dst)
-            return
-        if os.path.isdir(src):
-            os.makedirs(dst, 0o755, exist_ok=True)
-        else:
-            os.makedirs(os.path.dirname(dst), 0o755, exist_ok=True)
-            open(dst, "a").close()
-        mount(src, dst, None, MS_BIND | MS_REC)
-        # Read-only; in a user namespace the source's noexec and atime flags are locked, so keep them.
-        f_flag = os.statvfs(src).f_flag
-        keep = [(os.ST_NOEXEC, MS_NOEXEC), (os.ST_NOATIME, MS_NOATIME), (os.ST_NODIRATIME, MS_NODIRATIME),
-                (os.ST_RELATIME, MS_RELATIME)]
-        flags = MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | (0 if device else MS_NODEV)
-        mount(None, dst, None, flags | sum(ms for st, ms in keep if f_flag & st))
-
-    def drop_capabilities():
-        # For a program that stays uid 0 (of its user namespace in "userns"): no capabilities
-        # now, none regained by exec (SECBIT_NOROOT), none addable later (empty bounding set).
-        check(libc.prctl(PR_SET_SECUREBITS, 0x2F, 0, 0, 0), "prctl(PR_SET_SECUREBITS)")
-        with open("/proc/sys/kernel/cap_last_cap") as f:
-            last_cap = int(f.read())
-        for cap in range(last_cap + 1):
-            check(libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0), "prctl(PR_CAPBSET_DROP)")
-        header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
-        check(libc.capset(header, (ctypes.c_uint32 * 6)()), "capset")
+    _launcher_check(libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "prctl(PR_SET_DUMPABLE)")
 
     try:
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         home = cfg["home"]
         if cfg["mode"] in ("namespaces", "userns"):
-            root = os.path.join(cfg["workdir"], "root")
-            os.mkdir(root, 0o755)
-            mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, f"size={cfg['disk_mb']}m,nr_inodes=16k,mode=755")
-            for path in cfg["binds"]:
-                if os.path.lexists(path):
-                    bind(path, root)
-            for dev in ("null", "zero", "full", "random", "urandom"):
-                bind("/dev/" + dev, root, device=True)
-            for path in ("/tmp", "/dev/shm"):
-                os.makedirs(root + path, exist_ok=True)
-                os.chmod(root + path, 0o1777)
-            os.makedirs(root + "/proc")
-            try:
-                mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-            except OSError:  # refused in some user namespaces (a masked /proc); Python needs none
-                pass
-            os.mkdir(root + home, 0o700)
-            for name in cfg["files"]:
-                shutil.copyfile(os.path.join(cfg["workdir"], "files", name), root + home + "/" + name)
-            if cfg["uid"] is not None:
-                for name in [root + home, *(root + home + "/" + n for n in cfg["files"])]:
-                    os.chown(name, cfg["uid"], cfg["gid"])
+            root = _launcher_build_root(cfg, libc, home)
             os.chroot(root)
         os.chdir(home)
     except Exception as e:
@@ -232,8 +172,8 @@ def _launcher_main() -> None:
                 os.setresgid(cfg["gid"], cfg["gid"], cfg["gid"])
                 os.setresuid(cfg["uid"], cfg["uid"], cfg["uid"])
             elif os.geteuid() == 0:  # "userns", or root without a uid to switch to
-                drop_capabilities()
-            check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
+                _launcher_drop_capabilities(libc)
+            _launcher_check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
             os.execve(cfg["argv"][0], cfg["argv"], cfg["env"])
         except BaseException as e:
             os.write(2, f"grpokit sandbox: could not start the program: {type(e).__name__}: {e}\n".encode())
@@ -247,7 +187,103 @@ def _launcher_main() -> None:
     # Exiting as PID 1 of the namespace kills whatever the program left running.
 
 
-_LAUNCHER_SOURCE = inspect.getsource(_launcher_main) + "\n_launcher_main()\n"
+def _launcher_check(ret, what):
+    """Raise OSError (with errno) when a libc call returned nonzero."""
+    import ctypes
+    import os
+
+    if ret != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def _launcher_build_root(cfg, libc, home):
+    """In the sandbox's mount namespace: a fresh size-limited tmpfs holding read-only binds of
+    what the program needs, /dev nodes, /tmp, /proc and its home with its files. Returns the
+    root, for the caller to chroot into."""
+    import os
+    import shutil
+
+    MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8
+    root = os.path.join(cfg["workdir"], "root")
+    os.mkdir(root, 0o755)
+    _launcher_mount(libc, "tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV,
+                    f"size={cfg['disk_mb']}m,nr_inodes=16k,mode=755")
+    for path in cfg["binds"]:
+        if os.path.lexists(path):
+            _launcher_bind(libc, path, root)
+    for dev in ("null", "zero", "full", "random", "urandom"):
+        _launcher_bind(libc, "/dev/" + dev, root, device=True)
+    for path in ("/tmp", "/dev/shm"):
+        os.makedirs(root + path, exist_ok=True)
+        os.chmod(root + path, 0o1777)
+    os.makedirs(root + "/proc")
+    try:
+        _launcher_mount(libc, "proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    except OSError:  # refused in some user namespaces (a masked /proc); Python needs none
+        pass
+    os.mkdir(root + home, 0o700)
+    for name in cfg["files"]:
+        shutil.copyfile(os.path.join(cfg["workdir"], "files", name), root + home + "/" + name)
+    if cfg["uid"] is not None:
+        for name in [root + home, *(root + home + "/" + n for n in cfg["files"])]:
+            os.chown(name, cfg["uid"], cfg["gid"])
+    return root
+
+
+def _launcher_mount(libc, src, dst, fstype, flags, data=None):
+    import ctypes
+    import os
+
+    args = [None if a is None else os.fsencode(a) for a in (src, dst, fstype, data)]
+    _launcher_check(libc.mount(args[0], args[1], args[2], ctypes.c_ulong(flags), args[3]), f"mount {src} on {dst}")
+
+
+def _launcher_bind(libc, src, root, device=False):
+    """Bind host path `src` read-only at the same path under `root` (a symlink is copied)."""
+    import os
+
+    MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+    MS_REMOUNT, MS_BIND, MS_REC = 32, 4096, 16384
+    MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 1024, 2048, 1 << 21
+    dst = root + src
+    if os.path.islink(src):  # /bin -> usr/bin on merged-/usr systems
+        os.makedirs(os.path.dirname(dst), 0o755, exist_ok=True)
+        if not os.path.lexists(dst):
+            os.symlink(os.readlink(src), dst)
+        return
+    if os.path.isdir(src):
+        os.makedirs(dst, 0o755, exist_ok=True)
+    else:
+        os.makedirs(os.path.dirname(dst), 0o755, exist_ok=True)
+        open(dst, "a").close()
+    _launcher_mount(libc, src, dst, None, MS_BIND | MS_REC)
+    # Read-only; in a user namespace the source's noexec and atime flags are locked, so keep them.
+    f_flag = os.statvfs(src).f_flag
+    keep = [(os.ST_NOEXEC, MS_NOEXEC), (os.ST_NOATIME, MS_NOATIME), (os.ST_NODIRATIME, MS_NODIRATIME),
+            (os.ST_RELATIME, MS_RELATIME)]
+    flags = MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | (0 if device else MS_NODEV)
+    _launcher_mount(libc, None, dst, None, flags | sum(ms for st, ms in keep if f_flag & st))
+
+
+def _launcher_drop_capabilities(libc):
+    # For a program that stays uid 0 (of its user namespace in "userns"): no capabilities
+    # now, none regained by exec (SECBIT_NOROOT), none addable later (empty bounding set).
+    import ctypes
+
+    PR_CAPBSET_DROP, PR_SET_SECUREBITS = 24, 28
+    _launcher_check(libc.prctl(PR_SET_SECUREBITS, 0x2F, 0, 0, 0), "prctl(PR_SET_SECUREBITS)")
+    with open("/proc/sys/kernel/cap_last_cap") as f:
+        last_cap = int(f.read())
+    for cap in range(last_cap + 1):
+        _launcher_check(libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0), "prctl(PR_CAPBSET_DROP)")
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
+    _launcher_check(libc.capset(header, (ctypes.c_uint32 * 6)()), "capset")
+
+
+_LAUNCHER_FUNCTIONS = (_launcher_main, _launcher_check, _launcher_build_root, _launcher_mount, _launcher_bind,
+                       _launcher_drop_capabilities)
+_LAUNCHER_SOURCE = "\n\n".join(inspect.getsource(f) for f in _LAUNCHER_FUNCTIONS) + "\n_launcher_main()\n"
 
 # Runs before the program in "none" isolation: the weak, in-process stand-in for a network
 # namespace. A program can undo it (ctypes, the original class in socket.socket.__mro__,
@@ -452,56 +488,11 @@ def _run(code: str, stdin: str, limits: Limits, files: dict, mode: str, uid: int
          workdir: str, start: float) -> SandboxResult:
     isolated = mode in _NAMESPACE_MODES
     files = {"main.py": code, **files}
-    if isolated:  # the launcher copies these into the sandbox's own root
-        os.mkdir(os.path.join(workdir, "files"))
-        home = "/sandbox"
-        file_dir = os.path.join(workdir, "files")
-    else:  # the program works in this very folder
-        home = file_dir = workdir
-    for name, content in files.items():
-        with open(os.path.join(file_dir, name), "wb") as f:
-            f.write(content.encode() if isinstance(content, str) else content)
-    if uid is not None and not isolated:
-        for name in [workdir, *(os.path.join(workdir, n) for n in files)]:
-            os.chown(name, uid, uid)
-
+    home = _write_files(files, workdir, isolated, uid)
     python = _python()
-    program_argv = [python, "-I", "-S", "-B", "main.py"]
-    if not isolated:
-        program_argv = [python, "-I", "-S", "-B", "-c", _NO_SOCKET_PREAMBLE, "main.py"]
-    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": home, "TMPDIR": home,
-           "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8"}
     report_r, report_w = os.pipe()
-    cfg = {
-        "mode": mode, "workdir": workdir, "home": home, "files": sorted(files), "binds": _binds(),
-        "disk_mb": limits.disk_mb, "uid": uid, "gid": uid, "report_fd": report_w,
-        "rlimits": _rlimits(limits, own_uid=uid is not None or mode == "userns"),
-        "argv": program_argv, "env": env, "wall_time": limits.wall_time,
-    }
-    argv = [python, "-I", "-S", "-B", "-c", _LAUNCHER_SOURCE, json.dumps(cfg)]
-    if isolated:
-        user = ["--user", "--map-root-user"] if mode == "userns" else []
-        argv = ["unshare", *user, "--net", "--pid", "--mount", "--ipc", "--uts", "--fork", "--kill-child",
-                "--propagation", "private", "--", *argv]
-
-    stdin_file = None
-    if stdin:  # an unlinked file: the program reads it through the descriptor only
-        stdin_file = tempfile.TemporaryFile()
-        stdin_file.write(stdin.encode())
-        stdin_file.seek(0)
-    try:
-        proc = subprocess.Popen(
-            argv, stdin=stdin_file or subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            pass_fds=(report_w,), env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
-            start_new_session=True, cwd=workdir,
-        )
-    except BaseException:
-        os.close(report_r)
-        raise
-    finally:
-        os.close(report_w)
-        if stdin_file is not None:
-            stdin_file.close()
+    argv = _sandbox_argv(python, mode, limits, workdir, home, sorted(files), uid, report_w)
+    proc = _start(argv, stdin, workdir, report_r, report_w)
     try:
         out, err, report, stopped = _collect(proc, report_r, limits, start)
     finally:
@@ -518,13 +509,88 @@ def _run(code: str, stdin: str, limits: Limits, files: dict, mode: str, uid: int
     returncode = None
     if status is not None:
         returncode = os.waitstatus_to_exitcode(status)
+    reason, stderr = _reason(stopped, info, returncode, cpu_time, stderr, proc.returncode, limits)
+    return SandboxResult(reason == "ok", returncode, stdout, stderr, reason, wall, isolated, cpu_time, mode)
+
+
+def _write_files(files: dict, workdir: str, isolated: bool, uid: int | None) -> str:
+    """Write the program's files ({name: content}, main.py included) where it will find them;
+    returns its working folder as the program sees it (its HOME)."""
+    if isolated:  # the launcher copies these into the sandbox's own root
+        os.mkdir(os.path.join(workdir, "files"))
+        home = "/sandbox"
+        file_dir = os.path.join(workdir, "files")
+    else:  # the program works in this very folder
+        home = file_dir = workdir
+    for name, content in files.items():
+        with open(os.path.join(file_dir, name), "wb") as f:
+            f.write(content.encode() if isinstance(content, str) else content)
+    if uid is not None and not isolated:
+        for name in [workdir, *(os.path.join(workdir, n) for n in files)]:
+            os.chown(name, uid, uid)
+    return home
+
+
+def _sandbox_argv(python: str, mode: str, limits: Limits, workdir: str, home: str, file_names: list[str],
+                  uid: int | None, report_w: int) -> list[str]:
+    """The command line that starts the sandbox: the launcher with its configuration, wrapped in
+    `unshare` for the namespace modes."""
+    isolated = mode in _NAMESPACE_MODES
+    program_argv = [python, "-I", "-S", "-B", "main.py"]
+    if not isolated:
+        program_argv = [python, "-I", "-S", "-B", "-c", _NO_SOCKET_PREAMBLE, "main.py"]
+    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": home, "TMPDIR": home,
+           "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8"}
+    cfg = {
+        "mode": mode, "workdir": workdir, "home": home, "files": file_names, "binds": _binds(),
+        "disk_mb": limits.disk_mb, "uid": uid, "gid": uid, "report_fd": report_w,
+        "rlimits": _rlimits(limits, own_uid=uid is not None or mode == "userns"),
+        "argv": program_argv, "env": env, "wall_time": limits.wall_time,
+    }
+    argv = [python, "-I", "-S", "-B", "-c", _LAUNCHER_SOURCE, json.dumps(cfg)]
+    if isolated:
+        user = ["--user", "--map-root-user"] if mode == "userns" else []
+        argv = ["unshare", *user, "--net", "--pid", "--mount", "--ipc", "--uts", "--fork", "--kill-child",
+                "--propagation", "private", "--", *argv]
+    return argv
+
+
+def _start(argv: list[str], stdin: str, workdir: str, report_r: int, report_w: int) -> subprocess.Popen:
+    """Start the sandbox in a session of its own, `stdin` as its standard input. Closes our copy of
+    the report pipe's write end whatever happens, and the read end too if the start fails."""
+    stdin_file = None
+    if stdin:  # an unlinked file: the program reads it through the descriptor only
+        stdin_file = tempfile.TemporaryFile()
+        stdin_file.write(stdin.encode())
+        stdin_file.seek(0)
+    try:
+        return subprocess.Popen(
+            argv, stdin=stdin_file or subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            pass_fds=(report_w,), env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+            start_new_session=True, cwd=workdir,
+        )
+    except BaseException:
+        os.close(report_r)
+        raise
+    finally:
+        os.close(report_w)
+        if stdin_file is not None:
+            stdin_file.close()
+
+
+def _reason(stopped: str | None, info: dict, returncode: int | None, cpu_time: float | None, stderr: str,
+            launcher_exit: int | None, limits: Limits) -> tuple[str, str]:
+    """SandboxResult.reason for a run, and its stderr with the sandbox's own complaint added, if any.
+
+    stopped: what _collect stopped it for; info: the launcher's report; launcher_exit: the exit
+    status of the sandbox's top process (`unshare`, or the launcher in "none")."""
     if stopped:
         reason = stopped
     elif "error" in info:
         reason, stderr = "sandbox_error", stderr + "grpokit sandbox: " + info["error"] + "\n"
     elif returncode is None:
         reason = "sandbox_error"
-        stderr += f"grpokit sandbox: the launcher ended without a report (exit {proc.returncode})\n"
+        stderr += f"grpokit sandbox: the launcher ended without a report (exit {launcher_exit})\n"
     elif returncode == 0:
         reason = "ok"
     elif returncode == -signal.SIGXCPU or (
@@ -543,7 +609,7 @@ def _run(code: str, stdin: str, limits: Limits, files: dict, mode: str, uid: int
         reason = "disk_limit"
     else:
         reason = "error"
-    return SandboxResult(reason == "ok", returncode, stdout, stderr, reason, wall, isolated, cpu_time, mode)
+    return reason, stderr
 
 
 def _last_line(text: str) -> str:
