@@ -17,6 +17,7 @@ from torch import Tensor
 from grpokit.algo import group_advantages, policy_loss, step_advantages
 from grpokit.batch import Groups
 from grpokit.config import AlgorithmConfig, ConfigError
+from grpokit.metrics import ROLLOUT_GROUPS_DRAWN, ROLLOUT_GROUPS_DROPPED, ROLLOUT_GROUPS_TOPPED_UP, ROLLOUT_SAMPLING_ROUNDS
 
 
 def outcome_advantages(alg: AlgorithmConfig, rewards: Tensor, group_size: int) -> Tensor:
@@ -76,9 +77,9 @@ def dynamic_sampling(first: Groups, draw: Callable[[], Groups], want: int, G: in
             break
         cur = draw()
     metrics = {
-        "rollout/sampling_rounds": float(rounds),
-        "rollout/groups_drawn": float(drawn),
-        "rollout/groups_dropped": float(drawn - len(kept)),
-        "rollout/groups_topped_up": float(max(0, want - len(kept))),
+        ROLLOUT_SAMPLING_ROUNDS: float(rounds),
+        ROLLOUT_GROUPS_DRAWN: float(drawn),
+        ROLLOUT_GROUPS_DROPPED: float(drawn - len(kept)),
+        ROLLOUT_GROUPS_TOPPED_UP: float(max(0, want - len(kept))),
     }
     return Groups.take((kept + dropped)[:want], G), metrics

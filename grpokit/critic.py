@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from grpokit.algo import gae_advantages, masked_whiten, token_rewards, value_loss
 from grpokit.batch import PackedBatch, ValueTargets
 from grpokit.checkpoint import CheckpointError
-from grpokit.metrics import MeanAccumulator, critic_metrics
+from grpokit.metrics import PERF_CRITIC_TRAIN_TIME, PERF_VALUE_TIME, VALUE_SKIPPED_UPDATES, MeanAccumulator, critic_metrics, value_name
 from grpokit.optim import Optimizer
 from grpokit.policy import load_model_from_config, prepare
 
@@ -118,7 +118,7 @@ class Critic:
         # Whitening over the tokens that get a loss: the per-token analogue of GRPO's std scaling.
         white = masked_whiten(adv, loss_mask)  # [N, T]
         metrics = critic_metrics(white, adv, values, returns, loss_mask, mask, per_token, rewards)
-        metrics["perf/value_time"] = time.perf_counter() - t
+        metrics[PERF_VALUE_TIME] = time.perf_counter() - t
         return white, ValueTargets(values, returns), metrics
 
     def update(self, tokens: PackedBatch, loss_mask: Tensor, targets: ValueTargets, *, at_step: int) -> dict[str, float]:
@@ -152,12 +152,12 @@ class Critic:
                         break
                     # With its own AdamW, vf_coef only scales the critic's gradient before clipping.
                     (ppo.vf_coef * loss).backward()
-                    acc.add({f"value/{k}": v for k, v in stats.items()}, mask.sum().item())
+                    acc.add({value_name(k): v for k, v in stats.items()}, mask.sum().item())
                 done = self.optimizer.step(loss_finite=finite, at_step=at_step)
                 if done is not None:
-                    acc.add({f"value/{k}": v for k, v in done.items()})
+                    acc.add({value_name(k): v for k, v in done.items()})
         self.optimizer.zero_grad()
-        return {**acc.means(), "value/skipped_updates": float(self.optimizer.skipped), "perf/critic_train_time": time.perf_counter() - t}
+        return {**acc.means(), VALUE_SKIPPED_UPDATES: float(self.optimizer.skipped), PERF_CRITIC_TRAIN_TIME: time.perf_counter() - t}
 
     def state_dict(self) -> dict:
         return {"critic": self.model.state_dict(), **self.optimizer.state_dict(prefix="critic_")}

@@ -97,7 +97,6 @@ HACK_EVAL_MIN_GAIN = 0.02  # eval/pass@1 must rise at least this much (absolute)
 HACK_EVAL_DROP = 0.05  # ... and a fall of this much is an error
 
 
-
 @dataclass(frozen=True)
 class Finding:
     """One problem: which check, how bad, over which logged steps, what was seen, what to do."""

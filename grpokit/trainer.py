@@ -28,7 +28,9 @@ from grpokit.config import Config
 from grpokit.critic import Critic
 from grpokit.data import PromptSampler, build_datasets, check_context_length
 from grpokit.evaluate import evaluate, make_judge
-from grpokit.metrics import METRICS_FILE, MeanAccumulator, perf_metrics, rollout_metrics, sample_records
+from grpokit.metrics import (METRICS_FILE, PERF_REF_TIME, PERF_REWARD_TIME, PERF_ROLLOUT_TIME, POLICY_ENTROPY, POLICY_LOSS,
+                             POLICY_SKIPPED_UPDATES, REWARD_TOTAL, MeanAccumulator, perf_metrics, policy_name, rollout_metrics,
+                             sample_records)
 from grpokit.optim import Optimizer, TrainingError, non_finite
 from grpokit.policy import batched_logprobs, build_reference, completion_logprobs, load_policy
 from grpokit.records import MetricLogger, TrainProgress, plot_metrics
@@ -75,7 +77,7 @@ class Trainer:
         sampling = SamplingParams(max_tokens=cfg.rollout.max_completion_length, temperature=cfg.rollout.temperature,
                                   top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k)
         comps = self.engine.generate([r.prompt_ids for r in rows], G, sampling)
-        timings["perf/rollout_time"] = timings.get("perf/rollout_time", 0.0) + time.perf_counter() - t
+        timings[PERF_ROLLOUT_TIME] = timings.get(PERF_ROLLOUT_TIME, 0.0) + time.perf_counter() - t
         t = time.perf_counter()
         prompts, columns = repeat_rows(rows, G)
         try:
@@ -84,7 +86,7 @@ class Trainer:
             if not self.rewards.strict:
                 raise
             raise TrainingError(f"step {self.step + 1}: {exc} (reward_errors=raise; reward_errors=skip counts it and goes on)") from exc
-        timings["perf/reward_time"] = timings.get("perf/reward_time", 0.0) + time.perf_counter() - t
+        timings[PERF_REWARD_TIME] = timings.get(PERF_REWARD_TIME, 0.0) + time.perf_counter() - t
         return Groups(list(rows), comps, scored)
 
     def rollout(self, rows) -> tuple[RolloutBatch, dict[str, float], list]:
@@ -107,7 +109,7 @@ class Trainer:
         logprobs = lambda model: batched_logprobs(model, tokens, micro_batch_size=cfg.micro_batch_size, temperature=cfg.rollout.temperature)  # noqa: E731
         old_logp = logprobs(self.policy_fn) if need_old else None  # [N, T]
         ref_logp = logprobs(self.ref_fn) if self.ref is not None else None  # [N, T]
-        metrics["perf/ref_time"] = time.perf_counter() - t
+        metrics[PERF_REF_TIME] = time.perf_counter() - t
 
         value_targets, critic_metrics = None, {}
         if self.critic is not None:  # PPO: whitened GAE from the critic's values [N, T]
@@ -120,7 +122,7 @@ class Trainer:
             advantages = outcome_advantages(alg, rewards, G)  # [N]
 
         batch = RolloutBatch(tokens, loss_mask, truncated, rewards, advantages, old_logp, ref_logp, value_targets)
-        metrics.update({k: v for k, v in scored.metrics().items() if not k.startswith("reward/total")})
+        metrics.update({k: v for k, v in scored.metrics().items() if not k.startswith(REWARD_TOTAL)})  # the total's statistics are reward/mean, reward/std
         metrics.update(rollout_metrics(rewards, advantages, tokens.completion_mask, truncated, [len(r.prompt_ids) for r in rows], G,
                                        [r.truncated for r in rows]))
         metrics.update(critic_metrics)
@@ -134,7 +136,7 @@ class Trainer:
         if bad:  # e.g. weighted rewards that overflow float32: every optimizer step of this batch is skipped
             for _ in range(self.cfg.algorithm.num_iterations * self.cfg.optim.num_minibatches):
                 self.optimizer.skip(bad[0][0], bad[0][1], self.step + 1)
-            stats = {"policy/skipped_updates": float(self.optimizer.skipped)}
+            stats = {POLICY_SKIPPED_UPDATES: float(self.optimizer.skipped)}
         else:
             stats = self._policy_passes(b)
         if self.critic is not None:
@@ -153,9 +155,9 @@ class Trainer:
                 where = f"pass {it + 1}, minibatch {m + 1}{why}"
                 done = self.optimizer.step(loss_finite=loss is not None, where=where, at_step=self.step + 1)
                 if done is not None:
-                    acc.add({"policy/loss": loss, **{f"policy/{k}": v for k, v in done.items()}})
+                    acc.add({POLICY_LOSS: loss, **{policy_name(k): v for k, v in done.items()}})
         self.optimizer.zero_grad()
-        return {**acc.means(), "policy/skipped_updates": float(self.optimizer.skipped)}
+        return {**acc.means(), POLICY_SKIPPED_UPDATES: float(self.optimizer.skipped)}
 
     def _accumulate_gradient(self, b: RolloutBatch, idx: Tensor, *, first_pass: bool, acc: MeanAccumulator) -> tuple[float | None, str]:
         """Backward of one minibatch's loss over its micro-batches: (the minibatch's loss, "") or, when a
@@ -180,10 +182,10 @@ class Trainer:
                 return None, ": the policy's log-probs were non-finite" if bad_logp else ""
             loss.backward()
             weight = mask.sum().item()
-            acc.add({f"policy/{k}": v for k, v in stats.items()}, weight)
+            acc.add({policy_name(k): v for k, v in stats.items()}, weight)
             minibatch_loss += loss.item()  # micro-batch losses add up to the minibatch's loss
             if entropy is not None:
-                acc.add({"policy/entropy": masked_mean(entropy, tokens.completion_mask).item()}, weight)
+                acc.add({POLICY_ENTROPY: masked_mean(entropy, tokens.completion_mask).item()}, weight)
         return minibatch_loss, ""
 
     # ------------------------------------------------------------------ eval, checkpoints
@@ -276,7 +278,7 @@ class Trainer:
         if cfg.algorithm.ref_policy == "reset" and self.ref is not None and self.step % cfg.algorithm.ref_reset_every == 0:
             self.ref.load_state_dict(self.model.state_dict())  # DeepSeekMath §4.1.4 iterative RL
         t2 = time.perf_counter()
-        metrics.update(perf_metrics(rollout_time=metrics["perf/rollout_time"], step_time=t2 - t0, train_time=t2 - t1,
+        metrics.update(perf_metrics(rollout_time=metrics[PERF_ROLLOUT_TIME], step_time=t2 - t0, train_time=t2 - t1,
                                     completion_tokens=batch.tokens.completion_mask.sum().item(),
                                     # prompt + completion tokens through forward and backward, once per pass (padding excluded)
                                     train_tokens=batch.tokens.attention_mask.sum().item() * cfg.algorithm.num_iterations))
