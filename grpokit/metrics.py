@@ -144,6 +144,7 @@ def policy_name(key: str) -> str:
 VALUE_LOSS = "value/loss"
 VALUE_CLIP_FRAC = "value/clip_frac"
 VALUE_MEAN = "value/mean"
+VALUE_NEW_MEAN = "value/new_mean"  # V during the critic's update (value_loss); value/mean is V_old
 VALUE_RETURN_MEAN = "value/return_mean"
 VALUE_EXPLAINED_VARIANCE = "value/explained_variance"
 VALUE_GRAD_NORM = "value/grad_norm"

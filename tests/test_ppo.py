@@ -291,3 +291,19 @@ def test_ppo_refuses_a_grpo_checkpoint(tiny_model_dir, tmp_path):
     Trainer(grpo).train()
     with pytest.raises(CheckpointError, match="no critic"):
         Trainer(config(tiny_model_dir, tmp_path / "run", "optim.max_steps=2")).maybe_resume()  # gae: with a critic
+
+
+def test_value_mean_is_v_old_and_not_overwritten_by_the_update(tiny_model_dir, tmp_path):
+    """value/mean is the critic at rollout time (docs/ppo.md); the update's own mean is value/new_mean.
+    Both used to be named value/mean, and the update's silently replaced V_old in the step's metrics."""
+    from grpokit.trainer import Trainer
+
+    tr = Trainer(config(tiny_model_dir, tmp_path / "run", "optim.max_steps=1", "algorithm.num_iterations=2"))
+    torch.nn.init.normal_(tr.critic.model.head.weight)  # V != 0; the second pass sees the updated critic
+    batch, metrics, _ = tr.rollout([tr.train_data[i] for i in tr.sampler.next()])
+    v_old = batch.value_targets.values[batch.tokens.completion_mask.bool()].mean().item()
+    assert metrics["value/mean"] == pytest.approx(v_old, rel=1e-5)
+    stats = tr.update(batch)
+    merged = {**metrics, **stats}  # as the loop merges them
+    assert merged["value/mean"] == pytest.approx(v_old, rel=1e-5)
+    assert stats["value/new_mean"] != pytest.approx(v_old, rel=1e-3)  # the update moved V

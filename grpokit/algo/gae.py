@@ -133,6 +133,6 @@ def value_loss(
         metrics = {
             "loss": masked_mean(per_token.detach(), mask).item(),  # this call's own token mean
             "clip_frac": masked_mean((clipped > unclipped).float(), mask).item(),
-            "mean": masked_mean(v.detach(), mask).item(),
+            "new_mean": masked_mean(v.detach(), mask).item(),  # V under update (value/mean is V_old)
         }
     return loss, metrics
