@@ -58,7 +58,7 @@ def optimizer_bytes(opt: torch.optim.Optimizer) -> int:
 def state_bytes(trainer) -> dict[str, int]:
     """Exact bytes of what each arm keeps: parameters, gradients (during an update), optimizer moments."""
     policy = list(trainer.model.parameters())  # parameters() yields a tied weight once
-    critic = list(trainer.critic.parameters()) if hasattr(trainer, "critic") else []
+    critic = list(trainer.critic.model.parameters()) if trainer.critic is not None else []
     out = {
         "policy_params": tensor_bytes(policy),
         "ref_params": tensor_bytes(trainer.ref.parameters()) if trainer.ref is not None else 0,

@@ -137,10 +137,15 @@ def list_checkpoints(out_dir: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+def checkpoint_dir(out_dir: Path, step: int) -> Path:
+    """Where the checkpoint of `step` lives: out_dir/checkpoints/step-NNNNNN."""
+    return Path(out_dir) / "checkpoints" / f"step-{step:06d}"
+
+
 def save_checkpoint(out_dir: Path, step: int, model, tokenizer, state: dict, keep_last: int) -> Path:
     root = Path(out_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
-    path = save_pretrained_atomic(model, tokenizer, root / f"step-{step:06d}", {**state, "step": step, "rng": rng_state()})
+    path = save_pretrained_atomic(model, tokenizer, checkpoint_dir(out_dir, step), {**state, "step": step, "rng": rng_state()})
     for _, old in list_checkpoints(out_dir)[:-keep_last]:
         _remove(old)
     for stale in (*root.glob(".tmp-*"), *root.glob(".old-*")):  # left by a crash during an earlier save

@@ -30,7 +30,7 @@ from grpokit.batch import PackedBatch, ValueTargets
 from grpokit.checkpoint import CheckpointError
 from grpokit.metrics import PERF_CRITIC_TRAIN_TIME, PERF_VALUE_TIME, VALUE_SKIPPED_UPDATES, MeanAccumulator, critic_metrics, value_name
 from grpokit.optim import Optimizer
-from grpokit.policy import load_model_from_config, prepare
+from grpokit.policy import load_model_from_config
 
 
 class ValueModel(nn.Module):
@@ -63,10 +63,14 @@ class ValueModel(nn.Module):
 
 def build_value_model(model_cfg, policy: nn.Module) -> ValueModel:
     """The policy's architecture without its LM head, loaded from model.name_or_path (a copy of the
-    policy's backbone when the policy was passed in without a path)."""
+    policy's backbone when the policy was passed in without a path), with the policy's gradient
+    checkpointing setting (its dropout is left as the checkpoint has it)."""
     if not model_cfg.name_or_path:
         return ValueModel(copy.deepcopy(policy.base_model))
-    return ValueModel(prepare(load_model_from_config(model_cfg, head="backbone"), model_cfg)).train()
+    backbone = load_model_from_config(model_cfg, head="backbone")
+    if model_cfg.gradient_checkpointing:
+        backbone.gradient_checkpointing_enable()
+    return ValueModel(backbone).train()
 
 
 class Critic:
@@ -81,7 +85,9 @@ class Critic:
             lr=cfg.ppo.critic_learning_rate,
             total_steps=total_steps,
             name="critic",
+            subject="value ",
             fix="lower ppo.critic_learning_rate or check the rewards for NaN/inf",
+            fused=False,  # torch's per-tensor AdamW, as the critic has always had: the PPO numbers in docs/ppo.md
         )
 
     @property

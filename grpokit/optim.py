@@ -65,8 +65,9 @@ def adamw(params, *, lr: float, betas=(0.9, 0.999), eps: float = 1e-8, weight_de
 class Optimizer:
     """AdamW + LR schedule + gradient clipping + the non-finite guard, for one set of trainable parameters.
 
-    name: what is being trained, for messages ("optimizer" for the policy, "critic").
-    fix: what to tell the user when updates stay non-finite."""
+    name: what is being trained, for messages ("optimizer" for the policy, "critic"); subject: what the
+    loss and gradient are of ("value " for the critic); fix: what to tell the user when updates stay
+    non-finite; fused: as adamw's."""
 
     def __init__(
         self,
@@ -76,18 +77,21 @@ class Optimizer:
         lr: float,
         total_steps: int,
         name: str = "optimizer",
+        subject: str = "",
         fix: str = "lower optim.learning_rate, check the rewards for NaN/inf, or use model.dtype=float32",
+        fused: bool | None = None,
     ):
         self.named = [(n, p) for n, p in named_parameters if p.requires_grad]
         self.params = [p for _, p in self.named]
         self.cfg = optim_cfg
-        self.name, self.fix = name, fix
+        self.name, self.subject, self.fix = name, subject, fix
         self.adamw = adamw(
             self.params,
             lr=lr,
             betas=(optim_cfg.adam_beta1, optim_cfg.adam_beta2),
             eps=optim_cfg.adam_epsilon,
             weight_decay=optim_cfg.weight_decay,
+            fused=fused,
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.adamw, lr_lambda(optim_cfg.lr_scheduler, optim_cfg.warmup_steps, total_steps)
@@ -124,7 +128,7 @@ class Optimizer:
             where = f", {where}" if where else ""
             kind = "optimizer" if self.name == "optimizer" else f"{self.name} optimizer"
             raise TrainingError(
-                f"the {what} was non-finite in {limit} {kind} steps in a row (last at step {at_step}{where}); "
+                f"the {self.subject}{what} was non-finite in {limit} {kind} steps in a row (last at step {at_step}{where}); "
                 f"no checkpoint with these weights was written. {self.fix[0].upper() + self.fix[1:]}"
             )
 

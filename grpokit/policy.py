@@ -81,11 +81,9 @@ def load_model(
     try:
         return auto.from_pretrained(name_or_path, **kwargs)
     except (OSError, ValueError) as exc:
-        what = "a causal LM" if head == "causal_lm" else "a model backbone (for the critic)"
-        raise ModelLoadError(
-            f"could not load {what} from {name_or_path!r} (model.name_or_path) with {AUTO_CLASSES[head]}: "
-            f"{str(exc).splitlines()[0]}"
-        ) from None
+        what = "a causal LM from {!r} (model.name_or_path)" if head == "causal_lm" else (
+            "the critic's backbone from {!r} (model.name_or_path) with AutoModel")
+        raise ModelLoadError(f"could not load {what.format(name_or_path)}: {str(exc).splitlines()[0]}") from None
 
 
 def disable_dropout(model) -> None:

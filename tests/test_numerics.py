@@ -29,7 +29,8 @@ from grpokit.checkpoint import list_checkpoints
 from grpokit.config import load_config
 from grpokit.rewards import RewardManager
 from grpokit.rewards.manager import RewardSpec
-from grpokit.trainer import Trainer, TrainingError
+from grpokit.optim import TrainingError
+from grpokit.trainer import Trainer
 
 REWARD = f"{Path(__file__).parent / 'reward_fns.py'}:count_sevens"
 SETTINGS = settings(max_examples=60, deadline=None)

@@ -1,5 +1,5 @@
 """The PPO baseline: GAE / value-loss math against loop references and worked numbers, the critic's
-positions, and PPOTrainer end to end on the tiny model (learning, exact resume of the critic)."""
+positions, and the trainer with its critic (advantage_estimator=gae) end to end on the tiny model (learning, exact resume of the critic)."""
 import json
 from pathlib import Path
 
@@ -229,10 +229,10 @@ def test_cli_picks_ppo_for_gae(tiny_model_dir, tmp_path):
 
 
 def test_ppo_reward_rises(tiny_model_dir, tmp_path):
-    from grpokit.trainer import Trainer as PPOTrainer  # the one loop, with a critic for advantage_estimator=gae
+    from grpokit.trainer import Trainer  # the one loop, with a critic for advantage_estimator=gae
 
     cfg = config(tiny_model_dir, tmp_path / "run", "optim.max_steps=10", "checkpoint.save_every=0")
-    PPOTrainer(cfg).train()
+    Trainer(cfg).train()
     rows = read_metrics(tmp_path / "run")
     rewards = [r["reward/mean"] for r in rows if "reward/mean" in r]
     assert len(rewards) == 10
@@ -251,23 +251,23 @@ class Crash(Exception):
 
 
 def test_ppo_resume_restores_the_critic_exactly(tiny_model_dir, tmp_path):
-    from grpokit.trainer import Trainer as PPOTrainer  # the one loop, with a critic for advantage_estimator=gae
+    from grpokit.trainer import Trainer  # the one loop, with a critic for advantage_estimator=gae
 
     steps = ["optim.max_steps=3", "checkpoint.save_every=2", "checkpoint.keep_last=5", "algorithm.beta=0.04",
              "algorithm.num_iterations=2", "optim.num_minibatches=2", "optim.micro_batch_size=8"]
-    straight = PPOTrainer(config(tiny_model_dir, tmp_path / "a", *steps))
+    straight = Trainer(config(tiny_model_dir, tmp_path / "a", *steps))
     straight.train()
 
     def crash_at_3(step, metrics):
         if step == 3:
             raise Crash
 
-    crashed = PPOTrainer(config(tiny_model_dir, tmp_path / "b", *steps))
+    crashed = Trainer(config(tiny_model_dir, tmp_path / "b", *steps))
     with pytest.raises(Crash):
         crashed.train(on_log=crash_at_3)
     assert [s for s, _ in list_checkpoints(tmp_path / "b")] == [2]
 
-    resumed = PPOTrainer(config(tiny_model_dir, tmp_path / "b", *steps))
+    resumed = Trainer(config(tiny_model_dir, tmp_path / "b", *steps))
     assert resumed.maybe_resume() == 2
     saved = torch.load(tmp_path / "b" / "checkpoints" / "step-000002" / "trainer_state.pt", weights_only=False)
     for k, v in saved["critic"].items():

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from grpokit.config import PRESETS, load_config
-from grpokit.trainer import algorithm_loss, make_loss_mask, outcome_advantages
+from grpokit.algorithm import algorithm_loss, make_loss_mask, outcome_advantages
 
 G, B, T, L = 4, 3, 7, 10  # group size, prompts, padded width, max_completion_length
 EPS = 1e-6  # algorithm.std_eps
