@@ -2,11 +2,12 @@
 
     grpokit train config.yaml [section.key=value ...]     train (resumes when output_dir holds a checkpoint)
     grpokit eval MODEL_DIR --config config.yaml            held-out pass@1 / pass@k / maj@k
-    grpokit sft MODEL_DIR DATA.jsonl --out DIR             supervised warm-start on prompt / completion pairs
+    grpokit sft sft.yaml [section.key=value ...]           supervised warm-start on prompt / completion pairs
     grpokit demo [--quick] [--out DIR]                     the whole pipeline on a tiny model, no downloads
     grpokit doctor RUN_DIR                                 what looks wrong in a run, with step ranges and fixes
     grpokit config                                         every config key with its default and meaning
 
+Every command takes --threads N (0 = auto, the default: docs/threads.md) and prints the count it uses.
 User mistakes (bad config, missing data, unloadable model) print one line and exit with status 2.
 `grpokit train` stopped by SIGTERM / SIGINT saves a checkpoint and exits with 128 + the signal
 number (143 / 130); the same command resumes. docs/errors.md lists every message.
@@ -38,6 +39,20 @@ def _fail(msg: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
+THREADS_HELP = "CPU threads for torch; 0 = auto: OMP_NUM_THREADS, else the cores not busy (docs/threads.md)"
+
+
+def _threads(requested: int) -> None:
+    from grpokit.threads import use_threads
+
+    typer.echo(use_threads(requested))
+
+
+def _with_threads(overrides: list[str] | None, threads: int | None) -> list[str]:
+    """--threads N is the override threads=N (the config's `threads` otherwise)."""
+    return [*(overrides or []), *([f"threads={threads}"] if threads is not None else [])]
+
+
 def _run(fn):
     """Run fn, turning a user mistake into one line on stderr and exit status 2 (no traceback)."""
     try:
@@ -50,12 +65,14 @@ def _run(fn):
 def train(
     config: Path = typer.Argument(..., help="YAML config file"),
     overrides: Optional[list[str]] = typer.Argument(None, help="section.key=value overrides"),
+    threads: Optional[int] = typer.Option(None, "--threads", min=0, help=THREADS_HELP),
 ):
     """Train a causal LM with GRPO as the config says (PPO with a critic when algorithm.advantage_estimator=gae)."""
     from grpokit.config import load_config
 
     def go():
-        cfg = load_config(config, overrides)
+        cfg = load_config(config, _with_threads(overrides, threads))
+        _threads(cfg.threads)
         from grpokit.checkpoint import ensure_writable_dir
         from grpokit.trainer import Trainer
 
@@ -75,15 +92,18 @@ def eval_cmd(
     model: Path = typer.Argument(..., help="model folder (from_pretrained), e.g. runs/x/final"),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="config with data / rewards / eval sections"),
     overrides: Optional[list[str]] = typer.Argument(None, help="section.key=value overrides"),
+    threads: Optional[int] = typer.Option(None, "--threads", min=0, help=THREADS_HELP),
 ):
     """Evaluate a model on the held-out set with fixed decoding."""
     from grpokit.config import load_config
 
     def go():
-        cfg = load_config(config, [*(overrides or []), f"model.name_or_path={model}"])
+        cfg = load_config(config, [*_with_threads(overrides, threads), f"model.name_or_path={model}"])
+        _threads(cfg.threads)
         from grpokit.trainer import Trainer
 
-        trainer = Trainer(cfg.model_copy(update={"algorithm": cfg.algorithm.model_copy(update={"beta": 0.0})}))
+        # Evaluation needs neither pi_ref nor a critic.
+        trainer = Trainer(cfg.model_copy(update={"algorithm": cfg.algorithm.model_copy(update={"beta": 0.0, "advantage_estimator": "grpo"})}))
         metrics = trainer.evaluate()
         if not metrics:
             _fail("no held-out data: set data.eval_path, data.eval_size or data.task")
@@ -102,23 +122,25 @@ def eval_cmd(
 
 @app.command()
 def sft(
-    model: Path = typer.Argument(..., help="model folder to start from"),
-    data: Path = typer.Argument(..., help="JSONL / CSV with prompt and completion columns"),
-    out: Path = typer.Option(..., "--out", "-o", help="where to save the fine-tuned model"),
-    epochs: float = typer.Option(1.0, help="passes over the data"),
-    lr: float = typer.Option(1e-4, help="AdamW learning rate"),
-    batch_size: int = typer.Option(32, help="pairs per optimizer step"),
-    seed: int = typer.Option(0),
+    config: Optional[Path] = typer.Argument(None, help="YAML config file (model, data, sft, output_dir sections); optional"),
+    overrides: Optional[list[str]] = typer.Argument(None, help="section.key=value overrides, e.g. sft.learning_rate=1e-3"),
+    threads: Optional[int] = typer.Option(None, "--threads", min=0, help=THREADS_HELP),
 ):
-    """Supervised fine-tuning on completion tokens only (the usual warm-start before RL)."""
-    from grpokit.sft import run_sft
+    """Supervised fine-tuning on completion tokens only (the usual warm-start before RL). `grpokit config --sft` lists the keys."""
+    from grpokit.config import SFTConfig, load_config
 
     def go():
-        try:
-            stats = run_sft(str(model), str(data), str(out), epochs=epochs, lr=lr, batch_size=batch_size, seed=seed)
-        except (ValueError, FileNotFoundError) as exc:
-            _fail(str(exc).splitlines()[0])
-        typer.echo(f"saved to {out}: {stats}")
+        path, extra = config, list(overrides or [])
+        if path is not None and "=" in str(path):  # no config file: the first argument is an override
+            path, extra = None, [str(config), *extra]
+        cfg = load_config(path, _with_threads(extra, threads), schema=SFTConfig)
+        _threads(cfg.threads)
+        from rich.console import Console
+
+        from grpokit.sft import run_sft
+
+        run_sft(cfg, console=Console())
+        typer.echo(f"done: model in {Path(cfg.output_dir) / 'final'}; metrics in {Path(cfg.output_dir) / 'metrics.jsonl'}")
 
     _run(go)
 
@@ -128,10 +150,12 @@ def demo(
     quick: bool = typer.Option(False, "--quick", help="about a minute: a smoke test with the same outputs"),
     out: Path = typer.Option(Path("runs/demo"), "--out", help="output folder"),
     seed: int = typer.Option(0, help="seed for data, model and training"),
+    threads: int = typer.Option(0, "--threads", min=0, help=THREADS_HELP),
 ):
     """Tiny model, SFT warm-start, GRPO on countdown, before / after table and plots. No GPU, no downloads."""
     from grpokit.demo import run_demo
 
+    _threads(threads)
     _run(lambda: run_demo(out, quick=quick, seed=seed))
 
 
@@ -144,17 +168,17 @@ def doctor(run_dir: Path = typer.Argument(..., help="a run's output_dir (or its 
 
 
 @app.command("config")
-def config_cmd():
+def config_cmd(sft: bool = typer.Option(False, "--sft", help="the keys of `grpokit sft` instead of `grpokit train`")):
     """Every config key with its default and what it does."""
     from rich.console import Console
     from rich.table import Table
 
-    from grpokit.config import describe
+    from grpokit.config import Config, SFTConfig, describe
 
-    table = Table(title="grpokit config keys")
+    table = Table(title=f"grpokit {'sft' if sft else 'train'} config keys")
     for col in ("key", "default", "meaning"):
         table.add_column(col)
-    for row in describe():
+    for row in describe(SFTConfig if sft else Config):
         table.add_row(*row)
     Console().print(table)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 
@@ -227,12 +227,18 @@ class RewardSpec(Section):
     name: str | None = None
     """Metric name (reward/<name>); default the function's name."""
 
-    def __init__(self, function: Any = None, /, **data: Any) -> None:
-        if function is not None:
-            if "function" in data:
-                raise TypeError("RewardSpec got the function twice (positionally and as function=)")
-            data["function"] = function
+    def __init__(self, function: Any = None, weight: Any = None, /, **data: Any) -> None:
+        for key, value in (("function", function), ("weight", weight)):
+            if value is not None:
+                if key in data:
+                    raise TypeError(f"RewardSpec got {key} twice (positionally and as {key}=)")
+                data[key] = value
         super().__init__(**data)
+
+    @field_serializer("function")
+    def _function_path(self, value: Any) -> str:
+        # config.yaml records a callable by where it lives (package.module:qualname)
+        return value if isinstance(value, str) else f"{value.__module__}:{value.__qualname__}"
 
     @field_validator("function", mode="plain")
     @classmethod
@@ -243,11 +249,18 @@ class RewardSpec(Section):
         raise PydanticCustomError("string_type", "Input should be a valid string")
 
 
+THREADS_DOC = (
+    "CPU threads for torch; 0 = auto: OMP_NUM_THREADS when set, else the cores not busy with other processes "
+    "(from the load average) at start. Results are bit-identical only at the same count (docs/threads.md)."
+)
+
+
 class Config(Section):
     output_dir: str = "runs/grpo"
     """Where metrics, samples, checkpoints and the final model go; a run here resumes."""
     seed: int = 0
     """Seeds Python, NumPy and torch; rollouts and data order follow from it."""
+    threads: int = Field(0, ge=0, description=THREADS_DOC)
     model: ModelConfig = Field(default_factory=ModelConfig)
     data: DataConfig = Field(default_factory=DataConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
@@ -292,6 +305,55 @@ class Config(Section):
     @property
     def micro_batch_size(self) -> int:
         return self.optim.micro_batch_size or self.minibatch_size
+
+
+# ---------------------------------------------------------------- SFT
+
+
+class SFTSection(Section):
+    """`grpokit sft`: supervised warm-start on (prompt, completion) pairs (grpokit/sft.py). These are the
+    defaults of `grpokit sft` and of grpokit.sft.train_sft alike."""
+
+    epochs: float = Field(1.0, gt=0)
+    """Passes over the training pairs (may be fractional); used when max_steps is 0."""
+    max_steps: int = Field(0, ge=0)
+    """Optimizer steps of batch_size pairs; 0 = as many as `epochs` takes."""
+    batch_size: int = Field(32, ge=1)
+    """Pairs per optimizer step."""
+    learning_rate: float = Field(1e-4, gt=0)
+    """AdamW peak learning rate (tiny models from scratch want ~1e-3; pretrained ones 1e-5..1e-4)."""
+    lr_scheduler: Literal["constant", "linear", "cosine"] = "cosine"
+    """Learning-rate schedule after warm-up (decay to 0 at the last step)."""
+    warmup_ratio: float = Field(0.05, ge=0, lt=1)
+    """Linear warm-up over this fraction of the steps (when warmup_steps is 0)."""
+    warmup_steps: int = Field(0, ge=0)
+    """Linear warm-up in optimizer steps; 0 = warmup_ratio."""
+    weight_decay: float = Field(0.01, ge=0)
+    """AdamW weight decay (not on norms and biases)."""
+    max_grad_norm: float = Field(1.0, ge=0)
+    """Gradient clipping by global norm; 0 = off (as optim.max_grad_norm)."""
+    max_length: int = Field(1024, ge=2)
+    """Prompt + completion tokens per example; longer examples are cut (and counted)."""
+    completion_column: str = "completion"
+    """Column with the target text the model learns to write after the prompt."""
+    log_every: int = Field(10, ge=1)
+    """Write the loss to metrics.jsonl every this many steps."""
+    eval_every: int = Field(0, ge=0)
+    """Held-out loss and exact match every this many steps (0 = before and after training only)."""
+
+
+class SFTConfig(Section):
+    """What `grpokit sft CONFIG [key=value ...]` reads: the same model and data sections as training."""
+
+    output_dir: str = "runs/sft"
+    """metrics.jsonl, plots and final/ (the fine-tuned model and tokenizer) go here."""
+    seed: int = 0
+    """Seeds the order of the pairs and torch."""
+    threads: int = Field(0, ge=0, description=THREADS_DOC)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    sft: SFTSection = Field(default_factory=SFTSection)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
 
 
 # ---------------------------------------------------------------- presets
@@ -377,12 +439,12 @@ def _allowed_keys(model: type[BaseModel], loc: tuple) -> list[str]:
     return list(model.model_fields)
 
 
-def _one_line(err: ValidationError) -> str:
+def _one_line(err: ValidationError, schema: type[BaseModel] = None) -> str:
     e = err.errors()[0]
     loc = tuple(e["loc"])
     key = ".".join(str(p) for p in loc) or "config"
     if e["type"] == "extra_forbidden":
-        allowed = _allowed_keys(Config, loc)
+        allowed = _allowed_keys(schema or Config, loc)
         close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
         hint = f"; did you mean '{close[0]}'?" if close else ""
         return f"unknown config key '{key}'{hint} (allowed here: {', '.join(allowed)})"
@@ -392,8 +454,11 @@ def _one_line(err: ValidationError) -> str:
     return f"bad value for '{key}': {value!r}: {e['msg']}"
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None, *, base: dict | None = None) -> Config:
-    """YAML file (optional) + dotted overrides -> validated Config, or ConfigError with one line."""
+def load_config(
+    path: str | Path | None = None, overrides: list[str] | None = None, *, base: dict | None = None, schema: type[BaseModel] = None
+) -> Config:
+    """YAML file (optional) + dotted overrides -> validated Config (or `schema`, e.g. SFTConfig), or ConfigError with one line."""
+    schema = schema or Config
     tree: dict = dict(base or {})
     if path is not None:
         p = Path(path)
@@ -413,11 +478,12 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             _set_dotted(tree, key, value)
         except (IndexError, ValueError, TypeError) as exc:
             raise ConfigError(f"override {key}={value!r} does not fit the config: {exc}") from None
-    tree = _apply_preset(tree)
+    if schema is Config:
+        tree = _apply_preset(tree)
     try:
-        return Config.model_validate(tree)
+        return schema.model_validate(tree)
     except ValidationError as err:
-        raise ConfigError(_one_line(err)) from None
+        raise ConfigError(_one_line(err, schema)) from None
 
 
 def describe(model: type[BaseModel] = Config, prefix: str = "") -> list[tuple[str, str, str]]:

@@ -11,7 +11,6 @@
 """
 from __future__ import annotations
 
-import os
 import shutil
 import time
 from pathlib import Path
@@ -112,8 +111,6 @@ def run_demo(out: Path, *, quick: bool = False, seed: int = 0, overrides: list[s
     from grpokit.trainer import Trainer
 
     console = Console()
-    # all cores unless OMP_NUM_THREADS says otherwise (e.g. several demos side by side)
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or os.cpu_count() or 1))
     settings = QUICK if quick else FULL
     out = Path(out)
     for owned in ("sft", "grpo"):  # a demo always starts fresh; only its own folders are removed
@@ -130,7 +127,7 @@ def run_demo(out: Path, *, quick: bool = False, seed: int = 0, overrides: list[s
     sft = settings["sft"]  # the task's train split, read as training reads it; "completion" is its reference solution
     pairs = build_datasets(DataConfig(task=task.name, task_train_size=sft["rows"]), tok, seed=seed).train
     t = time.perf_counter()
-    stats = train_sft(model, tok, pairs, steps=sft["steps"], batch_size=sft["batch_size"], lr=sft["lr"], seed=seed)
+    stats = train_sft(model, tok, pairs, max_steps=sft["steps"], batch_size=sft["batch_size"], learning_rate=sft["lr"], max_length=256, seed=seed)
     model.save_pretrained(out / "sft")
     tok.save_pretrained(out / "sft")
     sft_time = time.perf_counter() - t

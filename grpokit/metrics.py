@@ -50,6 +50,7 @@ VALUE_PREFIX = "value/"
 ROLLOUT_PREFIX = "rollout/"
 PERF_PREFIX = "perf/"
 EVAL_PREFIX = "eval/"
+SFT_PREFIX = "sft/"
 
 # ---------------------------------------------------------------------------------------------
 # reward/: the trainer's statistics of the weighted total, and RewardOutput.metrics()'s names
@@ -183,6 +184,7 @@ PERF_TRAIN_TIME = "perf/train_time"
 PERF_ROLLOUT_TOKENS_PER_S = "perf/rollout_tokens_per_s"
 PERF_TRAIN_TOKENS_PER_S = "perf/train_tokens_per_s"
 PERF_PEAK_RSS_MB = "perf/peak_rss_mb"
+PERF_THREADS = "perf/threads"
 PERF_VALUE_TIME = "perf/value_time"
 PERF_CRITIC_TRAIN_TIME = "perf/critic_train_time"
 
@@ -195,6 +197,14 @@ EVAL_REWARD_MEAN = "eval/reward_mean"
 EVAL_MEAN_LENGTH = "eval/mean_length"
 EVAL_NUM_PROMPTS = "eval/num_prompts"
 EVAL_TIME = "eval/time"
+EVAL_LOSS = "eval/loss"  # SFT: held-out completion cross-entropy
+EVAL_EXACT_MATCH = "eval/exact_match"  # SFT: greedy completion == the reference
+
+# grpokit sft (grpokit/sft.py)
+SFT_LOSS = "sft/loss"
+SFT_LR = "sft/lr"
+SFT_GRAD_NORM = "sft/grad_norm"
+SFT_EPOCH = "sft/epoch"
 
 
 def eval_pass_at(k: int) -> str:
@@ -313,10 +323,11 @@ def rollout_metrics(
 
 
 def perf_metrics(
-    *, rollout_time: float, step_time: float, train_time: float, completion_tokens: float, train_tokens: float
+    *, rollout_time: float, step_time: float, train_time: float, completion_tokens: float, train_tokens: float, threads: int
 ) -> dict[str, float]:
     """perf/ throughput of one step. completion_tokens: generated (the completion mask's sum);
-    train_tokens: prompt + completion tokens through forward and backward, counted once per pass."""
+    train_tokens: prompt + completion tokens through forward and backward, counted once per pass;
+    threads: torch's CPU thread count (grpokit/threads.py)."""
     return {
         PERF_STEP_TIME: step_time,
         PERF_TRAIN_TIME: train_time,
@@ -324,6 +335,7 @@ def perf_metrics(
         PERF_TRAIN_TOKENS_PER_S: train_tokens / max(train_time, 1e-9),
         # ru_maxrss is in KiB on Linux: a high-water mark, it never decreases.
         PERF_PEAK_RSS_MB: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        PERF_THREADS: float(threads),
     }
 
 

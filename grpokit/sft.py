@@ -1,9 +1,13 @@
 """Supervised warm-start (SFT) of any Hugging Face causal LM on (prompt, completion) pairs.
 
-    grpokit sft MODEL_DIR pairs.jsonl OUT_DIR      # -> run_sft(MODEL_DIR, pairs.jsonl, OUT_DIR)
+    grpokit sft sft.yaml model.name_or_path=runs/tiny-model data.train_path=pairs.jsonl output_dir=runs/sft
+    # -> run_sft(cfg): progress bar, metrics.jsonl, held-out loss / exact match, runs/sft/final
 
     from grpokit.sft import train_sft
     stats = train_sft(model, tokenizer, [{"prompt": "7 3>21=", "completion": "7*3"}], epochs=3)
+
+Settings are grpokit.config.SFTSection (the `sft:` section of the config): one set of defaults for the
+command and for train_sft's keyword arguments.
 
 GRPO learns only from the rewards of what the policy samples, so a policy that never
 samples a correct answer learns nothing; a short SFT on reference solutions puts it where
@@ -30,10 +34,12 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from grpokit.config import DataConfig
+from grpokit.checkpoint import ensure_writable_dir, save_pretrained_atomic
+from grpokit.config import DataConfig, SFTConfig, SFTSection
 from grpokit.data import PromptDataset, build_datasets
-from grpokit.optim import SCHEDULES, adamw, lr_lambda
-from grpokit.policy import load_model, load_tokenizer
+from grpokit.metrics import EVAL_EXACT_MATCH, EVAL_LOSS, PERF_TRAIN_TOKENS_PER_S, SFT_EPOCH, SFT_GRAD_NORM, SFT_LOSS, SFT_LR
+from grpokit.optim import adamw, lr_lambda
+from grpokit.policy import load_policy
 
 IGNORE_INDEX = -100  # label of tokens the loss skips (prompt, padding)
 
@@ -43,6 +49,13 @@ def load_pairs(path: str | Path, tokenizer: Any, *, system_prompt: str | None = 
     """(prompt, completion) rows of a data file, read and rendered by grpokit.data (build_datasets)."""
     data_cfg = DataConfig(train_path=str(path), system_prompt=system_prompt, max_prompt_length=max_prompt_length)
     return build_datasets(data_cfg, tokenizer, seed=0, required_columns=("completion",)).train
+
+
+def _as_dataset(pairs: Sequence[dict[str, Any]] | PromptDataset, tokenizer: Any, max_length: int) -> PromptDataset:
+    if isinstance(pairs, PromptDataset):
+        return pairs
+    # Rendered as training prompts are; the whole sequence is cut at max_length.
+    return PromptDataset(pairs, tokenizer, max_prompt_length=max_length, overlong="truncate")
 
 
 def encode_pair(tokenizer: Any, prompt_ids: list[int], completion: str, max_length: int) -> tuple[list[int], list[int], bool]:
@@ -85,12 +98,10 @@ def completion_loss(model: Any, batch: dict[str, torch.Tensor]) -> tuple[torch.T
 
 
 # --- training --------------------------------------------------------------------------
-def _examples(tokenizer: Any, pairs: Sequence[dict[str, Any]] | PromptDataset, max_length: int) -> tuple[list, int]:
+def _examples(tokenizer: Any, pairs: PromptDataset, max_length: int, column: str) -> tuple[list, int]:
     """[(input ids, labels)] of every pair, and how many were cut at max_length."""
-    if not isinstance(pairs, PromptDataset):  # rendered as training prompts are; the whole sequence is cut at max_length
-        pairs = PromptDataset(pairs, tokenizer, max_prompt_length=max_length, overlong="truncate")
     rows = [pairs[i] for i in range(len(pairs))]
-    encoded = [encode_pair(tokenizer, r.prompt_ids, str(r.columns["completion"]), max_length) for r in rows]
+    encoded = [encode_pair(tokenizer, r.prompt_ids, str(r.columns[column]), max_length) for r in rows]
     return [(ids, labels) for ids, labels, _ in encoded], sum(t for _, _, t in encoded)
 
 
@@ -104,26 +115,46 @@ def _optimizer(model: Any, lr: float, weight_decay: float, schedule: Callable[[i
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
 
 
-def _check_arguments(tokenizer: Any, pairs: Any, epochs: float | None, steps: int | None, schedule: str) -> None:
-    if epochs is not None and steps is not None:
-        raise ValueError("give epochs or steps, not both")
-    if schedule not in SCHEDULES:
-        raise ValueError(f"schedule must be one of {', '.join(map(repr, SCHEDULES))}, got {schedule!r}")
-    if tokenizer.eos_token_id is None:
-        raise ValueError("the tokenizer has no EOS token; SFT appends EOS to every completion")
-    if not len(pairs):
-        raise ValueError("no training pairs")
-
-
 def _update(model: Any, optimizer, scheduler, batch: dict[str, torch.Tensor], max_grad_norm: float):
     """One optimizer step on one batch: (loss, completion tokens, gradient norm before clipping)."""
     loss, n_tokens = completion_loss(model, batch)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    # 0 = off, as optim.max_grad_norm (clipping at 0 would scale every gradient to zero: a frozen model).
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm or float("inf"))
     optimizer.step()
     scheduler.step()
     return loss, n_tokens, grad_norm
+
+
+def _device(model: Any) -> torch.device:
+    return next(model.parameters()).device
+
+
+@torch.no_grad()
+def evaluate_sft(model: Any, tokenizer: Any, pairs: PromptDataset, *, column: str = "completion", max_length: int = 1024,
+                 batch_size: int = 32) -> dict[str, float]:
+    """Held-out eval/loss (completion cross-entropy per token) and eval/exact_match (the greedy completion,
+    stripped, equals the reference): the two numbers that say whether SFT has taught the format and the task."""
+    from grpokit.rollout import SamplingParams, make_engine
+
+    examples, _ = _examples(tokenizer, pairs, max_length, column)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    was_training = model.training
+    model.eval()
+    loss_sum, tokens = 0.0, 0
+    for s in range(0, len(examples), batch_size):
+        batch = {k: v.to(_device(model)) for k, v in collate(examples[s : s + batch_size], pad_id).items()}
+        loss, n = completion_loss(model, batch)
+        loss_sum, tokens = loss_sum + loss.item() * n, tokens + n
+    rows = [pairs[i] for i in range(len(pairs))]
+    references = [str(r.columns[column]).strip() for r in rows]
+    longest = max(len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in references) + 1  # + EOS
+    engine = make_engine("hf", model, tokenizer, batch_size=batch_size)
+    comps = engine.generate([r.prompt_ids for r in rows], 1, SamplingParams(max_tokens=longest, greedy=True))
+    model.train(was_training)
+    exact = sum(text.strip() == ref for text, ref in zip(comps.texts, references)) / len(rows)
+    return {EVAL_LOSS: loss_sum / max(tokens, 1), EVAL_EXACT_MATCH: exact}
 
 
 def train_sft(
@@ -131,97 +162,124 @@ def train_sft(
     tokenizer: Any,
     pairs: Sequence[dict[str, Any]] | PromptDataset,
     *,
-    epochs: float | None = None,
-    steps: int | None = None,
-    batch_size: int = 64,
-    lr: float = 1e-3,
-    warmup: float = 0.05,
-    schedule: str = "cosine",
-    weight_decay: float = 0.01,
-    max_grad_norm: float = 1.0,
-    max_length: int = 256,
+    eval_pairs: Sequence[dict[str, Any]] | PromptDataset | None = None,
     seed: int = 0,
-    log_every: int = 20,
-    log_fn: Callable[[dict[str, Any]], None] | None = None,
+    on_step: Callable[[int, dict[str, float]], None] | None = None,
+    **settings: Any,
 ) -> dict[str, Any]:
-    """Fine-tune `model` in place on `pairs` (rows {"prompt", "completion"}, or a PromptDataset whose rows
-    have a "completion" column: load_pairs) and return final stats.
+    """Fine-tune `model` in place on `pairs` (rows with "prompt" and the completion column, or a PromptDataset
+    of them: load_pairs, build_datasets) and return final stats.
 
-    Length of training: `epochs` (passes over the pairs, may be fractional) or `steps`
-    (optimizer steps of `batch_size` pairs); neither means one epoch.
-    warmup: a number of steps if >= 1, else a fraction of all steps.
-    schedule: "cosine" | "linear" (decay to 0 after warm-up) | "constant".
-    log_fn: called every `log_every` steps and at the end with {"step", "loss", "lr", ...}.
+    settings: grpokit.config.SFTSection's keys (epochs, max_steps, batch_size, learning_rate, lr_scheduler,
+    warmup_ratio, warmup_steps, weight_decay, max_grad_norm, max_length, completion_column, log_every,
+    eval_every), with its defaults; a bad value is a ValueError that names the key.
+    eval_pairs: held-out pairs, evaluated (evaluate_sft) before training, every eval_every steps and at the end.
+    on_step(step, metrics): after every step; metrics hold sft/* (and eval/*) on log (and eval) steps, else {};
+    and with step 0 and the held-out metrics before training.
     """
-    _check_arguments(tokenizer, pairs, epochs, steps, schedule)
+    cfg = SFTSection(**settings)
+    if tokenizer.eos_token_id is None:
+        raise ValueError("the tokenizer has no EOS token; SFT appends EOS to every completion")
+    if not len(pairs):
+        raise ValueError("no training pairs")
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    examples, n_truncated = _examples(tokenizer, pairs, max_length)
-    steps_per_epoch = math.ceil(len(examples) / batch_size)
-    total = steps if steps is not None else max(1, round((1.0 if epochs is None else epochs) * steps_per_epoch))
-    warmup_steps = int(warmup) if warmup >= 1 else int(warmup * total)
-
+    examples, n_truncated = _examples(tokenizer, _as_dataset(pairs, tokenizer, cfg.max_length), cfg.max_length, cfg.completion_column)
+    held_out = _as_dataset(eval_pairs, tokenizer, cfg.max_length) if eval_pairs is not None and len(eval_pairs) else None
+    evaluate = lambda: evaluate_sft(model, tokenizer, held_out, column=cfg.completion_column, max_length=cfg.max_length, batch_size=cfg.batch_size) if held_out else {}  # noqa: E731
+    total = cfg.max_steps or max(1, round(cfg.epochs * math.ceil(len(examples) / cfg.batch_size)))
     torch.manual_seed(seed)  # dropout, if the model has any
     order_rng = random.Random(seed)
-    optimizer, scheduler = _optimizer(model, lr, weight_decay, lr_lambda(schedule, warmup_steps, total))
+    schedule = lr_lambda(cfg.lr_scheduler, cfg.warmup_steps or int(cfg.warmup_ratio * total), total)
+    optimizer, scheduler = _optimizer(model, cfg.learning_rate, cfg.weight_decay, schedule)
 
     was_training = model.training
+    first_eval = evaluate()
+    if on_step is not None and first_eval:
+        on_step(0, first_eval)
     model.train()
-    device = next(model.parameters()).device
-    start = time.perf_counter()
+    start, window_start = time.perf_counter(), time.perf_counter()
     order: list[int] = []
     losses: list[float] = []
-    window_loss, window_tokens, total_tokens = 0.0, 0, 0
+    window_loss, window_tokens, window_all, total_tokens = 0.0, 0, 0, 0
     for step in range(1, total + 1):
-        if len(order) < batch_size:  # next epoch, reshuffled; a batch never mixes two epochs
+        if len(order) < cfg.batch_size:  # next epoch, reshuffled; a batch never mixes two epochs
             order = list(range(len(examples)))
             order_rng.shuffle(order)
-        idx, order = order[:batch_size], order[batch_size:]
-        batch = {k: v.to(device) for k, v in collate([examples[i] for i in idx], pad_id).items()}
-        loss, n_tokens, grad_norm = _update(model, optimizer, scheduler, batch, max_grad_norm)
+        idx, order = order[: cfg.batch_size], order[cfg.batch_size :]
+        batch = {k: v.to(_device(model)) for k, v in collate([examples[i] for i in idx], pad_id).items()}
+        loss, n_tokens, grad_norm = _update(model, optimizer, scheduler, batch, cfg.max_grad_norm)
         losses.append(loss.item())
-        window_loss += loss.item() * n_tokens
-        window_tokens += n_tokens
-        total_tokens += n_tokens
-        if log_fn is not None and (step % log_every == 0 or step == total):
-            log_fn({
-                "step": step,
-                "loss": window_loss / max(window_tokens, 1),
-                "lr": scheduler.get_last_lr()[0],
-                "grad_norm": float(grad_norm),
-                "epoch": step * batch_size / len(examples),
-                "elapsed_s": time.perf_counter() - start,
-            })
-            window_loss, window_tokens = 0.0, 0
+        window_loss, window_tokens, total_tokens = window_loss + loss.item() * n_tokens, window_tokens + n_tokens, total_tokens + n_tokens
+        window_all += int(batch["attention_mask"].sum())
+        metrics: dict[str, float] = {}
+        if step % cfg.log_every == 0 or step == total:
+            now = time.perf_counter()
+            metrics = {SFT_LOSS: window_loss / max(window_tokens, 1), SFT_LR: scheduler.get_last_lr()[0], SFT_GRAD_NORM: float(grad_norm),
+                       SFT_EPOCH: step * cfg.batch_size / len(examples), PERF_TRAIN_TOKENS_PER_S: window_all / max(now - window_start, 1e-9)}
+            window_loss, window_tokens, window_all, window_start = 0.0, 0, 0, now
+        if step == total or (cfg.eval_every and step % cfg.eval_every == 0):
+            metrics.update(evaluate())
+            model.train()
+        if on_step is not None:
+            on_step(step, metrics)
     model.train(was_training)
     tail = losses[-max(1, len(losses) // 10):]  # the last 10% of steps
     return {
-        "steps": total,
-        "epochs": total * batch_size / len(examples),
-        "examples": len(examples),
-        "truncated": n_truncated,
-        "completion_tokens": total_tokens,
-        "first_loss": losses[0],
-        "final_loss": sum(tail) / len(tail),
-        "time_s": time.perf_counter() - start,
+        "steps": total, "epochs": total * cfg.batch_size / len(examples), "examples": len(examples), "truncated": n_truncated,
+        "completion_tokens": total_tokens, "first_loss": losses[0], "final_loss": sum(tail) / len(tail),
+        "time_s": time.perf_counter() - start, "eval_before": first_eval, "eval_after": metrics if held_out else {},
     }
 
 
-def run_sft(
-    model_path: str | Path,
-    data_path: str | Path,
-    out_dir: str | Path,
-    **train_kwargs: Any,
-) -> dict[str, Any]:
-    """SFT from files: load the model and tokenizer in `model_path` (a folder or hub id) with
-    from_pretrained, train on the pairs in `data_path` (JSONL / JSON / Parquet / CSV / a
-    datasets folder with columns "prompt" and "completion", read by grpokit.data), and save model (safetensors) + tokenizer + sft_stats.json to
-    `out_dir`. `train_kwargs` are train_sft's (epochs, steps, batch_size, lr, warmup, ...)."""
-    tokenizer = load_tokenizer(str(model_path))
-    model = load_model(str(model_path))
-    stats = train_sft(model, tokenizer, load_pairs(data_path, tokenizer), **train_kwargs)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(out_dir))
-    tokenizer.save_pretrained(str(out_dir))
-    (out_dir / "sft_stats.json").write_text(json.dumps(stats, indent=2) + "\n")
+def run_sft(cfg: SFTConfig, *, console: Any = None) -> dict[str, Any]:
+    """`grpokit sft`: load model.name_or_path, read the data as training does (build_datasets: data.train_path,
+    held-out data.eval_path / data.eval_size), train with a progress bar, write metrics.jsonl (and the enabled
+    trackers) to output_dir, the model + tokenizer to output_dir/final and the stats to output_dir/sft_stats.json.
+    Returns the stats (train_sft's); `console` (rich) prints the end-of-run table."""
+    from grpokit.metrics import METRICS_FILE
+    from grpokit.records import MetricLogger, TrainProgress, plot_metrics
+
+    out = ensure_writable_dir(cfg.output_dir)
+    model, tokenizer = load_policy(cfg.model)
+    data = build_datasets(cfg.data, tokenizer, seed=cfg.seed, required_columns=(cfg.sft.completion_column,))
+    log = MetricLogger(out, tensorboard=cfg.logging.tensorboard, wandb=cfg.logging.wandb, mlflow=cfg.logging.mlflow, config=cfg.model_dump())
+    n = len(data.train)
+    total = cfg.sft.max_steps or max(1, round(cfg.sft.epochs * math.ceil(n / cfg.sft.batch_size)))
+    try:
+        with TrainProgress(total, keys=(SFT_LOSS, EVAL_LOSS, EVAL_EXACT_MATCH), console=console) as progress:
+            def on_step(step: int, metrics: dict[str, float]) -> None:
+                if metrics:
+                    log.log(step, metrics)
+                progress.update(step, metrics)
+
+            stats = train_sft(model, tokenizer, data.train, eval_pairs=data.eval, seed=cfg.seed, on_step=on_step, **cfg.sft.model_dump())
+    finally:
+        log.close()
+    save_pretrained_atomic(model, tokenizer, out / "final")
+    (out / "sft_stats.json").write_text(json.dumps(stats, indent=2) + "\n")
+    plot_metrics(out / METRICS_FILE, out)
+    if console is not None:
+        console.print(summary_table(stats, out / "final"))
     return stats
+
+
+def summary_table(stats: dict[str, Any], final: Path):
+    """The end-of-run table of `grpokit sft`."""
+    from rich.table import Table
+
+    table = Table(title=f"SFT: {stats['steps']} steps, {stats['epochs']:.2f} epochs; model in {final}")
+    for col in ("", "value"):
+        table.add_column(col, justify="right" if col else "left")
+    rows = [
+        ("pairs (cut at sft.max_length)", f"{stats['examples']} ({stats['truncated']})"),
+        ("loss: first step -> last 10% of steps", f"{stats['first_loss']:.4f} -> {stats['final_loss']:.4f}"),
+        ("completion tokens trained on", f"{stats['completion_tokens']}"),
+        ("time", f"{stats['time_s']:.1f} s"),
+    ]
+    before, after = stats["eval_before"], stats["eval_after"]
+    for key in (EVAL_LOSS, EVAL_EXACT_MATCH):
+        if key in before and key in after:
+            rows.append((f"held-out {key.removeprefix('eval/')}: before -> after", f"{before[key]:.4f} -> {after[key]:.4f}"))
+    for row in rows:
+        table.add_row(*row)
+    return table

@@ -23,7 +23,8 @@ from torch import Tensor
 from grpokit.algo import masked_mean
 from grpokit.algorithm import algorithm_loss, dynamic_sampling, make_loss_mask, outcome_advantages, process_advantages
 from grpokit.batch import Groups, RolloutBatch, pack_sequences, process_rewards, repeat_rows
-from grpokit.checkpoint import StopSignals, ensure_writable_dir, resume, save_checkpoint, save_pretrained_atomic, seed_everything
+from grpokit.checkpoint import (StopSignals, checkpoint_dir, ensure_writable_dir, resume, save_checkpoint, save_pretrained_atomic,
+                                seed_everything)
 from grpokit.config import Config
 from grpokit.critic import Critic
 from grpokit.data import PromptSampler, build_datasets, check_context_length
@@ -42,6 +43,8 @@ from grpokit.tasks import reward_registry
 class Trainer:
     def __init__(self, cfg: Config, *, model=None, tokenizer=None, train_rows=None, eval_rows=None):
         self.cfg, self.out, alg = cfg, Path(cfg.output_dir), cfg.algorithm
+        if cfg.threads:  # the command line also resolves threads=0 (auto); the Python API leaves torch's setting alone
+            torch.set_num_threads(cfg.threads)
         seed_everything(cfg.seed)
         if model is None:
             model, tokenizer = load_policy(cfg.model)
@@ -109,12 +112,13 @@ class Trainer:
         logprobs = lambda model: batched_logprobs(model, tokens, micro_batch_size=cfg.micro_batch_size, temperature=cfg.rollout.temperature)  # noqa: E731
         old_logp = logprobs(self.policy_fn) if need_old else None  # [N, T]
         ref_logp = logprobs(self.ref_fn) if self.ref is not None else None  # [N, T]
+        needs_kl_old = old_logp is None and self.critic is not None and self.critic.kl_coef  # PPO's KL shaping, at mu = 1 too
+        kl_old = logprobs(self.model) if needs_kl_old else old_logp
         metrics[PERF_REF_TIME] = time.perf_counter() - t
 
         value_targets, critic_metrics = None, {}
         if self.critic is not None:  # PPO: whitened GAE from the critic's values [N, T]
-            pi_old = old_logp if old_logp is not None or not self.critic.kl_coef else logprobs(self.model)  # KL shaping: pi_old at mu = 1 too
-            advantages, value_targets, critic_metrics = self.critic.advantages(rewards, tokens, loss_mask, old_logp=pi_old, ref_logp=ref_logp)
+            advantages, value_targets, critic_metrics = self.critic.advantages(rewards, tokens, loss_mask, old_logp=kl_old, ref_logp=ref_logp)
         elif scored.steps:  # process rewards: one advantage per token (DeepSeekMath §4.1.3)
             step_rewards, step_ends = process_rewards(scored, comps.texts, comps.token_ids, self.tokenizer)
             advantages = process_advantages(alg, step_rewards, step_ends, G, tokens.completion_width)  # [N, T]
@@ -221,7 +225,7 @@ class Trainer:
         if "ref_model" in state and self.ref is not None:
             self.ref.load_state_dict(state["ref_model"])
         if self.critic is not None:
-            self.critic.load_state_dict(state, str(self.out / "checkpoints" / f"step-{step:06d}"))
+            self.critic.load_state_dict(state, str(checkpoint_dir(self.out, step)))
         self.step = state["step"]
         self.engine.sync_weights(self.model)
         return step
@@ -252,7 +256,7 @@ class Trainer:
                         self.save()
                         saved_step = self.step
                     if stop.received and self.step < cfg.optim.max_steps:
-                        path = self.save() if saved_step != self.step else self.out / "checkpoints" / f"step-{self.step:06d}"
+                        path = self.save() if saved_step != self.step else checkpoint_dir(self.out, self.step)
                         prog.print(f"{stop.received}: saved step {self.step} to {path}; run the same command to resume")
                         self.interrupted = stop.received
                         return metrics
@@ -281,7 +285,8 @@ class Trainer:
         metrics.update(perf_metrics(rollout_time=metrics[PERF_ROLLOUT_TIME], step_time=t2 - t0, train_time=t2 - t1,
                                     completion_tokens=batch.tokens.completion_mask.sum().item(),
                                     # prompt + completion tokens through forward and backward, once per pass (padding excluded)
-                                    train_tokens=batch.tokens.attention_mask.sum().item() * cfg.algorithm.num_iterations))
+                                    train_tokens=batch.tokens.attention_mask.sum().item() * cfg.algorithm.num_iterations,
+                                    threads=torch.get_num_threads()))
         if (cfg.eval.every and self.step % cfg.eval.every == 0) or self.step == cfg.optim.max_steps:
             metrics.update(self.evaluate())
         return metrics, samples

@@ -72,3 +72,15 @@ def test_cli_unknown_key_one_line_exit_2(tmp_path):
     assert r.returncode == 2
     lines = [l for l in r.stderr.splitlines() if l.strip()]
     assert len(lines) == 1 and "algorithm.betaa" in lines[0] and "Traceback" not in r.stderr
+
+
+def test_grpokit_config_lists_the_train_and_the_sft_keys():
+    from typer.testing import CliRunner
+
+    from grpokit.cli import app
+
+    train = CliRunner().invoke(app, ["config"], terminal_width=200)
+    sft = CliRunner().invoke(app, ["config", "--sft"], terminal_width=200)
+    assert train.exit_code == 0 and sft.exit_code == 0
+    assert "algorithm.beta" in train.output and "threads" in train.output and "sft.learning_rate" not in train.output
+    assert "sft.learning_rate" in sft.output and "sft.max_grad_norm" in sft.output and "data.train_path" in sft.output

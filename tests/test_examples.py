@@ -20,8 +20,14 @@ def test_readme_example(tmp_path):
     model = tmp_path / "tiny-model"
     run(sys.executable, "examples/make_data.py")
     run(sys.executable, "examples/make_tiny_model.py", str(model))
+    assert "grpokit sft examples/sft.yaml" in readme and "model.name_or_path=runs/sft/final" in readme
+    sft = tmp_path / "sft"
+    r = run(GRPOKIT, "sft", "examples/sft.yaml", f"model.name_or_path={model}", f"output_dir={sft}", "sft.max_steps=20")
+    assert "threads:" in r.stdout and "held-out exact_match" in r.stdout and (sft / "final" / "model.safetensors").is_file()
     out = tmp_path / "run"
-    run(GRPOKIT, "train", "examples/config.yaml", f"model.name_or_path={model}", f"output_dir={out}", "optim.max_steps=3", "eval.every=0")
+    r = run(GRPOKIT, "train", "examples/config.yaml", f"model.name_or_path={sft / 'final'}", f"output_dir={out}",
+            "optim.learning_rate=2e-4", "optim.max_steps=3", "eval.every=0")
+    assert "threads:" in r.stdout
     assert (out / "final" / "model.safetensors").is_file()
     metrics = (out / "metrics.jsonl").read_text()
     assert "reward/exact_answer" in metrics and "reward/is_a_number" in metrics

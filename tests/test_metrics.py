@@ -96,12 +96,12 @@ def test_rollout_metrics_two_groups_of_two():
 
 
 def test_perf_metrics():
-    m = perf_metrics(rollout_time=2.0, step_time=5.0, train_time=2.5, completion_tokens=100.0, train_tokens=300.0)
-    assert list(m) == ["perf/step_time", "perf/train_time", "perf/rollout_tokens_per_s", "perf/train_tokens_per_s", "perf/peak_rss_mb"]
+    m = perf_metrics(rollout_time=2.0, step_time=5.0, train_time=2.5, completion_tokens=100.0, train_tokens=300.0, threads=3)
+    assert list(m) == ["perf/step_time", "perf/train_time", "perf/rollout_tokens_per_s", "perf/train_tokens_per_s", "perf/peak_rss_mb", "perf/threads"]
     assert m["perf/step_time"] == 5.0 and m["perf/train_time"] == 2.5
     assert m["perf/rollout_tokens_per_s"] == 50.0 and m["perf/train_tokens_per_s"] == 120.0
-    assert m["perf/peak_rss_mb"] > 1.0  # MiB of this process so far
-    zero = perf_metrics(rollout_time=0.0, step_time=0.0, train_time=0.0, completion_tokens=1.0, train_tokens=1.0)
+    assert m["perf/peak_rss_mb"] > 1.0 and m["perf/threads"] == 3.0  # MiB of this process so far
+    zero = perf_metrics(rollout_time=0.0, step_time=0.0, train_time=0.0, completion_tokens=1.0, train_tokens=1.0, threads=1)
     assert zero["perf/rollout_tokens_per_s"] == pytest.approx(1e9)  # no division by zero
 
 
@@ -181,7 +181,7 @@ def test_reserved_reward_names_cover_every_other_reward_metric():
 
 
 def _fixed_names() -> set[str]:
-    prefixes = (M.REWARD_PREFIX, M.ADVANTAGE_PREFIX, M.POLICY_PREFIX, M.VALUE_PREFIX, M.ROLLOUT_PREFIX, M.PERF_PREFIX, M.EVAL_PREFIX)
+    prefixes = (M.REWARD_PREFIX, M.ADVANTAGE_PREFIX, M.POLICY_PREFIX, M.VALUE_PREFIX, M.ROLLOUT_PREFIX, M.PERF_PREFIX, M.EVAL_PREFIX, M.SFT_PREFIX)
     return {
         v for k, v in vars(M).items()
         if k.isupper() and isinstance(v, str) and v.startswith(prefixes) and not k.endswith("_PREFIX")

@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpokit.data import DataError
 from grpokit.optim import lr_lambda
-from grpokit.sft import IGNORE_INDEX, collate, completion_loss, encode_pair, load_pairs, run_sft, train_sft
+from grpokit.sft import IGNORE_INDEX, collate, completion_loss, encode_pair, load_pairs, train_sft
 from grpokit.tasks.tiny_model import build_tiny_llama
 from grpokit.tasks.tokenizer import build_tokenizer
 
@@ -85,11 +85,11 @@ def test_sft_lowers_the_loss_and_learns_a_toy_task(tok):
     model = build_tiny_llama(tok, size="test")
     assert exact_match(model, tok, SWAP) < 0.1
     logs = []
-    stats = train_sft(model, tok, SWAP, steps=40, batch_size=32, lr=3e-3, warmup=5, seed=0, log_every=10,
-                      log_fn=logs.append)
-    assert stats["steps"] == 40 and [m["step"] for m in logs] == [10, 20, 30, 40]
+    stats = train_sft(model, tok, SWAP, max_steps=40, batch_size=32, learning_rate=3e-3, warmup_steps=5, seed=0,
+                      log_every=10, on_step=lambda step, m: m and logs.append((step, m)))
+    assert stats["steps"] == 40 and [step for step, _ in logs] == [10, 20, 30, 40]
     assert stats["final_loss"] < stats["first_loss"] / 4
-    assert logs[-1]["loss"] < logs[0]["loss"]
+    assert logs[-1][1]["sft/loss"] < logs[0][1]["sft/loss"]
     assert exact_match(model, tok, SWAP) > 0.8
 
 
@@ -97,7 +97,7 @@ def test_sft_is_deterministic_for_a_seed(tok):
     weights = []
     for _ in range(2):
         model = build_tiny_llama(tok, size="test")
-        train_sft(model, tok, SWAP, steps=5, batch_size=16, seed=7)
+        train_sft(model, tok, SWAP, max_steps=5, batch_size=16, seed=7)
         weights.append(model.state_dict())
     for name, w in weights[0].items():
         assert torch.equal(w, weights[1][name]), name
@@ -107,24 +107,69 @@ def test_sft_length_is_epochs_or_steps(tok):
     model = build_tiny_llama(tok, size="test")
     assert train_sft(model, tok, SWAP, epochs=0.5, batch_size=10)["steps"] == 5
     assert train_sft(model, tok, SWAP, batch_size=30)["steps"] == 4  # one epoch by default
-    with pytest.raises(ValueError, match="epochs or steps"):
-        train_sft(model, tok, SWAP, epochs=1, steps=1)
-    with pytest.raises(ValueError, match="schedule"):
-        train_sft(model, tok, SWAP, schedule="exp")
+    assert train_sft(model, tok, SWAP, epochs=3, max_steps=2, batch_size=30)["steps"] == 2  # max_steps wins
+    with pytest.raises(ValueError, match="lr_scheduler"):
+        train_sft(model, tok, SWAP, lr_scheduler="exp")
+    with pytest.raises(ValueError, match="learning_rat"):  # a key that does not exist is named too
+        train_sft(model, tok, SWAP, learning_rat=1e-3)
 
 
-def test_run_sft_from_files_saves_hf_folder(tmp_path, tok):
+def test_one_set_of_defaults_for_the_command_and_the_function(tok):
+    """`grpokit sft` and train_sft read their defaults from one place, grpokit.config.SFTSection."""
+    import inspect
+
+    from grpokit.config import SFTConfig, SFTSection
+
+    assert SFTConfig().sft == SFTSection()
+    params = inspect.signature(train_sft).parameters
+    assert not set(SFTSection.model_fields) & set(params)  # no second copy of a default in the signature
+    defaults = SFTSection()
+    assert (defaults.learning_rate, defaults.batch_size, defaults.max_grad_norm) == (1e-4, 32, 1.0)
+
+
+def test_max_grad_norm_zero_means_off(tok):
+    """0 = off, as optim.max_grad_norm in training; it used to scale every gradient to 0 (a frozen model)."""
+    model = build_tiny_llama(tok, size="test")
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    stats = train_sft(model, tok, SWAP, max_steps=3, batch_size=16, learning_rate=1e-2, max_grad_norm=0, log_every=1,
+                      on_step=lambda step, m: None)
+    assert all(not torch.equal(p, before[n]) for n, p in model.named_parameters()), "every parameter trains"
+    assert stats["final_loss"] < stats["first_loss"]
+
+
+def test_grpokit_sft_command_config_overrides_progress_metrics_and_table(tmp_path, tok):
+    """`grpokit sft CONFIG key=value ...`: the typed config (file + dotted overrides), a progress line and an
+    end-of-run table on the screen, metrics.jsonl with sft/* and held-out eval/*, and final/ that loads."""
+    from typer.testing import CliRunner
+
+    from grpokit.cli import app
+
     base = tmp_path / "base"
     tok.save_pretrained(base)
     build_tiny_llama(tok, size="test").save_pretrained(base)
     data = tmp_path / "pairs.jsonl"
     data.write_text("".join(json.dumps(p) + "\n" for p in SWAP))
+    config = tmp_path / "sft.yaml"
+    config.write_text(f"model: {{name_or_path: {base}}}\ndata: {{train_path: {data}, eval_size: 20}}\n"
+                      "sft: {max_steps: 40, batch_size: 32, learning_rate: 1.0e-3, warmup_steps: 5, log_every: 10}\n")
     out = tmp_path / "sft"
-    stats = run_sft(base, data, out, steps=40, batch_size=32, lr=3e-3, warmup=5)
-    assert (out / "model.safetensors").exists()
-    assert json.loads((out / "sft_stats.json").read_text())["steps"] == stats["steps"] == 40
-    model = AutoModelForCausalLM.from_pretrained(out)
-    assert exact_match(model, AutoTokenizer.from_pretrained(out), SWAP) > 0.8
+    r = CliRunner().invoke(app, ["sft", str(config), "sft.learning_rate=3e-3", f"output_dir={out}", "logging.tensorboard=false",
+                                 "--threads", "1"])
+    assert r.exit_code == 0, (r.output, r.exception)
+    assert "threads: 1 (threads setting" in r.output  # the count in use, said at start
+    assert "step 40/40" in r.output and "sft/loss" in r.output  # the progress line
+    assert "held-out exact_match: before -> after" in r.output and "{'steps'" not in r.output  # a table, not a dict
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["step"] == 0 and rows[0]["eval/exact_match"] < 0.2  # before training
+    assert [r["step"] for r in rows if "sft/loss" in r] == [10, 20, 30, 40]
+    assert rows[-1]["eval/exact_match"] > 0.5 and rows[-1]["eval/loss"] < rows[0]["eval/loss"] / 2  # unseen pairs
+    assert all(r["perf/train_tokens_per_s"] > 0 for r in rows if "sft/loss" in r)
+    stats = json.loads((out / "sft_stats.json").read_text())
+    assert stats["steps"] == 40 and stats["examples"] == len(SWAP) - 20  # 20 held out, never trained on
+    model = AutoModelForCausalLM.from_pretrained(out / "final")
+    assert exact_match(model, AutoTokenizer.from_pretrained(out / "final"), SWAP) > 0.8
+    r = CliRunner().invoke(app, ["sft", str(config), "sft.lr=1"])
+    assert r.exit_code == 2 and "unknown config key 'sft.lr'" in r.output
 
 
 def test_load_pairs_reads_csv_through_grpokit_data_and_names_a_missing_column(tmp_path, tok):

@@ -6,7 +6,8 @@
     model.save_pretrained(out); AutoModelForCausalLM.from_pretrained(out)
 
 The special-token ids (pad / bos / eos) and the vocabulary size come from the tokenizer.
-Keyword arguments override the preset, e.g. build_tiny_llama(tok, num_layers=2).
+Keyword arguments override the preset, e.g. build_tiny_llama(tok, num_layers=2); any other LlamaConfig
+field goes through `config`, e.g. build_tiny_llama(tok, config={"rms_norm_eps": 1e-6, "rope_theta": 5e5}).
 """
 from __future__ import annotations
 
@@ -33,8 +34,10 @@ def build_tiny_llama(
     max_position_embeddings: int = 256,
     tie_word_embeddings: bool = True,
     seed: int = 0,
+    config: dict[str, Any] | None = None,
 ) -> LlamaForCausalLM:
-    """A freshly initialized LlamaForCausalLM over `tokenizer`'s vocabulary (seeded)."""
+    """A freshly initialized LlamaForCausalLM over `tokenizer`'s vocabulary (seeded). config: further
+    LlamaConfig fields (rms_norm_eps, rope_theta, head_dim, num_key_value_heads, ...), which win."""
     if size not in SIZES:
         raise ValueError(f"unknown size {size!r}; allowed: {sorted(SIZES)}")
     preset = SIZES[size]
@@ -42,7 +45,7 @@ def build_tiny_llama(
     heads = num_heads or preset["num_heads"]
     if hidden % heads:
         raise ValueError(f"hidden_size {hidden} is not divisible by num_heads {heads}")
-    config = LlamaConfig(
+    fields = dict(
         vocab_size=len(tokenizer),
         hidden_size=hidden,
         intermediate_size=intermediate_size or preset["intermediate_size"],
@@ -57,9 +60,10 @@ def build_tiny_llama(
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
     )
+    fields.update(config or {})
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = LlamaForCausalLM(config)
+        model = LlamaForCausalLM(LlamaConfig(**fields))
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.bos_token_id = tokenizer.bos_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
