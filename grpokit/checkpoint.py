@@ -11,8 +11,8 @@ never loaded. Older checkpoints are deleted only after a new one is complete, an
 out of the step-N namespace, so a crash during the deletion cannot leave a half-deleted step-N.
 Any failure while writing (a full disk, an unwritable folder) is a CheckpointError.
 
-Resuming (`resume`) and the stop signals of a run (`StopSignals`: SIGTERM / SIGINT finish the step,
-save, and stop) live here too.
+Resuming (`resume`), the stop signals of a run (`StopSignals`: SIGTERM / SIGINT finish the step,
+save, and stop) and the lock that keeps a second run out of the folder (`RunLock`) live here too.
 """
 from __future__ import annotations
 
@@ -251,3 +251,45 @@ class StopSignals:
     def __exit__(self, *exc) -> None:
         for s, handler in self._previous.items():
             signal.signal(s, handler)
+
+
+class RunLock:
+    """One run per output_dir: an exclusive lock (flock) on output_dir/.grpokit.lock for the whole run.
+
+    A second run on the same folder stops at once with CheckpointError naming the holder (pid, host, start
+    time, as the holder wrote them). The kernel drops the lock when its process ends however it ends
+    (kill -9 included), so a lock file left behind never blocks a later run. flock is local to a machine:
+    two hosts writing to one network folder are not stopped.
+    """
+
+    FILE = ".grpokit.lock"
+
+    def __init__(self, out_dir: str | Path):
+        self.out = Path(out_dir)
+        self._fd: int | None = None
+
+    def __enter__(self) -> "RunLock":
+        import fcntl
+        import socket
+        import time
+
+        path = ensure_writable_dir(self.out) / self.FILE
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.read(fd, 4096).decode("utf-8", "replace").strip() or "a process that has not written its name yet"
+            os.close(fd)
+            raise CheckpointError(
+                f"output_dir {str(self.out)!r} is in use by another run ({holder}); wait for it to finish, stop it, "
+                "or give this run another output_dir"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
+        self._fd = fd
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor releases the lock
+            self._fd = None

@@ -34,7 +34,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from grpokit.checkpoint import ensure_writable_dir, save_pretrained_atomic
+from grpokit.checkpoint import RunLock, ensure_writable_dir, save_pretrained_atomic
 from grpokit.config import DataConfig, SFTConfig, SFTSection
 from grpokit.data import PromptDataset, build_datasets
 from grpokit.metrics import EVAL_EXACT_MATCH, EVAL_LOSS, PERF_TRAIN_TOKENS_PER_S, SFT_EPOCH, SFT_GRAD_NORM, SFT_LOSS, SFT_LR
@@ -236,13 +236,19 @@ def run_sft(cfg: SFTConfig, *, console: Any = None) -> dict[str, Any]:
     held-out data.eval_path / data.eval_size), train with a progress bar, write metrics.jsonl (and the enabled
     trackers) to output_dir, the model + tokenizer to output_dir/final and the stats to output_dir/sft_stats.json.
     Returns the stats (train_sft's); `console` (rich) prints the end-of-run table."""
+    out = ensure_writable_dir(cfg.output_dir)
+    with RunLock(out):  # one run per output_dir
+        return _run_sft(cfg, out, console)
+
+
+def _run_sft(cfg: SFTConfig, out: Path, console: Any) -> dict[str, Any]:
     from grpokit.metrics import METRICS_FILE
     from grpokit.records import MetricLogger, TrainProgress, plot_metrics
 
-    out = ensure_writable_dir(cfg.output_dir)
     model, tokenizer = load_policy(cfg.model)
     data = build_datasets(cfg.data, tokenizer, seed=cfg.seed, required_columns=(cfg.sft.completion_column,))
     log = MetricLogger(out, tensorboard=cfg.logging.tensorboard, wandb=cfg.logging.wandb, mlflow=cfg.logging.mlflow, config=cfg.model_dump())
+    log.truncate_after(-1)  # SFT does not resume: a rerun in this output_dir starts its metrics fresh
     n = len(data.train)
     total = cfg.sft.max_steps or max(1, round(cfg.sft.epochs * math.ceil(n / cfg.sft.batch_size)))
     try:

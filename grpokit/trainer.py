@@ -23,7 +23,7 @@ from torch import Tensor
 from grpokit.algo import masked_mean
 from grpokit.algorithm import algorithm_loss, dynamic_sampling, make_loss_mask, outcome_advantages, process_advantages
 from grpokit.batch import Groups, RolloutBatch, pack_sequences, process_rewards, repeat_rows
-from grpokit.checkpoint import (StopSignals, checkpoint_dir, ensure_writable_dir, resume, save_checkpoint, save_pretrained_atomic,
+from grpokit.checkpoint import (RunLock, StopSignals, checkpoint_dir, resume, save_checkpoint, save_pretrained_atomic,
                                 seed_everything)
 from grpokit.config import Config
 from grpokit.critic import Critic
@@ -194,12 +194,10 @@ class Trainer:
 
     # ------------------------------------------------------------------ eval, checkpoints
     def evaluate(self) -> dict[str, float]:
-        if self.eval_data is None or len(self.eval_data) == 0:
-            return {}
-        ev = self.cfg.eval
-        n = min(ev.max_samples or len(self.eval_data), len(self.eval_data))
-        return evaluate(self.engine, [self.eval_data[i] for i in range(n)], self.judge, k=ev.k, temperature=ev.temperature,
-                        max_tokens=self.cfg.rollout.max_completion_length, batch_size=ev.batch_size, seed=self.cfg.seed + 1234)
+        ev, held_out = self.cfg.eval, self.eval_data or []
+        rows = [held_out[i] for i in range(min(ev.max_samples or len(held_out), len(held_out)))]
+        return evaluate(self.engine, rows, self.judge, k=ev.k, temperature=ev.temperature, max_tokens=self.cfg.rollout.max_completion_length,
+                        batch_size=ev.batch_size, seed=self.cfg.seed + 1234) if rows else {}
 
     def state_dict(self) -> dict:
         state = {**self.optimizer.state_dict(), "sampler": self.sampler.state_dict()}
@@ -232,8 +230,11 @@ class Trainer:
 
     # ------------------------------------------------------------------ the loop
     def train(self, *, on_log=None) -> dict[str, float]:
+        with RunLock(self.out):  # one run per output_dir: a second one stops here, naming this one
+            return self._train(on_log)
+
+    def _train(self, on_log) -> dict[str, float]:
         cfg = self.cfg
-        ensure_writable_dir(self.out)
         (self.out / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(), sort_keys=False))
         resumed = self.maybe_resume()
         saved_step = resumed  # the step of the newest checkpoint on disk: never written twice
@@ -241,8 +242,8 @@ class Trainer:
         metrics: dict[str, float] = {}
         try:
             with self.signals as stop, TrainProgress(cfg.optim.max_steps, start_step=self.step) as prog:
+                log.truncate_after(self.step if resumed is not None else -1)  # a fresh run never appends to an old log
                 if resumed is not None:
-                    log.truncate_after(self.step)
                     prog.print(f"resuming from checkpoint step {resumed} in {self.out / 'checkpoints'}")
                 elif cfg.eval.at_start and (ev := self.evaluate()):
                     log.log(0, ev)
@@ -292,9 +293,8 @@ class Trainer:
         return metrics, samples
 
     def _log(self, log: MetricLogger, prog: TrainProgress, metrics: dict[str, float], samples: list[dict]) -> None:
-        cfg = self.cfg
-        if self.step % cfg.logging.log_every == 0 or self.step == cfg.optim.max_steps:
+        if self.step % self.cfg.logging.log_every == 0 or self.step == self.cfg.optim.max_steps:
             log.log(self.step, metrics)
-        if cfg.logging.sample_every and self.step % cfg.logging.sample_every == 0 and samples:
+        if self.cfg.logging.sample_every and self.step % self.cfg.logging.sample_every == 0 and samples:
             log.log_samples(self.step, samples)
         prog.update(self.step, metrics)

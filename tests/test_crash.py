@@ -311,3 +311,49 @@ def test_second_ctrl_c_stops_at_once(setup, monkeypatch):
     assert r.exit_code == 130 and "saved step" not in r.output, r.output  # typer: KeyboardInterrupt -> 130
     assert signal.getsignal(signal.SIGINT) is handler
     assert assert_checkpoints_readable(tmp_path / "run") == [1]  # step 1's checkpoint; step 2 was never saved
+
+
+# ----------------------------------------------------------------------------- one run per output_dir
+
+
+def test_a_second_run_on_the_same_output_dir_stops_naming_the_first(tmp_path):
+    from grpokit.checkpoint import CheckpointError, RunLock
+
+    with RunLock(tmp_path):
+        with pytest.raises(CheckpointError, match=rf"output_dir '{tmp_path}' is in use by another run \(pid {os.getpid()} on "):
+            with RunLock(tmp_path):
+                pass
+    with RunLock(tmp_path):  # released on exit
+        pass
+
+
+def test_a_killed_run_leaves_no_lock_behind(tmp_path):
+    code = f"from grpokit.checkpoint import RunLock; import time; RunLock({str(tmp_path)!r}).__enter__(); print('locked', flush=True); time.sleep(60)"
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        from grpokit.checkpoint import CheckpointError, RunLock
+
+        with pytest.raises(CheckpointError, match=f"pid {holder.pid} on"):
+            RunLock(tmp_path).__enter__()
+    finally:
+        holder.kill()  # kill -9: no cleanup code runs
+        holder.wait()
+    with RunLock(tmp_path):  # the kernel dropped the lock with the process
+        pass
+
+
+def test_train_refuses_a_folder_in_use_and_a_fresh_run_never_appends_to_an_old_log(setup):
+    from grpokit.checkpoint import CheckpointError, RunLock
+
+    model_dir, tmp_path = setup
+    cfg = load_config(None, [*overrides(model_dir, tmp_path, max_steps=2), "checkpoint.save_every=0"])
+    run = tmp_path / "run"
+    with RunLock(run):
+        with pytest.raises(CheckpointError, match="is in use by another run"):
+            Trainer(cfg).train()
+    # A previous run that died before its first checkpoint left 3 lines; this run starts fresh, not at line 4.
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "reward/mean": 9.0}) + "\n" for s in range(3)))
+    Trainer(cfg).train()
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == sorted(steps) and steps[-1] == 2 and 9.0 not in [json.loads(l).get("reward/mean") for l in (run / "metrics.jsonl").read_text().splitlines()]
