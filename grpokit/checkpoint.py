@@ -21,6 +21,7 @@ import random
 import re
 import shutil
 import signal
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -223,13 +224,16 @@ def resume(out_dir: Path, model) -> tuple[int, dict] | None:
 
 class StopSignals:
     """SIGTERM / SIGINT while a run is inside: the first is remembered (`received`, the signal's name) so that
-    the loop finishes its step, saves and stops; a second one stops at once (KeyboardInterrupt).
+    the loop finishes its step, saves and stops; a second one stops at once (KeyboardInterrupt), except
+    inside `protecting()`: a save in progress finishes first, says so, and then the run stops.
     The previous handlers are restored on exit.
 
         with StopSignals() as stop:
             while ...:
                 ...
-                if stop.received: save and return
+                with stop.protecting("the save of step 3"):
+                    save()
+                if stop.received: return
     """
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -237,14 +241,33 @@ class StopSignals:
     def __init__(self):
         self.received: str | None = None
         self._previous: dict = {}
+        self._protecting: str | None = None  # what must not be cut short now
+        self._again: str | None = None  # a second signal that arrived while protecting
 
     def _handle(self, signum, frame) -> None:
-        if self.received is not None:  # a second Ctrl-C: stop now
+        name = signal.Signals(signum).name
+        if self.received is None:
+            self.received = name
+        elif self._protecting is not None:  # finish what is in progress, then stop (see protecting)
+            self._again = name
+        else:  # a second Ctrl-C: stop now
             raise KeyboardInterrupt
-        self.received = signal.Signals(signum).name
+
+    @contextmanager
+    def protecting(self, what: str):
+        """A second signal inside this block waits for it to end; then the run stops (KeyboardInterrupt)
+        with a line that says what was finished."""
+        self._protecting = what
+        try:
+            yield
+        finally:
+            self._protecting = None
+        if self._again is not None:
+            print(f"{self._again} again during {what}: it finished; stopping now", flush=True)
+            raise KeyboardInterrupt
 
     def __enter__(self) -> "StopSignals":
-        self.received = None
+        self.received = self._again = None
         self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
         return self
 

@@ -146,6 +146,13 @@ class Optimizer:
         self.skipped = state.get(f"{prefix}skipped_updates", 0)
 
 
+def check_finite_weights(model: torch.nn.Module, what: str) -> None:
+    """TrainingError "<what>: the weights hold NaN/inf (first in <name>)" when a parameter is not finite."""
+    for name, p in model.named_parameters():
+        if not torch.isfinite(p).all():
+            raise TrainingError(f"{what}: the weights hold NaN/inf (first in {name})")
+
+
 def non_finite(x: Tensor, n: int) -> str | None:
     """'k of n completions, first: completion i' when rows of x ([n] or [n, T]) hold NaN/inf, else None."""
     bad = (~torch.isfinite(x)).view(n, -1).any(1).nonzero().flatten().tolist()

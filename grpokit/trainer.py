@@ -32,7 +32,7 @@ from grpokit.evaluate import evaluate, make_judge
 from grpokit.metrics import (METRICS_FILE, PERF_REF_TIME, PERF_REWARD_TIME, PERF_ROLLOUT_TIME, POLICY_ENTROPY, POLICY_LOSS,
                              POLICY_SKIPPED_UPDATES, REWARD_TOTAL, MeanAccumulator, perf_metrics, policy_name, rollout_metrics,
                              sample_records)
-from grpokit.optim import Optimizer, TrainingError, non_finite
+from grpokit.optim import Optimizer, TrainingError, check_finite_weights, non_finite
 from grpokit.policy import batched_logprobs, build_reference, completion_logprobs, load_policy
 from grpokit.records import MetricLogger, TrainProgress, plot_metrics
 from grpokit.rewards.build import build_rewards
@@ -206,10 +206,9 @@ class Trainer:
         return {**state, **(self.critic.state_dict() if self.critic is not None else {})}
 
     def save(self) -> Path:
-        for name, p in self.model.named_parameters():
-            if not torch.isfinite(p).all():
-                raise TrainingError(f"refusing to save step {self.step}: the weights hold NaN/inf (first in {name})")
-        return save_checkpoint(self.out, self.step, self.model, self.tokenizer, self.state_dict(), self.cfg.checkpoint.keep_last)
+        check_finite_weights(self.model, f"refusing to save step {self.step}")
+        with self.signals.protecting(f"the save of step {self.step}"):  # a second Ctrl-C waits for the save
+            return save_checkpoint(self.out, self.step, self.model, self.tokenizer, self.state_dict(), self.cfg.checkpoint.keep_last)
 
     def maybe_resume(self) -> int | None:
         """Continue from the newest checkpoint in output_dir (checkpoint.resume): weights, optimizer, schedule,

@@ -357,3 +357,28 @@ def test_train_refuses_a_folder_in_use_and_a_fresh_run_never_appends_to_an_old_l
     Trainer(cfg).train()
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps == sorted(steps) and steps[-1] == 2 and 9.0 not in [json.loads(l).get("reward/mean") for l in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_second_signal_during_a_save_lets_the_save_finish_and_says_so(setup, monkeypatch):
+    """Two Ctrl-C / SIGTERMs during a checkpoint write used to exit 130 with no message and drop the save,
+    leaving a temporary folder. Now the save finishes, a line says so, and the run stops (130)."""
+    import grpokit.trainer
+
+    model_dir, tmp_path = setup
+    real = grpokit.trainer.save_checkpoint
+
+    def save_under_two_signals(out, step, *a, **k):
+        if step == 2:
+            os.kill(os.getpid(), signal.SIGINT)  # the first asks for a save and a stop
+            os.kill(os.getpid(), signal.SIGINT)  # the second arrives while the save is in progress
+            time.sleep(0.05)  # both handled here, inside the save
+        return real(out, step, *a, **k)
+
+    monkeypatch.setattr(grpokit.trainer, "save_checkpoint", save_under_two_signals)
+    handler = signal.getsignal(signal.SIGINT)
+    r = CliRunner().invoke(app, ["train", str(tmp_path / "config.yaml"), *overrides(model_dir, tmp_path), "checkpoint.save_every=2"])
+    assert r.exit_code == 130, r.output
+    assert "SIGINT again during the save of step 2: it finished; stopping now" in r.output
+    assert assert_checkpoints_readable(tmp_path / "run") == [2]  # the save completed
+    assert not list((tmp_path / "run" / "checkpoints").glob(".tmp-*"))
+    assert signal.getsignal(signal.SIGINT) is handler
