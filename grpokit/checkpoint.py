@@ -118,12 +118,21 @@ def save_pretrained_atomic(model, tokenizer, dest: Path, extra_state: dict | Non
             os.close(fd)
     except Exception as exc:  # OSError, but safetensors and torch.save report a full disk as their own errors
         shutil.rmtree(tmp, ignore_errors=True)
-        why = getattr(exc, "strerror", None) or (str(exc).splitlines() or [type(exc).__name__])[0]
+        why = _save_failure(exc)
         raise CheckpointError(
             f"could not save to {str(dest)!r}: {why} (free disk space or make output_dir writable; "
             "earlier checkpoints are untouched)"
         ) from exc
     return dest
+
+
+def _save_failure(exc: BaseException) -> str:
+    """Why a save failed, in words: torch.save reports a full disk as a writer assertion
+    ("[enforce fail at inline_container.cc:...] . unexpected pos N vs M"), not as ENOSPC."""
+    text = (str(exc).splitlines() or [type(exc).__name__])[0]
+    if "unexpected pos" in text or "inline_container" in text:
+        return f"No space left on device (torch's writer stopped short: {text.strip()})"
+    return getattr(exc, "strerror", None) or text
 
 
 def list_checkpoints(out_dir: Path) -> list[tuple[int, Path]]:
@@ -164,8 +173,8 @@ def _remove(path: Path) -> None:
     shutil.rmtree(doomed, ignore_errors=True)
 
 
-def load_checkpoint(path: Path, model) -> dict:
-    """Load weights into model (in place) and return the trainer state saved with them."""
+def load_weights(path: Path, model) -> None:
+    """Load a checkpoint's weights into model (in place)."""
     from safetensors.torch import load_file
 
     path = Path(path)
@@ -192,6 +201,10 @@ def load_checkpoint(path: Path, model) -> dict:
         )
     if hasattr(model, "tie_weights"):
         model.tie_weights()
+
+
+def read_state(path: Path) -> dict:
+    """The trainer state saved with a checkpoint (optimizer, schedule, sampler, RNG, step, config)."""
     try:
         return torch.load(path / STATE_FILE, weights_only=False)
     except Exception as exc:
@@ -210,16 +223,57 @@ def latest_checkpoint(out_dir: Path) -> tuple[int, Path] | None:
     return found[-1] if found else None
 
 
-def resume(out_dir: Path, model) -> tuple[int, dict] | None:
-    """Load the newest complete checkpoint's weights into model and restore the RNGs; returns (step, the
-    trainer state saved with them), or None when out_dir holds no checkpoint."""
+#: Config keys that may change on resume without a word: they change neither the math nor the data stream.
+FREE_ON_RESUME = ("output_dir", "threads", "logging", "eval", "checkpoint")
+
+
+def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(tree, dict):
+        return {k: v for key, sub in tree.items() for k, v in _flat(sub, f"{prefix}{key}.").items()}
+    return {prefix[:-1]: tree}
+
+
+def config_changes(saved: dict, now: dict, allowed: list[str]) -> tuple[list[str], list[str]]:
+    """(refused, allowed) differences between a checkpoint's config and this run's, as "key: old -> new";
+    keys under FREE_ON_RESUME are not compared, `allowed` keys (or sections) may change."""
+    old, new = _flat(saved), _flat(now)
+    under = lambda key, names: any(key == n or key.startswith(n + ".") for n in names)  # noqa: E731
+    diffs = [(k, old.get(k), new.get(k)) for k in sorted(old.keys() | new.keys()) if old.get(k) != new.get(k)]
+    diffs = [(k, a, b) for k, a, b in diffs if not under(k, FREE_ON_RESUME)]
+    text = lambda d: f"{d[0]}: {d[1]!r} -> {d[2]!r}"  # noqa: E731
+    return [text(d) for d in diffs if not under(d[0], allowed)], [text(d) for d in diffs if under(d[0], allowed)]
+
+
+def resume(out_dir: Path, model, config: dict, allowed: list[str]) -> tuple[int, dict, list[str]] | None:
+    """Continue from the newest complete checkpoint: compare its config with this run's `config` (a
+    difference outside FREE_ON_RESUME and `allowed` is a CheckpointError listing every one), load its
+    weights into model and restore the RNGs. Returns (step, the trainer state, the allowed changes as
+    "key: old -> new"), or None when out_dir holds no checkpoint."""
     found = latest_checkpoint(out_dir)
     if found is None:
         return None
     step, path = found
-    state = load_checkpoint(path, model)
+    state = read_state(path)
+    saved = state.get("config") or _recorded_config(Path(out_dir))  # checkpoints before 0.1.x: the run's config.yaml
+    refused, changed = config_changes(saved, config, allowed) if saved is not None else ([], [])
+    if refused:
+        keys = ",".join(r.split(":")[0] for r in refused)
+        raise CheckpointError(
+            f"{str(path)!r} was saved with another config ({'; '.join(refused)}); resume with the same config, "
+            f"give this run a new output_dir, or let them change with checkpoint.allow_changes=[{keys}]"
+        )
+    load_weights(path, model)
     set_rng_state(state["rng"])
-    return step, state
+    return step, state, changed
+
+
+def _recorded_config(out_dir: Path) -> dict | None:
+    import yaml
+
+    try:
+        return yaml.safe_load((out_dir / "config.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        return None
 
 
 class StopSignals:

@@ -212,6 +212,9 @@ class CheckpointConfig(Section):
     """Checkpoints kept; older ones are deleted after a successful save."""
     resume: bool = True
     """Resume from the newest checkpoint in output_dir when there is one."""
+    allow_changes: list[str] = Field(default_factory=list)
+    """Config keys (dotted, e.g. optim.learning_rate; a section name covers its keys) that may differ from the
+    checkpoint's config on resume; they are applied and logged. Any other difference stops the resume."""
 
 
 class RewardSpec(Section):

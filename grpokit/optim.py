@@ -82,6 +82,7 @@ class Optimizer:
         fused: bool | None = None,
     ):
         self.named = [(n, p) for n, p in named_parameters if p.requires_grad]
+        self.lr = lr
         self.params = [p for _, p in self.named]
         self.cfg = optim_cfg
         self.name, self.subject, self.fix = name, subject, fix
@@ -141,9 +142,17 @@ class Optimizer:
         }
 
     def load_state_dict(self, state: dict, prefix: str = "") -> None:
+        """Moments, schedule position and skips from `state`; the hyperparameters (learning rate, betas, eps,
+        weight decay) stay this config's, so that a change allowed on resume is applied, not silently undone."""
         self.adamw.load_state_dict(state[f"{prefix}optimizer"])
         self.scheduler.load_state_dict(state[f"{prefix}scheduler"])
         self.skipped = state.get(f"{prefix}skipped_updates", 0)
+        cfg, step = self.cfg, self.scheduler.last_epoch
+        for group, factor in zip(self.adamw.param_groups, self.scheduler.lr_lambdas):
+            group.update(betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_epsilon, weight_decay=cfg.weight_decay, initial_lr=self.lr)
+            group["lr"] = self.lr * factor(step)  # what LambdaLR computes for this step: the same float when nothing changed
+        self.scheduler.base_lrs = [self.lr] * len(self.adamw.param_groups)
+        self.scheduler._last_lr = [group["lr"] for group in self.adamw.param_groups]
 
 
 def check_finite_weights(model: torch.nn.Module, what: str) -> None:

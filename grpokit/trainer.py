@@ -200,7 +200,7 @@ class Trainer:
                         batch_size=ev.batch_size, seed=self.cfg.seed + 1234) if rows else {}
 
     def state_dict(self) -> dict:
-        state = {**self.optimizer.state_dict(), "sampler": self.sampler.state_dict()}
+        state = {**self.optimizer.state_dict(), "sampler": self.sampler.state_dict(), "config": self.cfg.model_dump()}
         if self.cfg.algorithm.ref_policy == "reset" and self.ref is not None:
             state["ref_model"] = self.ref.state_dict()  # no longer the initial weights
         return {**state, **(self.critic.state_dict() if self.critic is not None else {})}
@@ -213,10 +213,12 @@ class Trainer:
     def maybe_resume(self) -> int | None:
         """Continue from the newest checkpoint in output_dir (checkpoint.resume): weights, optimizer, schedule,
         data position, RNGs, pi_ref (when reset) and the critic. Returns its step, or None."""
-        found = resume(self.out, self.model) if self.cfg.checkpoint.resume else None
+        found = resume(self.out, self.model, self.cfg.model_dump(), self.cfg.checkpoint.allow_changes) if self.cfg.checkpoint.resume else None
         if found is None:
             return None
-        step, state = found
+        step, state, changed = found
+        if changed:
+            print(f"resuming with changes allowed by checkpoint.allow_changes: {'; '.join(changed)}")
         self.optimizer.load_state_dict(state)
         self.sampler.load_state_dict(state["sampler"])
         if "ref_model" in state and self.ref is not None:
@@ -233,9 +235,8 @@ class Trainer:
             return self._train(on_log)
 
     def _train(self, on_log) -> dict[str, float]:
-        cfg = self.cfg
+        cfg, resumed = self.cfg, self.maybe_resume()  # before config.yaml: a refused resume leaves the run's record as it was
         (self.out / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(), sort_keys=False))
-        resumed = self.maybe_resume()
         saved_step = resumed  # the step of the newest checkpoint on disk: never written twice
         log = MetricLogger(self.out, tensorboard=cfg.logging.tensorboard, wandb=cfg.logging.wandb, mlflow=cfg.logging.mlflow, config=cfg.model_dump())
         metrics: dict[str, float] = {}

@@ -382,3 +382,58 @@ def test_a_second_signal_during_a_save_lets_the_save_finish_and_says_so(setup, m
     assert assert_checkpoints_readable(tmp_path / "run") == [2]  # the save completed
     assert not list((tmp_path / "run" / "checkpoints").glob(".tmp-*"))
     assert signal.getsignal(signal.SIGINT) is handler
+
+
+# ----------------------------------------------------------------------------- resuming with another config
+
+
+def _train_cli(tmp_path, model_dir, *extra):
+    return CliRunner().invoke(app, ["train", str(tmp_path / "config.yaml"), *overrides(model_dir, tmp_path, max_steps=2),
+                                    "checkpoint.save_every=1", *extra])
+
+
+def test_resume_with_a_changed_config_stops_and_lists_every_difference(setup):
+    model_dir, tmp_path = setup
+    assert _train_cli(tmp_path, model_dir).exit_code == 0
+    recorded = (tmp_path / "run" / "config.yaml").read_text()
+    r = _train_cli(tmp_path, model_dir, "optim.max_steps=4", "optim.learning_rate=1e-3", "rollout.num_generations=2", "seed=1")
+    assert r.exit_code == 2, r.output
+    line = [l for l in r.stderr.splitlines() if l.strip()]
+    assert len(line) == 1 and "was saved with another config (" in line[0]
+    for diff in ("optim.learning_rate: 0.003 -> 0.001", "optim.max_steps: 2 -> 4", "rollout.num_generations: 4 -> 2", "seed: 0 -> 1"):
+        assert diff in line[0], diff  # every difference, by its real name (a seed change is not blamed on the data)
+    assert "checkpoint.allow_changes=[optim.learning_rate,optim.max_steps,rollout.num_generations,seed]" in line[0]
+    assert (tmp_path / "run" / "config.yaml").read_text() == recorded  # the run's record is never wrong
+
+
+def test_allowed_changes_are_applied_logged_and_recorded(setup):
+    import yaml
+
+    model_dir, tmp_path = setup
+    assert _train_cli(tmp_path, model_dir).exit_code == 0
+    r = _train_cli(tmp_path, model_dir, "optim.max_steps=3", "optim.learning_rate=1e-3",
+                   "checkpoint.allow_changes=[optim.learning_rate,optim.max_steps]")
+    assert r.exit_code == 0, r.output
+    assert "resuming with changes allowed by checkpoint.allow_changes: optim.learning_rate: 0.003 -> 0.001; optim.max_steps: 2 -> 3" in r.output
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [row["policy/lr"] for row in rows] == [3e-3, 3e-3, 1e-3]  # the new learning rate, not the saved scheduler's
+    assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["optim"]["learning_rate"] == 1e-3
+
+
+def test_a_full_disk_reported_by_torch_save_says_no_space_left(setup, monkeypatch):
+    """torch.save on a full disk raises "[enforce fail at inline_container.cc:...] unexpected pos", not ENOSPC."""
+    model_dir, tmp_path = setup
+    real_save, calls = torch.save, []
+
+    def full_disk(obj, f, *args, **kwargs):
+        calls.append(f)
+        if len(calls) == 2:
+            raise RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 1472 vs 1366")
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    r = _train_cli(tmp_path, model_dir)
+    assert r.exit_code == 2, r.output
+    line = [l for l in r.stderr.splitlines() if l.strip()]
+    assert len(line) == 1 and "could not save to" in line[0] and "step-000002': No space left on device (torch's writer" in line[0]
+    assert "free disk space" in line[0] and [s for s, _ in list_checkpoints(tmp_path / "run")] == [1]

@@ -289,8 +289,12 @@ def test_ppo_refuses_a_grpo_checkpoint(tiny_model_dir, tmp_path):
 
     grpo = config(tiny_model_dir, tmp_path / "run", "algorithm.advantage_estimator=grpo", "optim.max_steps=1", "eval.max_samples=1")
     Trainer(grpo).train()
+    with pytest.raises(CheckpointError, match=r"another config \(algorithm.advantage_estimator: 'grpo' -> 'gae'"):
+        Trainer(config(tiny_model_dir, tmp_path / "run", "optim.max_steps=1", "eval.max_samples=1")).maybe_resume()
+    # Even when the change is allowed, a checkpoint without a critic cannot resume a run that has one.
+    allowed = "checkpoint.allow_changes=[algorithm.advantage_estimator]"
     with pytest.raises(CheckpointError, match="no critic"):
-        Trainer(config(tiny_model_dir, tmp_path / "run", "optim.max_steps=2")).maybe_resume()  # gae: with a critic
+        Trainer(config(tiny_model_dir, tmp_path / "run", "optim.max_steps=1", "eval.max_samples=1", allowed)).maybe_resume()
 
 
 def test_value_mean_is_v_old_and_not_overwritten_by_the_update(tiny_model_dir, tmp_path):
