@@ -62,7 +62,7 @@ class DataConfig(Section):
     max_prompt_length: int = Field(512, ge=1)
     """Prompts longer than this many tokens are an error or are truncated (see overlong_prompts)."""
     overlong_prompts: Literal["error", "truncate"] = "error"
-    """What to do with a prompt longer than max_prompt_length: stop with the row number, or keep its tail and count it."""
+    """What to do with a prompt longer than max_prompt_length: stop naming the file line, or keep its tail and count it."""
     system_prompt: str | None = None
     """Prepended to every prompt (as a system message for chat prompts)."""
     shuffle: bool = True
@@ -285,6 +285,17 @@ class Config(Section):
             raise ValueError(f"algorithm.ref_policy=none needs algorithm.beta=0 (got beta={alg.beta}): the KL term needs pi_ref")
         if alg.ref_policy == "reset" and not alg.ref_reset_every:
             raise ValueError("algorithm.ref_policy=reset needs algorithm.ref_reset_every > 0 (steps between resets)")
+        if alg.epsilon_high is not None and alg.epsilon_high < alg.epsilon:
+            # Clip range [1 - epsilon, 1 + epsilon_high]: clip-higher only ever widens the upper side.
+            if alg.preset and PRESETS[alg.preset].get("epsilon_high") == alg.epsilon_high:
+                source = f" (from algorithm.preset={alg.preset})"
+                fix = "set it >= algorithm.epsilon too, or keep the preset's epsilon"
+            else:
+                source, fix = "", "set algorithm.epsilon_high >= algorithm.epsilon or leave it unset (= epsilon)"
+            raise ValueError(
+                f"algorithm.epsilon_high={alg.epsilon_high}{source} is below algorithm.epsilon={alg.epsilon}: "
+                f"clip-higher (DAPO) raises the upper clip bound above the lower one; {fix}"
+            )
         n = self.rollout.prompts_per_step * self.rollout.num_generations
         if n % self.optim.num_minibatches:
             raise ValueError(

@@ -2,6 +2,7 @@
 
     data = build_datasets(cfg.data, tokenizer, seed=cfg.seed)   # train / eval / sft / demo: rows -> split -> datasets
     rows = load_rows("train.jsonl")                      # .jsonl .json .parquet .csv, or a datasets folder
+    rows, where = load_located_rows("train.jsonl")       # ... and where each row is: "train.jsonl line 57"
     train, held_out = split_rows(rows, eval_size=100, seed=0)
     ds = PromptDataset(train, tokenizer, max_prompt_length=512)
     sampler = PromptSampler(len(ds), prompts_per_step=8, seed=0)
@@ -11,10 +12,16 @@ Rendering follows TRL (`maybe_apply_chat_template`): a string prompt is tokenize
 tokenizer's special tokens (BOS); a list of chat messages goes through the tokenizer's chat template
 with the generation prompt, and is tokenized without special tokens because the template already
 writes them. Prompts are tokenized once, here, so rollouts never re-tokenize.
+
+Errors about one row name it as the user finds it in the file ("prompts.jsonl line 57", "prompts.parquet
+row 56 (0-based)"), also after data.eval_size took held-out rows out of the middle: build_datasets carries
+those labels beside the rows (never inside them, so reward functions see only the file's columns).
 """
 from __future__ import annotations
 
+import codecs
 import csv
+import io
 import json
 import logging
 import math
@@ -46,11 +53,18 @@ class DataError(ValueError):
 
 def load_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
     """Read every row of a dataset file or `datasets` folder as a plain dict."""
+    return load_located_rows(path)[0]
+
+
+def load_located_rows(path: str | os.PathLike) -> tuple[list[dict[str, Any]], list[str]]:
+    """load_rows, and beside each row where the user finds it, as errors name it: the line of a text
+    file ("d.jsonl line 57", "d.csv line 3"), the 0-based index of a JSON list item ("d.json item 56
+    (0-based)") or of a Parquet / datasets row ("d.parquet row 56 (0-based)")."""
     p = Path(path).expanduser()
     if not p.exists():
         raise DataError(f"dataset not found: {str(path)!r} (resolved to {p.resolve()}); check data.train_path / data.eval_path")
     if p.is_dir():
-        rows = _read_datasets_folder(p)
+        rows, where = _read_datasets_folder(p)
     else:
         reader = _READERS.get(p.suffix.lower())
         if reader is None:
@@ -58,10 +72,25 @@ def load_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
                 f"unsupported dataset file {p.name!r}; use one of {', '.join(SUPPORTED_FILES)} "
                 "or a folder written by datasets' save_to_disk"
             )
-        rows = reader(p)
+        rows, where = reader(p)
     if not rows:
         raise DataError(f"dataset {str(path)!r} has no rows; point to a file with at least one prompt")
-    return rows
+    return rows, where
+
+
+def _decode(path: Path) -> str:
+    """The file as text; a byte that is not UTF-8 is a DataError naming its line and column."""
+    data = path.read_bytes().removeprefix(codecs.BOM_UTF8)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        line_start = data.rfind(b"\n", 0, e.start) + 1
+        column = len(data[line_start : e.start].decode("utf-8")) + 1  # in characters, as an editor counts
+        raise DataError(
+            f"{path.name}: line {line} is not valid UTF-8 (byte 0x{data[e.start]:02x} at column {column}); "
+            "re-save the file as UTF-8"
+        ) from None
 
 
 def _as_row(obj: Any, where: str, path: Path) -> dict[str, Any]:
@@ -70,22 +99,22 @@ def _as_row(obj: Any, where: str, path: Path) -> dict[str, Any]:
     return obj
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    rows = []
-    with path.open(encoding="utf-8-sig") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path.name}: line {lineno} is not valid JSON ({e.msg}); fix or remove that line") from None
-            rows.append(_as_row(obj, f"line {lineno}", path))
-    return rows
+def _read_jsonl(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    rows, where = [], []
+    for lineno, line in enumerate(io.StringIO(_decode(path), newline=None), start=1):  # \n, \r\n or \r, as open()
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path.name}: line {lineno} is not valid JSON ({e.msg}); fix or remove that line") from None
+        rows.append(_as_row(obj, f"line {lineno}", path))
+        where.append(f"{path.name} line {lineno}")
+    return rows, where
 
 
-def _read_json(path: Path) -> list[dict[str, Any]]:
-    text = path.read_text(encoding="utf-8-sig")
+def _read_json(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    text = _decode(path)
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as e:
@@ -93,34 +122,48 @@ def _read_json(path: Path) -> list[dict[str, Any]]:
             return _read_jsonl(path)
         raise DataError(f"{path.name}: not valid JSON ({e.msg} at line {e.lineno}); fix the file") from None
     if isinstance(obj, dict):  # a single JSON-lines row is also a valid JSON document
-        return [obj]
+        return [obj], [f"{path.name} line 1"]
     if not isinstance(obj, list):
         raise DataError(f"{path.name}: holds a JSON {type(obj).__name__}; write a list of objects or one object per line")
-    return [_as_row(o, f"item {i}", path) for i, o in enumerate(obj)]
+    where = [f"{path.name} item {i} (0-based)" for i in range(len(obj))]
+    return [_as_row(o, f"item {i}", path) for i, o in enumerate(obj)], where
 
 
-def _read_parquet(path: Path) -> list[dict[str, Any]]:
+def _read_parquet(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
-        return pq.read_table(path).to_pylist()
+        rows = pq.read_table(path).to_pylist()
     except (pa.ArrowException, OSError) as e:
         raise DataError(f"{path.name}: cannot read as Parquet ({e}); check the file") from None
+    return rows, [f"{path.name} row {i} (0-based)" for i in range(len(rows))]
 
 
-def _read_csv(path: Path) -> list[dict[str, Any]]:
-    # Columns whose every non-empty cell is an int (or a float) become ints (floats), as
-    # pandas.read_csv and therefore datasets' CSV loader do; everything else stays a string.
-    with path.open(encoding="utf-8-sig", newline="") as f:
-        reader = csv.DictReader(f)
-        cells = list(reader)
-        names = reader.fieldnames or []
-    for i, row in enumerate(cells):
-        if None in row:
-            raise DataError(f"{path.name}: row {i} has more fields than the header {names}; quote fields that contain commas")
+def _read_csv(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    # Read as csv.DictReader does (blank lines skipped, missing trailing fields None), but keeping the
+    # line each record starts on: a quoted cell may span lines. Columns whose every non-empty cell is
+    # an int (or a float) become ints (floats), as pandas.read_csv and therefore datasets' CSV loader
+    # do; everything else stays a string.
+    records = csv.reader(io.StringIO(_decode(path), newline=""))
+    names = next(records, None) or []
+    cells: list[dict[str, str | None]] = []
+    where: list[str] = []
+    while True:
+        line = records.line_num + 1  # the line the next record starts on (its quoted cells may span lines)
+        record = next(records, None)
+        if record is None:
+            break
+        if not record:
+            continue
+        if len(record) > len(names):
+            raise DataError(
+                f"{path.name}: line {line} has more fields than the header {names}; quote fields that contain commas"
+            )
+        cells.append(dict(zip(names, record + [None] * (len(names) - len(record)))))
+        where.append(f"{path.name} line {line}")
     columns = {name: _infer_csv_column([row[name] for row in cells]) for name in names}
-    return [{name: columns[name][i] for name in names} for i in range(len(cells))]
+    return [{name: columns[name][i] for name in names} for i in range(len(cells))], where
 
 
 def _infer_csv_column(values: list[str | None]) -> list[Any]:
@@ -136,7 +179,7 @@ def _infer_csv_column(values: list[str | None]) -> list[Any]:
     return values
 
 
-def _read_datasets_folder(path: Path) -> list[dict[str, Any]]:
+def _read_datasets_folder(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
     try:
         import datasets
     except ImportError:
@@ -154,8 +197,10 @@ def _read_datasets_folder(path: Path) -> list[dict[str, Any]]:
                 f"{path} holds splits {sorted(ds)} but no 'train' split; save the split to train on "
                 "with ds[name].save_to_disk(folder) and point to that folder"
             )
-        ds = ds["train"]
-    return ds.to_list()
+        ds, name = ds["train"], f"{path.name} (train split)"
+    else:
+        name = path.name
+    return ds.to_list(), [f"{name} row {i} (0-based)" for i in range(len(ds))]
 
 
 _READERS = {".jsonl": _read_jsonl, ".json": _read_json, ".parquet": _read_parquet, ".csv": _read_csv}
@@ -196,6 +241,18 @@ def split_rows(
     not chosen (duplicates included), so no prompt text appears in both. Both keep the input order.
     Deterministic in `seed`.
     """
+    train_idx, held_idx = split_indices(rows, eval_size, seed, prompt_column=prompt_column)
+    return _take(rows, train_idx), _take(rows, held_idx)
+
+
+def _take(items: Sequence[Any], idx: Sequence[int]) -> list[Any]:
+    return [items[i] for i in idx]
+
+
+def split_indices(
+    rows: Sequence[dict[str, Any]], eval_size: int | float, seed: int, *, prompt_column: str = "prompt"
+) -> tuple[list[int], list[int]]:
+    """split_rows as indices into `rows` (train, held out), to split anything kept beside the rows too."""
     if not rows:
         raise DataError("cannot split an empty dataset; point to a file with at least one prompt")
     _check_prompt_column(_column_names(rows), prompt_column)
@@ -215,7 +272,7 @@ def split_rows(
             raise DataError(f"eval_size={eval_size} must be >= 0")
         n_eval = eval_size
     if n_eval == 0:
-        return list(rows), []
+        return list(range(len(rows))), []
     if n_eval >= n_unique:
         raise DataError(
             f"eval_size={eval_size} would hold out {n_eval} of the dataset's {n_unique} distinct prompts, "
@@ -226,8 +283,8 @@ def split_rows(
     random.Random(seed).shuffle(keys)
     held_keys = set(keys[:n_eval])
     held_idx = sorted(first_row_of[k] for k in held_keys)
-    train = [row for row in rows if _prompt_key(row.get(prompt_column)) not in held_keys]
-    return train, [rows[i] for i in held_idx]
+    train_idx = [i for i, row in enumerate(rows) if _prompt_key(row.get(prompt_column)) not in held_keys]
+    return train_idx, held_idx
 
 
 # ---------------------------------------------------------------------------------------------
@@ -251,6 +308,13 @@ def _is_messages(prompt: Any) -> bool:
     )
 
 
+def _is_blank(prompt: Prompt) -> bool:
+    """An empty or whitespace-only string, or chat messages none of which has any content."""
+    if isinstance(prompt, str):
+        return not prompt.strip()
+    return all(_is_blank(m["content"]) if isinstance(m["content"], str) else not m["content"] for m in prompt)
+
+
 def _short_repr(value: Any, limit: int = 60) -> str:
     r = repr(value).replace("\n", "\\n")
     return r if len(r) <= limit else r[: limit - 3] + "..."
@@ -262,6 +326,7 @@ class PromptDataset:
     overlong="error" rejects a prompt longer than max_prompt_length; "truncate" keeps its last
     max_prompt_length tokens (the question is usually at the end; the cost is that a truncated
     prompt loses its BOS and the head of its chat template) and counts it in `num_truncated`.
+    where: each row's place as errors name it (load_located_rows: "prompts.jsonl line 57"); default "row i".
     """
 
     def __init__(
@@ -272,6 +337,7 @@ class PromptDataset:
         max_prompt_length: int = 512,
         overlong: str = "error",
         system_prompt: str | None = None,
+        where: Sequence[str] | None = None,
     ):
         if overlong not in OVERLONG_CHOICES:
             raise DataError(f"data.overlong_prompts={overlong!r} is not one of {list(OVERLONG_CHOICES)}")
@@ -284,22 +350,25 @@ class PromptDataset:
         self.prompt_column = prompt_column
         self.max_prompt_length = max_prompt_length
 
+        where = [f"row {i}" for i in range(len(rows))] if where is None else list(where)
+        if len(where) != len(rows):
+            raise ValueError(f"where has {len(where)} labels for {len(rows)} rows")
         prompts = [row.get(prompt_column) for row in rows]
-        texts = [self._render(i, p, tokenizer, system_prompt) for i, p in enumerate(prompts)]
+        texts = [self._render(w, p, tokenizer, system_prompt) for w, p in zip(where, prompts)]
         ids = self._tokenize(texts, prompts, tokenizer)
 
         lengths = [len(x) for x in ids]
         if min(lengths) == 0:
             i = lengths.index(0)
             raise DataError(
-                f"row {i}: prompt {_short_repr(prompts[i])} renders to zero tokens; remove the row or fill in its prompt"
+                f"{where[i]}: prompt {_short_repr(prompts[i])} renders to zero tokens; remove the row or fill in its prompt"
             )
         overlong_rows = [i for i, n in enumerate(lengths) if n > max_prompt_length]
         if overlong_rows and overlong == "error":
             i, more = overlong_rows[0], len(overlong_rows) - 1
             others = f" ({more} more rows are too)" if more else ""
             raise DataError(
-                f"row {i}: prompt is {lengths[i]} tokens, longer than data.max_prompt_length={max_prompt_length}{others}; "
+                f"{where[i]}: prompt is {lengths[i]} tokens, longer than data.max_prompt_length={max_prompt_length}{others}; "
                 "raise data.max_prompt_length or set data.overlong_prompts=truncate"
             )
         for i in overlong_rows:
@@ -319,17 +388,19 @@ class PromptDataset:
         self._columns = [{c: row.get(c) for c in self.column_names if c != prompt_column} for row in rows]
 
     @staticmethod
-    def _render(i: int, prompt: Any, tokenizer: Any, system_prompt: str | None) -> str:
-        if isinstance(prompt, str):
-            return prompt if system_prompt is None else system_prompt + "\n" + prompt
-        if not _is_messages(prompt):
+    def _render(where: str, prompt: Any, tokenizer: Any, system_prompt: str | None) -> str:
+        if not isinstance(prompt, str) and not _is_messages(prompt):
             raise DataError(
-                f"row {i}: prompt {_short_repr(prompt)} ({type(prompt).__name__}) is not a string or a list of "
+                f"{where}: prompt {_short_repr(prompt)} ({type(prompt).__name__}) is not a string or a list of "
                 '{"role", "content"} messages; fix that row or point data.prompt_column at the prompt column'
             )
+        if _is_blank(prompt):  # it would train on the system prompt or BOS alone, silently
+            raise DataError(f"{where}: prompt {_short_repr(prompt)} is empty; remove the row or fill in its prompt")
+        if isinstance(prompt, str):
+            return prompt if system_prompt is None else system_prompt + "\n" + prompt
         if not getattr(tokenizer, "chat_template", None):
             raise DataError(
-                f"row {i}: prompt is a list of chat messages but the tokenizer has no chat_template; "
+                f"{where}: prompt is a list of chat messages but the tokenizer has no chat_template; "
                 "use a tokenizer with a chat template (e.g. an instruct model) or plain-string prompts"
             )
         messages = list(prompt)
@@ -386,8 +457,11 @@ def build_datasets(
     """The run's datasets as the config's `data` section says: rows from data.task, data.train_path or
     `train_rows`; held-out rows from `eval_rows`, data.eval_path, data.eval_size distinct prompts split off
     (seeded), or the task's test split; prompts rendered and tokenized once (PromptDataset).
-    required_columns: columns every row needs besides the prompt (SFT: "completion")."""
+    required_columns: columns every row needs besides the prompt (SFT: "completion").
+    Errors about one row name it as load_located_rows does, or as "row i" of the rows given in code
+    (`train_rows` before the held-out split, `eval_rows`)."""
     task = None
+    train_where = eval_where = None
     if train_rows is None and data_cfg.task:
         try:
             task = get_task(data_cfg.task)
@@ -399,12 +473,15 @@ def build_datasets(
     elif train_rows is None:
         if not data_cfg.train_path:
             raise ConfigError("no training data: set data.train_path (a .jsonl/.parquet/.csv file) or data.task")
-        train_rows = load_rows(data_cfg.train_path)
+        train_rows, train_where = load_located_rows(data_cfg.train_path)
     if eval_rows is None:
         if data_cfg.eval_path:
-            eval_rows = load_rows(data_cfg.eval_path)
+            eval_rows, eval_where = load_located_rows(data_cfg.eval_path)
         elif data_cfg.eval_size:
-            train_rows, eval_rows = split_rows(train_rows, data_cfg.eval_size, seed, prompt_column=data_cfg.prompt_column)
+            train_where = train_where or [f"row {i}" for i in range(len(train_rows))]
+            train_idx, eval_idx = split_indices(train_rows, data_cfg.eval_size, seed, prompt_column=data_cfg.prompt_column)
+            eval_rows, eval_where = _take(train_rows, eval_idx), _take(train_where, eval_idx)
+            train_rows, train_where = _take(train_rows, train_idx), _take(train_where, train_idx)
     for name, rows in (("data.train_path", train_rows), ("data.eval_path", eval_rows or [])):
         for column in required_columns:
             if rows and column not in _column_names(rows):
@@ -415,8 +492,8 @@ def build_datasets(
         overlong=data_cfg.overlong_prompts,
         system_prompt=data_cfg.system_prompt,
     )
-    held_out = PromptDataset(eval_rows, tokenizer, **kw) if eval_rows else None
-    return Datasets(PromptDataset(train_rows, tokenizer, **kw), held_out, task)
+    held_out = PromptDataset(eval_rows, tokenizer, **kw, where=eval_where) if eval_rows else None
+    return Datasets(PromptDataset(train_rows, tokenizer, **kw, where=train_where), held_out, task)
 
 
 def check_context_length(data: Datasets, model_config: Any, max_completion_length: int) -> None:

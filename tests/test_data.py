@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grpokit.data import DataError, PromptDataset, PromptSampler, load_rows, split_rows
+from grpokit.config import DataConfig
+from grpokit.data import DataError, PromptDataset, PromptSampler, build_datasets, load_located_rows, load_rows, split_rows
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
@@ -144,6 +145,47 @@ def test_load_errors(tmp_path):
 
 
 
+def test_non_utf8_bytes_name_the_line_and_column(tmp_path):
+    (tmp_path / "d.jsonl").write_bytes(b'{"prompt": "a"}\n\n{"prompt": "b\xff"}\n')
+    with pytest.raises(DataError, match=r"^d.jsonl: line 3 is not valid UTF-8 \(byte 0xff at column 14\); re-save the file as UTF-8$"):
+        load_rows(tmp_path / "d.jsonl")
+    (tmp_path / "d.json").write_bytes(b'[\n  {"prompt": "a"},\n  {"prompt": "\xe9t\xe9"}\n]')
+    with pytest.raises(DataError, match=r"^d.json: line 3 is not valid UTF-8 \(byte 0xe9 at column 15\)"):
+        load_rows(tmp_path / "d.json")
+    (tmp_path / "d.csv").write_bytes("prompt,answer\nq,1\n".encode() + "caf\u00e9,2\n".encode("cp1252"))
+    with pytest.raises(DataError, match=r"^d.csv: line 3 is not valid UTF-8 \(byte 0xe9 at column 4\)"):
+        load_rows(tmp_path / "d.csv")
+    (tmp_path / "bom.jsonl").write_bytes(b'\xef\xbb\xbf{"prompt": "a"}\n')  # a BOM is UTF-8, not an error
+    assert load_rows(tmp_path / "bom.jsonl") == [{"prompt": "a"}]
+
+
+def test_located_rows_say_where_each_row_is(tmp_path):
+    """The labels errors use: the line of a text file (blank lines and multi-line CSV cells counted), the
+    0-based index of a list item or a Parquet / datasets row."""
+    (tmp_path / "d.jsonl").write_text('{"prompt": "a"}\n\n{"prompt": "b"}\n')
+    assert load_located_rows(tmp_path / "d.jsonl") == ([{"prompt": "a"}, {"prompt": "b"}], ["d.jsonl line 1", "d.jsonl line 3"])
+    (tmp_path / "lines.json").write_text('{"prompt": "a"}\n{"prompt": "b"}\n')
+    assert load_located_rows(tmp_path / "lines.json")[1] == ["lines.json line 1", "lines.json line 2"]
+    (tmp_path / "list.json").write_text(json.dumps(ROWS, indent=2))
+    assert load_located_rows(tmp_path / "list.json")[1] == [f"list.json item {i} (0-based)" for i in range(3)]
+    with (tmp_path / "d.csv").open("w", newline="") as f:
+        csv.writer(f).writerows([["prompt", "note"], ["a", "two\nlines"], ["b", ""]])
+    assert load_located_rows(tmp_path / "d.csv") == (
+        [{"prompt": "a", "note": "two\nlines"}, {"prompt": "b", "note": ""}], ["d.csv line 2", "d.csv line 4"]
+    )
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist(ROWS), tmp_path / "d.parquet")
+    assert load_located_rows(tmp_path / "d.parquet")[1] == [f"d.parquet row {i} (0-based)" for i in range(3)]
+
+
+def test_csv_extra_field_names_the_line(tmp_path):
+    (tmp_path / "d.csv").write_text("prompt,answer\nq,1\nWhat is 1,2?,3\n")
+    with pytest.raises(DataError, match=r"d.csv: line 3 has more fields than the header \['prompt', 'answer'\]"):
+        load_rows(tmp_path / "d.csv")
+
+
 def test_plain_folder_is_not_a_dataset(tmp_path):
     pytest.importorskip("datasets")
     (tmp_path / "folder").mkdir()
@@ -254,6 +296,40 @@ def test_chat_prompt_without_chat_template(tok):
     msg = "row 0: .*no chat_template; use a tokenizer with a chat template .* or plain-string prompts"
     with pytest.raises(DataError, match=msg):
         PromptDataset([{"prompt": [{"role": "user", "content": "hi"}]}], tok)
+
+
+@pytest.mark.parametrize("empty", ["", "  \n\t", [{"role": "user", "content": ""}],
+                                   [{"role": "system", "content": " "}, {"role": "user", "content": None}]])
+def test_empty_prompt_names_the_row_and_the_fix(chat_tok, empty):
+    with pytest.raises(DataError, match=r"^row 1: prompt .* is empty; remove the row or fill in its prompt$"):
+        PromptDataset([{"prompt": "fine"}, {"prompt": empty}], chat_tok, system_prompt="Be brief.")
+    PromptDataset([{"prompt": [{"role": "system", "content": ""}, {"role": "user", "content": "hi"}]}], chat_tok)  # one is enough
+
+
+def test_errors_name_the_file_line_after_the_split(tmp_path, tok):
+    """split_rows takes held-out rows out of the middle: errors still name the line of the file."""
+    rows = [{"prompt": f"q{i}", "answer": i} for i in range(10)]
+    lines = [json.dumps(r) for r in rows]
+    lines[7] = json.dumps({"prompt": "x" * 30, "answer": 7})
+    (tmp_path / "d.jsonl").write_text("\n".join(lines[:5]) + "\n\n" + "\n".join(lines[5:]) + "\n")  # line 6 is blank
+    cfg = DataConfig(train_path=str(tmp_path / "d.jsonl"), eval_size=4, max_prompt_length=10)
+    with pytest.raises(DataError, match=r"^d.jsonl line 9: prompt is 31 tokens"):
+        build_datasets(cfg, tok, seed=0)
+    lines[7] = json.dumps({"prompt": "", "answer": 7})
+    (tmp_path / "d.jsonl").write_text("\n".join(lines[:5]) + "\n\n" + "\n".join(lines[5:]) + "\n")
+    with pytest.raises(DataError, match=r"^d.jsonl line 9: prompt '' is empty"):
+        build_datasets(cfg, tok, seed=0)
+    # Rows given in code are named by their index before the split.
+    with pytest.raises(DataError, match=r"^row 7: prompt '' is empty"):
+        build_datasets(DataConfig(eval_size=4), tok, seed=0, train_rows=[*rows[:7], {"prompt": ""}, *rows[8:]])
+
+
+def test_where_labels_never_reach_the_columns(tmp_path, tok):
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    data = build_datasets(DataConfig(train_path=str(tmp_path / "d.jsonl"), eval_size=1), tok, seed=0)
+    for ds in (data.train, data.eval):
+        assert ds.column_names == ["prompt", "answer", "tags"]
+        assert all(set(ds[i].columns) == {"answer", "tags"} for i in range(len(ds)))
 
 
 def test_empty_dataset_and_bad_options(tok):

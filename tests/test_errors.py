@@ -168,6 +168,19 @@ def test_eval_reward_not_configured(env):
     user_error(train(env, "eval.reward=acuracy"), "eval.reward='acuracy' is not a configured reward", "sevens")
 
 
+def test_epsilon_high_below_epsilon(env):
+    user_error(train(env, "algorithm.epsilon=0.2", "algorithm.epsilon_high=0.1"),
+               "algorithm.epsilon_high=0.1 is below algorithm.epsilon=0.2", "clip-higher",
+               "set algorithm.epsilon_high >= algorithm.epsilon or leave it unset")
+    # A preset's own pair is kept unless the user moves one end of it.
+    user_error(train(env, "algorithm.preset=gspo", "algorithm.epsilon=0.2"),
+               "algorithm.epsilon_high=0.0004 (from algorithm.preset=gspo) is below algorithm.epsilon=0.2")
+    from grpokit.config import PRESETS, load_config
+
+    for name in PRESETS:
+        load_config(None, [f"algorithm.preset={name}"])
+
+
 # ----------------------------------------------------------------------------- model and output folder
 
 
@@ -241,11 +254,11 @@ def test_eval_size_leaves_nothing_to_train_on(env):
 
 def test_chat_prompts_without_chat_template(env):
     path = write_jsonl(env[0] / "chat.jsonl", [{"prompt": [{"role": "user", "content": r["prompt"]}]} for r in PROMPTS])
-    user_error(train(env, f"data.train_path={path}"), "row 0", "no chat_template", "plain-string prompts")
+    user_error(train(env, f"data.train_path={path}"), "chat.jsonl line 1: prompt", "no chat_template", "plain-string prompts")
 
 
 def test_prompt_longer_than_max_prompt_length(env):
-    user_error(train(env, "data.max_prompt_length=5"), "row 0: prompt is 10 tokens", "data.max_prompt_length=5",
+    user_error(train(env, "data.max_prompt_length=5"), "prompts.jsonl line 1: prompt is 10 tokens", "data.max_prompt_length=5",
                "data.overlong_prompts=truncate")
 
 
@@ -256,10 +269,35 @@ def test_prompt_longer_than_max_prompt_length_truncated(env, caplog):
     assert "8 of 8 prompts are longer than data.max_prompt_length=5 tokens" in caplog.text
 
 
+def test_dataset_not_utf8(env):
+    path = env[0] / "latin1.jsonl"
+    path.write_bytes(b'{"prompt": "1 2 3>6="}\n{"prompt": "2 2 2>6="}\n{"prompt": "caf\xe9 1>1="}\n')
+    user_error(train(env, f"data.train_path={path}"),
+               "latin1.jsonl: line 3 is not valid UTF-8 (byte 0xe9 at column 16)", "re-save the file as UTF-8")
+
+
+def test_data_error_names_the_file_line_after_the_eval_split(env):
+    """The rows held out by data.eval_size come out of the middle of the file: the error still names
+    the line the user can open, not the row's position in what is left (it used to say "row 7")."""
+    long = {"prompt": "1 2 3 4 5 6 7 8 9>45=" * 2, "target": 45}
+    text = "".join(json.dumps(r) + "\n" for r in PROMPTS) + "\n" + json.dumps(long) + "\n"  # a blank line 9
+    (env[0] / "prompts.jsonl").write_text(text)
+    user_error(train(env, "data.eval_size=3", "data.max_prompt_length=20"),
+               "prompts.jsonl line 10: prompt is 43 tokens, longer than data.max_prompt_length=20")
+
+
+def test_empty_prompt(env):
+    rows = [*PROMPTS[:2], {"prompt": "  ", "target": 1}, *PROMPTS[2:]]
+    path = write_jsonl(env[0] / "blank.jsonl", rows)
+    user_error(train(env, f"data.train_path={path}"),
+               "blank.jsonl line 3: prompt '  ' is empty", "remove the row or fill in its prompt")
+
+
 def test_resume_with_a_different_dataset(env):
     assert train(env).exit_code == 0
     more = write_jsonl(env[0] / "more.jsonl", PROMPTS + [{"prompt": "4 4 4>12=", "target": 12}])
-    user_error(train(env, f"data.train_path={more}", "optim.max_steps=2"),
+    # A changed data.train_path alone stops the resume (tests/test_crash.py); allowed, the data must still fit.
+    user_error(train(env, f"data.train_path={more}", "optim.max_steps=2", "checkpoint.allow_changes=[data.train_path,optim.max_steps]"),
                "sampler state is for 8 rows but the dataset has 9", "same dataset")
 
 
@@ -273,14 +311,15 @@ def test_resume_with_another_model(env):
     tok = AutoTokenizer.from_pretrained(env[1][0].split("=", 1)[1])
     build_tiny_llama(tok, size="test", hidden_size=64).save_pretrained(other)
     tok.save_pretrained(other)
-    user_error(train(env, f"model.name_or_path={other}", "optim.max_steps=2"),
+    user_error(train(env, f"model.name_or_path={other}", "optim.max_steps=2", "checkpoint.allow_changes=[model.name_or_path,optim.max_steps]"),
                "step-000001' does not match the model (size mismatch for", "set a new output_dir")
 
 
 def test_damaged_checkpoint(env):
     assert train(env).exit_code == 0
     (env[0] / "run" / "checkpoints" / "step-000001" / "model.safetensors").write_bytes(b"not safetensors")
-    user_error(train(env, "optim.max_steps=2"), "step-000001' cannot be read", "delete it to resume from the one before")
+    user_error(train(env, "optim.max_steps=2", "checkpoint.allow_changes=[optim.max_steps]"), "step-000001' cannot be read",
+               "delete it to resume from the one before")
 
 
 # ----------------------------------------------------------------------------- rewards
@@ -296,6 +335,24 @@ def test_reward_function_not_in_module(env):
 
 def test_reward_file_not_found(env):
     user_error(train(env, "rewards=[{function: 'no/such/file.py:score'}]"), "file 'no/such/file.py' not found")
+
+
+def test_reward_function_typo_did_you_mean(env):
+    user_error(train(env, rewards(env[0], "sevns")), "has no attribute 'sevns'; did you mean 'sevens'?",
+               "check the name after ':'")
+
+
+def test_reward_module_typo_did_you_mean(env, monkeypatch):
+    monkeypatch.chdir(env[0])  # a top-level module is looked for next to the command, as `python -m` does
+    user_error(train(env, "rewards=[{function: 'bad_rewads:sevens'}]"),
+               "module 'bad_rewads' not found; did you mean 'bad_rewards'?", "PYTHONPATH")
+    user_error(train(env, "rewards=[{function: 'grpokit.rewards.bultins:math'}]"),
+               "module 'grpokit.rewards.bultins' not found; did you mean 'grpokit.rewards.builtins'?")
+
+
+def test_reward_file_typo_did_you_mean(env):
+    user_error(train(env, f"rewards=[{{function: '{env[0] / 'bad_reward.py'}:sevens'}}]"),
+               "bad_reward.py' not found", f"did you mean '{env[0] / 'bad_rewards.py'}'?", "fix the path")
 
 
 def test_reward_builtin_typo(env):

@@ -268,7 +268,7 @@ def test_preset_holds_the_papers_numbers(preset):
 
 # A valid value for each key that differs from any preset's.
 OTHER = {
-    "beta": 0.123, "kl_estimator": "k1", "epsilon": 0.17, "epsilon_high": 0.31, "loss_type": "bnpo",
+    "beta": 0.123, "kl_estimator": "k1", "epsilon": 1e-4, "epsilon_high": 0.31, "loss_type": "bnpo",
     "scale_rewards": ["batch", "group"], "advantage_estimator": ["rloo", "grpo"],
     "importance_sampling_level": ["sequence", "token"], "dynamic_sampling": [False, True],
     "mask_truncated_completions": [False, True], "overlong_buffer_frac": 0.1,

@@ -35,6 +35,7 @@ import logging
 import math
 import numbers
 import os
+import pkgutil
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -65,10 +66,38 @@ Registry = Mapping[str, Callable[..., Any]]
 
 # -- loading -----------------------------------------------------------------------------
 
+def _did_you_mean(name: str, candidates: Any) -> str:
+    """The hint `did you mean 'x'? ` naming the closest candidate (difflib), or "" when none is close."""
+    close = difflib.get_close_matches(name, list(candidates), n=1)
+    return f"did you mean {close[0]!r}? " if close else ""
+
+
+def _close_files(path_text: str, path: Path) -> str:
+    # The closest .py file in the folder the path names, written as the user wrote theirs.
+    if not path.parent.is_dir() or not path_text.endswith(path.name):
+        return ""
+    close = difflib.get_close_matches(path.name, sorted(p.name for p in path.parent.glob("*.py")), n=1)
+    return f"did you mean {path_text.removesuffix(path.name) + close[0]!r}? " if close else ""
+
+
+def _close_modules(module_name: str) -> str:
+    # A missing submodule: its siblings in the parent package; a missing top-level module: the
+    # modules and packages in the current folder (where `my_rewards:fn` is looked for).
+    parent, _, _ = module_name.rpartition(".")
+    try:
+        where = importlib.import_module(parent).__path__ if parent else [os.getcwd()]
+    except (ImportError, AttributeError):  # the parent is a plain module, or fails to import
+        return ""
+    prefix = parent + "." if parent else ""
+    return _did_you_mean(module_name, [prefix + m.name for m in pkgutil.iter_modules(where)])
+
+
 def _load_file(path_text: str, spec: str) -> Any:
     path = Path(path_text).expanduser().resolve()
     if not path.is_file():
-        raise ValueError(f"reward {spec!r}: file {path_text!r} not found (looked at {path}); fix the path")
+        raise ValueError(
+            f"reward {spec!r}: file {path_text!r} not found (looked at {path}); {_close_files(path_text, path)}fix the path"
+        )
     # A stable, unique module name, registered before running the file so dataclasses and
     # pickling inside it find their module.
     name = f"grpokit_reward_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
@@ -96,7 +125,7 @@ def _load_module(module_name: str, spec: str) -> Any:
         parts = module_name.split(".")
         if e.name in {".".join(parts[: i + 1]) for i in range(len(parts))}:
             raise ValueError(
-                f"reward {spec!r}: module {e.name!r} not found; install it, add its folder to "
+                f"reward {spec!r}: module {e.name!r} not found; {_close_modules(e.name)}install it, add its folder to "
                 "PYTHONPATH, or give a file path ('path/to/file.py:function')"
             ) from e
         raise ValueError(f"reward {spec!r}: importing {module_name!r} failed: {e}") from e
@@ -120,10 +149,8 @@ def resolve_reward(
     if spec in registry:
         return registry[spec]
     if ":" not in spec:
-        close = difflib.get_close_matches(spec, list(registry), n=1)
-        hint = f"did you mean {close[0]!r}? " if close else ""
         raise ValueError(
-            f"reward {spec!r} is not a built-in ({', '.join(registry)}); {hint}"
+            f"reward {spec!r} is not a built-in ({', '.join(registry)}); {_did_you_mean(spec, registry)}"
             "use 'package.module:function' or 'path/to/file.py:function'"
         )
     target, attr_path = spec.rsplit(":", 1)
@@ -133,8 +160,9 @@ def resolve_reward(
     obj = _load_file(target, spec) if is_file else _load_module(target, spec)
     for attr in attr_path.split("."):
         if not hasattr(obj, attr):
+            public = [name for name in dir(obj) if not name.startswith("_") or attr.startswith("_")]
             raise ValueError(
-                f"reward {spec!r}: {target!r} has no attribute {attr!r}; check the name after ':'"
+                f"reward {spec!r}: {target!r} has no attribute {attr!r}; {_did_you_mean(attr, public)}check the name after ':'"
             )
         obj = getattr(obj, attr)
     if not callable(obj):
