@@ -1,6 +1,6 @@
 """Every algorithm preset on countdown from the same SFT warm start, budget and seeds: held-out accuracy per step.
 
-    python benchmarks/presets.py                        # warm start /tmp/sft_G; 10 runs, ~30 min on 1 CPU thread
+    python benchmarks/presets.py                        # warm start runs/demo/sft (make demo); 10 runs, ~30 min on 1 CPU thread
     python benchmarks/presets.py --model runs/demo/sft --steps 50 --presets grpo,dapo --seeds 0
     python benchmarks/presets.py --report-only          # redraw the report from runs/presets/runs.json
 
@@ -314,11 +314,10 @@ def write_report(args, command: str, runs: list[dict], started: str, load_start:
 
 def parse_args(argv: list[str] | None = None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="/tmp/sft_G", help="warm-start model folder (every run starts from it); "
-                   "/tmp/sft_G was made by benchmarks/demo_tuning/exp_sft.py --num-count 4 --min-count 3 "
-                   "--max-number 20 --hidden 192 --layers 4 --inter 512 --steps 900 --save /tmp/sft_G (removed from "
-                   "the tree; last in commit e102b80, see docs/demo_tuning.md); `grpokit demo` writes the same "
-                   "SFT recipe to runs/demo/sft")
+    p.add_argument("--model", default="runs/demo/sft", help="warm-start model folder (every run starts from it); "
+                   "the default is the SFT warm start that `make demo` writes. The recorded results used warm start G "
+                   "of docs/demo_tuning.md (the same recipe, made by a script removed from the tree; last in commit "
+                   "e102b80)")
     p.add_argument("--presets", default=",".join(ALL_PRESETS))
     p.add_argument("--seeds", default="0,1,2", help=f"seeds of {' and '.join(MULTI_SEED)}; the other presets use the first")
     p.add_argument("--steps", type=int, default=150)
