@@ -397,3 +397,33 @@ def test_a_reward_named_like_a_batch_statistic_is_refused(name):
     with pytest.raises(ValueError, match=rf"name '{name}' is reserved \(reward/{name} is another metric"):
         RewardManager([RewardSpec("format", name=name)])
     RewardManager([RewardSpec("format", name=f"{name}_ok")])  # a name that merely contains it is fine
+
+
+def test_a_function_that_raises_on_one_sample_costs_only_that_sample():
+    """One bad sample used to void the whole batch (None for all 64 completions, every step). The call is
+    retried on halves, quarters, ...: the others keep their scores, the failed one is counted."""
+    calls = []
+
+    def picky(completions, **kwargs):
+        calls.append(len(completions))
+        if "boom" in completions:
+            raise ValueError("cannot score 'boom'")
+        return [float(len(c)) for c in completions]
+
+    texts = ["a", "bb", "ccc", "boom", "ee", "f", "gg", "hhh"]
+    out = call(RewardManager([RewardSpec(picky)]), texts)
+    scores = out.per_function["picky"]
+    assert torch.isnan(scores[3]) and scores[[0, 1, 2, 4, 5, 6, 7]].tolist() == [1.0, 2.0, 3.0, 2.0, 1.0, 2.0, 3.0]
+    assert out.errors["picky"] == 1 and out.total[3] == 0.0
+    assert len(calls) == 1 + 2 + 2 + 2  # the batch, then two parts at each of three levels
+
+    def broken(completions, **kwargs):
+        calls.append(len(completions))
+        raise RuntimeError("always")
+
+    calls.clear()
+    out = call(RewardManager([RewardSpec(broken)]), texts * 8)  # 64 samples
+    assert out.errors["broken"] == 64 and torch.isnan(out.per_function["broken"]).all()
+    assert len(calls) == 1 + 2 + 4  # a function that fails on everything gives up after 4 parts, not 2n calls
+    with pytest.raises(RuntimeError, match="raised ValueError"):  # reward_errors=raise: the first failure stops
+        call(RewardManager([RewardSpec(picky)], strict=True), texts)

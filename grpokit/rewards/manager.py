@@ -393,12 +393,20 @@ class RewardManager:
         self, reward: _Reward, call_args: dict[str, Any], columns: dict[str, Any], n: int
     ) -> tuple[Tensor, int, list[StepScores | None] | None]:
         kwargs = reward.arguments(call_args, columns)  # a missing column raises: a setup error
+        failed: list[int] = []  # samples the function raised on (when the batch call raised)
         try:
             items = _as_list(reward.fn(**kwargs), n)
         except Exception as e:
             problem = e if isinstance(e, _Failure) else f"raised {type(e).__name__}: {e}"
-            self._report(reward, str(problem), e if not isinstance(e, _Failure) else None)
-            return torch.full((n,), math.nan), n, None
+            if self.strict or isinstance(e, _Failure) or n == 1:
+                self._report(reward, str(problem), e if not isinstance(e, _Failure) else None)
+                return torch.full((n,), math.nan), n, None
+            items, failed = self._isolate(reward, call_args, columns, n)
+            if 0 < len(failed) < n:
+                problem = f"{problem} (on {len(failed)} of {n} samples, first at index {failed[0]}: the others keep their scores)"
+            elif not failed:
+                problem = f"{problem} on the whole batch, but not on its parts (retried): every sample has its score"
+            self._report(reward, problem, e)
 
         steps: list[StepScores | None] | None = None
         step_problems: dict[int, str] = {}
@@ -417,21 +425,48 @@ class RewardManager:
         rewards = torch.tensor([math.nan if v is None else v for v in values], dtype=torch.float32)  # [N]
         # inf, NaN, and finite doubles that overflow float32 are bad values too; None is not
         none = torch.tensor([v is None for v in items], dtype=torch.bool)
+        none[failed] = False  # raised on: an error, not "not applicable"
         bad = sorted(set(bad) | set(torch.nonzero(~rewards.isfinite() & ~none).flatten().tolist()))
-        if bad:
-            i = bad[0]
+        if invalid := [i for i in bad if i not in failed]:
+            i = invalid[0]
             why = f": {step_problems[i]}" if i in step_problems else ""
             self._report(
                 reward,
-                f"returned {len(bad)} invalid reward(s) of {n}, e.g. {_short(items[i])} at index {i}{why} "
+                f"returned {len(invalid)} invalid reward(s) of {n}, e.g. {_short(items[i])} at index {i}{why} "
                 "(rewards must be finite floats, StepScores or None)",
                 None,
             )
+        if bad:
             rewards[bad] = math.nan
             if steps is not None:
                 for i in bad:
                     steps[i] = None
         return rewards, len(bad), steps
+
+    def _isolate(self, reward: _Reward, call_args: dict[str, Any], columns: dict[str, Any], n: int) -> tuple[list[Any], list[int]]:
+        """After a call raised: call again on halves, then quarters, ... of the samples, so that only the ones
+        it fails on go without a reward. A level where every part still raises means the function fails
+        whatever it gets (after at least 4 parts): the rest are given up, so a broken function costs a few
+        calls, not 2n. Returns the items (None where it failed) and the failed indices."""
+        items: list[Any] = [None] * n
+        parts = [list(range(n))]
+        while parts:
+            parts = [half for part in parts for half in (part[: len(part) // 2], part[len(part) // 2 :]) if half]
+            failing = []
+            for part in parts:
+                sub_args = {k: [v[i] for i in part] for k, v in call_args.items()}
+                sub_columns = {k: [v[i] for i in part] for k, v in columns.items()}
+                try:
+                    out = _as_list(reward.fn(**reward.arguments(sub_args, sub_columns)), len(part))
+                except Exception:
+                    failing.append(part)
+                    continue
+                for i, v in zip(part, out):
+                    items[i] = v
+            if len(failing) == len(parts) and len(parts) >= 4 or all(len(p) == 1 for p in failing):
+                return items, sorted(i for part in failing for i in part)
+            parts = failing
+        return items, []
 
     def _report(self, reward: _Reward, problem: str, exc: BaseException | None) -> None:
         message = f"reward function {reward.name!r} ({reward.spec}) {problem}"
