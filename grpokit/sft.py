@@ -157,6 +157,11 @@ def evaluate_sft(model: Any, tokenizer: Any, pairs: PromptDataset, *, column: st
     return {EVAL_LOSS: loss_sum / max(tokens, 1), EVAL_EXACT_MATCH: exact}
 
 
+def sft_steps(cfg: SFTSection, num_pairs: int) -> int:
+    """Optimizer steps of a run: sft.max_steps, else sft.epochs passes of batch_size pairs."""
+    return cfg.max_steps or max(1, round(cfg.epochs * math.ceil(num_pairs / cfg.batch_size)))
+
+
 def train_sft(
     model: Any,
     tokenizer: Any,
@@ -186,7 +191,7 @@ def train_sft(
     examples, n_truncated = _examples(tokenizer, _as_dataset(pairs, tokenizer, cfg.max_length), cfg.max_length, cfg.completion_column)
     held_out = _as_dataset(eval_pairs, tokenizer, cfg.max_length) if eval_pairs is not None and len(eval_pairs) else None
     evaluate = lambda: evaluate_sft(model, tokenizer, held_out, column=cfg.completion_column, max_length=cfg.max_length, batch_size=cfg.batch_size) if held_out else {}  # noqa: E731
-    total = cfg.max_steps or max(1, round(cfg.epochs * math.ceil(len(examples) / cfg.batch_size)))
+    total = sft_steps(cfg, len(examples))
     torch.manual_seed(seed)  # dropout, if the model has any
     order_rng = random.Random(seed)
     schedule = lr_lambda(cfg.lr_scheduler, cfg.warmup_steps or int(cfg.warmup_ratio * total), total)
@@ -250,7 +255,7 @@ def _run_sft(cfg: SFTConfig, out: Path, console: Any) -> dict[str, Any]:
     log = MetricLogger(out, tensorboard=cfg.logging.tensorboard, wandb=cfg.logging.wandb, mlflow=cfg.logging.mlflow, config=cfg.model_dump())
     log.truncate_after(-1)  # SFT does not resume: a rerun in this output_dir starts its metrics fresh
     n = len(data.train)
-    total = cfg.sft.max_steps or max(1, round(cfg.sft.epochs * math.ceil(n / cfg.sft.batch_size)))
+    total = sft_steps(cfg.sft, n)
     try:
         with TrainProgress(total, keys=(SFT_LOSS, EVAL_LOSS, EVAL_EXACT_MATCH), console=console) as progress:
             def on_step(step: int, metrics: dict[str, float]) -> None:
