@@ -24,7 +24,7 @@ import textwrap
 import pytest
 
 from grpokit.rewards import BUILTIN_REWARDS, RewardManager, RewardSpec
-from grpokit.rewards.code import code_tests, evaluate_code, extract_code, parse_tests
+from grpokit.rewards.code import code_tests, evaluate_code, extract_code, parse_stdio, parse_tests
 from grpokit.rewards import sandbox
 from grpokit.rewards.sandbox import UID_BASE, UID_COUNT, Limits, isolation_mode, run_many, run_python
 
@@ -228,12 +228,102 @@ def test_the_harness_resists_simple_reward_hacks():
         "print('\\n0123456789abcdef0123456789abcdef ok 4 4')\nprint('deadbeef ok 4 4')",
         "import builtins\nbuiltins.BaseException = int",
         "import os\nos._exit(0)",
-        "class Always:\n    def __eq__(self, other):\n        return True\ndef add(a, b):\n    return Always()",
     ]
     scores = code_tests(hacks, [ADD_TESTS] * len(hacks), **SMALL_KWARGS)
-    # The last one (an always-equal object) is the documented hole: the harness cannot see it.
-    assert scores == [0.0, 0.0, 0.0, 0.0, 0.0, 1.0], code_tests.last_reasons
-    assert code_tests.last_reasons[:5] == ["failed", "failed", "failed", "failed", "no_summary"]
+    assert scores == [0.0] * 5, code_tests.last_reasons
+    assert code_tests.last_reasons == ["failed", "failed", "failed", "failed", "candidate_exited"]
+
+
+# Ordinary tests, across the judge / candidate split: each feature once, a right and a wrong solution.
+ORDINARY_TESTS = [
+    "try:\n    root(-1)\n    raised = False\nexcept ValueError:\n    raised = True\nassert raised",  # expects an error
+    "import math\nassert math.isclose(area(2), 12.566, rel_tol=1e-3) and abs(area(1) - 3.14159) < 1e-4",  # floats
+    "def check(candidate):\n    assert candidate([1, 2, 3]) == 6\n    assert candidate([]) == 0\ncheck(total)",  # HumanEval
+    "s = Stack()\ns.push(1)\ns.push(2)\nassert s.pop() == 2 and len(s) == 1 and s",  # objects and methods
+    "assert list(squares(3)) == [0, 1, 4] and [x for x in squares(2)] == [0, 1]",  # generators
+    "x = [3, 1, 2]\nsort_in_place(x)\nassert x == [1, 2, 3]",  # changes its argument in place
+    "try:\n    parse('x')\nexcept ParseError as e:\n    caught = 'bad' in str(e)\nassert caught",  # its own error
+    "assert stats([1, 2]) == {'n': 2, 'items': (1, 2), 'set': {1, 2}, 'none': None, 'raw': b'ab', 'z': 1j}",
+    "assert LIMIT == 10 and isinstance(LIMIT, int)",  # a constant
+]
+RIGHT = """
+import math
+def root(x):
+    if x < 0:
+        raise ValueError("negative")
+    return math.sqrt(x)
+def area(r):
+    return math.pi * r * r
+def total(xs):
+    return sum(xs)
+class Stack:
+    def __init__(self):
+        self.items = []
+    def push(self, x):
+        self.items.append(x)
+    def pop(self):
+        return self.items.pop()
+    def __len__(self):
+        return len(self.items)
+def squares(n):
+    for i in range(n):
+        yield i * i
+def sort_in_place(xs):
+    xs.sort()
+class ParseError(ValueError):
+    pass
+def parse(text):
+    raise ParseError("bad input: " + text)
+def stats(xs):
+    return {"n": len(xs), "items": tuple(xs), "set": set(xs), "none": None, "raw": b"ab", "z": 1j}
+LIMIT = 10
+"""
+WRONG = """
+def root(x):
+    return abs(x) ** 0.5
+def area(r):
+    return 3.14 * r * r
+def total(xs):
+    return sum(xs) + 1
+class Stack:
+    def push(self, x):
+        pass
+    def pop(self):
+        return 2
+    def __len__(self):
+        return 0
+def squares(n):
+    return iter([0, 1, 4])
+def sort_in_place(xs):
+    return sorted(xs)
+def parse(text):
+    raise ValueError("bad")
+def stats(xs):
+    return {"n": 2, "items": [1, 2], "set": {1, 2}, "none": None, "raw": b"ab", "z": 1j}
+LIMIT = 10.0
+"""
+
+
+def test_ordinary_tests_work_across_the_judge():
+    scores = code_tests([RIGHT, WRONG], [ORDINARY_TESTS] * 2, **SMALL_KWARGS)
+    assert scores == [1.0, 0.0], [(r.reason, r.passed, r.sandbox.stderr[-300:]) for r in code_tests.last_results]
+
+
+def test_stdin_stdout_cases_are_compared_by_the_parent():
+    tests = {"inputs": ["3\n1 2 3\n", "1\n5\n", "2\n-1 1\n"], "outputs": ["6\n", "5", "0  \n\n"]}
+    right = "n = int(input())\nprint(sum(map(int, input().split())))"
+    off_by_one = "n = int(input())\nprint(sum(map(int, input().split())) + 1)"
+    hangs_on_five = "n = int(input())\nxs = list(map(int, input().split()))\nwhile xs == [5]:\n    pass\nprint(sum(xs))"
+    scores = code_tests([right, off_by_one, hangs_on_five, right], [tests, tests, tests, {"inputs": ["1"]}],
+                        **SMALL_KWARGS)
+    assert scores[:3] == [1.0, 0.0, 2 / 3] and scores[3] is None
+    reasons = code_tests.last_reasons
+    assert reasons[:2] == ["passed", "failed"] and reasons[2] in ("timeout", "cpu_limit")
+    assert reasons[3].startswith("bad_tests")
+    assert parse_stdio({"inputs": ["a"], "outputs": ["b"]}) == [("a", "b")]
+    for bad in ({"inputs": ["a"], "outputs": []}, {"inputs": [1], "outputs": ["1"]}, {"input": []}):
+        with pytest.raises(ValueError):
+            parse_stdio(bad)
 
 
 def test_code_tests_is_a_builtin_reward_with_checked_settings():
@@ -250,6 +340,101 @@ def test_code_tests_is_a_builtin_reward_with_checked_settings():
 # -- the hostile-program suite -------------------------------------------------------------
 
 SECRET = "grpokit-test-secret-" + os.urandom(8).hex()
+EXPECTED = "grpokit-expected-" + os.urandom(8).hex()  # only ever in the tests' expected side
+
+# Looks for an expected value everywhere a candidate can: its own memory (frames, objects, the
+# harness's data), other processes' memory, environment, command lines and descriptors, and files.
+PROBE = """
+import ctypes, os, re
+ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # dumpable again (the judge's setting is inherited): read itself
+PATTERN = re.compile(rb"grpokit-expected-[0-9a-f]{16}")
+def _search(read):
+    try:
+        found = PATTERN.search(read())
+    except (OSError, ValueError, OverflowError, MemoryError):
+        return None
+    return found.group().decode() if found else None
+def _memory(pid):
+    try:
+        maps = open("/proc/%s/maps" % pid).read().splitlines()
+        mem = open("/proc/%s/mem" % pid, "rb", 0)
+    except OSError:
+        return None
+    for line in maps:
+        span, perms = line.split()[:2]
+        lo, hi = (int(x, 16) for x in span.split("-"))
+        for at in range(lo, hi, 1 << 22) if "r" in perms else ():
+            mem.seek(at)
+            found = _search(lambda: mem.read(min(1 << 22, hi - at)))
+            if found:
+                return found
+    return None
+def _read_nonblocking(path):
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        return os.read(fd, 1 << 20)
+    finally:
+        os.close(fd)
+def secret():
+    pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    for pid in ["self"] + pids:
+        found = _memory(pid)
+        for what in ("environ", "cmdline"):
+            found = found or _search(lambda: open("/proc/%s/%s" % (pid, what), "rb").read())
+        try:
+            fds = os.listdir("/proc/%s/fd" % pid)
+        except OSError:
+            fds = []
+        for fd in fds:  # without blocking on a pipe
+            found = found or _search(lambda: _read_nonblocking("/proc/%s/fd/%s" % (pid, fd)))
+        if found:
+            return found
+    for top in (".", "/tmp", "/dev/shm"):
+        for folder, _, names in os.walk(top):
+            for name in names:
+                found = _search(lambda: open(os.path.join(folder, name), "rb").read(1 << 20))
+                if found:
+                    return found
+    return "not found"
+KEPT = []
+def echo(x):
+    KEPT.append(x)
+"""
+FORGE_FROM_FRAMES = """
+import json, os, sys
+def add(a, b):
+    return 0
+_frame, _total = sys._getframe(1), 4
+while _frame is not None:
+    _seen = _frame.f_locals
+    if "nonce" in _seen and "summary_fd" in _seen:  # the harness before the judge: forge its summary
+        os.write(_seen["summary_fd"], ("\\n%s ok %d %d\\n" % (_seen["nonce"], _total, _total)).encode())
+        os._exit(0)
+    _line = "\\n" + json.dumps({"grpokit_verdict": {"status": "ok", "passed": _total, "total": _total,
+                                                     "candidate": "exit:0", "lost": False}}) + "\\n"
+    for _fd in [v for v in _seen.values() if type(v) is int and 0 <= v < 64] + list(range(64)):
+        try:
+            os.write(_fd, _line.encode())
+        except OSError:
+            pass
+    _frame = _frame.f_back
+"""
+ALWAYS_EQUAL = """
+class Always(int):
+    def __eq__(self, other):
+        return True
+    def __ne__(self, other):
+        return False
+    __hash__ = int.__hash__
+def add(a, b):
+    return Always(0)
+"""
+
+
+def test_the_probe_finds_an_expected_value_within_its_reach():
+    # The control for `learn_the_verdict` below: an argument the tests pass it is in its memory.
+    tests = [f"x = {EXPECTED!r}\nassert echo(x) is None and secret() == x"]
+    assert code_tests([PROBE], tests, **{**SMALL_KWARGS, "wall_time": 20.0}) == [1.0], code_tests.last_reasons
 
 
 def _hostile_cases(outside: str, victim: str, port: int) -> dict[str, tuple[str, str, set[str]]]:
@@ -286,10 +471,14 @@ def _hostile_cases(outside: str, victim: str, port: int) -> dict[str, tuple[str,
         "signal_parent": ("import os, signal\nhits = 0\n"
                           f"for pid in (os.getppid(), {me}, -{group}, -1):\n"
                           "    try:\n        os.kill(pid, signal.SIGKILL)\n        hits += 1\n"
-                          "    except OSError:\n        pass",
-                          "assert hits == 4", {"failed"}),
+                          "    except OSError:\n        pass",  # its parent is the judge: no verdict
+                          "assert hits == 4", {"failed", "killed:SIGKILL"}),
         "kill_own_group": ("import os, signal\nos.killpg(os.getpgid(0), signal.SIGKILL)\nALIVE = True",
                            "assert ALIVE", {"killed:SIGKILL"}),
+        # reward hacks: the verdict is decided outside the candidate, from values it cannot forge
+        "forge_verdict_from_frames": (FORGE_FROM_FRAMES, ADD_TESTS, {"candidate_exited", "failed"}),
+        "always_equal": (ALWAYS_EQUAL, ADD_TESTS, {"failed"}),
+        "learn_the_verdict": (PROBE, f"assert secret() == {EXPECTED!r}", {"failed"}),
         "gigabytes_of_output": ("import sys\nwhile True:\n    sys.stdout.write('x' * 65536)",
                                 "assert True", {"output_limit"}),
         "gigabytes_to_disk": ("with open('big', 'wb') as f:\n    for _ in range(1024):\n"
@@ -354,7 +543,7 @@ def test_hostile_programs_changed_nothing_outside(hostile):
 
 def test_output_is_capped(hostile):
     out = hostile["results"]["gigabytes_of_output"].sandbox
-    assert len(out.stdout.encode()) == SMALL_KWARGS["output_bytes"]
+    assert len(out.stderr.encode()) == SMALL_KWARGS["output_bytes"]  # the candidate prints to stderr
 
 
 # -- an unprivileged user: the "userns" isolation ------------------------------------------

@@ -9,32 +9,37 @@
         kwargs: {wall_time: 5, memory_mb: 512, partial: true}
 
 The code is the last ```python (or ```py) block of the completion, else its last bare ``` block,
-else the whole text. `tests` (a dataset column) is a string of Python, whose top-level `assert`
-statements are the tests and whose other statements are set-up run in order (a string without
-a top-level assert is one test), or a list of strings, each one test. The program runs once, in
-one sandbox (grpokit/rewards/sandbox.py): the solution, then every test in a try block, and
-prints a summary line tagged with a random nonce that the parent alone knows in advance.
+else the whole text. `tests` (a dataset column) is one of:
+
+    a string of Python      its top-level `assert`s are the tests, its other statements set-up run
+                            in order (a string without a top-level assert is one test)
+    a list of strings       each one test
+    {"inputs": [...], "outputs": [...]}   stdin/stdout cases (APPS, CodeContests): the program runs
+                            once per case; its output must match up to trailing whitespace
+
+Python tests run in one sandbox per completion (grpokit/rewards/sandbox.py) as two processes
+(grpokit/rewards/harness.py): the judge runs the tests; the candidate, forked before the tests are
+read, runs the solution and answers the judge's calls with plain data. The expected values never
+enter the candidate's process and only the judge writes the verdict, so forging a summary,
+reading the harness's frames, or returning an object whose __eq__ is always true scores nothing.
 
 Reward: the fraction of tests passed (partial=True) or 1.0 only when all pass; 0.0 when the
-sandbox stops the program (timeout, memory, output...) or the summary is missing or forged;
-None when the row has no usable tests or the sandbox itself could not run. Each result's reason
-is kept: `code_tests.last_results` (CodeResult per completion) and `code_tests.last_reasons`
-after every call, or call `evaluate_code` directly.
-
-What the summary does not stop: a program that introspects the harness (gc, frames, trace
-functions) can find the nonce or change the count, and objects whose __eq__ is always True pass
-equality asserts. The sandbox contains such programs; it does not make their score honest.
+sandbox stops the program (timeout, memory, output...), the candidate is killed, or no verdict
+comes; None when the row has no usable tests or the sandbox itself could not run. Each result's
+reason is kept: `code_tests.last_results` (CodeResult per completion) and `code_tests.last_reasons`
+after every call, or call `evaluate_code` directly. docs/sandbox.md has the details.
 """
 from __future__ import annotations
 
 import ast
 import dataclasses
 import logging
+import json
 import re
-import secrets
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, Mapping
 
 from grpokit.rewards.sandbox import Isolation, Limits, SandboxResult, run_many
 from grpokit.rewards.text import completion_text
@@ -53,7 +58,8 @@ class CodeResult:
     reason: str
     """"passed", "failed", "syntax_error", "exception:<Type>" (the solution's top level raised;
     the tests still ran; OSErrors add the errno name, e.g. "exception:OSError:EFBIG"),
-    "no_code", "no_summary", "forged_summary", a sandbox reason (timeout, cpu_limit,
+    "candidate_exited" (it ended before the tests did), "no_code", "no_summary" (no verdict: the
+    judge was killed), "cpu_limit" / "killed:<SIGNAL>" (the candidate was), a sandbox reason (timeout, cpu_limit,
     memory_limit, output_limit, killed:SIGKILL, error, ...), or for None scores "no_tests",
     "bad_tests: ...", "sandbox_error", "network_isolation_unavailable"."""
     passed: int = 0
@@ -102,86 +108,79 @@ def parse_tests(tests: Any) -> list[tuple[str, bool]]:
     raise ValueError(f"tests must be a string or a list of strings, got {type(tests).__name__}")
 
 
-# The program run in the sandbox. Everything the harness needs is bound before the solution
-# runs (default arguments), so a solution that rebinds builtins.exec, os.write or
-# BaseException does not change how the harness counts or reports.
-_HARNESS = """\
-import errno, os, sys
+def parse_stdio(tests: Mapping) -> list[tuple[str, str]]:
+    """(stdin, expected stdout) pairs from {"inputs": [...], "outputs": [...]} (APPS, CodeContests).
+    Raises ValueError for anything else."""
+    if set(tests) != {"inputs", "outputs"}:
+        raise ValueError(f"stdin/stdout tests are {{'inputs': [...], 'outputs': [...]}}, got keys {sorted(tests)}")
+    inputs, outputs = tests["inputs"], tests["outputs"]
+    if not isinstance(inputs, (list, tuple)) or not isinstance(outputs, (list, tuple)) or len(inputs) != len(outputs):
+        raise ValueError("'inputs' and 'outputs' must be lists of the same length")
+    if not all(isinstance(x, str) for x in [*inputs, *outputs]):
+        raise ValueError("every input and output must be a string")
+    return list(zip(inputs, outputs))
 
-def _grpokit_harness(solution, tests, _open=open, _remove=os.remove, _dup=os.dup, _write=os.write,
-                     _compile=compile, _exec=exec, _type=type, _BaseException=BaseException,
-                     _OSError=OSError, _isinstance=isinstance, _errorcode=dict(errno.errorcode), _settrace=sys.settrace,
-                     _setprofile=sys.setprofile, _stdout=sys.stdout):
-    with _open("_grpokit_nonce") as f:
-        nonce = f.read()
-    _remove("_grpokit_nonce")
-    summary_fd = _dup(1)
-    namespace = {"__name__": "solution", "__builtins__": __builtins__}
-    status = "ok"
+
+def same_output(got: str, expected: str) -> bool:
+    """Equal up to trailing whitespace on each line and trailing blank lines (the usual judge rule)."""
+    def lines(text: str) -> list[str]:
+        return [line.rstrip() for line in text.rstrip().splitlines()]
+    return lines(got) == lines(expected)
+
+
+def _score_stdio(runs: list[tuple[SandboxResult, str]], partial: bool) -> CodeResult:
+    total = len(runs)
+    for out, _ in runs:
+        if out.reason in _NOT_THE_PROGRAM:
+            return CodeResult(None, out.reason, 0, total, out)
+    wrong = [out for out, expected in runs if not (out.reason == "ok" and same_output(out.stdout, expected))]
+    passed = total - len(wrong)
+    reason = "passed" if not wrong else next((o.reason for o in wrong if o.reason != "ok"), "failed")
+    score = passed / total if partial else float(passed == total)
+    return CodeResult(score, reason, passed, total, wrong[0] if wrong else runs[0][0])
+
+
+# The program run in the sandbox: the judge, which forks the candidate (grpokit/rewards/harness.py).
+_HARNESS = Path(__file__).with_name("harness.py").read_text()
+
+
+def build_files(solution: str, tests: list[tuple[str, bool]], limit: int) -> tuple[str, dict[str, str]]:
+    """(main.py, the other files) for one evaluation: the judge, the solution and the tests."""
+    program = _HARNESS.replace("judge(1 << 20)", f"judge({int(limit)})")
+    return program, {"solution.py": solution, "tests.json": json.dumps(tests)}
+
+
+def _verdict(stdout: str) -> dict | None:
+    """The judge's verdict: the last line of stdout, which only the judge writes."""
+    lines = stdout.strip().splitlines()
     try:
-        code = _compile(solution, "solution.py", "exec")
-    except _BaseException:
-        code, status = None, "syntax_error"
-    if code is not None:
-        try:
-            _exec(code, namespace)
-        except _BaseException as e:
-            status = "exception:" + "_".join(_type(e).__name__.split())
-            if _isinstance(e, _OSError):  # which one: EFBIG is the file size limit, ENOSPC the disk
-                status += ":" + (_errorcode.get(e.errno, "?") if _type(e.errno) is int else "?")
-    passed = total = 0
-    for source, counted in tests:
-        ok = False
-        if code is not None:
-            try:
-                _exec(_compile(source, "tests.py", "exec"), namespace)
-                ok = True
-            except _BaseException:
-                pass
-            _settrace(None)
-            _setprofile(None)
-        if counted:
-            total += 1
-            passed += ok
-    try:
-        _stdout.flush()
-    except _BaseException:
-        pass
-    _write(summary_fd, ("\\n%s %s %d %d\\n" % (nonce, status, passed, total)).encode())
-
-_grpokit_harness(SOLUTION, TESTS)
-"""
+        verdict = json.loads(lines[-1])["grpokit_verdict"] if lines else None
+    except (ValueError, TypeError, KeyError):
+        return None
+    fields = {"status": str, "passed": int, "total": int, "candidate": str, "lost": bool}
+    if type(verdict) is not dict or any(type(verdict.get(k)) is not t for k, t in fields.items()):
+        return None
+    return verdict
 
 
-def build_program(solution: str, tests: list[tuple[str, bool]]) -> str:
-    """The harness with the solution and the parsed tests filled in (as literals)."""
-    return _HARNESS.replace("_grpokit_harness(SOLUTION, TESTS)", f"_grpokit_harness({solution!r}, {tests!r})")
-
-
-def _summary(stdout: str, nonce: str) -> list[tuple[str, int, int]]:
-    found = []
-    for line in stdout.splitlines():
-        parts = line.split(" ")
-        if len(parts) == 4 and parts[0] == nonce and parts[2].isdigit() and parts[3].isdigit():
-            found.append((parts[1], int(parts[2]), int(parts[3])))
-    return found
-
-
-def _score(result: SandboxResult, nonce: str, total: int, partial: bool) -> CodeResult:
+def _score(result: SandboxResult, total: int, partial: bool) -> CodeResult:
     if result.reason in _NOT_THE_PROGRAM:
         return CodeResult(None, result.reason, 0, total, result)
     if result.reason != "ok":
         return CodeResult(0.0, result.reason, 0, total, result)
-    lines = _summary(result.stdout, nonce)
-    if not lines:
+    verdict = _verdict(result.stdout)
+    if verdict is None or verdict["total"] != total or not 0 <= verdict["passed"] <= total:
         return CodeResult(0.0, "no_summary", 0, total, result)
-    status, passed, reported_total = lines[-1]
-    if len(lines) > 1 or reported_total != total or passed > total:
-        return CodeResult(0.0, "forged_summary", 0, total, result)
+    ended = verdict["candidate"]
+    if ended.startswith("signal:"):  # killed mid-way (a limit): nothing it did counts
+        return CodeResult(0.0, "cpu_limit" if ended == "signal:SIGXCPU" else "killed:" + ended[7:], 0, total, result)
+    passed = verdict["passed"]
     if passed == total:
         reason = "passed"
+    elif verdict["status"] != "ok":
+        reason = verdict["status"]
     else:
-        reason = status if status != "ok" else "failed"
+        reason = "candidate_exited" if verdict["lost"] else "failed"
     score = passed / total if partial else float(passed == total)
     return CodeResult(score, reason, passed, total, result)
 
@@ -199,35 +198,41 @@ def evaluate_code(
     if len(completions) != len(tests):
         raise ValueError(f"{len(completions)} completions but {len(tests)} rows of tests")
     results: list[CodeResult | None] = [None] * len(completions)
-    jobs = []  # (index, program, nonce, number of tests)
+    jobs = []  # (index, program, stdin, files, expected stdout or None for Python tests)
+    totals = {}
     for i, (completion, row_tests) in enumerate(zip(completions, tests)):
         if row_tests is None:
             results[i] = CodeResult(None, "no_tests")
             continue
         try:
-            parsed = parse_tests(row_tests)
+            parsed = parse_stdio(row_tests) if isinstance(row_tests, Mapping) else parse_tests(row_tests)
         except ValueError as e:
             results[i] = CodeResult(None, f"bad_tests: {e}")
             continue
-        total = sum(counted for _, counted in parsed)
-        if total == 0:
+        totals[i] = sum(counted for _, counted in parsed) if not isinstance(row_tests, Mapping) else len(parsed)
+        if totals[i] == 0:
             results[i] = CodeResult(None, "no_tests")
             continue
         code = extract_code(completion_text(completion))
         if not code.strip():
-            results[i] = CodeResult(0.0, "no_code", 0, total)
+            results[i] = CodeResult(0.0, "no_code", 0, totals[i])
             continue
-        jobs.append((i, build_program(code, parsed), secrets.token_hex(16), total))
+        if isinstance(row_tests, Mapping):  # a run per case; the parent compares the output
+            jobs += [(i, code, stdin, None, expected) for stdin, expected in parsed]
+        else:
+            program, files = build_files(code, parsed, limits.output_bytes)
+            jobs.append((i, program, "", files, None))
 
-    outs = run_many(
-        [program for _, program, _, _ in jobs],
-        limits=limits,
-        max_workers=max_workers,
-        files=[{"_grpokit_nonce": nonce} for _, _, nonce, _ in jobs],
-        isolation=isolation,
-    )
-    for (i, _, nonce, total), out in zip(jobs, outs):
-        results[i] = _score(out, nonce, total, partial)
+    outs = run_many([(program, stdin) for _, program, stdin, _, _ in jobs], limits=limits,
+                    max_workers=max_workers, files=[files for _, _, _, files, _ in jobs], isolation=isolation)
+    cases: dict[int, list[tuple[SandboxResult, str]]] = {}
+    for (i, _, _, _, expected), out in zip(jobs, outs):
+        if expected is None:
+            results[i] = _score(out, totals[i], partial)
+        else:
+            cases.setdefault(i, []).append((out, expected))
+    for i, runs in cases.items():
+        results[i] = _score_stdio(runs, partial)
     for reason in _NOT_THE_PROGRAM:
         if failed := [r for r in results if r.reason == reason]:  # type: ignore[union-attr]
             logger.error("code_tests: %d of %d samples not evaluated (%s): %s", len(failed), len(results),
