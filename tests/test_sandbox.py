@@ -26,13 +26,14 @@ import pytest
 from grpokit.rewards import BUILTIN_REWARDS, RewardManager, RewardSpec
 from grpokit.rewards.code import code_tests, evaluate_code, extract_code, parse_stdio, parse_tests
 from grpokit.rewards import sandbox
+from grpokit.rewards.cgroup import memory_pool
 from grpokit.rewards.sandbox import UID_BASE, UID_COUNT, Limits, isolation_mode, run_many, run_python
 
 SMALL = Limits(wall_time=3.0, cpu_time=2, memory_mb=256, processes=16, output_bytes=64 << 10, disk_mb=32,
-               file_size_mb=4)
+               file_size_mb=4, tree_memory_mb=512)
 ROOMY = Limits(wall_time=30.0, memory_mb=256)  # for programs that must finish, even on a busy machine
 SMALL_KWARGS = {"wall_time": 3.0, "cpu_time": 2, "memory_mb": 256, "processes": 16,
-                "output_bytes": 64 << 10, "disk_mb": 32, "file_size_mb": 4}
+                "output_bytes": 64 << 10, "disk_mb": 32, "file_size_mb": 4, "tree_memory_mb": 512}
 
 
 @pytest.fixture(scope="session")
@@ -419,6 +420,18 @@ while _frame is not None:
             pass
     _frame = _frame.f_back
 """
+FORK_HOARD = """
+import os, time
+kids = []
+for _ in range(7):
+    pid = os.fork()
+    if pid == 0:
+        hoard = b"x" * (200 << 20)
+        time.sleep(1)
+        os._exit(0)
+    kids.append(pid)
+killed = sum(os.WIFSIGNALED(os.waitpid(pid, 0)[1]) for pid in kids)
+"""
 ALWAYS_EQUAL = """
 class Always(int):
     def __eq__(self, other):
@@ -475,6 +488,8 @@ def _hostile_cases(outside: str, victim: str, port: int) -> dict[str, tuple[str,
                           "assert hits == 4", {"failed", "killed:SIGKILL"}),
         "kill_own_group": ("import os, signal\nos.killpg(os.getpgid(0), signal.SIGKILL)\nALIVE = True",
                            "assert ALIVE", {"killed:SIGKILL"}),
+        # 7 children of 200 MiB each, under a 256 MiB per-process limit: 1.4 GiB without a tree bound
+        "memory_by_forking": (FORK_HOARD, "assert killed == 0", {"failed", "memory_limit", "timeout"}),
         # reward hacks: the verdict is decided outside the candidate, from values it cannot forge
         "forge_verdict_from_frames": (FORGE_FROM_FRAMES, ADD_TESTS, {"candidate_exited", "failed"}),
         "always_equal": (ALWAYS_EQUAL, ADD_TESTS, {"failed"}),
@@ -527,6 +542,22 @@ def test_hostile_program_gets_zero_with_a_reason(hostile, name):
     assert hostile["scores"][name] == 0.0, (result.reason, result.sandbox.stderr[-500:] if result.sandbox else "")
     assert result.reason in allowed, (result.reason, result.sandbox.stderr[-500:] if result.sandbox else "")
     assert result.sandbox.network_isolated
+    if memory_pool() is not None:  # the whole evaluation stayed under its bound
+        assert result.sandbox.memory_peak_mb <= SMALL_KWARGS["tree_memory_mb"]
+
+
+def test_one_evaluation_is_bounded_as_a_whole():
+    if memory_pool() is None:
+        pytest.skip("no writable memory cgroup here: per-process rlimits only (docs/sandbox.md)")
+    roomy = Limits(wall_time=30.0, memory_mb=256, processes=16, tree_memory_mb=512)
+    bounded = run_python(FORK_HOARD + "print(killed)", limits=roomy)
+    unbounded = run_python(FORK_HOARD + "print(killed)", limits=dataclasses.replace(roomy, tree_memory_mb=4096))
+    assert bounded.ok and int(bounded.stdout) > 0 and bounded.memory_killed
+    assert bounded.memory_peak_mb <= 512
+    assert unbounded.ok and int(unbounded.stdout) == 0 and unbounded.memory_peak_mb > 7 * 200  # what it costs
+    hog = "hoard = b'x' * (400 << 20)\nimport time\ntime.sleep(3)"
+    pair = run_many([hog, hog], limits=dataclasses.replace(roomy, memory_mb=512, pool_memory_mb=600), max_workers=2)
+    assert any(r.memory_killed and r.reason == "memory_limit" for r in pair), pair  # 800 MiB > the pool's 600
 
 
 def test_hostile_programs_changed_nothing_outside(hostile):
@@ -550,7 +581,10 @@ def test_output_is_capped(hostile):
 
 NOBODY = 65534
 _USERNS_CHECK = """
-import importlib.util, json, os, sys
+import importlib.util, json, os, sys, types
+for package in ("grpokit", "grpokit.rewards"):  # sandbox.py and cgroup.py alone, without torch
+    sys.modules[package] = types.ModuleType(package)
+    sys.modules[package].__path__ = [os.path.dirname(sys.argv[1])]
 spec = importlib.util.spec_from_file_location("sandbox_under_test", sys.argv[1])
 sb = importlib.util.module_from_spec(spec)
 sys.modules[spec.name] = sb

@@ -173,7 +173,8 @@ def _score(result: SandboxResult, total: int, partial: bool) -> CodeResult:
         return CodeResult(0.0, "no_summary", 0, total, result)
     ended = verdict["candidate"]
     if ended.startswith("signal:"):  # killed mid-way (a limit): nothing it did counts
-        return CodeResult(0.0, "cpu_limit" if ended == "signal:SIGXCPU" else "killed:" + ended[7:], 0, total, result)
+        reason = "cpu_limit" if ended == "signal:SIGXCPU" else "killed:" + ended[7:]
+        return CodeResult(0.0, "memory_limit" if result.memory_killed else reason, 0, total, result)
     passed = verdict["passed"]
     if passed == total:
         reason = "passed"

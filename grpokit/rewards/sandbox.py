@@ -49,6 +49,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Iterable, Literal, Mapping
 
+from grpokit.rewards.cgroup import MemoryGroup, machine_memory_mb, memory_pool
+
 logger = logging.getLogger("grpokit.rewards")
 
 Isolation = Literal["auto", "namespaces", "userns", "none"]
@@ -81,18 +83,27 @@ class Limits:
     its own user namespace ("userns"); shared with the trainer's count, or absent as root, in "none"."""
     output_bytes: int = 1 << 20
     """cap on each of stdout and stderr; past it the sandbox is killed ("output_limit")"""
+    tree_memory_mb: int = 1024
+    """memory (RSS, page cache and its tmpfs) of the whole sandbox, every process together: a memory
+    cgroup, where one can be made here (grpokit/rewards/cgroup.py); past it the kernel kills inside
+    the sandbox ("memory_limit"). Without a cgroup only the per-process memory_mb holds"""
+    pool_memory_mb: int = 0
+    """memory of all sandboxes of this process together (their parent cgroup); 0 = half the machine's"""
     require_network_isolation: bool = False
     """refuse to run ("network_isolation_unavailable") when no network namespace is available"""
 
     def __post_init__(self) -> None:
         for name in ("wall_time", "cpu_time", "memory_mb", "file_size_mb", "disk_mb",
-                     "open_files", "processes", "output_bytes"):
+                     "open_files", "processes", "output_bytes", "tree_memory_mb"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"Limits.{name} must be a number > 0, got {value!r}")
-        for name in ("cpu_time", "memory_mb", "file_size_mb", "disk_mb", "open_files", "processes", "output_bytes"):
-            if not isinstance(getattr(self, name), int):
+        for name in ("cpu_time", "memory_mb", "file_size_mb", "disk_mb", "open_files", "processes", "output_bytes",
+                     "tree_memory_mb", "pool_memory_mb"):
+            if not isinstance(getattr(self, name), int) or isinstance(getattr(self, name), bool):
                 raise ValueError(f"Limits.{name} must be an int, got {getattr(self, name)!r}")
+        if self.pool_memory_mb < 0:
+            raise ValueError(f"Limits.pool_memory_mb must be >= 0 (0 = half the machine's), got {self.pool_memory_mb}")
 
 
 @dataclass(frozen=True)
@@ -119,6 +130,10 @@ class SandboxResult:
     """user + system CPU seconds of the program (and children it waited for); None if unknown"""
     isolation: str = "none"
     """"namespaces" (root), "userns" (unprivileged user namespace) or "none"; see the module docstring"""
+    memory_peak_mb: float | None = None
+    """the most memory the whole sandbox held at once (its cgroup's peak); None without a cgroup"""
+    memory_killed: bool = False
+    """the kernel killed a process of it at Limits.tree_memory_mb (its cgroup's OOM kill count)"""
 
 
 # -- the launcher: runs first inside the sandbox, as root where we are root ----------------
@@ -492,11 +507,17 @@ def _run(code: str, stdin: str, limits: Limits, files: dict, mode: str, uid: int
     python = _python()
     report_r, report_w = os.pipe()
     argv = _sandbox_argv(python, mode, limits, workdir, home, sorted(files), uid, report_w)
-    proc = _start(argv, stdin, workdir, report_r, report_w)
+    group = _memory_group(limits)
     try:
-        out, err, report, stopped = _collect(proc, report_r, limits, start)
+        proc = _start(group.wrap(argv) if group else argv, stdin, workdir, report_r, report_w)
+        try:
+            out, err, report, stopped = _collect(proc, report_r, limits, start)
+        finally:
+            _stop(proc, isolated, uid)
     finally:
-        _stop(proc, isolated, uid)
+        peak, killed = (group.peak_mb(), group.oom_kills() > 0) if group else (None, False)
+        if group:
+            group.remove()
     wall = time.monotonic() - start
     stdout, stderr = out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
 
@@ -510,7 +531,22 @@ def _run(code: str, stdin: str, limits: Limits, files: dict, mode: str, uid: int
     if status is not None:
         returncode = os.waitstatus_to_exitcode(status)
     reason, stderr = _reason(stopped, info, returncode, cpu_time, stderr, proc.returncode, limits)
-    return SandboxResult(reason == "ok", returncode, stdout, stderr, reason, wall, isolated, cpu_time, mode)
+    if killed and reason not in ("ok", "timeout", "output_limit"):
+        reason = "memory_limit"
+    return SandboxResult(reason == "ok", returncode, stdout, stderr, reason, wall, isolated, cpu_time, mode,
+                         peak, killed)
+
+
+def _memory_group(limits: Limits) -> MemoryGroup | None:
+    """A cgroup of tree_memory_mb for one run, under the pool (whose limit is set here), or None."""
+    pool = memory_pool()
+    if pool is None:
+        return None
+    try:
+        pool.set_limit(limits.pool_memory_mb or machine_memory_mb() // 2)
+    except OSError:  # below what the running sandboxes hold: keep the old limit
+        logger.debug("could not set the sandbox pool's memory limit", exc_info=True)
+    return pool.child(limits.tree_memory_mb)
 
 
 def _write_files(files: dict, workdir: str, isolated: bool, uid: int | None) -> str:
