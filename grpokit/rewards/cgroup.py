@@ -116,6 +116,7 @@ def memory_pool() -> MemoryPool | None:
 def _make_pool() -> MemoryPool | None:
     name = f"grpokit-sandboxes-{os.getpid()}"
     for version, base in _own_cgroups():
+        _remove_stale(base)
         pool = MemoryPool(os.path.join(base, name), version)
         if version == 2:  # let our children have the controller (refused where we have siblings)
             try:
@@ -140,6 +141,21 @@ def _make_pool() -> MemoryPool | None:
         return pool
     logger.info("code sandbox memory: no writable memory cgroup here; per-process rlimits only")
     return None
+
+
+def _remove_stale(base: str) -> None:
+    """Pools left by processes that were killed (kill -9 skips atexit): empty, so rmdir works."""
+    try:
+        names = [n for n in os.listdir(base) if n.startswith("grpokit-sandboxes-")]
+    except OSError:
+        return
+    for name in names:
+        pid = name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            pool = os.path.join(base, name)
+            for child in [os.path.join(pool, c) for c in os.listdir(pool) if c.startswith("run-")]:
+                MemoryGroup(child, 0).remove()
+            MemoryGroup(pool, 0).remove()
 
 
 def _own_cgroups() -> list[tuple[int, str]]:
