@@ -4,6 +4,7 @@
     ref = build_reference(model, cfg.algorithm)                   # frozen copy of pi_theta, or None (beta = 0)
     backbone = load_model(path, head="backbone")                  # the critic's body (AutoModel)
     logp, entropy = completion_logprobs(model, packed, temperature=1.0, with_entropy=True)   # [N, T] each
+    # at large vocabularies from the hidden states and the LM head in chunks, never [N, T, V] (fused=None: auto)
 
 `packed` is a grpokit.batch.PackedBatch (pack_sequences: left-padded prompts, right-padded completions).
 """
@@ -17,6 +18,7 @@ import torch
 from torch import Tensor
 
 from grpokit.algo import token_entropy, token_logprobs
+from grpokit.algo.fused import linear_logprobs
 from grpokit.batch import PackedBatch
 from grpokit.rollout.base import cache_kwarg
 
@@ -152,6 +154,7 @@ def completion_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     share_prompts: bool = True,
+    fused: bool | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """log pi(completion token | prefix) for every completion position: [N, T] (and entropy [N, T]).
 
@@ -162,23 +165,76 @@ def completion_logprobs(
     through the model once, and their completions attend to its keys / values (shared_prompt_logits);
     same values and gradients as the plain pass, fewer FLOPs. Used when at most half the rows have a
     distinct prompt and the model takes a KV cache with gradients (not with gradient checkpointing).
+
+    fused: take the backbone's last hidden states and apply the LM head in chunks of tokens,
+    recomputing them in the backward (grpokit/algo/fused.py): the [N, T, V] logits are never held.
+    None (default) = when the logits [N, T, V] would have at least FUSED_MIN_LOGITS elements and the
+    model's logits are its head applied to its backbone's output (checked once per model:
+    fused_head). Same values and gradients either way.
     """
+    if fused is None:
+        rows, width = batch.completion_ids.shape
+        fused = rows * width * _vocab_size(model) >= FUSED_MIN_LOGITS and fused_head(model) is not None
+    elif fused and fused_head(model) is None:
+        raise ValueError("fused log-probs need a model whose logits are a Linear head on its backbone's output")
+    T = batch.completion_width
+    out = None
     if share_prompts and _can_share(model):
-        P = batch.input_ids.shape[1] - batch.completion_width
+        P = batch.input_ids.shape[1] - T
         prompts = torch.cat([batch.input_ids[:, :P], batch.attention_mask[:, :P]], dim=1)  # [N, 2P]
         unique, inverse = torch.unique(prompts, dim=0, return_inverse=True)  # [U, 2P], [N]
         if unique.shape[0] * 2 <= prompts.shape[0]:
-            logits = shared_prompt_logits(model, batch, unique[:, :P], unique[:, P:], inverse)
-            return _logp_entropy(logits, batch, temperature, with_entropy)
-    T = batch.completion_width
-    out = model(
-        input_ids=batch.input_ids,
-        attention_mask=batch.attention_mask,
-        position_ids=batch.position_ids,
-        use_cache=False,
-        logits_to_keep=T + 1,
-    )
-    return _logp_entropy(out.logits[:, :-1, :], batch, temperature, with_entropy)  # logits [N, T, V]
+            out = shared_prompt_logits(model, batch, unique[:, :P], unique[:, P:], inverse, fused=fused)
+    if out is None:
+        inputs = dict(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids)
+        out = _forward(model, fused, T + 1, use_cache=False, **inputs)[:, :-1]  # [N, T, V], or [N, T, H] fused
+    if fused:
+        head = fused_head(model)
+        return linear_logprobs(out, head.weight, batch.completion_ids, bias=head.bias, temperature=temperature,
+                               with_entropy=with_entropy)
+    return _logp_entropy(out, batch, temperature, with_entropy)
+
+
+#: logits of this many elements or more (256 MiB in fp32) take the fused path by default; below it the
+#: chunks' temporaries cost about what the logits would (benchmarks/results/fused_logprobs.md)
+FUSED_MIN_LOGITS = 64 << 20
+
+
+def _vocab_size(model) -> int:
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    return head.weight.shape[0] if isinstance(head, torch.nn.Linear) else 0
+
+
+def _forward(model, fused: bool, keep: int, **inputs) -> Tensor:
+    """The last `keep` positions' logits, or (fused) the backbone's hidden states there."""
+    if fused:
+        return model.base_model(**inputs).last_hidden_state[:, -keep:]
+    return model(**inputs, logits_to_keep=keep).logits
+
+
+def fused_head(model) -> torch.nn.Linear | None:
+    """The model's LM head when its logits are exactly head(backbone(x)) (no soft-capping, scaling or
+    other post-processing), else None. Checked once per model on a few tokens, in eval mode."""
+    cached = model.__dict__.get("_grpokit_fused_head")
+    if cached is not None:
+        return cached or None
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    ok = isinstance(head, torch.nn.Linear) and getattr(model, "base_model", model) is not model
+    if ok:
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                ids = torch.arange(4, device=head.weight.device).remainder(head.weight.shape[0])[None]
+                logits = model(input_ids=ids, use_cache=False).logits
+                hidden = model.base_model(input_ids=ids, use_cache=False).last_hidden_state
+                ok = torch.allclose(head(hidden).float(), logits.float(), rtol=1e-4, atol=1e-4)
+        except (TypeError, AttributeError, RuntimeError):
+            ok = False
+        finally:
+            model.train(was_training)
+    model.__dict__["_grpokit_fused_head"] = head if ok else False
+    return head if ok else None
 
 
 def _logp_entropy(logits: Tensor, batch: PackedBatch, temperature: float, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
@@ -195,8 +251,10 @@ def _can_share(model) -> bool:
     return not checkpointing and hasattr(model, "config")
 
 
-def shared_prompt_logits(model, batch: PackedBatch, prompt_ids: Tensor, prompt_mask: Tensor, inverse: Tensor) -> Tensor:
-    """Logits [N, T, V] predicting each completion token, each distinct prompt run through the model once.
+def shared_prompt_logits(model, batch: PackedBatch, prompt_ids: Tensor, prompt_mask: Tensor, inverse: Tensor,
+                         fused: bool = False) -> Tensor:
+    """Logits [N, T, V] predicting each completion token, each distinct prompt run through the model once
+    (fused: the backbone's hidden states [N, T, H] there, for the LM head to be applied in chunks).
 
     prompt_ids / prompt_mask: [U, P] the distinct (left-padded) prompts; inverse: [N] row -> its prompt.
     1. the U prompts -> KV cache [U, H, P, D] per layer and the logits of their last position
@@ -213,20 +271,41 @@ def shared_prompt_logits(model, batch: PackedBatch, prompt_ids: Tensor, prompt_m
     cache = DynamicCache(config=model.config)
     kw = {cache_kwarg(model): cache}
     prompt_pos = (prompt_mask.cumsum(-1) - 1).clamp_min(0)  # [U, P], as pack_sequences computes it
-    first = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=prompt_pos, use_cache=True, logits_to_keep=1, **kw)
-    logits0 = first.logits[inverse]  # [N, 1, V]: predicts completion token 0
+    first = _forward(model, fused, 1, input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=prompt_pos,
+                     use_cache=True, **kw)
+    logits0 = select_rows(first, inverse)  # [N, 1, V]: predicts completion token 0
     if T == 1:
         return logits0
-    cache.batch_select_indices(inverse)  # [N, H, P, D] per layer, differentiable
-    rest = model(
-        input_ids=batch.input_ids[:, P:],
-        attention_mask=batch.attention_mask,
-        position_ids=batch.position_ids[:, P:],
-        use_cache=True,
-        logits_to_keep=T,
-        **kw,
-    )
-    return torch.cat([logits0, rest.logits[:, : T - 1]], dim=1)  # [N, T, V]
+    select_cache_rows(cache, inverse)  # [N, H, P, D] per layer, differentiable
+    rest = _forward(model, fused, T, input_ids=batch.input_ids[:, P:], attention_mask=batch.attention_mask,
+                    position_ids=batch.position_ids[:, P:], use_cache=True, **kw)
+    return torch.cat([logits0, rest[:, : T - 1]], dim=1)  # [N, T, V]
+
+
+
+def select_rows(x: Tensor, index: Tensor) -> Tensor:
+    """x[index] along dim 0, with a backward that sums the rows that share a source row in a fixed order.
+
+    On CPU, x[index]'s backward is index_put_(accumulate=True), which torch runs with atomic float adds
+    from several threads once the gradient has 32768 elements or more: the G rows of a prompt are then
+    summed in whatever order the threads get there, and two runs of one config differ in the last bits
+    (seen at 3 and 5 threads; docs/threads.md). index_select's backward (index_add_) adds them in index
+    order. On CUDA it is the other way round (index_add_ uses atomics, the indexing backward sorts), so
+    CUDA keeps x[index].
+    """
+    return x.index_select(0, index) if x.device.type == "cpu" else x[index]
+
+
+def select_cache_rows(cache, index: Tensor) -> None:
+    """cache.batch_select_indices(index) (transformers: keys[index] per layer), through select_rows."""
+    for layer in getattr(cache, "layers", None) or ():
+        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+        if isinstance(keys, Tensor) and isinstance(values, Tensor) and keys.numel():
+            layer.keys, layer.values = select_rows(keys, index), select_rows(values, index)
+        else:  # not filled yet, or state of another kind (e.g. linear attention): transformers' own
+            layer.batch_select_indices(index)
+    if not getattr(cache, "layers", None):
+        cache.batch_select_indices(index)
 
 
 @torch.no_grad()

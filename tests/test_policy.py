@@ -1,7 +1,11 @@
 """Per-token log-probs of a padded batch equal those of each sequence alone."""
+import math
+
+import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from grpokit.algo.fused import linear_logprobs
 from grpokit.batch import pack_sequences
 from grpokit.policy import completion_logprobs
 
@@ -72,9 +76,10 @@ def _grouped_batch(G=4):
     return pack_sequences(prompts, comps, pad_id=0)
 
 
-def _logp_and_grads(model, batch, share):
+def _logp_and_grads(model, batch, share, fused=None, temperature=1.0):
     model.zero_grad(set_to_none=True)
-    logp, ent = completion_logprobs(model, batch, with_entropy=True, share_prompts=share)
+    logp, ent = completion_logprobs(model, batch, with_entropy=True, share_prompts=share, fused=fused,
+                                    temperature=temperature)
     (logp * batch.completion_mask).sum().backward()
     return logp.detach(), ent, {n: p.grad.clone() for n, p in model.named_parameters()}
 
@@ -89,7 +94,7 @@ def test_shared_prompts_give_the_plain_pass_values_and_gradients(monkeypatch):
     plain = _logp_and_grads(model, batch, share=False)
     calls = []
     real = policy.shared_prompt_logits
-    monkeypatch.setattr(policy, "shared_prompt_logits", lambda *a: calls.append(a[3].shape) or real(*a))
+    monkeypatch.setattr(policy, "shared_prompt_logits", lambda *a, **k: calls.append(a[3].shape) or real(*a, **k))
     shared = _logp_and_grads(model, batch, share=True)
     assert calls == [(3, batch.input_ids.shape[1] - batch.completion_width)]  # 3 distinct prompts, run once each
     mask = batch.completion_mask.bool()
@@ -108,3 +113,91 @@ def test_shared_prompts_with_one_token_completions_and_a_shuffled_subset():
     shared, _ = completion_logprobs(model, sub)
     mask = sub.completion_mask.bool()
     torch.testing.assert_close(shared[mask], plain[mask], rtol=1e-5, atol=1e-5)
+
+
+# -- fused log-probs: from hidden states and the LM head in chunks (grpokit/algo/fused.py) --------
+
+def test_linear_logprobs_worked_numbers():
+    # logits z = h W^T = [1, 0, 0]; logp(0) = 1 - log(e + 2); d logp / dz = onehot - softmax.
+    h = torch.tensor([[1.0, 0.0]], requires_grad=True)
+    W = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.0, 0.0]], requires_grad=True)
+    logp, ent = linear_logprobs(h, W, torch.tensor([0]), with_entropy=True)
+    e = torch.e
+    assert abs(logp.item() - (1 - math.log(e + 2))) < 1e-6  # -0.551445
+    p = torch.tensor([e, 1.0, 1.0]) / (e + 2)
+    assert abs(ent.item() - float(-(p * p.log()).sum())) < 1e-6
+    logp.sum().backward()
+    dz = torch.tensor([1.0, 0.0, 0.0]) - p  # [0.4239, -0.2119, -0.2119]
+    torch.testing.assert_close(W.grad, dz[:, None] * h.detach(), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(h.grad, (dz @ W.detach())[None], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("temperature,bias", [(1.0, False), (0.7, True)])
+def test_linear_logprobs_equal_the_plain_log_softmax(temperature, bias):
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(3, 5, 8, dtype=torch.float64, generator=g, requires_grad=True)
+    W = torch.randn(50, 8, dtype=torch.float64, generator=g, requires_grad=True)
+    b = torch.randn(50, dtype=torch.float64, generator=g, requires_grad=True) if bias else None
+    targets, weights = torch.randint(0, 50, (3, 5), generator=g), torch.randn(3, 5, dtype=torch.float64, generator=g)
+    leaves = [x for x in (h, W, b) if x is not None]
+    logp, ent = linear_logprobs(h, W, targets, bias=b, temperature=temperature, with_entropy=True, chunk=4)
+    grads = torch.autograd.grad((logp * weights).sum(), leaves)
+    logits = torch.nn.functional.linear(h, W, b).float() / temperature  # the direct reference
+    ref = torch.log_softmax(logits, -1).gather(-1, targets[..., None]).squeeze(-1)
+    ref_grads = torch.autograd.grad((ref * weights).sum(), leaves)
+    torch.testing.assert_close(logp, ref, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(ent, -(ref.new_tensor(0) + (logits.softmax(-1) * logits.log_softmax(-1)).sum(-1)),
+                               rtol=1e-5, atol=1e-5)
+    for got, want in zip(grads, ref_grads):
+        torch.testing.assert_close(got, want.to(got.dtype), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+@pytest.mark.parametrize("share", [False, True])
+def test_fused_path_gives_the_plain_values_and_gradients(tied, share):
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=tied)
+    model = LlamaForCausalLM(cfg).train()
+    batch = _grouped_batch()
+    plain = _logp_and_grads(model, batch, share, fused=False, temperature=0.8)
+    fused = _logp_and_grads(model, batch, share, fused=True, temperature=0.8)
+    mask = batch.completion_mask.bool()
+    torch.testing.assert_close(fused[0][mask], plain[0][mask], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(fused[1][mask], plain[1][mask], rtol=1e-4, atol=1e-5)
+    assert set(fused[2]) == set(plain[2])
+    for name, grad in plain[2].items():
+        torch.testing.assert_close(fused[2][name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+class _ScaledLogits(LlamaForCausalLM):
+    """A model whose logits are not head(backbone(x)): like Gemma 2's soft-capping or Cohere's logit_scale."""
+
+    def forward(self, *args, **kwargs):
+        out = super().forward(*args, **kwargs)
+        out.logits = out.logits * 2
+        return out
+
+
+def test_fused_path_is_taken_only_where_it_gives_the_models_logits(monkeypatch):
+    import grpokit.policy as policy
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=64)
+    plain_model, scaled = LlamaForCausalLM(cfg), _ScaledLogits(cfg)
+    assert policy.fused_head(plain_model) is plain_model.lm_head and policy.fused_head(scaled) is None
+    monkeypatch.setattr(policy, "FUSED_MIN_LOGITS", 8)  # auto picks fused from 8 logits up
+    calls = []
+    real = policy.linear_logprobs
+    monkeypatch.setattr(policy, "linear_logprobs", lambda *a, **k: calls.append(1) or real(*a, **k))
+    batch = pack_sequences(PROMPTS, COMPS, pad_id=0)
+    completion_logprobs(plain_model, batch)
+    assert calls == [1]
+    logp, _ = completion_logprobs(scaled, batch)  # the plain path: its own (doubled) logits
+    assert calls == [1]
+    ids = torch.tensor([PROMPTS[0] + COMPS[0]])
+    ref = torch.log_softmax(scaled(input_ids=ids).logits[0, 2:-1], -1).gather(-1, torch.tensor(COMPS[0])[:, None])
+    torch.testing.assert_close(logp[0, :3], ref.squeeze(-1), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="fused log-probs need"):
+        completion_logprobs(scaled, batch, fused=True)
