@@ -103,6 +103,8 @@ class Groups:
             errors={k: sum(src.scored.errors[k] for src in sources) for k in first.errors},
             weights=first.weights,
             steps=steps,
+            timeouts={k: sum(src.scored.timeouts.get(k, 0) for src in sources) for k in first.errors},
+            scored=sum(src.scored.scored or src.scored.total.numel() for src in sources),  # what the errors count over
         )
         return Groups([src.rows[g] for src, g in chosen], comps, scored)
 

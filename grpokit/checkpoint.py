@@ -223,8 +223,10 @@ def latest_checkpoint(out_dir: Path) -> tuple[int, Path] | None:
     return found[-1] if found else None
 
 
-#: Config keys that may change on resume without a word: they change neither the math nor the data stream.
-FREE_ON_RESUME = ("output_dir", "threads", "logging", "eval", "checkpoint")
+#: Config keys that may change on resume without a word: they change neither the math nor the data stream
+#: (the reward time limit and the bad-step guard only decide when to stop waiting, warn or stop).
+FREE_ON_RESUME = ("output_dir", "threads", "logging", "eval", "checkpoint", "reward_timeout", "reward_slow_warning",
+                  "reward_error_fraction", "stop_after_bad_steps")
 
 
 def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer, field_validator, model_serializer, model_validator
 from pydantic_core import PydanticCustomError
 
 
@@ -229,6 +229,8 @@ class RewardSpec(Section):
     """Keyword arguments passed on every call (settings such as a regex or a length limit)."""
     name: str | None = None
     """Metric name (reward/<name>); default the function's name."""
+    timeout: float | None = Field(None, ge=0)
+    """Seconds one call of this function may take; default the config's reward_timeout; 0 = no limit."""
 
     def __init__(self, function: Any = None, weight: Any = None, /, **data: Any) -> None:
         for key, value in (("function", function), ("weight", weight)):
@@ -237,6 +239,14 @@ class RewardSpec(Section):
                     raise TypeError(f"RewardSpec got {key} twice (positionally and as {key}=)")
                 data[key] = value
         super().__init__(**data)
+
+    @model_serializer(mode="wrap")
+    def _without_default_timeout(self, handler: Any) -> dict[str, Any]:
+        # Unset, `timeout` is left out: a checkpoint saved before it existed still matches on resume.
+        data = handler(self)
+        if data.get("timeout") is None:
+            data.pop("timeout", None)
+        return data
 
     @field_serializer("function")
     def _function_path(self, value: Any) -> str:
@@ -274,9 +284,17 @@ class Config(Section):
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     rewards: list[RewardSpec] = Field(default_factory=list)
-    """Reward functions, summed with their weights."""
+    """Reward functions, summed with their weights: each {function, weight, kwargs, name, timeout} (RewardSpec)."""
     reward_errors: Literal["skip", "raise"] = "skip"
-    """A reward function that raises: skip (the sample gets no reward from it, counted) or raise."""
+    """A reward function that raises, times out or returns bad values: skip (the samples get no reward from it, counted in reward/errors/<fn>) or raise."""
+    reward_timeout: float = Field(300.0, ge=0)
+    """Seconds one call of a reward function (one rollout batch) may take; 0 = no limit; a reward's `timeout` overrides it. A call that runs longer is left running in a background thread (Python cannot stop one) and handled as reward_errors says: its samples get no reward from that function (reward/timeouts/<fn>), and the function is skipped until the call returns. Functions that need the main thread (signal.alarm: the built-in math, math-verify's timeouts) run there, without this limit."""
+    reward_slow_warning: float = Field(60.0, ge=0)
+    """A reward call slower than this many seconds logs a warning with the function's name and time; 0 = never."""
+    reward_error_fraction: float = Field(0.5, ge=0, le=1)
+    """A step where one reward function fails (raises, times out, returns bad values) on more than this fraction of the completions logs a warning and is a bad step (stop_after_bad_steps); 1 = never."""
+    stop_after_bad_steps: int = Field(20, ge=0)
+    """Stop the run after this many bad steps in a row: a reward function over reward_error_fraction, or no learning signal (every group's G rewards equal, so every advantage is 0); 0 = never stop (the warnings stay)."""
 
     @model_validator(mode="after")
     def _check_batch_shapes(self) -> "Config":

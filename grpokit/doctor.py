@@ -28,6 +28,7 @@ from typing import Any, Callable, Literal, NamedTuple, Sequence
 import numpy as np
 
 from grpokit.metrics import (
+    ADVANTAGE_ABS_MEAN,
     ADVANTAGE_MEAN,
     EVAL_PASS_AT_1,
     METRICS_FILE,
@@ -39,14 +40,18 @@ from grpokit.metrics import (
     POLICY_LR,
     POLICY_RATIO_MEAN,
     POLICY_SKIPPED_UPDATES,
+    REWARD_ERROR_FRAC,
     REWARD_MEAN,
     REWARD_NONE_FRAC,
     REWARD_STD,
     REWARD_ZERO_STD_FRAC,
     ROLLOUT_COMPLETION_LEN_MEAN,
     ROLLOUT_TRUNCATED_FRAC,
+    failed_fractions,
+    no_learning_signal,
     read_metrics,
     record_step,
+    reward_timeouts,
 )
 
 CONFIG_FILE = "config.yaml"
@@ -68,6 +73,9 @@ DROP_FRAC = 0.5  # ... and gives back at least this fraction of the rise
 NONE_FRAC_MAX = 0.5  # reward/none_frac: no reward function applied to most completions
 ZERO_STD_MAX = 0.5  # reward/zero_std_frac: most groups carry no gradient (Q15)
 ZERO_STD_ERROR = 0.9
+NO_SIGNAL_MIN_STEPS = 5  # logged steps in a row where every group was tied (or the whole run, when shorter)
+ERROR_FRAC_MAX = 0.5  # reward/error_frac: a function failed on most of a step (config reward_error_fraction wins)
+ERROR_FRAC_ERROR_STEPS = 0.1  # ... at more than this fraction of the logged steps: an error, else a warning
 # ratio / clip / KL
 RATIO_TOL = 0.1  # |policy/ratio_mean - 1|: trainer and sampler disagree
 CLIP_FRAC_MAX = 0.2  # policy/clip_frac
@@ -292,6 +300,68 @@ def check_reward_none(run: Run) -> list[Finding]:
         )
         for st in _sustained(none_frac, above=NONE_FRAC_MAX)
     ]
+
+
+def check_reward_errors(run: Run) -> list[Finding]:
+    error_frac = run.series(REWARD_ERROR_FRAC)
+    if error_frac is None:
+        return []
+    limit = run.setting("reward_error_fraction")
+    limit = float(limit) if isinstance(limit, (int, float)) and not isinstance(limit, bool) else ERROR_FRAC_MAX
+    flagged = np.flatnonzero(error_frac.values > limit)
+    if not len(flagged):
+        return []
+    steps = set(error_frac.steps[flagged].tolist())
+    worst: dict[str, float] = {}
+    timed_out: set[str] = set()
+    for r in run.rows:
+        if _step(r) in steps:
+            for name, fraction in failed_fractions(r).items():
+                worst[name] = max(worst.get(name, 0.0), fraction)
+                if (_finite(r.get(reward_timeouts(name))) or 0) > 0:
+                    timed_out.add(name)
+    names = ", ".join(f"{name!r} (up to {_percent(f)})" for name, f in sorted(worst.items(), key=lambda kv: -kv[1]) if f > limit)
+    slow = f"; timed out: {', '.join(map(repr, sorted(timed_out)))}" if timed_out else ""
+    return [
+        Finding(
+            "reward_errors",
+            "error" if len(flagged) > ERROR_FRAC_ERROR_STEPS * len(error_frac) else "warning",
+            error_frac.span(int(flagged[0]), int(flagged[-1])),
+            f"at {len(flagged)} of {len(error_frac)} logged steps a reward function failed (raised, timed out or returned "
+            f"bad values) on more than {_percent(limit)} of the completions: {names or 'reward/error_frac'}{slow}; "
+            "those completions got 0 from it in the total, not a score",
+            "read the function's first error in the training log (logger grpokit.rewards, once, with its traceback) and run "
+            f"it by hand on completions from samples.jsonl; one that times out: make it faster or raise reward_timeout"
+            f"{run.current('reward_timeout')} (or its own `timeout`); reward_errors=raise stops at the first failure",
+        )
+    ]
+
+
+def check_no_signal(run: Run) -> list[Finding]:
+    if run.series(REWARD_ZERO_STD_FRAC) is None:  # notes the metric as absent for the report
+        return []
+    by_step = {_step(r): no_learning_signal(r) for r in run.rows if _finite(r.get(REWARD_ZERO_STD_FRAC)) is not None}
+    steps = sorted(by_step)
+    mask = np.array([by_step[s] for s in steps])
+    return [
+        Finding(
+            "no_signal",
+            "error",
+            (steps[first], steps[last]),
+            f"no learning signal at {_how_many(first, last, len(steps))}: in every group all G completions got the same "
+            "reward (reward/zero_std_frac = 1), so every advantage was 0 and the policy had no gradient (Q15)",
+            f"raise rollout.temperature{run.current('rollout.temperature')} or rollout.num_generations"
+            f"{run.current('rollout.num_generations')}; train on prompts the policy solves sometimes, not always or never "
+            "(an SFT warm start, easier data); give the reward partial credit; algorithm.dynamic_sampling=true draws other "
+            f"groups; the trainer stops such a run after stop_after_bad_steps{run.current('stop_after_bad_steps')} steps in a row",
+        )
+        for first, last in true_stretches(mask, min(NO_SIGNAL_MIN_STEPS, len(steps)))
+    ]
+
+
+def _how_many(first: int, last: int, n: int) -> str:
+    k = last - first + 1
+    return f"every one of the run's {n} logged steps" if k == n else f"{k} logged steps in a row"
 
 
 def check_reward_flat(run: Run) -> list[Finding]:
@@ -693,9 +763,11 @@ class Check:
 
 #: name -> check, in the seed's order of debugging (Q24), then Q25.
 CHECKS: dict[str, Check] = {
+    "reward_errors": Check(check_reward_errors, "Q24"),
     "reward_none": Check(check_reward_none, "Q24"),
     "reward_flat": Check(check_reward_flat, "Q24, Q26"),
     "reward_drop": Check(check_reward_drop, "Q24"),
+    "no_signal": Check(check_no_signal, "Q15, Q24"),
     "zero_std": Check(check_zero_std, "Q15, Q24"),
     "ratio_mismatch": Check(check_ratio, "Q24"),
     "clip_high": Check(check_clip, "Q10, Q18, Q24"),

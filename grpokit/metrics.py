@@ -66,6 +66,8 @@ REWARD_KL_SHAPING = "reward/kl_shaping"  # PPO with the KL in the reward
 REWARD_TOTAL = "reward/total"
 REWARD_TOTAL_STD = "reward/total/std"
 REWARD_ERRORS_PREFIX = "reward/errors/"
+REWARD_TIMEOUTS_PREFIX = "reward/timeouts/"
+REWARD_ERROR_FRAC = "reward/error_frac"  # the largest fraction of the step's completions one function failed on
 
 
 def reward_fn(name: str) -> str:
@@ -88,8 +90,13 @@ def reward_errors(name: str) -> str:
     return f"{REWARD_ERRORS_PREFIX}{name}"
 
 
+def reward_timeouts(name: str) -> str:
+    """reward/timeouts/<name>: calls of the function that timed out (or found it still busy with one that had)."""
+    return f"{REWARD_TIMEOUTS_PREFIX}{name}"
+
+
 #: reward/ names that are not reward/<fn> of a reward function: statistics of the total, and the
-#: reward/errors/ family.
+#: reward/errors/ and reward/timeouts/ families.
 REWARD_STATISTICS = (
     REWARD_MEAN,
     REWARD_STD,
@@ -100,6 +107,8 @@ REWARD_STATISTICS = (
     REWARD_TOTAL,
     REWARD_TOTAL_STD,
     REWARD_ERRORS_PREFIX,
+    REWARD_TIMEOUTS_PREFIX,
+    REWARD_ERROR_FRAC,
 )
 
 RESERVED_REWARD_NAMES = frozenset(name.split("/")[1] for name in REWARD_STATISTICS)
@@ -264,6 +273,25 @@ def as_number(value: Any) -> float | None:
         return float(value)
     except (TypeError, ValueError):
         return None
+
+
+def no_learning_signal(record: Mapping[str, Any]) -> bool:
+    """The step had no learning signal: every group's G rewards were equal (reward/zero_std_frac = 1), so every
+    advantage was 0 (advantage/abs_mean = 0; PPO's critic and process rewards can still have some). The trainer's
+    bad-step guard (grpokit/health.py) and the doctor both ask this."""
+    return record.get(REWARD_ZERO_STD_FRAC) == 1.0 and record.get(ADVANTAGE_ABS_MEAN, 0.0) == 0.0
+
+
+def failed_fractions(record: Mapping[str, Any]) -> dict[str, float]:
+    """Reward function name -> the fraction of the step's scored completions it failed on (raised, timed out,
+    returned a bad value), from reward/errors/<fn> and reward/error_frac (the largest); {} when none failed."""
+    worst = as_number(record.get(REWARD_ERROR_FRAC))
+    counts = {k[len(REWARD_ERRORS_PREFIX):]: as_number(v) for k, v in record.items() if k.startswith(REWARD_ERRORS_PREFIX)}
+    counts = {name: c for name, c in counts.items() if c is not None and c > 0}
+    if not counts or worst is None or not worst > 0:  # NaN too
+        return {}
+    scored = max(counts.values()) / worst  # reward/error_frac is the largest count over the scored completions
+    return {name: c / scored for name, c in counts.items()}
 
 
 # ---------------------------------------------------------------------------------------------

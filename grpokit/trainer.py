@@ -29,13 +29,14 @@ from grpokit.config import Config
 from grpokit.critic import Critic
 from grpokit.data import PromptSampler, build_datasets, check_context_length
 from grpokit.evaluate import evaluate, make_judge
+from grpokit.health import StepHealth
 from grpokit.metrics import (METRICS_FILE, PERF_REF_TIME, PERF_REWARD_TIME, PERF_ROLLOUT_TIME, POLICY_ENTROPY, POLICY_LOSS,
                              POLICY_SKIPPED_UPDATES, REWARD_TOTAL, MeanAccumulator, perf_metrics, policy_name, rollout_metrics,
                              sample_records)
 from grpokit.optim import Optimizer, TrainingError, check_finite_weights, non_finite
 from grpokit.policy import batched_logprobs, build_reference, completion_logprobs, load_policy
 from grpokit.records import MetricLogger, TrainProgress, plot_metrics
-from grpokit.rewards.build import build_rewards
+from grpokit.rewards import RewardError, build_rewards
 from grpokit.rollout import SamplingParams, make_engine
 from grpokit.tasks import reward_registry
 
@@ -46,8 +47,7 @@ class Trainer:
         if cfg.threads:  # the command line also resolves threads=0 (auto); the Python API leaves torch's setting alone
             torch.set_num_threads(cfg.threads)
         seed_everything(cfg.seed)
-        if model is None:
-            model, tokenizer = load_policy(cfg.model)
+        model, tokenizer = (model, tokenizer) if model is not None else load_policy(cfg.model)
         self.model, self.tokenizer = model, tokenizer
         self.ref = build_reference(model, alg)  # pi_ref: the policy as loaded, before any resume replaces the weights
         if cfg.model.compile:  # several graphs of one forward (rollout, pi_ref, training); dynamo's default limit is 8
@@ -61,6 +61,7 @@ class Trainer:
         self.sampler = PromptSampler(len(self.train_data), cfg.rollout.prompts_per_step, cfg.seed, shuffle=cfg.data.shuffle)
         self.rewards = build_rewards(cfg, self.train_data.column_names, registry=reward_registry(), task=data.task)
         self.judge = make_judge(self.rewards, reward_name=cfg.eval.reward, threshold=cfg.eval.correct_threshold)
+        self.health = StepHealth(cfg)  # reward functions failing on most of a step, steps without learning signal
         check_context_length(data, getattr(model, "config", None), cfg.rollout.max_completion_length)
 
         self.engine = make_engine(cfg.rollout.engine, model, tokenizer, batch_size=cfg.rollout.generation_batch_size, compile=cfg.model.compile)
@@ -85,9 +86,7 @@ class Trainer:
         prompts, columns = repeat_rows(rows, G)
         try:
             scored = self.rewards(prompts=prompts, completions=comps.texts, completion_ids=comps.token_ids, columns=columns)
-        except RuntimeError as exc:
-            if not self.rewards.strict:
-                raise
+        except RewardError as exc:  # reward_errors=raise
             raise TrainingError(f"step {self.step + 1}: {exc} (reward_errors=raise; reward_errors=skip counts it and goes on)") from exc
         timings[PERF_REWARD_TIME] = timings.get(PERF_REWARD_TIME, 0.0) + time.perf_counter() - t
         return Groups(list(rows), comps, scored)
@@ -253,6 +252,7 @@ class Trainer:
                     self._log(log, prog, metrics, samples)
                     if on_log is not None:
                         on_log(self.step, metrics)
+                    self.health.check(self.step, metrics)  # stop_after_bad_steps bad steps in a row stop here, before a save
                     if cfg.checkpoint.save_every and self.step % cfg.checkpoint.save_every == 0:
                         self.save()
                         saved_step = self.step

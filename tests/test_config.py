@@ -40,6 +40,12 @@ def test_yaml_and_overrides(tmp_path):
         (["optim.num_minibatches=3"], ["optim.num_minibatches", "3", "64"]),
         (["nosection.key=1"], ["nosection"]),
         (["algorithm.beta"], ["section.key=value"]),
+        (["reward_timeout=-1"], ["reward_timeout", "-1", "greater than or equal to 0"]),
+        (["rewards=[{function: math, timeout: -5}]"], ["rewards.0.timeout", "-5", "greater than or equal to 0"]),
+        (["reward_slow_warning=-1"], ["reward_slow_warning", "greater than or equal to 0"]),
+        (["reward_error_fraction=1.5"], ["reward_error_fraction", "1.5", "less than or equal to 1"]),
+        (["stop_after_bad_steps=-1"], ["stop_after_bad_steps", "-1", "greater than or equal to 0"]),
+        (["stop_after_bad_steps=2.5"], ["stop_after_bad_steps", "2.5"]),
     ],
 )
 def test_bad_values_one_line(override, words):
@@ -49,6 +55,16 @@ def test_bad_values_one_line(override, words):
     assert "\n" not in msg
     for w in words:
         assert w in msg
+
+
+def test_reward_guards_defaults_and_what_a_saved_config_records():
+    c = Config()
+    assert (c.reward_timeout, c.reward_slow_warning, c.reward_error_fraction, c.stop_after_bad_steps) == (300.0, 60.0, 0.5, 20)
+    c = load_config(None, ["rewards=[{function: math}, {function: format, timeout: 2}]"])
+    assert c.rewards[0].timeout is None and c.rewards[1].timeout == 2.0
+    # an unset timeout is not written, so a checkpoint saved before the key existed still matches on resume
+    assert [sorted(r) for r in c.model_dump()["rewards"]] == [["function", "kwargs", "name", "weight"],
+                                                             ["function", "kwargs", "name", "timeout", "weight"]]
 
 
 def test_bad_yaml_and_missing_file(tmp_path):

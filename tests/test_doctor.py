@@ -169,6 +169,48 @@ def test_zero_std_groups(level, severity):
     assert "max_sampling_rounds (now 4)" in f.fix
 
 
+def test_no_learning_signal():
+    """A run where every group's rewards were tied (e.g. rollout.temperature=1e-4): "no problems" before, now an error,
+    however short the run (the trainer stops one after stop_after_bad_steps such steps in a row)."""
+    m, _ = healthy(20, n=10)
+    m["reward/zero_std_frac"][:] = 1.0
+    m["advantage/abs_mean"] = np.zeros(10)
+    (f,) = only(diagnose(rows_of(m), CONFIG), "no_signal")
+    assert f.steps == (1, 10) and f.severity == "error" and "every one of the run's 10 logged steps" in f.message
+    assert "rollout.temperature (now 1.0)" in f.fix and "rollout.num_generations (now 8)" in f.fix
+    # a stretch of 8 tied steps inside a healthy run; 4 in a row are not enough
+    m, ev = healthy(21)
+    m["reward/zero_std_frac"][99:107] = 1.0
+    m["reward/zero_std_frac"][150:154] = 1.0
+    (f,) = only(diagnose(rows_of(m, ev), CONFIG), "no_signal")
+    assert f.steps == (100, 107) and "8 logged steps in a row" in f.message
+    # tied outcomes but non-zero advantages (a PPO critic, process rewards): there is a signal
+    m, _ = healthy(20, n=10)
+    m["reward/zero_std_frac"][:] = 1.0
+    m["advantage/abs_mean"] = np.full(10, 0.3)
+    assert diagnose(rows_of(m), CONFIG) == []
+
+
+def test_reward_errors():
+    m, ev = healthy(22)
+    m["reward/error_frac"] = np.zeros(N)
+    for name in ("judge", "format"):
+        m[f"reward/errors/{name}"] = np.zeros(N)
+        m[f"reward/timeouts/{name}"] = np.zeros(N)
+    m["reward/error_frac"][[40, 41, 90]] = 1.0  # a judge behind a network that timed out at three steps
+    m["reward/errors/judge"][[40, 41, 90]] = 64
+    m["reward/timeouts/judge"][[40, 41]] = 1
+    m["reward/errors/format"][40] = 16
+    (f,) = only(diagnose(rows_of(m, ev), CONFIG), "reward_errors")
+    assert f.steps == (41, 91) and f.severity == "warning"
+    assert "at 3 of 200 logged steps" in f.message and "more than 50% of the completions: 'judge' (up to 100%)" in f.message
+    assert "'format'" not in f.message and "timed out: 'judge'" in f.message
+    m["reward/error_frac"][100:130] = 0.6  # more than a tenth of the steps: an error
+    assert only(diagnose(rows_of(m, ev), CONFIG), "reward_errors")[0].severity == "error"
+    cfg = {**CONFIG, "reward_error_fraction": 1.0}  # the run's own threshold
+    assert diagnose(rows_of(m, ev), cfg) == []
+
+
 def test_clip_fraction_high():
     m, ev = healthy(14)
     m["policy/clip_frac"] = np.where((T >= 60) & (T <= 140), 0.35, 0.05) + np.random.default_rng(2).normal(0, 0.02, N)

@@ -27,6 +27,8 @@ from typer.testing import CliRunner
 
 from grpokit.checkpoint import list_checkpoints
 from grpokit.cli import app
+from grpokit.doctor import diagnose
+from grpokit.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = [{"prompt": f"{a} {b} {c}>{t}=", "target": t} for a, b, c, t in
@@ -34,6 +36,7 @@ PROMPTS = [{"prompt": f"{a} {b} {c}>{t}=", "target": t} for a, b, c, t in
 
 BAD_REWARDS = '''
 import math
+import time
 
 def sevens(completions, **kwargs):
     return [c.count("7") / max(len(c), 1) for c in completions]
@@ -52,6 +55,15 @@ def strings(completions, **kwargs):
 
 def nan_and_inf(completions, **kwargs):
     return [math.nan if i % 2 else math.inf for i in range(len(completions))]
+
+def sleepy(completions, **kwargs):
+    # stuck (a network call that never answers, a deadlock): far longer than the tests' timeouts
+    time.sleep(3)
+    return [0.0] * len(completions)
+
+def slowish(completions, **kwargs):
+    time.sleep(0.2)
+    return [0.0] * len(completions)
 
 def huge(completions, **kwargs):
     # finite floats, but 10 x this overflows float32: the weighted total is inf (once: the run goes on)
@@ -390,6 +402,61 @@ def test_misbehaving_rewards_are_counted_not_fatal(env, caplog):
 def test_reward_raises_with_reward_errors_raise(env):
     user_error(train(env, rewards(env[0], "boom"), "reward_errors=raise"),
                "step 1: reward function 'boom'", "raised ZeroDivisionError: division by zero", "reward_errors=skip")
+
+
+def test_reward_that_hangs_is_timed_out_and_counted(env, caplog):
+    with caplog.at_level(logging.ERROR, logger="grpokit.rewards"):
+        r = train(env, rewards(env[0], "sevens", "sleepy"), "reward_timeout=0.3", "optim.max_steps=2")
+    assert r.exit_code == 0, r.output
+    for row in metrics(env):  # step 2: step 1's call still runs, so none is started
+        assert row["reward/errors/sleepy"] == 8 and row["reward/timeouts/sleepy"] == 1 and row["reward/error_frac"] == 1
+        assert row["reward/errors/sevens"] == 0 and row["reward/timeouts/sevens"] == 0
+    assert "reward function 'sleepy'" in caplog.text and "did not return within 0.3 s: the call was left running" in caplog.text
+    assert "(reward_timeout=0.3 s; raise it, give this reward its own `timeout` in rewards:" in caplog.text
+
+
+def test_reward_that_hangs_with_reward_errors_raise(env):
+    user_error(train(env, rewards(env[0], "sleepy"), "reward_timeout=0.3", "reward_errors=raise"),
+               "step 1: reward function 'sleepy'", "did not return within 0.3 s", "reward_timeout=0.3 s; raise it",
+               "reward_errors=skip counts it")
+
+
+def test_slow_reward_call_warns_with_its_time(env, caplog):
+    with caplog.at_level(logging.WARNING, logger="grpokit.rewards"):
+        r = train(env, rewards(env[0], "sevens", "slowish"), "reward_slow_warning=0.1")
+    assert r.exit_code == 0, r.output
+    assert re.search(r"reward function 'slowish' \(.*\) took \d+\.\d s for 8 completions, more than "
+                     r"reward_slow_warning=0.1 s \(its timeout is 300 s\)", caplog.text), caplog.text
+    assert "'sevens'" not in caplog.text
+
+
+def test_reward_failing_on_most_of_a_step_warns(env, caplog):
+    with caplog.at_level(logging.WARNING, logger="grpokit.health"):
+        r = train(env, rewards(env[0], "sevens", "boom"), "optim.max_steps=2")
+    assert r.exit_code == 0, r.output
+    (warning,) = [rec.getMessage() for rec in caplog.records if rec.name == "grpokit.health"]  # once, not at every step
+    assert warning.startswith("step 1: reward function 'boom' failed on 100% of the step's completions (more than "
+                              "reward_error_fraction=0.5)"), warning
+    assert "fix the function" in warning and warning.endswith("The run stops after 20 such steps in a row (stop_after_bad_steps)")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="grpokit.health"):
+        r = train(env, rewards(env[0], "sevens", "boom"), "reward_error_fraction=1", f"output_dir={env[0] / 'run2'}")
+    assert r.exit_code == 0 and not [rec for rec in caplog.records if rec.name == "grpokit.health"]  # 1 = never
+
+
+def test_no_learning_signal_warns_then_stops_after_bad_steps_in_a_row(env, caplog):
+    """rollout.temperature 1e-4: the G completions of a prompt are the same, so are their rewards: no gradient."""
+    with caplog.at_level(logging.WARNING, logger="grpokit.health"):
+        msg = user_error(train(env, "rollout.temperature=1e-4", "stop_after_bad_steps=2", "optim.max_steps=5",
+                               "checkpoint.save_every=1"),
+                         "stopped at step 2 after 2 bad steps in a row (steps 1-2; stop_after_bad_steps=2, 0 = never stop): "
+                         "no learning signal: in each of the 2 groups all 4 completions got the same reward")
+    assert "raise rollout.temperature (now 0.0001) or rollout.num_generations (now 4)" in msg
+    assert [rec.getMessage()[:28] for rec in caplog.records if rec.name == "grpokit.health"] == ["step 1: no learning signal: "]
+    assert [row["step"] for row in metrics(env)] == [1, 2]  # the last step is logged ...
+    assert [s for s, _ in list_checkpoints(env[0] / "run")] == [1]  # ... not saved: what is on disk was saved before
+    findings = diagnose(read_metrics(env[0] / "run" / "metrics.jsonl"))
+    assert [(f.check, f.steps, f.severity) for f in findings] == [("no_signal", (1, 2), "error")]  # not "no problems"
 
 
 def test_weighted_rewards_overflow_skip_the_update(env):

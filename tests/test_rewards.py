@@ -4,9 +4,11 @@ from __future__ import annotations
 import ast
 import logging
 import math
+import re
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -180,8 +182,9 @@ def test_none_means_not_applicable_and_counts_in_none_frac():
     assert m["reward/a/std"] == pytest.approx(math.sqrt(4.5))  # sample std of [1, 4]
     assert m["reward/total"] == pytest.approx(9 / 4)
     assert m["reward/errors/a"] == 0.0 and m["reward/errors/b"] == 0.0
-    assert set(m) == {"reward/total", "reward/total/std", "reward/a", "reward/a/std", "reward/errors/a",
-                      "reward/b", "reward/b/std", "reward/errors/b", "reward/none_frac"}
+    assert m["reward/timeouts/a"] == 0.0 and m["reward/error_frac"] == 0.0
+    assert set(m) == {"reward/total", "reward/total/std", "reward/a", "reward/a/std", "reward/errors/a", "reward/timeouts/a",
+                      "reward/b", "reward/b/std", "reward/errors/b", "reward/timeouts/b", "reward/none_frac", "reward/error_frac"}
 
 
 def test_array_and_tensor_returns_are_accepted():
@@ -427,3 +430,106 @@ def test_a_function_that_raises_on_one_sample_costs_only_that_sample():
     assert len(calls) == 1 + 2 + 4  # a function that fails on everything gives up after 4 parts, not 2n calls
     with pytest.raises(RuntimeError, match="raised ValueError"):  # reward_errors=raise: the first failure stops
         call(RewardManager([RewardSpec(picky)], strict=True), texts)
+
+
+# ----------------------------------------------------------------------------- time limits (reward_timeout)
+
+
+def hanging(release: threading.Event, calls: list, name="hangs"):
+    """A reward function that waits for `release` (at most 5 s), as one stuck on a network call would."""
+    def fn(completions, **kwargs):
+        calls.append(threading.current_thread().name)
+        release.wait(5)
+        return [1.0] * len(completions)
+    fn.__name__ = name
+    return fn
+
+
+def test_a_call_past_its_timeout_returns_counts_its_samples_and_is_not_started_again_while_busy(caplog):
+    release, calls = threading.Event(), []
+    manager = RewardManager([RewardSpec(hanging(release, calls)), const([0.5] * 4, "ok")], timeout=0.2)
+    try:
+        with caplog.at_level(logging.ERROR, logger="grpokit.rewards"):
+            start = time.monotonic()
+            out = call(manager, ["a", "b", "c", "d"])
+            assert time.monotonic() - start < 2  # the call returned at its timeout, not when the function did
+            busy = call(manager, ["a", "b", "c", "d"])  # the first call still runs: this one is not started
+        for o in (out, busy):
+            assert o.errors == {"hangs": 4, "ok": 0} and o.timeouts == {"hangs": 1}
+            assert torch.isnan(o.per_function["hangs"]).all() and o.total.tolist() == [0.5] * 4
+            assert o.metrics()["reward/timeouts/hangs"] == 1 and o.metrics()["reward/error_frac"] == 1.0
+        assert len(calls) == 1  # not bisected, and no second thread while the first still runs
+        assert "reward function 'hangs'" in caplog.text and "did not return within 0.2 s" in caplog.text
+        assert "reward_timeout=0.2 s; raise it, give this reward its own `timeout`" in caplog.text
+        assert caplog.text.count("did not return") == 1  # reported once, then counted
+    finally:
+        release.set()
+    time.sleep(0.1)  # the abandoned call returns; the next call runs again
+    out = call(manager, ["a", "b", "c", "d"])
+    assert out.errors["hangs"] == 0 and out.per_function["hangs"].tolist() == [1.0] * 4 and len(calls) == 2
+
+
+def test_a_timeout_with_strict_raises_naming_the_function_and_the_keys():
+    release = threading.Event()
+    manager = RewardManager([RewardSpec(hanging(release, []), timeout=0.1)], strict=True, timeout=300)
+    try:
+        with pytest.raises(RuntimeError, match=r"reward function 'hangs' \(.*\) did not return within 0.1 s.*"
+                                               r"its own timeout=0.1 s in rewards:"):
+            call(manager, ["a", "b"])
+    finally:
+        release.set()
+
+
+def test_a_rewards_own_timeout_beats_the_default():
+    release = threading.Event()
+    try:
+        shorter = RewardManager([RewardSpec(hanging(release, []), timeout=0.1)], timeout=60)
+        start = time.monotonic()
+        assert call(shorter, ["a", "b"]).timeouts == {"hangs": 1} and time.monotonic() - start < 5
+    finally:
+        release.set()
+
+    def slowish(completions, **kwargs):
+        time.sleep(0.3)
+        return [1.0] * len(completions)
+
+    assert call(RewardManager([RewardSpec(slowish)], timeout=0.1), ["a"]).timeouts == {"slowish": 1}
+    for own in (5, 0):  # a longer limit, or none (0): the default of 0.1 s does not apply
+        out = call(RewardManager([RewardSpec(slowish, timeout=own)], timeout=0.1), ["a"])
+        assert out.timeouts == {} and out.per_function["slowish"].tolist() == [1.0]
+    with pytest.raises(ValueError, match="timeout must be a number of seconds >= 0"):
+        RewardManager([{"function": slowish, "timeout": -1}])
+
+
+def test_a_slow_call_logs_a_warning_with_its_time(caplog):
+    def slowish(completions, **kwargs):
+        time.sleep(0.25)
+        return [1.0] * len(completions)
+
+    with caplog.at_level(logging.WARNING, logger="grpokit.rewards"):
+        out = call(RewardManager([RewardSpec(slowish), const([0.0] * 3, "quick")], timeout=10, slow_warning=0.1), ["a", "b", "c"])
+    assert out.errors == {"slowish": 0, "quick": 0}
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert re.search(r"reward function 'slowish' \(.*\) took 0\.[23] s for 3 completions, more than reward_slow_warning=0.1 s "
+                     r"\(its timeout is 10 s\)", line), line
+
+
+def test_functions_that_need_the_main_thread_run_there(caplog):
+    """signal.signal works only in the main thread: math-verify's timeouts (the built-in math, TRL's accuracy_reward)."""
+    import signal
+
+    threads = []
+
+    def alarmed(completions, **kwargs):
+        threads.append(threading.current_thread() is threading.main_thread())
+        signal.signal(signal.SIGALRM, signal.getsignal(signal.SIGALRM))  # ValueError off the main thread
+        return [1.0] * len(completions)
+
+    manager = RewardManager([RewardSpec(alarmed), "math"], timeout=10)
+    assert manager._limits["math"].main_thread  # marked: its own per-expression timeouts bound it
+    with caplog.at_level(logging.WARNING, logger="grpokit.rewards"):
+        for _ in range(2):
+            out = call(manager, ["\\boxed{4}"], columns={"answer": ["4"]})
+            assert out.errors == {"alarmed": 0, "math": 0} and out.total.tolist() == [2.0]
+    assert threads == [False, True, True]  # tried in the worker once, then in the main thread
+    assert "'alarmed'" in caplog.text and "work only in the main thread" in caplog.text

@@ -13,17 +13,20 @@ the task, and `RewardManager(specs, registry=grpokit.tasks.reward_registry())` l
 build.py makes the run's RewardManager from its config (build_rewards).
 """
 from grpokit.config import RewardSpec
+from grpokit.rewards.build import build_rewards
 from grpokit.rewards.builtins import BUILTIN_REWARDS
-from grpokit.rewards.manager import RewardManager, RewardOutput, resolve_reward
+from grpokit.rewards.manager import RewardError, RewardManager, RewardOutput, resolve_reward
 from grpokit.rewards.steps import StepScores
 from grpokit.rewards.text import completion_text
 
 __all__ = [
     "BUILTIN_REWARDS",
+    "RewardError",
     "RewardManager",
     "RewardOutput",
     "RewardSpec",
     "StepScores",
+    "build_rewards",
     "completion_text",
     "resolve_reward",
 ]

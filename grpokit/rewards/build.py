@@ -32,7 +32,8 @@ def build_rewards(
     """A RewardManager for the run, checked against the dataset's columns (a column a reward function
     needs is an error now, not at the first rollout). Mistakes are ConfigError."""
     try:
-        rewards = RewardManager(reward_specs(cfg, task), strict=cfg.reward_errors == "raise", registry=registry)
+        rewards = RewardManager(reward_specs(cfg, task), strict=cfg.reward_errors == "raise", registry=registry,
+                                timeout=cfg.reward_timeout, slow_warning=cfg.reward_slow_warning)
         columns = {c: [] for c in column_names if c != cfg.data.prompt_column}
         for reward in rewards.rewards:
             reward.arguments({"prompts": [], "completions": [], "completion_ids": []}, columns)

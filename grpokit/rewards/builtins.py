@@ -121,6 +121,9 @@ def _validate_math(kwargs: dict) -> None:
 
 
 math_reward.validate_kwargs = _validate_math  # type: ignore[attr-defined]
+# Called in the main thread (no reward_timeout, grpokit/rewards/timeouts.py), where math-verify's own
+# per-expression timeouts (signal.alarm) work: a pathological answer costs timeout_seconds, not the call.
+math_reward.main_thread = True  # type: ignore[attr-defined]
 
 
 # -- format ------------------------------------------------------------------------------

@@ -1,10 +1,11 @@
 """Rewards (DESIGN.md stage 3): load reward functions, call them as TRL does, combine them.
 
-    manager = RewardManager(specs, strict=False, registry=None)   # registry: the names specs may use
+    manager = RewardManager(specs, strict=False, registry=None, timeout=300.0, slow_warning=60.0)
     out = manager(prompts=..., completions=..., completion_ids=..., columns={"answer": [...]})
     out.total          # [N] sum_k weight_k * r_k, None / failed entries counting as 0
     out.per_function   # name -> [N] raw (unweighted) rewards, NaN where None or failed
     out.errors         # name -> samples whose reward failed in this call
+    out.timeouts       # name -> calls that timed out (0 or 1 here; summed when outputs are merged)
     out.metrics()      # reward/... scalars, listed in RewardOutput.metrics
 
 Calling convention (TRL's, so TRL reward functions work unchanged): keyword arguments only,
@@ -22,7 +23,12 @@ in the total; a sample for which no function applies gets total 0 and is counted
 than N numbers gives no reward to any sample this call; a bad element (NaN, inf, a string, ...)
 voids only that element. Either way the samples are counted in `errors`, the first failure of
 each function is logged once with its traceback (logger "grpokit.rewards"), later ones only
-counted. strict=True raises RuntimeError instead.
+counted. strict=True raises RewardError (a RuntimeError) instead.
+
+Time limits (grpokit/rewards/timeouts.py): a call of a function with a timeout (its spec's `timeout`, else the
+manager's `timeout`: config reward_timeout; None or 0 = none) runs in a worker thread; one that does not return
+in time gives no reward to any sample, is counted in `errors` and `timeouts`, and is not retried on parts.
+A call slower than `slow_warning` seconds logs a warning with its time.
 """
 from __future__ import annotations
 
@@ -46,10 +52,12 @@ import torch
 from torch import Tensor
 
 from grpokit.config import RewardSpec
-from grpokit.metrics import REWARD_NONE_FRAC, REWARD_TOTAL, REWARD_TOTAL_STD, RESERVED_REWARD_NAMES, reward_errors, reward_fn, reward_fn_std, reward_fn_steps
+from grpokit.metrics import (REWARD_ERROR_FRAC, REWARD_NONE_FRAC, REWARD_TOTAL, REWARD_TOTAL_STD, RESERVED_REWARD_NAMES, reward_errors,
+                             reward_fn, reward_fn_std, reward_fn_steps, reward_timeouts)
 from grpokit.rewards.builtins import BUILTIN_REWARDS
 from grpokit.rewards.steps import StepScores
 from grpokit.rewards.text import completion_text
+from grpokit.rewards.timeouts import CallLimit, TimedOut
 
 logger = logging.getLogger("grpokit.rewards")
 
@@ -194,6 +202,8 @@ class _Reward:
     """the function has **kwargs (or an uninspectable signature): pass it everything"""
     params: frozenset[str]
     required: tuple[str, ...]
+    timeout: float | None = None
+    """the spec's own time limit in seconds (0 = none); None = the manager's"""
 
     @classmethod
     def build(cls, spec: Any, registry: Registry) -> "_Reward":
@@ -241,7 +251,12 @@ class _Reward:
         if validate := getattr(fn, "validate_kwargs", None):
             validate(kwargs)
         required = tuple(p.name for p in keyword if p.default is P.empty)
-        return cls(name, fn, float(weight), kwargs, str(label), accepts_any, params, required)
+        timeout = get("timeout")
+        if timeout is not None:
+            if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not timeout >= 0:
+                raise ValueError(f"reward {name!r}: timeout must be a number of seconds >= 0 (0 = no limit), got {timeout!r}")
+            timeout = float(timeout) if math.isfinite(timeout) else 0.0  # inf: no limit
+        return cls(name, fn, float(weight), kwargs, str(label), accepts_any, params, required, timeout)
 
     def arguments(self, call_args: dict[str, Any], columns: Mapping[str, Any]) -> dict[str, Any]:
         available = {**columns, **call_args, **self.kwargs}
@@ -267,6 +282,11 @@ class RewardOutput:
     steps: dict[str, list[StepScores | None]] = field(default_factory=dict)
     """name -> [N] the step scores of functions that returned any this call; None where an
     element was a float, None or invalid (per_function then holds its value or NaN)"""
+    timeouts: dict[str, int] = field(default_factory=dict)
+    """name -> calls that timed out or found the function still busy with one that had (absent = 0)"""
+    scored: int | None = None
+    """completions that `errors` counts over: N, or all those of the calls merged into this output
+    (dynamic sampling's rounds, grpokit/batch.py); None = N"""
 
     def metrics(self) -> dict[str, float]:
         """Scalars for logging (NaN when there is nothing to average):
@@ -275,6 +295,8 @@ class RewardOutput:
         reward/<name>, reward/<name>/std   nanmean and nanstd of one function's raw reward
                                            over the samples it applies to
         reward/errors/<name>               samples whose reward from <name> failed this call
+        reward/timeouts/<name>             calls of <name> that timed out (their samples are in errors too)
+        reward/error_frac                  the largest errors/<name> over the scored completions
         reward/none_frac                   fraction of samples no function applies to (all None
                                            or failed); their total is 0
         reward/<name>/steps                mean number of steps of <name>'s StepScores (only for
@@ -286,11 +308,14 @@ class RewardOutput:
             out[reward_fn(name)] = _nanmean(r)
             out[reward_fn_std(name)] = _nanstd(r)
             out[reward_errors(name)] = float(self.errors[name])
+            out[reward_timeouts(name)] = float(self.timeouts.get(name, 0))
             if name in self.steps:
                 counts = [len(s.scores) for s in self.steps[name] if s is not None]
                 out[reward_fn_steps(name)] = sum(counts) / len(counts) if counts else float("nan")
         none = torch.stack(list(self.per_function.values())).isnan().all(dim=0)  # [N]
         out[REWARD_NONE_FRAC] = none.float().mean().item() if none.numel() else float("nan")
+        scored = self.scored if self.scored is not None else self.total.numel()
+        out[REWARD_ERROR_FRAC] = max(self.errors.values(), default=0) / scored if scored else float("nan")
         return out
 
 
@@ -331,18 +356,25 @@ def _as_float(v: Any) -> float | None:
     return None
 
 
+class RewardError(RuntimeError):
+    """A reward function failed (raised, timed out, returned bad values) and the manager is strict."""
+
+
 class RewardManager:
     """Calls each reward function once per batch (sequentially) and combines them.
 
     specs: RewardSpec objects (grpokit.config.RewardSpec), or anything with attributes (or keys)
-    function, weight, kwargs, name; a bare string or callable is a spec with weight 1.
-    strict: raise RuntimeError on the first failing function instead of isolating it.
+    function, weight, kwargs, name, timeout; a bare string or callable is a spec with weight 1.
+    strict: raise RewardError on the first failing function instead of isolating it.
     registry: the names a spec's `function` may use; None = BUILTIN_REWARDS (the task-agnostic
     built-ins). The trainer passes grpokit.tasks.reward_registry(), the built-ins plus the
     built-in tasks' rewards (countdown, countdown_steps): rewards never import tasks.
+    timeout: seconds a call may take when its spec sets no `timeout` (config reward_timeout); None or 0 = no limit.
+    slow_warning: a call slower than this many seconds logs a warning (config reward_slow_warning); None or 0 = never.
     """
 
-    def __init__(self, specs: Any, strict: bool = False, registry: Registry | None = None):
+    def __init__(self, specs: Any, strict: bool = False, registry: Registry | None = None, *,
+                 timeout: float | None = None, slow_warning: float | None = None):
         registry = BUILTIN_REWARDS if registry is None else registry
         self.rewards = [_Reward.build(s, registry) for s in specs]
         if not self.rewards:
@@ -352,6 +384,12 @@ class RewardManager:
             raise ValueError(f"reward names {dupes} are used more than once; give each spec a distinct `name`")
         self.strict = strict
         self._reported: set[str] = set()
+        self.timeout = timeout
+        self._limits = {  # main_thread: functions that need signal.alarm (grpokit/rewards/timeouts.py)
+            r.name: CallLimit(f"reward function {r.name!r} ({r.spec})", timeout if r.timeout is None else r.timeout, slow_warning,
+                              main_thread=any(getattr(f, "main_thread", False) for f in (r.fn, getattr(r.fn, "func", None))))
+            for r in self.rewards
+        }
 
     @property
     def names(self) -> list[str]:
@@ -381,13 +419,24 @@ class RewardManager:
         per_function: dict[str, Tensor] = {}
         errors: dict[str, int] = {}
         steps: dict[str, list[StepScores | None]] = {}
+        timeouts: dict[str, int] = {}
         for reward in self.rewards:
-            per_function[reward.name], errors[reward.name], step_list = self._call(reward, call_args, columns, n)
+            try:
+                per_function[reward.name], errors[reward.name], step_list = self._call(reward, call_args, columns, n)
+            except TimedOut as exc:  # not retried on parts, as a call that raises is: that would multiply the wait
+                self._report(reward, f"{exc} ({self._timeout_keys(reward)})", None, key=f"{reward.name}/timeout")
+                per_function[reward.name], errors[reward.name], step_list = torch.full((n,), math.nan), n, None
+                timeouts[reward.name] = 1
             if step_list is not None:
                 steps[reward.name] = step_list
         weighted = torch.stack([r.weight * per_function[r.name] for r in self.rewards])  # [K, N]
         total = torch.nansum(weighted, dim=0)  # [N]; nansum as TRL: None / failed count as 0
-        return RewardOutput(total=total, per_function=per_function, errors=errors, weights=self.weights, steps=steps)
+        return RewardOutput(total=total, per_function=per_function, errors=errors, weights=self.weights, steps=steps, timeouts=timeouts)
+
+    def _timeout_keys(self, reward: _Reward) -> str:
+        if reward.timeout is not None:
+            return f"its own timeout={reward.timeout:g} s in rewards:; raise it, or make the function faster"
+        return f"reward_timeout={self.timeout:g} s; raise it, give this reward its own `timeout` in rewards:, or make the function faster"
 
     def _call(
         self, reward: _Reward, call_args: dict[str, Any], columns: dict[str, Any], n: int
@@ -395,7 +444,9 @@ class RewardManager:
         kwargs = reward.arguments(call_args, columns)  # a missing column raises: a setup error
         failed: list[int] = []  # samples the function raised on (when the batch call raised)
         try:
-            items = _as_list(reward.fn(**kwargs), n)
+            items = _as_list(self._limits[reward.name].call(reward.fn, kwargs, n), n)
+        except TimedOut:
+            raise
         except Exception as e:
             problem = e if isinstance(e, _Failure) else f"raised {type(e).__name__}: {e}"
             if self.strict or isinstance(e, _Failure) or n == 1:
@@ -457,7 +508,9 @@ class RewardManager:
                 sub_args = {k: [v[i] for i in part] for k, v in call_args.items()}
                 sub_columns = {k: [v[i] for i in part] for k, v in columns.items()}
                 try:
-                    out = _as_list(reward.fn(**reward.arguments(sub_args, sub_columns)), len(part))
+                    out = _as_list(self._limits[reward.name].call(reward.fn, reward.arguments(sub_args, sub_columns), len(part)), len(part))
+                except TimedOut:
+                    raise
                 except Exception:
                     failing.append(part)
                     continue
@@ -468,17 +521,19 @@ class RewardManager:
             parts = failing
         return items, []
 
-    def _report(self, reward: _Reward, problem: str, exc: BaseException | None) -> None:
+    def _report(self, reward: _Reward, problem: str, exc: BaseException | None, key: str | None = None) -> None:
         message = f"reward function {reward.name!r} ({reward.spec}) {problem}"
         if self.strict:
-            raise RuntimeError(message) from exc
-        if reward.name in self._reported:
+            raise RewardError(message) from exc
+        key = key or reward.name  # a function's first timeout is reported even after its first failure
+        if key in self._reported:
             return
-        self._reported.add(reward.name)
+        self._reported.add(key)
+        later = "failures are only counted in " + (f"reward/errors/{reward.name}" if key == reward.name else
+                                                    f"reward/errors/{reward.name} and reward/timeouts/{reward.name}")
         logger.error(
-            "%s; the affected samples get no reward from it (NaN in per_function). "
-            "Reported once: later failures are only counted in reward/errors/%s",
-            message, reward.name, exc_info=exc,
+            "%s; the affected samples get no reward from it (NaN in per_function). Reported once: later %s",
+            message, later, exc_info=exc,
         )
 
 
