@@ -39,13 +39,17 @@ def _fail(msg: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
-THREADS_HELP = "CPU threads for torch; 0 = auto: OMP_NUM_THREADS, else the cores not busy (docs/threads.md)"
+THREADS_HELP = "CPU threads for torch; 0 = auto: OMP_NUM_THREADS, else a resumed run's count, else the cores not busy (docs/threads.md)"
 
 
-def _threads(requested: int) -> None:
+def _threads(requested: int, resumed: int = 0) -> int:
+    """Set and print torch's thread count (resumed: the count of the run being resumed); returns it."""
+    import torch
+
     from grpokit.threads import use_threads
 
-    typer.echo(use_threads(requested))
+    typer.echo(use_threads(requested, resumed=resumed))
+    return torch.get_num_threads()
 
 
 def _with_threads(overrides: list[str] | None, threads: int | None) -> list[str]:
@@ -72,7 +76,11 @@ def train(
 
     def go():
         cfg = load_config(config, _with_threads(overrides, threads))
-        _threads(cfg.threads)
+        from grpokit.threads import run_threads
+
+        # auto resumes at the count the run started with; config.yaml records the count used (docs/threads.md)
+        resumed = run_threads(cfg.output_dir) if cfg.threads == 0 and cfg.checkpoint.resume else 0
+        cfg = cfg.model_copy(update={"threads": _threads(cfg.threads, resumed)})
         from grpokit.checkpoint import ensure_writable_dir
         from grpokit.trainer import Trainer
 
