@@ -437,3 +437,17 @@ def test_a_full_disk_reported_by_torch_save_says_no_space_left(setup, monkeypatc
     line = [l for l in r.stderr.splitlines() if l.strip()]
     assert len(line) == 1 and "could not save to" in line[0] and "step-000002': No space left on device (torch's writer" in line[0]
     assert "free disk space" in line[0] and [s for s, _ in list_checkpoints(tmp_path / "run")] == [1]
+
+
+def test_a_checkpoint_from_before_a_new_key_resumes_while_the_key_keeps_its_default():
+    from grpokit.checkpoint import config_changes
+    from grpokit.config import Config
+
+    now = Config().model_dump()
+    older = Config().model_dump()
+    del older["rollout"]["temperature"]  # as if saved by a grpokit that had no such key
+    assert config_changes(older, now, []) == ([], [])
+    now["rollout"]["temperature"] = 0.5
+    assert config_changes(older, now, []) == (["rollout.temperature: None -> 0.5"], [])
+    now["rollout"]["temperature"], now["seed"] = Config().rollout.temperature, 7
+    assert config_changes(Config().model_dump(), now, ["seed"]) == ([], ["seed: 0 -> 7"])
