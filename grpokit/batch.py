@@ -124,6 +124,15 @@ class ValueTargets:
     returns: Tensor  # [N, T] GAE returns A + V_old: the critic's targets
 
 
+def micro_batches(idx: Tensor, completion_mask: Tensor, size: int, by_length: bool) -> list[Tensor]:
+    """idx in runs of `size` rows. by_length: longest completion first (stable), so each micro-batch holds
+    rows of similar length and PackedBatch.rows trims what the others would pad; the micro-batch losses
+    add up to the same minibatch loss, so the gradient is the same up to the order of float sums."""
+    if by_length:
+        idx = idx[torch.argsort(completion_mask[idx].sum(1), descending=True, stable=True)]
+    return list(idx.split(size))
+
+
 @dataclass
 class RolloutBatch:
     """Everything one step trains on. N = prompts_per_step x G completions, groups contiguous."""

@@ -167,6 +167,10 @@ class OptimConfig(Section):
     """Optimizer steps per pass over a rollout batch (TRL: steps_per_generation)."""
     micro_batch_size: int = Field(0, ge=0)
     """Sequences per forward/backward (gradient accumulation); 0 = a whole minibatch at once."""
+    group_by_length: bool = True
+    """Micro-batches (of training and of the pi_old / pi_ref passes) of rows with similar completion lengths,
+    longest first, so a long-tailed batch does not pad every row to its longest (HF Trainer's group_by_length).
+    Same gradient up to the order of float sums; matters only when micro_batch_size splits a minibatch."""
     max_consecutive_skips: int = Field(10, ge=1)
     """Stop after this many optimizer steps in a row were skipped for a non-finite loss or gradient."""
 

@@ -194,6 +194,7 @@ PERF_ROLLOUT_TOKENS_PER_S = "perf/rollout_tokens_per_s"
 PERF_TRAIN_TOKENS_PER_S = "perf/train_tokens_per_s"
 PERF_PEAK_RSS_MB = "perf/peak_rss_mb"
 PERF_THREADS = "perf/threads"
+PERF_PADDING_FRAC = "perf/padding_frac"
 PERF_VALUE_TIME = "perf/value_time"
 PERF_CRITIC_TRAIN_TIME = "perf/critic_train_time"
 

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from grpokit.algo import token_entropy, token_logprobs
 from grpokit.algo.fused import linear_logprobs
-from grpokit.batch import PackedBatch
+from grpokit.batch import PackedBatch, micro_batches
 from grpokit.rollout.base import cache_kwarg
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -309,17 +309,19 @@ def select_cache_rows(cache, index: Tensor) -> None:
 
 
 @torch.no_grad()
-def batched_logprobs(model, tokens: PackedBatch, *, micro_batch_size: int, temperature: float = 1.0) -> Tensor:
-    """Log-probs [N, T] (float32, 0 on padding) under a model in eval mode, no gradient, in micro-batches:
-    the pi_old and pi_ref passes."""
+def batched_logprobs(model, tokens: PackedBatch, *, micro_batch_size: int, temperature: float = 1.0,
+                     by_length: bool = False) -> Tensor:
+    """Log-probs [N, T] (float32, 0 on padding) under a model in eval mode, no gradient, in micro-batches
+    (by_length: of rows of similar completion length, batch.micro_batches): the pi_old and pi_ref passes."""
     out = torch.zeros(tokens.completion_ids.shape, dtype=torch.float32)
     was_training = model.training
     model.eval()
     try:
-        for s in range(0, out.shape[0], micro_batch_size):
-            sub = tokens.rows(slice(s, s + micro_batch_size))
+        rows = torch.arange(out.shape[0])
+        for idx in micro_batches(rows, tokens.completion_mask, micro_batch_size, by_length):
+            sub = tokens.rows(idx)
             logp, _ = completion_logprobs(model, sub, temperature=temperature)
-            out[s : s + micro_batch_size, : sub.completion_width] = logp.float()
+            out[idx, : sub.completion_width] = logp.float()
     finally:
         model.train(was_training)
     return out

@@ -22,7 +22,7 @@ from torch import Tensor
 
 from grpokit.algo import masked_mean
 from grpokit.algorithm import algorithm_loss, dynamic_sampling, make_loss_mask, outcome_advantages, process_advantages
-from grpokit.batch import Groups, RolloutBatch, pack_sequences, process_rewards, repeat_rows
+from grpokit.batch import Groups, RolloutBatch, micro_batches, pack_sequences, process_rewards, repeat_rows
 from grpokit.checkpoint import (RunLock, StopSignals, checkpoint_dir, resume, save_checkpoint, save_pretrained_atomic,
                                 seed_everything)
 from grpokit.config import Config
@@ -30,7 +30,7 @@ from grpokit.critic import Critic
 from grpokit.data import PromptSampler, build_datasets, check_context_length
 from grpokit.evaluate import evaluate, make_judge
 from grpokit.health import StepHealth
-from grpokit.metrics import (METRICS_FILE, PERF_REF_TIME, PERF_REWARD_TIME, PERF_ROLLOUT_TIME, POLICY_ENTROPY, POLICY_LOSS,
+from grpokit.metrics import (METRICS_FILE, PERF_PADDING_FRAC, PERF_REF_TIME, PERF_REWARD_TIME, PERF_ROLLOUT_TIME, POLICY_ENTROPY, POLICY_LOSS,
                              POLICY_SKIPPED_UPDATES, REWARD_TOTAL, MeanAccumulator, perf_metrics, policy_name, rollout_metrics,
                              sample_records)
 from grpokit.optim import Optimizer, TrainingError, check_finite_weights, non_finite
@@ -108,7 +108,8 @@ class Trainer:
         t = time.perf_counter()
         # pi_old differs from pi_theta only after an optimizer step inside this batch's updates.
         need_old = alg.num_iterations > 1 or cfg.optim.num_minibatches > 1
-        logprobs = lambda model: batched_logprobs(model, tokens, micro_batch_size=cfg.micro_batch_size, temperature=cfg.rollout.temperature)  # noqa: E731
+        logprobs = lambda model: batched_logprobs(model, tokens, micro_batch_size=cfg.micro_batch_size, temperature=cfg.rollout.temperature,  # noqa: E731
+                                                  by_length=cfg.optim.group_by_length)
         old_logp = logprobs(self.policy_fn) if need_old else None  # [N, T]
         ref_logp = logprobs(self.ref_fn) if self.ref is not None else None  # [N, T]
         needs_kl_old = old_logp is None and self.critic is not None and self.critic.kl_coef  # PPO's KL shaping, at mu = 1 too
@@ -155,8 +156,7 @@ class Trainer:
                 idx = order[m * cfg.minibatch_size : (m + 1) * cfg.minibatch_size]
                 self.optimizer.zero_grad()
                 loss, why = self._accumulate_gradient(b, idx, first_pass=it == 0, acc=acc)
-                where = f"pass {it + 1}, minibatch {m + 1}{why}"
-                done = self.optimizer.step(loss_finite=loss is not None, where=where, at_step=self.step + 1)
+                done = self.optimizer.step(loss_finite=loss is not None, where=f"pass {it + 1}, minibatch {m + 1}{why}", at_step=self.step + 1)
                 if done is not None:
                     acc.add({POLICY_LOSS: loss, **{policy_name(k): v for k, v in done.items()}})
         self.optimizer.zero_grad()
@@ -168,9 +168,8 @@ class Trainer:
         cfg, mb = self.cfg, len(idx)
         num_tokens = b.loss_mask[idx].sum().item()  # whole-minibatch normalizers: accumulation gives the same gradient
         minibatch_loss = 0.0
-        for s in range(0, mb, cfg.micro_batch_size):
-            sub_idx = idx[s : s + cfg.micro_batch_size]
-            tokens = b.tokens.rows(sub_idx)
+        for sub_idx in micro_batches(idx, b.tokens.completion_mask, cfg.micro_batch_size, cfg.optim.group_by_length):
+            tokens = b.tokens.rows(sub_idx)  # trimmed to this micro-batch's longest completion
             T = tokens.completion_width
             logp, entropy = completion_logprobs(self.policy_fn, tokens, temperature=cfg.rollout.temperature, with_entropy=first_pass)
             mask = b.loss_mask[sub_idx, :T]
@@ -186,6 +185,7 @@ class Trainer:
             loss.backward()
             weight = mask.sum().item()
             acc.add({policy_name(k): v for k, v in stats.items()}, weight)
+            acc.add({PERF_PADDING_FRAC: 1 - tokens.completion_mask.float().mean().item()}, tokens.completion_mask.numel())
             minibatch_loss += loss.item()  # micro-batch losses add up to the minibatch's loss
             if entropy is not None:
                 acc.add({POLICY_ENTROPY: masked_mean(entropy, tokens.completion_mask).item()}, weight)

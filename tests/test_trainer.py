@@ -186,3 +186,28 @@ def test_compile_gives_the_eager_numbers(tiny_model_dir, tmp_path):
         assert ma[k] == pytest.approx(mb[k], rel=1e-4, abs=1e-6), k
     for name, g in grads["eager"].items():
         torch.testing.assert_close(grads["compiled"][name], g, rtol=1e-3, atol=1e-6, msg=name)
+
+
+def test_micro_batches_of_similar_length_pad_less_and_give_the_same_gradient(tiny_model_dir, tmp_path):
+    from grpokit.batch import micro_batches
+    from grpokit.metrics import MeanAccumulator
+
+    mask = torch.tensor([[1, 0, 0, 0], [1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 0]])
+    assert [t.tolist() for t in micro_batches(torch.arange(4), mask, 2, True)] == [[1, 3], [2, 0]]
+    assert [t.tolist() for t in micro_batches(torch.arange(4), mask, 2, False)] == [[0, 1], [2, 3]]
+    cfg = config(tiny_model_dir, tmp_path / "run", "optim.micro_batch_size=4", "algorithm.beta=0.04")
+    trainer = Trainer(cfg)
+    batch, _, _ = trainer.rollout([trainer.train_data[i] for i in trainer.sampler.next()])
+    lengths = batch.tokens.completion_mask.sum(1)
+    assert lengths.min() < lengths.max()  # a batch of mixed lengths
+    grads, padding = {}, {}
+    for grouped in (True, False):
+        cfg.optim.group_by_length = grouped
+        trainer.optimizer.zero_grad()
+        acc = MeanAccumulator()
+        loss, _ = trainer._accumulate_gradient(batch, torch.arange(32), first_pass=True, acc=acc)
+        grads[grouped] = {n: p.grad.clone() for n, p in trainer.model.named_parameters()}
+        padding[grouped] = acc.means()["perf/padding_frac"]
+    assert padding[True] < padding[False], padding
+    for name, g in grads[False].items():
+        torch.testing.assert_close(grads[True][name], g, rtol=1e-4, atol=1e-7, msg=name)
