@@ -33,6 +33,10 @@ class ModelConfig(Section):
     """Tokenizer id or folder; None = the model's."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Weights dtype of the trained policy (the reference copy uses the same)."""
+    autocast: Literal["none", "bfloat16"] = "none"
+    """Mixed precision: every forward of the policy and pi_ref (rollout, log-probs, training) under torch.autocast
+    in this dtype, so matmuls run in bf16 while the weights, their gradients and AdamW's state stay in model.dtype
+    (fp32 master weights, as HF Trainer's bf16=True). Use with dtype=float32."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass: less memory, ~30% more compute."""
     attn_implementation: str | None = None

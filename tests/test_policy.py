@@ -201,3 +201,30 @@ def test_fused_path_is_taken_only_where_it_gives_the_models_logits(monkeypatch):
     torch.testing.assert_close(logp[0, :3], ref.squeeze(-1), rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="fused log-probs need"):
         completion_logprobs(scaled, batch, fused=True)
+
+
+# -- mixed precision: model.autocast=bfloat16 ----------------------------------------------------
+
+def test_autocast_runs_matmuls_in_bf16_and_keeps_fp32_weights_and_grads():
+    import copy
+
+    from grpokit.policy import enable_autocast
+
+    model = tiny_llama().train()
+    enable_autocast(model, torch.bfloat16)
+    batch = _grouped_batch()
+    assert model(input_ids=batch.input_ids[:2]).logits.dtype == torch.bfloat16
+    plain = _logp_and_grads(model, batch, share=False, fused=False)
+    fused = _logp_and_grads(model, batch, share=True, fused=True)
+    mask = batch.completion_mask.bool()
+    assert all(p.dtype == torch.float32 and g.dtype == torch.float32 for p, g in zip(model.parameters(), plain[2].values()))
+    torch.testing.assert_close(fused[0][mask], plain[0][mask], rtol=0.05, atol=0.05)  # bf16 both ways
+    fp32 = _logp_and_grads(tiny_llama().train(), batch, share=False, fused=False)
+    assert (plain[0][mask] - fp32[0][mask]).abs().max() < 0.1  # close to fp32, not equal: bf16 matmuls
+    assert (plain[0][mask] - fp32[0][mask]).abs().max() > 0
+    ref = copy.deepcopy(model)  # pi_ref: its forward is bound to the copy, not to the policy
+    assert ref.forward.__self__ is ref and ref.model.forward.__self__ is ref.model
+    with torch.no_grad():
+        ref.lm_head.weight.zero_()
+    assert model(input_ids=batch.input_ids[:1]).logits.abs().sum() > 0
+    assert ref(input_ids=batch.input_ids[:1]).logits.abs().sum() == 0

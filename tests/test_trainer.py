@@ -40,8 +40,9 @@ def read_metrics(out):
     return [json.loads(l) for l in (Path(out) / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_reward_rises(tiny_model_dir, tmp_path):
-    cfg = config(tiny_model_dir, tmp_path / "run", "optim.max_steps=40", "checkpoint.save_every=0")
+@pytest.mark.parametrize("autocast", ["none", "bfloat16"])
+def test_reward_rises(tiny_model_dir, tmp_path, autocast):
+    cfg = config(tiny_model_dir, tmp_path / "run", "optim.max_steps=40", "checkpoint.save_every=0", f"model.autocast={autocast}")
     Trainer(cfg).train()
     rows = read_metrics(tmp_path / "run")
     rewards = [r["reward/mean"] for r in rows if "reward/mean" in r]

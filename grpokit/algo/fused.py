@@ -48,12 +48,21 @@ class _LinearLogprobs(torch.autograd.Function):
                 entropy[s : s + chunk] = -(logp_all.exp() * logp_all).sum(-1)
         ctx.save_for_backward(hidden, weight, bias, targets, lse)
         ctx.temperature, ctx.chunk = temperature, chunk
+        device = hidden.device.type  # the backward recomputes the logits as the forward computed them
+        ctx.autocast = (device, torch.get_autocast_dtype(device)) if torch.is_autocast_enabled(device) else None
         if with_entropy:
             ctx.mark_non_differentiable(entropy)
         return logp, entropy
 
     @staticmethod
     def backward(ctx, grad_logp, _grad_entropy):
+        if ctx.autocast is None:
+            return _LinearLogprobs._backward(ctx, grad_logp)
+        with torch.autocast(device_type=ctx.autocast[0], dtype=ctx.autocast[1]):
+            return _LinearLogprobs._backward(ctx, grad_logp)
+
+    @staticmethod
+    def _backward(ctx, grad_logp):
         hidden, weight, bias, targets, lse = ctx.saved_tensors
         tau, chunk = ctx.temperature, ctx.chunk
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
