@@ -136,11 +136,15 @@ def make_sft(out: str, *, size: str, rows: int, epochs: float, lr: float, seed: 
     from grpokit.tasks.tiny_model import build_tiny_llama
     from grpokit.tasks.tokenizer import build_tokenizer
 
+    from grpokit.config import DataConfig
+    from grpokit.data import build_datasets
+
     torch.set_num_threads(threads)
     task = get_task("countdown")
     tok = build_tokenizer(task, out)
     model = build_tiny_llama(tok, size=size, seed=seed)
-    stats = train_sft(model, tok, task.make_rows("train", rows, seed), epochs=epochs, batch_size=64, lr=lr, seed=seed)
+    pairs = build_datasets(DataConfig(task=task.name, task_train_size=rows), tok, seed=seed).train  # "completion": the solution
+    stats = train_sft(model, tok, pairs, epochs=epochs, batch_size=64, learning_rate=lr, max_length=256, seed=seed)
     model.save_pretrained(out)
     tok.save_pretrained(out)
     print(f"SFT warm start saved to {out}: {stats}")
