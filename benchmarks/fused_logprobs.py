@@ -29,12 +29,16 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from grpokit.batch import pack_sequences
 from grpokit.policy import completion_logprobs
 
-rows, T, V, fused = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "fused"
+rows, T, V, mode = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+fused = mode.startswith("fused")
 torch.manual_seed(0)
 torch.set_num_threads(int(sys.argv[5]))
 cfg = LlamaConfig(vocab_size=V, hidden_size=256, intermediate_size=688, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=4, max_position_embeddings=T + 64, tie_word_embeddings=False)
 model = LlamaForCausalLM(cfg).train()
+if mode.endswith("bf16"):  # model.autocast=bfloat16: fp32 weights, bf16 matmuls
+    from grpokit.policy import enable_autocast
+    enable_autocast(model, torch.bfloat16)
 g = torch.Generator().manual_seed(1)
 batch = pack_sequences([torch.randint(0, V, (16,), generator=g).tolist()] * rows,
                        [torch.randint(0, V, (T,), generator=g).tolist() for _ in range(rows)], pad_id=0)
@@ -64,6 +68,7 @@ def main() -> None:
     ap.add_argument("--lengths", type=int, nargs="+", default=[256, 1024])
     ap.add_argument("--vocab", type=int, default=151_936)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--bf16", action="store_true", help="also the fused path under model.autocast=bfloat16")
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/fused_logprobs.md"))
     args = ap.parse_args()
     command = "  .venv/bin/python benchmarks/fused_logprobs.py " + " ".join(sys.argv[1:])
@@ -71,7 +76,8 @@ def main() -> None:
              f"load average at start: {os.getloadavg()[0]:.2f}; {args.threads} threads; N = {args.rows} rows; "
              f"logits [N, T, V] in fp32 would be N*T*V*4 bytes", "",
              "| T | logits [N,T,V] fp32 | plain peak RSS | fused peak RSS | plain s | fused s | fused/plain time |"
-             " same log-probs | same head grad |", "|---|---|---|---|---|---|---|---|---|"]
+             " same log-probs | same head grad |" + (" fused bf16 s | fused bf16 peak RSS |" if args.bf16 else ""),
+             "|---|---|---|---|---|---|---|---|---|" + ("---|---|" if args.bf16 else "")]
     for T in args.lengths:
         plain, fused = (cell(args.rows, T, args.vocab, mode, args.threads) for mode in ("plain", "fused"))
         logits_gb = args.rows * T * args.vocab * 4 / 2**30
@@ -84,6 +90,9 @@ def main() -> None:
             row = [T, f"{logits_gb:.2f} GB", f"{plain['peak_gb']:.2f} GB", f"{fused['peak_gb']:.2f} GB",
                    f"{plain['seconds']:.1f}", f"{fused['seconds']:.1f}", f"{fused['seconds'] / plain['seconds']:.2f}",
                    "yes" if same else "NO", "yes" if same_g else "NO"]
+        if args.bf16:
+            bf = cell(args.rows, T, args.vocab, "fused-bf16", args.threads)
+            row += [bf.get("error") or f"{bf['seconds']:.1f}", bf.get("error") or f"{bf['peak_gb']:.2f} GB"]
         lines.append("| " + " | ".join(str(x) for x in row) + " |")
         print(lines[-1], flush=True)
     text = "\n".join(lines) + "\n"
