@@ -4,6 +4,8 @@
     .venv/bin/python benchmarks/compare_trl.py            # both workloads -> benchmarks/results/compare_trl.md + reward_curves.png
     .venv/bin/python benchmarks/compare_trl.py --workloads small --steps 12   # a quick look
     .venv/bin/python benchmarks/compare_trl.py --compile  # also grpokit with model.compile=true (a third run per round)
+    .venv/bin/python benchmarks/compare_trl.py --workloads vocab --threads 1 --completion-lengths 64,256,1024
+                                                          # the vocab workload -> benchmarks/results/compare_trl_vocab.md
 
 Same workload for both frameworks: the same tiny Llama and character tokenizer (grpokit.tasks), saved to a
 folder and warmed up once with grpokit.sft on countdown (or --model DIR); the same countdown rows (a JSONL
@@ -20,6 +22,27 @@ Workloads (WORKLOADS below):
   compute  ~25M parameters, 4 prompts x G=8, 64-token completions: the SFT targets are the reference answer
            right-padded with spaces to 64 characters (the countdown reward strips whitespace, so the reward is
            unchanged), so nearly every completion is 64 tokens long and both frameworks do the same work.
+  vocab    Qwen2.5's vocabulary size, 151,936 tokens: the countdown character tokenizer padded with unused
+           tokens "<|unused_i|>" (vocab_tokenizer, built locally, no download) on a Llama body of ~4.2M
+           non-embedding parameters (hidden 256, 4 layers, intermediate 1024; the tied embedding / LM head
+           adds 38.9M), 2 prompts x G=4, completions of T tokens for each T in --completion-lengths (default
+           256; 64,256,1024 for the growth table), 4 steps of which 1 is warm-up. What grows with T here is
+           the [N, T, V] logits (N*T*V*4 bytes: 1.2 GB at T=256, 5.0 GB at T=1024), which TRL materializes and
+           grpokit (grpokit/algo/fused.py) does not. Full-length completions without a warm start: the model
+           is left as initialized (no SFT), so its next-token distribution is close to uniform over 151,936
+           tokens and EOS comes up with probability about 1/151,936 a token -- nearly every completion runs to
+           T (the mean completion length column shows it). grpokit's rollout has no min-length / ignore-EOS
+           setting (TRL could pass min_new_tokens through generation_kwargs), and an SFT warm start on
+           right-padded targets (as in compute) would cost a full-vocabulary SFT per T; the untrained model
+           gives both frameworks the same generation lengths with no framework-specific setting. Its countdown
+           reward is 0 (as in compute), so the advantages are 0 and, with the policy still equal to pi_ref, so
+           is the gradient (TRL logs grad_norm 0); neither framework skips any forward, backward or optimizer
+           step for that. An out-of-memory or killed child is a row of its own ("out of memory: ...", with the
+           highest RSS seen), not an error: the parent polls each child's RSS and kills it past --mem-limit-gb
+           (default 16 GiB) or when the machine's MemAvailable falls under --mem-reserve-gb (default 1 GiB;
+           the machine is shared), and past --child-timeout seconds if given. The results go to
+           compare_trl_vocab.md: a table per T and the growth table (s/step, peak RSS, tokens/s from the
+           smallest T to the largest, each framework against itself), never into compare_trl.md.
 
 Each framework runs in its own subprocess (peak RSS = the child's ru_maxrss), grpokit first, then TRL, in this
 one invocation. Per step: grpokit reads perf/step_time, perf/rollout_time, perf/train_time from its on_log
@@ -32,6 +55,7 @@ log-probs). Columns (medians over the steps after --warmup):
   train s      the policy update: step - (generation + rewards + old/ref log-probs)
   rollout tok/s  completion tokens generated (EOS included) / rollout s
   train tok/s    completion tokens x mu / train s (grpokit's perf/train_tokens_per_s)
+  tok/s (step)   (vocab) completion tokens of a step / s/step: the end-to-end throughput
   peak RSS     ru_maxrss of the framework's process at the end of its last step (imports included; grpokit's
                final checkpoint save, which TRL with save_strategy="no" does not do, is left out)
 The roofline section counts 6 x non-embedding params x the real (non-padding) tokens each framework runs through
@@ -74,6 +98,14 @@ WORKLOADS: dict[str, dict] = {
         sft=dict(rows=1000, steps=40, batch_size=16, lr=1e-3),
         pad_to=64,  # answers right-padded with spaces to 64 characters: completions run to max length
     ),
+    "vocab": dict(
+        name="vocab",
+        model=dict(hidden_size=256, num_layers=4, num_heads=4, intermediate_size=1024, max_position_embeddings=2048),
+        vocab_size=151_936,  # Qwen2.5's: the countdown characters + unused tokens (vocab_tokenizer)
+        prompts=2, G=4, T=256, lengths=(256,), lr=1e-4, steps=4, warmup=1,
+        sft=None,  # no warm start: a fresh model samples EOS with probability ~1/151,936 a token -> full-length completions
+        pad_to=None,
+    ),
 }
 #: the countdown problems of both workloads, pinned so that changes to CountdownTask's defaults do not change
 #: the benchmark (4 numbers from 1..9, targets 1..99, + - *); the reward reads numbers / target from each row
@@ -102,21 +134,46 @@ def _rows(wl: dict, split_seed: int, n: int) -> list[dict]:
     return [r for r in rows if len(r["completion"]) <= wl["T"] - 1]
 
 
+def vocab_tokenizer(task, vocab_size: int):
+    """The countdown character tokenizer (grpokit.tasks.tokenizer) padded to `vocab_size` tokens with unused
+    ones, "<|unused_0|>", ... (WordLevel entries that encoding never produces: the pre-tokenizer splits the
+    text into single characters); built locally, nothing downloaded. Sampled, they decode to their names."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    from grpokit.tasks.tokenizer import build_tokenizer
+
+    base = build_tokenizer(task)
+    tree = json.loads(base.backend_tokenizer.to_str())
+    vocab = tree["model"]["vocab"]
+    n = len(vocab)
+    vocab.update({f"<|unused_{i - n}|>": i for i in range(n, vocab_size)})
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(json.dumps(tree)), clean_up_tokenization_spaces=False, model_max_length=4096,
+        **{role: getattr(base, role) for role in ("pad_token", "bos_token", "eos_token", "unk_token")},
+    )
+    assert len(tok) == vocab_size, (len(tok), vocab_size)
+    return tok
+
+
 def build_model(wl: dict, work: Path, *, sft: bool = True, model: str | None = None) -> Path:
-    """The workload's model folder (model + tokenizer), built and SFT-warmed once, then reused."""
+    """The workload's model folder (model + tokenizer), built and SFT-warmed once (workloads with sft=None:
+    never), then reused."""
     if model:
         return Path(model)
+    sft = sft and wl["sft"] is not None
     out = work / f"{wl['name']}-model{'-sft' if sft else ''}"
     stamp = out / "workload.json"
     task = countdown_task()
-    spec = json.dumps({k: wl[k] for k in ("model", "sft", "pad_to", "T")} | {"sft_done": sft, "task": repr(task)}, sort_keys=True)
+    keys = ("model", "sft", "pad_to") + (("vocab_size",) if "vocab_size" in wl else ("T",))  # vocab: one model for every T
+    spec = json.dumps({k: wl[k] for k in keys} | {"sft_done": sft, "task": repr(task)}, sort_keys=True)
     if stamp.exists() and stamp.read_text() == spec:
         return out
     from grpokit.sft import train_sft
     from grpokit.tasks.tiny_model import build_tiny_llama
     from grpokit.tasks.tokenizer import build_tokenizer
 
-    tok = build_tokenizer(task)
+    tok = vocab_tokenizer(task, wl["vocab_size"]) if "vocab_size" in wl else build_tokenizer(task)
     m = build_tiny_llama(tok, **wl["model"])
     if sft:
         s = dict(wl["sft"])
@@ -352,8 +409,35 @@ def child_trl(spec: dict) -> dict:
             "wall_s": wall, "peak_rss_mb": _rss_mb()}
 
 
+def _proc_kb(path: str, *keys: str) -> dict[str, int]:
+    """Fields of a /proc status-like file in kB (0 when the process is gone)."""
+    try:
+        text = Path(path).read_text()
+    except OSError:
+        return dict.fromkeys(keys, 0)
+    out = dict.fromkeys(keys, 0)
+    for line in text.splitlines():
+        key, _, rest = line.partition(":")
+        if key in out:
+            out[key] = int(rest.split()[0])
+    return out
+
+
+def _failed_run(framework: str, spec: dict, why: str, peak_kb: int, wall: float) -> dict:
+    """A child that did not finish (out of memory, killed, timed out): a row of its own in the tables."""
+    grpo = framework.startswith("grpokit")
+    engine = spec["engine"] + (", compile" if spec.get("overrides") else "") if grpo else "transformers generate"
+    return {"framework": "grpokit" if grpo else "TRL", "engine": engine, "shapes": f"{framework}: {why}", "steps": [],
+            "failed": why, "peak_rss_mb": peak_kb / 1024, "wall_s": wall}
+
+
 def run_child(framework: str, spec: dict, work: Path) -> dict:
-    """One framework in its own process; its stdout/stderr go to a log file next to the run."""
+    """One framework in its own process; its stdout/stderr go to a log file next to the run.
+
+    A watchdog polls the child's RSS: past spec["mem_limit_gb"], or when the machine's MemAvailable falls
+    under spec["mem_reserve_gb"] (the machine is shared), the child is killed, and so is a child that runs
+    past spec["timeout_s"]. Such a run -- like one the kernel kills, or one whose allocation fails -- comes
+    back as a result with "failed" (the reason) and the highest RSS seen, not as an error of this script."""
     spec_path = work / f"{spec['workload']}-{framework}-spec.json"
     result_path = work / f"{spec['workload']}-{framework}-result.json"
     log_path = work / f"{spec['workload']}-{framework}.log"
@@ -368,19 +452,53 @@ def run_child(framework: str, spec: dict, work: Path) -> dict:
             shutil.rmtree(cache, ignore_errors=True)
         env["TORCHINDUCTOR_CACHE_DIR"] = str(cache.resolve())
     load_before = machine_load()
+    limit_kb = spec.get("mem_limit_gb", 0) * 2**20
+    reserve_kb = spec.get("mem_reserve_gb", 0) * 2**20
+    timeout = spec.get("timeout_s") or 0
     t = time.perf_counter()
+    why, peak_kb = None, 0
     with log_path.open("w") as log:
-        rc = subprocess.run(
+        proc = subprocess.Popen(
             [sys.executable, __file__, "--child", framework, "--spec", str(spec_path), "--result", str(result_path)],
             stdout=log, stderr=subprocess.STDOUT, env=env,
-        ).returncode
-    if rc != 0 or not result_path.exists():
-        tail = "\n".join(log_path.read_text().splitlines()[-30:])
-        raise SystemExit(f"{framework} on {spec['workload']} failed (exit {rc}); last lines of {log_path}:\n{tail}")
-    res = json.loads(result_path.read_text())
+        )
+        while proc.poll() is None:
+            mem = _proc_kb(f"/proc/{proc.pid}/status", "VmRSS", "VmHWM")
+            peak_kb = max(peak_kb, mem["VmHWM"], mem["VmRSS"])
+            avail = _proc_kb("/proc/meminfo", "MemAvailable")["MemAvailable"]
+            if limit_kb and mem["VmRSS"] > limit_kb:
+                why = f"out of memory: RSS passed the {spec['mem_limit_gb']:g} GiB limit (killed at {mem['VmRSS'] / 2**20:.1f} GiB)"
+            elif reserve_kb and avail and avail < reserve_kb:
+                why = (f"out of memory: the machine's available memory fell under {spec['mem_reserve_gb']:g} GiB "
+                       f"(killed at RSS {mem['VmRSS'] / 2**20:.1f} GiB)")
+            elif timeout and time.perf_counter() - t > timeout:
+                why = f"timed out: still running after {timeout:.0f} s (killed)"
+            if why:
+                proc.kill()  # our own child, by its pid
+                proc.wait()
+                break
+            time.sleep(0.1)
+    rc = proc.returncode
+    wall = time.perf_counter() - t
+    if why is None and (rc != 0 or not result_path.exists()):
+        lines = log_path.read_text(errors="replace").splitlines()
+        tail = "\n".join(lines[-30:])
+        if rc < 0:
+            import signal
+
+            name = signal.Signals(-rc).name if -rc in signal.Signals._value2member_map_ else str(-rc)
+            why = f"killed by {name}" + (" (the kernel's OOM killer)" if rc == -signal.SIGKILL else "")
+        elif any(m in line for line in lines[-30:] for m in ("can't allocate memory", "MemoryError", "out of memory")):
+            why = "out of memory: an allocation failed"
+        else:
+            raise SystemExit(f"{framework} on {spec['workload']} failed (exit {rc}); last lines of {log_path}:\n{tail}")
+    if why:
+        res = _failed_run(framework, spec, why, peak_kb, wall)
+    else:
+        res = json.loads(result_path.read_text())
     res["load_before"], res["load_after"] = load_before, machine_load()
-    print(f"[{spec['workload']}] {framework}: {len(res['steps'])} steps in {time.perf_counter() - t:.0f}s "
-          f"({res['load_after']})", flush=True)
+    print(f"[{spec['workload']}] {framework}: " + (f"FAILED ({why}) after {wall:.0f}s, peak RSS {peak_kb / 2**20:.2f} GiB"
+          if why else f"{len(res['steps'])} steps in {wall:.0f}s") + f" ({res['load_after']})", flush=True)
     return res
 
 
@@ -406,6 +524,7 @@ def summarize(res: dict, warmup: int, mu: int, n_nonemb: int) -> dict:
         "train_flops": med(lambda s: 6 * n_nonemb * s.get("model_tokens", s["real_tokens"]) * mu / s["train_s"]),
         "warmup_s": sum(s["step_s"] for s in res["steps"][:warmup]),
         "rollout_flops": med(lambda s: 2 * n_nonemb * s["completion_tokens"] / s["gen_s"]),
+        "step_tps": med(lambda s: s["completion_tokens"] / s["step_s"]),
     }
 
 
@@ -431,6 +550,143 @@ def table(rows: list[tuple[str, dict, dict]]) -> list[str]:
     for _, g, res in rows[:-1]:
         lines.append(f"| **grpokit ({res['engine']}) / TRL** | " + " | ".join(f"{g[k] / t[k]:.2f}x" for _, k, _ in cols) + " | | |")
     return lines
+
+
+def _label(res: dict) -> str:
+    return ("grpokit (" if res["framework"] == "grpokit" else "TRL (") + res["engine"] + ")"
+
+
+def vocab_table(rows: list[tuple[dict | None, dict]]) -> list[str]:
+    """rows: (summary or None when the run failed, result) per grpokit variant, then TRL last."""
+    cols = [("s/step", "step_s", "{:.2f}"), ("rollout s", "gen_s", "{:.2f}"), ("logp+reward s", "prep_s", "{:.2f}"),
+            ("train s", "train_s", "{:.2f}"), ("tok/s (step)", "step_tps", "{:.1f}"), ("rollout tok/s", "rollout_tps", "{:.0f}"),
+            ("train tok/s", "train_tps", "{:.0f}"), ("peak RSS MB", "rss", "{:.0f}")]
+    lines = ["| | " + " | ".join(c[0] for c in cols) + " | mean completion len | padding |", "|---" * (len(cols) + 3) + "|"]
+    for s, res in rows:
+        if s is None:
+            cells = [f"**{res['failed']}**"] + ["-"] * (len(cols) - 2) + [f">= {res['peak_rss_mb']:.0f} (highest seen)", "-", "-"]
+        else:
+            cells = [f.format(s[k]) for _, k, f in cols] + [f"{s['len']:.1f}", f"{100 * s['pad_frac']:.0f}%"]
+        lines.append(f"| {_label(res)} | " + " | ".join(cells) + " |")
+    t = rows[-1][0]
+    for g, res in rows[:-1]:
+        if g is not None and t is not None:
+            lines.append(f"| **{_label(res)} / TRL** | " + " | ".join(f"{g[k] / t[k]:.2f}x" for _, k, _ in cols) + " | | |")
+    return lines
+
+
+def growth_table(cells: dict[int, dict[str, tuple[dict | None, dict]]], variants: list[str]) -> list[str]:
+    """cells: T -> variant -> (summary or None, result). One row per T; in brackets each value over its
+    value at the smallest T (how it grows)."""
+    Ts = sorted(cells)
+    grpo = [v for v in variants if v != "trl"]
+
+    def val(T, v, key):
+        s, _ = cells[T][v]
+        return None if s is None else s[key]
+
+    def cell(T, v, key, fmt):
+        s, res = cells[T][v]
+        if s is None:
+            return f"{res['failed'].split(':')[0]} (>= {res['peak_rss_mb']:.0f} MB seen)" if key == "rss" else res["failed"].split(":")[0]
+        first = next(T0 for T0 in Ts if cells[T0][v][0] is not None)  # the smallest T this variant finished
+        return fmt.format(s[key]) + (f" ({s[key] / val(first, v, key):.1f}x)" if T != first else "")
+
+    name = lambda v: _label(cells[Ts[0]][v][1])  # noqa: E731
+    head = ["T"]
+    for key, what in (("step_s", "s/step"), ("rss", "peak RSS MB"), ("step_tps", "tok/s")):
+        head += [f"{name(v)} {what}" for v in variants]
+    head += [f"TRL / {name(v)} s/step" for v in grpo] + [f"{name(v)} / TRL peak RSS" for v in grpo]
+    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    for T in Ts:
+        row = [str(T)]
+        for key, fmt in (("step_s", "{:.2f}"), ("rss", "{:.0f}"), ("step_tps", "{:.1f}")):
+            row += [cell(T, v, key, fmt) for v in variants]
+        for key, num, den in (("step_s", "trl", None), ("rss", None, "trl")):
+            for v in grpo:
+                a, b = val(T, num or v, key), val(T, den or v, key)
+                row.append(f"{a / b:.2f}x" if a is not None and b is not None else "-")
+        lines.append("| " + " | ".join(row) + " |")
+    return lines
+
+
+def run_vocab(wl: dict, args, engine: str, work: Path) -> list[str]:
+    """The vocab workload: one case per completion length, the frameworks back to back in each round;
+    a markdown section per length and the growth table."""
+    warmup = args.warmup if args.warmup is not None else wl["warmup"]
+    lengths = args.completion_lengths or list(wl["lengths"])
+    model_dir = build_model(wl, work, model=args.model)
+    data_path = write_prompts(wl, work)
+    from transformers import AutoModelForCausalLM
+
+    from roofline import param_counts
+
+    counts = param_counts(AutoModelForCausalLM.from_pretrained(str(model_dir)))
+    steps = args.steps or wl["steps"]
+    variants = {"grpokit": [], **({"grpokit-compile": ["model.compile=true"]} if args.compile else {}), "trl": []}
+    cells: dict[int, dict] = {}
+    md = [
+        f"## vocab: {counts['total'] / 1e6:.2f}M parameters ({counts['non_embedding'] / 1e6:.2f}M non-embedding, "
+        f"{counts['embedding'] / 1e6:.2f}M in the tied embedding / LM head), vocabulary {wl['vocab_size']:,}, "
+        f"{wl['prompts']} prompts x G={wl['G']}, completions of T = {', '.join(map(str, lengths))} tokens, {steps} steps",
+        "",
+    ]
+    for T in lengths:
+        case = f"vocab-T{T}"
+        spec = dict(ALGO, workload=case, model_dir=str(model_dir), data_path=str(data_path), G=wl["G"],
+                    prompts=wl["prompts"], T=T, lr=wl["lr"], steps=steps, threads=args.threads, engine=engine,
+                    mu=args.mu, beta=args.beta, mem_limit_gb=args.mem_limit_gb, mem_reserve_gb=args.mem_reserve_gb,
+                    timeout_s=args.child_timeout)
+        runs: dict[str, list[dict]] = {v: [] for v in variants}
+        for r in range(args.rounds):
+            for fw, overrides in variants.items():
+                run_dir = work / f"{case}-{fw}"
+                if run_dir.exists():
+                    import shutil
+
+                    shutil.rmtree(run_dir)  # a fresh run, never a resume
+                runs[fw].append(run_child(fw, dict(spec, out_dir=str(run_dir), overrides=overrides, round=r), work))
+        summ = {fw: [(summarize(x, warmup, args.mu, counts["non_embedding"]), x) for x in rs if "failed" not in x]
+                for fw, rs in runs.items()}
+        cells[T] = {fw: (min(summ[fw], key=lambda p: p[0]["step_s"]) if summ[fw] else (None, runs[fw][0])) for fw in runs}
+        loads = "; ".join(f"{'TRL' if fw == 'trl' else fw} run {i + 1}: {x['load_before']} -> {x['load_after']}"
+                          for i in range(args.rounds) for fw, x in ((fw, runs[fw][i]) for fw in runs))
+        md += [
+            f"### T = {T}",
+            "",
+            f"Load: {loads}.",
+            "",
+            *vocab_table([cells[T][fw] for fw in runs]),
+            "",
+            *(["Warm-up (the first " + str(warmup) + " step(s), left out of the medians): "
+               + ", ".join(f"{_label(res)} {s['warmup_s']:.1f} s" for s, res in (cells[T][fw] for fw in runs) if s is not None)
+               + ".", ""] if any(cells[T][fw][0] is not None for fw in runs) else []),
+            *[f"- {res['shapes']}" for _, res in (cells[T][fw] for fw in runs)],
+            "",
+        ]
+        print("\n".join(md[-(len(runs) * 2 + 10):]), flush=True)
+        (work / f"{case}-results.json").write_text(json.dumps(runs))
+    fws = list(variants)
+    md += [
+        "### Growth with the completion length",
+        "",
+        "s/step, peak RSS and tokens/s (completion tokens of a step / s per step) at each T; in brackets, each value "
+        "over the same framework's value at the smallest T it finished. A failed run shows why it stopped (details in "
+        "its T's table).",
+        "",
+        *growth_table(cells, fws),
+        "",
+    ]
+    if 256 in cells:
+        (g, _), (t, tres) = cells[256]["grpokit"], cells[256]["trl"]
+        if g is not None and t is not None:
+            rss, speed = g["rss"] / t["rss"], t["step_s"] / g["step_s"]
+            md += [f"At T = 256: grpokit's peak RSS is {rss:.2f}x TRL's ({g['rss']:.0f} vs {t['rss']:.0f} MB; target <= 0.5x: "
+                   f"{'reached' if rss <= 0.5 else 'not reached'}); TRL's s/step over grpokit's is {speed:.2f}x "
+                   f"({t['step_s']:.2f} vs {g['step_s']:.2f} s; target >= 1.5x: {'reached' if speed >= 1.5 else 'not reached'}).", ""]
+        elif g is not None:
+            md += [f"At T = 256: TRL did not finish ({tres['failed']}); grpokit: {g['step_s']:.2f} s/step, {g['rss']:.0f} MB.", ""]
+    return md
 
 
 def plot(curves: dict, path: Path) -> None:
@@ -461,8 +717,15 @@ def plot(curves: dict, path: Path) -> None:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workloads", default="small,compute", help="comma-separated: " + ", ".join(WORKLOADS))
-    ap.add_argument("--steps", type=int, help="steps per framework (default: the workload's: small 50, compute 12)")
-    ap.add_argument("--warmup", type=int, default=2, help="steps left out of the medians")
+    ap.add_argument("--steps", type=int, help="steps per framework (default: the workload's: small 50, compute 12, vocab 4)")
+    ap.add_argument("--warmup", type=int, help="steps left out of the medians (default: 2; vocab 1)")
+    ap.add_argument("--completion-lengths", type=lambda v: [int(x) for x in v.split(",")],
+                    help="vocab workload: comma-separated completion lengths T, one row each (default 256), e.g. 64,256,1024")
+    ap.add_argument("--mem-limit-gb", type=float, default=16.0,
+                    help="kill a child whose RSS passes this many GiB and record it as out of memory (0: no limit)")
+    ap.add_argument("--mem-reserve-gb", type=float, default=1.0,
+                    help="kill a child when the machine's MemAvailable falls under this many GiB (a shared machine)")
+    ap.add_argument("--child-timeout", type=float, default=0, help="kill a child after this many seconds, recorded as timed out (0: none)")
     ap.add_argument("--engine", default="auto", choices=["auto", "fast", "hf"], help="grpokit rollout engine (auto: fast if present)")
     ap.add_argument("--rounds", type=int, default=1, help="alternate grpokit / TRL runs this many times; the fastest round counts")
     ap.add_argument("--compile", action="store_true", help="also run grpokit with model.compile=true (a third run per round)")
@@ -472,7 +735,7 @@ def main(argv=None) -> None:
     ap.add_argument("--mu", type=int, default=ALGO["mu"], help="num_iterations for both")
     ap.add_argument("--beta", type=float, default=ALGO["beta"])
     ap.add_argument("--work", default="runs/compare_trl", help="scratch folder: models, prompts, runs, logs")
-    ap.add_argument("--out", default=str(RESULTS), help="where compare_trl.md and reward_curves.png go")
+    ap.add_argument("--out", default=str(RESULTS), help="where compare_trl.md and reward_curves.png (vocab: compare_trl_vocab.md) go")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--spec", help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
@@ -489,10 +752,45 @@ def main(argv=None) -> None:
     work.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
     engine = pick_engine(args.engine)
+    names = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    if unknown := [n for n in names if n not in WORKLOADS]:
+        raise SystemExit(f"unknown workload(s) {unknown}; known: {', '.join(WORKLOADS)}")
     import torch
 
     torch.set_num_threads(args.threads)  # the SFT warm-start; the children set their own
     load0 = machine_load()
+    if "vocab" in names:
+        import transformers
+        import trl
+
+        vocab_md = [
+            "# grpokit vs TRL GRPOTrainer at a 151,936-token vocabulary (CPU, fp32)",
+            "",
+            f"`{command}`",
+            "",
+            f"Machine: {os.cpu_count()} CPU cores, {_proc_kb('/proc/meminfo', 'MemTotal')['MemTotal'] / 2**20:.0f} GiB memory, "
+            f"shared; torch {torch.__version__}, transformers {transformers.__version__}, TRL {trl.__version__}, "
+            f"{args.threads} thread(s) per child; {load0} at the start. grpokit rollout engine: `{engine}`. "
+            "Each framework runs in its own process, one after the other; peak RSS is the child's ru_maxrss at the end "
+            "of its last step. A child is killed when its RSS passes "
+            + (f"{args.mem_limit_gb:g} GiB" if args.mem_limit_gb else "(no limit)")
+            + f" or the machine's available memory falls under {args.mem_reserve_gb:g} GiB"
+            + (f" or after {args.child_timeout:.0f} s" if args.child_timeout else "")
+            + "; such a run is recorded as out of memory (or timed out) with the highest RSS seen. Same settings as "
+            f"the other workloads: beta={args.beta}, epsilon={ALGO['epsilon']}, loss_type={ALGO['loss_type']}, "
+            f"scale_rewards={ALGO['scale_rewards']}, mu={args.mu}, lr={WORKLOADS['vocab']['lr']} (constant), "
+            f"temperature={ALGO['temperature']}, top_p=1, top_k=0, seed={ALGO['seed']}. The model is not warmed up "
+            "(see the docstring of benchmarks/compare_trl.py): its completions run to the full length T and its "
+            "countdown reward is 0, as in `compute`; both frameworks still run every forward and backward.",
+            "",
+        ]
+        vocab_md += run_vocab(WORKLOADS["vocab"], args, engine, work)
+        (out / "compare_trl_vocab.md").write_text("\n".join(vocab_md))
+        print(f"wrote {out / 'compare_trl_vocab.md'}", flush=True)
+        names = [n for n in names if n != "vocab"]
+        if not names:
+            return
+    args.warmup = 2 if args.warmup is None else args.warmup
     peaks = peak_matmul_flops()  # all cores
 
     def peak_now(**kw) -> float:
@@ -517,7 +815,7 @@ def main(argv=None) -> None:
         "",
     ]
     curves: dict[str, dict] = {}
-    for name in [w.strip() for w in args.workloads.split(",") if w.strip()]:
+    for name in names:
         wl = dict(WORKLOADS[name])
         if name == "compute" and args.compute_prompts:
             wl["prompts"] = args.compute_prompts
@@ -530,7 +828,8 @@ def main(argv=None) -> None:
         counts = param_counts(AutoModelForCausalLM.from_pretrained(str(model_dir)))
         spec = dict(ALGO, workload=name, model_dir=str(model_dir), data_path=str(data_path), G=wl["G"],
                     prompts=wl["prompts"], T=wl["T"], lr=wl["lr"], steps=args.steps or wl["steps"], threads=args.threads,
-                    engine=engine, mu=args.mu, beta=args.beta)
+                    engine=engine, mu=args.mu, beta=args.beta, mem_limit_gb=args.mem_limit_gb,
+                    mem_reserve_gb=args.mem_reserve_gb, timeout_s=args.child_timeout)
         # variant -> config overrides for grpokit (TRL runs last in each round)
         variants = {"grpokit": [], **({"grpokit-compile": ["model.compile=true"]} if args.compile else {}), "trl": []}
         runs: dict[str, list[dict]] = {v: [] for v in variants}
@@ -542,6 +841,8 @@ def main(argv=None) -> None:
 
                     shutil.rmtree(run_dir)  # a fresh run, never a resume
                 runs[fw].append(run_child(fw, dict(spec, out_dir=str(run_dir), overrides=overrides, round=r), work))
+                if "failed" in runs[fw][-1]:
+                    raise SystemExit(f"{fw} on {name}: {runs[fw][-1]['failed']} (see {work / f'{name}-{fw}.log'})")
                 peak = max(peak, peak_now(sizes=(4096,), repeats=3))
         results = {fw: rs[0] for fw, rs in runs.items()}  # the first round: reward curves, shapes
         per_round = {fw: [summarize(x, args.warmup, args.mu, counts["non_embedding"]) for x in rs] for fw, rs in runs.items()}
