@@ -203,3 +203,17 @@ def test_logprobs_equal_trainer_logprobs(model_and_tok, prompts, monkeypatch, co
     model.train()
     for i, lp in enumerate(out.logprobs):
         torch.testing.assert_close(torch.tensor(lp), ref[i, : len(lp)], rtol=1e-4, atol=1e-4)
+
+
+def test_categorical_draw_has_the_distribution_and_never_draws_a_zero():
+    from grpokit.rollout.fast import sample_categorical
+
+    torch.manual_seed(0)
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.2, 0.3], [1.0, 0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0, 1.0]])
+    draws = torch.stack([sample_categorical(probs) for _ in range(20000)])  # [20000, 3]
+    freq = torch.stack([torch.bincount(draws[:, r], minlength=5).float() / len(draws) for r in range(3)])
+    assert freq[:, [0, 2]][0].sum() == 0 and (draws[:, 1] == 0).all() and (draws[:, 2] == 4).all()
+    torch.testing.assert_close(freq[0], probs[0], rtol=0, atol=0.015)  # 4 sigma at n = 20000
+    huge = torch.softmax(torch.randn(4, 151936), -1)  # a real vocabulary: indices in range, where the mass is
+    idx = sample_categorical(huge)
+    assert idx.shape == (4,) and (idx < 151936).all() and (huge.gather(1, idx[:, None]) > 0).all()
