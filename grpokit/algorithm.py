@@ -10,7 +10,7 @@ The math itself is in grpokit/algo/ (no config there); docs/algorithm.md has the
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from torch import Tensor
 
@@ -19,10 +19,21 @@ from grpokit.batch import Groups
 from grpokit.config import AlgorithmConfig, ConfigError
 from grpokit.metrics import ROLLOUT_GROUPS_DRAWN, ROLLOUT_GROUPS_DROPPED, ROLLOUT_GROUPS_TOPPED_UP, ROLLOUT_SAMPLING_ROUNDS
 
+if TYPE_CHECKING:
+    from grpokit.distributed import World
 
-def outcome_advantages(alg: AlgorithmConfig, rewards: Tensor, group_size: int) -> Tensor:
-    """[N] advantages of [N] outcome rewards (groups contiguous), as algorithm.* says."""
-    return group_advantages(rewards, group_size, scale=alg.scale_rewards, estimator=alg.advantage_estimator, eps=alg.std_eps)
+
+#: advantage scales whose statistics are over the whole batch (the others are per group: local to a rank)
+BATCH_SCALES = ("batch", "batch_centered")
+
+
+def outcome_advantages(alg: AlgorithmConfig, rewards: Tensor, group_size: int, world: World | None = None) -> Tensor:
+    """[N] advantages of [N] outcome rewards (groups contiguous), as algorithm.* says. world: with several ranks
+    (grpokit/distributed.py) a batch scale's mean and std are those of every rank's rewards (one all_gather of
+    [N] floats), so each rank gets its rows of what one process computes on the global batch."""
+    if world is None or world.size == 1 or alg.scale_rewards not in BATCH_SCALES:
+        return group_advantages(rewards, group_size, scale=alg.scale_rewards, estimator=alg.advantage_estimator, eps=alg.std_eps)
+    return world.my_rows(outcome_advantages(alg, world.all_rows(rewards), group_size))
 
 
 def process_advantages(alg: AlgorithmConfig, step_rewards: list[Tensor], step_ends: list[Tensor], group_size: int, num_tokens: int) -> Tensor:
@@ -63,17 +74,21 @@ def algorithm_loss(alg: AlgorithmConfig, logp: Tensor, old_logp: Tensor, advanta
     )
 
 
-def dynamic_sampling(first: Groups, draw: Callable[[], Groups], want: int, G: int, max_rounds: int) -> tuple[Groups, dict[str, float]]:
+def dynamic_sampling(first: Groups, draw: Callable[[], Groups], want: int, G: int, max_rounds: int,
+                     world: World | None = None) -> tuple[Groups, dict[str, float]]:
     """DAPO §3.2: keep groups whose rewards differ; draw() more prompts' groups until `want` are kept.
     After max_rounds rounds a short batch is topped up with dropped groups (they carry no policy
-    gradient, only the KL term), so every step has the same shape."""
+    gradient, only the KL term), so every step has the same shape. world: with several ranks, `want` is
+    this rank's share and the rounds go on until every rank has its share (one all_reduce per round),
+    so all ranks draw the same rounds from the one global prompt order; the counts are summed in the logs."""
+    enough = world.all if world is not None else bool
     kept, dropped, rounds, drawn, cur = [], [], 0, 0, first
     while True:
         rounds, drawn = rounds + 1, drawn + len(cur.rows)
         for g in range(len(cur.rows)):
             r = cur.scored.total[g * G : (g + 1) * G]
             (kept if r.max() > r.min() else dropped).append((cur, g))
-        if len(kept) >= want or rounds >= max_rounds:
+        if enough(len(kept) >= want) or rounds >= max_rounds:
             break
         cur = draw()
     metrics = {

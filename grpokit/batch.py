@@ -93,19 +93,7 @@ class Groups:
         if all(src.comps.logprobs is not None for src, _ in spans):
             logprobs = cat(lambda s: s.comps.logprobs)
         comps = Completions(cat(lambda s: s.comps.token_ids), cat(lambda s: s.comps.texts), cat(lambda s: s.comps.finish_reasons), logprobs)
-        first = spans[0][0].scored
-        sources = {id(src): src for src, _ in spans}.values()
-        step_names = {k for src, _ in spans for k in src.scored.steps}
-        steps = {k: [s for src, sl in spans for s in src.scored.steps.get(k, [None] * len(src.scored.total))[sl]] for k in step_names}
-        scored = RewardOutput(
-            total=torch.cat([src.scored.total[sl] for src, sl in spans]),
-            per_function={k: torch.cat([src.scored.per_function[k][sl] for src, sl in spans]) for k in first.per_function},
-            errors={k: sum(src.scored.errors[k] for src in sources) for k in first.errors},
-            weights=first.weights,
-            steps=steps,
-            timeouts={k: sum(src.scored.timeouts.get(k, 0) for src in sources) for k in first.errors},
-            scored=sum(src.scored.scored or src.scored.total.numel() for src in sources),  # what the errors count over
-        )
+        scored = RewardOutput.take([(src.scored, sl) for src, sl in spans])
         return Groups([src.rows[g] for src, g in chosen], comps, scored)
 
 

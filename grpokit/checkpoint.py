@@ -224,8 +224,9 @@ def latest_checkpoint(out_dir: Path) -> tuple[int, Path] | None:
 
 
 #: Config keys that may change on resume without a word: they change neither the math nor the data stream
-#: (the reward time limit and the bad-step guard only decide when to stop waiting, warn or stop).
-FREE_ON_RESUME = ("output_dir", "threads", "logging", "eval", "checkpoint", "reward_timeout", "reward_slow_warning",
+#: (the reward time limit and the bad-step guard only decide when to stop waiting, warn or stop; the
+#: distributed strategy only how the same math is laid out over the ranks).
+FREE_ON_RESUME = ("output_dir", "threads", "logging", "eval", "checkpoint", "distributed", "reward_timeout", "reward_slow_warning",
                   "reward_error_fraction", "stop_after_bad_steps")
 
 

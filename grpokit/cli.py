@@ -1,6 +1,7 @@
 """The `grpokit` command line.
 
     grpokit train config.yaml [section.key=value ...]     train (resumes when output_dir holds a checkpoint)
+    torchrun --nproc_per_node N -m grpokit train ...      the same on N processes (FSDP2 / DDP, docs/scaling.md)
     grpokit eval MODEL_DIR --config config.yaml            held-out pass@1 / pass@k / maj@k
     grpokit sft sft.yaml [section.key=value ...]           supervised warm-start on prompt / completion pairs
     grpokit demo [--quick] [--out DIR]                     the whole pipeline on a tiny model, no downloads
@@ -86,10 +87,14 @@ def train(
 
         ensure_writable_dir(cfg.output_dir)  # before loading the model, so a bad path fails in a second
         trainer = Trainer(cfg)  # with a critic (grpokit/critic.py) when algorithm.advantage_estimator=gae
-        last = trainer.train()
+        try:  # under torchrun, each rank runs this (grpokit/distributed.py, docs/scaling.md)
+            last = trainer.train()
+        finally:
+            trainer.world.teardown()
         if trainer.interrupted:  # saved; the trainer printed the step and how to resume
             raise typer.Exit(128 + signal.Signals[trainer.interrupted].value)
-        typer.echo(f"done: step {trainer.step}; final model in {Path(cfg.output_dir) / 'final'}")
+        if trainer.world.is_main:
+            typer.echo(f"done: step {trainer.step}; final model in {Path(cfg.output_dir) / 'final'}")
         return last
 
     _run(go)

@@ -225,6 +225,15 @@ class CheckpointConfig(Section):
     checkpoint's config on resume; they are applied and logged. Any other difference stops the resume."""
 
 
+class DistributedConfig(Section):
+    """Several processes under torchrun (grpokit/distributed.py, docs/scaling.md); one process ignores this section."""
+
+    strategy: Literal["fsdp2", "ddp", "none"] = "fsdp2"
+    """With WORLD_SIZE > 1: fsdp2 (torch.distributed.fsdp.fully_shard on each decoder layer, then the root: parameters,
+    gradients and AdamW state sharded over the ranks) or ddp (a full replica per rank, gradients all-reduced); none
+    is for one process only."""
+
+
 class RewardSpec(Section):
     """One reward function in the combination: an entry of `rewards` in a config, or built in Python,
     where the function may come first: RewardSpec("math"), RewardSpec(my_fn, weight=0.5)."""
@@ -291,6 +300,7 @@ class Config(Section):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    distributed: DistributedConfig = Field(default_factory=DistributedConfig)
     rewards: list[RewardSpec] = Field(default_factory=list)
     """Reward functions, summed with their weights: each {function, weight, kwargs, name, timeout} (RewardSpec)."""
     reward_errors: Literal["skip", "raise"] = "skip"

@@ -198,6 +198,17 @@ PERF_PADDING_FRAC = "perf/padding_frac"
 PERF_VALUE_TIME = "perf/value_time"
 PERF_CRITIC_TRAIN_TIME = "perf/critic_train_time"
 
+#: How one rank's value of a metric becomes the run's when several ranks train (grpokit/distributed.py,
+#: World.reduce_metrics): the slowest rank's time and memory, the sum of throughputs and of group counts.
+#: Every other metric is computed over the whole batch already (the same on every rank: reward/, advantage/,
+#: rollout/ from every rank's rows, policy/ from every rank's micro-batches), or only rank 0 has it (eval/).
+RANK_REDUCTIONS: dict[str, str] = {
+    **{name: "max" for name in (PERF_ROLLOUT_TIME, PERF_REWARD_TIME, PERF_REF_TIME, PERF_STEP_TIME, PERF_TRAIN_TIME,
+                                PERF_PEAK_RSS_MB, PERF_VALUE_TIME, PERF_CRITIC_TRAIN_TIME)},
+    **{name: "sum" for name in (PERF_ROLLOUT_TOKENS_PER_S, PERF_TRAIN_TOKENS_PER_S, ROLLOUT_GROUPS_DRAWN,
+                                ROLLOUT_GROUPS_DROPPED, ROLLOUT_GROUPS_TOPPED_UP)},
+}
+
 # ---------------------------------------------------------------------------------------------
 # eval/: held-out evaluation (grpokit.evaluate)
 
@@ -313,6 +324,16 @@ class MeanAccumulator:
 
     def means(self) -> dict[str, float]:
         return {k: self.sums[k] / self.weights[k] for k in self.sums if self.weights[k] > 0}
+
+    @staticmethod
+    def merge(parts: list[tuple[dict[str, float], dict[str, float]]]) -> "MeanAccumulator":
+        """One accumulator from several (sums, weights): every rank's micro-batches (grpokit/distributed.py)."""
+        out = MeanAccumulator()
+        for sums, weights in parts:
+            for k, v in sums.items():
+                out.sums[k] = out.sums.get(k, 0.0) + v
+                out.weights[k] = out.weights.get(k, 0.0) + weights[k]
+        return out
 
 
 def rollout_metrics(

@@ -23,6 +23,7 @@ from torch import Tensor
 from grpokit.algo import token_entropy, token_logprobs
 from grpokit.algo.fused import linear_logprobs
 from grpokit.batch import PackedBatch, micro_batches
+from grpokit.distributed import is_sharded
 from grpokit.rollout.base import cache_kwarg
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -250,6 +251,8 @@ def fused_head(model) -> torch.nn.Linear | None:
     cached = model.__dict__.get("_grpokit_fused_head")
     if cached is not None:
         return cached or None
+    if is_sharded(model):  # FSDP2: the head's weight is a shard outside the root's forward
+        return None
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     ok = isinstance(head, torch.nn.Linear) and getattr(model, "base_model", model) is not model
     if ok:
@@ -278,7 +281,10 @@ def _logp_entropy(logits: Tensor, batch: PackedBatch, temperature: float, with_e
 
 
 def _can_share(model) -> bool:
-    # Gradient checkpointing turns the KV cache off in training mode; the plain pass then does the work.
+    # Gradient checkpointing turns the KV cache off in training mode; the plain pass then does the work. So does
+    # FSDP2, where every forward is a collective: the shared pass runs one or two, depending on the rows.
+    if is_sharded(model):
+        return False
     checkpointing = getattr(model, "is_activation_checkpointing", None)  # transformers >= 5.x's name
     if checkpointing is None:
         checkpointing = getattr(model, "is_gradient_checkpointing", False)

@@ -6,10 +6,11 @@ One step, as in DeepSeekMath Algorithm 1 and the seed (Q3), each stage a call in
     updates on the clipped surrogate minus beta * KL(pi_theta || pi_ref) (algo/losses, optim.py)
     -> sync pi_old -> log (metrics.py, records/) -> eval / checkpoint (evaluate.py, checkpoint.py).
 
-Departures from the textbook, each a config switch: the loss normalization (algorithm.loss_type),
-clip-higher (epsilon_high), sequence-level ratios (GSPO), the advantage scale (Dr. GRPO), masking
-truncated completions (DAPO). Process supervision (DeepSeekMath §4.1.3) needs no switch: when a
-reward function returns StepScores, the advantages are per token. docs/algorithm.md has the formulas.
+Departures from the textbook, each a config switch: the loss normalization (algorithm.loss_type), clip-higher
+(epsilon_high), sequence-level ratios (GSPO), the advantage scale (Dr. GRPO), masking truncated completions (DAPO).
+Process supervision (DeepSeekMath §4.1.3) needs no switch: when a reward function returns StepScores, the
+advantages are per token. docs/algorithm.md has the formulas. Under torchrun every rank runs this loop on its
+share of the prompts; distributed.py wraps the model (FSDP2 / DDP) and makes whole-batch quantities global.
 """
 from __future__ import annotations
 
@@ -23,11 +24,11 @@ from torch import Tensor
 from grpokit.algo import masked_mean
 from grpokit.algorithm import algorithm_loss, dynamic_sampling, make_loss_mask, outcome_advantages, process_advantages
 from grpokit.batch import Groups, RolloutBatch, micro_batches, pack_sequences, process_rewards, repeat_rows
-from grpokit.checkpoint import (RunLock, StopSignals, checkpoint_dir, resume, save_checkpoint, save_pretrained_atomic,
-                                seed_everything)
+from grpokit.checkpoint import RunLock, checkpoint_dir, resume, save_checkpoint, save_pretrained_atomic, seed_everything
 from grpokit.config import Config
 from grpokit.critic import Critic
 from grpokit.data import PromptSampler, build_datasets, check_context_length
+from grpokit.distributed import World
 from grpokit.evaluate import evaluate, make_judge
 from grpokit.health import StepHealth
 from grpokit.metrics import (METRICS_FILE, PERF_PADDING_FRAC, PERF_REF_TIME, PERF_REWARD_TIME, PERF_ROLLOUT_TIME, POLICY_ENTROPY, POLICY_LOSS,
@@ -46,17 +47,18 @@ class Trainer:
         self.cfg, self.out, alg = cfg, Path(cfg.output_dir), cfg.algorithm
         if cfg.threads:  # the command line also resolves threads=0 (auto); the Python API leaves torch's setting alone
             torch.set_num_threads(cfg.threads)
-        seed_everything(cfg.seed)
-        model, tokenizer = (model, tokenizer) if model is not None else load_policy(cfg.model)
-        self.model, self.tokenizer = model, tokenizer
+        self.world = World.from_env(cfg)  # torchrun's ranks (distributed.py); one process without it
+        seed_everything(cfg.seed + self.world.rank)  # each rank samples its own completions
+        model, self.tokenizer = (model, tokenizer) if model is not None else load_policy(cfg.model)
         self.ref = build_reference(model, alg)  # pi_ref: the policy as loaded, before any resume replaces the weights
+        # The trained module, what the log-prob passes call (FSDP2 / DDP under torchrun; compiled when model.compile is set), the engine's.
+        self.model, policy_fn, rollout_model = self.world.wrap(model)
         if cfg.model.compile:  # several graphs of one forward (rollout, pi_ref, training); dynamo's default limit is 8
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 32)
-        # What the log-prob passes call: the same modules (same parameters), compiled when model.compile is set.
-        self.policy_fn = torch.compile(model) if cfg.model.compile else model
+        self.policy_fn = torch.compile(policy_fn) if cfg.model.compile else policy_fn
         self.ref_fn = torch.compile(self.ref) if cfg.model.compile and self.ref is not None else self.ref
 
-        data = build_datasets(cfg.data, tokenizer, seed=cfg.seed, train_rows=train_rows, eval_rows=eval_rows)
+        data = build_datasets(cfg.data, self.tokenizer, seed=cfg.seed, train_rows=train_rows, eval_rows=eval_rows)
         self.train_data, self.eval_data = data.train, data.eval
         self.sampler = PromptSampler(len(self.train_data), cfg.rollout.prompts_per_step, cfg.seed, shuffle=cfg.data.shuffle)
         self.rewards = build_rewards(cfg, self.train_data.column_names, registry=reward_registry(), task=data.task)
@@ -64,13 +66,13 @@ class Trainer:
         self.health = StepHealth(cfg)  # reward functions failing on most of a step, steps without learning signal
         check_context_length(data, getattr(model, "config", None), cfg.rollout.max_completion_length)
 
-        self.engine = make_engine(cfg.rollout.engine, model, tokenizer, batch_size=cfg.rollout.generation_batch_size, compile=cfg.model.compile)
+        self.engine = make_engine(cfg.rollout.engine, rollout_model, self.tokenizer, batch_size=cfg.rollout.generation_batch_size, compile=cfg.model.compile)
         total = cfg.optim.max_steps * alg.num_iterations * cfg.optim.num_minibatches
         self.optimizer = Optimizer(model.named_parameters(), cfg.optim, lr=cfg.optim.learning_rate, total_steps=total)
         self.critic = Critic(cfg, model, has_ref=self.ref is not None, total_steps=total) if alg.advantage_estimator == "gae" else None
         self.loss_beta = 0.0 if self.critic is not None and self.critic.shapes_kl_into_reward else alg.beta
         self.step = 0
-        self.signals = StopSignals()  # SIGTERM / SIGINT during train(): finish the step, save, stop
+        self.signals = self.world.stop_signals()  # SIGTERM / SIGINT during train(): finish the step, save, stop
         self.interrupted: str | None = None  # the signal (SIGTERM / SIGINT) that made train() stop early
 
     # ------------------------------------------------------------------ rollout -> rewards -> advantages
@@ -96,8 +98,8 @@ class Trainer:
         metrics: dict[str, float] = {}
         groups = self._sample_groups(rows, metrics)
         if alg.dynamic_sampling:
-            more = lambda: self._sample_groups([self.train_data[i] for i in self.sampler.next()], metrics)  # noqa: E731
-            groups, sampling_metrics = dynamic_sampling(groups, more, cfg.rollout.prompts_per_step, G, alg.max_sampling_rounds)
+            more = lambda: self._sample_groups([self.train_data[i] for i in self.world.share(self.sampler.next())], metrics)  # noqa: E731
+            groups, sampling_metrics = dynamic_sampling(groups, more, len(rows), G, alg.max_sampling_rounds, self.world)
             metrics.update(sampling_metrics)
         rows, comps, scored = groups.rows, groups.comps, groups.scored
         rewards = scored.total.float()  # [N]
@@ -123,23 +125,22 @@ class Trainer:
             step_rewards, step_ends = process_rewards(scored, comps.texts, comps.token_ids, self.tokenizer)
             advantages = process_advantages(alg, step_rewards, step_ends, G, tokens.completion_width)  # [N, T]
         else:
-            advantages = outcome_advantages(alg, rewards, G)  # [N]
+            advantages = outcome_advantages(alg, rewards, G, self.world)  # [N]; a batch std over every rank's rewards
 
         batch = RolloutBatch(tokens, loss_mask, truncated, rewards, advantages, old_logp, ref_logp, value_targets)
-        metrics.update({k: v for k, v in scored.metrics().items() if not k.startswith(REWARD_TOTAL)})  # the total's statistics are reward/mean, reward/std
-        metrics.update(rollout_metrics(rewards, advantages, tokens.completion_mask, truncated, [len(r.prompt_ids) for r in rows], G,
-                                       [r.truncated for r in rows]))
+        metrics.update({k: v for k, v in self.world.scores(scored).metrics().items() if not k.startswith(REWARD_TOTAL)})  # every rank's rows
+        metrics.update(rollout_metrics(*self.world.cat_rows(rewards, advantages, tokens.completion_mask, truncated,
+                                                            [len(r.prompt_ids) for r in rows], G, [r.truncated for r in rows])))
         metrics.update(critic_metrics)
         return batch, metrics, sample_records([r.prompt_text for r in rows], comps.texts, rewards, G, cfg.logging.num_samples)
 
     # ------------------------------------------------------------------ policy update (and the critic's)
     def update(self, b: RolloutBatch) -> dict[str, float]:
         """mu passes of minibatch updates of the policy on this batch (then the critic's, for PPO)."""
-        N = b.rewards.numel()
-        bad = [(name, p) for name, x in (("weighted total reward", b.rewards), ("advantage", b.advantages)) if (p := non_finite(x, N))]
-        if bad:  # e.g. weighted rewards that overflow float32: every optimizer step of this batch is skipped
+        bad = [(name, p) for name, x in (("weighted total reward", b.rewards), ("advantage", b.advantages)) if (p := non_finite(x, b.rewards.numel()))]
+        if not self.world.all(not bad):  # e.g. weighted rewards that overflow float32 (on any rank): skip every optimizer step of this batch
             for _ in range(self.cfg.algorithm.num_iterations * self.cfg.optim.num_minibatches):
-                self.optimizer.skip(bad[0][0], bad[0][1], self.step + 1)
+                self.optimizer.skip(*(bad[0] if bad else ("weighted total reward or advantage", "on another rank")), self.step + 1)
             stats = {POLICY_SKIPPED_UPDATES: float(self.optimizer.skipped)}
         else:
             stats = self._policy_passes(b)
@@ -148,25 +149,24 @@ class Trainer:
         return stats
 
     def _policy_passes(self, b: RolloutBatch) -> dict[str, float]:
-        cfg, N, acc = self.cfg, b.rewards.numel(), MeanAccumulator()
+        cfg, M, acc = self.cfg, self.cfg.optim.num_minibatches, MeanAccumulator()
+        b = self.world.gather_batch(b, self.tokenizer.pad_token_id) if M > 1 else b  # minibatches mix every rank's rows
         for it in range(cfg.algorithm.num_iterations):
-            # A fresh minibatch split each pass; a single minibatch needs no shuffle.
-            order = torch.randperm(N) if cfg.optim.num_minibatches > 1 else torch.arange(N)
-            for m in range(cfg.optim.num_minibatches):
-                idx = order[m * cfg.minibatch_size : (m + 1) * cfg.minibatch_size]
+            # A fresh minibatch split each pass (this rank's share of each); a single minibatch needs no shuffle.
+            for m, idx in enumerate(self.world.minibatches(b.rewards.numel(), M)):
                 self.optimizer.zero_grad()
                 loss, why = self._accumulate_gradient(b, idx, first_pass=it == 0, acc=acc)
                 done = self.optimizer.step(loss_finite=loss is not None, where=f"pass {it + 1}, minibatch {m + 1}{why}", at_step=self.step + 1)
                 if done is not None:
-                    acc.add({POLICY_LOSS: loss, **{policy_name(k): v for k, v in done.items()}})
+                    acc.add({POLICY_LOSS: self.world.sum(loss), **{policy_name(k): v for k, v in done.items()}})
         self.optimizer.zero_grad()
-        return {**acc.means(), POLICY_SKIPPED_UPDATES: float(self.optimizer.skipped)}
+        return {**self.world.means(acc), POLICY_SKIPPED_UPDATES: float(self.optimizer.skipped)}
 
     def _accumulate_gradient(self, b: RolloutBatch, idx: Tensor, *, first_pass: bool, acc: MeanAccumulator) -> tuple[float | None, str]:
         """Backward of one minibatch's loss over its micro-batches: (the minibatch's loss, "") or, when a
         micro-batch's loss is non-finite, (None, what was seen)."""
-        cfg, mb = self.cfg, len(idx)
-        num_tokens = b.loss_mask[idx].sum().item()  # whole-minibatch normalizers: accumulation gives the same gradient
+        # Normalizers of the whole minibatch, over every rank's share: accumulation and ranks give the same gradient.
+        cfg, (num_sequences, num_tokens) = self.cfg, self.world.sum(len(idx), b.loss_mask[idx].sum().item())
         minibatch_loss = 0.0
         for sub_idx in micro_batches(idx, b.tokens.completion_mask, cfg.micro_batch_size, cfg.optim.group_by_length):
             tokens = b.tokens.rows(sub_idx)  # trimmed to this micro-batch's longest completion
@@ -177,23 +177,23 @@ class Trainer:
                 cfg.algorithm, logp, b.old_logp[sub_idx, :T] if b.old_logp is not None else logp.detach(),
                 b.advantages[sub_idx] if b.advantages.dim() == 1 else b.advantages[sub_idx, :T], mask,
                 ref_logp=b.ref_logp[sub_idx, :T] if b.ref_logp is not None else None, beta=self.loss_beta,
-                max_completion_length=cfg.rollout.max_completion_length, num_sequences=mb, num_tokens=num_tokens,
+                max_completion_length=cfg.rollout.max_completion_length, num_sequences=num_sequences, num_tokens=num_tokens,
             )
-            if not torch.isfinite(loss):
+            if not self.world.all_finite(loss):  # every rank skips together
                 bad_logp = not torch.isfinite(logp.detach()[mask.bool()]).all()
                 return None, ": the policy's log-probs were non-finite" if bad_logp else ""
-            loss.backward()
+            self.world.backward(loss)
             weight = mask.sum().item()
             acc.add({policy_name(k): v for k, v in stats.items()}, weight)
             acc.add({PERF_PADDING_FRAC: 1 - tokens.completion_mask.float().mean().item()}, tokens.completion_mask.numel())
             minibatch_loss += loss.item()  # micro-batch losses add up to the minibatch's loss
             if entropy is not None:
-                acc.add({POLICY_ENTROPY: masked_mean(entropy, tokens.completion_mask).item()}, weight)
+                acc.add({POLICY_ENTROPY: masked_mean(entropy, tokens.completion_mask).item()}, tokens.completion_mask.sum().item())
         return minibatch_loss, ""
 
     # ------------------------------------------------------------------ eval, checkpoints
     def evaluate(self) -> dict[str, float]:
-        ev, held_out = self.cfg.eval, self.eval_data or []
+        ev, held_out = self.cfg.eval, (self.eval_data or []) if self.world.is_main else []  # rank 0 evaluates
         rows = [held_out[i] for i in range(min(ev.max_samples or len(held_out), len(held_out)))]
         return evaluate(self.engine, rows, self.judge, k=ev.k, temperature=ev.temperature, max_tokens=self.cfg.rollout.max_completion_length,
                         batch_size=ev.batch_size, seed=self.cfg.seed + 1234) if rows else {}
@@ -212,8 +212,7 @@ class Trainer:
     def maybe_resume(self) -> int | None:
         """Continue from the newest checkpoint in output_dir (checkpoint.resume): weights, optimizer, schedule,
         data position, RNGs, pi_ref (when reset) and the critic. Returns its step, or None."""
-        found = resume(self.out, self.model, self.cfg.model_dump(), self.cfg.checkpoint.allow_changes) if self.cfg.checkpoint.resume else None
-        if found is None:
+        if (found := resume(self.out, self.model, self.cfg.model_dump(), self.cfg.checkpoint.allow_changes) if self.cfg.checkpoint.resume else None) is None:
             return None
         step, state, changed = found
         if changed:
@@ -230,17 +229,18 @@ class Trainer:
 
     # ------------------------------------------------------------------ the loop
     def train(self, *, on_log=None) -> dict[str, float]:
-        with RunLock(self.out):  # one run per output_dir: a second one stops here, naming this one
+        with self.world.on_main(RunLock, self.out):  # one run per output_dir: a second one stops here, naming this one
             return self._train(on_log)
 
     def _train(self, on_log) -> dict[str, float]:
         cfg, resumed = self.cfg, self.maybe_resume()  # before config.yaml: a refused resume leaves the run's record as it was
-        (self.out / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(), sort_keys=False))
+        self.world.on_main((self.out / "config.yaml").write_text, yaml.safe_dump(cfg.model_dump(), sort_keys=False))  # rank 0 writes files
         saved_step = resumed  # the step of the newest checkpoint on disk: never written twice
-        log = MetricLogger(self.out, tensorboard=cfg.logging.tensorboard, wandb=cfg.logging.wandb, mlflow=cfg.logging.mlflow, config=cfg.model_dump())
+        log = self.world.on_main(MetricLogger, self.out, tensorboard=cfg.logging.tensorboard, wandb=cfg.logging.wandb, mlflow=cfg.logging.mlflow,
+                                 config=cfg.model_dump())
         metrics: dict[str, float] = {}
         try:
-            with self.signals as stop, TrainProgress(cfg.optim.max_steps, start_step=self.step) as prog:
+            with self.signals as stop, self.world.on_main(TrainProgress, cfg.optim.max_steps, start_step=self.step) as prog:
                 log.truncate_after(self.step if resumed is not None else -1)  # a fresh run never appends to an old log
                 if resumed is not None:
                     prog.print(f"resuming from checkpoint step {resumed} in {self.out / 'checkpoints'}")
@@ -261,13 +261,13 @@ class Trainer:
                         prog.print(f"{stop.received}: saved step {self.step} to {path}; run the same command to resume")
                         self.interrupted = stop.received
                         return metrics
-                if saved_step != self.step:
+                if saved_step != self.step and self.world.writes_checkpoints:
                     self.save()  # the end state, so that running the command again finds the run finished
-                save_pretrained_atomic(self.model, self.tokenizer, self.out / "final")
+                self.world.on_main(save_pretrained_atomic, self.world.full_model(), self.tokenizer, self.out / "final")
         finally:
             log.close()
         try:
-            plot_metrics(self.out / METRICS_FILE, self.out)
+            self.world.on_main(plot_metrics, self.out / METRICS_FILE, self.out)
         except Exception as exc:  # plots are a convenience; never lose a finished run over them
             print(f"warning: plots were not written: {exc}")
         return metrics
@@ -275,15 +275,15 @@ class Trainer:
     def _step(self) -> tuple[dict[str, float], list[dict]]:
         """One GRPO step: rollout -> rewards -> advantages -> update -> sync pi_old (-> pi_ref reset, eval)."""
         cfg, t0 = self.cfg, time.perf_counter()
-        batch, metrics, samples = self.rollout([self.train_data[i] for i in self.sampler.next()])
+        batch, metrics, samples = self.rollout([self.train_data[i] for i in self.world.share(self.sampler.next())])
         t1 = time.perf_counter()
         metrics.update(self.update(batch))
-        self.engine.sync_weights(self.model)
+        self.engine.sync_weights(self.world.full_model())  # pi_old <- pi_theta (FSDP2: into the engine's whole copy)
         self.step += 1
         if cfg.algorithm.ref_policy == "reset" and self.ref is not None and self.step % cfg.algorithm.ref_reset_every == 0:
-            self.ref.load_state_dict(self.model.state_dict())  # DeepSeekMath §4.1.4 iterative RL
+            self.ref.load_state_dict(self.world.full_model().state_dict())  # DeepSeekMath §4.1.4 iterative RL
         t2 = time.perf_counter()
-        metrics.update(perf_metrics(rollout_time=metrics[PERF_ROLLOUT_TIME], step_time=t2 - t0, train_time=t2 - t1,
+        metrics = self.world.reduce_metrics(metrics | perf_metrics(rollout_time=metrics[PERF_ROLLOUT_TIME], step_time=t2 - t0, train_time=t2 - t1,
                                     completion_tokens=batch.tokens.completion_mask.sum().item(),
                                     # prompt + completion tokens through forward and backward, once per pass (padding excluded)
                                     train_tokens=batch.tokens.attention_mask.sum().item() * cfg.algorithm.num_iterations,

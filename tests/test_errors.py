@@ -533,7 +533,7 @@ def test_console_script_one_line(env):
 
 def test_every_row_has_a_test():
     table = set(re.findall(r"`(test_\w+)`", (ROOT / "docs" / "errors.md").read_text()))
-    tests = {name for f in ("test_errors.py", "test_numerics.py", "test_crash.py")
+    tests = {name for f in ("test_errors.py", "test_numerics.py", "test_crash.py", "test_distributed.py")
              for name in re.findall(r"^def (test_\w+)", (ROOT / "tests" / f).read_text(), re.M)}
     assert len(table) >= 40 and table <= tests, sorted(table - tests)  # every row names a test that exists
     here = {name for name in globals() if name.startswith("test_")}

@@ -288,6 +288,25 @@ class RewardOutput:
     """completions that `errors` counts over: N, or all those of the calls merged into this output
     (dynamic sampling's rounds, grpokit/batch.py); None = N"""
 
+    @staticmethod
+    def take(spans: list[tuple["RewardOutput", slice]]) -> "RewardOutput":
+        """The samples `slice` of each output, concatenated in order: the groups dynamic sampling keeps
+        (grpokit/batch.py), every rank's batch (grpokit/distributed.py). Errors and timeouts, which count
+        calls' failures, add up once per distinct output."""
+        first = spans[0][0]
+        sources = {id(src): src for src, _ in spans}.values()
+        step_names = {k for src, _ in spans for k in src.steps}
+        steps = {k: [s for src, sl in spans for s in src.steps.get(k, [None] * len(src.total))[sl]] for k in step_names}
+        return RewardOutput(
+            total=torch.cat([src.total[sl] for src, sl in spans]),
+            per_function={k: torch.cat([src.per_function[k][sl] for src, sl in spans]) for k in first.per_function},
+            errors={k: sum(src.errors[k] for src in sources) for k in first.errors},
+            weights=first.weights,
+            steps=steps,
+            timeouts={k: sum(src.timeouts.get(k, 0) for src in sources) for k in first.errors},
+            scored=sum(src.scored or src.total.numel() for src in sources),  # what the errors count over
+        )
+
     def metrics(self) -> dict[str, float]:
         """Scalars for logging (NaN when there is nothing to average):
 

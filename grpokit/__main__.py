@@ -1,0 +1,7 @@
+"""`python -m grpokit ...` is the `grpokit` command; torchrun launches it as `torchrun ... -m grpokit train cfg.yaml`."""
+import sys
+
+from grpokit.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,325 @@
+"""torch.distributed for grpokit: launch from torchrun, FSDP2 or DDP, and the whole-batch reductions the math needs.
+
+    torchrun --nproc_per_node 2 -m grpokit train config.yaml           # one node, two processes (docs/scaling.md)
+
+    world = World.from_env(cfg)                # RANK / WORLD_SIZE / LOCAL_RANK from torchrun; unset or 1: one process
+    model, train_fn, rollout_model = world.wrap(model)    # FSDP2 fully_shard per decoder layer then the root, or DDP
+    rows = world.share(sampler.next())         # this rank's contiguous share of the step's prompts: whole groups
+    n_seq, n_tok = world.sum(len(idx), tokens) # all_reduce SUM: the normalizers of the global minibatch's loss
+    world.backward(loss)                       # DDP / FSDP2 average gradients over ranks; the loss is scaled by W
+    world.teardown()
+
+Every rank rolls out and scores whole groups of its share of the prompts, so a group never straddles
+ranks and group statistics are local (DESIGN.md). What is a whole-batch quantity (a batch std, the
+loss normalizers, dynamic sampling's "enough kept groups", the gradient and its norm, the logged
+metrics) goes through a method here, so the loop reads the same at one rank or many (STYLE.md 13).
+At world size 1 nothing here communicates and every method returns what the one process has:
+`grpokit train` alone runs exactly as before this module existed.
+
+Collectives are torch.distributed's own (all_reduce, all_gather, broadcast, their *_object forms); the
+sharding is FSDP2's fully_shard and the replication DDP's. docs/scaling.md says what this version does
+not do yet (sharded checkpoints, resume on another world size, failure propagation).
+"""
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from grpokit.batch import PackedBatch, RolloutBatch
+from grpokit.checkpoint import CheckpointError, StopSignals, latest_checkpoint
+from grpokit.config import Config, ConfigError
+from grpokit.metrics import RANK_REDUCTIONS, MeanAccumulator
+from grpokit.rewards import RewardOutput
+
+REDUCE: dict[str, Callable[[list[float]], float]] = {"max": max, "min": min, "sum": sum, "mean": lambda v: sum(v) / len(v)}
+
+
+def check_config(cfg: Config, world_size: int) -> None:
+    """ConfigError (one line) for a config that cannot run on `world_size` processes in this version."""
+    where = f"at world size {world_size} (WORLD_SIZE from torchrun)"
+    if cfg.distributed.strategy == "none":
+        raise ConfigError(f"distributed.strategy=none is for one process; {where} use fsdp2 or ddp")
+    B, M = cfg.rollout.prompts_per_step, cfg.optim.num_minibatches
+    if B % world_size:
+        raise ConfigError(f"rollout.prompts_per_step={B} is not a multiple of the world size {world_size}: every rank rolls out "
+                          f"an equal share of whole groups; use a multiple of {world_size} (the global batch stays prompts_per_step x G)")
+    if cfg.minibatch_size % world_size:
+        raise ConfigError(f"the minibatch of {cfg.minibatch_size} completions (rollout batch / optim.num_minibatches={M}) does not "
+                          f"split into {world_size} equal shares {where}; change optim.num_minibatches or rollout.prompts_per_step")
+    share = cfg.minibatch_size // world_size
+    if cfg.optim.micro_batch_size and share % cfg.optim.micro_batch_size:
+        raise ConfigError(f"optim.micro_batch_size={cfg.optim.micro_batch_size} must divide each rank's share of a minibatch, {share} "
+                          f"completions {where}")
+    if cfg.checkpoint.save_every:
+        raise ConfigError(f"checkpoint.save_every={cfg.checkpoint.save_every}: checkpoints are not written {where} yet (issue 12, "
+                          "docs/scaling.md); set checkpoint.save_every=0 (rank 0 still writes the final model)")
+    for what, on in (("algorithm.advantage_estimator=gae (the PPO critic)", cfg.algorithm.advantage_estimator == "gae"),
+                     ("model.compile=true", cfg.model.compile)):
+        if on:
+            raise ConfigError(f"{what} is not supported {where} yet (issue 12, docs/scaling.md); run it in one process")
+    found = latest_checkpoint(Path(cfg.output_dir)) if cfg.checkpoint.resume else None
+    if found is not None:
+        raise CheckpointError(f"{str(found[1])!r} cannot be resumed {where} yet (issue 12: sharded checkpoints); resume it with one "
+                              "process, or use a new output_dir")
+
+
+def is_sharded(model) -> bool:
+    """An FSDP2 module: its parameters are shards and every forward all-gathers them, so every rank must run the
+    same sequence of forwards (grpokit/policy.py then takes the one-forward path)."""
+    if not dist.is_available():
+        return False
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The transformer blocks, each an FSDP2 unit: the classes transformers marks as never split across devices
+    (`_no_split_modules`, e.g. LlamaDecoderLayer; what accelerate's FSDP auto-wrap uses too)."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    return [m for m in model.modules() if type(m).__name__ in names and m is not model]
+
+
+class _Silent:
+    """What a rank other than 0 gets instead of a logger, a progress bar or a lock: every call does nothing."""
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        return lambda *args, **kwargs: None
+
+    def __enter__(self) -> "_Silent":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+
+class World:
+    """This process's place among the ranks, and the collectives the loop needs (see the module docstring)."""
+
+    def __init__(self, rank: int = 0, size: int = 1, local_rank: int = 0, strategy: str = "none"):
+        self.rank, self.size, self.local_rank, self.strategy = rank, size, local_rank, strategy
+        self.device = torch.device("cpu")  # where collectives' tensors go: the policy's device (wrap)
+        self._model: torch.nn.Module | None = None  # the trained module (FSDP2: sharded in place)
+        self._full: torch.nn.Module | None = None  # FSDP2: an unsharded copy for the rollout engine and the saved model
+
+    @classmethod
+    def from_env(cls, cfg: Config) -> "World":
+        """The world torchrun describes (RANK, WORLD_SIZE, LOCAL_RANK; MASTER_ADDR / MASTER_PORT are read when the
+        process group starts, in wrap). WORLD_SIZE unset or 1: one process, no process group."""
+        size = int(os.environ.get("WORLD_SIZE") or 1)
+        if size <= 1:
+            return cls()
+        check_config(cfg, size)
+        return cls(int(os.environ["RANK"]), size, int(os.environ.get("LOCAL_RANK") or 0), cfg.distributed.strategy)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def writes_checkpoints(self) -> bool:
+        return self.size == 1  # sharded checkpoints (torch.distributed.checkpoint) are a later step of issue 12
+
+    # ------------------------------------------------------------------ the model
+    def wrap(self, model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module, torch.nn.Module]:
+        """(the module whose parameters the optimizer steps, what the training forward calls, the module the
+        rollout engine generates and evaluates with). One process: the model three times.
+
+        The process group starts here, its backend following the policy's device: nccl on CUDA, gloo on CPU.
+        fsdp2: fully_shard on each decoder layer, then on the root (torchtitan's recipe), in place; the engine
+        gets an unsharded copy, refreshed by full_model() after each update, so that generation and rank 0's
+        evaluation run no collective whatever their lengths (it costs one full copy of the weights per rank).
+        ddp: the replica itself generates; only the training forward goes through DDP."""
+        self._model = model
+        if self.size == 1:
+            return model, model, model
+        self.device = next(model.parameters()).device
+        if not dist.is_initialized():
+            if self.device.type == "cuda":
+                torch.cuda.set_device(self.device)
+            dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")  # env://, as torchrun sets it
+        if self.strategy == "ddp":
+            from torch.nn.parallel import DistributedDataParallel
+
+            # forward_sync_buffers=False: the buffers are constants (RoPE frequencies), and no-grad passes need no collective
+            return model, DistributedDataParallel(model, forward_sync_buffers=False), model
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        self._full = copy.deepcopy(model)
+        mesh = init_device_mesh(self.device.type, (self.size,))
+        for layer in decoder_layers(model):
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        return model, model, self._full
+
+    def full_model(self) -> torch.nn.Module:
+        """The policy with whole weights, current: what the engine syncs to, rank 0 saves, pi_ref resets to. FSDP2:
+        the unsharded copy, refreshed from the shards (an all-gather per parameter; every rank calls this)."""
+        if self._full is None:
+            return self._model
+        full = dict(self._full.named_parameters())
+        with torch.no_grad():
+            for name, p in self._model.named_parameters():
+                full[name].copy_(p.full_tensor())
+        return self._full
+
+    def backward(self, loss: Tensor) -> None:
+        """loss.backward() for this rank's share of a loss that is a sum over every rank's rows. DDP and FSDP2
+        average gradients over the W ranks; the gradient of the global loss is their sum, hence W x loss."""
+        (loss * self.size if self.size > 1 else loss).backward()
+
+    # ------------------------------------------------------------------ data
+    def share(self, items: list) -> list:
+        """This rank's contiguous share of the step's global prompts (rank r: the r-th of W equal parts), so the
+        global batch, rank after rank, is what one process samples."""
+        n = len(items) // self.size
+        return items[self.rank * n : (self.rank + 1) * n]
+
+    def minibatches(self, num_rows: int, num_minibatches: int) -> list[Tensor]:
+        """This rank's rows of each minibatch of a pass. One minibatch: the rank's own rows, unshuffled. Several: a
+        permutation of all num_rows rows of gather_batch (rank 0's draw, as one process draws it), each minibatch
+        cut into W equal shares, rank r taking the r-th; so the minibatches are those of one process."""
+        if num_minibatches == 1:
+            return [torch.arange(num_rows)]
+        order = torch.randperm(num_rows)
+        if self.size > 1:
+            dist.broadcast(order, src=0)
+        size = num_rows // num_minibatches
+        return [order[m * size : (m + 1) * size].chunk(self.size)[self.rank] for m in range(num_minibatches)]
+
+    def gather_batch(self, b: RolloutBatch, pad_id: int) -> RolloutBatch:
+        """Every rank's rollout batch, in rank order (the global batch), re-padded to the widest prompt and
+        completion: for minibatches that mix ranks' rows. One all_gather_object of the step's tensors."""
+        return b if self.size == 1 else cat_batches(self.gather(b), pad_id)
+
+    # ------------------------------------------------------------------ reductions
+    def gather(self, obj: Any) -> list[Any]:
+        """Every rank's `obj`, in rank order (all_gather_object)."""
+        if self.size == 1:
+            return [obj]
+        out: list[Any] = [None] * self.size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def sum(self, *values: float) -> Any:
+        """Each value summed over the ranks (one all_reduce), types kept; one value in, one out."""
+        if self.size > 1:
+            t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=self.device)
+            dist.all_reduce(t)
+            values = tuple(type(v)(x) for v, x in zip(values, t.tolist()))
+        return values[0] if len(values) == 1 else values
+
+    def all(self, flag: bool) -> bool:
+        """True when `flag` holds on every rank: a decision all ranks must take together (they run the same collectives)."""
+        if self.size == 1:
+            return bool(flag)
+        t = torch.tensor([int(bool(flag))], device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        return bool(t.item())
+
+    def all_finite(self, loss: Tensor) -> bool:
+        """The loss is finite on every rank: otherwise every rank skips the backward (and the optimizer step) together."""
+        return self.all(bool(torch.isfinite(loss)))
+
+    def all_rows(self, x: Tensor) -> Tensor:
+        """[W * n, ...] every rank's [n, ...] rows (n the same on every rank), in rank order: the global batch's order."""
+        if self.size == 1:
+            return x
+        parts = [torch.empty_like(x, device=self.device) for _ in range(self.size)]
+        dist.all_gather(parts, x.to(self.device))
+        return torch.cat(parts).to(x.device)
+
+    def my_rows(self, x: Tensor) -> Tensor:
+        """This rank's block of a global [W * n, ...] tensor."""
+        return x.chunk(self.size)[self.rank]
+
+    def cat_rows(self, *args: Any) -> tuple[Any, ...]:
+        """Per-row data of every rank concatenated in rank order: tensors [n, ...] (a second dimension right-padded
+        with zeros to the widest) and lists; anything else (a group size) as it is. For metrics, whose whole-batch
+        statistics (a std, a min) have no per-rank reduction. One all_gather_object."""
+        if self.size == 1:
+            return args
+        everyone = self.gather(args)
+        return tuple(_cat([r[i] for r in everyone]) if isinstance(a, (Tensor, list)) else a for i, a in enumerate(args))
+
+    def scores(self, scored: RewardOutput) -> RewardOutput:
+        """Every rank's rewards as one RewardOutput (the reward/ metrics of the whole batch)."""
+        return scored if self.size == 1 else RewardOutput.take([(s, slice(None)) for s in self.gather(scored)])
+
+    def means(self, acc: MeanAccumulator) -> dict[str, float]:
+        """acc.means() over every rank's micro-batches (their sums and weights added up)."""
+        return acc.means() if self.size == 1 else MeanAccumulator.merge(self.gather((acc.sums, acc.weights))).means()
+
+    def reduce_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
+        """The run's metrics from every rank's: metrics.RANK_REDUCTIONS for per-rank times and counts, the mean for
+        the rest, which are whole-batch values already (the same everywhere) or one rank's (eval/ on rank 0)."""
+        if self.size == 1:
+            return metrics
+        everyone = self.gather(metrics)
+        keys = dict.fromkeys(k for m in everyone for k in m)
+        return {k: REDUCE[RANK_REDUCTIONS.get(k, "mean")]([m[k] for m in everyone if k in m]) for k in keys}
+
+    # ------------------------------------------------------------------ rank 0's duties, the end
+    def on_main(self, make: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """make(*args, **kwargs) on rank 0 (files, the progress bar, the run lock); a do-nothing stand-in elsewhere."""
+        return make(*args, **kwargs) if self.is_main else _Silent()
+
+    def stop_signals(self) -> Any:
+        """StopSignals (SIGTERM / SIGINT finish the step and save) for one process; several ranks keep Python's
+        default handlers, so a signal from torchrun stops them (a coordinated save comes with sharded checkpoints)."""
+        if self.size == 1:
+            return StopSignals()
+        quiet = _Silent()
+        quiet.received = None
+        quiet.protecting = lambda what: _Silent()
+        return quiet
+
+    def teardown(self) -> None:
+        """Leave the process group (after the last collective)."""
+        if self.size > 1 and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _cat(parts: list[Any]) -> Any:
+    if isinstance(parts[0], list):
+        return [x for p in parts for x in p]
+    if parts[0].dim() < 2:
+        return torch.cat(parts)
+    out = parts[0].new_zeros((sum(len(p) for p in parts), max(p.shape[1] for p in parts), *parts[0].shape[2:]))
+    row = 0
+    for p in parts:
+        out[row : row + len(p), : p.shape[1]] = p
+        row += len(p)
+    return out
+
+
+def _cat_packed(parts: list[PackedBatch], pad_id: int) -> PackedBatch:
+    """PackedBatches of different prompt / completion widths as one, laid out as pack_sequences lays out the
+    whole batch: prompts left-padded to the longest, completions right-padded, positions from the mask."""
+    P = max(p.input_ids.shape[1] - p.completion_width for p in parts)
+    T = max(p.completion_width for p in parts)
+
+    def widen(x: Tensor, p: PackedBatch, fill: int) -> Tensor:
+        left = P - (x.shape[1] - p.completion_width)
+        right = T - p.completion_width
+        return torch.cat([x.new_full((len(x), left), fill), x, x.new_full((len(x), right), fill)], dim=1)
+
+    ids = torch.cat([widen(p.input_ids, p, pad_id) for p in parts])
+    attn = torch.cat([widen(p.attention_mask, p, 0) for p in parts])
+    cmask = _cat([p.completion_mask for p in parts])
+    return PackedBatch(ids, attn, (attn.cumsum(-1) - 1).clamp_min(0), ids[:, P:], cmask)
+
+
+def cat_batches(parts: list[RolloutBatch], pad_id: int) -> RolloutBatch:
+    """Rollout batches as one, in order (every rank's: the global batch). PPO's value targets are not carried."""
+    opt = lambda name: _cat([getattr(p, name) for p in parts]) if getattr(parts[0], name) is not None else None  # noqa: E731
+    return RolloutBatch(_cat_packed([p.tokens for p in parts], pad_id), _cat([p.loss_mask for p in parts]),
+                        _cat([p.truncated for p in parts]), _cat([p.rewards for p in parts]),
+                        _cat([p.advantages for p in parts]), opt("old_logp"), opt("ref_logp"), None)

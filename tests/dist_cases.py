@@ -1,0 +1,112 @@
+"""One GRPO step on a fixed global batch, for tests/test_distributed.py: the same function runs in one process
+(the reference) and, under torchrun, on every rank of a 2-process gloo world, for each strategy and case:
+
+    torchrun --standalone --nproc_per_node 2 tests/dist_cases.py MODEL_DIR OUT_DIR
+
+Rank 0 saves, per strategy and case, the whole parameters after the step and the step's metrics to OUT_DIR.
+Completions come from FixedEngine: each is a function of its prompt and its index in the group, so
+every world size trains on the same global batch (the rollout engine is the only stand-in; the model,
+rewards, advantages, log-prob passes, losses, FSDP2 / DDP and the optimizer are the real ones).
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from grpokit.config import load_config
+from grpokit.rollout import Completions
+from grpokit.trainer import Trainer
+
+REWARD = f"{Path(__file__).parent / 'reward_fns.py'}:count_sevens"
+STRATEGIES = ("fsdp2", "ddp")
+#: every loss type; scale_rewards group and batch (and batch_centered); beta > 0; mu = 2 with 2 minibatches
+CASES: dict[str, list[str]] = {
+    "grpo-group-beta": ["algorithm.loss_type=grpo", "algorithm.scale_rewards=group", "algorithm.beta=0.04"],
+    "bnpo-batch-mu2": ["algorithm.loss_type=bnpo", "algorithm.scale_rewards=batch", "algorithm.beta=0.0",
+                       "algorithm.num_iterations=2", "optim.num_minibatches=2"],
+    "dapo-batch_centered-beta-mu2-micro": ["algorithm.loss_type=dapo", "algorithm.scale_rewards=batch_centered", "algorithm.beta=0.04",
+                                           "algorithm.num_iterations=2", "optim.num_minibatches=2", "optim.micro_batch_size=2"],
+    "dr_grpo-batch-beta-mu2": ["algorithm.loss_type=dr_grpo", "algorithm.scale_rewards=batch", "algorithm.beta=0.04",
+                               "algorithm.num_iterations=2", "optim.num_minibatches=2", "algorithm.mask_truncated_completions=true"],
+}
+#: metrics that must not depend on the world size (whole-batch values)
+SAME_METRICS = ("reward/mean", "reward/std", "reward/zero_std_frac", "reward/count_sevens", "reward/count_sevens/std",
+                "advantage/mean", "advantage/std", "rollout/completion_len_min", "rollout/completion_len_max",
+                "rollout/truncated_frac", "rollout/tokens", "policy/loss", "policy/kl", "policy/clip_frac",
+                "policy/grad_norm", "policy/entropy", "policy/skipped_updates")
+
+
+class FixedEngine:
+    """Completions decided by (prompt, index in the group): 1 to max_tokens characters of digits, some without EOS."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def sync_weights(self, model) -> None:
+        pass
+
+    def generate(self, prompt_token_ids, n, sampling) -> Completions:
+        ids, texts, reasons = [], [], []
+        for prompt in prompt_token_ids:
+            for j in range(n):
+                rng = np.random.default_rng([sum(prompt) * 131 + len(prompt), j])
+                length = int(rng.integers(1, sampling.max_tokens + 1))
+                text = "".join(str(d) for d in rng.choice([1, 7, 3, 7, 5], size=length))
+                row = self.tokenizer.encode(text, add_special_tokens=False)[: sampling.max_tokens]
+                stop = length < sampling.max_tokens
+                row = row + [self.tokenizer.eos_token_id] if stop else row
+                ids.append(row)
+                texts.append(self.tokenizer.decode(row, skip_special_tokens=True))
+                reasons.append("stop" if stop else "length")
+        return Completions(ids, texts, reasons)
+
+
+def config(model_dir, out, strategy: str, case: list[str]):
+    return load_config(None, [
+        f"model.name_or_path={model_dir}", "data.task=countdown", "data.task_train_size=64", "data.eval_size=0",
+        f"rewards=[{{function: '{REWARD}'}}]", "rollout.prompts_per_step=4", "rollout.num_generations=4",
+        "rollout.max_completion_length=6", "optim.learning_rate=1e-3", "checkpoint.save_every=0", "eval.at_start=false",
+        # AdamW's first steps move each parameter by about lr x g / (|g| + eps): at eps = 1e-8 an element whose gradient
+        # is float rounding (a sum that cancels) moves by up to +-lr whichever way the rounding falls, so any change of
+        # summation order (one process with another micro-batch size too) parts the weights by ~5e-6 relative. At 1e-4
+        # the update is smooth in g and the weights show what the gradients show (which are compared as well).
+        "optim.adam_epsilon=1e-4",
+        "logging.sample_every=0", f"output_dir={out}", f"distributed.strategy={strategy}", *case,
+    ])
+
+
+def one_step(model_dir, out, strategy: str, case: list[str]) -> dict:
+    """{"params": whole parameters after one step, "metrics": the step's metrics}, as every rank sees them."""
+    trainer = Trainer(config(model_dir, out, strategy, case))
+    trainer.engine = FixedEngine(trainer.tokenizer)
+    grads, step = {}, trainer.optimizer.step
+
+    def first_step_grads(**kwargs):  # the gradient of the first optimizer step, whole (FSDP2: gathered on every rank)
+        if not grads:
+            grads.update({n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).clone()
+                          for n, p in trainer.model.named_parameters()})
+        return step(**kwargs)
+
+    trainer.optimizer.step = first_step_grads
+    metrics, _ = trainer._step()
+    full = trainer.world.full_model()
+    return {"params": {k: v.detach().clone() for k, v in full.named_parameters()}, "grads": grads, "metrics": metrics, "world": trainer.world}
+
+
+def main(model_dir: str, out_dir: str) -> None:
+    torch.set_num_threads(1)
+    world = None
+    for strategy in STRATEGIES:
+        for name, case in CASES.items():
+            result = one_step(model_dir, Path(out_dir) / "runs" / f"{strategy}-{name}", strategy, case)
+            world = result.pop("world")
+            if world.is_main:
+                torch.save(result, Path(out_dir) / f"{strategy}-{name}.pt")
+    world.teardown()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

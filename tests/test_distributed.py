@@ -1,0 +1,185 @@
+"""Two processes on torch.distributed (gloo, CPU) train as one process does (grpokit/distributed.py, docs/scaling.md).
+
+Real process groups launched by torchrun (`python -m torch.distributed.run --standalone`), real FSDP2 and DDP;
+no mocks of torch.distributed. One torchrun launch runs every case for both strategies (tests/dist_cases.py).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from grpokit.batch import RolloutBatch, pack_sequences
+from grpokit.checkpoint import CheckpointError
+from grpokit.config import ConfigError, load_config
+from grpokit.distributed import World, cat_batches
+
+sys.path.insert(0, str(Path(__file__).parent))
+import dist_cases  # noqa: E402  (tests/ is not a package; torchrun runs the same file as a script)
+
+TESTS = Path(__file__).parent
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+
+
+def _env() -> dict[str, str]:
+    # One thread per rank on a busy 2-core machine; no distributed variables of an outer launcher leak in.
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    return {**env, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(TESTS.parent), "TORCH_SHOW_CPP_STACKTRACES": "1"}
+
+
+def _output(proc: subprocess.CompletedProcess) -> str:
+    """The launcher's and the ranks' output without transformers' progress bars, for a failure message."""
+    keep = lambda text: "\n".join(l for l in text.splitlines() if "Loading weights" not in l and "model shards" not in l)  # noqa: E731
+    return keep(proc.stdout)[-3000:] + "\n" + keep(proc.stderr)[-8000:]
+
+
+def _rel(got: dict, want: dict) -> dict[str, float]:
+    """Per tensor: |got - want| / |want| (norms)."""
+    return {k: ((got[k] - v).norm() / v.norm().clamp_min(1e-30)).item() for k, v in want.items()}
+
+
+@pytest.fixture(scope="module")
+def one_process(tiny_model_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("one_process")
+    results = {}
+    for name, case in dist_cases.CASES.items():
+        result = dist_cases.one_step(tiny_model_dir, out / name, "fsdp2", case)  # world size 1: the strategy is not used
+        assert result.pop("world").size == 1
+        results[name] = result
+    return results
+
+
+@pytest.fixture(scope="module")
+def two_processes(tiny_model_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("two_processes")
+    proc = subprocess.run([*TORCHRUN, str(TESTS / "dist_cases.py"), str(tiny_model_dir), str(out)], env=_env(),
+                          capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, _output(proc)
+    return {f.stem: torch.load(f) for f in out.glob("*.pt")}
+
+
+@pytest.mark.parametrize("strategy", dist_cases.STRATEGIES)
+def test_one_step_on_two_ranks_equals_one_process(strategy, one_process, two_processes):
+    """Same global batch (prompts_per_step x G = 4 x 4), one GRPO step: every loss type, scale_rewards group /
+    batch / batch_centered, beta > 0, mu = 2 with 2 minibatches (rows of both ranks in each), micro-batches."""
+    for name in dist_cases.CASES:
+        want, got = one_process[name], two_processes[f"{strategy}-{name}"]
+        grads = _rel(got["grads"], want["grads"])  # the first optimizer step's gradient: the global loss's
+        assert max(grads.values()) < 1e-6, (name, max(grads.items(), key=lambda kv: kv[1]))
+        params = _rel(got["params"], want["params"])  # after the whole step (mu x minibatches AdamW steps, clipping)
+        assert max(params.values()) < 1e-6, (name, max(params.items(), key=lambda kv: kv[1]))
+        for key in dist_cases.SAME_METRICS:  # whole-batch metrics, reduced over the ranks
+            assert got["metrics"][key] == pytest.approx(want["metrics"][key], rel=1e-5, abs=1e-6), (name, key)
+        # per-rank counts add up: the global batch's completion tokens; the perf times are the slower rank's
+        assert got["metrics"]["rollout/tokens"] == want["metrics"]["rollout/tokens"]
+
+
+def test_torchrun_trains_end_to_end(tiny_model_dir, tmp_path):
+    """`torchrun --nproc_per_node 2 -m grpokit train`: 2 steps (FSDP2, DAPO dynamic sampling); rank 0 logs each step
+    once, evaluates, writes the final model; the other rank writes nothing."""
+    reward = f"{TESTS / 'reward_fns.py'}:count_sevens"
+    (tmp_path / "config.yaml").write_text(f"""
+model: {{name_or_path: "{tiny_model_dir}"}}
+data: {{task: countdown, task_train_size: 64}}
+rewards: [{{function: "{reward}"}}]
+rollout: {{engine: fast, prompts_per_step: 4, num_generations: 4, max_completion_length: 6}}
+algorithm: {{beta: 0.04, dynamic_sampling: true, max_sampling_rounds: 2}}
+optim: {{max_steps: 2, learning_rate: 1.0e-3}}
+eval: {{max_samples: 4, k: 1}}
+logging: {{sample_every: 1}}
+checkpoint: {{save_every: 0}}
+output_dir: "{tmp_path / 'run'}"
+""")
+    proc = subprocess.run([*TORCHRUN, "-m", "grpokit", "train", str(tmp_path / "config.yaml")], env=_env(), cwd=tmp_path,
+                          capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, _output(proc)
+    assert proc.stdout.count("done: step 2") == 1, proc.stdout
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2]  # eval at start, then each step once: rank 0 alone writes
+    assert "eval/pass@1" in rows[0] and "eval/pass@1" in rows[2]
+    assert rows[1]["rollout/groups_drawn"] >= 4 and rows[1]["rollout/tokens"] > 0
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "final")  # whole weights, loadable as usual
+    assert sum(p.numel() for p in model.parameters()) == sum(
+        p.numel() for p in AutoModelForCausalLM.from_pretrained(tiny_model_dir).parameters())
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def _config(tmp_path, *extra):
+    return load_config(None, ["model.name_or_path=x", "rollout.prompts_per_step=4", "rollout.num_generations=4",
+                              "checkpoint.save_every=0", f"output_dir={tmp_path}", *extra])
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["rollout.prompts_per_step=3"], "rollout.prompts_per_step=3 is not a multiple of the world size 2"),
+    (["checkpoint.save_every=50"], "checkpoint.save_every=50: checkpoints are not written at world size 2"),
+    (["distributed.strategy=none"], "distributed.strategy=none is for one process"),
+    (["optim.num_minibatches=16"], "the minibatch of 1 completions (rollout batch / optim.num_minibatches=16) does not split into 2 equal"),
+    (["optim.num_minibatches=2", "optim.micro_batch_size=8"], "optim.micro_batch_size=8 must divide each rank's share of a minibatch, 4"),
+    (["algorithm.advantage_estimator=gae"], "algorithm.advantage_estimator=gae (the PPO critic) is not supported at world size 2"),
+    (["model.compile=true"], "model.compile=true is not supported at world size 2"),
+])
+def test_what_two_ranks_cannot_run_is_one_line(tmp_path, monkeypatch, extra, message):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    with pytest.raises(ConfigError, match="^" + re.escape(message)) as err:
+        World.from_env(_config(tmp_path, *extra))
+    assert "\n" not in str(err.value)
+
+
+def test_a_checkpoint_is_not_resumed_on_two_ranks(tmp_path, monkeypatch):
+    from grpokit.checkpoint import MARKER, STATE_FILE, checkpoint_dir, latest_checkpoint
+
+    checkpoint_dir(tmp_path, 3).mkdir(parents=True)
+    for name in (MARKER, STATE_FILE):
+        (checkpoint_dir(tmp_path, 3) / name).write_text("")
+    assert latest_checkpoint(tmp_path) is not None
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(CheckpointError, match="cannot be resumed at world size 2"):
+        World.from_env(_config(tmp_path))
+
+
+def test_one_process_is_left_alone(tmp_path, monkeypatch):
+    """WORLD_SIZE unset or 1: no process group, and every method returns what the one process has."""
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    world = World.from_env(_config(tmp_path, "checkpoint.save_every=50", "rollout.prompts_per_step=3"))
+    model = torch.nn.Linear(2, 2)
+    assert world.wrap(model) == (model, model, model) and world.full_model() is model
+    assert not torch.distributed.is_initialized()
+    assert world.share([5, 6, 7]) == [5, 6, 7] and world.sum(3, 7.5) == (3, 7.5) and world.sum(4) == 4
+    x = torch.arange(6.0)
+    assert world.all_rows(x) is x and world.cat_rows(x, 8) == (x, 8) and world.all(True) and not world.all(False)
+    assert [i.tolist() for i in world.minibatches(4, 1)] == [[0, 1, 2, 3]]
+    torch.manual_seed(0)
+    order = torch.randperm(8)
+    torch.manual_seed(0)
+    assert torch.cat(world.minibatches(8, 2)).tolist() == order.tolist()  # the split one process draws
+    assert world.is_main and world.writes_checkpoints and world.reduce_metrics({"a": 1.0}) == {"a": 1.0}
+
+
+def test_every_ranks_rows_repacked_as_one_batch():
+    """cat_batches (what gather_batch does with every rank's batch) lays rows out as pack_sequences lays out the whole."""
+    prompts = [[3, 4], [3, 4], [5, 6, 7], [5, 6, 7]]
+    completions = [[1], [1, 2, 9], [2, 2], [9]]
+
+    def batch(rows):
+        tokens = pack_sequences([prompts[i] for i in rows], [completions[i] for i in rows], pad_id=0)
+        n, T = tokens.completion_ids.shape
+        f = torch.tensor(rows, dtype=torch.float32)
+        return RolloutBatch(tokens, tokens.completion_mask.clone(), f > 1, f, f * 2, tokens.completion_mask.float() * f[:, None],
+                            None, None)
+
+    whole, parts = batch([0, 1, 2, 3]), cat_batches([batch([0, 1]), batch([2, 3])], pad_id=0)
+    for field in ("input_ids", "attention_mask", "position_ids", "completion_ids", "completion_mask"):
+        assert torch.equal(getattr(parts.tokens, field), getattr(whole.tokens, field)), field
+    for field in ("loss_mask", "truncated", "rewards", "advantages", "old_logp"):
+        assert torch.equal(getattr(parts, field), getattr(whole, field)), field
+    assert parts.ref_logp is None
