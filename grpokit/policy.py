@@ -358,7 +358,7 @@ def batched_logprobs(model, tokens: PackedBatch, *, micro_batch_size: int, tempe
     model.eval()
     try:
         rows = torch.arange(out.shape[0])
-        for idx in micro_batches(rows, tokens.completion_mask, micro_batch_size, by_length):
+        for idx in micro_batches(rows, tokens, micro_batch_size, by_length):
             sub = tokens.rows(idx)
             logp, _ = completion_logprobs(model, sub, temperature=temperature)
             out[idx, : sub.completion_width] = logp.float()

@@ -168,7 +168,7 @@ class Trainer:
         # Normalizers of the whole minibatch, over every rank's share: accumulation and ranks give the same gradient.
         cfg, (num_sequences, num_tokens) = self.cfg, self.world.sum(len(idx), b.loss_mask[idx].sum().item())
         minibatch_loss = 0.0
-        for sub_idx in micro_batches(idx, b.tokens.completion_mask, cfg.micro_batch_size, cfg.optim.group_by_length):
+        for sub_idx in micro_batches(idx, b.tokens, cfg.micro_batch_size, cfg.optim.group_by_length):
             tokens = b.tokens.rows(sub_idx)  # trimmed to this micro-batch's longest completion
             T = tokens.completion_width
             logp, entropy = completion_logprobs(self.policy_fn, tokens, temperature=cfg.rollout.temperature, with_entropy=first_pass)
