@@ -88,14 +88,14 @@ WORKLOADS: dict[str, dict] = {
         name="small",
         model=dict(hidden_size=128, num_layers=4, num_heads=4, intermediate_size=512),
         prompts=16, G=8, T=8, lr=5e-4, steps=50,
-        sft=dict(rows=12000, epochs=3.0, batch_size=64, lr=2e-3),
+        sft=dict(rows=12000, epochs=3.0, batch_size=64, learning_rate=2e-3),
         pad_to=None,  # answers stay as they are; rows whose answer does not fit in T - 1 chars are dropped
     ),
     "compute": dict(
         name="compute",
         model=dict(hidden_size=512, num_layers=8, num_heads=8, intermediate_size=1408),
         prompts=4, G=8, T=64, lr=1e-4, steps=12,
-        sft=dict(rows=1000, steps=40, batch_size=16, lr=1e-3),
+        sft=dict(rows=1000, max_steps=40, batch_size=16, learning_rate=1e-3),
         pad_to=64,  # answers right-padded with spaces to 64 characters: completions run to max length
     ),
     "vocab": dict(
