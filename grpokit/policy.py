@@ -264,7 +264,7 @@ def fused_head(model) -> torch.nn.Linear | None:
                 logits = model(input_ids=ids, use_cache=False).logits.float()
                 with autocast_of(model):
                     mine = head(model.base_model(input_ids=ids, use_cache=False).last_hidden_state).float()
-                tol = 1e-4 if logits.dtype == mine.dtype and getattr(model, "_grpokit_autocast", None) is None else 2e-2
+                tol = 1e-4 if getattr(model, "_grpokit_autocast", None) is None else 2e-2  # bf16 matmuls under autocast
                 ok = torch.allclose(mine, logits, rtol=tol, atol=tol)
         except (TypeError, AttributeError, RuntimeError):
             ok = False
