@@ -78,23 +78,35 @@ def dynamic_sampling(first: Groups, draw: Callable[[], Groups], want: int, G: in
                      world: World | None = None) -> tuple[Groups, dict[str, float]]:
     """DAPO §3.2: keep groups whose rewards differ; draw() more prompts' groups until `want` are kept.
     After max_rounds rounds a short batch is topped up with dropped groups (they carry no policy
-    gradient, only the KL term), so every step has the same shape. world: with several ranks, `want` is
-    this rank's share and the rounds go on until every rank has its share (one all_reduce per round),
-    so all ranks draw the same rounds from the one global prompt order; the counts are summed in the logs."""
-    enough = world.all if world is not None else bool
-    kept, dropped, rounds, drawn, cur = [], [], 0, 0, first
+    gradient, only the KL term), so every step has the same shape.
+
+    world: with W ranks, `want` is this rank's share and every round is each rank's share of the same global
+    prompts. The rounds go on until the kept groups of every rank add up to W x want (one all_reduce per round);
+    then every rank's groups are gathered in global order (round by round, rank after rank: the order one process
+    draws them in), the first W x want (kept, then dropped) are the step's batch, and each rank takes its r-th
+    share. So the batch is the one one process keeps, whatever the world size; rollout/groups_* are summed."""
+    W = world.size if world is not None else 1
+    rounds: list[tuple[Groups, list[int], list[int]]] = []  # this rank's (groups, kept, dropped) per round
+    cur, drawn, kept_total = first, 0, 0
     while True:
-        rounds, drawn = rounds + 1, drawn + len(cur.rows)
-        for g in range(len(cur.rows)):
-            r = cur.scored.total[g * G : (g + 1) * G]
-            (kept if r.max() > r.min() else dropped).append((cur, g))
-        if enough(len(kept) >= want) or rounds >= max_rounds:
+        drawn += len(cur.rows)
+        per_group = cur.scored.total.reshape(-1, G)
+        differ = (per_group.max(dim=1).values > per_group.min(dim=1).values).tolist()
+        rounds.append((cur, [g for g, d in enumerate(differ) if d], [g for g, d in enumerate(differ) if not d]))
+        kept_total += sum(differ)
+        global_kept = world.sum(kept_total) if W > 1 else kept_total
+        if global_kept >= W * want or len(rounds) >= max_rounds:
             break
         cur = draw()
+    everyone = world.gather(rounds) if W > 1 else [rounds]  # [rank][round]
+    in_order = [(rank[k], kept) for kept in (True, False) for k in range(len(rounds)) for rank in everyone]
+    chosen = [(src, g, kept) for (src, ks, ds), kept in in_order for g in (ks if kept else ds)][: W * want]
+    r = world.rank if world is not None else 0
+    mine = chosen[r * want : (r + 1) * want]
     metrics = {
-        ROLLOUT_SAMPLING_ROUNDS: float(rounds),
-        ROLLOUT_GROUPS_DRAWN: float(drawn),
-        ROLLOUT_GROUPS_DROPPED: float(drawn - len(kept)),
-        ROLLOUT_GROUPS_TOPPED_UP: float(max(0, want - len(kept))),
+        ROLLOUT_SAMPLING_ROUNDS: float(len(rounds)),
+        ROLLOUT_GROUPS_DRAWN: float(drawn),  # this rank's counts: summed over the ranks in the logs
+        ROLLOUT_GROUPS_DROPPED: float(drawn - kept_total),
+        ROLLOUT_GROUPS_TOPPED_UP: float(sum(not kept for _, _, kept in mine)),
     }
-    return Groups.take((kept + dropped)[:want], G), metrics
+    return Groups.take([(src, g) for src, g, _ in mine], G), metrics

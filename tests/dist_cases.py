@@ -21,6 +21,7 @@ from grpokit.rollout import Completions
 from grpokit.trainer import Trainer
 
 REWARD = f"{Path(__file__).parent / 'reward_fns.py'}:count_sevens"
+CONSTANT_IF_EVEN = f"{Path(__file__).parent / 'reward_fns.py'}:even_target_constant"
 STRATEGIES = ("fsdp2", "ddp")
 #: every loss type; scale_rewards group and batch (and batch_centered); beta > 0; mu = 2 with 2 minibatches
 CASES: dict[str, list[str]] = {
@@ -31,12 +32,16 @@ CASES: dict[str, list[str]] = {
                                            "algorithm.num_iterations=2", "optim.num_minibatches=2", "optim.micro_batch_size=2"],
     "dr_grpo-batch-beta-mu2": ["algorithm.loss_type=dr_grpo", "algorithm.scale_rewards=batch", "algorithm.beta=0.04",
                                "algorithm.num_iterations=2", "optim.num_minibatches=2", "algorithm.mask_truncated_completions=true"],
+    # half the prompts (even targets) give groups of equal rewards: dropped, more rounds drawn, the batch topped up
+    "dapo-dynamic_sampling": ["algorithm.loss_type=dapo", "algorithm.dynamic_sampling=true", "algorithm.max_sampling_rounds=3",
+                              "algorithm.beta=0.04", f"rewards=[{{function: '{CONSTANT_IF_EVEN}'}}]"],
 }
 #: metrics that must not depend on the world size (whole-batch values)
 SAME_METRICS = ("reward/mean", "reward/std", "reward/zero_std_frac", "reward/count_sevens", "reward/count_sevens/std",
                 "advantage/mean", "advantage/std", "rollout/completion_len_min", "rollout/completion_len_max",
                 "rollout/truncated_frac", "rollout/tokens", "policy/loss", "policy/kl", "policy/clip_frac",
-                "policy/grad_norm", "policy/entropy", "policy/skipped_updates")
+                "policy/grad_norm", "policy/entropy", "policy/skipped_updates", "reward/even_target_constant",
+                "rollout/sampling_rounds", "rollout/groups_drawn", "rollout/groups_dropped", "rollout/groups_topped_up")
 
 
 class FixedEngine:

@@ -75,9 +75,14 @@ def test_one_step_on_two_ranks_equals_one_process(strategy, one_process, two_pro
         params = _rel(got["params"], want["params"])  # after the whole step (mu x minibatches AdamW steps, clipping)
         assert max(params.values()) < 1e-6, (name, max(params.items(), key=lambda kv: kv[1]))
         for key in dist_cases.SAME_METRICS:  # whole-batch metrics, reduced over the ranks
+            assert (key in got["metrics"]) == (key in want["metrics"]), (name, key)
+            if key not in want["metrics"]:
+                continue
             assert got["metrics"][key] == pytest.approx(want["metrics"][key], rel=1e-5, abs=1e-6), (name, key)
         # per-rank counts add up: the global batch's completion tokens; the perf times are the slower rank's
         assert got["metrics"]["rollout/tokens"] == want["metrics"]["rollout/tokens"]
+    dapo = one_process["dapo-dynamic_sampling"]["metrics"]  # the case does exercise dynamic sampling's rounds
+    assert dapo["rollout/groups_dropped"] > 0 and dapo["rollout/sampling_rounds"] > 1, dapo
 
 
 def test_torchrun_trains_end_to_end(tiny_model_dir, tmp_path):
