@@ -31,11 +31,14 @@ import numpy as np
 if TYPE_CHECKING:
     from torch import Tensor
 
+    from grpokit.batch import RolloutBatch
+
 # ---------------------------------------------------------------------------------------------
 # Files and the record's own fields
 
 METRICS_FILE = "metrics.jsonl"  # one record per logged step: {"step", "time", **metrics}
-SAMPLES_FILE = "samples.jsonl"  # one record per shown sample completion: {"step", **sample}
+SAMPLES_FILE = "samples.jsonl"  # one record per recorded sample completion: {"step", **sample}
+COMPLETIONS_FILE = "completions.parquet"  # the same records as a table (grpokit/records/table.py)
 STEP = "step"  # the record's step (an int; 0 = before training)
 TIME = "time"  # Unix seconds when the record was written
 RECORD_FIELDS = (STEP, TIME)  # reserved: no metric may take these names
@@ -422,11 +425,29 @@ def critic_metrics(
 
 
 def sample_records(
-    prompt_texts: list[str], completion_texts: list[str], rewards: Tensor, group_size: int, k: int
+    prompt_texts: list[str], completion_texts: list[str], batch: RolloutBatch, per_function: Mapping[str, Tensor], group_size: int, k: int
 ) -> list[dict]:
-    """The samples a step shows: the first completion of each of the first k prompts, with its reward.
-    completion_texts and rewards: [B * group_size], prompt-major."""
-    return [
-        {"prompt": prompt_texts[i], "completion": completion_texts[i * group_size], "reward": rewards[i * group_size].item()}
-        for i in range(min(k, len(prompt_texts)))
-    ]
+    """The samples a step records: every completion of the first k prompts (whole groups, so that an
+    advantage can be read against its group's rewards), prompt-major. completion_texts: [B * group_size].
+
+    Each: prompt, completion, group (the prompt's index in the step), reward (the weighted total),
+    reward/<fn> (each function's raw reward, None where it did not apply or failed), advantage (per-token
+    advantages, from process rewards or GAE: their mean over the completion's tokens), prompt_len and
+    completion_len (tokens), truncated (stopped at rollout.max_completion_length)."""
+    lengths = batch.tokens.completion_mask.sum(-1)  # [N]
+    prompt_lengths = batch.tokens.attention_mask.sum(-1) - lengths  # [N]
+    advantages = batch.advantages  # [N], or [N, T] per token
+    if advantages.dim() == 2:
+        mask = batch.tokens.completion_mask[:, : advantages.shape[1]].to(advantages.dtype)  # [N, T]
+        advantages = (advantages * mask).sum(-1) / mask.sum(-1).clamp_min(1)  # [N]
+    records = []
+    for i in range(min(k, len(prompt_texts)) * group_size):
+        fn_rewards = {reward_fn(name): r[i].item() for name, r in per_function.items()}
+        records.append({
+            "prompt": prompt_texts[i // group_size], "completion": completion_texts[i], "group": i // group_size,
+            "reward": batch.rewards[i].item(),
+            **{name: (None if math.isnan(x) else x) for name, x in fn_rewards.items()},
+            "advantage": advantages[i].item(), "prompt_len": int(prompt_lengths[i]), "completion_len": int(lengths[i]),
+            "truncated": bool(batch.truncated[i]),
+        })
+    return records

@@ -132,7 +132,7 @@ class Trainer:
         metrics.update(rollout_metrics(*self.world.cat_rows(rewards, advantages, tokens.completion_mask, truncated,
                                                             [len(r.prompt_ids) for r in rows], G, [r.truncated for r in rows])))
         metrics.update(critic_metrics)
-        return batch, metrics, sample_records([r.prompt_text for r in rows], comps.texts, rewards, G, cfg.logging.num_samples)
+        return batch, metrics, sample_records([r.prompt_text for r in rows], comps.texts, batch, scored.per_function, G, cfg.logging.num_samples)
 
     # ------------------------------------------------------------------ policy update (and the critic's)
     def update(self, b: RolloutBatch) -> dict[str, float]:

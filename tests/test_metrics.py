@@ -132,14 +132,39 @@ def test_critic_metrics_worked_numbers():
     )
 
 
-def test_sample_records_first_completion_of_the_first_k_prompts():
-    completions = ["a1", "a2", "b1", "b2", "c1", "c2"]
+def _sample_batch(advantages):
+    from grpokit.batch import RolloutBatch, pack_sequences
+
+    # 3 prompts x G=2; prompt lengths 2, 3, 1; completion lengths 1, 2, 3, 0, 1, 1
+    tokens = pack_sequences([[5, 6]] * 2 + [[5, 6, 7]] * 2 + [[5]] * 2, [[1], [1, 2], [1, 2, 3], [], [4], [4]], pad_id=0)
     rewards = torch.tensor([0.0, 1.0, 2.0, 3.0, 4.0, 5.0])
-    assert sample_records(["a", "b", "c"], completions, rewards, group_size=2, k=2) == [
-        {"prompt": "a", "completion": "a1", "reward": 0.0},
-        {"prompt": "b", "completion": "b1", "reward": 2.0},
+    truncated = torch.tensor([False, True, False, False, False, False])
+    return RolloutBatch(tokens, tokens.completion_mask, truncated, rewards, advantages, None, None, None)
+
+
+def test_sample_records_hold_whole_groups_of_the_first_k_prompts():
+    completions = ["a1", "a2", "b1", "b2", "c1", "c2"]
+    batch = _sample_batch(torch.tensor([-1.0, 1.0, -1.0, 1.0, -1.0, 1.0]))
+    per_fn = {"correct": torch.tensor([0.0, 1.0, float("nan"), 1.0, 1.0, 1.0])}
+    records = sample_records(["a", "b", "c"], completions, batch, per_fn, group_size=2, k=2)
+    assert records == [
+        {"prompt": "a", "completion": "a1", "group": 0, "reward": 0.0, "reward/correct": 0.0, "advantage": -1.0,
+         "prompt_len": 2, "completion_len": 1, "truncated": False},
+        {"prompt": "a", "completion": "a2", "group": 0, "reward": 1.0, "reward/correct": 1.0, "advantage": 1.0,
+         "prompt_len": 2, "completion_len": 2, "truncated": True},
+        {"prompt": "b", "completion": "b1", "group": 1, "reward": 2.0, "reward/correct": None, "advantage": -1.0,  # NaN: did not apply
+         "prompt_len": 3, "completion_len": 3, "truncated": False},
+        {"prompt": "b", "completion": "b2", "group": 1, "reward": 3.0, "reward/correct": 1.0, "advantage": 1.0,
+         "prompt_len": 3, "completion_len": 0, "truncated": False},
     ]
-    assert len(sample_records(["a", "b", "c"], completions, rewards, group_size=2, k=10)) == 3
+    assert len(sample_records(["a", "b", "c"], completions, batch, per_fn, group_size=2, k=10)) == 6
+
+
+def test_sample_records_average_per_token_advantages_over_the_completion():
+    # [N, T=3] per-token advantages (process rewards, GAE): the mean over each completion's own tokens
+    adv = torch.tensor([[2.0, 9.0, 9.0], [1.0, 3.0, 9.0], [1.0, 2.0, 6.0], [9.0, 9.0, 9.0], [4.0, 9.0, 9.0], [5.0, 9.0, 9.0]])
+    records = sample_records(["a", "b", "c"], list("abcdef"), _sample_batch(adv), {}, group_size=2, k=3)
+    assert [r["advantage"] for r in records] == [2.0, 2.0, 3.0, 0.0, 4.0, 5.0]  # no tokens: 0
 
 
 def test_mean_accumulator_weights():

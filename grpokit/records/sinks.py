@@ -247,14 +247,18 @@ class MetricLogger:
         """Append one line per sample to samples.jsonl and print the first `show` as a table.
 
         A sample holds prompt, completion, reward (float) and optionally more: per-function rewards
-        (as "reward/<fn>" keys or a "rewards" dict), the answer, the finish reason.
+        (as "reward/<fn>" keys or a "rewards" dict), the answer, the finish reason. The same rows go to
+        completions.parquet (records/table.py); the table printed shows the first sample of each "group".
         """
+        from grpokit.records.table import append_step, first_of_each_group
+
         self._check_open()
         step = int(step)
         if samples:
             _append(self.samples_path, "".join(_json_line({STEP: step, **s}) for s in samples))
+            append_step(self.out_dir, step, samples)
         if show > 0 and samples:
-            print_samples(step, samples[:show])
+            print_samples(step, first_of_each_group(samples)[:show])
         if self._wandb is not None and samples:
             columns = sorted({k for s in samples for k in s})
             rows = [[_table_cell(s.get(c)) for c in columns] for s in samples]
