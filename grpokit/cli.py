@@ -6,6 +6,8 @@
     grpokit sft sft.yaml [section.key=value ...]           supervised warm-start on prompt / completion pairs
     grpokit demo [--quick] [--out DIR]                     the whole pipeline on a tiny model, no downloads
     grpokit doctor RUN_DIR                                 what looks wrong in a run, with step ranges and fixes
+    grpokit show RUN_DIR [--step N] [--worst K]            a step's recorded completions, rewards and advantages as a table
+    grpokit report RUN_DIR [--out FILE]                    one self-contained HTML page of the run (RUN_DIR/report.html)
     grpokit config                                         every config key with its default and meaning
 
 Every command takes --threads N (0 = auto, the default: docs/threads.md) and prints the count it uses.
@@ -178,6 +180,37 @@ def doctor(run_dir: Path = typer.Argument(..., help="a run's output_dir (or its 
     from grpokit.doctor import doctor_main
 
     raise typer.Exit(doctor_main(str(run_dir)))
+
+
+@app.command()
+def show(
+    run_dir: Path = typer.Argument(..., help="a run's output_dir"),
+    step: Optional[int] = typer.Option(None, "--step", help="the recorded step to show; default the last one"),
+    worst: Optional[int] = typer.Option(None, "--worst", min=1, help="only the K completions with the lowest reward"),
+):
+    """Print a step's recorded completions (completions.parquet) with each function's reward, the advantage and the length."""
+    from grpokit.records.table import RunFolderError, print_table
+
+    try:
+        print_table(run_dir, step=step, worst=worst)
+    except RunFolderError as exc:
+        _fail(str(exc))
+
+
+@app.command()
+def report(
+    run_dir: Path = typer.Argument(..., help="a run's output_dir"),
+    out: Optional[Path] = typer.Option(None, "--out", help="the HTML file to write; default RUN_DIR/report.html"),
+):
+    """Write one self-contained HTML page of a run: plots, held-out accuracy, the doctor's findings, sample completions."""
+    from grpokit.records.report import write_html_report
+    from grpokit.records.table import RunFolderError
+
+    try:
+        path = write_html_report(run_dir, out)
+    except RunFolderError as exc:
+        _fail(str(exc))
+    typer.echo(f"report: {path} (open it in a browser; it fetches nothing)")
 
 
 @app.command("config")

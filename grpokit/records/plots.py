@@ -58,7 +58,7 @@ def series(rows: Sequence[dict[str, Any]], key: str) -> tuple[list[float], list[
     return xs, ys
 
 
-def _keys(rows: Sequence[dict[str, Any]]) -> list[str]:
+def metric_keys(rows: Sequence[dict[str, Any]]) -> list[str]:
     seen: dict[str, None] = {}
     for row in rows:
         seen.update(dict.fromkeys(row))
@@ -132,7 +132,9 @@ def _draw(ax, xs: list[float], ys: list[float], label: str, color, *, dashed: bo
         ax.plot(xs, ys, style, color=color, marker=marker, markersize=3, label=label, linewidth=1.4)
 
 
-def _plot_one(spec: PlotSpec, rows: Sequence[dict[str, Any]], keys: list[str], out_dir: Path) -> Path | None:
+def draw_plot(spec: PlotSpec, rows: Sequence[dict[str, Any]], keys: list[str]):
+    """The matplotlib Figure of one plot (on the Agg canvas), or None when none of its metrics was logged.
+    keys: the metric names of the run (the union of the rows' keys)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -167,6 +169,13 @@ def _plot_one(spec: PlotSpec, rows: Sequence[dict[str, Any]], keys: list[str], o
     ax.legend(handles, labels, loc="best", fontsize="small")
     ax.set_title(spec.title)
     fig.tight_layout()
+    return fig
+
+
+def _plot_one(spec: PlotSpec, rows: Sequence[dict[str, Any]], keys: list[str], out_dir: Path) -> Path | None:
+    fig = draw_plot(spec, rows, keys)
+    if fig is None:
+        return None
     path = out_dir / f"{spec.name}.png"
     fig.savefig(path, format="png")
     return path
@@ -185,7 +194,7 @@ def plot_metrics(metrics_jsonl: str | os.PathLike, out_dir: str | os.PathLike) -
     rows = read_metrics(metrics_jsonl)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    keys = _keys(rows)
+    keys = metric_keys(rows)
     paths = []
     for spec in PLOTS:
         path = _plot_one(spec, rows, keys, out)

@@ -224,8 +224,9 @@ def print_table(run_dir: str | os.PathLike, *, step: int | None = None, worst: i
 
     step, rows = select(read_table(run_dir), step, worst)
     fns = reward_columns(rows)
-    what = f"the {len(rows)} lowest-reward completions" if worst is not None else f"{len(rows)} completions"
-    table = Table(title=f"{run_dir}: {what} at step {step}", show_lines=True)
+    plural = "s" if len(rows) != 1 else ""
+    what = f"the {len(rows)} lowest-reward completion{plural}" if worst is not None else f"{len(rows)} completion{plural}"
+    table = Table(title=f"{what} at step {step}", caption=str(run_dir), show_lines=True)
     for name, kw in [(GROUP, {"justify": "right"}), ("prompt", {"overflow": "fold", "ratio": 2}), ("completion", {"overflow": "fold", "ratio": 3}),
                      (REWARD, {"justify": "right"}), *((f.removeprefix(REWARD_PREFIX), {"justify": "right"}) for f in fns),
                      ("advantage", {"justify": "right"}), ("length", {"justify": "right"}), ("truncated", {})]:
