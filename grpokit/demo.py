@@ -7,7 +7,8 @@
 2. warms it up with SFT on countdown problems with one reference solution each;
 3. trains it with GRPO on the countdown reward, evaluating on the same held-out problems
    (greedy pass@1, sampled pass@8 / maj@8) before and after;
-4. writes metrics.jsonl, plots, report.md and the final model to --out, and prints a before / after table.
+4. writes metrics.jsonl, plots, report.md, report.html (the page of `grpokit report`) and the final model
+   to --out, and prints a before / after table.
 """
 from __future__ import annotations
 
@@ -104,6 +105,7 @@ def run_demo(out: Path, *, quick: bool = False, seed: int = 0, overrides: list[s
     from grpokit.config import DataConfig, load_config
     from grpokit.data import build_datasets
     from grpokit.records import plot_metrics, write_report
+    from grpokit.records.report import write_html_report
     from grpokit.sft import train_sft
     from grpokit.tasks import get_task
     from grpokit.tasks.tiny_model import build_tiny_llama
@@ -161,5 +163,6 @@ def run_demo(out: Path, *, quick: bool = False, seed: int = 0, overrides: list[s
         f"Reproduce: `grpokit demo{' --quick' if quick else ''} --seed {seed}`"
     )
     report = write_report(out, title="grpokit demo: GRPO on countdown", summary_rows=rows, plots=plots, notes=notes)
-    console.print(f"outputs in {out}: report {report.name}, plots, grpo/metrics.jsonl, final model grpo/final ({total:.0f}s)")
+    page = write_html_report(out / "grpo", out / "report.html", title="grpokit demo: GRPO on countdown", notes=notes.replace("`", ""))
+    console.print(f"outputs in {out}: {page.name} (open it in a browser), {report.name}, plots, grpo/metrics.jsonl, final model grpo/final ({total:.0f}s)")
     return {"before": before, "after": after, "sft_time": sft_time, "grpo_time": grpo_time, "total_time": total}

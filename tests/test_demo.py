@@ -12,7 +12,7 @@ def test_demo_quick_outputs(tmp_path):
     r = subprocess.run([GRPOKIT, "demo", "--quick", "--out", str(out)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "SFT warm-start" in r.stdout and "after GRPO" in r.stdout  # the before / after table
-    for name in ("report.md", "reward.png", "eval.png", "kl.png", "clip.png", "lengths.png"):
+    for name in ("report.md", "report.html", "reward.png", "eval.png", "kl.png", "clip.png", "lengths.png"):
         assert (out / name).is_file(), name
     rows = [json.loads(l) for l in (out / "grpo" / "metrics.jsonl").read_text().splitlines()]
     evals = [row for row in rows if "eval/pass@1" in row]
@@ -20,3 +20,6 @@ def test_demo_quick_outputs(tmp_path):
     assert (out / "grpo" / "final" / "model.safetensors").is_file()
     report = (out / "report.md").read_text()
     assert "pass@1" in report and "reward.png" in report
+    page = (out / "report.html").read_text()  # grpokit report's page (rendered in a browser: tests/test_report.py)
+    assert page.count('<figure class="plot"') >= 6 and "Sample completions" in page and "Doctor" in page
+    assert (out / "grpo" / "completions.parquet").is_file()

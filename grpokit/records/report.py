@@ -15,6 +15,7 @@ from __future__ import annotations
 import html
 import io
 import os
+import re
 import statistics
 from pathlib import Path
 from typing import Any, Sequence
@@ -182,14 +183,19 @@ def _summary(rows: list[dict[str, Any]], config: dict | None) -> str:
     return '<section id="summary"><h2>Summary</h2><div class="cards">' + "".join(cards) + "</div></section>"
 
 
-def _svg(fig) -> str:
+def _svg(fig, name: str) -> str:
+    """The figure as inline SVG whose ids (and the references to them) start with `name`-: matplotlib numbers
+    its groups figure_1, axes_1, ... in every SVG, and ids must be unique in a page."""
     import matplotlib
 
     buf = io.StringIO()
-    with matplotlib.rc_context({"svg.fonttype": "path"}):  # text as paths: no font to fetch or to lack
+    # text as paths: no font to fetch or to lack; a fixed salt: the same run gives the same page
+    with matplotlib.rc_context({"svg.fonttype": "path", "svg.hashsalt": name}):
         fig.savefig(buf, format="svg")
     text = buf.getvalue()
-    return text[text.index("<svg"):]  # drop the XML prologue and DOCTYPE: the SVG goes inline
+    text = text[text.index("<svg"):]  # drop the XML prologue and DOCTYPE: the SVG goes inline
+    text = re.sub(r'\bid="([^"]+)"', lambda m: f'id="{name}-{m.group(1)}"', text)
+    return re.sub(r'(url\(#|href="#)([^)"]+)', lambda m: f"{m.group(1)}{name}-{m.group(2)}", text)
 
 
 def _plots(rows: list[dict[str, Any]]) -> str:
@@ -201,7 +207,7 @@ def _plots(rows: list[dict[str, Any]]) -> str:
             absent.append(f"{spec.title} ({', '.join(dict.fromkeys([*spec.keys(keys), *spec.right]))})")
             continue
         drawn = ", ".join(k for k in dict.fromkeys([*spec.keys(keys), *spec.right]) if series(rows, k)[0])
-        figures.append(f'<figure class="plot" id="plot-{spec.name}" data-plot="{spec.name}">{_svg(fig)}'
+        figures.append(f'<figure class="plot" id="plot-{spec.name}" data-plot="{spec.name}">{_svg(fig, spec.name)}'
                        f"<figcaption>{_e(drawn)}</figcaption></figure>")
     note = f'<p class="muted">Not logged by this run, so not drawn: {_e("; ".join(absent))}.</p>' if absent else ""
     return f'<section id="plots"><h2>Metrics</h2><div class="grid">{"".join(figures)}</div>{note}</section>'
