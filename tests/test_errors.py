@@ -518,6 +518,37 @@ def test_disk_full_during_a_save(env, monkeypatch):
     assert [row["step"] for row in metrics(env)] == [1, 2, 3]
 
 
+# ----------------------------------------------------------------------------- reading a run: grpokit show, grpokit report
+
+
+def test_show_or_report_a_run_that_does_not_exist(tmp_path):
+    for command in ("show", "report"):
+        user_error(CliRunner().invoke(app, [command, str(tmp_path / "nope")]), "no run at", "nope: no such folder",
+                   "give a run's output_dir (the folder with metrics.jsonl)")
+
+
+def test_show_a_step_that_was_not_recorded(tmp_path):
+    from grpokit.records.table import append_step
+
+    for step in (2, 4):
+        append_step(tmp_path, step, [{"prompt": "p", "completion": "c", "reward": 0.0}])
+    user_error(CliRunner().invoke(app, ["show", str(tmp_path), "--step", "3"]),
+               "step 3 has no recorded completions; recorded steps: 2, 4 (pick one with --step)")
+
+
+def test_show_a_run_that_recorded_no_completions(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "reward/mean": 0.5}\n')
+    user_error(CliRunner().invoke(app, ["show", str(tmp_path)]), "has no completions.parquet: the run recorded no completions",
+               "logging.sample_every=N", "logging.num_samples=K")
+
+
+def test_report_a_folder_without_metrics(tmp_path):
+    user_error(CliRunner().invoke(app, ["report", str(tmp_path)]), "has no metrics.jsonl", "grpokit train writes metrics.jsonl there")
+    (tmp_path / "metrics.jsonl").write_text('{"time": 1.0}\n')
+    user_error(CliRunner().invoke(app, ["report", str(tmp_path)]), "has no metric lines", "train at least one step first")
+    assert not (tmp_path / "report.html").exists()
+
+
 # ----------------------------------------------------------------------------- the console script and the table
 
 
