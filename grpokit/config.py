@@ -204,7 +204,7 @@ class LoggingConfig(Section):
     sample_every: int = Field(10, ge=0)
     """Print and save a few sample completions every this many steps (0 = never)."""
     num_samples: int = Field(3, ge=0)
-    """How many sample completions to show."""
+    """How many prompts to record at a sample step: all G completions of each (samples.jsonl, completions.parquet); the first of each is printed."""
     tensorboard: bool | None = None
     """TensorBoard event files; None = when tensorboard is installed."""
     wandb: bool = False
