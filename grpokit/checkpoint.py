@@ -30,6 +30,7 @@ import torch
 
 STATE_FILE = "trainer_state.pt"
 MARKER = "COMPLETE"
+DCP_DIR = "dcp"  # a run on several processes: torch.distributed.checkpoint's shards (grpokit/checkpoint_sharded.py)
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
@@ -256,11 +257,12 @@ def config_changes(saved: dict, now: dict, allowed: list[str]) -> tuple[list[str
     return [text(d) for d in diffs if not under(d[0], allowed)], [text(d) for d in diffs if under(d[0], allowed)]
 
 
-def resume(out_dir: Path, model, config: dict, allowed: list[str]) -> tuple[int, dict, list[str]] | None:
+def resume(out_dir: Path, model, config: dict, allowed: list[str], load_sharded=None) -> tuple[int, dict, list[str]] | None:
     """Continue from the newest complete checkpoint: compare its config with this run's `config` (a
     difference outside FREE_ON_RESUME and `allowed` is a CheckpointError listing every one), load its
     weights into model and restore the RNGs. Returns (step, the trainer state, the allowed changes as
-    "key: old -> new"), or None when out_dir holds no checkpoint."""
+    "key: old -> new"), or None when out_dir holds no checkpoint. load_sharded(path, state): how this
+    process loads a checkpoint written by several ranks (World.load_checkpoint); its moments too."""
     found = latest_checkpoint(out_dir)
     if found is None:
         return None
@@ -274,9 +276,21 @@ def resume(out_dir: Path, model, config: dict, allowed: list[str]) -> tuple[int,
             f"{str(path)!r} was saved with another config ({'; '.join(refused)}); resume with the same config, "
             f"give this run a new output_dir, or let them change with checkpoint.allow_changes=[{keys}]"
         )
-    load_weights(path, model)
-    set_rng_state(state["rng"])
+    if changed:
+        print(f"resuming with changes allowed by checkpoint.allow_changes: {'; '.join(changed)}")
+    if is_sharded_checkpoint(path):  # written by several ranks: weights, moments and each rank's generators
+        if load_sharded is None:
+            raise CheckpointError(f"{str(path)!r} holds sharded weights (torch.distributed.checkpoint); resume it with `grpokit train`")
+        load_sharded(path, state)
+    else:
+        load_weights(path, model)
+        set_rng_state(state["rng"])
     return step, state, changed
+
+
+def is_sharded_checkpoint(path: Path) -> bool:
+    """A checkpoint that several ranks wrote with torch.distributed.checkpoint (not model.safetensors)."""
+    return (Path(path) / DCP_DIR / ".metadata").is_file()
 
 
 def _recorded_config(out_dir: Path) -> dict | None:

@@ -17,8 +17,8 @@ At world size 1 nothing here communicates and every method returns what the one 
 `grpokit train` alone runs exactly as before this module existed.
 
 Collectives are torch.distributed's own (all_reduce, all_gather, broadcast, their *_object forms); the
-sharding is FSDP2's fully_shard and the replication DDP's. docs/scaling.md says what this version does
-not do yet (sharded checkpoints, resume on another world size, failure propagation).
+sharding is FSDP2's fully_shard and the replication DDP's; checkpoints are torch.distributed.checkpoint's
+(checkpoint_sharded.py). docs/scaling.md has the whole picture.
 """
 from __future__ import annotations
 
@@ -32,7 +32,8 @@ import torch.distributed as dist
 from torch import Tensor
 
 from grpokit.batch import PackedBatch, RolloutBatch
-from grpokit.checkpoint import CheckpointError, StopSignals, latest_checkpoint
+from grpokit.checkpoint import CheckpointError, StopSignals, is_sharded_checkpoint, latest_checkpoint, save_checkpoint
+from grpokit.checkpoint_sharded import load_sharded, save_sharded
 from grpokit.config import Config, ConfigError
 from grpokit.metrics import RANK_REDUCTIONS, MeanAccumulator
 from grpokit.rewards import RewardOutput
@@ -56,17 +57,14 @@ def check_config(cfg: Config, world_size: int) -> None:
     if cfg.optim.micro_batch_size and share % cfg.optim.micro_batch_size:
         raise ConfigError(f"optim.micro_batch_size={cfg.optim.micro_batch_size} must divide each rank's share of a minibatch, {share} "
                           f"completions {where}")
-    if cfg.checkpoint.save_every:
-        raise ConfigError(f"checkpoint.save_every={cfg.checkpoint.save_every}: checkpoints are not written {where} yet (issue 12, "
-                          "docs/scaling.md); set checkpoint.save_every=0 (rank 0 still writes the final model)")
     for what, on in (("algorithm.advantage_estimator=gae (the PPO critic)", cfg.algorithm.advantage_estimator == "gae"),
                      ("model.compile=true", cfg.model.compile)):
         if on:
             raise ConfigError(f"{what} is not supported {where} yet (issue 12, docs/scaling.md); run it in one process")
     found = latest_checkpoint(Path(cfg.output_dir)) if cfg.checkpoint.resume else None
-    if found is not None:
-        raise CheckpointError(f"{str(found[1])!r} cannot be resumed {where} yet (issue 12: sharded checkpoints); resume it with one "
-                              "process, or use a new output_dir")
+    if found is not None and not is_sharded_checkpoint(found[1]):
+        raise CheckpointError(f"{str(found[1])!r} was written by one process (model.safetensors) and is resumed by one process; "
+                              f"{where} resume from a checkpoint that ranks wrote (torch.distributed.checkpoint), or use a new output_dir")
 
 
 def is_sharded(model) -> bool:
@@ -121,10 +119,6 @@ class World:
     @property
     def is_main(self) -> bool:
         return self.rank == 0
-
-    @property
-    def writes_checkpoints(self) -> bool:
-        return self.size == 1  # sharded checkpoints (torch.distributed.checkpoint) are a later step of issue 12
 
     # ------------------------------------------------------------------ the model
     def wrap(self, model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module, torch.nn.Module]:
@@ -271,15 +265,32 @@ class World:
         """make(*args, **kwargs) on rank 0 (files, the progress bar, the run lock); a do-nothing stand-in elsewhere."""
         return make(*args, **kwargs) if self.is_main else _Silent()
 
-    def stop_signals(self) -> Any:
-        """StopSignals (SIGTERM / SIGINT finish the step and save) for one process; several ranks keep Python's
-        default handlers, so a signal from torchrun stops them (a coordinated save comes with sharded checkpoints)."""
+    def stop_signals(self) -> StopSignals:
+        """SIGTERM / SIGINT finish the step, save and stop (checkpoint.StopSignals), on every rank: torchrun passes a
+        signal it gets on to every rank and waits 30 s for them (then SIGKILL); the loop stops when any rank got one
+        (World.signal_received), so that all ranks take part in the save."""
+        return StopSignals()
+
+    def signal_received(self, received: str | None) -> str | None:
+        """The stop signal some rank received (StopSignals.received: "SIGTERM", ...), on every rank alike, or None:
+        the loop's decision to save and stop, taken by all ranks together. One all_reduce; a gather when one came."""
+        if self.size == 1 or self.all(received is None):
+            return received
+        return next(name for name in self.gather(received) if name is not None)
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_checkpoint(self, out: Path, step: int, model, adamw, tokenizer, state: dict, keep_last: int) -> Path:
+        """One process: checkpoint.save_checkpoint (model.safetensors + the trainer state). Several: every rank writes
+        its shards of the weights and AdamW's moments with torch.distributed.checkpoint (checkpoint_sharded.py); rank
+        0's `state` without the moments (state["optimizer"], per-rank DTensors) goes next to them."""
         if self.size == 1:
-            return StopSignals()
-        quiet = _Silent()
-        quiet.received = None
-        quiet.protecting = lambda what: _Silent()
-        return quiet
+            return save_checkpoint(out, step, model, tokenizer, state, keep_last)
+        rest = {k: v for k, v in state.items() if k != "optimizer"}
+        return save_sharded(out, step, model, adamw, tokenizer, rest, keep_last, self)
+
+    def load_checkpoint(self, path: Path, state: dict, *, model, adamw, seed: int) -> None:
+        """A checkpoint that ranks wrote, into this world (one process included): weights, moments, generators."""
+        load_sharded(path, model, adamw, rank=self.rank, seed=seed, step=state["step"])
 
     def teardown(self) -> None:
         """Leave the process group (after the last collective)."""
@@ -322,4 +333,4 @@ def cat_batches(parts: list[RolloutBatch], pad_id: int) -> RolloutBatch:
     opt = lambda name: _cat([getattr(p, name) for p in parts]) if getattr(parts[0], name) is not None else None  # noqa: E731
     return RolloutBatch(_cat_packed([p.tokens for p in parts], pad_id), _cat([p.loss_mask for p in parts]),
                         _cat([p.truncated for p in parts]), _cat([p.rewards for p in parts]),
-                        _cat([p.advantages for p in parts]), opt("old_logp"), opt("ref_logp"), None)
+                        _cat([p.advantages for p in parts]), opt("old_logp"), opt("ref_logp"), None, opt("sampler_logp"))

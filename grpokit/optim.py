@@ -144,7 +144,8 @@ class Optimizer:
     def load_state_dict(self, state: dict, prefix: str = "") -> None:
         """Moments, schedule position and skips from `state`; the hyperparameters (learning rate, betas, eps,
         weight decay) stay this config's, so that a change allowed on resume is applied, not silently undone."""
-        self.adamw.load_state_dict(state[f"{prefix}optimizer"])
+        if f"{prefix}optimizer" in state:  # a sharded checkpoint's moments came with its shards (checkpoint_sharded.py)
+            self.adamw.load_state_dict(state[f"{prefix}optimizer"])
         self.scheduler.load_state_dict(state[f"{prefix}scheduler"])
         self.skipped = state.get(f"{prefix}skipped_updates", 0)
         cfg, step = self.cfg, self.scheduler.last_epoch

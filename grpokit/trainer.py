@@ -24,7 +24,7 @@ from torch import Tensor
 from grpokit.algo import masked_mean
 from grpokit.algorithm import algorithm_loss, dynamic_sampling, make_loss_mask, outcome_advantages, process_advantages
 from grpokit.batch import Groups, RolloutBatch, micro_batches, pack_sequences, process_rewards, repeat_rows
-from grpokit.checkpoint import RunLock, checkpoint_dir, resume, save_checkpoint, save_pretrained_atomic, seed_everything
+from grpokit.checkpoint import RunLock, checkpoint_dir, resume, save_pretrained_atomic, seed_everything
 from grpokit.config import Config
 from grpokit.critic import Critic
 from grpokit.data import PromptSampler, build_datasets, check_context_length
@@ -207,16 +207,15 @@ class Trainer:
     def save(self) -> Path:
         check_finite_weights(self.model, f"refusing to save step {self.step}")
         with self.signals.protecting(f"the save of step {self.step}"):  # a second Ctrl-C waits for the save
-            return save_checkpoint(self.out, self.step, self.model, self.tokenizer, self.state_dict(), self.cfg.checkpoint.keep_last)
+            return self.world.save_checkpoint(self.out, self.step, self.model, self.optimizer.adamw, self.tokenizer, self.state_dict(), self.cfg.checkpoint.keep_last)
 
     def maybe_resume(self) -> int | None:
         """Continue from the newest checkpoint in output_dir (checkpoint.resume): weights, optimizer, schedule,
         data position, RNGs, pi_ref (when reset) and the critic. Returns its step, or None."""
-        if (found := resume(self.out, self.model, self.cfg.model_dump(), self.cfg.checkpoint.allow_changes) if self.cfg.checkpoint.resume else None) is None:
+        load_sharded = lambda path, state: self.world.load_checkpoint(path, state, model=self.model, adamw=self.optimizer.adamw, seed=self.cfg.seed)  # noqa: E731
+        if (found := resume(self.out, self.model, self.cfg.model_dump(), self.cfg.checkpoint.allow_changes, load_sharded) if self.cfg.checkpoint.resume else None) is None:
             return None
-        step, state, changed = found
-        if changed:
-            print(f"resuming with changes allowed by checkpoint.allow_changes: {'; '.join(changed)}")
+        step, state, _ = found  # resume printed the changes that checkpoint.allow_changes let through
         self.optimizer.load_state_dict(state)
         self.sampler.load_state_dict(state["sampler"])
         if "ref_model" in state and self.ref is not None:
@@ -224,7 +223,7 @@ class Trainer:
         if self.critic is not None:
             self.critic.load_state_dict(state, str(checkpoint_dir(self.out, step)))
         self.step = state["step"]
-        self.engine.sync_weights(self.model)
+        self.engine.sync_weights(self.world.full_model())
         return step
 
     # ------------------------------------------------------------------ the loop
@@ -256,12 +255,12 @@ class Trainer:
                     if cfg.checkpoint.save_every and self.step % cfg.checkpoint.save_every == 0:
                         self.save()
                         saved_step = self.step
-                    if stop.received and self.step < cfg.optim.max_steps:
+                    if (signal := self.world.signal_received(stop.received)) and self.step < cfg.optim.max_steps:  # any rank's: all save
                         path = self.save() if saved_step != self.step else checkpoint_dir(self.out, self.step)
-                        prog.print(f"{stop.received}: saved step {self.step} to {path}; run the same command to resume")
-                        self.interrupted = stop.received
+                        prog.print(f"{signal}: saved step {self.step} to {path}; run the same command to resume")
+                        self.interrupted = signal
                         return metrics
-                if saved_step != self.step and self.world.writes_checkpoints:
+                if saved_step != self.step:
                     self.save()  # the end state, so that running the command again finds the run finished
                 self.world.on_main(save_pretrained_atomic, self.world.full_model(), self.tokenizer, self.out / "final")
         finally:

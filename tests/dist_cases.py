@@ -101,8 +101,43 @@ def one_step(model_dir, out, strategy: str, case: list[str]) -> dict:
     return {"params": {k: v.detach().clone() for k, v in full.named_parameters()}, "grads": grads, "metrics": metrics, "world": trainer.world}
 
 
-def main(model_dir: str, out_dir: str) -> None:
+#: the case of the checkpoint test: beta > 0 (pi_ref), mu = 2 and 2 minibatches (rank 0's generator draws the split)
+RESUME_CASE = CASES["dr_grpo-batch-beta-mu2"]
+
+
+def train(model_dir, out, strategy: str, case: list[str], *extra: str) -> dict:
+    """Trainer.train() to optim.max_steps=2 with a checkpoint after every step (resuming from `out` when it holds one):
+    the whole parameters at the end, and the world."""
+    trainer = Trainer(config(model_dir, out, strategy, [*case, "optim.max_steps=2", "checkpoint.save_every=1", "checkpoint.keep_last=5", *extra]))
+    trainer.engine = FixedEngine(trainer.tokenizer)
+    trainer.train()
+    return {"params": {k: v.detach().clone() for k, v in trainer.world.full_model().named_parameters()}, "world": trainer.world}
+
+
+def checkpoints(model_dir: str, out_dir: str) -> None:
+    """Per strategy, at world size 2: a run of 2 steps (checkpoints at steps 1 and 2), then a copy of it cut back to
+    step 1 and resumed to step 2. Rank 0 saves both runs' final parameters; tests/test_distributed.py resumes the
+    step-1 checkpoint in one process."""
+    import shutil
+
+    import torch.distributed as dist
+
+    for strategy in STRATEGIES:
+        run, cut = Path(out_dir) / f"{strategy}-whole", Path(out_dir) / f"{strategy}-resumed"
+        whole = train(model_dir, run, strategy, RESUME_CASE)
+        if whole["world"].is_main:
+            shutil.copytree(run / "checkpoints" / "step-000001", cut / "checkpoints" / "step-000001")
+        dist.barrier()
+        resumed = train(model_dir, cut, strategy, RESUME_CASE)
+        if whole["world"].is_main:
+            torch.save({"whole": whole["params"], "resumed": resumed["params"]}, Path(out_dir) / f"{strategy}.pt")
+    resumed["world"].teardown()
+
+
+def main(model_dir: str, out_dir: str, mode: str = "steps") -> None:
     torch.set_num_threads(1)
+    if mode == "checkpoints":
+        return checkpoints(model_dir, out_dir)
     world = None
     for strategy in STRATEGIES:
         for name, case in CASES.items():

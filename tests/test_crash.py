@@ -273,10 +273,10 @@ def test_sigterm_console_script(setup):
 
 def test_sigint_saves_once_and_stops(setup, monkeypatch):
     model_dir, tmp_path = setup
-    import grpokit.trainer
+    import grpokit.distributed
 
-    real, saved = grpokit.trainer.save_checkpoint, []
-    monkeypatch.setattr(grpokit.trainer, "save_checkpoint", lambda out, step, *a, **k: saved.append(step) or real(out, step, *a, **k))
+    real, saved = grpokit.distributed.save_checkpoint, []
+    monkeypatch.setattr(grpokit.distributed, "save_checkpoint", lambda out, step, *a, **k: saved.append(step) or real(out, step, *a, **k))
     cfg = load_config(None, [*overrides(model_dir, tmp_path, max_steps=6), "checkpoint.save_every=2"])
     trainer = Trainer(cfg)
     handler = signal.getsignal(signal.SIGINT)
@@ -362,10 +362,10 @@ def test_train_refuses_a_folder_in_use_and_a_fresh_run_never_appends_to_an_old_l
 def test_a_second_signal_during_a_save_lets_the_save_finish_and_says_so(setup, monkeypatch):
     """Two Ctrl-C / SIGTERMs during a checkpoint write used to exit 130 with no message and drop the save,
     leaving a temporary folder. Now the save finishes, a line says so, and the run stops (130)."""
-    import grpokit.trainer
+    import grpokit.distributed
 
     model_dir, tmp_path = setup
-    real = grpokit.trainer.save_checkpoint
+    real = grpokit.distributed.save_checkpoint
 
     def save_under_two_signals(out, step, *a, **k):
         if step == 2:
@@ -374,7 +374,7 @@ def test_a_second_signal_during_a_save_lets_the_save_finish_and_says_so(setup, m
             time.sleep(0.05)  # both handled here, inside the save
         return real(out, step, *a, **k)
 
-    monkeypatch.setattr(grpokit.trainer, "save_checkpoint", save_under_two_signals)
+    monkeypatch.setattr(grpokit.distributed, "save_checkpoint", save_under_two_signals)
     handler = signal.getsignal(signal.SIGINT)
     r = CliRunner().invoke(app, ["train", str(tmp_path / "config.yaml"), *overrides(model_dir, tmp_path), "checkpoint.save_every=2"])
     assert r.exit_code == 130, r.output

@@ -87,7 +87,7 @@ def test_one_step_on_two_ranks_equals_one_process(strategy, one_process, two_pro
 
 def test_torchrun_trains_end_to_end(tiny_model_dir, tmp_path):
     """`torchrun --nproc_per_node 2 -m grpokit train`: 2 steps (FSDP2, DAPO dynamic sampling); rank 0 logs each step
-    once, evaluates, writes the final model; the other rank writes nothing."""
+    once, evaluates, writes the final model; the ranks save the end state as one sharded checkpoint."""
     reward = f"{TESTS / 'reward_fns.py'}:count_sevens"
     (tmp_path / "config.yaml").write_text(f"""
 model: {{name_or_path: "{tiny_model_dir}"}}
@@ -114,7 +114,71 @@ output_dir: "{tmp_path / 'run'}"
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "final")  # whole weights, loadable as usual
     assert sum(p.numel() for p in model.parameters()) == sum(
         p.numel() for p in AutoModelForCausalLM.from_pretrained(tiny_model_dir).parameters())
-    assert not (tmp_path / "run" / "checkpoints").exists()
+    from grpokit.checkpoint import is_sharded_checkpoint, latest_checkpoint
+
+    step, path = latest_checkpoint(tmp_path / "run")  # the end state, saved by both ranks together
+    assert step == 2 and is_sharded_checkpoint(path)
+
+
+def _train_yaml(tmp_path, model_dir, reward: str, *, max_steps: int, extra: str = "") -> Path:
+    (tmp_path / "config.yaml").write_text(f"""
+model: {{name_or_path: "{model_dir}"}}
+data: {{task: countdown, task_train_size: 64, eval_size: 0}}
+rewards: [{{function: "{TESTS / 'reward_fns.py'}:{reward}"}}]
+rollout: {{engine: fast, prompts_per_step: 4, num_generations: 4, max_completion_length: 6}}
+optim: {{max_steps: {max_steps}, learning_rate: 1.0e-3}}
+eval: {{at_start: false}}
+output_dir: "{tmp_path / 'run'}"
+{extra}
+""")
+    return tmp_path / "config.yaml"
+
+
+def test_an_exception_on_one_rank_stops_every_rank_with_its_message(tiny_model_dir, tmp_path):
+    """Rank 1's reward function raises in step 2 (reward_errors=raise) while rank 0 goes on into the step's
+    collectives: the launcher exits non-zero within 60 s of the raise, and its output carries rank 1's message."""
+    import time
+
+    cfg = _train_yaml(tmp_path, tiny_model_dir, "fails_on_rank_1", max_steps=5, extra="reward_errors: raise")
+    failed_at = tmp_path / "failed_at"
+    proc = subprocess.run([*TORCHRUN, "-m", "grpokit", "train", str(cfg)], env={**_env(), "GRPOKIT_TEST_FAILED_AT": str(failed_at)},
+                          cwd=tmp_path, capture_output=True, text=True, timeout=400)
+    ended = time.time()
+    assert proc.returncode != 0, _output(proc)
+    assert failed_at.is_file(), _output(proc)  # the raise happened (and not some other failure)
+    assert "rank 1 fails on purpose in its second reward call" in proc.stdout + proc.stderr, _output(proc)
+    print(f"the launcher exited {ended - float(failed_at.read_text()):.1f} s after rank 1 raised")
+    assert ended - float(failed_at.read_text()) < 60, _output(proc)
+
+
+def test_sigterm_to_the_launcher_saves_a_sharded_checkpoint_that_resumes(tiny_model_dir, tmp_path):
+    """SIGTERM to torchrun: every rank finishes its step, the ranks save one sharded checkpoint together, and
+    the same command (here in one process) resumes from it."""
+    import signal
+    import time
+
+    cfg = _train_yaml(tmp_path, tiny_model_dir, "count_sevens", max_steps=10_000, extra="checkpoint: {save_every: 0}")
+    proc = subprocess.Popen([*TORCHRUN, "-m", "grpokit", "train", str(cfg)], env=_env(), cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    deadline = time.time() + 300
+    while not (metrics.is_file() and metrics.read_text().strip()) and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    from grpokit.checkpoint import is_sharded_checkpoint, latest_checkpoint
+
+    found = latest_checkpoint(tmp_path / "run")
+    assert found is not None, out[-3000:] + err[-5000:]
+    step, path = found
+    assert step >= 1 and is_sharded_checkpoint(path), path
+    assert f"SIGTERM: saved step {step} to {path}" in out, out[-3000:] + err[-5000:]
+    from grpokit.cli import app
+    from typer.testing import CliRunner
+
+    resumed = CliRunner().invoke(app, ["train", str(cfg), f"optim.max_steps={step + 1}", "checkpoint.allow_changes=[optim.max_steps]"])
+    assert resumed.exit_code == 0, resumed.output
+    assert f"resuming from checkpoint step {step}" in resumed.output
 
 
 def _config(tmp_path, *extra):
@@ -124,7 +188,6 @@ def _config(tmp_path, *extra):
 
 @pytest.mark.parametrize("extra, message", [
     (["rollout.prompts_per_step=3"], "rollout.prompts_per_step=3 is not a multiple of the world size 2"),
-    (["checkpoint.save_every=50"], "checkpoint.save_every=50: checkpoints are not written at world size 2"),
     (["distributed.strategy=none"], "distributed.strategy=none is for one process"),
     (["optim.num_minibatches=16"], "the minibatch of 1 completions (rollout batch / optim.num_minibatches=16) does not split into 2 equal"),
     (["optim.num_minibatches=2", "optim.micro_batch_size=8"], "optim.micro_batch_size=8 must divide each rank's share of a minibatch, 4"),
@@ -139,7 +202,7 @@ def test_what_two_ranks_cannot_run_is_one_line(tmp_path, monkeypatch, extra, mes
     assert "\n" not in str(err.value)
 
 
-def test_a_checkpoint_is_not_resumed_on_two_ranks(tmp_path, monkeypatch):
+def test_a_one_process_checkpoint_is_not_resumed_on_two_ranks(tmp_path, monkeypatch):
     from grpokit.checkpoint import MARKER, STATE_FILE, checkpoint_dir, latest_checkpoint
 
     checkpoint_dir(tmp_path, 3).mkdir(parents=True)
@@ -148,8 +211,53 @@ def test_a_checkpoint_is_not_resumed_on_two_ranks(tmp_path, monkeypatch):
     assert latest_checkpoint(tmp_path) is not None
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")
-    with pytest.raises(CheckpointError, match="cannot be resumed at world size 2"):
+    with pytest.raises(CheckpointError, match="was written by one process .* at world size 2 .* resume from a checkpoint that ranks wrote"):
         World.from_env(_config(tmp_path))
+
+
+@pytest.fixture(scope="module")
+def checkpoint_runs(tiny_model_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("checkpoints")
+    proc = subprocess.run([*TORCHRUN, str(TESTS / "dist_cases.py"), str(tiny_model_dir), str(out), "checkpoints"], env=_env(),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, _output(proc)
+    return out
+
+
+@pytest.mark.parametrize("strategy", dist_cases.STRATEGIES)
+def test_saved_at_two_ranks_resumed_at_one_and_at_two(strategy, checkpoint_runs, tiny_model_dir, tmp_path, monkeypatch):
+    """A run of 2 steps at world size 2 writes sharded checkpoints (torch.distributed.checkpoint) after steps 1 and 2.
+    Its step-1 checkpoint, resumed at world size 2 and, in this process, at world size 1, trains to the same step-2
+    weights as the uninterrupted run: the weights, AdamW's moments, the schedule, the data position and rank 0's
+    generator (it draws the minibatch split) all came back. Without the moments the second AdamW step differs."""
+    import shutil
+
+    from grpokit.checkpoint import MARKER, STATE_FILE, checkpoint_dir, is_sharded_checkpoint
+
+    runs = torch.load(checkpoint_runs / f"{strategy}.pt")
+    step1 = checkpoint_dir(checkpoint_runs / f"{strategy}-whole", 1)
+    assert is_sharded_checkpoint(step1) and (step1 / MARKER).is_file() and (step1 / STATE_FILE).is_file()
+    assert sorted(p.name for p in step1.glob("rng-*.pt")) == ["rng-0.pt", "rng-1.pt"]
+    assert not (step1 / "model.safetensors").exists() and not list(step1.parent.glob(".tmp-*"))
+    rel = _rel(runs["resumed"], runs["whole"])
+    assert max(rel.values()) < 1e-6, max(rel.items(), key=lambda kv: kv[1])
+
+    shutil.copytree(step1, checkpoint_dir(tmp_path / "one", 1))
+    one = dist_cases.train(tiny_model_dir, tmp_path / "one", strategy, dist_cases.RESUME_CASE)
+    assert one.pop("world").size == 1
+    rel = _rel(one["params"], runs["whole"])
+    print(f"{strategy}: resumed at 2 ranks {max(_rel(runs['resumed'], runs['whole']).values()):.2e}, at 1 {max(rel.values()):.2e}")
+    assert max(rel.values()) < 1e-6, max(rel.items(), key=lambda kv: kv[1])
+
+    # the control: the same resume without AdamW's moments (weights, schedule, data and generators only) parts from it
+    from grpokit import checkpoint_sharded
+
+    load = checkpoint_sharded.load_sharded
+    monkeypatch.setattr("grpokit.distributed.load_sharded", lambda path, model, adamw, **kw: load(path, model, None, **kw))
+    shutil.copytree(step1, checkpoint_dir(tmp_path / "no_moments", 1))
+    rel = _rel(dist_cases.train(tiny_model_dir, tmp_path / "no_moments", strategy, dist_cases.RESUME_CASE)["params"], runs["whole"])
+    print(f"{strategy}: resumed at 1 without the moments {max(rel.values()):.2e}")
+    assert max(rel.values()) > 1e-3, max(rel.values())
 
 
 def test_one_process_is_left_alone(tmp_path, monkeypatch):
@@ -167,7 +275,7 @@ def test_one_process_is_left_alone(tmp_path, monkeypatch):
     order = torch.randperm(8)
     torch.manual_seed(0)
     assert torch.cat(world.minibatches(8, 2)).tolist() == order.tolist()  # the split one process draws
-    assert world.is_main and world.writes_checkpoints and world.reduce_metrics({"a": 1.0}) == {"a": 1.0}
+    assert world.is_main and world.reduce_metrics({"a": 1.0}) == {"a": 1.0}
 
 
 def test_every_ranks_rows_repacked_as_one_batch():
