@@ -210,7 +210,16 @@ class LoggingConfig(Section):
     wandb: bool = False
     """Log to Weights & Biases (pip install grpokit[wandb])."""
     mlflow: bool = False
-    """Log to MLflow (pip install grpokit[mlflow])."""
+    """Log to MLflow (pip install grpokit[mlflow]); the store is MLFLOW_TRACKING_URI's, else MLflow's default."""
+    trackio: bool = False
+    """Log to trackio (pip install grpokit[trackio]); local, in TRACKIO_DIR (default ~/.cache/huggingface/trackio)."""
+    project: str | None = None
+    """W&B project, MLflow experiment and trackio project; None = WANDB_PROJECT / MLFLOW_EXPERIMENT_NAME when set, else grpokit."""
+
+    def trackers(self) -> dict[str, Any]:
+        """The MetricLogger keyword arguments that choose the trackers: MetricLogger(out, **cfg.logging.trackers())."""
+        return {"tensorboard": self.tensorboard, "wandb": self.wandb, "mlflow": self.mlflow, "trackio": self.trackio,
+                "project": self.project}
 
 
 class CheckpointConfig(Section):

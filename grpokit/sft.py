@@ -252,7 +252,7 @@ def _run_sft(cfg: SFTConfig, out: Path, console: Any) -> dict[str, Any]:
 
     model, tokenizer = load_policy(cfg.model)
     data = build_datasets(cfg.data, tokenizer, seed=cfg.seed, required_columns=(cfg.sft.completion_column,))
-    log = MetricLogger(out, tensorboard=cfg.logging.tensorboard, wandb=cfg.logging.wandb, mlflow=cfg.logging.mlflow, config=cfg.model_dump())
+    log = MetricLogger(out, **cfg.logging.trackers(), config=cfg.model_dump())
     log.truncate_after(-1)  # SFT does not resume: a rerun in this output_dir starts its metrics fresh
     n = len(data.train)
     total = sft_steps(cfg.sft, n)

@@ -235,7 +235,7 @@ class Trainer:
         cfg, resumed = self.cfg, self.maybe_resume()  # before config.yaml: a refused resume leaves the run's record as it was
         self.world.on_main((self.out / "config.yaml").write_text, yaml.safe_dump(cfg.model_dump(), sort_keys=False))  # rank 0 writes files
         saved_step = resumed  # the step of the newest checkpoint on disk: never written twice
-        log = self.world.on_main(MetricLogger, self.out, tensorboard=cfg.logging.tensorboard, wandb=cfg.logging.wandb, mlflow=cfg.logging.mlflow,
+        log = self.world.on_main(MetricLogger, self.out, **cfg.logging.trackers(),
                                  config=cfg.model_dump())
         metrics: dict[str, float] = {}
         try:

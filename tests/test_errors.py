@@ -193,6 +193,13 @@ def test_epsilon_high_below_epsilon(env):
         load_config(None, [f"algorithm.preset={name}"])
 
 
+def test_tracker_not_installed(env, monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` fails as if it were not installed
+    user_error(train(env, "logging.wandb=true"), "logging.wandb=true but wandb is not installed",
+               "pip install 'grpokit[wandb]' or set logging.wandb=false")
+    assert not (env[0] / "run" / "metrics.jsonl").exists()  # stopped before the first step
+
+
 # ----------------------------------------------------------------------------- model and output folder
 
 

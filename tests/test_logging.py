@@ -1,10 +1,9 @@
-"""Metric sinks (JSONL, TensorBoard), resume truncation, progress output, plots and the report."""
+"""Metric sinks (JSONL), resume truncation, progress output, plots and the report. The trackers
+(TensorBoard, W&B, MLflow, trackio) are tests/test_trackers.py."""
 from __future__ import annotations
 
-import importlib
 import io
 import json
-import math
 import subprocess
 import sys
 
@@ -116,107 +115,6 @@ def test_truncate_after_without_files_is_a_no_op(tmp_path):
     with MetricLogger(tmp_path, tensorboard=False) as log:
         log.truncate_after(10)
     assert not (tmp_path / "metrics.jsonl").exists()
-
-
-def test_missing_optional_sink_names_the_extra(tmp_path, monkeypatch):
-    real_import = importlib.import_module
-
-    def no_wandb(name, *a, **k):
-        if name in ("wandb", "mlflow"):
-            raise ImportError(f"No module named {name!r}")
-        return real_import(name, *a, **k)
-
-    monkeypatch.setattr(importlib, "import_module", no_wandb)
-    with pytest.raises(ImportError, match=r"grpokit\[wandb\]"):
-        MetricLogger(tmp_path, tensorboard=False, wandb=True)
-    with pytest.raises(ImportError, match=r"grpokit\[mlflow\]"):
-        MetricLogger(tmp_path, tensorboard=False, mlflow=True)
-
-
-def test_fake_wandb_and_mlflow_get_scalars(tmp_path, monkeypatch):
-    calls = []
-
-    class FakeWandb:
-        Table = staticmethod(lambda columns, data: ("table", columns, data))
-
-        def init(self, **kw):
-            calls.append(("wandb.init", kw["name"], kw["config"]))
-
-        def log(self, data, step):
-            calls.append(("wandb.log", step, data))
-
-        def finish(self):
-            calls.append(("wandb.finish",))
-
-    class FakeMlflow:
-        def start_run(self, run_name):
-            calls.append(("mlflow.start_run", run_name))
-
-        def log_params(self, params):
-            calls.append(("mlflow.log_params", params))
-
-        def log_metrics(self, metrics, step):
-            calls.append(("mlflow.log_metrics", step, metrics))
-
-        def end_run(self):
-            calls.append(("mlflow.end_run",))
-
-    fakes = {"wandb": FakeWandb(), "mlflow": FakeMlflow()}
-    real_import = importlib.import_module
-    monkeypatch.setattr(importlib, "import_module", lambda name, *a: fakes.get(name) or real_import(name, *a))
-
-    cfg = {"algorithm": {"beta": 0.04}, "model": "tiny"}
-    with MetricLogger(tmp_path, tensorboard=False, wandb=True, mlflow=True, run_name="r1", config=cfg) as log:
-        log.log(7, {"eval/pass@1": 0.5, "policy/kl": float("nan")})
-    assert ("wandb.init", "r1", cfg) in calls
-    assert ("mlflow.log_params", {"algorithm.beta": "0.04", "model": "tiny"}) in calls
-    wandb_log = next(c for c in calls if c[0] == "wandb.log")
-    assert wandb_log[1] == 7 and wandb_log[2]["eval/pass@1"] == 0.5 and math.isnan(wandb_log[2]["policy/kl"])
-    # MLflow rejects '@' in names and non-finite values.
-    assert ("mlflow.log_metrics", 7, {"eval/pass_at_1": 0.5}) in calls
-    assert calls[-2:] == [("wandb.finish",), ("mlflow.end_run",)]
-
-
-def test_tensorboard_event_files(tmp_path):
-    pytest.importorskip("tensorboard")
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    with MetricLogger(tmp_path, tensorboard=True, config={"lr": 1e-6}) as log:
-        for step in (1, 2, 3):
-            log.log(step, {"reward/mean": step / 10, "eval/pass@1": None})
-    events = list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
-    assert events
-    acc = EventAccumulator(str(tmp_path / "tensorboard"))
-    acc.Reload()
-    assert "eval/pass@1" not in acc.Tags()["scalars"]  # None is "not measured", not a point
-    values = [(e.step, round(e.value, 6)) for e in acc.Scalars("reward/mean")]
-    assert values == [(1, 0.1), (2, 0.2), (3, 0.3)]
-
-    # Resumed from the step-2 checkpoint: step 3 is redone, and TensorBoard shows only the new one.
-    with MetricLogger(tmp_path, tensorboard=True) as log:
-        log.truncate_after(2)
-        log.log(3, {"reward/mean": 0.9})
-    acc = EventAccumulator(str(tmp_path / "tensorboard"))
-    acc.Reload()
-    values = [(e.step, round(e.value, 6)) for e in acc.Scalars("reward/mean")]
-    assert values == [(1, 0.1), (2, 0.2), (3, 0.9)]
-
-
-def test_tensorboard_requested_but_missing_names_the_extra(tmp_path, monkeypatch):
-    import grpokit.records.sinks as sinks
-
-    monkeypatch.setattr(sinks, "_tensorboard_error", lambda: ModuleNotFoundError("No module named 'tensorboard'"))
-    with pytest.raises(ImportError, match=r"grpokit\[tensorboard\]"):
-        MetricLogger(tmp_path, tensorboard=True)
-    assert MetricLogger(tmp_path).tensorboard is False  # None: quietly without it
-
-
-def test_tensorboard_default_follows_availability(tmp_path):
-    from grpokit.records import tensorboard_available
-
-    log = MetricLogger(tmp_path)
-    assert log.tensorboard == tensorboard_available()
-    log.close()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -11,7 +11,8 @@
     log.close()
     plot_metrics("runs/x/metrics.jsonl", "runs/x")         # reward.png, eval.png, kl.png, clip.png, lengths.png
 
-sinks.py     MetricLogger: metrics.jsonl, samples.jsonl, TensorBoard, W&B, MLflow; resume truncation
+sinks.py     MetricLogger: metrics.jsonl, samples.jsonl and the trackers; resume truncation
+trackers.py  TensorBoard, W&B, MLflow, trackio (one class each), run_info (versions, git commit)
 progress.py  TrainProgress (live bar or compact lines), print_samples (a table of completions)
 plots.py     plot_metrics, write_report, series
 
@@ -19,12 +20,16 @@ Metric names, the file names and the one reader of metrics.jsonl (read_metrics) 
 """
 from grpokit.records.plots import PLOTS, PlotSpec, plot_metrics, series, write_report
 from grpokit.records.progress import DEFAULT_PROGRESS_KEYS, TrainProgress, print_samples
-from grpokit.records.sinks import TENSORBOARD_DIR, MetricLogger, tensorboard_available
+from grpokit.records.sinks import MetricLogger
+from grpokit.records.trackers import RUN_INFO, TENSORBOARD_DIR, TRACKERS, run_info, tensorboard_available
 
 __all__ = [
     "MetricLogger",
     "TENSORBOARD_DIR",
     "tensorboard_available",
+    "TRACKERS",
+    "RUN_INFO",
+    "run_info",
     "TrainProgress",
     "DEFAULT_PROGRESS_KEYS",
     "print_samples",

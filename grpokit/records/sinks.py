@@ -1,5 +1,5 @@
 """Metric sinks of a training run: metrics.jsonl and samples.jsonl always, TensorBoard when
-installed, Weights & Biases and MLflow when asked for.
+installed, Weights & Biases, MLflow and trackio when asked for (their classes: trackers.py).
 
     log = MetricLogger("runs/x", config=cfg.model_dump())  # JSONL always; TensorBoard when installed
     log.truncate_after(resumed_step)                       # on resume: forget steps that will be redone
@@ -12,8 +12,6 @@ hold a MetricLogger (the JSONL files are appended to without locking).
 """
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import json
 import logging
 import math
@@ -25,10 +23,9 @@ from typing import Any, Mapping, Sequence
 
 from grpokit.metrics import METRICS_FILE, RECORD_FIELDS, SAMPLES_FILE, STEP, TIME, as_number, parse_record, record_step
 from grpokit.records.progress import print_samples
+from grpokit.records.trackers import RUN_INFO, TENSORBOARD_DIR, TRACKERS, Tracker, run_info, tensorboard_error
 
 _log = logging.getLogger("grpokit")
-
-TENSORBOARD_DIR = "tensorboard"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -98,51 +95,6 @@ def _truncate_jsonl(path: Path, step: int) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
-# Optional sinks
-
-
-def _missing(package: str, extra: str) -> ImportError:
-    return ImportError(f"{package} logging is enabled but {package} is not installed: pip install 'grpokit[{extra}]'")
-
-
-def _tensorboard_error() -> Exception | None:
-    """Why torch.utils.tensorboard cannot write event files, or None when it can (~1 s the first time)."""
-    if importlib.util.find_spec("tensorboard") is None:
-        return ModuleNotFoundError("No module named 'tensorboard'")
-    try:
-        from torch.utils.tensorboard import SummaryWriter  # noqa: F401
-    except Exception as e:  # a broken install (e.g. a protobuf clash) is "not available", not a crash
-        return e
-    return None
-
-
-def tensorboard_available() -> bool:
-    return _tensorboard_error() is None
-
-
-def _flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in config.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            out.update(_flatten(value, name + "."))
-        else:
-            out[name] = value
-    return out
-
-
-def _mlflow_name(name: str) -> str:
-    # MLflow accepts only [A-Za-z0-9_ ./:-] in metric names: eval/pass@1 -> eval/pass_at_1.
-    name = name.replace("@", "_at_")
-    return "".join(c if c.isalnum() or c in "_-./: " else "_" for c in name)
-
-
-def _table_cell(value: Any) -> Any:
-    value = _plain(value)
-    return json.dumps(value, ensure_ascii=False) if isinstance(value, (dict, list)) else value
-
-
-# ---------------------------------------------------------------------------------------------
 # MetricLogger
 
 
@@ -153,7 +105,8 @@ class MetricLogger:
                            non-finite values are written as null. Always on.
     out_dir/samples.jsonl  one line per sample completion: {"step": int, **sample}.
     out_dir/tensorboard/   TensorBoard scalars; tensorboard=None uses it when tensorboard is installed.
-    wandb, mlflow          off by default; imported only when enabled (pip install 'grpokit[wandb]').
+    wandb, mlflow, trackio off by default; imported only when enabled (pip install 'grpokit[wandb]').
+                           Each tracker run records the config and run_info (versions, git commit).
     """
 
     def __init__(
@@ -163,7 +116,9 @@ class MetricLogger:
         tensorboard: bool | None = None,
         wandb: bool = False,
         mlflow: bool = False,
+        trackio: bool = False,
         run_name: str | None = None,
+        project: str | None = None,
         config: Mapping[str, Any] | None = None,
     ) -> None:
         self.out_dir = Path(out_dir)
@@ -174,53 +129,22 @@ class MetricLogger:
         self.config = dict(config) if config is not None else None
         self._closed = False
 
-        if tensorboard is None or tensorboard:
-            error = _tensorboard_error()
-            if tensorboard and error is not None:
-                raise _missing("tensorboard", "tensorboard") from error
-            tensorboard = error is None
+        if tensorboard is None:
+            tensorboard = tensorboard_error() is None
         self.tensorboard = bool(tensorboard)
-        # The writer is opened on first use, so that truncate_after() on resume can tell it which
-        # steps to purge from the previous run's event files.
-        self._tb = None
-        self._tb_purge_step: int | None = None
-
-        self._wandb = None
-        if wandb:
-            try:
-                self._wandb = importlib.import_module("wandb")
-            except ImportError as e:
-                raise _missing("wandb", "wandb") from e
-            self._wandb.init(
-                project=os.environ.get("WANDB_PROJECT", "grpokit"),
-                name=self.run_name,
-                config=_plain(self.config) if self.config else None,
-                dir=str(self.out_dir),
-            )
-
-        self._mlflow = None
-        if mlflow:
-            try:
-                self._mlflow = importlib.import_module("mlflow")
-            except ImportError as e:
-                raise _missing("mlflow", "mlflow") from e
-            self._mlflow.start_run(run_name=self.run_name)
-            if self.config:
-                # MLflow caps a parameter value at 500 characters.
-                params = {k: str(v)[:500] for k, v in _flatten(self.config).items()}
-                self._mlflow.log_params(params)
+        enabled = {"tensorboard": self.tensorboard, "wandb": wandb, "mlflow": mlflow, "trackio": trackio}
+        self.run_info = run_info() if any(enabled.values()) else {}
+        record = _plain({**(self.config or {}), RUN_INFO: self.run_info})
+        self._trackers: list[Tracker] = []
+        try:
+            for key, on in enabled.items():
+                if on:
+                    self._trackers.append(TRACKERS[key](self.out_dir, self.run_name, project, record))
+        except BaseException:
+            self._close_trackers()  # the ones already open: a failed start leaves no run half-open
+            raise
 
     # -- the sinks --------------------------------------------------------------------------
-
-    def _writer(self):
-        if self._tb is None and self.tensorboard:
-            from torch.utils.tensorboard import SummaryWriter  # imports tensorboard: ~1 s, so only here
-
-            self._tb = SummaryWriter(log_dir=str(self.out_dir / TENSORBOARD_DIR), purge_step=self._tb_purge_step)
-            if self.config and self._tb_purge_step is None:
-                text = json.dumps(_plain(self.config), indent=2, default=str)
-                self._tb.add_text("config", "```\n" + text + "\n```", global_step=0)
-        return self._tb
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         """Append {"step", "time", **metrics} to metrics.jsonl (flushed) and send the scalars to the sinks."""
@@ -232,16 +156,8 @@ class MetricLogger:
         _append(self.metrics_path, _json_line({STEP: step, TIME: time.time(), **metrics}))
 
         scalars = {k: v for k, v in ((k, as_number(v)) for k, v in metrics.items()) if v is not None}
-        writer = self._writer()
-        if writer is not None:
-            for name, value in scalars.items():
-                writer.add_scalar(name, value, global_step=step)
-            writer.flush()
-        if self._wandb is not None:
-            self._wandb.log(scalars, step=step)
-        if self._mlflow is not None:
-            finite = {_mlflow_name(k): v for k, v in scalars.items() if math.isfinite(v)}
-            self._mlflow.log_metrics(finite, step=step)
+        for tracker in self._trackers:
+            tracker.log(step, scalars)
 
     def log_samples(self, step: int, samples: Sequence[Mapping[str, Any]], *, show: int = 4) -> None:
         """Append one line per sample to samples.jsonl and print the first `show` as a table.
@@ -259,10 +175,10 @@ class MetricLogger:
             append_step(self.out_dir, step, samples)
         if show > 0 and samples:
             print_samples(step, first_of_each_group(samples)[:show])
-        if self._wandb is not None and samples:
-            columns = sorted({k for s in samples for k in s})
-            rows = [[_table_cell(s.get(c)) for c in columns] for s in samples]
-            self._wandb.log({"samples": self._wandb.Table(columns=columns, data=rows)}, step=step)
+        if samples:
+            plain = _plain(list(samples))
+            for tracker in self._trackers:
+                tracker.log_samples(step, plain)
 
     def truncate_after(self, step: int) -> None:
         """On resume from a checkpoint at `step`: drop every record with a larger step, so that the
@@ -272,22 +188,25 @@ class MetricLogger:
             dropped = _truncate_jsonl(path, int(step))
             if dropped:
                 _log.info("resume: dropped %d line(s) after step %d from %s", dropped, step, path)
-        self._tb_purge_step = int(step) + 1
-        if self._tb is not None:  # already open: reopen so the purge applies
-            self._tb.close()
-            self._tb = None
+        for tracker in self._trackers:
+            tracker.truncate_after(int(step))
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        if self._tb is not None:
-            self._tb.close()
-            self._tb = None
-        if self._wandb is not None:
-            self._wandb.finish()
-        if self._mlflow is not None:
-            self._mlflow.end_run()
+        self._close_trackers()
+
+    def _close_trackers(self) -> None:
+        trackers, self._trackers = self._trackers, []
+        errors = []
+        for tracker in trackers:  # every one gets closed even when one fails
+            try:
+                tracker.close()
+            except Exception as e:
+                errors.append(e)
+        if errors:
+            raise errors[0]
 
     def _check_open(self) -> None:
         if self._closed:
