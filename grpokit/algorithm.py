@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
+import torch
 from torch import Tensor
 
 from grpokit.algo import group_advantages, policy_loss, step_advantages
@@ -50,9 +51,14 @@ def process_advantages(alg: AlgorithmConfig, step_rewards: list[Tensor], step_en
     return step_advantages(step_rewards, step_ends, group_size, num_tokens, eps=alg.std_eps)
 
 
-def make_loss_mask(alg: AlgorithmConfig, completion_mask: Tensor, truncated: Tensor) -> Tensor:
-    """[N, T] tokens that get a loss: the completion tokens, minus truncated rows under DAPO's overlong filtering."""
+def make_loss_mask(alg: AlgorithmConfig, completion_mask: Tensor, truncated: Tensor, model_mask: list[list[int]] | None = None) -> Tensor:
+    """[N, T] tokens that get a loss: the completion tokens, minus truncated rows under DAPO's overlong filtering,
+    minus (multi-turn episodes with tools) the tool-result and template tokens, model_mask [N][len_i] = 0: they
+    are context, so they get no gradient and the token normalizers (which count this mask) never count them."""
     loss_mask = completion_mask.clone()
+    if model_mask is not None:
+        for i, m in enumerate(model_mask):
+            loss_mask[i, : len(m)] *= torch.tensor(m, dtype=loss_mask.dtype)
     if alg.mask_truncated_completions:
         loss_mask[truncated] = 0
     return loss_mask

@@ -93,6 +93,8 @@ class Groups:
         if all(src.comps.logprobs is not None for src, _ in spans):
             logprobs = cat(lambda s: s.comps.logprobs)
         comps = Completions(cat(lambda s: s.comps.token_ids), cat(lambda s: s.comps.texts), cat(lambda s: s.comps.finish_reasons), logprobs)
+        if all(src.comps.episodes is not None for src, _ in spans):  # multi-turn episodes with tools
+            comps.model_mask, comps.episodes = cat(lambda s: s.comps.model_mask), cat(lambda s: s.comps.episodes)
         scored = RewardOutput.take([(src.scored, sl) for src, sl in spans])
         return Groups([src.rows[g] for src, g in chosen], comps, scored)
 

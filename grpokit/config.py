@@ -90,6 +90,9 @@ class RolloutConfig(Section):
     """Completions stop here; those without EOS by then count as truncated."""
     generation_batch_size: int = Field(0, ge=0)
     """Max sequences per generate call; 0 = the whole rollout batch at once."""
+    max_turns: int = Field(4, ge=1)
+    """With tools (the `tools` section): model turns per episode at most; a tool call in the last turn is not run
+    (docs/agentic.md). max_completion_length bounds the whole episode, tool results included."""
 
 
 class AlgorithmConfig(Section):
@@ -243,6 +246,37 @@ class DistributedConfig(Section):
     is for one process only."""
 
 
+class ToolsConfig(Section):
+    """Multi-turn rollouts with tool calls (grpokit/rollout/episodes.py, docs/agentic.md); off while no tool is set."""
+
+    builtin: list[Literal["calculator", "python"]] = Field(default_factory=list)
+    """Built-in tools: calculator (exact arithmetic) and python (runs in the code_tests sandbox)."""
+    functions: list[str | Callable[..., Any]] = Field(default_factory=list)
+    """More tools, TRL's `tools=`: functions with type hints and Google-style docstrings, as package.module:function,
+    path/to/file.py:function, or (from Python) the callables."""
+    environment: str | Callable[..., Any] | None = None
+    """TRL's `environment_factory`: a class (or factory) whose public methods are tools, with reset(**row) and an
+    optional get_reward() (then a reward named after the class); package.module:Class, path/to/file.py:Class or the class."""
+    format: Literal["plain", "chat_template"] = "plain"
+    """How calls and results are written: plain (<tool>name(args)</tool> and <result>...</result>, for tiny and base
+    models) or chat_template (the tokenizer's chat template: <tool_call>{json}</tool_call> and tool messages)."""
+    timeout: float = Field(10.0, gt=0)
+    """Seconds one tool call may take; past it the model reads an error (rollout/tools/timeouts counts them)."""
+    max_result_chars: int = Field(1000, ge=1)
+    """A tool result longer than this many characters is cut."""
+    max_workers: int = Field(4, ge=1)
+    """Threads running one turn's tool calls across the batch."""
+
+    @field_serializer("functions", "environment")
+    def _paths(self, value: Any) -> Any:
+        name = lambda v: v if isinstance(v, str) else f"{v.__module__}:{v.__qualname__}"  # noqa: E731
+        return [name(v) for v in value] if isinstance(value, list) else None if value is None else name(value)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.builtin or self.functions or self.environment)
+
+
 class RewardSpec(Section):
     """One reward function in the combination: an entry of `rewards` in a config, or built in Python,
     where the function may come first: RewardSpec("math"), RewardSpec(my_fn, weight=0.5)."""
@@ -310,6 +344,7 @@ class Config(Section):
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     distributed: DistributedConfig = Field(default_factory=DistributedConfig)
+    tools: ToolsConfig = Field(default_factory=ToolsConfig)
     rewards: list[RewardSpec] = Field(default_factory=list)
     """Reward functions, summed with their weights: each {function, weight, kwargs, name, timeout} (RewardSpec)."""
     reward_errors: Literal["skip", "raise"] = "skip"

@@ -21,11 +21,13 @@ from grpokit.metrics import (
     EVAL_PASS_AT_1,
     EVAL_REWARD_MEAN,
     EVAL_TIME,
+    EVAL_TOOLS_PREFIX,
     eval_maj_at,
     eval_mean_at,
     eval_pass_at,
 )
 from grpokit.rollout.base import Completions, SamplingParams
+from grpokit.tools.episode import episode_metrics
 
 Judge = Callable[[Sequence, Completions], tuple[list[float], list[bool], list[bool]]]
 
@@ -42,6 +44,7 @@ def make_judge(reward_manager, *, reward_name: str | None = None, threshold: flo
             completions=comps.texts,
             completion_ids=comps.token_ids,
             columns=columns,
+            episodes=comps.episodes,  # multi-turn rollouts with tools (None otherwise)
         )
         name = reward_name or next(iter(out.per_function))
         if name not in out.per_function:
@@ -73,7 +76,7 @@ def evaluate(
 ) -> dict[str, float]:
     t0 = time.perf_counter()
     greedy = SamplingParams(max_tokens=max_tokens, greedy=True)
-    correct, fmt, scores, lengths = [], [], [], []
+    correct, fmt, scores, lengths, episodes = [], [], [], [], []
     for start in range(0, len(rows), batch_size):
         chunk = rows[start : start + batch_size]
         comps = engine.generate([r.prompt_ids for r in chunk], 1, greedy)
@@ -82,6 +85,7 @@ def evaluate(
         correct += c
         fmt += f
         lengths += [len(t) for t in comps.token_ids]
+        episodes += comps.episodes or []
     n = max(len(rows), 1)
     metrics = {
         EVAL_PASS_AT_1: sum(correct) / n,
@@ -89,6 +93,7 @@ def evaluate(
         EVAL_REWARD_MEAN: sum(scores) / n,
         EVAL_MEAN_LENGTH: sum(lengths) / max(len(lengths), 1),
         EVAL_NUM_PROMPTS: float(len(rows)),
+        **(episode_metrics(episodes, prefix=EVAL_TOOLS_PREFIX) if episodes else {}),  # greedy episodes' tool use
     }
     if k > 1:
         sampling = SamplingParams(max_tokens=max_tokens, temperature=temperature)

@@ -184,6 +184,30 @@ ROLLOUT_SAMPLING_ROUNDS = "rollout/sampling_rounds"
 ROLLOUT_GROUPS_DRAWN = "rollout/groups_drawn"
 ROLLOUT_GROUPS_DROPPED = "rollout/groups_dropped"
 ROLLOUT_GROUPS_TOPPED_UP = "rollout/groups_topped_up"
+# Multi-turn rollouts with tools (grpokit/rollout/episodes.py): rollout/tools/<x> over the step's episodes,
+# eval/tools/<x> over the held-out greedy episodes (grpokit.tools.episode.episode_metrics).
+ROLLOUT_TOOLS_PREFIX = "rollout/tools/"
+EVAL_TOOLS_PREFIX = "eval/tools/"
+TOOL_METRICS = ("calls_per_episode", "turns", "valid_call_rate", "episodes_with_calls", "errors", "timeouts", "seconds",
+                "cut_by_budget", "cut_by_turns")
+ROLLOUT_TOOLS_CALLS_PER_EPISODE = "rollout/tools/calls_per_episode"
+ROLLOUT_TOOLS_TURNS = "rollout/tools/turns"
+ROLLOUT_TOOLS_VALID_CALL_RATE = "rollout/tools/valid_call_rate"
+ROLLOUT_TOOLS_EPISODES_WITH_CALLS = "rollout/tools/episodes_with_calls"
+ROLLOUT_TOOLS_ERRORS = "rollout/tools/errors"
+ROLLOUT_TOOLS_TIMEOUTS = "rollout/tools/timeouts"
+ROLLOUT_TOOLS_SECONDS = "rollout/tools/seconds"
+ROLLOUT_TOOLS_CUT_BY_BUDGET = "rollout/tools/cut_by_budget"
+ROLLOUT_TOOLS_CUT_BY_TURNS = "rollout/tools/cut_by_turns"
+EVAL_TOOLS_CALLS_PER_EPISODE = "eval/tools/calls_per_episode"
+EVAL_TOOLS_TURNS = "eval/tools/turns"
+EVAL_TOOLS_VALID_CALL_RATE = "eval/tools/valid_call_rate"
+EVAL_TOOLS_EPISODES_WITH_CALLS = "eval/tools/episodes_with_calls"
+EVAL_TOOLS_ERRORS = "eval/tools/errors"
+EVAL_TOOLS_TIMEOUTS = "eval/tools/timeouts"
+EVAL_TOOLS_SECONDS = "eval/tools/seconds"
+EVAL_TOOLS_CUT_BY_BUDGET = "eval/tools/cut_by_budget"
+EVAL_TOOLS_CUT_BY_TURNS = "eval/tools/cut_by_turns"
 
 # ---------------------------------------------------------------------------------------------
 # perf/: seconds and memory (value_time and critic_train_time: PPO only)

@@ -38,7 +38,7 @@ from grpokit.optim import Optimizer, TrainingError, check_finite_weights, non_fi
 from grpokit.policy import batched_logprobs, build_reference, completion_logprobs, load_policy
 from grpokit.records import MetricLogger, TrainProgress, plot_metrics
 from grpokit.rewards import RewardError, build_rewards
-from grpokit.rollout import SamplingParams, make_engine
+from grpokit.rollout import SamplingParams, generate_groups, make_engine, with_tools
 from grpokit.tasks import reward_registry
 
 
@@ -66,7 +66,7 @@ class Trainer:
         self.health = StepHealth(cfg)  # reward functions failing on most of a step, steps without learning signal
         check_context_length(data, getattr(model, "config", None), cfg.rollout.max_completion_length)
 
-        self.engine = make_engine(cfg.rollout.engine, rollout_model, self.tokenizer, batch_size=cfg.rollout.generation_batch_size, compile=cfg.model.compile)
+        self.engine = with_tools(make_engine(cfg.rollout.engine, rollout_model, self.tokenizer, batch_size=cfg.rollout.generation_batch_size, compile=cfg.model.compile), cfg, self.tokenizer)
         total = cfg.optim.max_steps * alg.num_iterations * cfg.optim.num_minibatches
         self.optimizer = Optimizer(model.named_parameters(), cfg.optim, lr=cfg.optim.learning_rate, total_steps=total)
         self.critic = Critic(cfg, model, has_ref=self.ref is not None, total_steps=total) if alg.advantage_estimator == "gae" else None
@@ -82,12 +82,12 @@ class Trainer:
         t = time.perf_counter()
         sampling = SamplingParams(max_tokens=cfg.rollout.max_completion_length, temperature=cfg.rollout.temperature,
                                   top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k)
-        comps = self.engine.generate([r.prompt_ids for r in rows], G, sampling)
+        comps = generate_groups(self.engine, rows, G, sampling, timings)  # with tools: episodes, and their rollout/tools/ metrics
         timings[PERF_ROLLOUT_TIME] = timings.get(PERF_ROLLOUT_TIME, 0.0) + time.perf_counter() - t
         t = time.perf_counter()
         prompts, columns = repeat_rows(rows, G)
         try:
-            scored = self.rewards(prompts=prompts, completions=comps.texts, completion_ids=comps.token_ids, columns=columns)
+            scored = self.rewards(prompts=prompts, completions=comps.texts, completion_ids=comps.token_ids, columns=columns, episodes=comps.episodes)
         except RewardError as exc:  # reward_errors=raise
             raise TrainingError(f"step {self.step + 1}: {exc} (reward_errors=raise; reward_errors=skip counts it and goes on)") from exc
         timings[PERF_REWARD_TIME] = timings.get(PERF_REWARD_TIME, 0.0) + time.perf_counter() - t
@@ -105,7 +105,7 @@ class Trainer:
         rewards = scored.total.float()  # [N]
         tokens = pack_sequences([r.prompt_ids for r in rows for _ in range(G)], comps.token_ids, self.tokenizer.pad_token_id)
         truncated = torch.tensor(comps.truncated, dtype=torch.bool)  # [N]
-        loss_mask = make_loss_mask(alg, tokens.completion_mask, truncated)  # [N, T]
+        loss_mask = make_loss_mask(alg, tokens.completion_mask, truncated, comps.model_mask)  # [N, T]; tool results: 0
 
         t = time.perf_counter()
         # pi_old differs from pi_theta only after an optimizer step inside this batch's updates.

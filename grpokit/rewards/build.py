@@ -17,6 +17,11 @@ def reward_specs(cfg: Config, task: Any | None) -> list[RewardSpec]:
     """The configured reward functions; the built-in task's reward (by its name) when none is configured;
     DAPO's soft overlong punishment (eq. 13) when algorithm.overlong_buffer_frac > 0."""
     specs = list(cfg.rewards) or ([RewardSpec(function=task.name)] if task else [])
+    if cfg.tools.environment is not None:  # TRL: an environment with get_reward() owns a reward (grpokit/tools/setup.py)
+        from grpokit.tools.setup import environment_reward_spec, resolve_callable
+
+        if (spec := environment_reward_spec(resolve_callable(cfg.tools.environment, "tools.environment"))) is not None:
+            specs.append(spec)
     if not specs:
         raise ConfigError("no reward functions: add `rewards: [{function: package.module:function}]` to the config")
     if cfg.algorithm.overlong_buffer_frac > 0:
@@ -35,8 +40,9 @@ def build_rewards(
         rewards = RewardManager(reward_specs(cfg, task), strict=cfg.reward_errors == "raise", registry=registry,
                                 timeout=cfg.reward_timeout, slow_warning=cfg.reward_slow_warning)
         columns = {c: [] for c in column_names if c != cfg.data.prompt_column}
+        episode_args = {"episodes": [], "environments": []} if cfg.tools.enabled else {}  # multi-turn rollouts with tools
         for reward in rewards.rewards:
-            reward.arguments({"prompts": [], "completions": [], "completion_ids": []}, columns)
+            reward.arguments({"prompts": [], "completions": [], "completion_ids": [], **episode_args}, columns)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     if cfg.eval.reward is not None and cfg.eval.reward not in rewards.names:

@@ -63,6 +63,8 @@ logger = logging.getLogger("grpokit.rewards")
 
 #: arguments every reward function may receive besides the dataset columns
 CALL_ARGS = ("prompts", "completions", "completion_ids")
+#: and, in multi-turn rollouts with tools, the episodes (grpokit.tools.Episode) and their environments (TRL's name)
+EPISODE_ARGS = ("episodes", "environments")
 #: names a reward may not take: they would collide with the summary metrics
 _RESERVED_NAMES = RESERVED_REWARD_NAMES  # reward/<name> of these is another metric (grpokit/metrics.py)
 
@@ -227,7 +229,7 @@ class _Reward:
         if isinstance(weight, bool) or not isinstance(weight, numbers.Real) or not math.isfinite(weight):
             raise ValueError(f"reward {name!r}: weight must be a finite number, got {weight!r}")
         kwargs = dict(get("kwargs") or {})
-        if clash := sorted(set(kwargs) & set(CALL_ARGS)):
+        if clash := sorted(set(kwargs) & set(CALL_ARGS + EPISODE_ARGS)):
             raise ValueError(f"reward {name!r}: kwargs may not set {clash}: the trainer passes them")
 
         try:
@@ -263,7 +265,7 @@ class _Reward:
         if missing := [a for a in self.required if a not in available]:
             raise ValueError(
                 f"reward {self.name!r} ({self.spec}) needs argument {missing[0]!r}, which is not "
-                f"one of {list(CALL_ARGS)}, not in the spec's kwargs, and not a dataset column; "
+                f"one of {list(CALL_ARGS)} (nor, with tools, {list(EPISODE_ARGS)}), not in the spec's kwargs, and not a dataset column; "
                 f"dataset columns: {sorted(columns)}. Add the column to the dataset or set it in kwargs"
             )
         if self.accepts_any:
@@ -425,14 +427,19 @@ class RewardManager:
         completions: list[Any],
         completion_ids: list[list[int]],
         columns: Mapping[str, list[Any]] | None = None,
+        episodes: list[Any] | None = None,
     ) -> RewardOutput:
+        """episodes: [N] grpokit.tools.Episode of multi-turn rollouts with tools; then functions may also take
+        `episodes` and `environments` (each episode's environment instance or None, as TRL passes them)."""
         columns = dict(columns or {})
         n = len(completions)
         call_args = {"prompts": prompts, "completions": completions, "completion_ids": completion_ids}
+        if episodes is not None:
+            call_args.update(episodes=episodes, environments=[getattr(e, "environment", None) for e in episodes])
         for key, value in {**call_args, **columns}.items():
             if len(value) != n:
                 raise ValueError(f"{key} has {len(value)} entries for {n} completions")
-        if clash := sorted(set(columns) & set(CALL_ARGS)):
+        if clash := sorted(set(columns) & set(call_args)):
             raise ValueError(f"dataset columns {clash} collide with the reward call's own arguments; rename them")
 
         per_function: dict[str, Tensor] = {}

@@ -36,6 +36,11 @@ class Completions:
     # not read them yet; they stay for the vLLM engine's sampler-trainer mismatch check (issue 13) and are tested
     # against the trainer's log-probs (tests/test_rollout_fast.py, test_trainer.py::test_compile_gives_the_eager_numbers).
     logprobs: list[list[float]] | None = None
+    # Multi-turn episodes with tools (grpokit/rollout/episodes.py); None for one-turn completions. token_ids then
+    # interleave the model's turns with tool results: model_mask [N][len_i] is 1 on tokens the model sampled and
+    # 0 on tool-result / template tokens, which are context only (never trained on, never counted in a normalizer).
+    model_mask: list[list[int]] | None = None
+    episodes: list | None = None  # [N] grpokit.tools.Episode: messages, tool calls and results, turns
 
     def __len__(self) -> int:
         return len(self.token_ids)

@@ -19,6 +19,7 @@ from grpokit.rewards.builtins import BUILTIN_REWARDS
 from grpokit.tasks.arithmetic import ArithmeticTask
 from grpokit.tasks.base import TEST_PERCENT, Split, Task, check_split, split_of
 from grpokit.tasks.countdown import CountdownTask, countdown_reward, countdown_steps
+from grpokit.tools.rewards import TOOL_REWARDS
 
 TASKS: dict[str, Task] = {
     "countdown": CountdownTask(),
@@ -38,10 +39,10 @@ TASK_REWARDS: dict[str, Callable[..., list]] = {
 def reward_registry() -> dict[str, Callable[..., Any]]:
     """Every reward a config may name: BUILTIN_REWARDS and TASK_REWARDS, in the order error messages
     list them: the answer checkers (math, format), the tasks' rewards, then the rest (overlong,
-    length, code_tests)."""
+    length, code_tests), then the process rewards on tool use (grpokit/tools/rewards.py)."""
     builtins = list(BUILTIN_REWARDS.items())
     cut = [name for name, _ in builtins].index("format") + 1
-    return dict(builtins[:cut] + list(TASK_REWARDS.items()) + builtins[cut:])
+    return dict(builtins[:cut] + list(TASK_REWARDS.items()) + builtins[cut:] + list(TOOL_REWARDS.items()))
 
 
 def get_task(name: str) -> Task:
