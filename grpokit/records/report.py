@@ -108,12 +108,12 @@ def _num(value: Any) -> str:
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[Any]], *, numeric_from: int = 1) -> str:
     """An HTML table; cells from column numeric_from on are numbers (right-aligned)."""
-    head = "".join(f"<th>{_e(h)}</th>" for h in header)
+    head = f"<thead><tr>{''.join(f'<th>{_e(h)}</th>' for h in header)}</tr></thead>" if any(header) else ""
     body = "".join(
         "<tr>" + "".join(f'<td class="num">{_e(_num(c))}</td>' if i >= numeric_from else f"<td>{_e(c)}</td>" for i, c in enumerate(r)) + "</tr>"
         for r in rows
     )
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    return f"<table>{head}<tbody>{body}</tbody></table>"
 
 
 def _setting(config: dict | None, dotted: str) -> Any:
