@@ -14,7 +14,9 @@
 sinks.py     MetricLogger: metrics.jsonl, samples.jsonl and the trackers; resume truncation
 trackers.py  TensorBoard, W&B, MLflow, trackio (one class each), run_info (versions, git commit)
 progress.py  TrainProgress (live bar or compact lines), print_samples (a table of completions)
-plots.py     plot_metrics, write_report, series
+plots.py     plot_metrics, draw_plot, write_report (report.md), series
+table.py     the completion table: completions.parquet, read_table, `grpokit show` (print_table)
+report.py    write_html_report: the self-contained HTML page of `grpokit report` (docs/report.md)
 
 Metric names, the file names and the one reader of metrics.jsonl (read_metrics) are grpokit/metrics.py.
 """
