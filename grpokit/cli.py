@@ -4,7 +4,7 @@
     torchrun --nproc_per_node N -m grpokit train ...      the same on N processes (FSDP2 / DDP, docs/scaling.md)
     grpokit eval MODEL_DIR --config config.yaml            held-out pass@1 / pass@k / maj@k
     grpokit sft sft.yaml [section.key=value ...]           supervised warm-start on prompt / completion pairs
-    grpokit demo [--quick] [--out DIR]                     the whole pipeline on a tiny model, no downloads
+    grpokit demo [--quick] [--out DIR] [--task tools]      the whole pipeline on a tiny model, no downloads
     grpokit doctor RUN_DIR                                 what looks wrong in a run, with step ranges and fixes
     grpokit show RUN_DIR [--step N] [--worst K]            a step's recorded completions, rewards and advantages as a table
     grpokit report RUN_DIR [--out FILE]                    one self-contained HTML page of the run (RUN_DIR/report.html)
@@ -166,12 +166,20 @@ def demo(
     out: Path = typer.Option(Path("runs/demo"), "--out", help="output folder"),
     seed: int = typer.Option(0, help="seed for data, model and training"),
     threads: int = typer.Option(0, "--threads", min=0, help=THREADS_HELP),
+    task: str = typer.Option("countdown", "--task", help="countdown, or tools: agentic RL with a calculator (docs/agentic.md)"),
+    process_only: bool = typer.Option(False, "--process-only", help="--task tools: pay GRPO with the process rewards alone"),
 ):
-    """Tiny model, SFT warm-start, GRPO on countdown, before / after table and plots. No GPU, no downloads."""
+    """Tiny model, SFT warm-start, GRPO on countdown (or --task tools), before / after table and plots. No GPU, no downloads."""
     from grpokit.demo import run_demo
+    from grpokit.demo_tools import run_tools_demo
 
+    if task not in ("countdown", "tools"):
+        raise typer.BadParameter(f"--task {task!r}; allowed: countdown, tools")
     _threads(threads)
-    _run(lambda: run_demo(out, quick=quick, seed=seed))
+    if task == "tools":
+        _run(lambda: run_tools_demo(out, quick=quick, seed=seed, process_only=process_only))
+    else:
+        _run(lambda: run_demo(out, quick=quick, seed=seed))
 
 
 @app.command()

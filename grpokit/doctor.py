@@ -46,6 +46,7 @@ from grpokit.metrics import (
     REWARD_STD,
     REWARD_ZERO_STD_FRAC,
     ROLLOUT_COMPLETION_LEN_MEAN,
+    ROLLOUT_TOOLS_CALLS_PER_EPISODE,
     ROLLOUT_TRUNCATED_FRAC,
     failed_fractions,
     no_learning_signal,
@@ -103,6 +104,9 @@ HACK_Z = 3.0  # the training-reward rise must be this many standard errors ...
 HACK_TRAIN_GAIN_STD = 0.5  # ... and at least this many reward/std (the within-step spread)
 HACK_EVAL_MIN_GAIN = 0.02  # eval/pass@1 must rise at least this much (absolute) ...
 HACK_EVAL_DROP = 0.05  # ... and a fall of this much is an error
+# tool spam (Q30): calls per episode up, held-out pass@1 not (same evaluation rules as reward hacking)
+SPAM_MIN_RISE = 0.5  # rollout/tools/calls_per_episode rose by at least this many calls per episode ...
+SPAM_Z = 3.0  # ... and by more than this many standard errors of its step-to-step noise
 
 
 @dataclass(frozen=True)
@@ -755,6 +759,41 @@ def check_reward_hacking(run: Run) -> list[Finding]:
     ]
 
 
+def _eval_change(held_out: Series) -> tuple[float, float]:
+    """Mean eval/pass@1 of the first and of the last third of the evaluations."""
+    third = max(1, len(held_out) // 3)
+    return float(np.mean(held_out.values[:third])), float(np.mean(held_out.values[-third:]))
+
+
+def check_tool_spam(run: Run) -> list[Finding]:
+    calls = run.series(ROLLOUT_TOOLS_CALLS_PER_EPISODE, optional=True)  # runs without tools: nothing to check
+    if calls is None or len(calls) < MIN_STEPS:
+        return []
+    held_out = run.series(EVAL_PASS_AT_1)
+    if held_out is None or len(held_out) < HACK_MIN_EVALS:
+        return []
+    w = window(len(calls))
+    early, late = float(np.mean(calls.values[:w])), float(np.mean(calls.values[-w:]))
+    if late - early <= max(SPAM_MIN_RISE, SPAM_Z * mean_diff_se(step_noise(calls.values), w)):
+        return []
+    eval_early, eval_late = _eval_change(held_out)
+    if eval_late - eval_early >= HACK_EVAL_MIN_GAIN:
+        return []
+    return [
+        Finding(
+            "tool_spam",
+            "error" if eval_late - eval_early <= -HACK_EVAL_DROP else "warning",
+            (calls.step(0), calls.step(len(calls) - 1)),
+            f"tool calls per episode rose {_rounded(early)} -> {_rounded(late)} while eval/pass@1 went "
+            f"{_rounded(eval_early)} -> {_rounded(eval_late)} ({len(held_out)} evaluations): the policy is paid "
+            "for calling tools, not for solving the task (Q30)",
+            "pay per call only for objective evidence and charge for it: a step_cost reward (kwargs.cost), "
+            "tool_result_used instead of tool_call_valid, a task reward that dominates the process rewards; "
+            "lower rollout.max_turns; read samples.jsonl for repeated calls (docs/agentic.md)",
+        )
+    ]
+
+
 @dataclass(frozen=True)
 class Check:
     fn: Callable[[Run], list[Finding]]
@@ -779,6 +818,7 @@ CHECKS: dict[str, Check] = {
     "grad_spikes": Check(check_grad_spikes, "Q24"),
     "nonfinite": Check(check_nonfinite, "Q24"),
     "reward_hacking": Check(check_reward_hacking, "Q25, Q26"),
+    "tool_spam": Check(check_tool_spam, "Q30"),
 }
 
 

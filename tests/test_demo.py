@@ -23,3 +23,20 @@ def test_demo_quick_outputs(tmp_path):
     page = (out / "report.html").read_text()  # grpokit report's page (rendered in a browser: tests/test_report.py)
     assert page.count('<figure class="plot"') >= 6 and "Sample completions" in page and "Doctor" in page
     assert (out / "grpo" / "completions.parquet").is_file()
+
+
+def test_tools_demo_quick_outputs(tmp_path):
+    """`grpokit demo --task tools --quick`: SFT, GRPO with the calculator, held-out success with tools before and after."""
+    out = tmp_path / "tools"
+    r = subprocess.run([GRPOKIT, "demo", "--task", "tools", "--quick", "--out", str(out)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "held-out multiply with the calculator" in r.stdout and "pass@1" in r.stdout
+    rows = [json.loads(l) for l in (out / "grpo" / "metrics.jsonl").read_text().splitlines()]
+    evals = [row for row in rows if "eval/pass@1" in row]
+    assert evals[0]["step"] == 0 and evals[-1]["step"] == rows[-1]["step"]
+    assert all("eval/tools/calls_per_episode" in e for e in evals)  # tool use measured on the held-out episodes
+    train = [row for row in rows if "rollout/tools/calls_per_episode" in row]
+    assert len(train) == 4 and all("reward/tool_args_valid" in row and "reward/multiply" in row for row in train)
+    config = (out / "grpo" / "config.yaml").read_text()
+    assert "calculator" in config and "max_turns: 3" in config
+    assert (out / "report.md").is_file() and (out / "grpo" / "final" / "model.safetensors").is_file()

@@ -274,6 +274,29 @@ def test_reward_hacking(end, severity):
     assert f.steps == (0, 200) and f.severity == severity and "verifier" in f.fix
 
 
+@pytest.mark.parametrize("end, calls_end, found", [(0.31, 3.0, "warning"), (0.15, 3.0, "error"), (0.6, 3.0, None), (0.31, 1.1, None)])
+def test_tool_spam(end, calls_end, found):
+    """Calls per episode 1 -> calls_end (noise of 64 episodes) while held-out pass@1 goes 0.3 -> end."""
+    m, ev = healthy(24)
+    rng = np.random.default_rng(7)
+    m["reward/mean"] = np.full(N, 0.4) + rng.normal(0, 0.02, N)  # flat: not the reward_hacking check's business
+    m["rollout/tools/calls_per_episode"] = np.linspace(1.0, calls_end, N) + rng.normal(0, 0.1, N)
+    ev = {s: rng.binomial(200, np.interp(s, [0, 200], [0.3, end])) / 200 for s in ev}
+    findings = [f for f in diagnose(rows_of(m, ev), CONFIG) if f.check == "tool_spam"]
+    if found is None:
+        assert findings == []
+    else:
+        (f,) = findings
+        assert f.severity == found and f.steps == (1, 200) and "step_cost" in f.fix and f.message.startswith("tool calls per episode rose")
+
+
+def test_runs_without_tools_do_not_list_tool_spam_as_unchecked():
+    from grpokit.doctor import Run, run_checks
+
+    m, ev = healthy(25)
+    assert "tool_spam" not in run_checks(Run(rows_of(m, ev), CONFIG))[1]
+
+
 def test_grad_norm_spikes():
     m, ev = healthy(22)
     for s in (57, 58, 143):

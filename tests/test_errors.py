@@ -578,3 +578,32 @@ def test_every_row_has_a_test():
     untabled = here - table - {"test_every_row_has_a_test", "test_console_script_one_line"}
     assert not untabled, sorted(untabled)  # every bad input tested here is in the table
 
+
+
+# ----------------------------------------------------------------------------- tools (docs/agentic.md)
+
+
+def test_tool_function_not_found(env):
+    user_error(train(env, "tools.functions=[no_such_module:f]"), "tools.functions='no_such_module:f': loading 'no_such_module' failed")
+
+
+def test_tool_without_type_hints(env):
+    (env[0] / "my_tools.py").write_text('def lookup(key):\n    """Look a key up."""\n    return key\n')
+    user_error(train(env, f"tools.functions=[{env[0] / 'my_tools.py'}:lookup]"),
+               "tools: tool 'lookup': parameter 'key' has no type hint; tools need one per parameter")
+
+
+def test_tool_environment_without_reset(env):
+    (env[0] / "my_env.py").write_text('class Env:\n    def act(self, x: int) -> int:\n        """Act."""\n        return x\n')
+    user_error(train(env, f"tools.environment={env[0] / 'my_env.py'}:Env"), "tools.environment: environment Env: needs a reset(**row) method")
+
+
+def test_tool_reward_without_tools(env):
+    user_error(train(env, "rewards=[{function: tool_call_valid}]"),
+               "reward 'tool_call_valid' (tool_call_valid) needs argument 'episodes', which only multi-turn rollouts with tools pass: "
+               "add a tools section")
+
+
+def test_unknown_builtin_tool(env):
+    user_error(train(env, "tools.builtin=[calc]"), "bad value for 'tools.builtin.0': 'calc': Input should be 'calculator' or 'python'")
+

@@ -11,20 +11,21 @@ from grpokit.rewards import BUILTIN_REWARDS, RewardManager, resolve_reward
 from grpokit.tasks import DEFAULT_CHARSET, TASK_REWARDS, TASKS, Task, get_task, reward_registry, split_of
 from grpokit.tasks.arithmetic import ArithmeticTask
 from grpokit.tasks.countdown import CountdownTask, countdown_reward, countdown_steps, parse_expression, parse_steps
+from grpokit.tasks.multiply import multiply_reward
 from grpokit.tasks.tiny_model import build_tiny_llama
 from grpokit.tasks.tokenizer import build_tokenizer
 
 
 # --- registry ----------------------------------------------------------------------------
 def test_registry_and_protocol():
-    assert set(TASKS) == {"countdown", "arithmetic"}
+    assert set(TASKS) == {"countdown", "arithmetic", "multiply"}
     for name, task in TASKS.items():
         assert isinstance(task, Task) and task.name == name and get_task(name) is task
     with pytest.raises(ValueError, match="arithmetic.*countdown"):
         get_task("sudoku")
 
 
-@pytest.mark.parametrize("name", ["countdown", "arithmetic"])
+@pytest.mark.parametrize("name", ["countdown", "arithmetic", "multiply"])
 def test_rows_are_seeded_distinct_and_solved_by_their_reference(name):
     task = get_task(name)
     rows = task.make_rows("train", 300, seed=3)
@@ -152,16 +153,20 @@ def test_countdown_difficulty_knobs():
 
 # --- the tasks' rewards by name ------------------------------------------------------------
 def test_reward_registry_adds_the_task_rewards_to_the_builtins():
-    assert TASK_REWARDS == {"countdown": countdown_reward, "countdown_steps": countdown_steps}
+    from grpokit.tools.rewards import TOOL_REWARDS
+
+    assert TASK_REWARDS == {"countdown": countdown_reward, "countdown_steps": countdown_steps, "multiply": multiply_reward}
     registry = reward_registry()
-    # The order error messages list them in (docs/errors.md).
-    assert list(registry) == ["math", "format", "countdown", "countdown_steps", "overlong", "length", "code_tests"]
-    assert registry == {**BUILTIN_REWARDS, **TASK_REWARDS}
+    # The order error messages list them in (docs/errors.md); the process rewards on tool use last.
+    assert list(registry) == ["math", "format", "countdown", "countdown_steps", "multiply", "overlong", "length", "code_tests",
+                              "tool_call_valid", "tool_args_valid", "tool_result_used", "step_cost"]
+    assert registry == {**BUILTIN_REWARDS, **TASK_REWARDS, **TOOL_REWARDS}
     assert "countdown" not in BUILTIN_REWARDS  # rewards never know about tasks
     with pytest.raises(ValueError) as e:
         resolve_reward("mth", registry)
     assert str(e.value) == (
-        "reward 'mth' is not a built-in (math, format, countdown, countdown_steps, overlong, length, code_tests); "
+        "reward 'mth' is not a built-in (math, format, countdown, countdown_steps, multiply, overlong, length, code_tests, "
+        "tool_call_valid, tool_args_valid, tool_result_used, step_cost); "
         "did you mean 'math'? use 'package.module:function' or 'path/to/file.py:function'"
     )
 

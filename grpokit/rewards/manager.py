@@ -263,6 +263,9 @@ class _Reward:
     def arguments(self, call_args: dict[str, Any], columns: Mapping[str, Any]) -> dict[str, Any]:
         available = {**columns, **call_args, **self.kwargs}
         if missing := [a for a in self.required if a not in available]:
+            if missing[0] in EPISODE_ARGS:
+                raise ValueError(f"reward {self.name!r} ({self.spec}) needs argument {missing[0]!r}, which only multi-turn rollouts "
+                                 "with tools pass: add a tools section (tools.builtin, tools.functions or tools.environment)")
             raise ValueError(
                 f"reward {self.name!r} ({self.spec}) needs argument {missing[0]!r}, which is not "
                 f"one of {list(CALL_ARGS)} (nor, with tools, {list(EPISODE_ARGS)}), not in the spec's kwargs, and not a dataset column; "

@@ -19,11 +19,13 @@ from grpokit.rewards.builtins import BUILTIN_REWARDS
 from grpokit.tasks.arithmetic import ArithmeticTask
 from grpokit.tasks.base import TEST_PERCENT, Split, Task, check_split, split_of
 from grpokit.tasks.countdown import CountdownTask, countdown_reward, countdown_steps
+from grpokit.tasks.multiply import MultiplyTask, multiply_reward
 from grpokit.tools.rewards import TOOL_REWARDS
 
 TASKS: dict[str, Task] = {
     "countdown": CountdownTask(),
     "arithmetic": ArithmeticTask(),
+    "multiply": MultiplyTask(),  # needs the calculator tool (docs/agentic.md)
 }
 
 #: every character of every built-in task: the default alphabet of the demo tokenizer
@@ -33,6 +35,7 @@ DEFAULT_CHARSET = "".join(sorted(set("".join(t.charset for t in TASKS.values()))
 TASK_REWARDS: dict[str, Callable[..., list]] = {
     "countdown": countdown_reward,
     "countdown_steps": countdown_steps,
+    "multiply": multiply_reward,
 }
 
 
@@ -65,6 +68,7 @@ __all__ = [
     "check_split",
     "CountdownTask",
     "ArithmeticTask",
+    "MultiplyTask",
     "countdown_reward",
     "countdown_steps",
 ]

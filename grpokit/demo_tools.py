@@ -1,0 +1,135 @@
+"""`grpokit demo --task tools`: agentic RL on 2 CPU cores, no GPU, no downloads (docs/agentic.md).
+
+    grpokit demo --task tools                 # SFT warm start, GRPO with the calculator tool, before / after
+    grpokit demo --task tools --quick         # a smoke test with the same outputs
+    grpokit demo --task tools --process-only  # the same GRPO paid by the process rewards alone: are they gamed?
+
+1. a character tokenizer and a tiny Llama (grpokit/tasks/tiny_model.py);
+2. SFT on 3-digit multiplications (grpokit/tasks/multiply.py) whose references call `calculator` in half of
+   the problems (`<tool>calculator(482*917)</tool><result>441994</result>441994`) and answer directly in the
+   other half (which a tiny model cannot compute);
+3. GRPO with multi-turn episodes (rollout.max_turns, tool results masked out of the loss), paid by task success
+   plus Q30's process rewards: per call `tool_args_valid` (a well-formed call of an existing tool, on the call's
+   tokens), `tool_result_used` (the answer is a verified tool result) and `step_cost` (a price per call);
+4. held-out task success with tools before and after (greedy episodes, `eval/pass@1`, judged by the task reward
+   alone, independent of the process rewards), with the valid-call rate and calls per episode of those episodes.
+"""
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+from grpokit.metrics import (EVAL_NUM_PROMPTS, EVAL_PASS_AT_1, EVAL_TOOLS_CALLS_PER_EPISODE, EVAL_TOOLS_CUT_BY_BUDGET,
+                             EVAL_TOOLS_VALID_CALL_RATE, read_metrics)
+
+TASK_REWARD = "{function: multiply, weight: 1.0}"
+PROCESS_REWARDS = ["{function: tool_args_valid, weight: 0.2}", "{function: tool_result_used, weight: 0.2}",
+                   "{function: step_cost, weight: 1.0, kwargs: {cost: 0.05}}"]
+COMMON = [
+    "data.task=multiply",
+    "tools.builtin=[calculator]",
+    "rollout.max_turns=3",
+    "rollout.engine=fast",
+    "rollout.max_completion_length=72",
+    "rollout.temperature=1.0",
+    "algorithm.beta=0.0",
+    "eval.reward=multiply",
+    "eval.k=1",
+]
+FULL = {
+    "model_size": "demo",
+    "sft": dict(rows=8000, steps=500, batch_size=32, lr=1e-3),
+    "grpo": [*COMMON, "rollout.prompts_per_step=8", "rollout.num_generations=8", "optim.learning_rate=1e-4",
+             "optim.max_steps=60", "data.task_train_size=4000", "data.eval_size=200", "eval.every=20",
+             "eval.batch_size=100", "checkpoint.save_every=0", "logging.sample_every=20"],
+}
+QUICK = {
+    "model_size": "test",
+    "sft": dict(rows=1000, steps=40, batch_size=32, lr=3e-3),
+    "grpo": [*COMMON, "rollout.prompts_per_step=4", "rollout.num_generations=4", "optim.learning_rate=5e-4",
+             "optim.max_steps=4", "data.task_train_size=500", "data.eval_size=20", "eval.every=2",
+             "checkpoint.save_every=0", "logging.sample_every=2"],
+}
+#: what the before / after table shows
+KEYS = (EVAL_PASS_AT_1, EVAL_TOOLS_VALID_CALL_RATE, EVAL_TOOLS_CALLS_PER_EPISODE, EVAL_TOOLS_CUT_BY_BUDGET)
+
+
+def _table(console, before: dict, after: dict, title: str) -> list[tuple[str, ...]]:
+    from rich.table import Table
+
+    table = Table(title=title)
+    rows = [("metric", "SFT warm-start", "after GRPO", "change")]
+    for col in rows[0]:
+        table.add_column(col, justify="left" if col == "metric" else "right")
+    for key in KEYS:
+        b, a = before.get(key), after.get(key)
+        if b is None or a is None:
+            continue
+        row = (key.removeprefix("eval/"), f"{b:.3f}", f"{a:.3f}", f"{a - b:+.3f}")
+        table.add_row(*row)
+        rows.append(row)
+    console.print(table)
+    return rows
+
+
+def run_tools_demo(out: Path, *, quick: bool = False, seed: int = 0, process_only: bool = False,
+                   overrides: list[str] | None = None) -> dict:
+    from rich.console import Console
+
+    from grpokit.config import DataConfig, load_config
+    from grpokit.data import build_datasets
+    from grpokit.records import plot_metrics, write_report
+    from grpokit.sft import train_sft
+    from grpokit.tasks import get_task
+    from grpokit.tasks.tiny_model import build_tiny_llama
+    from grpokit.tasks.tokenizer import build_tokenizer
+    from grpokit.trainer import Trainer
+
+    console, settings, out = Console(), QUICK if quick else FULL, Path(out)
+    for owned in ("sft", "grpo"):  # a demo always starts fresh; only its own folders are removed
+        shutil.rmtree(out / owned, ignore_errors=True)
+    out.mkdir(parents=True, exist_ok=True)
+    t_start = time.perf_counter()
+    task = get_task("multiply")
+    tok = build_tokenizer(task, out / "sft")
+    model = build_tiny_llama(tok, size=settings["model_size"], seed=seed)
+    n_params = sum(p.numel() for p in model.parameters())
+    console.print(f"[bold]1/3[/] tiny Llama: {n_params / 1e6:.2f}M parameters, vocabulary {len(tok)} characters")
+
+    sft = settings["sft"]
+    pairs = build_datasets(DataConfig(task=task.name, task_train_size=sft["rows"]), tok, seed=seed).train
+    t = time.perf_counter()
+    stats = train_sft(model, tok, pairs, max_steps=sft["steps"], batch_size=sft["batch_size"], learning_rate=sft["lr"],
+                      max_length=128, seed=seed)
+    model.save_pretrained(out / "sft")
+    tok.save_pretrained(out / "sft")
+    sft_time = time.perf_counter() - t
+    console.print(f"[bold]2/3[/] SFT on {len(pairs)} problems (half with a calculator call): "
+                  f"loss {stats.get('final_loss', float('nan')):.3f}, {sft_time:.0f}s")
+
+    rewards = ([TASK_REWARD.replace("1.0", "0.0")] if process_only else [TASK_REWARD]) + PROCESS_REWARDS
+    cfg = load_config(None, [f"model.name_or_path={out / 'sft'}", f"output_dir={out / 'grpo'}", f"seed={seed}",
+                             f"rewards=[{', '.join(rewards)}]", *settings["grpo"], *(overrides or [])])
+    what = "process rewards only (task reward weight 0)" if process_only else "task success + process rewards"
+    console.print(f"[bold]3/3[/] GRPO with the calculator, {what}: {cfg.optim.max_steps} steps of "
+                  f"{cfg.rollout.prompts_per_step} prompts x G={cfg.rollout.num_generations}, up to {cfg.rollout.max_turns} turns")
+    t = time.perf_counter()
+    Trainer(cfg).train()
+    grpo_time = time.perf_counter() - t
+
+    evals = [r for r in read_metrics(out / "grpo" / "metrics.jsonl") if r.get(EVAL_PASS_AT_1) is not None]
+    before, after = evals[0], evals[-1]
+    title = f"held-out multiply with the calculator, {int(before[EVAL_NUM_PROMPTS])} problems (seed {seed})"
+    rows = _table(console, before, after, title)
+    plots = plot_metrics(out / "grpo" / "metrics.jsonl", out)
+    total = time.perf_counter() - t_start
+    flags = (" --quick" if quick else "") + (" --process-only" if process_only else "")
+    notes = (f"Model: tiny Llama, {n_params / 1e6:.2f}M parameters. SFT: {len(pairs)} problems, {sft_time:.0f}s. "
+             f"GRPO ({what}): {cfg.optim.max_steps} steps, {grpo_time:.0f}s. Total {total:.0f}s on {torch.get_num_threads()} "
+             f"threads.\n\nReproduce: `grpokit demo --task tools{flags} --seed {seed}`")
+    write_report(out, title="grpokit demo: agentic GRPO with a calculator", summary_rows=rows, plots=plots, notes=notes)
+    console.print(f"outputs in {out}: report.md, plots, grpo/metrics.jsonl, final model grpo/final ({total:.0f}s)")
+    return {"before": before, "after": after, "sft_time": sft_time, "grpo_time": grpo_time, "total_time": total}
