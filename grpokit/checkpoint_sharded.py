@@ -43,9 +43,11 @@ def _barrier(world) -> None:
         dist.barrier()
 
 
-def save_sharded(out_dir: Path, step: int, model, adamw: torch.optim.Optimizer, tokenizer, state: dict, keep_last: int, world) -> Path:
+def save_sharded(out_dir: Path, step: int, model, adamw: torch.optim.Optimizer, tokenizer, state: dict, keep_last: int, world,
+                 ref=None) -> Path:
     """Write the checkpoint of `step` from every rank (a collective: all ranks call it with the same step).
-    `state` is rank 0's trainer state without the optimizer's moments (those go into the DCP shards)."""
+    `state` is rank 0's trainer state without the optimizer's moments (those go into the DCP shards); `ref`: pi_ref,
+    when it is no longer the initial weights (ref_policy=reset), saved with them."""
     dest, root = checkpoint_dir(out_dir, step), Path(out_dir) / "checkpoints"
     tmp = root / f".tmp-{dest.name}-sharded"
     try:
@@ -55,6 +57,8 @@ def save_sharded(out_dir: Path, step: int, model, adamw: torch.optim.Optimizer, 
             tmp.mkdir(parents=True)
         _barrier(world)
         shards = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, adamw)}
+        if ref is not None:
+            shards["ref"] = get_model_state_dict(ref)
         dcp.save(shards, checkpoint_id=tmp / DCP_DIR)  # every rank writes its shards; rank 0 the metadata
         torch.save(rng_state(), _rng_file(tmp, world.rank))
         _barrier(world)
@@ -83,22 +87,29 @@ def save_sharded(out_dir: Path, step: int, model, adamw: torch.optim.Optimizer, 
     return dest
 
 
-def load_sharded(path: Path, model, adamw: torch.optim.Optimizer | None, *, rank: int, seed: int, step: int) -> None:
-    """Load a sharded checkpoint's weights (and, given adamw, its moments) into this rank's model, whatever the
-    world size that wrote it; restore this rank's generators (or seed them when the writer had fewer ranks)."""
-    shards = {"model": get_model_state_dict(model)}
-    if adamw is not None:
-        shards["optim"] = get_optimizer_state_dict(model, adamw)
+def load_sharded(path: Path, model, adamw: torch.optim.Optimizer | None, *, rank: int, seed: int, step: int, ref=None) -> None:
+    """Load a sharded checkpoint's weights (and, given adamw, its moments; given ref, pi_ref when the checkpoint holds
+    one) into this rank's modules, whatever the world size that wrote it; restore this rank's generators (or seed
+    them when the writer had fewer ranks)."""
+    reader = dcp.FileSystemReader(Path(path) / DCP_DIR)
     try:
+        saved = {key.split(".", 1)[0] for key in reader.read_metadata().state_dict_metadata}  # "model", "optim", "ref"
+        shards = {"model": get_model_state_dict(model)}
+        if adamw is not None:
+            shards["optim"] = get_optimizer_state_dict(model, adamw)
+        if ref is not None and "ref" in saved:
+            shards["ref"] = get_model_state_dict(ref)
         with warnings.catch_warnings():  # one process without a process group is a case this module means to serve
             warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
-            dcp.load(shards, checkpoint_id=Path(path) / DCP_DIR)  # DCP reshards: each rank reads its part of every tensor
+            dcp.load(shards, storage_reader=reader)  # DCP reshards: each rank reads its part of every tensor
     except Exception as exc:
         raise CheckpointError(f"checkpoint {str(path)!r} cannot be read ({_why(exc)}); resume with the model it was trained from, "
                               "or delete it to resume from the one before") from None
     set_model_state_dict(model, shards["model"])
     if adamw is not None:
         set_optimizer_state_dict(model, adamw, shards["optim"])
+    if "ref" in shards:
+        set_model_state_dict(ref, shards["ref"])
     if _rng_file(path, rank).is_file():
         set_rng_state(torch.load(_rng_file(path, rank), weights_only=False))
     else:

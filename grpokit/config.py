@@ -244,6 +244,9 @@ class DistributedConfig(Section):
     """With WORLD_SIZE > 1: fsdp2 (torch.distributed.fsdp.fully_shard on each decoder layer, then the root: parameters,
     gradients and AdamW state sharded over the ranks) or ddp (a full replica per rank, gradients all-reduced); none
     is for one process only."""
+    mixed_precision: Literal["none", "bf16"] = "none"
+    """fsdp2 only: bf16 parameters and compute, fp32 gradient reduction and fp32 sharded master weights and AdamW state
+    (FSDP2's MixedPrecisionPolicy), for the policy and pi_ref. For one process or ddp use model.autocast=bfloat16."""
 
 
 class ToolsConfig(Section):

@@ -46,6 +46,9 @@ def check_config(cfg: Config, world_size: int) -> None:
     where = f"at world size {world_size} (WORLD_SIZE from torchrun)"
     if cfg.distributed.strategy == "none":
         raise ConfigError(f"distributed.strategy=none is for one process; {where} use fsdp2 or ddp")
+    if cfg.distributed.mixed_precision != "none" and cfg.distributed.strategy != "fsdp2":
+        raise ConfigError(f"distributed.mixed_precision={cfg.distributed.mixed_precision} is FSDP2's MixedPrecisionPolicy; with "
+                          f"distributed.strategy={cfg.distributed.strategy} use model.autocast=bfloat16 instead")
     B, M = cfg.rollout.prompts_per_step, cfg.optim.num_minibatches
     if B % world_size:
         raise ConfigError(f"rollout.prompts_per_step={B} is not a multiple of the world size {world_size}: every rank rolls out "
@@ -100,11 +103,12 @@ class _Silent:
 class World:
     """This process's place among the ranks, and the collectives the loop needs (see the module docstring)."""
 
-    def __init__(self, rank: int = 0, size: int = 1, local_rank: int = 0, strategy: str = "none"):
-        self.rank, self.size, self.local_rank, self.strategy = rank, size, local_rank, strategy
+    def __init__(self, rank: int = 0, size: int = 1, local_rank: int = 0, strategy: str = "none", mixed_precision: str = "none"):
+        self.rank, self.size, self.local_rank, self.strategy, self.mixed_precision = rank, size, local_rank, strategy, mixed_precision
         self.device = torch.device("cpu")  # where collectives' tensors go: the policy's device (wrap)
         self._model: torch.nn.Module | None = None  # the trained module (FSDP2: sharded in place)
         self._full: torch.nn.Module | None = None  # FSDP2: an unsharded copy for the rollout engine and the saved model
+        self._ref: torch.nn.Module | None = None  # pi_ref (FSDP2: sharded as the policy is)
 
     @classmethod
     def from_env(cls, cfg: Config) -> "World":
@@ -114,23 +118,25 @@ class World:
         if size <= 1:
             return cls()
         check_config(cfg, size)
-        return cls(int(os.environ["RANK"]), size, int(os.environ.get("LOCAL_RANK") or 0), cfg.distributed.strategy)
+        return cls(int(os.environ["RANK"]), size, int(os.environ.get("LOCAL_RANK") or 0), cfg.distributed.strategy, cfg.distributed.mixed_precision)
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
 
     # ------------------------------------------------------------------ the model
-    def wrap(self, model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module, torch.nn.Module]:
+    def wrap(self, model: torch.nn.Module, ref: torch.nn.Module | None = None) -> tuple[torch.nn.Module, torch.nn.Module, torch.nn.Module]:
         """(the module whose parameters the optimizer steps, what the training forward calls, the module the
         rollout engine generates and evaluates with). One process: the model three times.
 
         The process group starts here, its backend following the policy's device: nccl on CUDA, gloo on CPU.
-        fsdp2: fully_shard on each decoder layer, then on the root (torchtitan's recipe), in place; the engine
-        gets an unsharded copy, refreshed by full_model() after each update, so that generation and rank 0's
-        evaluation run no collective whatever their lengths (it costs one full copy of the weights per rank).
-        ddp: the replica itself generates; only the training forward goes through DDP."""
-        self._model = model
+        fsdp2: fully_shard on each decoder layer, then on the root (torchtitan's recipe), in place, with FSDP2's
+        MixedPrecisionPolicy under distributed.mixed_precision=bf16; pi_ref (`ref`, frozen) is sharded the same way
+        in place, so it costs 1/W of its weights per rank. The engine gets an unsharded copy of the policy,
+        refreshed by full_model() after each update, so that generation and rank 0's evaluation run no collective
+        whatever their lengths (it costs one full copy of the weights per rank).
+        ddp: the replica itself generates; only the training forward goes through DDP; pi_ref is a whole copy."""
+        self._model, self._ref = model, ref
         if self.size == 1:
             return model, model, model
         self.device = next(model.parameters()).device
@@ -143,15 +149,36 @@ class World:
 
             # forward_sync_buffers=False: the buffers are constants (RoPE frequencies), and no-grad passes need no collective
             return model, DistributedDataParallel(model, forward_sync_buffers=False), model
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
-
         self._full = copy.deepcopy(model)
-        mesh = init_device_mesh(self.device.type, (self.size,))
-        for layer in decoder_layers(model):
-            fully_shard(layer, mesh=mesh)
-        fully_shard(model, mesh=mesh)
+        for module in (model, ref) if ref is not None else (model,):
+            self._shard(module)
         return model, model, self._full
+
+    def _shard(self, model: torch.nn.Module) -> None:
+        """FSDP2 in place: each decoder layer a unit, then the root; bf16 all-gathers and compute, fp32 reductions
+        under distributed.mixed_precision=bf16 (the sharded parameters stay in their dtype: the master weights)."""
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        mesh = init_device_mesh(self.device.type, (self.size,))
+        layer_mp = root_mp = MixedPrecisionPolicy()  # FSDP2's default: the parameters' own dtype throughout
+        if self.mixed_precision == "bf16":  # the layers pass bf16 on; the root's output (the logits) comes out fp32
+            layer_mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            root_mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, output_dtype=torch.float32)
+        for layer in decoder_layers(model):
+            fully_shard(layer, mesh=mesh, mp_policy=layer_mp)
+        fully_shard(model, mesh=mesh, mp_policy=root_mp)
+
+    def reset_reference(self) -> None:
+        """pi_ref <- pi_theta (algorithm.ref_policy=reset). FSDP2: shard by shard (the same layout), no all-gather."""
+        with torch.no_grad():
+            if self._full is None:
+                self._ref.load_state_dict(self._model.state_dict())
+                return
+            for module in (self._ref, self._model):
+                module.reshard()  # a no-grad forward leaves the root's parameters unsharded (plain tensors) until the next one
+            for r, p in zip(self._ref.parameters(), self._model.parameters(), strict=True):
+                r.copy_(p)
 
     def full_model(self) -> torch.nn.Module:
         """The policy with whole weights, current: what the engine syncs to, rank 0 saves, pi_ref resets to. FSDP2:
@@ -159,6 +186,7 @@ class World:
         if self._full is None:
             return self._model
         full = dict(self._full.named_parameters())
+        self._model.reshard()  # the shards (DTensors), whatever the last forward left
         with torch.no_grad():
             for name, p in self._model.named_parameters():
                 full[name].copy_(p.full_tensor())
@@ -285,12 +313,13 @@ class World:
         0's `state` without the moments (state["optimizer"], per-rank DTensors) goes next to them."""
         if self.size == 1:
             return save_checkpoint(out, step, model, tokenizer, state, keep_last)
-        rest = {k: v for k, v in state.items() if k != "optimizer"}
-        return save_sharded(out, step, model, adamw, tokenizer, rest, keep_last, self)
+        rest = {k: v for k, v in state.items() if k not in ("optimizer", "ref_model")}  # pi_ref after a reset: sharded too
+        return save_sharded(out, step, model, adamw, tokenizer, rest, keep_last, self, ref=self._ref if "ref_model" in state else None)
 
     def load_checkpoint(self, path: Path, state: dict, *, model, adamw, seed: int) -> None:
-        """A checkpoint that ranks wrote, into this world (one process included): weights, moments, generators."""
-        load_sharded(path, model, adamw, rank=self.rank, seed=seed, step=state["step"])
+        """A checkpoint that ranks wrote, into this world (one process included): weights, moments, generators, and
+        pi_ref when the checkpoint holds one (ref_policy=reset)."""
+        load_sharded(path, model, adamw, rank=self.rank, seed=seed, step=state["step"], ref=self._ref)
 
     def teardown(self) -> None:
         """Leave the process group (after the last collective)."""

@@ -52,7 +52,7 @@ class Trainer:
         model, self.tokenizer = (model, tokenizer) if model is not None else load_policy(cfg.model)
         self.ref = build_reference(model, alg)  # pi_ref: the policy as loaded, before any resume replaces the weights
         # The trained module, what the log-prob passes call (FSDP2 / DDP under torchrun; compiled when model.compile is set), the engine's.
-        self.model, policy_fn, rollout_model = self.world.wrap(model)
+        self.model, policy_fn, rollout_model = self.world.wrap(model, self.ref)
         if cfg.model.compile:  # several graphs of one forward (rollout, pi_ref, training); dynamo's default limit is 8
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 32)
         self.policy_fn = torch.compile(policy_fn) if cfg.model.compile else policy_fn
@@ -280,7 +280,7 @@ class Trainer:
         self.engine.sync_weights(self.world.full_model())  # pi_old <- pi_theta (FSDP2: into the engine's whole copy)
         self.step += 1
         if cfg.algorithm.ref_policy == "reset" and self.ref is not None and self.step % cfg.algorithm.ref_reset_every == 0:
-            self.ref.load_state_dict(self.world.full_model().state_dict())  # DeepSeekMath §4.1.4 iterative RL
+            self.world.reset_reference()  # DeepSeekMath §4.1.4 iterative RL
         t2 = time.perf_counter()
         metrics = self.world.reduce_metrics(metrics | perf_metrics(rollout_time=metrics[PERF_ROLLOUT_TIME], step_time=t2 - t0, train_time=t2 - t1,
                                     completion_tokens=batch.tokens.completion_mask.sum().item(),

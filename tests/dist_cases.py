@@ -101,8 +101,15 @@ def one_step(model_dir, out, strategy: str, case: list[str]) -> dict:
     return {"params": {k: v.detach().clone() for k, v in full.named_parameters()}, "grads": grads, "metrics": metrics, "world": trainer.world}
 
 
-#: the case of the checkpoint test: beta > 0 (pi_ref), mu = 2 and 2 minibatches (rank 0's generator draws the split)
-RESUME_CASE = CASES["dr_grpo-batch-beta-mu2"]
+#: the case of the checkpoint test: beta > 0 with pi_ref reset to the policy after every step (so the checkpoint holds
+#: pi_ref), mu = 2 and 2 minibatches (rank 0's generator draws the split)
+RESUME_CASE = [*CASES["dr_grpo-batch-beta-mu2"], "algorithm.ref_policy=reset", "algorithm.ref_reset_every=1"]
+#: FSDP2's memory switches, against one process without them: activation checkpointing (the same math) and
+#: bf16 parameters and compute with fp32 reductions (MixedPrecisionPolicy; one process runs fp32)
+FSDP2_CASES: dict[str, list[str]] = {
+    "grpo-activation_checkpointing": [*CASES["grpo-group-beta"], "model.gradient_checkpointing=true"],
+    "grpo-bf16": [*CASES["grpo-group-beta"], "distributed.mixed_precision=bf16"],
+}
 
 
 def train(model_dir, out, strategy: str, case: list[str], *extra: str) -> dict:
@@ -140,7 +147,7 @@ def main(model_dir: str, out_dir: str, mode: str = "steps") -> None:
         return checkpoints(model_dir, out_dir)
     world = None
     for strategy in STRATEGIES:
-        for name, case in CASES.items():
+        for name, case in (CASES | FSDP2_CASES if strategy == "fsdp2" else CASES).items():
             result = one_step(model_dir, Path(out_dir) / "runs" / f"{strategy}-{name}", strategy, case)
             world = result.pop("world")
             if world.is_main:

@@ -48,8 +48,8 @@ def _rel(got: dict, want: dict) -> dict[str, float]:
 def one_process(tiny_model_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("one_process")
     results = {}
-    for name, case in dist_cases.CASES.items():
-        result = dist_cases.one_step(tiny_model_dir, out / name, "fsdp2", case)  # world size 1: the strategy is not used
+    for name, case in (dist_cases.CASES | dist_cases.FSDP2_CASES).items():
+        result = dist_cases.one_step(tiny_model_dir, out / name, "fsdp2", case)  # world size 1: the distributed section is not used
         assert result.pop("world").size == 1
         results[name] = result
     return results
@@ -83,6 +83,21 @@ def test_one_step_on_two_ranks_equals_one_process(strategy, one_process, two_pro
         assert got["metrics"]["rollout/tokens"] == want["metrics"]["rollout/tokens"]
     dapo = one_process["dapo-dynamic_sampling"]["metrics"]  # the case does exercise dynamic sampling's rounds
     assert dapo["rollout/groups_dropped"] > 0 and dapo["rollout/sampling_rounds"] > 1, dapo
+
+
+def test_fsdp2_activation_checkpointing_and_bf16(one_process, two_processes):
+    """model.gradient_checkpointing under FSDP2 gives one process's step (recomputing activations changes no number
+    that matters); distributed.mixed_precision=bf16 (bf16 all-gathers and compute, fp32 reductions and master
+    weights) gives one fp32 process's gradient and weights up to bf16's rounding, and its weights stay fp32."""
+    want, got = one_process["grpo-activation_checkpointing"], two_processes["fsdp2-grpo-activation_checkpointing"]
+    assert max(_rel(got["grads"], want["grads"]).values()) < 1e-6
+    assert max(_rel(got["params"], want["params"]).values()) < 1e-6
+    want, got = one_process["grpo-bf16"], two_processes["fsdp2-grpo-bf16"]
+    grads, params = _rel(got["grads"], want["grads"]), _rel(got["params"], want["params"])
+    print(f"bf16 against fp32: gradient {max(grads.values()):.2e}, weights {max(params.values()):.2e} (max relative, per tensor)")
+    assert 1e-6 < max(grads.values()) < 5e-2  # bf16 does round (it is on), by about its precision (2^-8 = 3.9e-3)
+    assert max(params.values()) < 5e-2 and all(v.dtype == torch.float32 for v in got["params"].values())
+    assert got["metrics"]["policy/kl"] == pytest.approx(want["metrics"]["policy/kl"], abs=1e-3)
 
 
 def test_torchrun_trains_end_to_end(tiny_model_dir, tmp_path):
@@ -189,6 +204,8 @@ def _config(tmp_path, *extra):
 @pytest.mark.parametrize("extra, message", [
     (["rollout.prompts_per_step=3"], "rollout.prompts_per_step=3 is not a multiple of the world size 2"),
     (["distributed.strategy=none"], "distributed.strategy=none is for one process"),
+    (["distributed.strategy=ddp", "distributed.mixed_precision=bf16"], "distributed.mixed_precision=bf16 is FSDP2's MixedPrecisionPolicy; with "
+                                                                        "distributed.strategy=ddp use model.autocast=bfloat16 instead"),
     (["optim.num_minibatches=16"], "the minibatch of 1 completions (rollout batch / optim.num_minibatches=16) does not split into 2 equal"),
     (["optim.num_minibatches=2", "optim.micro_batch_size=8"], "optim.micro_batch_size=8 must divide each rank's share of a minibatch, 4"),
     (["algorithm.advantage_estimator=gae"], "algorithm.advantage_estimator=gae (the PPO critic) is not supported at world size 2"),
