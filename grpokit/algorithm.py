@@ -66,17 +66,19 @@ def make_loss_mask(alg: AlgorithmConfig, completion_mask: Tensor, truncated: Ten
 
 def algorithm_loss(alg: AlgorithmConfig, logp: Tensor, old_logp: Tensor, advantages: Tensor, loss_mask: Tensor, *,
                    ref_logp: Tensor | None, max_completion_length: int, num_sequences: int | None = None,
-                   num_tokens: int | float | None = None, beta: float | None = None) -> tuple[Tensor, dict[str, float]]:
+                   num_tokens: int | float | None = None, beta: float | None = None,
+                   is_weights: Tensor | None = None) -> tuple[Tensor, dict[str, float]]:
     """policy_loss with algorithm.*'s clip ranges, KL, loss type and ratio level (-J, to minimize).
 
     logp, old_logp, ref_logp, loss_mask: [N, T]; advantages: [N] or [N, T]. num_sequences / num_tokens:
     the whole minibatch's counts when this is a micro-batch of it (docs/algorithm.md §4). beta: None =
-    algorithm.beta; the PPO critic passes 0 when it puts the KL into the reward instead."""
+    algorithm.beta; the PPO critic passes 0 when it puts the KL into the reward instead. is_weights: [N, T]
+    rollout.importance_correction's weights (grpokit.algo.importance), or None."""
     return policy_loss(
         logp, old_logp, advantages, loss_mask, ref_logp=ref_logp, beta=alg.beta if beta is None else beta,
         eps_low=alg.epsilon, eps_high=alg.epsilon_high, loss_type=alg.loss_type, ratio_level=alg.importance_sampling_level,
         max_completion_length=max_completion_length, kl_estimator=alg.kl_estimator, dual_clip=alg.dual_clip,
-        num_sequences=num_sequences, num_tokens=num_tokens,
+        num_sequences=num_sequences, num_tokens=num_tokens, is_weights=is_weights,
     )
 
 

@@ -156,6 +156,9 @@ class RolloutBatch:
     old_logp: Tensor | None  # [N, T] pi_old; None when it equals pi_theta (mu = 1, one minibatch)
     ref_logp: Tensor | None  # [N, T] pi_ref; None when beta = 0
     value_targets: ValueTargets | None  # the critic's V_old and returns [N, T] (PPO); None for GRPO
+    # [N, T] the rollout engine's log-probs of the sampled tokens (rollout/mismatch.py), None when it gives none (hf).
+    # The one field with a default: batches built without an engine (tests, benchmarks) have none.
+    sampler_logp: Tensor | None = None
 
 
 # ---------------------------------------------------------------- process rewards: characters -> tokens

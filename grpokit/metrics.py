@@ -184,6 +184,12 @@ ROLLOUT_SAMPLING_ROUNDS = "rollout/sampling_rounds"
 ROLLOUT_GROUPS_DRAWN = "rollout/groups_drawn"
 ROLLOUT_GROUPS_DROPPED = "rollout/groups_dropped"
 ROLLOUT_GROUPS_TOPPED_UP = "rollout/groups_topped_up"
+# The sampler-trainer mismatch (grpokit/rollout/mismatch.py), for engines that return their log-probs (fast, vllm).
+ROLLOUT_LOGP_DIFF_MEAN = "rollout/logp_diff_mean"
+ROLLOUT_LOGP_DIFF_MAX = "rollout/logp_diff_max"
+ROLLOUT_SAMPLER_KL = "rollout/sampler_kl"
+ROLLOUT_IS_WEIGHT_MEAN = "rollout/is_weight_mean"
+ROLLOUT_IS_CLIP_FRAC = "rollout/is_clip_frac"
 # Multi-turn rollouts with tools (grpokit/rollout/episodes.py): rollout/tools/<x> over the step's episodes,
 # eval/tools/<x> over the held-out greedy episodes (grpokit.tools.episode.episode_metrics).
 ROLLOUT_TOOLS_PREFIX = "rollout/tools/"
@@ -234,6 +240,7 @@ RANK_REDUCTIONS: dict[str, str] = {
                                 PERF_PEAK_RSS_MB, PERF_VALUE_TIME, PERF_CRITIC_TRAIN_TIME)},
     **{name: "sum" for name in (PERF_ROLLOUT_TOKENS_PER_S, PERF_TRAIN_TOKENS_PER_S, ROLLOUT_GROUPS_DRAWN,
                                 ROLLOUT_GROUPS_DROPPED, ROLLOUT_GROUPS_TOPPED_UP)},
+    ROLLOUT_LOGP_DIFF_MAX: "max",
 }
 
 # ---------------------------------------------------------------------------------------------

@@ -38,7 +38,7 @@ from grpokit.optim import Optimizer, TrainingError, check_finite_weights, non_fi
 from grpokit.policy import batched_logprobs, build_reference, completion_logprobs, load_policy
 from grpokit.records import MetricLogger, TrainProgress, plot_metrics
 from grpokit.rewards import RewardError, build_rewards
-from grpokit.rollout import SamplingParams, generate_groups, make_engine, with_tools
+from grpokit.rollout import SamplerCorrection, SamplingParams, sampler_logprobs, generate_groups, make_engine, with_tools
 from grpokit.tasks import reward_registry
 
 
@@ -63,7 +63,7 @@ class Trainer:
         self.sampler = PromptSampler(len(self.train_data), cfg.rollout.prompts_per_step, cfg.seed, shuffle=cfg.data.shuffle)
         self.rewards = build_rewards(cfg, self.train_data.column_names, registry=reward_registry(), task=data.task)
         self.judge = make_judge(self.rewards, reward_name=cfg.eval.reward, threshold=cfg.eval.correct_threshold)
-        self.health = StepHealth(cfg)  # reward functions failing on most of a step, steps without learning signal
+        self.health, self.correction = StepHealth(cfg), SamplerCorrection(cfg.rollout)  # bad steps; sampler-trainer mismatch
         check_context_length(data, getattr(model, "config", None), cfg.rollout.max_completion_length)
 
         self.engine = with_tools(make_engine(cfg.rollout.engine, rollout_model, self.tokenizer, batch_size=cfg.rollout.generation_batch_size, compile=cfg.model.compile), cfg, self.tokenizer)
@@ -127,7 +127,7 @@ class Trainer:
         else:
             advantages = outcome_advantages(alg, rewards, G, self.world)  # [N]; a batch std over every rank's rewards
 
-        batch = RolloutBatch(tokens, loss_mask, truncated, rewards, advantages, old_logp, ref_logp, value_targets)
+        batch = RolloutBatch(tokens, loss_mask, truncated, rewards, advantages, old_logp, ref_logp, value_targets, sampler_logprobs(comps, tokens))
         metrics.update({k: v for k, v in self.world.scores(scored).metrics().items() if not k.startswith(REWARD_TOTAL)})  # every rank's rows
         metrics.update(rollout_metrics(*self.world.cat_rows(rewards, advantages, tokens.completion_mask, truncated,
                                                             [len(r.prompt_ids) for r in rows], G, [r.truncated for r in rows])))
@@ -160,7 +160,7 @@ class Trainer:
                 if done is not None:
                     acc.add({POLICY_LOSS: self.world.sum(loss), **{policy_name(k): v for k, v in done.items()}})
         self.optimizer.zero_grad()
-        return {**self.world.means(acc), POLICY_SKIPPED_UPDATES: float(self.optimizer.skipped)}
+        return {**self.world.means(acc), **self.correction.pop_metrics(), POLICY_SKIPPED_UPDATES: float(self.optimizer.skipped)}
 
     def _accumulate_gradient(self, b: RolloutBatch, idx: Tensor, *, first_pass: bool, acc: MeanAccumulator) -> tuple[float | None, str]:
         """Backward of one minibatch's loss over its micro-batches: (the minibatch's loss, "") or, when a
@@ -176,8 +176,8 @@ class Trainer:
             loss, stats = algorithm_loss(
                 cfg.algorithm, logp, b.old_logp[sub_idx, :T] if b.old_logp is not None else logp.detach(),
                 b.advantages[sub_idx] if b.advantages.dim() == 1 else b.advantages[sub_idx, :T], mask,
-                ref_logp=b.ref_logp[sub_idx, :T] if b.ref_logp is not None else None, beta=self.loss_beta,
-                max_completion_length=cfg.rollout.max_completion_length, num_sequences=num_sequences, num_tokens=num_tokens,
+                ref_logp=b.ref_logp[sub_idx, :T] if b.ref_logp is not None else None, beta=self.loss_beta, num_tokens=num_tokens,
+                max_completion_length=cfg.rollout.max_completion_length, num_sequences=num_sequences, is_weights=self.correction(b, sub_idx, logp, mask, acc, first_pass),
             )
             if not self.world.all_finite(loss):  # every rank skips together
                 bad_logp = not torch.isfinite(logp.detach()[mask.bool()]).all()

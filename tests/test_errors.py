@@ -166,6 +166,16 @@ def test_group_size_below_two(env):
     user_error(train(env, "rollout.num_generations=1"), "rollout.num_generations", "greater than or equal to 2")
 
 
+def test_importance_correction_without_sampler_logprobs(env):
+    user_error(train(env, "rollout.importance_correction=token_truncate"),
+               "rollout.importance_correction=token_truncate needs the sampler's log-probs", "rollout.engine=fast or vllm")
+
+
+def test_importance_bounds_out_of_order(env):
+    user_error(train(env, "rollout.engine=fast", "rollout.importance_correction=token_mask", "rollout.importance_c_min=3",
+                     "rollout.importance_c_max=2"), "rollout.importance_c_min=3.0 must be below rollout.importance_c_max=2.0")
+
+
 def test_prompts_per_step_not_divisible_by_minibatches(env):
     user_error(train(env, "rollout.prompts_per_step=3", "rollout.num_generations=2", "optim.num_minibatches=4"),
                "optim.num_minibatches=4 must divide the rollout batch", "= 6")

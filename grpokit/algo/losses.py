@@ -96,6 +96,7 @@ def policy_loss(
     dual_clip: float | None = None,
     num_sequences: int | None = None,
     num_tokens: int | float | None = None,
+    is_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """-J for one batch (or a minibatch of it).
 
@@ -103,6 +104,8 @@ def policy_loss(
     advantages: [N] (outcome, broadcast to every token) or [N, T] (process / per-token).
     eps_high None means eps_low. dual_clip: the lower bound c > 1 on the objective of A < 0 tokens.
     num_sequences, num_tokens: the whole batch's counts when this call sees a minibatch of it.
+    is_weights: [N, T] importance weights against the sampler-trainer mismatch (grpokit.algo.importance, TRL's
+    vllm_importance_sampling_*): they multiply each token's surrogate loss, after clipping, before the KL term.
     Returns the scalar loss and metrics (python floats): clip fractions, ratio, KL, per-token loss.
     """
     if logp.shape != old_logp.shape or logp.shape != mask.shape:
@@ -129,6 +132,8 @@ def policy_loss(
     if dual_clip is not None:
         obj = torch.where(adv < 0, torch.maximum(obj, dual_clip * adv), obj)
     per_token = -obj
+    if is_weights is not None:
+        per_token = per_token * is_weights.detach().to(per_token.dtype)
     kl = None
     if ref_logp is not None:
         # Same for the KL: padding compares 0 with 0, so garbage there (e.g. logp = -inf) cannot make
@@ -144,18 +149,23 @@ def policy_loss(
 
     norm = Normalizers(mask, num_sequences, num_tokens, max_completion_length)
     loss = aggregate(per_token, mask, norm)
+    return loss, _loss_metrics(ratio, adv, mask, eps_low, eps_high, kl, per_token)
 
-    with torch.no_grad():
-        r = ratio.detach()
-        a = adv.expand_as(r)
-        low = (r < 1.0 - eps_low) & (a < 0)
-        high = (r > 1.0 + eps_high) & (a > 0)
-        metrics = {
-            "clip_frac_low": masked_mean(low.to(r.dtype), mask).item(),
-            "clip_frac_high": masked_mean(high.to(r.dtype), mask).item(),
-            "clip_frac": masked_mean((low | high).to(r.dtype), mask).item(),
-            "ratio_mean": masked_mean(r, mask).item(),
-            "kl": masked_mean(kl.detach(), mask).item() if kl is not None else 0.0,
-            "token_loss": masked_mean(per_token.detach(), mask).item(),
-        }
-    return loss, metrics
+
+@torch.no_grad()
+def _loss_metrics(ratio: Tensor, adv: Tensor, mask: Tensor, eps_low: float, eps_high: float, kl: Tensor | None,
+                  per_token: Tensor) -> dict[str, float]:
+    """policy_loss's metrics (python floats): clip fractions (low: ratio < 1 - eps_low where A < 0; high: ratio >
+    1 + eps_high where A > 0), mean ratio, mean KL and mean per-token loss over the masked tokens."""
+    r = ratio.detach()
+    a = adv.expand_as(r)
+    low = (r < 1.0 - eps_low) & (a < 0)
+    high = (r > 1.0 + eps_high) & (a > 0)
+    return {
+        "clip_frac_low": masked_mean(low.to(r.dtype), mask).item(),
+        "clip_frac_high": masked_mean(high.to(r.dtype), mask).item(),
+        "clip_frac": masked_mean((low | high).to(r.dtype), mask).item(),
+        "ratio_mean": masked_mean(r, mask).item(),
+        "kl": masked_mean(kl.detach(), mask).item() if kl is not None else 0.0,
+        "token_loss": masked_mean(per_token.detach(), mask).item(),
+    }

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from grpokit.rollout.base import Completions, RolloutEngine, SamplingParams
+from grpokit.rollout.mismatch import SamplerCorrection, sampler_logprobs
 from grpokit.rollout.episodes import ToolRollout, generate_groups, with_tools
 
 
@@ -19,4 +20,4 @@ def make_engine(name: str, model, tokenizer, *, batch_size: int = 0, compile: bo
     raise ValueError(f"unknown rollout.engine {name!r}; allowed: hf, fast")
 
 
-__all__ = ["Completions", "RolloutEngine", "SamplingParams", "ToolRollout", "generate_groups", "make_engine", "with_tools"]
+__all__ = ["Completions", "RolloutEngine", "SamplerCorrection", "SamplingParams", "sampler_logprobs", "ToolRollout", "generate_groups", "make_engine", "with_tools"]
