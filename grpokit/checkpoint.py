@@ -257,12 +257,13 @@ def config_changes(saved: dict, now: dict, allowed: list[str]) -> tuple[list[str
     return [text(d) for d in diffs if not under(d[0], allowed)], [text(d) for d in diffs if under(d[0], allowed)]
 
 
-def resume(out_dir: Path, model, config: dict, allowed: list[str], load_sharded=None) -> tuple[int, dict, list[str]] | None:
+def resume(out_dir: Path, model, config: dict, allowed: list[str], load=None) -> tuple[int, dict, list[str]] | None:
     """Continue from the newest complete checkpoint: compare its config with this run's `config` (a
     difference outside FREE_ON_RESUME and `allowed` is a CheckpointError listing every one), load its
     weights into model and restore the RNGs. Returns (step, the trainer state, the allowed changes as
-    "key: old -> new"), or None when out_dir holds no checkpoint. load_sharded(path, state): how this
-    process loads a checkpoint written by several ranks (World.load_checkpoint); its moments too."""
+    "key: old -> new"), or None when out_dir holds no checkpoint. load(path, state): how this process loads
+    the weights and generators (World.load_checkpoint: a checkpoint that ranks wrote, or one process's at
+    several ranks; the moments too); None: a one-process checkpoint into one process."""
     found = latest_checkpoint(out_dir)
     if found is None:
         return None
@@ -278,10 +279,10 @@ def resume(out_dir: Path, model, config: dict, allowed: list[str], load_sharded=
         )
     if changed:
         print(f"resuming with changes allowed by checkpoint.allow_changes: {'; '.join(changed)}")
-    if is_sharded_checkpoint(path):  # written by several ranks: weights, moments and each rank's generators
-        if load_sharded is None:
-            raise CheckpointError(f"{str(path)!r} holds sharded weights (torch.distributed.checkpoint); resume it with `grpokit train`")
-        load_sharded(path, state)
+    if load is not None:  # the trainer's World: weights, moments and generators, one process or several ranks
+        load(path, state)
+    elif is_sharded_checkpoint(path):
+        raise CheckpointError(f"{str(path)!r} holds sharded weights (torch.distributed.checkpoint); resume it with `grpokit train`")
     else:
         load_weights(path, model)
         set_rng_state(state["rng"])

@@ -32,7 +32,8 @@ import torch.distributed as dist
 from torch import Tensor
 
 from grpokit.batch import PackedBatch, RolloutBatch
-from grpokit.checkpoint import CheckpointError, StopSignals, is_sharded_checkpoint, latest_checkpoint, save_checkpoint
+from grpokit.checkpoint import (CheckpointError, StopSignals, is_sharded_checkpoint, load_weights, save_checkpoint, seed_everything,
+                                set_rng_state)
 from grpokit.checkpoint_sharded import load_sharded, save_sharded
 from grpokit.config import Config, ConfigError
 from grpokit.metrics import RANK_REDUCTIONS, MeanAccumulator
@@ -64,10 +65,6 @@ def check_config(cfg: Config, world_size: int) -> None:
                      ("model.compile=true", cfg.model.compile)):
         if on:
             raise ConfigError(f"{what} is not supported {where} yet (issue 12, docs/scaling.md); run it in one process")
-    found = latest_checkpoint(Path(cfg.output_dir)) if cfg.checkpoint.resume else None
-    if found is not None and not is_sharded_checkpoint(found[1]):
-        raise CheckpointError(f"{str(found[1])!r} was written by one process (model.safetensors) and is resumed by one process; "
-                              f"{where} resume from a checkpoint that ranks wrote (torch.distributed.checkpoint), or use a new output_dir")
 
 
 def is_sharded(model) -> bool:
@@ -317,9 +314,43 @@ class World:
         return save_sharded(out, step, model, adamw, tokenizer, rest, keep_last, self, ref=self._ref if "ref_model" in state else None)
 
     def load_checkpoint(self, path: Path, state: dict, *, model, adamw, seed: int) -> None:
-        """A checkpoint that ranks wrote, into this world (one process included): weights, moments, generators, and
-        pi_ref when the checkpoint holds one (ref_policy=reset)."""
-        load_sharded(path, model, adamw, rank=self.rank, seed=seed, step=state["step"], ref=self._ref)
+        """A checkpoint into this world: weights, AdamW's moments, generators, and pi_ref when the checkpoint holds
+        one (ref_policy=reset). Written by ranks (torch.distributed.checkpoint): at any world size, one process
+        included. Written by one process (model.safetensors, the rest in `state`): as it is, or at several ranks
+        every rank reads the whole tensors and keeps its part (StateDictOptions(full_state_dict=True))."""
+        if is_sharded_checkpoint(path):
+            load_sharded(path, model, adamw, rank=self.rank, seed=seed, step=state["step"], ref=self._ref)
+        elif self.size == 1:
+            load_weights(path, model)
+            set_rng_state(state["rng"])
+        else:
+            self._load_whole(path, state, model, adamw, seed)
+
+    def _load_whole(self, path: Path, state: dict, model, adamw, seed: int) -> None:
+        """A one-process checkpoint at several ranks. Its moments are keyed by the optimizer's parameter order,
+        which is the model's named_parameters (optim.Optimizer), and are set here by name; state["optimizer"] and
+        state["ref_model"] are consumed, so that the trainer's own loading skips them."""
+        from safetensors.torch import load_file
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+
+        whole, lenient = StateDictOptions(full_state_dict=True), StateDictOptions(full_state_dict=True, strict=False)
+        weights = {k: v for f in sorted(Path(path).glob("*.safetensors")) for k, v in load_file(f).items()}
+        missing = [n for n, _ in model.named_parameters() if n not in weights]  # a tied head is saved once, as the embedding
+        if missing:
+            raise CheckpointError(f"checkpoint {str(path)!r} does not hold {missing[:3]} of this model; resume it with one process, "
+                                  "with the model it was trained from")
+        set_model_state_dict(model, weights, options=lenient)
+        names = [n for n, p in model.named_parameters() if p.requires_grad]
+        saved = state.pop("optimizer")
+        by_name = {"state": {names[i]: v for i, v in saved["state"].items()},
+                   "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in saved["param_groups"]]}
+        set_optimizer_state_dict(model, adamw, by_name, options=whole)
+        if "ref_model" in state and self._ref is not None:
+            set_model_state_dict(self._ref, state.pop("ref_model"), options=lenient)
+        if self.is_main:
+            set_rng_state(state["rng"])
+        else:
+            seed_everything(hash((seed, self.rank, state["step"])) % 2**31)
 
     def teardown(self) -> None:
         """Leave the process group (after the last collective)."""

@@ -212,8 +212,8 @@ class Trainer:
     def maybe_resume(self) -> int | None:
         """Continue from the newest checkpoint in output_dir (checkpoint.resume): weights, optimizer, schedule,
         data position, RNGs, pi_ref (when reset) and the critic. Returns its step, or None."""
-        load_sharded = lambda path, state: self.world.load_checkpoint(path, state, model=self.model, adamw=self.optimizer.adamw, seed=self.cfg.seed)  # noqa: E731
-        if (found := resume(self.out, self.model, self.cfg.model_dump(), self.cfg.checkpoint.allow_changes, load_sharded) if self.cfg.checkpoint.resume else None) is None:
+        load = lambda path, state: self.world.load_checkpoint(path, state, model=self.model, adamw=self.optimizer.adamw, seed=self.cfg.seed)  # noqa: E731
+        if (found := resume(self.out, self.model, self.cfg.model_dump(), self.cfg.checkpoint.allow_changes, load) if self.cfg.checkpoint.resume else None) is None:
             return None
         step, state, _ = found  # resume printed the changes that checkpoint.allow_changes let through
         self.optimizer.load_state_dict(state)

@@ -123,22 +123,27 @@ def train(model_dir, out, strategy: str, case: list[str], *extra: str) -> dict:
 
 def checkpoints(model_dir: str, out_dir: str) -> None:
     """Per strategy, at world size 2: a run of 2 steps (checkpoints at steps 1 and 2), then a copy of it cut back to
-    step 1 and resumed to step 2. Rank 0 saves both runs' final parameters; tests/test_distributed.py resumes the
-    step-1 checkpoint in one process."""
+    step 1 and resumed to step 2; and the step-1 checkpoint of a one-process run (OUT_DIR/one-whole, written by
+    tests/test_distributed.py before this launch) resumed to step 2. Rank 0 saves the final parameters of the
+    three; tests/test_distributed.py resumes the first run's step-1 checkpoint in one process."""
     import shutil
 
     import torch.distributed as dist
 
+    out = Path(out_dir)
     for strategy in STRATEGIES:
-        run, cut = Path(out_dir) / f"{strategy}-whole", Path(out_dir) / f"{strategy}-resumed"
+        run = out / f"{strategy}-whole"
         whole = train(model_dir, run, strategy, RESUME_CASE)
-        if whole["world"].is_main:
-            shutil.copytree(run / "checkpoints" / "step-000001", cut / "checkpoints" / "step-000001")
-        dist.barrier()
-        resumed = train(model_dir, cut, strategy, RESUME_CASE)
-        if whole["world"].is_main:
-            torch.save({"whole": whole["params"], "resumed": resumed["params"]}, Path(out_dir) / f"{strategy}.pt")
-    resumed["world"].teardown()
+        main = whole["world"].is_main
+        for source, cut in ((run, out / f"{strategy}-resumed"), (out / "one-whole", out / f"{strategy}-from-one")):
+            if main:
+                shutil.copytree(source / "checkpoints" / "step-000001", cut / "checkpoints" / "step-000001")
+            dist.barrier()
+        resumed = train(model_dir, out / f"{strategy}-resumed", strategy, RESUME_CASE)
+        from_one = train(model_dir, out / f"{strategy}-from-one", strategy, RESUME_CASE)
+        if main:
+            torch.save({"whole": whole["params"], "resumed": resumed["params"], "from_one": from_one["params"]}, out / f"{strategy}.pt")
+    from_one["world"].teardown()
 
 
 def main(model_dir: str, out_dir: str, mode: str = "steps") -> None:
