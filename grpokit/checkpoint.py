@@ -4,6 +4,8 @@
                                        trainer_state.pt (optimizer, scheduler, RNG, data position, step)
                                        COMPLETE (written last)
     out_dir/final/                      the model to load with AutoModelForCausalLM.from_pretrained
+    (model.lora: adapter_model.safetensors + adapter_config.json instead of model.safetensors, in both; with
+     model.lora.merge_on_save also final/merged/, the base with the adapter merged in: save_final)
 
 A save goes to a temporary folder, is fsynced, gets its COMPLETE marker, and is renamed into place:
 a crash during a save leaves the previous checkpoint intact, and a folder without COMPLETE is
@@ -127,6 +129,31 @@ def save_pretrained_atomic(model, tokenizer, dest: Path, extra_state: dict | Non
     return dest
 
 
+def save_final(model, tokenizer, dest: Path, *, merge: bool = False) -> Path:
+    """out_dir/final: the model (a LoRA policy: its adapter) and tokenizer; merge (model.lora.merge_on_save): also
+    dest/merged, the base weights with the adapter merged in (peft's merge_and_unload on a copy: the run's model
+    keeps its adapter), a plain checkpoint that from_pretrained loads without peft."""
+    dest = save_pretrained_atomic(model, tokenizer, dest)
+    if merge and hasattr(model, "merge_and_unload"):
+        import copy
+
+        save_pretrained_atomic(_untie_adapted_head(copy.deepcopy(model)).merge_and_unload(), tokenizer, Path(dest) / "merged")
+    return dest
+
+
+def _untie_adapted_head(peft_model):
+    """An LM head with an adapter that shares its weight with the input embeddings (tie_word_embeddings) gets a weight
+    of its own before the merge: merging into the shared tensor would change the embeddings too (peft issue 2777)."""
+    base = peft_model.get_base_model()
+    head, embed = base.get_output_embeddings(), base.get_input_embeddings()
+    inner = getattr(head, "base_layer", None)  # a peft LoRA layer wraps the original Linear
+    if inner is not None and embed is not None and inner.weight.data_ptr() == embed.weight.data_ptr():
+        inner.weight = torch.nn.Parameter(inner.weight.detach().clone(), requires_grad=False)
+        for config in {id(c): c for c in (base.config, base.config.get_text_config())}.values():
+            config.tie_word_embeddings = False
+    return peft_model
+
+
 def _save_failure(exc: BaseException) -> str:
     """Why a save failed, in words: torch.save reports a full disk as a writer assertion
     ("[enforce fail at inline_container.cc:...] . unexpected pos N vs M"), not as ENOSPC."""
@@ -179,6 +206,8 @@ def load_weights(path: Path, model) -> None:
     from safetensors.torch import load_file
 
     path = Path(path)
+    if hasattr(model, "peft_config"):  # model.lora: the checkpoint holds the adapter (PeftModel.save_pretrained)
+        return _load_adapter(path, model)
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise CheckpointError(f"checkpoint {str(path)!r} has no safetensors weights; delete it to start from the one before")
@@ -202,6 +231,25 @@ def load_weights(path: Path, model) -> None:
         )
     if hasattr(model, "tie_weights"):
         model.tie_weights()
+
+
+def _load_adapter(path: Path, model) -> None:
+    """A LoRA checkpoint's adapter weights into the peft model (the base weights came from model.name_or_path)."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    file = path / "adapter_model.safetensors"
+    if not file.is_file():
+        raise CheckpointError(f"checkpoint {str(path)!r} has no adapter_model.safetensors, but model.lora is set; "
+                              "resume with the config it was trained with, or set a new output_dir")
+    try:
+        weights = load_file(file)
+    except Exception as exc:
+        raise CheckpointError(f"checkpoint {str(path)!r} cannot be read ({_why(exc)}); delete it to resume from the one before") from None
+    result = set_peft_model_state_dict(model, weights)
+    if unexpected := getattr(result, "unexpected_keys", None):
+        raise CheckpointError(f"checkpoint {str(path)!r} does not match the adapter: unexpected {unexpected[:3]}; "
+                              "resume with the model and model.lora it was trained with, or set a new output_dir")
 
 
 def read_state(path: Path) -> dict:

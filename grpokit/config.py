@@ -26,6 +26,22 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
 
 
+class LoraConfig(Section):
+    """`model.lora`: train LoRA adapters (peft) instead of every weight; pi_ref is the base model with the adapter
+    off, so no second copy of the weights is held (docs/lora.md). Needs `pip install grpokit[lora]`."""
+
+    r: int = Field(8, ge=1)
+    """Rank of each adapter's A (r x in) and B (out x r) matrices."""
+    alpha: float = Field(16.0, gt=0)
+    """Scale: the adapter adds (alpha / r) * B A x to the frozen layer's output."""
+    dropout: float = Field(0.0, ge=0, lt=1)
+    """Dropout on the adapters' input in training passes (0: pi_theta and pi_old see the same network)."""
+    target_modules: list[str] | Literal["all-linear"] = "all-linear"
+    """Module names (suffixes, e.g. [q_proj, v_proj]) that get adapters; all-linear = every Linear but the LM head."""
+    merge_on_save: bool = False
+    """Also write final/merged/: the base weights with the adapter merged in, a plain model for from_pretrained."""
+
+
 class ModelConfig(Section):
     name_or_path: str = ""
     """Hugging Face model id or local folder, loaded with AutoModelForCausalLM.from_pretrained."""
@@ -48,6 +64,8 @@ class ModelConfig(Section):
     compile: bool = False
     """torch.compile the log-prob passes (training forward/backward, pi_ref and pi_old) and the fast engine's forward.
     Costs a compile at the first steps and a recompile when a new batch shape appears (README, Performance)."""
+    lora: LoraConfig | None = None
+    """LoRA adapters (peft) on the policy: {r, alpha, dropout, target_modules, merge_on_save}; None = full fine-tune."""
 
 
 class DataConfig(Section):
@@ -410,6 +428,18 @@ class Config(Section):
     @property
     def rollout_batch_size(self) -> int:
         return self.rollout.prompts_per_step * self.rollout.num_generations
+    @model_validator(mode="after")
+    def _check_lora(self) -> "Config":
+        if self.model.lora is None:
+            return self
+        refused = {"algorithm.ref_policy=reset": self.algorithm.ref_policy == "reset",  # pi_ref is the adapter-off base
+                   "algorithm.advantage_estimator=gae": self.algorithm.advantage_estimator == "gae",  # the critic copies the body
+                   "model.compile=true": self.model.compile, "rollout.engine=vllm": self.rollout.engine == "vllm"}
+        if bad := [k for k, v in refused.items() if v]:
+            raise ValueError(f"model.lora does not work with {bad[0]} yet; drop model.lora or change that key "
+                             "(LoRA runs with ref_policy frozen or none, the grpo / rloo estimators, rollout.engine hf or fast)")
+        return self
+
 
     @property
     def minibatch_size(self) -> int:
@@ -472,6 +502,12 @@ class SFTConfig(Section):
 # ---------------------------------------------------------------- presets
 
 # Each paper's algorithm settings. Budget choices (G, batch sizes, learning rate) are not part of a
+    @model_validator(mode="after")
+    def _no_lora(self) -> "SFTConfig":
+        if self.model.lora is not None:
+            raise ValueError("model.lora is for `grpokit train`; `grpokit sft` trains every weight: drop model.lora from the SFT config")
+        return self
+
 # preset; the paper's values are listed in docs/algorithm.md.
 PRESETS: dict[str, dict[str, Any]] = {
     # DeepSeekMath (2402.03300) §4.2: beta 0.04, k3 KL, eps 0.2, per-sequence mean, group std; G=64, mu=1.

@@ -1,7 +1,8 @@
 """The policy: model / tokenizer loading (policy, reference, critic backbone, SFT), and per-token log-probs.
 
     model, tokenizer = load_policy(cfg.model)                     # AutoModelForCausalLM + tokenizer, train mode
-    ref = build_reference(model, cfg.algorithm)                   # frozen copy of pi_theta, or None (beta = 0)
+    ref = build_reference(model, cfg.algorithm)                   # frozen copy of pi_theta, or None (beta = 0);
+                                                                  # with model.lora: AdapterOff(model), no copy
     backbone = load_model(path, head="backbone")                  # the critic's body (AutoModel)
     logp, entropy = completion_logprobs(model, packed, temperature=1.0, with_entropy=True)   # [N, T] each
     # at large vocabularies from the hidden states and the LM head in chunks, never [N, T, V] (fused=None: auto)
@@ -14,6 +15,7 @@ import contextlib
 import copy
 import functools
 import logging
+import os
 import types
 from pathlib import Path
 
@@ -108,6 +110,8 @@ def load_policy(model_cfg):
         raise ModelLoadError("model.name_or_path is empty: set it to a Hugging Face model id or a local folder")
     tok = load_tokenizer(model_cfg.tokenizer or model_cfg.name_or_path, trust_remote_code=model_cfg.trust_remote_code)
     model = prepare(load_model_from_config(model_cfg), model_cfg)
+    if model_cfg.lora is not None:
+        model = apply_lora(model, model_cfg.lora, gradient_checkpointing=model_cfg.gradient_checkpointing)
     if model.generation_config is not None and model.generation_config.pad_token_id is None:
         model.generation_config.pad_token_id = tok.pad_token_id
     return model, tok
@@ -163,12 +167,46 @@ def autocast_of(model):
     return torch.autocast(device_type=model.device.type, dtype=dtype)
 
 
-def build_reference(model, alg) -> torch.nn.Module | None:
+def apply_lora(model, lora_cfg, *, gradient_checkpointing: bool = False):
+    """The model with LoRA adapters (peft's get_peft_model) as model.lora says: only the adapters train, the
+    base weights are frozen. A peft PeftModelForCausalLM: forward, generate and save_pretrained (the adapter) as usual."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ModelLoadError("model.lora runs in one process for now; drop model.lora or run without torchrun")
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError:
+        raise ModelLoadError("model.lora needs the peft package: pip install 'grpokit[lora]' (or pip install peft)") from None
+    config = LoraConfig(r=lora_cfg.r, lora_alpha=lora_cfg.alpha, lora_dropout=lora_cfg.dropout, task_type="CAUSAL_LM",
+                        target_modules=lora_cfg.target_modules)
+    try:
+        peft_model = get_peft_model(model, config)
+    except ValueError as exc:  # e.g. target_modules that name no module of this model
+        raise ModelLoadError(f"model.lora.target_modules={lora_cfg.target_modules!r}: {str(exc).splitlines()[0]}") from None
+    if gradient_checkpointing:  # frozen embeddings: the checkpointed blocks' inputs must carry a gradient
+        peft_model.enable_input_require_grads()
+    return peft_model.train()
+
+
+def is_lora(model) -> bool:
+    """A peft model (model.lora): its adapters are what trains and what is saved."""
+    return hasattr(model, "peft_config") and hasattr(model, "disable_adapter")
+
+
+class AdapterOff:
+    """pi_ref of a LoRA policy: the policy itself with its adapter disabled (peft's disable_adapter) during each
+    pass, i.e. the frozen base weights, shared with pi_theta: no second copy in memory. batched_logprobs takes it."""
+
+    def __init__(self, policy):
+        self.policy = policy
+
+
+def build_reference(model, alg) -> torch.nn.Module | AdapterOff | None:
     """pi_ref as algorithm.* says: None when beta = 0 or ref_policy=none (no KL term, no second copy in
-    memory); else a frozen copy of the policy as it is now (ref_policy=reset later copies the policy into it)."""
+    memory); with LoRA the base model under the policy (AdapterOff); else a frozen copy of the policy as it is now
+    (ref_policy=reset later copies the policy into it)."""
     if alg.beta == 0 or alg.ref_policy == "none":
         return None
-    return frozen_copy(model)
+    return AdapterOff(model) if is_lora(model) else frozen_copy(model)
 
 
 def frozen_copy(model) -> torch.nn.Module:
@@ -238,10 +276,15 @@ def _vocab_size(model) -> int:
     return head.weight.shape[0] if isinstance(head, torch.nn.Linear) else 0
 
 
+def _backbone(model):
+    """The transformer body under the LM head (a peft model's base_model is peft's LoraModel: the body is below it)."""
+    return model.get_base_model().base_model if is_lora(model) else getattr(model, "base_model", model)
+
+
 def _forward(model, fused: bool, keep: int, **inputs) -> Tensor:
     """The last `keep` positions' logits, or (fused) the backbone's hidden states there."""
     if fused:
-        return model.base_model(**inputs).last_hidden_state[:, -keep:]
+        return _backbone(model)(**inputs).last_hidden_state[:, -keep:]
     return model(**inputs, logits_to_keep=keep).logits
 
 
@@ -254,7 +297,7 @@ def fused_head(model) -> torch.nn.Linear | None:
     if is_sharded(model):  # FSDP2: the head's weight is a shard outside the root's forward
         return None
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    ok = isinstance(head, torch.nn.Linear) and getattr(model, "base_model", model) is not model
+    ok = isinstance(head, torch.nn.Linear) and _backbone(model) is not model
     if ok:
         was_training = model.training
         model.eval()
@@ -263,7 +306,7 @@ def fused_head(model) -> torch.nn.Linear | None:
                 ids = torch.arange(4, device=head.weight.device).remainder(head.weight.shape[0])[None]
                 logits = model(input_ids=ids, use_cache=False).logits.float()
                 with autocast_of(model):
-                    mine = head(model.base_model(input_ids=ids, use_cache=False).last_hidden_state).float()
+                    mine = head(_backbone(model)(input_ids=ids, use_cache=False).last_hidden_state).float()
                 tol = 1e-4 if getattr(model, "_grpokit_autocast", None) is None else 2e-2  # bf16 matmuls under autocast
                 ok = torch.allclose(mine, logits, rtol=tol, atol=tol)
         except (TypeError, AttributeError, RuntimeError):
@@ -352,7 +395,11 @@ def select_cache_rows(cache, index: Tensor) -> None:
 def batched_logprobs(model, tokens: PackedBatch, *, micro_batch_size: int, temperature: float = 1.0,
                      by_length: bool = False) -> Tensor:
     """Log-probs [N, T] (float32, 0 on padding) under a model in eval mode, no gradient, in micro-batches
-    (by_length: of rows of similar completion length, batch.micro_batches): the pi_old and pi_ref passes."""
+    (by_length: of rows of similar completion length, batch.micro_batches): the pi_old and pi_ref passes.
+    An AdapterOff (pi_ref of a LoRA policy): the policy's passes with its adapter disabled."""
+    if isinstance(model, AdapterOff):
+        with model.policy.disable_adapter():
+            return batched_logprobs(model.policy, tokens, micro_batch_size=micro_batch_size, temperature=temperature, by_length=by_length)
     out = torch.zeros(tokens.completion_ids.shape, dtype=torch.float32)
     was_training = model.training
     model.eval()

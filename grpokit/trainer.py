@@ -24,7 +24,7 @@ from torch import Tensor
 from grpokit.algo import masked_mean
 from grpokit.algorithm import algorithm_loss, dynamic_sampling, make_loss_mask, outcome_advantages, process_advantages
 from grpokit.batch import Groups, RolloutBatch, micro_batches, pack_sequences, process_rewards, repeat_rows
-from grpokit.checkpoint import RunLock, checkpoint_dir, resume, save_pretrained_atomic, seed_everything
+from grpokit.checkpoint import RunLock, checkpoint_dir, resume, save_final, seed_everything
 from grpokit.config import Config
 from grpokit.critic import Critic
 from grpokit.data import PromptSampler, build_datasets, check_context_length
@@ -262,7 +262,7 @@ class Trainer:
                         return metrics
                 if saved_step != self.step:
                     self.save()  # the end state, so that running the command again finds the run finished
-                self.world.on_main(save_pretrained_atomic, self.world.full_model(), self.tokenizer, self.out / "final")
+                self.world.on_main(save_final, self.world.full_model(), self.tokenizer, self.out / "final", merge=bool(cfg.model.lora and cfg.model.lora.merge_on_save))
         finally:
             log.close()
         try:
