@@ -39,12 +39,14 @@ COMMON = [
     "eval.reward=multiply",
     "eval.k=1",
 ]
+# The "test" model (~0.2M parameters) learns to copy the tool's result in ~900 SFT steps (held-out success ~0.6 after
+# SFT, greedy); the 1.8M "demo" model needs longer than the 15-minute budget allows on 2 cores.
 FULL = {
-    "model_size": "demo",
-    "sft": dict(rows=8000, steps=500, batch_size=32, lr=1e-3),
-    "grpo": [*COMMON, "rollout.prompts_per_step=8", "rollout.num_generations=8", "optim.learning_rate=1e-4",
-             "optim.max_steps=60", "data.task_train_size=4000", "data.eval_size=200", "eval.every=20",
-             "eval.batch_size=100", "checkpoint.save_every=0", "logging.sample_every=20"],
+    "model_size": "test",
+    "sft": dict(rows=8000, steps=900, batch_size=32, lr=3e-3),
+    "grpo": [*COMMON, "rollout.prompts_per_step=8", "rollout.num_generations=8", "optim.learning_rate=5e-4",
+             "optim.max_steps=40", "data.task_train_size=4000", "data.eval_size=200", "eval.every=10",
+             "eval.batch_size=100", "checkpoint.save_every=0", "logging.sample_every=10"],
 }
 QUICK = {
     "model_size": "test",

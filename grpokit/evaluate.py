@@ -27,6 +27,7 @@ from grpokit.metrics import (
     eval_pass_at,
 )
 from grpokit.rollout.base import Completions, SamplingParams
+from grpokit.rollout.episodes import generate_groups
 from grpokit.tools.episode import episode_metrics
 
 Judge = Callable[[Sequence, Completions], tuple[list[float], list[bool], list[bool]]]
@@ -79,7 +80,7 @@ def evaluate(
     correct, fmt, scores, lengths, episodes = [], [], [], [], []
     for start in range(0, len(rows), batch_size):
         chunk = rows[start : start + batch_size]
-        comps = engine.generate([r.prompt_ids for r in chunk], 1, greedy)
+        comps = generate_groups(engine, chunk, 1, greedy, {})  # with tools: episodes (environments reset with the rows)
         s, c, f = judge(chunk, comps)
         scores += s
         correct += c
@@ -102,7 +103,7 @@ def evaluate(
             torch.manual_seed(seed)
             for start in range(0, len(rows), max(1, batch_size // k) or 1):
                 chunk = rows[start : start + max(1, batch_size // k)]
-                comps = engine.generate([r.prompt_ids for r in chunk], k, sampling)
+                comps = generate_groups(engine, chunk, k, sampling, {})
                 _, ok, _ = judge(chunk, comps)
                 for i in range(len(chunk)):
                     oks = ok[i * k : (i + 1) * k]

@@ -217,3 +217,32 @@ def test_categorical_draw_has_the_distribution_and_never_draws_a_zero():
     huge = torch.softmax(torch.randn(4, 151936), -1)  # a real vocabulary: indices in range, where the mass is
     idx = sample_categorical(huge)
     assert idx.shape == (4,) and (idx < 151936).all() and (huge.gather(1, idx[:, None]) > 0).all()
+
+
+def test_stop_token_ids_end_a_row_like_eos_and_are_kept():
+    """SamplingParams.stop_token_ids: a row ends right after its first stop sequence (kept) or at EOS, and the
+    log-probs of what it kept are the model's (one scoring pass over prompt + completion)."""
+    from grpokit.batch import pack_sequences
+    from grpokit.policy import completion_logprobs
+    from grpokit.rollout import SamplingParams
+    from grpokit.rollout.fast import FastEngine
+    from grpokit.tasks.tiny_model import build_tiny_llama
+    from grpokit.tasks.tokenizer import build_tokenizer
+
+    tok = build_tokenizer("0123456789+*=ab")
+    model = build_tiny_llama(tok, size="test", seed=1).eval()
+    engine, prompts = FastEngine(model, tok), [tok.encode(p) for p in ("12*3", "7", "1", "99", "3*3", "+", "42", "8")]
+    stop = tuple(tok.encode("77", add_special_tokens=False))  # a frequent pair of this random model
+    torch.manual_seed(3)
+    out = engine.generate(prompts, 8, SamplingParams(max_tokens=40, stop_token_ids=(stop,)))
+    stopped = 0
+    for ids in out.token_ids:
+        first = next((j + 2 for j in range(len(ids) - 1) if tuple(ids[j : j + 2]) == stop), None)
+        assert tok.eos_token_id not in ids[:-1] and (first is None or first == len(ids))
+        stopped += first is not None
+    assert stopped >= 2 and any(len(ids) == 40 or ids[-1] == tok.eos_token_id for ids in out.token_ids)
+    tokens = pack_sequences([p for p in prompts for _ in range(8)], out.token_ids, tok.pad_token_id)  # 64 rows
+    with torch.no_grad():
+        logp, _ = completion_logprobs(model, tokens)
+    for i, lps in enumerate(out.logprobs):
+        torch.testing.assert_close(logp[i, : len(lps)], torch.tensor(lps), atol=2e-5, rtol=0)

@@ -8,6 +8,7 @@ where log-probs and masks must hold for sampled tokens.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import pytest
@@ -307,7 +308,7 @@ def test_sampled_episodes_score_like_one_pass_on_the_whole_sequence(engine_name)
     model = build_tiny_llama(tok, size="test", seed=0).eval()
     torch.manual_seed(0)
     rollout = ToolRollout(make_engine(engine_name, model, tok), tok, [as_tool(size)], fmt=MarkerFormat(), max_turns=4)
-    prompts = [tok.encode("12*34="), tok.encode("7+8="), tok.encode("1")]
+    prompts = [tok.encode(p) for p in ("12*34=", "7+8=", "1", "99", "3*3", "+", "42", "8")]
     comps = rollout.generate(prompts, 8, SamplingParams(max_tokens=48))
     eps = comps.episodes
     assert sum(len(e.tool_calls) for e in eps) >= 4 and max(e.turns for e in eps) >= 2  # multi-turn did happen
@@ -315,6 +316,9 @@ def test_sampled_episodes_score_like_one_pass_on_the_whole_sequence(engine_name)
         assert len(ids) == len(mask) <= 48
         ran = [c for c in ep.tool_calls if c.error != "not_run"][: ep.turns - 1]  # the results that made it into the text
         assert sum(1 - m for m in mask) == sum(len("{" + c.result + "}") for c in ran)
+    turns = [m["content"] for ep in eps for m in ep.messages if m["role"] == "assistant"]
+    if engine_name == "fast":  # the engine stopped each turn at its first '=' (stop_token_ids)
+        assert all("=" not in t[:-1] for t in turns)
     if engine_name == "hf":
         assert comps.logprobs is None
         return
@@ -509,3 +513,43 @@ def test_hostile_python_tool_calls_are_contained_as_code_tests_programs_are(tmp_
     assert sb.sandbox_dirs() <= dirs_before
     assert sb.sandbox_processes() == []
     os.kill(os.getpid(), 0)
+
+
+# -- end to end: the trainer with tools learns what the episode's reward pays for ------------------------------
+
+def made_a_call(completions, episodes, **kwargs):
+    """1.0 for an episode with at least one tool call, else 0.0."""
+    return [float(bool(ep.tool_calls)) for ep in episodes]
+
+
+class Recording(ToolRollout):
+    def generate(self, *args, **kwargs):
+        self.last = super().generate(*args, **kwargs)
+        return self.last
+
+
+def test_grpo_with_tools_learns_to_call_and_trains_only_on_model_tokens(tmp_path):
+    from grpokit.rewards import RewardSpec
+    from grpokit.trainer import Trainer
+
+    tok = build_tokenizer("0123456789+*=ab{}")
+    build_tiny_llama(tok, size="test", seed=0).save_pretrained(tmp_path / "model")
+    tok.save_pretrained(tmp_path / "model")
+    cfg = load_config(None, [f"model.name_or_path={tmp_path / 'model'}", f"output_dir={tmp_path / 'run'}", "tools.builtin=[calculator]",
+                             "rollout.max_turns=3", "rollout.engine=fast", "rollout.prompts_per_step=4", "rollout.num_generations=8",
+                             "rollout.max_completion_length=32", "optim.learning_rate=3e-3", "algorithm.beta=0.0",
+                             "optim.max_steps=24", "eval.at_start=false", "logging.sample_every=0", "checkpoint.save_every=0"])
+    cfg.rewards = [RewardSpec(made_a_call)]
+    rows = [{"prompt": f"{i}*{j}"} for i in range(10) for j in range(10)]
+    trainer = Trainer(cfg, train_rows=rows)
+    assert isinstance(trainer.engine, ToolRollout)
+    trainer.engine = Recording(trainer.engine.engine, trainer.tokenizer, [as_tool(size)], fmt=MarkerFormat(), max_turns=3)
+    batch, metrics, _ = trainer.rollout([trainer.train_data[i] for i in range(4)])
+    model_tokens = sum(sum(m) for m in trainer.engine.last.model_mask)
+    assert batch.loss_mask.sum().item() == model_tokens < batch.tokens.completion_mask.sum().item()  # tool tokens: no loss
+    assert metrics["rollout/tools/calls_per_episode"] > 0
+    trainer.train()
+    calls = [json.loads(line)["rollout/tools/episodes_with_calls"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert len(calls) == 24
+    first, last = sum(calls[:6]) / 6, sum(calls[-6:]) / 6
+    assert last > first + 0.2, (first, last)

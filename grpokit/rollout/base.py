@@ -25,6 +25,9 @@ class SamplingParams:
     """0 = off."""
     greedy: bool = False
     """Argmax decoding (temperature, top_p and top_k are ignored)."""
+    stop_token_ids: tuple[tuple[int, ...], ...] = ()
+    """Token sequences that end a completion as EOS does (kept in it): the fast engine stops a row there; an engine
+    without them (hf) generates on and the caller cuts (multi-turn episodes stop a turn at a tool call this way)."""
 
 
 @dataclass

@@ -107,8 +107,9 @@ class ToolRollout:
     def _turn(self, active: list[_Run], turn: int, n: int, prompts: list[list[int]] | None, sampling: SamplingParams) -> None:
         """One engine call for every active episode, then each episode's turn is cut, recorded and judged."""
         budget = max(sampling.max_tokens - len(r.ids) for r in active)
+        stop = (tuple(self.tokenizer.encode(self.fmt.call_close, add_special_tokens=False)),) if self.fmt.ends_turn_at_call else ()
         out = self.engine.generate(prompts if prompts is not None else [r.context for r in active], n,
-                                   replace(sampling, max_tokens=budget))
+                                   replace(sampling, max_tokens=budget, stop_token_ids=stop))  # stop: saves tokens only
         self._logprobs = self._logprobs and out.logprobs is not None
         for j, run in enumerate(active):
             left = sampling.max_tokens - len(run.ids)
@@ -124,7 +125,8 @@ class ToolRollout:
             run.episode.messages.append({"role": "assistant", "content": text})
             run.episode.turns = turn
             calls_complete = bool(raws) and (self.fmt.ends_turn_at_call or ended)
-            if not calls_complete:
+            if not calls_complete:  # the answer; or a close marker without a call, where the engine stopped
+                ended = ended or (self.fmt.ends_turn_at_call and text.endswith(self.fmt.call_close) and len(ids) < left)
                 run.finish = "stop" if ended else "length"
                 run.episode.cut = None if ended else "budget"
                 continue

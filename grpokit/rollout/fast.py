@@ -229,6 +229,8 @@ class FastEngine:
         out_logp = torch.zeros((B, T), dtype=torch.float32, device=device)  # [B, T]
         rows = torch.arange(B, device=device)  # [B_active]: the output row of each batch row
         alive = torch.ones(B, dtype=torch.bool, device=device)  # [B_active]: no EOS yet
+        stops = [torch.tensor(seq, device=device) for seq in sampling.stop_token_ids if seq]
+        stop_at = torch.full((B,), T, dtype=torch.long, device=device)  # [B] length of a row a stop sequence ended
         for t in range(T):
             tok, logp = self._sample(logits, sampling)  # [B_active], [B_active]
             out_tokens[rows, t] = tok  # rows past EOS write junk after their EOS; the cut below ignores it
@@ -236,6 +238,11 @@ class FastEngine:
             if t == T - 1:
                 break
             alive &= ~torch.isin(tok, eos)
+            for seq in stops:  # a stop sequence completed at t: the row ends as at EOS, the sequence kept
+                if t + 1 >= len(seq):
+                    hit = alive & (out_tokens[rows, t + 1 - len(seq) : t + 1] == seq).all(-1)  # [B_active]
+                    stop_at[rows[hit]] = t + 1
+                    alive &= ~hit
             n_alive = int(alive.sum())  # a CPU-GPU sync point, once per step: it decides whether the batch shrinks
             if n_alive == 0:
                 break
@@ -254,7 +261,8 @@ class FastEngine:
 
         # Cut each row after its first EOS; a row that stops at step T - 1 has length T and ends with EOS.
         is_eos = torch.isin(out_tokens, eos)  # [B, T]
-        lengths = torch.where(is_eos.any(-1), is_eos.int().argmax(-1) + 1, T).tolist()  # argmax: the first EOS
+        lengths = torch.where(is_eos.any(-1), is_eos.int().argmax(-1) + 1, T)  # argmax: the first EOS
+        lengths = torch.minimum(lengths, stop_at).tolist()
         tokens, lps = out_tokens.tolist(), out_logp.tolist()
         return [tokens[i][: lengths[i]] for i in range(B)], [lps[i][: lengths[i]] for i in range(B)]
 
