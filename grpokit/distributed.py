@@ -62,7 +62,7 @@ def check_config(cfg: Config, world_size: int) -> None:
         raise ConfigError(f"optim.micro_batch_size={cfg.optim.micro_batch_size} must divide each rank's share of a minibatch, {share} "
                           f"completions {where}")
     for what, on in (("algorithm.advantage_estimator=gae (the PPO critic)", cfg.algorithm.advantage_estimator == "gae"),
-                     ("model.compile=true", cfg.model.compile)):
+                     ("model.compile=true", cfg.model.compile), ("model.lora (LoRA adapters)", cfg.model.lora is not None)):
         if on:
             raise ConfigError(f"{what} is not supported {where} yet (issue 12, docs/scaling.md); run it in one process")
 

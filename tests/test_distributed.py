@@ -210,6 +210,7 @@ def _config(tmp_path, *extra):
     (["optim.num_minibatches=2", "optim.micro_batch_size=8"], "optim.micro_batch_size=8 must divide each rank's share of a minibatch, 4"),
     (["algorithm.advantage_estimator=gae"], "algorithm.advantage_estimator=gae (the PPO critic) is not supported at world size 2"),
     (["model.compile=true"], "model.compile=true is not supported at world size 2"),
+    (["model.lora={r: 4}"], "model.lora (LoRA adapters) is not supported at world size 2"),
 ])
 def test_what_two_ranks_cannot_run_is_one_line(tmp_path, monkeypatch, extra, message):
     monkeypatch.setenv("WORLD_SIZE", "2")
