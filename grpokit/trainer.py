@@ -66,7 +66,7 @@ class Trainer:
         self.health, self.correction = StepHealth(cfg), SamplerCorrection(cfg.rollout)  # bad steps; sampler-trainer mismatch
         check_context_length(data, getattr(model, "config", None), cfg.rollout.max_completion_length)
 
-        self.engine = with_tools(make_engine(cfg.rollout.engine, rollout_model, self.tokenizer, batch_size=cfg.rollout.generation_batch_size, compile=cfg.model.compile), cfg, self.tokenizer)
+        self.engine = with_tools(make_engine(cfg.rollout.engine, rollout_model, self.tokenizer, batch_size=cfg.rollout.generation_batch_size, compile=cfg.model.compile, rollout=cfg.rollout), cfg, self.tokenizer)
         total = cfg.optim.max_steps * alg.num_iterations * cfg.optim.num_minibatches
         self.optimizer = Optimizer(model.named_parameters(), cfg.optim, lr=cfg.optim.learning_rate, total_steps=total)
         self.critic = Critic(cfg, model, has_ref=self.ref is not None, total_steps=total) if alg.advantage_estimator == "gae" else None

@@ -6,9 +6,9 @@ from grpokit.rollout.mismatch import SamplerCorrection, sampler_logprobs
 from grpokit.rollout.episodes import ToolRollout, generate_groups, with_tools
 
 
-def make_engine(name: str, model, tokenizer, *, batch_size: int = 0, compile: bool = False) -> RolloutEngine:
+def make_engine(name: str, model, tokenizer, *, batch_size: int = 0, compile: bool = False, rollout=None) -> RolloutEngine:
     """The engine named in rollout.engine, generating with `model` (pi_old); compile: the fast engine's
-    forward through torch.compile (the hf engine ignores it)."""
+    forward through torch.compile (the hf engine ignores it); rollout: the RolloutConfig, for vllm's settings."""
     if name == "hf":
         from grpokit.rollout.hf import HFEngine
 
@@ -17,7 +17,13 @@ def make_engine(name: str, model, tokenizer, *, batch_size: int = 0, compile: bo
         from grpokit.rollout.fast import FastEngine
 
         return FastEngine(model, tokenizer, batch_size=batch_size, compile=compile)
-    raise ValueError(f"unknown rollout.engine {name!r}; allowed: hf, fast")
+    if name == "vllm":
+        from grpokit.rollout.vllm import VLLMEngine
+
+        seqs = (batch_size or rollout.prompts_per_step * rollout.num_generations) if rollout is not None else 256
+        return VLLMEngine(model, tokenizer, max_seqs=seqs, kv_cache_mb=rollout.vllm_kv_cache_mb if rollout is not None else 0,
+                          gpu_memory_utilization=rollout.vllm_gpu_memory_utilization if rollout is not None else 0.3)
+    raise ValueError(f"unknown rollout.engine {name!r}; allowed: hf, fast, vllm")
 
 
 __all__ = ["Completions", "RolloutEngine", "SamplerCorrection", "SamplingParams", "sampler_logprobs", "ToolRollout", "generate_groups", "make_engine", "with_tools"]

