@@ -322,8 +322,12 @@ class RewardSpec(Section):
     """One reward function in the combination: an entry of `rewards` in a config, or built in Python,
     where the function may come first: RewardSpec("math"), RewardSpec(my_fn, weight=0.5)."""
 
-    function: str | Callable[..., Any]
+    function: str | Callable[..., Any] | None = None
     """Built-in name (math, format, overlong, length, code_tests; countdown, countdown_steps from the built-in tasks), package.module:function, path/to/file.py:function, or (from Python) the callable itself."""
+    model: str | None = None
+    """Instead of `function`: a reward model, a Hugging Face id or folder of an AutoModelForSequenceClassification with one
+    label; it scores (prompt, completion) through its own chat template when it has one (grpokit/rewards/model.py).
+    Its kwargs: batch_size, max_length, device."""
     weight: float = 1.0
     """Weight in the total reward."""
     kwargs: dict[str, Any] = Field(default_factory=dict)
@@ -343,22 +347,31 @@ class RewardSpec(Section):
 
     @model_serializer(mode="wrap")
     def _without_default_timeout(self, handler: Any) -> dict[str, Any]:
-        # Unset, `timeout` is left out: a checkpoint saved before it existed still matches on resume.
+        # Unset, `timeout` and `model` (and `function` of a reward model) are left out: a checkpoint saved before
+        # they existed still matches on resume.
         data = handler(self)
-        if data.get("timeout") is None:
-            data.pop("timeout", None)
+        for key in ("timeout", "model", "function"):
+            if data.get(key) is None:
+                data.pop(key, None)
         return data
 
+    @model_validator(mode="after")
+    def _function_or_model(self) -> "RewardSpec":
+        if (self.function is None) == (self.model is None):
+            both = "both" if self.function is not None else "neither"
+            raise ValueError(f"a reward needs exactly one of `function` (a reward function) and `model` (a reward model); this one has {both}")
+        return self
+
     @field_serializer("function")
-    def _function_path(self, value: Any) -> str:
+    def _function_path(self, value: Any) -> str | None:
         # config.yaml records a callable by where it lives (package.module:qualname)
-        return value if isinstance(value, str) else f"{value.__module__}:{value.__qualname__}"
+        return value if isinstance(value, str) or value is None else f"{value.__module__}:{value.__qualname__}"
 
     @field_validator("function", mode="plain")
     @classmethod
     def _name_or_callable(cls, value: Any) -> Any:
         # plain: a config's value gets the usual message, without pydantic's per-union-member locations
-        if isinstance(value, str) or callable(value):
+        if value is None or isinstance(value, str) or callable(value):
             return value
         raise PydanticCustomError("string_type", "Input should be a valid string")
 
@@ -428,10 +441,6 @@ class Config(Section):
             raise ValueError(f"optim.micro_batch_size={self.optim.micro_batch_size} must divide the minibatch size {mb}")
         return self
 
-    # Derived values, computed in one place.
-    @property
-    def rollout_batch_size(self) -> int:
-        return self.rollout.prompts_per_step * self.rollout.num_generations
     @model_validator(mode="after")
     def _check_lora(self) -> "Config":
         if self.model.lora is None:
@@ -444,6 +453,10 @@ class Config(Section):
                              "(LoRA runs with ref_policy frozen or none, the grpo / rloo estimators, rollout.engine hf or fast)")
         return self
 
+    # Derived values, computed in one place.
+    @property
+    def rollout_batch_size(self) -> int:
+        return self.rollout.prompts_per_step * self.rollout.num_generations
 
     @property
     def minibatch_size(self) -> int:
@@ -502,16 +515,16 @@ class SFTConfig(Section):
     sft: SFTSection = Field(default_factory=SFTSection)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
 
-
-# ---------------------------------------------------------------- presets
-
-# Each paper's algorithm settings. Budget choices (G, batch sizes, learning rate) are not part of a
     @model_validator(mode="after")
     def _no_lora(self) -> "SFTConfig":
         if self.model.lora is not None:
             raise ValueError("model.lora is for `grpokit train`; `grpokit sft` trains every weight: drop model.lora from the SFT config")
         return self
 
+
+# ---------------------------------------------------------------- presets
+
+# Each paper's algorithm settings. Budget choices (G, batch sizes, learning rate) are not part of a
 # preset; the paper's values are listed in docs/algorithm.md.
 PRESETS: dict[str, dict[str, Any]] = {
     # DeepSeekMath (2402.03300) §4.2: beta 0.04, k3 KL, eps 0.2, per-sequence mean, group std; G=64, mu=1.

@@ -623,3 +623,69 @@ def test_tool_reward_without_tools(env):
 def test_unknown_builtin_tool(env):
     user_error(train(env, "tools.builtin=[calc]"), "bad value for 'tools.builtin.0': 'calc': Input should be 'calculator' or 'python'")
 
+
+# ----------------------------------------------------------------------------- LoRA, reward models (docs/lora.md, docs/rewards.md)
+
+
+@pytest.mark.parametrize("key", ["algorithm.ref_policy=reset", "algorithm.advantage_estimator=gae", "model.compile=true"])
+def test_lora_with_a_setting_it_does_not_support(env, key):
+    extra = ["algorithm.ref_reset_every=2"] if "reset" in key else []
+    user_error(train(env, "model.lora.r=4", key, *extra), f"model.lora does not work with {key} yet; drop model.lora or change that key")
+
+
+def test_lora_in_an_sft_config(env):
+    result = CliRunner().invoke(app, ["sft", str(env[0] / "config.yaml"), "model.lora.r=4"])
+    user_error(result, "model.lora is for `grpokit train`; `grpokit sft` trains every weight")
+
+
+def test_lora_without_peft(env, monkeypatch):
+    monkeypatch.setitem(sys.modules, "peft", None)  # `import peft` fails as if it were not installed
+    user_error(train(env, "model.lora.r=4"), "model.lora needs the peft package: pip install 'grpokit[lora]'")
+
+
+def test_lora_target_modules_that_match_nothing(env):
+    pytest.importorskip("peft")
+    user_error(train(env, "model.lora.target_modules=[qkv_proj]"), "model.lora.target_modules=['qkv_proj']: Target modules")
+
+
+def test_lora_under_torchrun(monkeypatch):
+    pytest.importorskip("peft")
+    from grpokit.config import LoraConfig
+    from grpokit.policy import ModelLoadError, apply_lora
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ModelLoadError, match="model.lora runs in one process for now; drop model.lora or run without torchrun"):
+        apply_lora(torch.nn.Linear(2, 2), LoraConfig())
+
+
+def test_lora_resume_without_the_adapter(env):
+    pytest.importorskip("peft")
+    assert train(env, "model.lora.r=4").exit_code == 0
+    (env[0] / "run" / "checkpoints" / "step-000001" / "adapter_model.safetensors").unlink()
+    user_error(train(env, "model.lora.r=4", "optim.max_steps=2", "checkpoint.allow_changes=[optim.max_steps]"),
+               "step-000001' has no adapter_model.safetensors, but model.lora is set")
+
+
+@pytest.mark.parametrize("spec, words", [
+    ("{weight: 1.0}", "a reward needs exactly one of `function` (a reward function) and `model` (a reward model); this one has neither"),
+    ("{function: math, model: x}", "this one has both"),
+])
+def test_reward_with_neither_or_both_function_and_model(env, spec, words):
+    user_error(train(env, f"rewards=[{spec}]"), "bad value for 'rewards.0'", words)
+
+
+def test_reward_model_that_cannot_be_loaded(env):
+    user_error(train(env, f"rewards=[{{model: '{env[0]}'}}]"), f"rewards[0].model='{env[0]}': could not load a sequence-classification reward model")
+
+
+def test_reward_model_with_several_labels(env):
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForSequenceClassification
+
+    tok = AutoTokenizer.from_pretrained(env[1][0].split("=", 1)[1])
+    rm = env[0] / "rm2"
+    LlamaForSequenceClassification(LlamaConfig(vocab_size=len(tok), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                               intermediate_size=32, num_labels=2)).save_pretrained(rm)
+    tok.save_pretrained(rm)
+    user_error(train(env, f"rewards=[{{model: '{rm}'}}]"), "rewards[0].model=", "has num_labels=2; a reward model gives one score per text")
+    user_error(train(env, f"rewards=[{{model: '{rm}', kwargs: {{batch: 4}}}}]"),
+               "rewards[0].kwargs: ['batch'] are not settings of a reward model; allowed: batch_size, max_length, device")

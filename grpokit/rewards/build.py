@@ -11,12 +11,15 @@ from typing import Any, Callable, Mapping, Sequence
 
 from grpokit.config import Config, ConfigError, RewardSpec
 from grpokit.rewards.manager import RewardManager
+from grpokit.rewards.model import reward_model_spec
 
 
 def reward_specs(cfg: Config, task: Any | None) -> list[RewardSpec]:
-    """The configured reward functions; the built-in task's reward (by its name) when none is configured;
+    """The configured reward functions (a reward model loaded as one: grpokit/rewards/model.py); the built-in task's
+    reward (by its name) when none is configured;
     DAPO's soft overlong punishment (eq. 13) when algorithm.overlong_buffer_frac > 0."""
     specs = list(cfg.rewards) or ([RewardSpec(function=task.name)] if task else [])
+    specs = [reward_model_spec(s, index=i) if s.model is not None else s for i, s in enumerate(specs)]  # rewards/model.py
     if cfg.tools.environment is not None:  # TRL: an environment with get_reward() owns a reward (grpokit/tools/setup.py)
         from grpokit.tools.setup import environment_reward_spec, resolve_callable
 

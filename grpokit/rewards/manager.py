@@ -9,7 +9,8 @@
     out.metrics()      # reward/... scalars, listed in RewardOutput.metrics
 
 Calling convention (TRL's, so TRL reward functions work unchanged): keyword arguments only,
-`fn(prompts=, completions=, completion_ids=, **columns, **spec.kwargs)`, returning one
+`fn(prompts=, completions=, completion_ids=, **columns, **spec.kwargs)` (chat prompts: each completion a list of
+messages, [{"role": "assistant", "content": ...}], as TRL passes them), returning one
 `float | None` per completion, or a `StepScores` (per-step scores with the character offsets
 where the steps end: process rewards, grpokit/rewards/steps.py). A StepScores counts as its
 `value` (its outcome, default the sum of its scores) wherever one number is needed, and is kept
@@ -56,7 +57,7 @@ from grpokit.metrics import (REWARD_ERROR_FRAC, REWARD_NONE_FRAC, REWARD_TOTAL, 
                              reward_fn, reward_fn_std, reward_fn_steps, reward_timeouts)
 from grpokit.rewards.builtins import BUILTIN_REWARDS
 from grpokit.rewards.steps import StepScores
-from grpokit.rewards.text import completion_text
+from grpokit.rewards.text import as_messages, completion_text
 from grpokit.rewards.timeouts import CallLimit, TimedOut
 
 logger = logging.getLogger("grpokit.rewards")
@@ -433,9 +434,12 @@ class RewardManager:
         episodes: list[Any] | None = None,
     ) -> RewardOutput:
         """episodes: [N] grpokit.tools.Episode of multi-turn rollouts with tools; then functions may also take
-        `episodes` and `environments` (each episode's environment instance or None, as TRL passes them)."""
+        `episodes` and `environments` (each episode's environment instance or None, as TRL passes them).
+        Conversational prompts (chat messages): string completions are passed on as messages (text.as_messages)."""
         columns = dict(columns or {})
         n = len(completions)
+        self._texts = [completion_text(c) for c in completions]  # what StepScores' offsets count in, before:
+        completions = as_messages(prompts, completions, episodes)  # chat prompts: completions as messages (TRL)
         call_args = {"prompts": prompts, "completions": completions, "completion_ids": completion_ids}
         if episodes is not None:
             call_args.update(episodes=episodes, environments=[getattr(e, "environment", None) for e in episodes])
@@ -495,7 +499,7 @@ class RewardManager:
             for i, v in enumerate(items):
                 if not isinstance(v, StepScores):
                     continue
-                if problem := v.problem(len(completion_text(call_args["completions"][i]))):
+                if problem := v.problem(len(self._texts[i])):
                     step_problems[i] = problem
                     continue
                 steps[i] = v
