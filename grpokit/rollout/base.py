@@ -35,9 +35,9 @@ class Completions:
     token_ids: list[list[int]]  # [N][len_i] completion tokens, EOS included when the model stopped
     texts: list[str]  # [N] decoded without special tokens
     finish_reasons: list[str]  # [N] "stop" (EOS) | "length" (hit max_tokens: truncated)
-    # [N][len_i] sampler log-probs (after temperature), if the engine has them (fast: yes, hf: no). The loop does
-    # not read them yet; they stay for the vLLM engine's sampler-trainer mismatch check (issue 13) and are tested
-    # against the trainer's log-probs (tests/test_rollout_fast.py, test_trainer.py::test_compile_gives_the_eager_numbers).
+    # [N][len_i] sampler log-probs (after temperature), if the engine has them (fast, vllm: yes; hf: no). The loop
+    # measures the sampler-trainer mismatch with them and, with rollout.importance_correction, corrects for it
+    # (rollout/mismatch.py, docs/rollout.md); tests: test_rollout_fast.py, test_rollout_vllm.py, test_importance.py.
     logprobs: list[list[float]] | None = None
     # Multi-turn episodes with tools (grpokit/rollout/episodes.py); None for one-turn completions. token_ids then
     # interleave the model's turns with tool results: model_mask [N][len_i] is 1 on tokens the model sampled and
