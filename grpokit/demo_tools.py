@@ -9,8 +9,8 @@
    the problems (`<tool>calculator(482*917)</tool><result>441994</result>441994`) and answer directly in the
    other half (which a tiny model cannot compute);
 3. GRPO with multi-turn episodes (rollout.max_turns, tool results masked out of the loss), paid by task success
-   plus Q30's process rewards: per call `tool_args_valid` (a well-formed call of an existing tool, on the call's
-   tokens), `tool_result_used` (the answer is a verified tool result) and `step_cost` (a price per call);
+   plus Q30's process rewards `tool_result_used` (the answer is a verified tool result) and `step_cost` (a price
+   per call, on the call's tokens); --process-only drops the task reward and adds `tool_args_valid`;
 4. held-out task success with tools before and after (greedy episodes, `eval/pass@1`, judged by the task reward
    alone, independent of the process rewards), with the valid-call rate and calls per episode of those episodes.
 """
@@ -26,8 +26,10 @@ from grpokit.metrics import (EVAL_NUM_PROMPTS, EVAL_PASS_AT_1, EVAL_TOOLS_CALLS_
                              EVAL_TOOLS_VALID_CALL_RATE, read_metrics)
 
 TASK_REWARD = "{function: multiply, weight: 1.0}"
-PROCESS_REWARDS = ["{function: tool_args_valid, weight: 0.2}", "{function: tool_result_used, weight: 0.2}",
-                   "{function: step_cost, weight: 1.0, kwargs: {cost: 0.05}}"]
+#: with the task reward: the answer is a verified tool result (0.2), and a price per call (0.05)
+PROCESS_REWARDS = ["{function: tool_result_used, weight: 0.2}", "{function: step_cost, weight: 1.0, kwargs: {cost: 0.05}}"]
+#: --process-only: those and a well-formed call (0.2 per call, on the call's tokens), the task reward's weight 0
+PROCESS_ONLY_REWARDS = ["{function: tool_args_valid, weight: 0.2}", *PROCESS_REWARDS]
 COMMON = [
     "data.task=multiply",
     "tools.builtin=[calculator]",
@@ -112,7 +114,7 @@ def run_tools_demo(out: Path, *, quick: bool = False, seed: int = 0, process_onl
     console.print(f"[bold]2/3[/] SFT on {len(pairs)} problems (half with a calculator call): "
                   f"loss {stats.get('final_loss', float('nan')):.3f}, {sft_time:.0f}s")
 
-    rewards = ([TASK_REWARD.replace("1.0", "0.0")] if process_only else [TASK_REWARD]) + PROCESS_REWARDS
+    rewards = [TASK_REWARD.replace("1.0", "0.0"), *PROCESS_ONLY_REWARDS] if process_only else [TASK_REWARD, *PROCESS_REWARDS]
     cfg = load_config(None, [f"model.name_or_path={out / 'sft'}", f"output_dir={out / 'grpo'}", f"seed={seed}",
                              f"rewards=[{', '.join(rewards)}]", *settings["grpo"], *(overrides or [])])
     what = "process rewards only (task reward weight 0)" if process_only else "task success + process rewards"

@@ -36,7 +36,7 @@ def test_tools_demo_quick_outputs(tmp_path):
     assert evals[0]["step"] == 0 and evals[-1]["step"] == rows[-1]["step"]
     assert all("eval/tools/calls_per_episode" in e for e in evals)  # tool use measured on the held-out episodes
     train = [row for row in rows if "rollout/tools/calls_per_episode" in row]
-    assert len(train) == 4 and all("reward/tool_args_valid" in row and "reward/multiply" in row for row in train)
+    assert len(train) == 4 and all("reward/step_cost" in row and "reward/multiply" in row for row in train)
     config = (out / "grpo" / "config.yaml").read_text()
     assert "calculator" in config and "max_turns: 3" in config
     assert (out / "report.md").is_file() and (out / "grpo" / "final" / "model.safetensors").is_file()

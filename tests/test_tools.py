@@ -355,9 +355,10 @@ def test_process_rewards_on_calls_land_on_each_calls_tokens(tok):
 
 
 def test_tool_result_used_compares_the_final_answer_with_the_results(tok):
-    used = _episode(tok, ["<tool>calculator(12*34)</tool>", "408"]).episodes[0]
-    ignored = _episode(tok, ["<tool>calculator(12*34)</tool>", "999"]).episodes[0]
-    assert tool_result_used(["", ""], [used, ignored]) == [1.0, 0.0]
+    texts = ["408", "999", "so it is 408", "408408", "4080", "so 408 or 5"]
+    eps = [_episode(tok, ["<tool>calculator(12*34)</tool>", t]).episodes[0] for t in texts]
+    # the answer, or its last number, is the result; padding it with junk is not using it
+    assert tool_result_used([""] * 6, eps) == [1.0, 0.0, 1.0, 0.0, 0.0, 0.0]
 
 
 class CounterEnv:
@@ -401,6 +402,14 @@ def test_a_trl_environment_class_runs_unchanged(tok):
     # as TRL passes them: `environments` to any reward function that asks
     seen = RewardManager([RewardSpec(lambda completions, environments, **kw: [float(e.count) for e in environments], name="count")])
     assert seen(prompts=[""] * 4, completions=comps.texts, completion_ids=comps.token_ids, episodes=comps.episodes).total.tolist() == [7.0] * 4
+
+
+def test_an_environment_with_get_reward_adds_its_reward_to_the_run():
+    from grpokit.rewards.build import build_rewards
+
+    cfg = load_config(None, [f"tools.environment={__name__}:CounterEnv", "rewards=[{function: tool_call_valid}]"])
+    manager = build_rewards(cfg, ["prompt", "target"], registry=reward_registry())
+    assert manager.names == ["tool_call_valid", "CounterEnv"] and manager.weights["CounterEnv"] == 1.0
 
 
 def test_tools_config_is_validated(tmp_path):

@@ -52,9 +52,16 @@ class _Run:
 
 
 def prefix_tokens(tokenizer: Any, ids: list[int], chars: int) -> int:
-    """The fewest leading tokens of `ids` whose text (skip_special_tokens) has at least `chars` characters."""
-    texts = tokenizer.batch_decode([ids[: k + 1] for k in range(len(ids))], skip_special_tokens=True)
-    return next((k + 1 for k, t in enumerate(texts) if len(t) >= chars), len(ids))
+    """The fewest leading tokens of `ids` whose text (skip_special_tokens) has at least `chars` characters: a
+    bisection (O(log L) decodes), as the decoded length of a prefix grows with the prefix."""
+    lo, hi = 0, len(ids)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if len(tokenizer.decode(ids[:mid], skip_special_tokens=True)) >= chars:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
 
 
 class ToolRollout:

@@ -7,7 +7,7 @@ process-reward path (DeepSeekMath §4.1.3, grpokit/batch.py) credits the tokens 
     tool_call_valid   1 if it parsed and named an existing tool, else 0       fraction valid             None
     tool_args_valid   1 if its arguments matched the signature, else 0        fraction valid             None
     tool_result_used  -                                                       1 if the final answer      None
-                                                                              contains a result, else 0
+                                                                              is a result, else 0
     step_cost         -cost (kwargs: cost=0.1)                                -cost x calls              0.0
 
 None is "not applicable" (0 in the total). These rewards can be gamed on their own (a model paid for valid calls
@@ -48,17 +48,20 @@ _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
 
 def result_used(ep: Episode) -> bool | None:
-    """Whether the final answer contains the result of a successful call (None: no successful call)."""
+    """Whether the final answer is the result of a successful call: the answer's text, or its last number, equals a
+    result (None: no successful call). Not "contains": a policy paid for containing a result pads it with junk
+    (docs/agentic.md, the process-only run)."""
     results = [c.result.strip() for c in ep.tool_calls if c.ok and c.result.strip()]
     if not results or ep.cut is not None:
         return None if not results else False
-    final = ep.final
-    return any(r in final for r in results)
+    final = ep.final.strip()
+    numbers = _NUMBER.findall(final)
+    return any(r == final or (numbers and r == numbers[-1]) for r in results)
 
 
 def tool_result_used(completions: list[Any], episodes: list[Episode], **kwargs: Any) -> list[float | None]:
-    """1.0 when the final answer contains the text of a successful tool result (a verified result was used),
-    0.0 when calls succeeded but the answer does not use any of them (or the episode was cut), None without one."""
+    """1.0 when the final answer is a successful tool result (its text, or its last number: a verified result was
+    used), 0.0 when calls succeeded but the answer is none of them (or the episode was cut), None without one."""
     out: list[float | None] = []
     for ep in episodes:
         used = result_used(ep)
