@@ -49,8 +49,8 @@ _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
 def result_used(ep: Episode) -> bool | None:
     """Whether the final answer is the result of a successful call: the answer's text, or its last number, equals a
-    result (None: no successful call). Not "contains": a policy paid for containing a result pads it with junk
-    (docs/agentic.md, the process-only run)."""
+    result (None: no successful call). Not "contains", which an answer passes by padding a result with other
+    digits ("408408" for 408): a loophole a policy paid for containment could learn (docs/agentic.md)."""
     results = [c.result.strip() for c in ep.tool_calls if c.ok and c.result.strip()]
     if not results or ep.cut is not None:
         return None if not results else False
