@@ -94,10 +94,11 @@ def test_lora_learns_trains_only_the_adapter_and_saves_loadable_models(tiny_mode
     tokens = some_tokens(trainer.tokenizer)
     want = batched_logprobs(trainer.model, tokens, micro_batch_size=2)
     adapter = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), final)
+    auto = AutoModelForCausalLM.from_pretrained(final)  # transformers reads adapter_config.json: base + adapter
     merged = AutoModelForCausalLM.from_pretrained(final / "merged")  # a plain transformers model
     assert not any("lora_" in n for n, _ in merged.named_parameters())
     mask = tokens.completion_mask.bool()
-    for loaded in (adapter, merged):
+    for loaded in (adapter, auto, merged):
         torch.testing.assert_close(batched_logprobs(loaded, tokens, micro_batch_size=2)[mask], want[mask], rtol=0, atol=1e-5)
 
 
