@@ -65,10 +65,8 @@ def _version(package: str) -> str | None:
 def run_info() -> dict[str, Any]:
     """The versions of grpokit, torch and transformers, and the git commit of the working directory
     (with git_dirty: whether tracked files differ from it); no git keys outside a repository."""
-    import grpokit
-
     info: dict[str, Any] = {
-        "grpokit_version": grpokit.__version__,
+        "grpokit_version": _version("grpokit"),  # the installed distribution's (pyproject.toml), as for torch
         "torch_version": _version("torch"),
         "transformers_version": _version("transformers"),
     }
