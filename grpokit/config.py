@@ -108,6 +108,9 @@ class RolloutConfig(Section):
     """Completions stop here; those without EOS by then count as truncated."""
     generation_batch_size: int = Field(0, ge=0)
     """Max sequences per generate call; 0 = the whole rollout batch at once."""
+    max_turns: int = Field(4, ge=1)
+    """With tools (the `tools` section): model turns per episode at most; a tool call in the last turn is not run
+    (docs/agentic.md). max_completion_length bounds the whole episode, tool results included."""
     importance_correction: Literal["none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"] = "none"
     """Truncated importance sampling against the sampler-trainer mismatch (TRL 1.16's vllm_importance_sampling_mode): each token's loss times rho = pi_old / pi_sampler, per token or per sequence, clamped to (truncate) or zeroed outside (mask) [importance_c_min, importance_c_max]. Needs an engine that returns log-probs (fast, vllm); docs/rollout.md."""
     importance_c_min: float | None = Field(None, ge=0)
@@ -128,9 +131,6 @@ class RolloutConfig(Section):
             raise ValueError(f"rollout.importance_correction={self.importance_correction} needs the sampler's log-probs, which "
                              "rollout.engine=hf does not return; use rollout.engine=fast or vllm, or importance_correction=none")
         return self
-    max_turns: int = Field(4, ge=1)
-    """With tools (the `tools` section): model turns per episode at most; a tool call in the last turn is not run
-    (docs/agentic.md). max_completion_length bounds the whole episode, tool results included."""
 
 
 class AlgorithmConfig(Section):
