@@ -24,6 +24,7 @@ import math
 import os
 import subprocess
 import time
+from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, ClassVar, Mapping, Sequence
 
@@ -96,18 +97,20 @@ def _table_cell(value: Any) -> Any:
 # The interface
 
 
-class Tracker:
+class Tracker(ABC):
     """One external tracker's run. __init__ opens it in `project` (None: the tracker's env var, else
     grpokit) and stores `record` (the config + run_info); `record` and the samples are JSON-safe
     already (MetricLogger converts them)."""
 
     key: ClassVar[str]  # the logging.<key> switch and the pip extra grpokit[<key>]
 
+    @abstractmethod
     def __init__(self, out_dir: Path, run_name: str, project: str | None, record: Mapping[str, Any]) -> None:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def log(self, step: int, scalars: Mapping[str, float]) -> None:
-        raise NotImplementedError
+        ...
 
     def log_samples(self, step: int, samples: Sequence[Mapping[str, Any]]) -> None:
         """Only W&B shows tables of samples; the others keep scalars (samples.jsonl has them all)."""
@@ -116,8 +119,9 @@ class Tracker:
         """Resume from `step`: a tracker that appends to the previous run's store forgets later steps.
         W&B, MLflow and trackio start a new run of the same name instead."""
 
+    @abstractmethod
     def close(self) -> None:
-        raise NotImplementedError
+        ...
 
 
 def _import(key: str, module: str | None = None) -> Any:
