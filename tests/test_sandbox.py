@@ -59,6 +59,17 @@ def sandbox_dirs() -> set[str]:
     return {n for n in os.listdir(tempfile.gettempdir()) if n.startswith("grpokit-sandbox-")}
 
 
+def accepted_a_connection(server: socket.socket) -> bool:
+    """Whether a hostile program reached the non-blocking listening `server` (closed here)."""
+    try:
+        server.accept()
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        server.close()
+
+
 # -- run_python ----------------------------------------------------------------------------
 
 def test_runs_a_program_with_stdin_and_reports_ok():
@@ -521,12 +532,7 @@ def hostile(namespaces, tmp_path_factory):
                             [tests for _, tests, _ in cases.values()], max_workers=4, **SMALL_KWARGS)
     finally:
         del os.environ["GRPOKIT_TEST_SECRET"]
-    try:
-        server.accept()
-        connected = True
-    except BlockingIOError:
-        connected = False
-    server.close()
+    connected = accepted_a_connection(server)
     results = dict(zip(cases, code_tests.last_results))
     yield {"cases": cases, "scores": dict(zip(cases, scores)), "results": results, "outside": outside,
            "victim": victim, "connected": connected, "dirs_before": dirs_before}

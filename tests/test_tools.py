@@ -496,12 +496,7 @@ def test_hostile_python_tool_calls_are_contained_as_code_tests_programs_are(tmp_
         comps = rollout.generate([tok.encode(name) for name in cases], 1, SamplingParams(max_tokens=100000))
     finally:
         del os.environ["GRPOKIT_TEST_SECRET"]
-    try:
-        server.accept()
-        connected = True
-    except BlockingIOError:
-        connected = False
-    server.close()
+    connected = sb.accepted_a_connection(server)
     for name, ep in zip(cases, comps.episodes):
         (call,) = ep.tool_calls
         assert call.name == "python" and call.arguments == {"code": cases[name][0]}
