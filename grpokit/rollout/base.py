@@ -44,6 +44,10 @@ class Completions:
     # 0 on tool-result / template tokens, which are context only (never trained on, never counted in a normalizer).
     model_mask: list[list[int]] | None = None
     episodes: list | None = None  # [N] grpokit.tools.Episode: messages, tool calls and results, turns
+    # [N] the policy version (optimizer steps taken) whose weights sampled each completion; None when the engine
+    # does not say (the loop then knows it: synchronous rollouts are always the current version). The server
+    # engine reports it per sample; asynchronous rollouts (rollout.max_policy_lag) fill it and log the lag.
+    versions: list[int] | None = None
 
     def __len__(self) -> int:
         return len(self.token_ids)
