@@ -28,6 +28,10 @@ class SamplingParams:
     stop_token_ids: tuple[tuple[int, ...], ...] = ()
     """Token sequences that end a completion as EOS does (kept in it): the fast engine stops a row there; an engine
     without them (hf) generates on and the caller cuts (multi-turn episodes stop a turn at a tool call this way)."""
+    generator: torch.Generator | None = None
+    """The random stream that draws the samples; None = torch's global generator (the run's, which a resume restores).
+    Asynchronous rollouts give their background sampler one of its own, so that the trainer's draws in the other
+    thread never interleave with it (the same seed then gives the same samples). The hf engine has none."""
 
 
 @dataclass

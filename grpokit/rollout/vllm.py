@@ -242,7 +242,7 @@ class VLLMEngine:
             return Completions(token_ids=empty, texts=[""] * len(empty), finish_reasons=["length"] * len(empty), logprobs=[[] for _ in empty])
         if sampling.greedy and n > 1:  # vLLM refuses n > 1 without sampling: n copies of each prompt, one sample each
             prompt_token_ids, n = [p for p in prompt_token_ids for _ in range(n)], 1
-        base = int(torch.randint(0, 2**31 - 1, (1,)))  # from the run's generator: the run's seed decides the samples
+        base = int(torch.randint(0, 2**31 - 1, (1,), generator=sampling.generator))  # the run's seed decides the samples
         params = [self._params(n, sampling, base + i * n) for i in range(len(prompt_token_ids))]
         outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompt_token_ids], params, use_tqdm=False)
         token_ids, logprobs, reasons = [], [], []
