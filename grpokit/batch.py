@@ -95,6 +95,8 @@ class Groups:
         comps = Completions(cat(lambda s: s.comps.token_ids), cat(lambda s: s.comps.texts), cat(lambda s: s.comps.finish_reasons), logprobs)
         if all(src.comps.episodes is not None for src, _ in spans):  # multi-turn episodes with tools
             comps.model_mask, comps.episodes = cat(lambda s: s.comps.model_mask), cat(lambda s: s.comps.episodes)
+        if all(src.comps.versions is not None for src, _ in spans):
+            comps.versions = cat(lambda s: s.comps.versions)
         scored = RewardOutput.take([(src.scored, sl) for src, sl in spans])
         return Groups([src.rows[g] for src, g in chosen], comps, scored)
 

@@ -117,6 +117,11 @@ class RolloutConfig(Section):
     """C_min of importance_correction (TRL's vllm_importance_sampling_clip_min); None = no lower bound."""
     importance_c_max: float | None = Field(3.0, gt=0)
     """C_max of importance_correction (TRL's vllm_importance_sampling_clip_max); None = no upper bound."""
+    max_policy_lag: int = Field(0, ge=0)
+    """Asynchronous rollouts: k > 0 generates the batch of step b + k with the weights of step b while step b trains,
+    in a background thread (samples exactly k versions old once the run is k steps in). pi_old is then the sampler's
+    log-probs, or with importance_correction the trainer's own with that correction (decoupled PPO); 0 = the
+    synchronous loop. Needs an engine that returns log-probs (fast, vllm); docs/rollout.md."""
     vllm_kv_cache_mb: int = Field(0, ge=0)
     """rollout.engine=vllm on CPU: MiB of KV cache; 0 = room for the rollout batch at the model's context length (at least 256)."""
     vllm_gpu_memory_utilization: float = Field(0.3, gt=0, le=1)
@@ -130,6 +135,9 @@ class RolloutConfig(Section):
         if self.importance_correction != "none" and self.engine == "hf":
             raise ValueError(f"rollout.importance_correction={self.importance_correction} needs the sampler's log-probs, which "
                              "rollout.engine=hf does not return; use rollout.engine=fast or vllm, or importance_correction=none")
+        if self.max_policy_lag and self.engine == "hf":
+            raise ValueError(f"rollout.max_policy_lag={self.max_policy_lag} needs the sampler's log-probs (pi_old of samples from "
+                             "older weights), which rollout.engine=hf does not return; use rollout.engine=fast or vllm, or max_policy_lag=0")
         return self
 
 

@@ -190,6 +190,9 @@ ROLLOUT_LOGP_DIFF_MAX = "rollout/logp_diff_max"
 ROLLOUT_SAMPLER_KL = "rollout/sampler_kl"
 ROLLOUT_IS_WEIGHT_MEAN = "rollout/is_weight_mean"
 ROLLOUT_IS_CLIP_FRAC = "rollout/is_clip_frac"
+# Policy versions (optimizer steps) behind the samples: > 0 with rollout.max_policy_lag (grpokit/rollout/pipeline.py).
+ROLLOUT_VERSION_LAG = "rollout/version_lag"
+ROLLOUT_VERSION_LAG_MAX = "rollout/version_lag_max"
 # Multi-turn rollouts with tools (grpokit/rollout/episodes.py): rollout/tools/<x> over the step's episodes,
 # eval/tools/<x> over the held-out greedy episodes (grpokit.tools.episode.episode_metrics).
 ROLLOUT_TOOLS_PREFIX = "rollout/tools/"
@@ -230,6 +233,8 @@ PERF_THREADS = "perf/threads"
 PERF_PADDING_FRAC = "perf/padding_frac"
 PERF_VALUE_TIME = "perf/value_time"
 PERF_CRITIC_TRAIN_TIME = "perf/critic_train_time"
+PERF_ROLLOUT_WAIT = "perf/rollout_wait_time"
+PERF_WEIGHTS_WAIT = "perf/weights_wait_time"
 
 #: How one rank's value of a metric becomes the run's when several ranks train (grpokit/distributed.py,
 #: World.reduce_metrics): the slowest rank's time and memory, the sum of throughputs and of group counts.
@@ -237,10 +242,11 @@ PERF_CRITIC_TRAIN_TIME = "perf/critic_train_time"
 #: rollout/ from every rank's rows, policy/ from every rank's micro-batches), or only rank 0 has it (eval/).
 RANK_REDUCTIONS: dict[str, str] = {
     **{name: "max" for name in (PERF_ROLLOUT_TIME, PERF_REWARD_TIME, PERF_REF_TIME, PERF_STEP_TIME, PERF_TRAIN_TIME,
-                                PERF_PEAK_RSS_MB, PERF_VALUE_TIME, PERF_CRITIC_TRAIN_TIME)},
+                                PERF_PEAK_RSS_MB, PERF_VALUE_TIME, PERF_CRITIC_TRAIN_TIME, PERF_ROLLOUT_WAIT, PERF_WEIGHTS_WAIT)},
     **{name: "sum" for name in (PERF_ROLLOUT_TOKENS_PER_S, PERF_TRAIN_TOKENS_PER_S, ROLLOUT_GROUPS_DRAWN,
                                 ROLLOUT_GROUPS_DROPPED, ROLLOUT_GROUPS_TOPPED_UP)},
     ROLLOUT_LOGP_DIFF_MAX: "max",
+    ROLLOUT_VERSION_LAG_MAX: "max",
 }
 
 # ---------------------------------------------------------------------------------------------

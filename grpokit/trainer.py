@@ -31,14 +31,15 @@ from grpokit.data import PromptSampler, build_datasets, check_context_length
 from grpokit.distributed import World
 from grpokit.evaluate import evaluate, make_judge
 from grpokit.health import StepHealth
-from grpokit.metrics import (METRICS_FILE, PERF_PADDING_FRAC, PERF_REF_TIME, PERF_REWARD_TIME, PERF_ROLLOUT_TIME, POLICY_ENTROPY, POLICY_LOSS,
+from grpokit.metrics import (PERF_PADDING_FRAC, PERF_REF_TIME, PERF_REWARD_TIME, PERF_ROLLOUT_TIME, POLICY_ENTROPY, POLICY_LOSS,
                              POLICY_SKIPPED_UPDATES, REWARD_TOTAL, MeanAccumulator, perf_metrics, policy_name, rollout_metrics,
                              sample_records)
 from grpokit.optim import Optimizer, TrainingError, check_finite_weights, non_finite
 from grpokit.policy import batched_logprobs, build_reference, completion_logprobs, load_policy
-from grpokit.records import MetricLogger, TrainProgress, plot_metrics
+from grpokit.records import MetricLogger, TrainProgress, plot_run
 from grpokit.rewards import RewardError, build_rewards
-from grpokit.rollout import SamplerCorrection, SamplingParams, sampler_logprobs, generate_groups, make_engine, with_tools
+from grpokit.rollout import SamplerCorrection, make_engine, sampler_logprobs, with_tools
+from grpokit.rollout.pipeline import RolloutPipeline, lag_metrics
 from grpokit.tasks import reward_registry
 
 
@@ -66,7 +67,10 @@ class Trainer:
         self.health, self.correction = StepHealth(cfg), SamplerCorrection(cfg.rollout)  # bad steps; sampler-trainer mismatch
         check_context_length(data, getattr(model, "config", None), cfg.rollout.max_completion_length)
 
-        self.engine = with_tools(make_engine(cfg.rollout.engine, rollout_model, self.tokenizer, batch_size=cfg.rollout.generation_batch_size, compile=cfg.model.compile, rollout=cfg.rollout), cfg, self.tokenizer)
+        engine = with_tools(make_engine(cfg.rollout.engine, rollout_model, self.tokenizer, batch_size=cfg.rollout.generation_batch_size, compile=cfg.model.compile, rollout=cfg.rollout), cfg, self.tokenizer)
+        # The engine plays pi_old: synchronous, or rollout.max_policy_lag steps ahead in a background thread.
+        self.pipeline = RolloutPipeline(engine, cfg.rollout, max_lag=cfg.rollout.max_policy_lag, version=0, model=rollout_model, seed=cfg.seed + self.world.rank)
+        self._drawn: dict[int, dict] = {}  # batch -> the prompt sampler's state before its prompts were drawn
         total = cfg.optim.max_steps * alg.num_iterations * cfg.optim.num_minibatches
         self.optimizer = Optimizer(model.named_parameters(), cfg.optim, lr=cfg.optim.learning_rate, total_steps=total)
         self.critic = Critic(cfg, model, has_ref=self.ref is not None, total_steps=total) if alg.advantage_estimator == "gae" else None
@@ -76,16 +80,15 @@ class Trainer:
         self.interrupted: str | None = None  # the signal (SIGTERM / SIGINT) that made train() stop early
 
     # ------------------------------------------------------------------ rollout -> rewards -> advantages
-    def _sample_groups(self, rows, timings: dict[str, float]) -> Groups:
-        """G completions for each row, scored: the unit dynamic sampling keeps or drops."""
-        cfg, G = self.cfg, self.cfg.rollout.num_generations
-        t = time.perf_counter()
-        sampling = SamplingParams(max_tokens=cfg.rollout.max_completion_length, temperature=cfg.rollout.temperature,
-                                  top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k)
-        comps = generate_groups(self.engine, rows, G, sampling, timings)  # with tools: episodes, and their rollout/tools/ metrics
-        timings[PERF_ROLLOUT_TIME] = timings.get(PERF_ROLLOUT_TIME, 0.0) + time.perf_counter() - t
-        t = time.perf_counter()
-        prompts, columns = repeat_rows(rows, G)
+    def _draw(self, b: int | None = None) -> list:
+        """The rows of the next prompts (of batch b for the pipeline; dynamic sampling's further rounds: None)."""
+        if b is not None:
+            self._drawn = {i: s for i, s in self._drawn.items() if i >= self.step} | {b: self.sampler.state_dict()}
+        return [self.train_data[i] for i in self.world.share(self.sampler.next())]
+
+    def _score(self, rows, comps, timings: dict[str, float]) -> Groups:
+        """The rewards of G completions for each row: a Groups, the unit dynamic sampling keeps or drops."""
+        t, (prompts, columns) = time.perf_counter(), repeat_rows(rows, self.cfg.rollout.num_generations)
         try:
             scored = self.rewards(prompts=prompts, completions=comps.texts, completion_ids=comps.token_ids, columns=columns, episodes=comps.episodes)
         except RewardError as exc:  # reward_errors=raise
@@ -93,12 +96,14 @@ class Trainer:
         timings[PERF_REWARD_TIME] = timings.get(PERF_REWARD_TIME, 0.0) + time.perf_counter() - t
         return Groups(list(rows), comps, scored)
 
-    def rollout(self, rows) -> tuple[RolloutBatch, dict[str, float], list]:
+    def rollout(self, rows=None) -> tuple[RolloutBatch, dict[str, float], list]:
+        """This step's batch from the pipeline (or completions of `rows` now), scored, with advantages and log-probs."""
         cfg, alg, G = self.cfg, self.cfg.algorithm, self.cfg.rollout.num_generations
         metrics: dict[str, float] = {}
-        groups = self._sample_groups(rows, metrics)
+        rows, comps, metrics = self.pipeline.batch(self.step, self._draw, cfg.optim.max_steps) if rows is None else (rows, self.pipeline.extra(rows, metrics), metrics)
+        groups = self._score(rows, comps, metrics)
         if alg.dynamic_sampling:
-            more = lambda: self._sample_groups([self.train_data[i] for i in self.world.share(self.sampler.next())], metrics)  # noqa: E731
+            more = lambda: self._score(new := self._draw(), self.pipeline.extra(new, metrics), metrics)  # noqa: E731
             groups, sampling_metrics = dynamic_sampling(groups, more, len(rows), G, alg.max_sampling_rounds, self.world)
             metrics.update(sampling_metrics)
         rows, comps, scored = groups.rows, groups.comps, groups.scored
@@ -107,12 +112,14 @@ class Trainer:
         truncated = torch.tensor(comps.truncated, dtype=torch.bool)  # [N]
         loss_mask = make_loss_mask(alg, tokens.completion_mask, truncated, comps.model_mask)  # [N, T]; tool results: 0
 
-        t = time.perf_counter()
-        # pi_old differs from pi_theta only after an optimizer step inside this batch's updates.
-        need_old = alg.num_iterations > 1 or cfg.optim.num_minibatches > 1
+        t, sampler_logp = time.perf_counter(), sampler_logprobs(comps, tokens)  # [N, T] or None (hf)
+        # pi_old differs from pi_theta after an optimizer step inside this batch's updates, and with rollout.max_policy_lag: then
+        # it is the sampler's log-probs, or (importance_correction on) ours, the ratio's anchor, corrected by pi_old / pi_sampler.
+        lagged, correct = cfg.rollout.max_policy_lag > 0, cfg.rollout.importance_correction != "none"
+        need_old = alg.num_iterations > 1 or cfg.optim.num_minibatches > 1 or (lagged and correct)
         logprobs = lambda model: batched_logprobs(model, tokens, micro_batch_size=cfg.micro_batch_size, temperature=cfg.rollout.temperature,  # noqa: E731
                                                   by_length=cfg.optim.group_by_length)
-        old_logp = logprobs(self.policy_fn) if need_old else None  # [N, T]
+        old_logp = sampler_logp if lagged and not correct else logprobs(self.policy_fn) if need_old else None  # [N, T]
         ref_logp = logprobs(self.ref_fn) if self.ref is not None else None  # [N, T]
         needs_kl_old = old_logp is None and self.critic is not None and self.critic.kl_coef  # PPO's KL shaping, at mu = 1 too
         kl_old = logprobs(self.model) if needs_kl_old else old_logp
@@ -127,11 +134,11 @@ class Trainer:
         else:
             advantages = outcome_advantages(alg, rewards, G, self.world)  # [N]; a batch std over every rank's rewards
 
-        batch = RolloutBatch(tokens, loss_mask, truncated, rewards, advantages, old_logp, ref_logp, value_targets, sampler_logprobs(comps, tokens))
+        batch = RolloutBatch(tokens, loss_mask, truncated, rewards, advantages, old_logp, ref_logp, value_targets, sampler_logp)
         metrics.update({k: v for k, v in self.world.scores(scored).metrics().items() if not k.startswith(REWARD_TOTAL)})  # every rank's rows
         metrics.update(rollout_metrics(*self.world.cat_rows(rewards, advantages, tokens.completion_mask, truncated,
                                                             [len(r.prompt_ids) for r in rows], G, [r.truncated for r in rows])))
-        metrics.update(critic_metrics)
+        metrics.update(critic_metrics | lag_metrics(comps, self.step))  # rollout/version_lag: 0 unless rollout.max_policy_lag
         return batch, metrics, sample_records([r.prompt_text for r in rows], comps.texts, batch, scored.per_function, G, cfg.logging.num_samples)
 
     # ------------------------------------------------------------------ policy update (and the critic's)
@@ -183,8 +190,7 @@ class Trainer:
                 bad_logp = not torch.isfinite(logp.detach()[mask.bool()]).all()
                 return None, ": the policy's log-probs were non-finite" if bad_logp else ""
             self.world.backward(loss)
-            weight = mask.sum().item()
-            acc.add({policy_name(k): v for k, v in stats.items()}, weight)
+            acc.add({policy_name(k): v for k, v in stats.items()}, mask.sum().item())
             acc.add({PERF_PADDING_FRAC: 1 - tokens.completion_mask.float().mean().item()}, tokens.completion_mask.numel())
             minibatch_loss += loss.item()  # micro-batch losses add up to the minibatch's loss
             if entropy is not None:
@@ -195,11 +201,13 @@ class Trainer:
     def evaluate(self) -> dict[str, float]:
         ev, held_out = self.cfg.eval, (self.eval_data or []) if self.world.is_main else []  # rank 0 evaluates
         rows = [held_out[i] for i in range(min(ev.max_samples or len(held_out), len(held_out)))]
-        return evaluate(self.engine, rows, self.judge, k=ev.k, temperature=ev.temperature, max_tokens=self.cfg.rollout.max_completion_length,
-                        batch_size=ev.batch_size, seed=self.cfg.seed + 1234) if rows else {}
+        with self.pipeline.exclusive(self.world.full_model) as engine:  # the current weights, the background sampler paused
+            return evaluate(engine, rows, self.judge, k=ev.k, temperature=ev.temperature, max_tokens=self.cfg.rollout.max_completion_length,
+                            batch_size=ev.batch_size, seed=self.cfg.seed + 1234) if rows else {}
 
     def state_dict(self) -> dict:
-        state = {**self.optimizer.state_dict(), "sampler": self.sampler.state_dict(), "config": self.cfg.model_dump()}
+        # The prompts of batches generated ahead (rollout.max_policy_lag) are drawn again after a resume.
+        state = {**self.optimizer.state_dict(), "sampler": self._drawn.get(self.step, self.sampler.state_dict()), "config": self.cfg.model_dump()}
         if self.cfg.algorithm.ref_policy == "reset" and self.ref is not None:
             state["ref_model"] = self.ref.state_dict()  # no longer the initial weights
         return {**state, **(self.critic.state_dict() if self.critic is not None else {})}
@@ -223,7 +231,7 @@ class Trainer:
         if self.critic is not None:
             self.critic.load_state_dict(state, str(checkpoint_dir(self.out, step)))
         self.step = state["step"]
-        self.engine.sync_weights(self.world.full_model())
+        self.pipeline.publish(self.step, self.world.full_model())
         return step
 
     # ------------------------------------------------------------------ the loop
@@ -235,8 +243,7 @@ class Trainer:
         cfg, resumed = self.cfg, self.maybe_resume()  # before config.yaml: a refused resume leaves the run's record as it was
         self.world.on_main((self.out / "config.yaml").write_text, yaml.safe_dump(cfg.model_dump(), sort_keys=False))  # rank 0 writes files
         saved_step = resumed  # the step of the newest checkpoint on disk: never written twice
-        log = self.world.on_main(MetricLogger, self.out, **cfg.logging.trackers(),
-                                 config=cfg.model_dump())
+        log = self.world.on_main(MetricLogger, self.out, **cfg.logging.trackers(), config=cfg.model_dump())
         metrics: dict[str, float] = {}
         try:
             with self.signals as stop, self.world.on_main(TrainProgress, cfg.optim.max_steps, start_step=self.step) as prog:
@@ -248,7 +255,9 @@ class Trainer:
                     prog.update(0, ev)
                 while self.step < cfg.optim.max_steps:
                     metrics, samples = self._step()
-                    self._log(log, prog, metrics, samples)
+                    log.log_step(self.step, metrics, samples, last=self.step == cfg.optim.max_steps, every=cfg.logging.log_every,
+                                 samples_every=cfg.logging.sample_every)
+                    prog.update(self.step, metrics)
                     if on_log is not None:
                         on_log(self.step, metrics)
                     self.health.check(self.step, metrics)  # stop_after_bad_steps bad steps in a row stop here, before a save
@@ -265,20 +274,19 @@ class Trainer:
                 self.world.on_main(save_final, self.world.full_model(), self.tokenizer, self.out / "final", merge=bool(cfg.model.lora and cfg.model.lora.merge_on_save))
         finally:
             log.close()
-        try:
-            self.world.on_main(plot_metrics, self.out / METRICS_FILE, self.out)
-        except Exception as exc:  # plots are a convenience; never lose a finished run over them
-            print(f"warning: plots were not written: {exc}")
+            self.pipeline.close()
+        self.world.on_main(plot_run, self.out)
         return metrics
 
     def _step(self) -> tuple[dict[str, float], list[dict]]:
         """One GRPO step: rollout -> rewards -> advantages -> update -> sync pi_old (-> pi_ref reset, eval)."""
         cfg, t0 = self.cfg, time.perf_counter()
-        batch, metrics, samples = self.rollout([self.train_data[i] for i in self.world.share(self.sampler.next())])
+        batch, metrics, samples = self.rollout()
         t1 = time.perf_counter()
+        self.pipeline.idle()  # a colocated vLLM on GPU frees its memory for the update
         metrics.update(self.update(batch))
-        self.engine.sync_weights(self.world.full_model())  # pi_old <- pi_theta (FSDP2: into the engine's whole copy)
         self.step += 1
+        self.pipeline.publish(self.step, self.world.full_model())  # pi_old <- pi_theta (FSDP2: the whole weights)
         if cfg.algorithm.ref_policy == "reset" and self.ref is not None and self.step % cfg.algorithm.ref_reset_every == 0:
             self.world.reset_reference()  # DeepSeekMath §4.1.4 iterative RL
         t2 = time.perf_counter()
@@ -290,10 +298,3 @@ class Trainer:
         if (cfg.eval.every and self.step % cfg.eval.every == 0) or self.step == cfg.optim.max_steps:
             metrics.update(self.evaluate())
         return metrics, samples
-
-    def _log(self, log: MetricLogger, prog: TrainProgress, metrics: dict[str, float], samples: list[dict]) -> None:
-        if self.step % self.cfg.logging.log_every == 0 or self.step == self.cfg.optim.max_steps:
-            log.log(self.step, metrics)
-        if self.cfg.logging.sample_every and self.step % self.cfg.logging.sample_every == 0 and samples:
-            log.log_samples(self.step, samples)
-        prog.update(self.step, metrics)

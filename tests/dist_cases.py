@@ -86,7 +86,7 @@ def config(model_dir, out, strategy: str, case: list[str]):
 def one_step(model_dir, out, strategy: str, case: list[str]) -> dict:
     """{"params": whole parameters after one step, "metrics": the step's metrics}, as every rank sees them."""
     trainer = Trainer(config(model_dir, out, strategy, case))
-    trainer.engine = FixedEngine(trainer.tokenizer)
+    trainer.pipeline.engine = FixedEngine(trainer.tokenizer)
     grads, step = {}, trainer.optimizer.step
 
     def first_step_grads(**kwargs):  # the gradient of the first optimizer step, whole (FSDP2: gathered on every rank)
@@ -116,7 +116,7 @@ def train(model_dir, out, strategy: str, case: list[str], *extra: str) -> dict:
     """Trainer.train() to optim.max_steps=2 with a checkpoint after every step (resuming from `out` when it holds one):
     the whole parameters at the end, and the world."""
     trainer = Trainer(config(model_dir, out, strategy, [*case, "optim.max_steps=2", "checkpoint.save_every=1", "checkpoint.keep_last=5", *extra]))
-    trainer.engine = FixedEngine(trainer.tokenizer)
+    trainer.pipeline.engine = FixedEngine(trainer.tokenizer)
     trainer.train()
     return {"params": {k: v.detach().clone() for k, v in trainer.world.full_model().named_parameters()}, "world": trainer.world}
 

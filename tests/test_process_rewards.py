@@ -232,7 +232,7 @@ def reference_advantages(weights, eps):
 def test_trainer_advantages_match_the_papers_loop(tiny_model_dir, tmp_path, mixed):
     rewards = "[{function: countdown_steps}" + (f", {{function: '{HERE}:length_outcome', weight: 0.5}}]" if mixed else "]")
     trainer = Trainer(trainer_config(tiny_model_dir, tmp_path, rewards), train_rows=list(ROWS), eval_rows=[])
-    trainer.engine = ScriptedEngine(trainer.tokenizer)
+    trainer.pipeline.engine = ScriptedEngine(trainer.tokenizer)
     batch, metrics, _ = trainer.rollout([trainer.train_data[i] for i in range(2)])
     want = reference_advantages([1.0, 0.5] if mixed else [1.0], eps=trainer.cfg.algorithm.std_eps)
     assert batch.advantages.shape == want.shape == batch.tokens.completion_mask.shape
@@ -252,7 +252,7 @@ def test_trainer_advantages_match_the_papers_loop(tiny_model_dir, tmp_path, mixe
 def test_step_rewards_need_the_group_zscore(tiny_model_dir, tmp_path):
     cfg = trainer_config(tiny_model_dir, tmp_path, "[{function: countdown_steps}]", "algorithm.scale_rewards=none")
     trainer = Trainer(cfg, train_rows=list(ROWS), eval_rows=[])
-    trainer.engine = ScriptedEngine(trainer.tokenizer)
+    trainer.pipeline.engine = ScriptedEngine(trainer.tokenizer)
     with pytest.raises(ConfigError, match="scale_rewards=group"):
         trainer.rollout([trainer.train_data[i] for i in range(2)])
 

@@ -546,10 +546,10 @@ def test_grpo_with_tools_learns_to_call_and_trains_only_on_model_tokens(tmp_path
     cfg.rewards = [RewardSpec(made_a_call)]
     rows = [{"prompt": f"{i}*{j}"} for i in range(10) for j in range(10)]
     trainer = Trainer(cfg, train_rows=rows)
-    assert isinstance(trainer.engine, ToolRollout)
-    trainer.engine = Recording(trainer.engine.engine, trainer.tokenizer, [as_tool(size)], fmt=MarkerFormat(), max_turns=3)
+    assert isinstance(trainer.pipeline.engine, ToolRollout)
+    trainer.pipeline.engine = Recording(trainer.pipeline.engine.engine, trainer.tokenizer, [as_tool(size)], fmt=MarkerFormat(), max_turns=3)
     batch, metrics, _ = trainer.rollout([trainer.train_data[i] for i in range(4)])
-    model_tokens = sum(sum(m) for m in trainer.engine.last.model_mask)
+    model_tokens = sum(sum(m) for m in trainer.pipeline.engine.last.model_mask)
     assert batch.loss_mask.sum().item() == model_tokens < batch.tokens.completion_mask.sum().item()  # tool tokens: no loss
     assert metrics["rollout/tools/calls_per_episode"] > 0
     trainer.train()

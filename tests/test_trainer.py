@@ -164,7 +164,7 @@ def test_compile_gives_the_eager_numbers(tiny_model_dir, tmp_path):
     prompts = [r.prompt_ids for r in rows]
 
     greedy = SamplingParams(max_tokens=8, greedy=True)
-    a, b = eager.engine.generate(prompts, 2, greedy), compiled.engine.generate(prompts, 2, greedy)
+    a, b = eager.pipeline.engine.generate(prompts, 2, greedy), compiled.pipeline.engine.generate(prompts, 2, greedy)
     assert a.token_ids == b.token_ids
     torch.testing.assert_close(torch.tensor(sum(b.logprobs, [])), torch.tensor(sum(a.logprobs, [])), rtol=1e-4, atol=1e-5)
 

@@ -21,6 +21,7 @@ from typing import Any, Callable, Sequence
 from grpokit.metrics import (
     EVAL_PASS_AT_1,
     EVAL_PREFIX,
+    METRICS_FILE,
     POLICY_CLIP_FRAC,
     POLICY_CLIP_FRAC_HIGH,
     POLICY_CLIP_FRAC_LOW,
@@ -201,6 +202,16 @@ def plot_metrics(metrics_jsonl: str | os.PathLike, out_dir: str | os.PathLike) -
         if path is not None:
             paths.append(path)
     return paths
+
+
+def plot_run(run_dir: str | os.PathLike) -> list[Path]:
+    """plot_metrics of a finished run into its folder, best effort: plots are a convenience, and a failure to draw
+    them is a warning, never a lost run (the trainer's last call)."""
+    try:
+        return plot_metrics(Path(run_dir) / METRICS_FILE, run_dir)
+    except Exception as exc:
+        print(f"warning: plots were not written: {exc}")
+        return []
 
 
 def _cell(value: Any) -> str:

@@ -159,6 +159,14 @@ class MetricLogger:
         for tracker in self._trackers:
             tracker.log(step, scalars)
 
+    def log_step(self, step: int, metrics: Mapping[str, Any], samples: Sequence[Mapping[str, Any]], *, last: bool, every: int,
+                 samples_every: int) -> None:
+        """A training step's metrics every `every` steps and at the `last` one; its samples every `samples_every` (0: never)."""
+        if step % every == 0 or last:
+            self.log(step, metrics)
+        if samples_every and step % samples_every == 0 and samples:
+            self.log_samples(step, samples)
+
     def log_samples(self, step: int, samples: Sequence[Mapping[str, Any]], *, show: int = 4) -> None:
         """Append one line per sample to samples.jsonl and print the first `show` as a table.
 

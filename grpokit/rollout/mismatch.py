@@ -9,6 +9,9 @@ rollout.importance_correction's weights (the math: grpokit/algo/importance.py).
 pi_old is what the ratio of the loss divides by: the trainer's log-probs of the batch before any update
 (batch.old_logp when the loop computed them, else the first pass's own log-probs, which are pi_old then).
 The mismatch is measured against those on the first pass over the batch (every row once), on the loss mask.
+With rollout.max_policy_lag > 0 and no correction, pi_old is the sampler's own log-probs (batch.old_logp holds
+batch.sampler_logp); the mismatch is then measured against the first pass's log-probs, the policy being trained:
+the policy lag and the engine's differences together.
 Metrics: rollout/logp_diff_mean, rollout/logp_diff_max, rollout/sampler_kl (k3), and with a correction on
 rollout/is_weight_mean, rollout/is_clip_frac (docs/metrics.md).
 """
@@ -39,6 +42,8 @@ class SamplerCorrection:
     def __init__(self, rollout_cfg):
         self.mode = rollout_cfg.importance_correction
         self.c_min, self.c_max = rollout_cfg.importance_c_min, rollout_cfg.importance_c_max
+        # pi_old is the sampler itself with rollout.max_policy_lag and no correction: measure against the policy trained.
+        self.old_is_sampler = rollout_cfg.max_policy_lag > 0 and self.mode == "none"
         self._max: float | None = None
 
     def __call__(self, b, rows: Tensor, logp: Tensor, mask: Tensor, acc: MeanAccumulator, first_pass: bool) -> Tensor | None:
@@ -47,7 +52,8 @@ class SamplerCorrection:
         if b.sampler_logp is None:
             return None
         T = logp.shape[1]
-        old = b.old_logp[rows, :T] if b.old_logp is not None else logp.detach()  # [n, T]
+        own = b.old_logp is not None and not self.old_is_sampler
+        old = b.old_logp[rows, :T] if own else logp.detach()  # [n, T]
         sampler = b.sampler_logp[rows, :T].to(old.dtype)  # [n, T]
         n = mask.sum().item()
         if first_pass and n > 0:

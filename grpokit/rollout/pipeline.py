@@ -1,0 +1,193 @@
+"""Rollouts for the loop, synchronous or running ahead of training (rollout.max_policy_lag = k).
+
+    pipeline = RolloutPipeline(engine, rollout_cfg, max_lag=k, version=step, model=policy, seed=seed)
+    rows, comps, timings = pipeline.batch(step, draw)   # draw(b) -> rows of batch b; comps.versions set
+    pipeline.publish(step + 1, policy)                  # after the update: pi_old <- pi_theta (version step + 1)
+    with pipeline.exclusive(policy): evaluate(...)      # the engine on the trainer's current weights
+
+The policy version is the number of optimizer steps (trainer steps) behind a set of weights. Batch b trains at
+version b and is sampled, with k = max_policy_lag, at version max(v0, b - k) (v0: the version the run started
+or resumed at): exactly, not "at most", so a run is the same every time for a seed.
+
+k = 0 is the synchronous loop (DeepSeekMath Algorithm 1): `batch` generates in the caller's thread with the
+engine at the current weights and the run's own random stream, as the loop always did (exact resume holds).
+
+k > 0: one background thread (the sampler) owns the engine and a copy of the policy. `batch(b)` first hands it
+the rows of every batch up to b + k (drawn in the caller's thread, in order), then waits for batch b. The
+sampler takes the requests in order (batch b + k is asked for at step b, with version b), loads that
+snapshot into its copy (engine.sync_weights(copy): for vllm a push, for fast / hf the copy is what they run),
+and generates with a torch.Generator of its own. So while the trainer updates on batch b at version b, the
+sampler generates batch b + k with version b. Timeline for k = 1:
+
+    trainer  | (waits)      | train b=0 (v0) | train b=1 (v1) | train b=2 (v2) |
+    sampler  | gen b=0 (v0) | gen b=1 (v0)   | gen b=2 (v1)   | gen b=3 (v2)   |
+
+Torch ops release the GIL, so on CPU the two threads use two cores. Metrics (docs/metrics.md):
+rollout/version_lag (mean over the batch's samples of trainer version - sample version) and its max,
+perf/rollout_wait_time (the trainer waiting for its batch), perf/weights_wait_time (the sampler idle, waiting
+for the step that publishes the version of its next batch). What pi_old means at k > 0 is the loop's (trainer.py, docs/rollout.md).
+
+GPU memory: at k = 0 a colocated engine that can sleep (vLLM on CUDA) is put to sleep before the update
+(`sleep()`) and woken before the next push (`wake_up()`); at k > 0 it generates during the update and stays awake.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import queue
+import threading
+import time
+from dataclasses import replace
+from typing import Any, Callable, Sequence
+
+import torch
+
+from grpokit.metrics import PERF_ROLLOUT_TIME, PERF_ROLLOUT_WAIT, PERF_WEIGHTS_WAIT, ROLLOUT_VERSION_LAG, ROLLOUT_VERSION_LAG_MAX
+from grpokit.rollout.base import Completions, RolloutEngine, SamplingParams
+from grpokit.rollout.episodes import generate_groups
+
+#: seeds of the sampler's own generators: the background batches, and the extra rounds of dynamic sampling
+_SAMPLER_SEED, _EXTRA_SEED = 7_919, 104_729
+
+
+def sampling_params(rollout_cfg, generator: torch.Generator | None = None) -> SamplingParams:
+    return SamplingParams(max_tokens=rollout_cfg.max_completion_length, temperature=rollout_cfg.temperature,
+                          top_p=rollout_cfg.top_p, top_k=rollout_cfg.top_k, generator=generator)
+
+
+class RolloutPipeline:
+    def __init__(self, engine: RolloutEngine, rollout_cfg, *, max_lag: int, version: int, model: torch.nn.Module, seed: int):
+        self.engine, self.cfg, self.max_lag, self.G = engine, rollout_cfg, max_lag, rollout_cfg.num_generations
+        self.version = version  # the trainer's: weights published so far
+        self._sleeps = max_lag == 0 and callable(getattr(engine, "sleep", None))
+        if max_lag == 0:
+            return
+        device = next(model.parameters()).device
+        self._copy = copy.deepcopy(model).eval().requires_grad_(False)  # the sampler's weights: one version behind
+        self._gen = torch.Generator(device).manual_seed(seed + _SAMPLER_SEED)
+        self._extra_gen = torch.Generator(device).manual_seed(seed + _EXTRA_SEED)
+        self._snapshots = {version: _snapshot(model)}  # version -> weights, until the sampler loaded it
+        self._loaded: int | None = None  # the version in the engine (None: another, e.g. after an evaluation)
+        self._engine_lock = threading.Lock()
+        self._requests: queue.Queue = queue.Queue()
+        self._results: dict[int, Any] = {}
+        self._done = threading.Condition()
+        self._next: int | None = None  # the next batch to hand the sampler, from the first batch() on
+        self._closed = False
+        self._thread = threading.Thread(target=self._sampler, name="grpokit-sampler", daemon=True)
+
+    # ------------------------------------------------------------------ the trainer's side
+    def batch(self, b: int, draw: Callable[[int], Sequence[Any]], end: int) -> tuple[Sequence[Any], Completions, dict[str, float]]:
+        """Rows, completions (comps.versions set) and timings of batch b; draw(i) gives the rows of batch i; batches
+        from `end` on (the run's max_steps) are never asked for."""
+        if self.max_lag == 0:
+            rows, timings = draw(b), {}
+            comps = self._generate(rows, self.version, sampling_params(self.cfg), timings)
+            timings[PERF_ROLLOUT_WAIT] = timings[PERF_ROLLOUT_TIME]
+            return rows, comps, timings
+        if self._next is None:  # the first batch of the run, or of a resume: the sampler starts at this version
+            self._next = b
+            self._thread.start()
+        while self._next <= min(b + self.max_lag, end - 1):  # in order, in this thread: the data order does not depend on timing
+            self._requests.put((self._next, draw(self._next), self.version))  # batch b + k: this step's weights
+            self._next += 1
+        t = time.perf_counter()
+        with self._done:
+            self._done.wait_for(lambda: b in self._results or self._closed)
+            out = self._results.pop(b, None)
+        if isinstance(out, BaseException):
+            raise out
+        if out is None:
+            raise RuntimeError("the rollout sampler thread stopped")
+        rows, comps, timings = out
+        timings[PERF_ROLLOUT_WAIT] = time.perf_counter() - t
+        return rows, comps, timings
+
+    def extra(self, rows: Sequence[Any], timings: dict[str, float]) -> Completions:
+        """Completions of more rows now, at the current version (dynamic sampling's further rounds)."""
+        if self.max_lag == 0:
+            return self._generate(rows, self.version, sampling_params(self.cfg), timings)
+        with self._engine_lock:
+            self._load(self.version, self._snapshots[self.version])
+            return self._generate(rows, self.version, sampling_params(self.cfg, self._extra_gen), timings)
+
+    def idle(self) -> None:
+        """The rollouts of this step are done: a colocated engine that can sleep frees its GPU memory (k = 0)."""
+        if self._sleeps:
+            self.engine.sleep()
+
+    def publish(self, version: int, model: torch.nn.Module) -> None:
+        """The trainer's weights after `version` optimizer steps: into the engine (k = 0) or the sampler's queue."""
+        self.version = version
+        if self.max_lag == 0:
+            if self._sleeps:
+                self.engine.wake_up()
+            self.engine.sync_weights(model)
+            return
+        self._snapshots[version] = _snapshot(model)
+
+    @contextlib.contextmanager
+    def exclusive(self, current_model: Callable[[], torch.nn.Module]):
+        """The engine on the trainer's current weights (current_model() gives them), the sampler paused (held-out evaluation)."""
+        if self.max_lag == 0:
+            yield self.engine
+            return
+        with self._engine_lock:
+            self._copy.load_state_dict(current_model().state_dict())
+            self.engine.sync_weights(self._copy)
+            self._loaded = None
+            yield self.engine
+
+    def close(self) -> None:
+        """Stop the sampler after the generation under way (batches asked for and not taken are dropped)."""
+        if self.max_lag == 0 or self._closed:
+            return
+        self._closed = True
+        self._requests.put(None)
+        if self._thread.is_alive():
+            self._thread.join()
+
+    # ------------------------------------------------------------------ the sampler's side (k > 0)
+    def _sampler(self) -> None:
+        while True:
+            t = time.perf_counter()
+            # Batch b + k is asked for once version b is published: until then the sampler waits for weights.
+            if (req := self._requests.get()) is None or self._closed:
+                return
+            b, rows, version = req
+            timings = {PERF_WEIGHTS_WAIT: time.perf_counter() - t}
+            try:
+                with self._engine_lock:
+                    self._load(version, self._snapshots[version])
+                    out: Any = (rows, self._generate(rows, version, sampling_params(self.cfg, self._gen), timings), timings)
+            except BaseException as exc:  # handed to the trainer, which raises it
+                out = exc
+            with self._done:
+                self._results[b] = out
+                self._done.notify_all()
+            self._forget_before(version)
+
+    def _load(self, version: int, weights: dict[str, torch.Tensor]) -> None:
+        if self._loaded != version:
+            self._copy.load_state_dict(weights)
+            self.engine.sync_weights(self._copy)
+            self._loaded = version
+
+    def _forget_before(self, version: int) -> None:
+        for v in [v for v in list(self._snapshots) if v < min(version, self.version)]:
+            self._snapshots.pop(v, None)
+
+    def _generate(self, rows, version: int, sampling: SamplingParams, timings: dict[str, float]) -> Completions:
+        t = time.perf_counter()
+        comps = generate_groups(self.engine, rows, self.G, sampling, timings)  # with tools: episodes (rollout/tools/ metrics)
+        timings[PERF_ROLLOUT_TIME] = timings.get(PERF_ROLLOUT_TIME, 0.0) + time.perf_counter() - t
+        return replace(comps, versions=[version] * len(comps)) if comps.versions is None else comps
+
+
+def _snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def lag_metrics(comps: Completions, version: int) -> dict[str, float]:
+    lags = [version - v for v in comps.versions or []]
+    return {ROLLOUT_VERSION_LAG: sum(lags) / len(lags), ROLLOUT_VERSION_LAG_MAX: float(max(lags))} if lags else {}
