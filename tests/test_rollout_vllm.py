@@ -213,7 +213,7 @@ def test_grpo_on_vllm_learns_and_every_push_takes(model_dir, tmp_path):
     try:
         trainer.train()
     finally:
-        trainer.engine.close()
+        trainer.pipeline.engine.close()
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "reward/mean" in r]
     assert len(steps) == 30
