@@ -206,10 +206,15 @@ def process_rewards(
 
     Every function with a nonzero weight contributes weight x score at each of its steps' end
     tokens (a float reward: one step at the last token; None or a failed reward: nothing);
-    contributions on the same token add up."""
+    contributions on the same token add up. A sample whose group a timed-out call dropped (scored.skipped,
+    on_timeout=skip_group) has no steps, so its group's advantages are 0."""
     out_rewards, out_ends = [], []
     for i, (text, ids) in enumerate(zip(texts, token_ids, strict=True)):
         at: dict[int, float] = {}
+        if scored.skipped[i]:
+            out_rewards.append(torch.zeros(0))
+            out_ends.append(torch.zeros(0, dtype=torch.long))
+            continue
         token_ends: list[int] | None = None
         for name, r in scored.per_function.items():
             w = scored.weights[name]

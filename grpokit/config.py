@@ -10,6 +10,7 @@ is allowed.
 from __future__ import annotations
 
 import difflib
+import math
 from pathlib import Path
 from typing import Any, Callable, Literal
 
@@ -326,6 +327,20 @@ class ToolsConfig(Section):
         return bool(self.builtin or self.functions or self.environment)
 
 
+#: what a reward call that times out may score besides a number (reward_on_timeout, rewards[i].on_timeout)
+ON_TIMEOUT_CHOICES = ("skip", "skip_group", "raise")
+
+
+def check_on_timeout(value: Any) -> str | float | None:
+    """A valid reward_on_timeout / on_timeout value (None = unset), or the error that lists the allowed ones."""
+    if value is None or value in ON_TIMEOUT_CHOICES:
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    raise PydanticCustomError("on_timeout", "Input should be 'skip', 'skip_group', 'raise' or a finite number (the score "
+                              "of each sample of a timed-out call)")
+
+
 class RewardSpec(Section):
     """One reward function in the combination: an entry of `rewards` in a config, or built in Python,
     where the function may come first: RewardSpec("math"), RewardSpec(my_fn, weight=0.5)."""
@@ -344,6 +359,9 @@ class RewardSpec(Section):
     """Metric name (reward/<name>); default the function's name."""
     timeout: float | None = Field(None, ge=0)
     """Seconds one call of this function may take; default the config's reward_timeout; 0 = no limit."""
+    on_timeout: str | float | None = None
+    """What a call of this function that times out scores: skip, skip_group, raise or a number (reward_on_timeout);
+    default the config's reward_on_timeout."""
 
     def __init__(self, function: Any = None, weight: Any = None, /, **data: Any) -> None:
         for key, value in (("function", function), ("weight", weight)):
@@ -355,10 +373,10 @@ class RewardSpec(Section):
 
     @model_serializer(mode="wrap")
     def _without_default_timeout(self, handler: Any) -> dict[str, Any]:
-        # Unset, `timeout` and `model` (and `function` of a reward model) are left out: a checkpoint saved before
+        # Unset, `timeout`, `on_timeout` and `model` (and `function` of a reward model) are left out: a checkpoint saved before
         # they existed still matches on resume.
         data = handler(self)
-        for key in ("timeout", "model", "function"):
+        for key in ("timeout", "on_timeout", "model", "function"):
             if data.get(key) is None:
                 data.pop(key, None)
         return data
@@ -374,6 +392,11 @@ class RewardSpec(Section):
     def _function_path(self, value: Any) -> str | None:
         # config.yaml records a callable by where it lives (package.module:qualname)
         return value if isinstance(value, str) or value is None else f"{value.__module__}:{value.__qualname__}"
+
+    @field_validator("on_timeout", mode="plain")
+    @classmethod
+    def _on_timeout(cls, value: Any) -> Any:
+        return check_on_timeout(value)
 
     @field_validator("function", mode="plain")
     @classmethod
@@ -408,11 +431,13 @@ class Config(Section):
     distributed: DistributedConfig = Field(default_factory=DistributedConfig)
     tools: ToolsConfig = Field(default_factory=ToolsConfig)
     rewards: list[RewardSpec] = Field(default_factory=list)
-    """Reward functions, summed with their weights: each {function, weight, kwargs, name, timeout} (RewardSpec)."""
+    """Reward functions, summed with their weights: each {function, weight, kwargs, name, timeout, on_timeout} (RewardSpec)."""
     reward_errors: Literal["skip", "raise"] = "skip"
-    """A reward function that raises, times out or returns bad values: skip (the samples get no reward from it, counted in reward/errors/<fn>) or raise."""
+    """A reward function that raises, times out (unless reward_on_timeout says otherwise) or returns bad values: skip (the samples get no reward from it, counted in reward/errors/<fn>) or raise."""
     reward_timeout: float = Field(300.0, ge=0)
-    """Seconds one call of a reward function (one rollout batch) may take; 0 = no limit; a reward's `timeout` overrides it. A call that runs longer is left running in a background thread (Python cannot stop one) and handled as reward_errors says: its samples get no reward from that function (reward/timeouts/<fn>), and the function is skipped until the call returns. Functions that need the main thread (signal.alarm: the built-in math, math-verify's timeouts) run there, without this limit."""
+    """Seconds one call of a reward function (one rollout batch) may take; 0 = no limit; a reward's `timeout` overrides it. A call that runs longer is scored as reward_on_timeout says (counted in reward/timeouts/<fn>). A sync function's call is left running in a background thread (Python cannot stop one), and the function is skipped until the call returns; an `async def` function's is cancelled. Functions that need the main thread (signal.alarm: the built-in math, math-verify's timeouts) run there, without this limit."""
+    reward_on_timeout: str | float | None = None
+    """What a reward call that times out scores (a reward's own `on_timeout` overrides it): skip (its samples get no reward from that function), skip_group (the same, and every group of the call, which is the whole rollout batch, is dropped from the loss: its advantages are 0, reward/skipped_frac), raise (stop the run with an error), or a number (the score each of its samples gets from that function). Unset: as reward_errors says (skip or raise). The call's samples are counted in reward/errors/<fn> whatever the choice."""
     reward_slow_warning: float = Field(60.0, ge=0)
     """A reward call slower than this many seconds logs a warning with the function's name and time; 0 = never."""
     reward_error_fraction: float = Field(0.5, ge=0, le=1)
@@ -447,6 +472,20 @@ class Config(Section):
         mb = n // self.optim.num_minibatches
         if self.optim.micro_batch_size and mb % self.optim.micro_batch_size:
             raise ValueError(f"optim.micro_batch_size={self.optim.micro_batch_size} must divide the minibatch size {mb}")
+        return self
+
+    @field_validator("reward_on_timeout", mode="plain")
+    @classmethod
+    def _on_timeout(cls, value: Any) -> Any:
+        return check_on_timeout(value)
+
+    @model_validator(mode="after")
+    def _check_skip_group(self) -> "Config":
+        keys = [k for k, v in [("reward_on_timeout", self.reward_on_timeout)] + [(f"rewards.{i}.on_timeout", r.on_timeout)
+                                                                             for i, r in enumerate(self.rewards)] if v == "skip_group"]
+        if keys and self.algorithm.advantage_estimator == "gae":
+            raise ValueError(f"{keys[0]}=skip_group drops a prompt's group of completions from the loss, which needs a group "
+                             "baseline (algorithm.advantage_estimator grpo or rloo, not gae); use skip, raise or a number")
         return self
 
     @model_validator(mode="after")

@@ -71,6 +71,7 @@ REWARD_TOTAL_STD = "reward/total/std"
 REWARD_ERRORS_PREFIX = "reward/errors/"
 REWARD_TIMEOUTS_PREFIX = "reward/timeouts/"
 REWARD_ERROR_FRAC = "reward/error_frac"  # the largest fraction of the step's completions one function failed on
+REWARD_SKIPPED_FRAC = "reward/skipped_frac"  # completions whose group a timed-out call dropped (on_timeout=skip_group)
 
 
 def reward_fn(name: str) -> str:
@@ -112,6 +113,7 @@ REWARD_STATISTICS = (
     REWARD_ERRORS_PREFIX,
     REWARD_TIMEOUTS_PREFIX,
     REWARD_ERROR_FRAC,
+    REWARD_SKIPPED_FRAC,
 )
 
 RESERVED_REWARD_NAMES = frozenset(name.split("/")[1] for name in REWARD_STATISTICS)

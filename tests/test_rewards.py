@@ -184,7 +184,8 @@ def test_none_means_not_applicable_and_counts_in_none_frac():
     assert m["reward/errors/a"] == 0.0 and m["reward/errors/b"] == 0.0
     assert m["reward/timeouts/a"] == 0.0 and m["reward/error_frac"] == 0.0
     assert set(m) == {"reward/total", "reward/total/std", "reward/a", "reward/a/std", "reward/errors/a", "reward/timeouts/a",
-                      "reward/b", "reward/b/std", "reward/errors/b", "reward/timeouts/b", "reward/none_frac", "reward/error_frac"}
+                      "reward/b", "reward/b/std", "reward/errors/b", "reward/timeouts/b", "reward/none_frac", "reward/error_frac",
+                      "reward/skipped_frac"}
 
 
 def test_array_and_tensor_returns_are_accepted():

@@ -41,7 +41,7 @@ def build_rewards(
     needs is an error now, not at the first rollout). Mistakes are ConfigError."""
     try:
         rewards = RewardManager(reward_specs(cfg, task), strict=cfg.reward_errors == "raise", registry=registry,
-                                timeout=cfg.reward_timeout, slow_warning=cfg.reward_slow_warning)
+                                timeout=cfg.reward_timeout, slow_warning=cfg.reward_slow_warning, on_timeout=cfg.reward_on_timeout)
         columns = {c: [] for c in column_names if c != cfg.data.prompt_column}
         episode_args = {"episodes": [], "environments": []} if cfg.tools.enabled else {}  # multi-turn rollouts with tools
         for reward in rewards.rewards:

@@ -6,6 +6,7 @@
     out.per_function   # name -> [N] raw (unweighted) rewards, NaN where None or failed
     out.errors         # name -> samples whose reward failed in this call
     out.timeouts       # name -> calls that timed out (0 or 1 here; summed when outputs are merged)
+    out.skipped        # [N] bool: samples whose group a timed-out call dropped (on_timeout=skip_group)
     out.metrics()      # reward/... scalars, listed in RewardOutput.metrics
 
 Calling convention (TRL's, so TRL reward functions work unchanged): keyword arguments only,
@@ -26,10 +27,16 @@ voids only that element. Either way the samples are counted in `errors`, the fir
 each function is logged once with its traceback (logger "grpokit.rewards"), later ones only
 counted. strict=True raises RewardError (a RuntimeError) instead.
 
+`async def` functions (grpokit/rewards/concurrent.py) are called the same way, once per batch, and all those of a
+batch run at once on one event loop in a thread of the manager's, while the sync ones run one after the other.
+
 Time limits (grpokit/rewards/timeouts.py): a call of a function with a timeout (its spec's `timeout`, else the
-manager's `timeout`: config reward_timeout; None or 0 = none) runs in a worker thread; one that does not return
-in time gives no reward to any sample, is counted in `errors` and `timeouts`, and is not retried on parts.
-A call slower than `slow_warning` seconds logs a warning with its time.
+manager's `timeout`: config reward_timeout; None or 0 = none) runs in a worker thread (an async one is cancelled at
+its timeout); one that does not return in time is counted in `errors` and `timeouts`, is not retried on parts, and
+scores as its spec's `on_timeout` says, else the manager's `on_timeout` (config reward_on_timeout), else as `strict`
+says: skip (no reward from it), skip_group (the same, and the call's samples are `skipped`: total 0, so their groups'
+advantages are 0), raise (RewardError) or a number (each sample's value). A call slower than `slow_warning` seconds
+logs a warning with its time.
 """
 from __future__ import annotations
 
@@ -52,13 +59,14 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from grpokit.config import RewardSpec
-from grpokit.metrics import (REWARD_ERROR_FRAC, REWARD_NONE_FRAC, REWARD_TOTAL, REWARD_TOTAL_STD, RESERVED_REWARD_NAMES, reward_errors,
-                             reward_fn, reward_fn_std, reward_fn_steps, reward_timeouts)
+from grpokit.config import RewardSpec, check_on_timeout
+from grpokit.metrics import (REWARD_ERROR_FRAC, REWARD_NONE_FRAC, REWARD_SKIPPED_FRAC, REWARD_TOTAL, REWARD_TOTAL_STD, RESERVED_REWARD_NAMES,
+                             reward_errors, reward_fn, reward_fn_std, reward_fn_steps, reward_timeouts)
 from grpokit.rewards.builtins import BUILTIN_REWARDS
+from grpokit.rewards.concurrent import LoopThread, Pending, RewardLimit, is_async
 from grpokit.rewards.steps import StepScores
 from grpokit.rewards.text import as_messages, completion_text
-from grpokit.rewards.timeouts import CallLimit, TimedOut
+from grpokit.rewards.timeouts import OnTimeout, TimedOut, timeout_advice
 
 logger = logging.getLogger("grpokit.rewards")
 
@@ -207,6 +215,8 @@ class _Reward:
     required: tuple[str, ...]
     timeout: float | None = None
     """the spec's own time limit in seconds (0 = none); None = the manager's"""
+    on_timeout: str | float | None = None
+    """what the spec's own timed-out calls score (OnTimeout); None = the manager's"""
 
     @classmethod
     def build(cls, spec: Any, registry: Registry) -> "_Reward":
@@ -259,7 +269,11 @@ class _Reward:
             if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not timeout >= 0:
                 raise ValueError(f"reward {name!r}: timeout must be a number of seconds >= 0 (0 = no limit), got {timeout!r}")
             timeout = float(timeout) if math.isfinite(timeout) else 0.0  # inf: no limit
-        return cls(name, fn, float(weight), kwargs, str(label), accepts_any, params, required, timeout)
+        try:
+            on_timeout = check_on_timeout(get("on_timeout"))
+        except ValueError as e:  # pydantic's error, raised outside a model
+            raise ValueError(f"reward {name!r}: on_timeout {get('on_timeout')!r}: {e}") from None
+        return cls(name, fn, float(weight), kwargs, str(label), accepts_any, params, required, timeout, on_timeout)
 
     def arguments(self, call_args: dict[str, Any], columns: Mapping[str, Any]) -> dict[str, Any]:
         available = {**columns, **call_args, **self.kwargs}
@@ -293,6 +307,13 @@ class RewardOutput:
     scored: int | None = None
     """completions that `errors` counts over: N, or all those of the calls merged into this output
     (dynamic sampling's rounds, grpokit/batch.py); None = N"""
+    skipped: Tensor | None = None
+    """[N] bool: samples whose group is dropped from the loss because a call timed out under on_timeout=skip_group;
+    their total is 0, so their group's advantages are exactly 0. None = no sample (made [N] False on construction)"""
+
+    def __post_init__(self) -> None:
+        if self.skipped is None:
+            self.skipped = torch.zeros(self.total.shape, dtype=torch.bool)
 
     @staticmethod
     def take(spans: list[tuple["RewardOutput", slice]]) -> "RewardOutput":
@@ -311,6 +332,7 @@ class RewardOutput:
             steps=steps,
             timeouts={k: sum(src.timeouts.get(k, 0) for src in sources) for k in first.errors},
             scored=sum(src.scored or src.total.numel() for src in sources),  # what the errors count over
+            skipped=torch.cat([src.skipped[sl] for src, sl in spans]),
         )
 
     def metrics(self) -> dict[str, float]:
@@ -324,6 +346,8 @@ class RewardOutput:
         reward/error_frac                  the largest errors/<name> over the scored completions
         reward/none_frac                   fraction of samples no function applies to (all None
                                            or failed); their total is 0
+        reward/skipped_frac                fraction of samples whose group a timed-out call dropped
+                                           (on_timeout=skip_group); their total is 0
         reward/<name>/steps                mean number of steps of <name>'s StepScores (only for
                                            functions that returned step scores)
         Stds are sample stds (Bessel-corrected, as TRL's nanstd); NaN under 2 values.
@@ -341,6 +365,7 @@ class RewardOutput:
         out[REWARD_NONE_FRAC] = none.float().mean().item() if none.numel() else float("nan")
         scored = self.scored if self.scored is not None else self.total.numel()
         out[REWARD_ERROR_FRAC] = max(self.errors.values(), default=0) / scored if scored else float("nan")
+        out[REWARD_SKIPPED_FRAC] = self.skipped.float().mean().item() if self.skipped.numel() else float("nan")
         return out
 
 
@@ -386,7 +411,8 @@ class RewardError(RuntimeError):
 
 
 class RewardManager:
-    """Calls each reward function once per batch (sequentially) and combines them.
+    """Calls each reward function once per batch (the sync ones one after the other, the async ones all at once)
+    and combines them.
 
     specs: RewardSpec objects (grpokit.config.RewardSpec), or anything with attributes (or keys)
     function, weight, kwargs, name, timeout; a bare string or callable is a spec with weight 1.
@@ -396,10 +422,12 @@ class RewardManager:
     built-in tasks' rewards (countdown, countdown_steps): rewards never import tasks.
     timeout: seconds a call may take when its spec sets no `timeout` (config reward_timeout); None or 0 = no limit.
     slow_warning: a call slower than this many seconds logs a warning (config reward_slow_warning); None or 0 = never.
+    on_timeout: what a timed-out call scores when its spec sets no `on_timeout` (config reward_on_timeout): "skip",
+    "skip_group", "raise" or a number; None = as `strict` says ("raise" when strict, else "skip").
     """
 
     def __init__(self, specs: Any, strict: bool = False, registry: Registry | None = None, *,
-                 timeout: float | None = None, slow_warning: float | None = None):
+                 timeout: float | None = None, slow_warning: float | None = None, on_timeout: str | float | None = None):
         registry = BUILTIN_REWARDS if registry is None else registry
         self.rewards = [_Reward.build(s, registry) for s in specs]
         if not self.rewards:
@@ -410,11 +438,14 @@ class RewardManager:
         self.strict = strict
         self._reported: set[str] = set()
         self.timeout = timeout
+        loop = LoopThread("grpokit-rewards")  # the async functions' event loop (grpokit/rewards/concurrent.py)
         self._limits = {  # main_thread: functions that need signal.alarm (grpokit/rewards/timeouts.py)
-            r.name: CallLimit(f"reward function {r.name!r} ({r.spec})", timeout if r.timeout is None else r.timeout, slow_warning,
-                              main_thread=any(getattr(f, "main_thread", False) for f in (r.fn, getattr(r.fn, "func", None))))
+            r.name: RewardLimit(f"reward function {r.name!r} ({r.spec})", timeout if r.timeout is None else r.timeout, slow_warning,
+                                main_thread=any(getattr(f, "main_thread", False) for f in (r.fn, getattr(r.fn, "func", None))),
+                                loop=loop, is_async=is_async(r.fn))
             for r in self.rewards
         }
+        self._on_timeout = {r.name: OnTimeout.pick(r.on_timeout, check_on_timeout(on_timeout), strict) for r in self.rewards}
 
     @property
     def names(self) -> list[str]:
@@ -453,31 +484,45 @@ class RewardManager:
         errors: dict[str, int] = {}
         steps: dict[str, list[StepScores | None]] = {}
         timeouts: dict[str, int] = {}
-        for reward in self.rewards:
-            try:
-                per_function[reward.name], errors[reward.name], step_list = self._call(reward, call_args, columns, n)
-            except TimedOut as exc:  # not retried on parts, as a call that raises is: that would multiply the wait
-                self._report(reward, f"{exc} ({self._timeout_keys(reward)})", None, key=f"{reward.name}/timeout")
-                per_function[reward.name], errors[reward.name], step_list = torch.full((n,), math.nan), n, None
-                timeouts[reward.name] = 1
-            if step_list is not None:
-                steps[reward.name] = step_list
+        skipped = torch.zeros(n, dtype=torch.bool)  # [N]
+        started = {r.name: self._limits[r.name].start(r.fn, r.arguments(call_args, columns))  # every async function at once
+                   for r in self.rewards if self._limits[r.name].is_async}
+        try:
+            for reward in self.rewards:
+                try:
+                    per_function[reward.name], errors[reward.name], step_list = self._call(reward, call_args, columns, n, started.pop(reward.name, None))
+                except TimedOut as exc:  # not retried on parts, as a call that raises is: that would multiply the wait
+                    per_function[reward.name], errors[reward.name], step_list = self._timed_out(reward, exc, n), n, None
+                    timeouts[reward.name] = 1
+                    skipped |= self._on_timeout[reward.name].drops_groups
+                if step_list is not None:
+                    steps[reward.name] = step_list
+        finally:
+            for pending in started.values():  # left by a RewardError (reward_errors=raise): stop them
+                pending.future.cancel()
         weighted = torch.stack([r.weight * per_function[r.name] for r in self.rewards])  # [K, N]
         total = torch.nansum(weighted, dim=0)  # [N]; nansum as TRL: None / failed count as 0
-        return RewardOutput(total=total, per_function=per_function, errors=errors, weights=self.weights, steps=steps, timeouts=timeouts)
+        total[skipped] = 0.0  # equal totals: the group's advantages are exactly 0 (grpokit/algo/advantages.py)
+        return RewardOutput(total=total, per_function=per_function, errors=errors, weights=self.weights, steps=steps,
+                            timeouts=timeouts, skipped=skipped)
 
-    def _timeout_keys(self, reward: _Reward) -> str:
-        if reward.timeout is not None:
-            return f"its own timeout={reward.timeout:g} s in rewards:; raise it, or make the function faster"
-        return f"reward_timeout={self.timeout:g} s; raise it, give this reward its own `timeout` in rewards:, or make the function faster"
+    def _timed_out(self, reward: _Reward, exc: TimedOut, n: int) -> Tensor:
+        """[n] what the samples of a call that timed out get from the function, as its OnTimeout says (or RewardError)."""
+        rule = self._on_timeout[reward.name]
+        advice = timeout_advice(reward.timeout, self.timeout)
+        if rule.choice == "raise":
+            raise RewardError(f"reward function {reward.name!r} ({reward.spec}) {exc} ({advice}{rule.stop_hint()})") from None
+        self._report(reward, f"{exc} ({advice})", None, key=f"{reward.name}/timeout", outcome=rule.outcome(), stop=False)
+        return rule.scores(n)
 
     def _call(
-        self, reward: _Reward, call_args: dict[str, Any], columns: dict[str, Any], n: int
+        self, reward: _Reward, call_args: dict[str, Any], columns: dict[str, Any], n: int, started: Pending | None = None
     ) -> tuple[Tensor, int, list[StepScores | None] | None]:
+        """started: the call of an async function, under way since the batch began (RewardLimit.start)."""
         kwargs = reward.arguments(call_args, columns)  # a missing column raises: a setup error
         failed: list[int] = []  # samples the function raised on (when the batch call raised)
         try:
-            items = _as_list(self._limits[reward.name].call(reward.fn, kwargs, n), n)
+            items = _as_list(self._limits[reward.name].call(reward.fn, kwargs, n, started), n)
         except TimedOut:
             raise
         except Exception as e:
@@ -554,9 +599,11 @@ class RewardManager:
             parts = failing
         return items, []
 
-    def _report(self, reward: _Reward, problem: str, exc: BaseException | None, key: str | None = None) -> None:
+    def _report(self, reward: _Reward, problem: str, exc: BaseException | None, key: str | None = None,
+                outcome: str = "the affected samples get no reward from it (NaN in per_function)", stop: bool | None = None) -> None:
+        """Logs a function's first failure of a kind (key), or raises RewardError when `stop` (default: strict)."""
         message = f"reward function {reward.name!r} ({reward.spec}) {problem}"
-        if self.strict:
+        if self.strict if stop is None else stop:
             raise RewardError(message) from exc
         key = key or reward.name  # a function's first timeout is reported even after its first failure
         if key in self._reported:
@@ -564,10 +611,7 @@ class RewardManager:
         self._reported.add(key)
         later = "failures are only counted in " + (f"reward/errors/{reward.name}" if key == reward.name else
                                                     f"reward/errors/{reward.name} and reward/timeouts/{reward.name}")
-        logger.error(
-            "%s; the affected samples get no reward from it (NaN in per_function). Reported once: later %s",
-            message, later, exc_info=exc,
-        )
+        logger.error("%s; %s. Reported once: later %s", message, outcome, later, exc_info=exc)
 
 
 def _short(value: Any, limit: int = 60) -> str:

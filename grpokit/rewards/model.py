@@ -89,4 +89,4 @@ def reward_model_spec(spec, *, index: int):
         raise ValueError(f"{key}.kwargs: {unknown} are not settings of a reward model; allowed: {', '.join(MODEL_KWARGS)}")
     scorer = RewardModel(spec.model, **spec.kwargs, key=f"{key}.model")
     name = spec.name or Path(spec.model.rstrip("/")).name or "reward_model"
-    return RewardSpec(function=scorer, weight=spec.weight, name=name, timeout=spec.timeout)
+    return RewardSpec(function=scorer, weight=spec.weight, name=name, timeout=spec.timeout, on_timeout=spec.on_timeout)

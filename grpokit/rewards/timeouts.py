@@ -13,15 +13,25 @@ signal.alarm works only in the main thread, and math-verify's own per-expression
 built-in `math` reward and TRL's accuracy_reward, through math-verify). A function marked `fn.main_thread = True`
 runs in the caller's thread, without the time limit (its own timeouts bound it); a function that fails in the
 worker with "signal only works in main thread" is marked so, with a warning, and called again in the caller's.
+`async def` functions are cancelled at their timeout instead (grpokit/rewards/concurrent.py).
+
+What a timed-out call scores (config reward_on_timeout, a reward's own on_timeout) is an OnTimeout:
+
+    rule = OnTimeout.pick(own="skip_group", default=None, strict=False)
+    rule.scores(n)        # [N] the function's values for the call's samples: NaN (skip, skip_group) or the number
+    rule.drops_groups     # skip_group: the call's groups get no advantage (RewardOutput.skipped)
 """
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
+from torch import Tensor
 
 logger = logging.getLogger("grpokit.rewards")
 
@@ -30,6 +40,55 @@ _MAIN_THREAD_ONLY = "signal only works in main thread"  # CPython's ValueError f
 
 class TimedOut(Exception):
     """A call that did not return within its time limit, or was not started because an earlier one still runs."""
+
+
+def timeout_advice(own: float | None, default: float | None) -> str:
+    """The keys that set a function's time limit, for the message of a call that ran past it. own: the reward's own
+    `timeout` (None = unset: the manager's `default`, config reward_timeout)."""
+    if own is not None:
+        return f"its own timeout={own:g} s in rewards:; raise it, or make the function faster"
+    return f"reward_timeout={default or 0:g} s; raise it, give this reward its own `timeout` in rewards:, or make the function faster"
+
+
+@dataclass(frozen=True)
+class OnTimeout:
+    """What a call that timed out scores. choice: "skip" (its samples get no reward from the function, NaN, as
+    reward_errors=skip), "skip_group" (the same, and every group of the call is dropped from the loss), "raise"
+    (RewardError) or a number (each of its samples scores that). key: the setting that chose it, for messages
+    ("reward_on_timeout", "its own on_timeout"; "" when it follows reward_errors)."""
+
+    choice: str | float
+    key: str = ""
+
+    @classmethod
+    def pick(cls, own: str | float | None, default: str | float | None, strict: bool) -> "OnTimeout":
+        """A reward's own on_timeout, else the manager's (config reward_on_timeout), else as reward_errors says."""
+        if own is not None:
+            return cls(own, "its own on_timeout")
+        if default is not None:
+            return cls(default, "reward_on_timeout")
+        return cls("raise" if strict else "skip")
+
+    @property
+    def drops_groups(self) -> bool:
+        return self.choice == "skip_group"
+
+    def scores(self, n: int) -> Tensor:
+        """[n] the function's values for the samples of a timed-out call."""
+        return torch.full((n,), math.nan if isinstance(self.choice, str) else float(self.choice))
+
+    def outcome(self) -> str:
+        """What happened to the call's samples, for the log."""
+        if self.drops_groups:
+            return ("the affected samples get no reward from it, and their groups are dropped from the loss (skip_group: "
+                    "their advantages are 0; reward/skipped_frac counts them)")
+        if isinstance(self.choice, str):
+            return "the affected samples get no reward from it (NaN in per_function)"
+        return f"each affected sample scores {self.choice:g} from it ({self.key}={self.choice:g})"
+
+    def stop_hint(self) -> str:
+        """How to go on instead of stopping, when the run stops at a timeout ("" when reward_errors=raise stopped it)."""
+        return f"; {self.key}=raise stops the run: skip, skip_group or a score goes on" if self.key else ""
 
 
 def _needs_main_thread(exc: BaseException | None) -> bool:
@@ -60,14 +119,16 @@ class CallLimit:
             out = fn(**kwargs)
         else:
             out = self._in_worker(fn, kwargs)
-        seconds = time.monotonic() - start
+        self.warn_if_slow(time.monotonic() - start, n)
+        return out
+
+    def warn_if_slow(self, seconds: float, n: int) -> None:
         if self.slow is not None and seconds > self.slow:
             timeout = f"its timeout is {self.timeout:g} s" if self.timeout and not self.main_thread else "it has no timeout"
             logger.warning(
                 "%s took %.1f s for %d completions, more than reward_slow_warning=%g s (%s); "
                 "a faster function (batch its work, cache) speeds up every step", self.label, seconds, n, self.slow, timeout,
             )
-        return out
 
     def _in_worker(self, fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
         if self._busy is not None and self._busy.is_alive():
