@@ -444,6 +444,31 @@ def test_reward_that_hangs_with_reward_errors_raise(env):
                "reward_errors=skip counts it")
 
 
+def test_reward_that_hangs_with_reward_on_timeout_skip_group(env, caplog):
+    with caplog.at_level(logging.ERROR, logger="grpokit.rewards"):
+        r = train(env, rewards(env[0], "sevens", "sleepy"), "reward_timeout=0.3", "reward_on_timeout=skip_group")
+    assert r.exit_code == 0, r.output
+    (row,) = metrics(env)
+    assert row["reward/timeouts/sleepy"] == 1 and row["reward/skipped_frac"] == 1 and row["advantage/abs_mean"] == 0
+    assert "their groups are dropped from the loss (skip_group" in caplog.text
+
+
+def test_reward_that_hangs_with_reward_on_timeout_raise(env):
+    user_error(train(env, rewards(env[0], "sleepy"), "reward_timeout=0.3", "reward_on_timeout=raise"),
+               "step 1: reward function 'sleepy'", "did not return within 0.3 s", "reward_timeout=0.3 s; raise it",
+               "reward_on_timeout=raise stops the run: skip, skip_group or a score goes on")
+
+
+def test_reward_on_timeout_not_allowed(env):
+    user_error(train(env, "reward_on_timeout=drop"), "bad value for 'reward_on_timeout': 'drop'",
+               "Input should be 'skip', 'skip_group', 'raise' or a finite number")
+
+
+def test_reward_on_timeout_skip_group_with_gae(env):
+    user_error(train(env, "reward_on_timeout=skip_group", "algorithm.advantage_estimator=gae"),
+               "reward_on_timeout=skip_group drops a prompt's group", "not gae); use skip, raise or a number")
+
+
 def test_slow_reward_call_warns_with_its_time(env, caplog):
     with caplog.at_level(logging.WARNING, logger="grpokit.rewards"):
         r = train(env, rewards(env[0], "sevens", "slowish"), "reward_slow_warning=0.1")
