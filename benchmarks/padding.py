@@ -55,7 +55,7 @@ def main() -> None:
             "eval.at_start=false", "logging.sample_every=0", "logging.tensorboard=false", "seed=0"])
         trainers[grouped] = Trainer(cfg)
     lengths = []
-    with mock.patch("grpokit.trainer.plot_metrics", lambda *a, **k: []):
+    with mock.patch("grpokit.trainer.plot_run", lambda *a, **k: []):
         for step in range(args.steps):
             for grouped in ((True, False) if step % 2 == 0 else (False, True)):
                 t = trainers[grouped]

@@ -41,7 +41,7 @@ def run_arm(args, arm: str, seed: int, eval_rows: list[dict]) -> dict:
     shutil.rmtree(cfg.output_dir, ignore_errors=True)
     load = load_avg()
     t = time.perf_counter()
-    with mock.patch("grpokit.trainer.plot_metrics", lambda *a, **k: []):
+    with mock.patch("grpokit.trainer.plot_run", lambda *a, **k: []):
         Trainer(cfg, eval_rows=eval_rows).train()
     wall = time.perf_counter() - t
     rows = read_metrics(Path(cfg.output_dir) / "metrics.jsonl")

@@ -92,7 +92,7 @@ def run_one(args, preset: str, seed: int, eval_rows: list[dict]) -> dict:
     load_before = load_avg()
     t = time.perf_counter()
     # The trainer draws its own per-run plots after training; this benchmark draws one figure for all runs.
-    with mock.patch("grpokit.trainer.plot_metrics", lambda *a, **k: []):
+    with mock.patch("grpokit.trainer.plot_run", lambda *a, **k: []):
         Trainer(cfg, eval_rows=eval_rows).train()
     wall = time.perf_counter() - t
     curve, train_s = [], 0.0

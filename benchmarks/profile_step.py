@@ -120,7 +120,7 @@ def one_step(trainer) -> dict[str, float]:
     batch, metrics, _ = trainer.rollout(rows)
     t1 = time.perf_counter()
     trainer.update(batch)
-    trainer.engine.sync_weights(trainer.model)
+    trainer.pipeline.engine.sync_weights(trainer.model)
     trainer.step += 1
     t2 = time.perf_counter()
     return {"step": t2 - t0, "rollout": metrics["perf/rollout_time"], "ref": metrics["perf/ref_time"], "train": t2 - t1}

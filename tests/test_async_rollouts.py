@@ -13,6 +13,7 @@ from grpokit.policy import batched_logprobs, load_policy
 from grpokit.rollout import make_engine
 from grpokit.rollout.pipeline import RolloutPipeline
 from grpokit.trainer import Trainer
+from tests.test_rollout_vllm import model_dir as vllm_model_dir  # noqa: F401  (a fixture: a tiny Llama with head size 64)
 from tests.test_trainer import Crash, _crash_at, config, read_metrics
 
 LAG = ["rollout.engine=fast", "rollout.max_policy_lag=1"]
@@ -121,3 +122,18 @@ def test_resume_at_lag_draws_the_prompts_of_the_uninterrupted_run(tiny_model_dir
 def test_lag_needs_an_engine_with_log_probs(tiny_model_dir, tmp_path):
     with pytest.raises(ConfigError, match="rollout.max_policy_lag=1 needs the sampler's log-probs"):
         config(tiny_model_dir, tmp_path / "run", "rollout.engine=hf", "rollout.max_policy_lag=1")
+
+
+def test_lag_one_on_vllm_pushes_each_version_from_the_sampler_thread(vllm_model_dir, tmp_path):
+    """vLLM in the background thread: each version is pushed (and checked against the sampler's copy) there."""
+    from tests.test_rollout_vllm import grpo_config
+
+    trainer = Trainer(grpo_config(vllm_model_dir, tmp_path / "run", "optim.max_steps=5", "rollout.engine=vllm", "rollout.max_policy_lag=1"))
+    try:
+        trainer.train()
+    finally:
+        trainer.pipeline.engine.close()
+    rows = read_metrics(tmp_path / "run")
+    assert [r["rollout/version_lag"] for r in rows] == [0.0, 1.0, 1.0, 1.0, 1.0]
+    assert rows[0]["rollout/logp_diff_max"] < 1e-3 < min(r["rollout/logp_diff_max"] for r in rows[1:])
+    assert trainer.pipeline.engine.pushes == 6  # the constructor's; v0 (batches 0, 1), v1-v3 (2-4) by the sampler; the last evaluation's

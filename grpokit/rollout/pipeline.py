@@ -63,7 +63,9 @@ class RolloutPipeline:
         if max_lag == 0:
             return
         device = next(model.parameters()).device
-        self._copy = copy.deepcopy(model).eval().requires_grad_(False)  # the sampler's weights: one version behind
+        # The sampler's weights, a version behind. requires_grad stays as the policy's: engines that push weights
+        # (vllm) send the trainable tensors only.
+        self._copy = copy.deepcopy(model).eval()
         self._gen = torch.Generator(device).manual_seed(seed + _SAMPLER_SEED)
         self._extra_gen = torch.Generator(device).manual_seed(seed + _EXTRA_SEED)
         self._snapshots = {version: _snapshot(model)}  # version -> weights, until the sampler loaded it
