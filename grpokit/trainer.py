@@ -91,8 +91,8 @@ class Trainer:
         t, (prompts, columns) = time.perf_counter(), repeat_rows(rows, self.cfg.rollout.num_generations)
         try:
             scored = self.rewards(prompts=prompts, completions=comps.texts, completion_ids=comps.token_ids, columns=columns, episodes=comps.episodes)
-        except RewardError as exc:  # reward_errors=raise
-            raise TrainingError(f"step {self.step + 1}: {exc} (reward_errors=raise; reward_errors=skip counts it and goes on)") from exc
+        except RewardError as exc:  # reward_errors=raise, or a timeout with reward_on_timeout / on_timeout=raise (its message says so)
+            raise TrainingError(f"step {self.step + 1}: {exc}" + (" (reward_errors=raise; reward_errors=skip counts it and goes on)" if self.cfg.reward_errors == "raise" else "")) from exc
         timings[PERF_REWARD_TIME] = timings.get(PERF_REWARD_TIME, 0.0) + time.perf_counter() - t
         return Groups(list(rows), comps, scored)
 

@@ -464,7 +464,7 @@ def test_a_renamed_prompt_column_with_a_held_out_split_trains(tiny_model_dir, tm
 
     from grpokit.cli import app
 
-    monkeypatch.setattr("grpokit.trainer.plot_metrics", lambda *a, **k: None)
+    monkeypatch.setattr("grpokit.trainer.plot_run", lambda *a, **k: None)
     rows = [{"question": f"{a} {b}>{a + b}=", "target": a + b} for a in range(1, 5) for b in range(1, 3)]
     (tmp_path / "questions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     reward = f"{Path(__file__).parent / 'reward_fns.py'}:count_sevens"

@@ -84,7 +84,7 @@ def _quiet_and_quick(monkeypatch):
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # as grpokit.cli.main does; the test runner skips main()
-    monkeypatch.setattr("grpokit.trainer.plot_metrics", lambda *a, **k: None)  # plots are not what these test
+    monkeypatch.setattr("grpokit.trainer.plot_run", lambda *a, **k: None)  # plots are not what these test
 
 
 @pytest.fixture

@@ -48,7 +48,7 @@ def config(model_dir, out, *extra):
 
 @pytest.fixture(autouse=True)
 def _no_plots(monkeypatch):
-    monkeypatch.setattr("grpokit.trainer.plot_metrics", lambda *a, **k: None)  # plots are not what these test
+    monkeypatch.setattr("grpokit.trainer.plot_run", lambda *a, **k: None)  # plots are not what these test
 
 
 def read_metrics(out):

@@ -167,7 +167,7 @@ def test_value_loss_accumulates_to_the_whole_minibatch():
 @pytest.fixture(autouse=True)
 def no_plots(monkeypatch):
     """Plots are tested elsewhere (tests/test_logging.py); here they would only cost seconds per run."""
-    monkeypatch.setattr("grpokit.trainer.plot_metrics", lambda *args, **kwargs: [])
+    monkeypatch.setattr("grpokit.trainer.plot_run", lambda *args, **kwargs: [])
 
 
 def config(model_dir, out, *extra):

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import logging
 import queue
 import threading
 import time
@@ -46,6 +47,7 @@ from grpokit.metrics import PERF_ROLLOUT_TIME, PERF_ROLLOUT_WAIT, PERF_WEIGHTS_W
 from grpokit.rollout.base import Completions, RolloutEngine, SamplingParams
 from grpokit.rollout.episodes import generate_groups
 
+logger = logging.getLogger("grpokit.rollout")
 #: seeds of the sampler's own generators: the background batches, and the extra rounds of dynamic sampling
 _SAMPLER_SEED, _EXTRA_SEED = 7_919, 104_729
 
@@ -76,6 +78,7 @@ class RolloutPipeline:
         self._done = threading.Condition()
         self._next: int | None = None  # the next batch to hand the sampler, from the first batch() on
         self._closed = False
+        self._threads = torch.get_num_threads()  # the run's: OpenMP's count is per thread, and a new one gets the default
         self._thread = threading.Thread(target=self._sampler, name="grpokit-sampler", daemon=True)
 
     # ------------------------------------------------------------------ the trainer's side
@@ -140,17 +143,22 @@ class RolloutPipeline:
             self._loaded = None
             yield self.engine
 
-    def close(self) -> None:
-        """Stop the sampler after the generation under way (batches asked for and not taken are dropped)."""
+    def close(self, timeout: float = 60.0) -> None:
+        """Stop the sampler after the generation under way (batches asked for and not taken are dropped). A sampler
+        that does not stop within `timeout` seconds is left behind with a warning (a daemon thread: it never keeps
+        the process from exiting, and a run that failed keeps its own error)."""
         if self.max_lag == 0 or self._closed:
             return
         self._closed = True
         self._requests.put(None)
         if self._thread.is_alive():
-            self._thread.join()
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                logger.warning("the rollout sampler thread did not stop within %g s of the end of training; left running", timeout)
 
     # ------------------------------------------------------------------ the sampler's side (k > 0)
     def _sampler(self) -> None:
+        torch.set_num_threads(self._threads)  # vLLM's CPU attention checks that its metadata and kernel agree on it
         while True:
             t = time.perf_counter()
             # Batch b + k is asked for once version b is published: until then the sampler waits for weights.
@@ -162,11 +170,13 @@ class RolloutPipeline:
                 with self._engine_lock:
                     self._load(version, self._snapshots[version])
                     out: Any = (rows, self._generate(rows, version, sampling_params(self.cfg, self._gen), timings), timings)
-            except BaseException as exc:  # handed to the trainer, which raises it
+            except BaseException as exc:  # handed to the trainer, which raises it; the sampler stops
                 out = exc
             with self._done:
                 self._results[b] = out
                 self._done.notify_all()
+            if isinstance(out, BaseException):
+                return
             self._forget_before(version)
 
     def _load(self, version: int, weights: dict[str, torch.Tensor]) -> None:
