@@ -171,6 +171,11 @@ def test_importance_correction_without_sampler_logprobs(env):
                "rollout.importance_correction=token_truncate needs the sampler's log-probs", "rollout.engine=fast or vllm")
 
 
+def test_policy_lag_without_sampler_logprobs(env):
+    user_error(train(env, "rollout.max_policy_lag=1"),
+               "rollout.max_policy_lag=1 needs the sampler's log-probs", "use rollout.engine=fast or vllm, or max_policy_lag=0")
+
+
 def test_importance_bounds_out_of_order(env):
     user_error(train(env, "rollout.engine=fast", "rollout.importance_correction=token_mask", "rollout.importance_c_min=3",
                      "rollout.importance_c_max=2"), "rollout.importance_c_min=3.0 must be below rollout.importance_c_max=2.0")
