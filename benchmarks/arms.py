@@ -8,6 +8,7 @@ perf/rollout_time (steps after the first two), and the max over steps of rollout
 """
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import statistics
@@ -17,6 +18,24 @@ from pathlib import Path
 from unittest import mock
 
 from presets import K, config_overrides, load_avg
+
+
+def arm_parser(doc: str, name: str, model: str):
+    """The command line every arms benchmark takes (presets.py's config knobs); --out runs/<name>, --results
+    benchmarks/results/<name>.md. args.eval_every is set after parsing: before step 1 and after the last."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=model)
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--prompts", type=int, default=16)
+    p.add_argument("--G", type=int, default=8)
+    p.add_argument("--max-completion-length", type=int, default=16)
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--eval-size", type=int, default=200)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--out", default=f"runs/{name}")
+    p.add_argument("--results", default=str(Path(__file__).resolve().parent / "results" / f"{name}.md"))
+    return p
 
 
 def run_arm(args, arm: str, extra: list[str], seed: int, eval_rows: list[dict], keys: tuple[str, ...] = ()) -> dict:

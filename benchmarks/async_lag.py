@@ -18,14 +18,13 @@ batch) and perf/weights_wait_time (the sampler waiting for a step to end).
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from arms import run_all  # noqa: E402
+from arms import arm_parser, run_all  # noqa: E402
 
 ARMS = {
     "lag0": ["rollout.engine=fast"],
@@ -36,19 +35,8 @@ KEYS = ("rollout/logp_diff_mean", "rollout/is_clip_frac", "perf/rollout_wait_tim
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="runs/demo/sft")
-    p.add_argument("--seeds", default="0,1,2")
+    p = arm_parser(__doc__, "async_lag", "runs/demo/sft")
     p.add_argument("--arms", default=",".join(ARMS))
-    p.add_argument("--steps", type=int, default=100)
-    p.add_argument("--prompts", type=int, default=16)
-    p.add_argument("--G", type=int, default=8)
-    p.add_argument("--max-completion-length", type=int, default=16)
-    p.add_argument("--lr", type=float, default=1e-4)
-    p.add_argument("--eval-size", type=int, default=200)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--out", default="runs/async_lag")
-    p.add_argument("--results", default=str(HERE / "results" / "async_lag.md"))
     args = p.parse_args()
     args.eval_every = args.steps  # before step 1 and after the last only
     if not Path(args.model).exists():

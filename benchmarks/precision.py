@@ -14,7 +14,6 @@ after the first two).
 """
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import statistics
@@ -26,6 +25,7 @@ from unittest import mock
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from arms import arm_parser  # noqa: E402
 from presets import K, config_overrides, load_avg  # noqa: E402
 
 ARMS = {"fp32": "none", "bf16": "bfloat16"}
@@ -52,18 +52,7 @@ def run_arm(args, arm: str, seed: int, eval_rows: list[dict]) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="runs/precision/sft")
-    p.add_argument("--seeds", default="0,1,2")
-    p.add_argument("--steps", type=int, default=100)
-    p.add_argument("--prompts", type=int, default=16)
-    p.add_argument("--G", type=int, default=8)
-    p.add_argument("--max-completion-length", type=int, default=16)
-    p.add_argument("--lr", type=float, default=1e-4)
-    p.add_argument("--eval-size", type=int, default=200)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--out", default="runs/precision")
-    p.add_argument("--results", default=str(HERE / "results" / "precision.md"))
+    p = arm_parser(__doc__, "precision", "runs/precision/sft")
     args = p.parse_args()
     args.eval_every = args.steps  # before step 1 and after the last only
     import torch

@@ -16,7 +16,6 @@ median perf/step_time and perf/rollout_time (steps after the first two), and vLL
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -24,7 +23,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from arms import run_all  # noqa: E402
+from arms import arm_parser, run_all  # noqa: E402
 
 ENGINES = ("fast", "vllm")
 
@@ -52,18 +51,7 @@ def make_sft_hd64(out: str, threads: int) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="runs/vllm_vs_fast/sft")
-    p.add_argument("--seeds", default="0,1,2")
-    p.add_argument("--steps", type=int, default=100)
-    p.add_argument("--prompts", type=int, default=16)
-    p.add_argument("--G", type=int, default=8)
-    p.add_argument("--max-completion-length", type=int, default=16)
-    p.add_argument("--lr", type=float, default=1e-4)
-    p.add_argument("--eval-size", type=int, default=200)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--out", default="runs/vllm_vs_fast")
-    p.add_argument("--results", default=str(HERE / "results" / "vllm_vs_fast.md"))
+    p = arm_parser(__doc__, "vllm_vs_fast", "runs/vllm_vs_fast/sft")
     args = p.parse_args()
     args.eval_every = args.steps  # before step 1 and after the last only
     import torch
