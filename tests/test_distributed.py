@@ -100,15 +100,17 @@ def test_fsdp2_activation_checkpointing_and_bf16(one_process, two_processes):
     assert got["metrics"]["policy/kl"] == pytest.approx(want["metrics"]["policy/kl"], abs=1e-3)
 
 
-def test_torchrun_trains_end_to_end(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("lag", [0, 1])
+def test_torchrun_trains_end_to_end(tiny_model_dir, tmp_path, lag):
     """`torchrun --nproc_per_node 2 -m grpokit train`: 2 steps (FSDP2, DAPO dynamic sampling); rank 0 logs each step
-    once, evaluates, writes the final model; the ranks save the end state as one sharded checkpoint."""
+    once, evaluates, writes the final model; the ranks save the end state as one sharded checkpoint. lag=1: each
+    rank's background sampler generates step 2's batch with step 1's weights (rollout.max_policy_lag)."""
     reward = f"{TESTS / 'reward_fns.py'}:count_sevens"
     (tmp_path / "config.yaml").write_text(f"""
 model: {{name_or_path: "{tiny_model_dir}"}}
 data: {{task: countdown, task_train_size: 64}}
 rewards: [{{function: "{reward}"}}]
-rollout: {{engine: fast, prompts_per_step: 4, num_generations: 4, max_completion_length: 6}}
+rollout: {{engine: fast, prompts_per_step: 4, num_generations: 4, max_completion_length: 6, max_policy_lag: {lag}}}
 algorithm: {{beta: 0.04, dynamic_sampling: true, max_sampling_rounds: 2}}
 optim: {{max_steps: 2, learning_rate: 1.0e-3}}
 eval: {{max_samples: 4, k: 1}}
@@ -124,6 +126,8 @@ output_dir: "{tmp_path / 'run'}"
     assert [r["step"] for r in rows] == [0, 1, 2]  # eval at start, then each step once: rank 0 alone writes
     assert "eval/pass@1" in rows[0] and "eval/pass@1" in rows[2]
     assert rows[1]["rollout/groups_drawn"] >= 4 and rows[1]["rollout/tokens"] > 0
+    # step 2's first round comes from step 1's weights at lag 1 (dynamic sampling's extra rounds from the current ones)
+    assert rows[1]["rollout/version_lag"] == 0 and (0 < rows[2]["rollout/version_lag"] <= 1 if lag else rows[2]["rollout/version_lag"] == 0)
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "final")  # whole weights, loadable as usual
