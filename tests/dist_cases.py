@@ -50,7 +50,7 @@ class FixedEngine:
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
 
-    def sync_weights(self, model) -> None:
+    def sync_weights(self, model, version=None) -> None:
         pass
 
     def generate(self, prompt_token_ids, n, sampling) -> Completions:

@@ -25,7 +25,7 @@ class ScriptedEngine:
             texts += [greedy] if sampling.greedy else sampled[:n]
         return Completions([[0] * len(t) for t in texts], texts, ["stop"] * len(texts))
 
-    def sync_weights(self, model):
+    def sync_weights(self, model, version=None):
         pass
 
 

@@ -184,7 +184,7 @@ class ScriptedEngine:
                 reasons.append("stop" if stop else "length")
         return Completions(ids, texts, reasons)
 
-    def sync_weights(self, model):
+    def sync_weights(self, model, version=None):
         pass
 
 

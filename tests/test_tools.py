@@ -191,7 +191,7 @@ class Scripted:
         self.eos_ids = {tok.eos_token_id}
         self.calls = []
 
-    def sync_weights(self, model):
+    def sync_weights(self, model, version=None):
         pass
 
     def generate(self, prompts, n, sampling):

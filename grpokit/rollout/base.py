@@ -64,7 +64,9 @@ class Completions:
 class RolloutEngine(Protocol):
     def generate(self, prompt_token_ids: list[list[int]], n: int, sampling: SamplingParams) -> Completions: ...
 
-    def sync_weights(self, model: torch.nn.Module) -> None: ...
+    def sync_weights(self, model: torch.nn.Module, version: int | None = None) -> None:
+        """The engine samples from `model`'s weights from now on; `version`: which policy version they are (optimizer
+        steps), for an engine that reports it per sample (the server); the others ignore it."""
 
 
 def cut_at_eos(ids: list[int], eos_ids: set[int], max_tokens: int) -> tuple[list[int], str]:

@@ -79,8 +79,8 @@ class ToolRollout:
         self.last_metrics: dict[str, float] = {}
         ToolBox(self.tools)  # distinct names, checked now
 
-    def sync_weights(self, model) -> None:
-        self.engine.sync_weights(model)
+    def sync_weights(self, model, version: int | None = None) -> None:
+        self.engine.sync_weights(model, version=version)
 
     def generate(self, prompt_token_ids: list[list[int]], n: int, sampling: SamplingParams,
                  columns: Sequence[dict[str, Any]] | None = None) -> Completions:

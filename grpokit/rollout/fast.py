@@ -166,7 +166,7 @@ class FastEngine:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos_ids))
         self.sync_weights(model)
 
-    def sync_weights(self, model) -> None:
+    def sync_weights(self, model, version: int | None = None) -> None:
         if model is not self.model:  # same module: nothing to copy, nothing to recompile
             # dynamic=True: the cache length grows every token and the batch shrinks as rows finish;
             # one graph with symbolic sizes instead of a recompile per shape.

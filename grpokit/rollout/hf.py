@@ -37,7 +37,7 @@ class HFEngine:
         self.eos_ids = eos_token_ids(model, tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos_ids))
 
-    def sync_weights(self, model) -> None:
+    def sync_weights(self, model, version: int | None = None) -> None:
         self.model = model  # same module: nothing to copy
 
     def _gen_config(self, n: int, sampling: SamplingParams) -> GenerationConfig:

@@ -127,7 +127,7 @@ class RolloutPipeline:
         if self.max_lag == 0:
             if self._sleeps:
                 self.engine.wake_up()
-            self.engine.sync_weights(model)
+            self._sync(model, version)
             return
         self._snapshots[version] = _snapshot(model)
 
@@ -139,7 +139,7 @@ class RolloutPipeline:
             return
         with self._engine_lock:
             self._copy.load_state_dict(current_model().state_dict())
-            self.engine.sync_weights(self._copy)
+            self._sync(self._copy, self.version)
             self._loaded = None
             yield self.engine
 
@@ -182,8 +182,11 @@ class RolloutPipeline:
     def _load(self, version: int, weights: dict[str, torch.Tensor]) -> None:
         if self._loaded != version:
             self._copy.load_state_dict(weights)
-            self.engine.sync_weights(self._copy)
+            self._sync(self._copy, version)
             self._loaded = version
+
+    def _sync(self, model: torch.nn.Module, version: int) -> None:
+        self.engine.sync_weights(model, version=version)  # an engine that reports versions (the server) uses it
 
     def _forget_before(self, version: int) -> None:
         for v in [v for v in list(self._snapshots) if v < min(version, self.version)]:

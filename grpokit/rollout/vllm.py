@@ -182,7 +182,7 @@ class VLLMEngine:
         self.sync_weights(model)
 
     # ------------------------------------------------------------------ weights
-    def sync_weights(self, model) -> None:
+    def sync_weights(self, model, version: int | None = None) -> None:
         """Push the trainable tensors of `model` (pi_theta, just updated) into vLLM, in memory, and check them."""
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         if hasattr(model, "peft_config"):
