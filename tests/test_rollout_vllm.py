@@ -4,6 +4,7 @@ save_pretrained and loaded back with from_pretrained (head size 64: vLLM's CPU a
 The must-show (issue 13): after a weight push the engine's per-token sampling log-probs equal the trainer's
 recomputed ones (fp32, max |diff| < 1e-3), and before the push they differ.
 """
+import json
 import random
 
 import numpy as np
@@ -18,6 +19,7 @@ from grpokit.policy import completion_logprobs
 from grpokit.rollout import SamplingParams
 from grpokit.rollout.fast import FastEngine
 from grpokit.rollout.vllm import RolloutError, VLLMEngine
+from grpokit.rollout.weights import model_prompt_logprobs
 from grpokit.tasks import get_task
 from grpokit.tasks.tiny_model import build_tiny_llama
 from grpokit.tasks.tokenizer import build_tokenizer
@@ -68,7 +70,7 @@ def one_optimizer_step(model, tok):
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=3e-2)
     for text in ("3 4 5>12=(3+4)+5", "7 1 2>9=7+1*2"):
-        ids = torch.tensor([tok(text)["input_ids"]])
+        ids = torch.tensor([tok(text)["input_ids"]], device=model.device)
         model(input_ids=ids, labels=ids).loss.backward()
     opt.step()
     model.eval()
@@ -78,20 +80,29 @@ def test_sampling_logprobs_match_the_trainer_after_a_push_and_differ_before(mode
     model, tok = load(model_dir)
     engine = VLLMEngine(model, tok, max_model_len=256, max_seqs=32)
     try:
-        p, n, sampling = prompts(tok), 8, SamplingParams(max_tokens=16)
-        assert max_diff(model, p, engine.generate(p, n, sampling), n) < 1e-3  # the first push, in the constructor
-        one_optimizer_step(model, tok)
-
-        before = max_diff(model, p, engine.generate(p, n, sampling), n)  # the engine still samples the old policy
-        engine.sync_weights(model)
-        comps = engine.generate(p, n, sampling)
-        after = max_diff(model, p, comps, n)
-        assert before > 0.05, before
-        assert after < 1e-3, after
-        assert engine.last_push_error < 1e-3
-        assert sum(len(t) for t in comps.token_ids) > 2 * n  # log-probs of real completions, not of empty ones
+        logprobs_differ_before_a_push_and_match_after(engine, model, tok)
     finally:
         engine.close()
+
+
+def logprobs_differ_before_a_push_and_match_after(engine, model, tok):
+    """The must-show on an engine that runs model's weights (its constructor pushed them): sampling log-probs equal
+    the trainer's; after a real update they differ (> 0.05) until sync_weights, then equal again (< 1e-3, fp32).
+    Returns the completions sampled before and after the push."""
+    p, n, sampling = prompts(tok), 8, SamplingParams(max_tokens=16)
+    assert max_diff(model, p, engine.generate(p, n, sampling), n) < 1e-3  # the first push, in the constructor
+    one_optimizer_step(model, tok)
+
+    stale = engine.generate(p, n, sampling)  # the engine still samples the old policy
+    before = max_diff(model, p, stale, n)
+    engine.sync_weights(model)
+    comps = engine.generate(p, n, sampling)
+    after = max_diff(model, p, comps, n)
+    assert before > 0.05, before
+    assert after < 1e-3, after
+    assert engine.last_push_error < 1e-3
+    assert sum(len(t) for t in comps.token_ids) > 2 * n  # log-probs of real completions, not of empty ones
+    return stale, comps
 
 
 def test_temperature_logprobs_greedy_and_stopping_mean_what_they_mean_for_fast(engine_and_model):
@@ -160,6 +171,47 @@ def test_a_push_that_did_not_take_is_caught(engine_and_model, model_dir):
     assert engine.last_push_error < 1e-3
 
 
+def test_sleep_and_wake_up_do_nothing_on_cpu(engine_and_model):
+    """vLLM's CPU backend has no sleep mode: the loop may call both around every update, and nothing changes."""
+    engine, _, tok = engine_and_model
+    greedy = SamplingParams(max_tokens=12, greedy=True)
+    before = engine.generate(prompts(tok), 2, greedy).token_ids
+    engine.sleep()
+    assert not engine.asleep
+    engine.wake_up()
+    assert engine.generate(prompts(tok), 2, greedy).token_ids == before
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="vLLM's sleep mode needs CUDA (the CPU backend has none)")
+def test_sleep_frees_gpu_memory_and_wake_up_brings_the_same_engine_back(model_dir):
+    """On CUDA: sleep() (level 1) frees the KV cache and moves the weights to CPU memory; a push while asleep wakes
+    the engine; after wake_up the engine samples what it sampled before, and pushes still take."""
+    model, tok = load(model_dir)
+    model = model.cuda()
+    engine = VLLMEngine(model, tok, max_model_len=256, max_seqs=32, gpu_memory_utilization=0.2)
+    try:
+        p, greedy = prompts(tok), SamplingParams(max_tokens=12, greedy=True)
+        before = engine.generate(p, 2, greedy).token_ids
+        torch.cuda.synchronize()
+        free_awake = torch.cuda.mem_get_info()[0]
+        engine.sleep()
+        assert engine.asleep
+        freed = torch.cuda.mem_get_info()[0] - free_awake
+        assert freed > 100 << 20, freed  # 0.2 of the GPU minus what stays: the KV cache alone is far more than this
+        engine.wake_up()
+        assert not engine.asleep and engine.generate(p, 2, greedy).token_ids == before
+        engine.sleep()
+        one_optimizer_step(model, tok)
+        engine.sync_weights(model)  # wakes it: the reload needs resident weights
+        assert not engine.asleep and engine.last_push_error < 1e-3
+        comps = engine.generate(p, 4, SamplingParams(max_tokens=12))
+        for prompt, ids, lp in zip([q for q in p for _ in range(4)], comps.token_ids, comps.logprobs):  # ids: never empty (>= EOS)
+            ours = model_prompt_logprobs(model, prompt + ids)[len(prompt) - 1:]  # teacher-forced, on the GPU
+            assert (ours - torch.tensor(lp, dtype=torch.float64)).abs().max().item() < 1e-3
+    finally:
+        engine.close()
+
+
 def test_starting_vllm_leaves_the_process_as_it_was(model_dir):
     model, tok = load(model_dir)
     torch.set_num_threads(1)
@@ -203,8 +255,6 @@ def test_grpo_on_vllm_learns_and_every_push_takes(model_dir, tmp_path):
     """The loop with rollout.engine=vllm: the reward rises as with the other engines (tests/test_trainer.py), and
     the mismatch logged at every step stays at float noise: each step's samples came from the weights of the
     step before (a push that did not take would show the previous policy's log-probs, as in the must-show test)."""
-    import json
-
     from grpokit.trainer import Trainer
 
     cfg = grpo_config(model_dir, tmp_path / "run", "optim.max_steps=30", "rollout.engine=vllm",
@@ -214,9 +264,14 @@ def test_grpo_on_vllm_learns_and_every_push_takes(model_dir, tmp_path):
         trainer.train()
     finally:
         trainer.pipeline.engine.close()
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert_learned_and_every_push_took(tmp_path / "run", 30)
+
+
+def assert_learned_and_every_push_took(run_dir, steps_run: int) -> None:
+    """The reward rose, and the sampler-trainer mismatch stayed at fp32 noise at every step of the run's metrics."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "reward/mean" in r]
-    assert len(steps) == 30
+    assert len(steps) == steps_run
     rewards = [r["reward/mean"] for r in steps]
     assert sum(rewards[-8:]) / 8 > sum(rewards[:8]) / 8 + 0.15, rewards
     assert all(r["rollout/logp_diff_max"] < 1e-3 for r in steps), [r["rollout/logp_diff_max"] for r in steps]

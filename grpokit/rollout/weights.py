@@ -1,0 +1,113 @@
+"""Weights into a vLLM engine: what a push sends, how it travels to a server, and the check that it took.
+
+    named = trainable_tensors(model, everything=False)       # [(name, tensor)]: trainable tensors, tied names included
+    path, aliases = write_push(named, push_dir())            # rollout.vllm_mode=server: a safetensors file in /dev/shm
+    named = read_push(path, aliases)                         # the server's side
+    err = check_push(vllm_logprobs, model, ids, dtype, n)    # RolloutError when vLLM's probe log-probs are not the model's
+
+One copy for both vLLM engines: the colocated one (grpokit/rollout/vllm.py) hands `named` to vLLM in memory; the
+server client (grpokit/rollout/server.py) writes it to a file the server (grpokit/rollout/serve.py) loads, and
+both check every push the same way (docs/rollout.md).
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+import uuid
+
+import torch
+
+from grpokit.config import ConfigError
+
+#: max |vLLM prompt log-prob - trainer log-prob| on the probe after a push, by the weights' dtype
+PUSH_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 0.1, torch.float16: 0.05}
+#: tokens in the probe sequence a push is checked on
+PROBE_LENGTH = 16
+
+
+class RolloutError(RuntimeError):
+    """The rollout engine failed in a way the run cannot go on from (e.g. a weight push that did not take)."""
+
+
+def base_model(model):
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def trainable_tensors(model, *, everything: bool) -> list[tuple[str, torch.Tensor]]:
+    """(name, tensor) of the parameters vLLM needs: the trainable ones, or every one (`everything`, the first push).
+    state_dict, not named_parameters: a tied LM head is listed under its own name too, and vLLM's lm_head is a layer
+    of its own that a reload otherwise leaves with the weights of the previous push."""
+    if hasattr(model, "peft_config"):
+        raise ConfigError("rollout.engine=vllm does not push LoRA adapters yet; use rollout.engine=fast or hf with LoRA")
+    return [(name, t.detach()) for name, t in base_model(model).state_dict(keep_vars=True).items()
+            if isinstance(t, torch.nn.Parameter) and (t.requires_grad or everything)]
+
+
+def probe_ids(model, push: int) -> list[int]:
+    """PROBE_LENGTH token ids, fixed per push number, from a generator of their own (the run's RNG is untouched)."""
+    vocab = model.config.get_text_config(decoder=True).vocab_size
+    return torch.randint(0, vocab, (PROBE_LENGTH,), generator=torch.Generator().manual_seed(push)).tolist()
+
+
+@torch.no_grad()
+def model_prompt_logprobs(model, ids: list[int]) -> torch.Tensor:
+    """[len(ids) - 1] float64 log-probs of ids[1:] under `model`, in eval mode (what vLLM's prompt_logprobs report)."""
+    was_training = model.training
+    model.eval()
+    try:
+        logits = model(input_ids=torch.tensor([ids], device=next(model.parameters()).device)).logits[0, :-1].float()
+    finally:
+        model.train(was_training)
+    ours = logits.log_softmax(-1).gather(-1, torch.tensor(ids[1:], device=logits.device)[:, None]).squeeze(-1)
+    return ours.double().cpu()
+
+
+def push_error(vllm_logprobs: list[float], model, ids: list[int]) -> float:
+    """max |vLLM's prompt log-probs of the probe - the model's own|."""
+    return (model_prompt_logprobs(model, ids) - torch.tensor(vllm_logprobs, dtype=torch.float64)).abs().max().item()
+
+
+def check_push(err: float, model, dtype: torch.dtype, push: int, where: str = "vLLM") -> float:
+    """RolloutError when err is above PUSH_TOLERANCE for vLLM's weights dtype (0.1 under model.autocast: the trainer's
+    forward then runs in bf16 / fp16 while vLLM runs the weights' dtype)."""
+    tol = 0.1 if getattr(model, "_grpokit_autocast", None) is not None else PUSH_TOLERANCE.get(dtype, 0.1)
+    if not err <= tol:
+        raise RolloutError(f"{where} weight push {push} did not take: its log-probs differ from the trainer's by "
+                           f"{err:.3g} (> {tol:g}) on the probe sequence")
+    return err
+
+
+# ---------------------------------------------------------------------- the file a push to a server travels in
+def push_dir() -> str:
+    """/dev/shm (memory, not disk) where there is one, else the temp folder: shared by the trainer and a server on the
+    same machine."""
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+
+
+def write_push(named: list[tuple[str, torch.Tensor]], folder: str) -> tuple[str, dict[str, str]]:
+    """A safetensors file of the tensors, each storage once: a tied name (lm_head.weight = embed_tokens.weight) becomes
+    an alias (safetensors refuses shared tensors). Returns (path, {alias: name in the file})."""
+    from safetensors.torch import save_file
+
+    unique, aliases, seen = {}, {}, {}
+    for name, t in named:
+        key = (t.device, t.data_ptr(), t.dtype, tuple(t.shape), tuple(t.stride()))
+        if key in seen:
+            aliases[name] = seen[key]
+        else:
+            seen[key], unique[name] = name, t.contiguous()
+    path = os.path.join(folder, f"grpokit-push-{os.getpid()}-{uuid.uuid4().hex[:12]}.safetensors")
+    try:
+        save_file(unique, path)
+    except BaseException:
+        if os.path.exists(path):
+            os.unlink(path)
+        raise
+    return path, aliases
+
+
+def read_push(path: str, aliases: dict[str, str]) -> list[tuple[str, torch.Tensor]]:
+    from safetensors.torch import load_file
+
+    tensors = load_file(path)
+    return [*tensors.items(), *((alias, tensors[name]) for alias, name in aliases.items())]
