@@ -276,7 +276,7 @@ def latest_checkpoint(out_dir: Path) -> tuple[int, Path] | None:
 #: (the reward time limit and the bad-step guard only decide when to stop waiting, warn or stop; the
 #: distributed strategy only how the same math is laid out over the ranks).
 FREE_ON_RESUME = ("output_dir", "threads", "logging", "eval", "checkpoint", "distributed", "reward_timeout", "reward_slow_warning",
-                  "reward_error_fraction", "stop_after_bad_steps")
+                  "reward_error_fraction", "stop_after_bad_steps", "rollout.vllm_server_url", "rollout.vllm_server_timeout")
 
 
 def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:

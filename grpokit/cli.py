@@ -5,6 +5,7 @@
     grpokit eval MODEL_DIR --config config.yaml            held-out pass@1 / pass@k / maj@k
     grpokit sft sft.yaml [section.key=value ...]           supervised warm-start on prompt / completion pairs
     grpokit demo [--quick] [--out DIR] [--task tools]      the whole pipeline on a tiny model, no downloads
+    grpokit serve MODEL_DIR [--port 8000]                  a vLLM rollout server for rollout.vllm_mode=server
     grpokit doctor RUN_DIR                                 what looks wrong in a run, with step ranges and fixes
     grpokit show RUN_DIR [--step N] [--worst K]            a step's recorded completions, rewards and advantages as a table
     grpokit report RUN_DIR [--out FILE]                    one self-contained HTML page of the run (RUN_DIR/report.html)
@@ -34,7 +35,9 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from grpokit.optim import TrainingError
     from grpokit.policy import ModelLoadError
 
-    return (ConfigError, ModelLoadError, CheckpointError, TrainingError, DataError)
+    from grpokit.rollout.server import ServerError
+
+    return (ConfigError, ModelLoadError, CheckpointError, TrainingError, DataError, ServerError)
 
 
 def _fail(msg: str, code: int = 2) -> None:
@@ -180,6 +183,31 @@ def demo(
         _run(lambda: run_tools_demo(out, quick=quick, seed=seed, process_only=process_only))
     else:
         _run(lambda: run_demo(out, quick=quick, seed=seed))
+
+
+@app.command()
+def serve(
+    model: str = typer.Argument(..., help="model folder or hub id: the trainer's model.name_or_path"),
+    host: str = typer.Option("127.0.0.1", "--host", help="address to listen on (0.0.0.0: every interface)"),
+    port: int = typer.Option(8000, "--port", min=0, max=65535, help="port to listen on; 0 = any free port (printed)"),
+    dtype: str = typer.Option("float32", "--dtype", help="weights dtype: the trainer's model.dtype (float32, bfloat16, float16)"),
+    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="tokenizer folder or id (its EOS ids end completions); default the model's"),
+    max_model_len: Optional[int] = typer.Option(None, "--max-model-len", min=1, help="longest prompt + completion; default the model's context"),
+    max_num_seqs: int = typer.Option(256, "--max-num-seqs", min=1, help="sequences vLLM schedules at once (the rollout batch)"),
+    kv_cache_mb: int = typer.Option(0, "--kv-cache-mb", min=0, help="CPU: MiB of KV cache; 0 = room for max-num-seqs sequences of max-model-len (at least 256)"),
+    gpu_memory_utilization: float = typer.Option(0.9, "--gpu-memory-utilization", min=0.01, max=1.0, help="GPU: vLLM's share of the GPU's memory"),
+    threads: int = typer.Option(0, "--threads", min=0, help=THREADS_HELP),
+):
+    """A vLLM rollout server (its own process) that `grpokit train ... rollout.engine=vllm rollout.vllm_mode=server` samples from (docs/rollout.md)."""
+    from grpokit.policy import DTYPES
+
+    if dtype not in DTYPES:
+        raise typer.BadParameter(f"--dtype {dtype!r}; allowed: {', '.join(DTYPES)}")
+    _threads(threads)
+    from grpokit.rollout.serve import serve as run_server
+
+    _run(lambda: run_server(model, host=host, port=port, tokenizer=tokenizer, dtype=dtype, max_model_len=max_model_len,
+                            max_seqs=max_num_seqs, kv_cache_mb=kv_cache_mb, gpu_memory_utilization=gpu_memory_utilization))
 
 
 @app.command()

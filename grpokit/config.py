@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 from pathlib import Path
 from typing import Any, Callable, Literal
 
@@ -94,7 +95,7 @@ class DataConfig(Section):
 
 class RolloutConfig(Section):
     engine: Literal["hf", "fast", "vllm"] = "hf"
-    """Generation engine for rollouts: hf (transformers generate), fast (built-in KV-cache engine, CPU / small GPUs) or vllm (vLLM in this process; docs/rollout.md)."""
+    """Generation engine for rollouts: hf (transformers generate), fast (built-in KV-cache engine, CPU / small GPUs) or vllm (vLLM in this process, or a `grpokit serve` process: vllm_mode; docs/rollout.md)."""
     num_generations: int = Field(8, ge=2)
     """G: completions sampled per prompt; the group its advantages are relative to (seed Q6, Q16)."""
     prompts_per_step: int = Field(8, ge=1)
@@ -127,12 +128,22 @@ class RolloutConfig(Section):
     """rollout.engine=vllm on CPU: MiB of KV cache; 0 = room for the rollout batch at the model's context length (at least 256)."""
     vllm_gpu_memory_utilization: float = Field(0.3, gt=0, le=1)
     """rollout.engine=vllm on GPU: the fraction of GPU memory vLLM takes (weights and KV cache); the rest is the trainer's."""
+    vllm_mode: Literal["colocate", "server"] = "colocate"
+    """rollout.engine=vllm: colocate (vLLM in the trainer's process) or server (a `grpokit serve` process at vllm_server_url, on this machine; weights reach it through /dev/shm). TRL's vllm_mode; docs/rollout.md."""
+    vllm_server_url: str = "http://127.0.0.1:8000"
+    """vllm_mode=server: the URL `grpokit serve` prints (TRL's vllm_server_base_url)."""
+    vllm_server_timeout: float = Field(240.0, gt=0)
+    """vllm_mode=server: seconds to wait for the server to come up at the start, and for each reply (a generate of the whole rollout batch included). TRL's vllm_server_timeout."""
 
     @model_validator(mode="after")
     def _check_importance_correction(self) -> "RolloutConfig":
         lo, hi = self.importance_c_min, self.importance_c_max
         if lo is not None and hi is not None and not lo < hi:
             raise ValueError(f"rollout.importance_c_min={lo} must be below rollout.importance_c_max={hi}")
+        if self.vllm_mode == "server" and self.engine != "vllm":
+            raise ValueError(f"rollout.vllm_mode=server samples from a vLLM server; set rollout.engine=vllm (it is {self.engine}) or drop vllm_mode")
+        if not re.fullmatch(r"https?://[^/\s]+/?", self.vllm_server_url):
+            raise ValueError(f"rollout.vllm_server_url={self.vllm_server_url!r} must be http://HOST:PORT, as `grpokit serve` prints it")
         if self.importance_correction != "none" and self.engine == "hf":
             raise ValueError(f"rollout.importance_correction={self.importance_correction} needs the sampler's log-probs, which "
                              "rollout.engine=hf does not return; use rollout.engine=fast or vllm, or importance_correction=none")

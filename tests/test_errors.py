@@ -17,6 +17,7 @@ import json
 import logging
 import re
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -185,6 +186,46 @@ def test_vllm_with_a_head_size_it_cannot_run(env):
     # the tests' tiny model has 4 heads of 24; vLLM's CPU attention kernel takes 32, 64, 80, ...
     user_error(train(env, "rollout.engine=vllm"), "rollout.engine=vllm on CPU needs an attention head size in [32, 64",
                "this model's is 24", "use rollout.engine=fast or hf")
+
+
+SERVER = ("rollout.engine=vllm", "rollout.vllm_mode=server", "rollout.vllm_server_timeout=1")
+
+
+def test_vllm_server_not_reachable(env):
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    user_error(train(env, *SERVER, f"rollout.vllm_server_url={url}"),
+               f"no rollout server answers at {url} (rollout.vllm_server_url) after 1 s (rollout.vllm_server_timeout)",
+               f"start one with `grpokit serve MODEL_DIR --port {port}`, or use rollout.vllm_mode=colocate")
+
+
+def test_vllm_server_does_not_answer(env):
+    with socket.socket() as s:  # accepts connections (the kernel's backlog) and never answers
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+        user_error(train(env, *SERVER, f"rollout.vllm_server_url={url}"),
+                   f"the rollout server at {url} did not answer GET /health within 1 s (rollout.vllm_server_timeout)",
+                   "raise rollout.vllm_server_timeout, or see the server's output")
+
+
+def test_vllm_server_mode_without_the_vllm_engine(env):
+    user_error(train(env, "rollout.engine=fast", "rollout.vllm_mode=server"),
+               "rollout.vllm_mode=server samples from a vLLM server; set rollout.engine=vllm (it is fast)")
+    user_error(train(env, "rollout.engine=vllm", "rollout.vllm_mode=server", "rollout.vllm_server_url=localhost:8000"),
+               "rollout.vllm_server_url='localhost:8000' must be http://HOST:PORT, as `grpokit serve` prints it")
+
+
+def test_serve_on_a_port_in_use(tiny_model_dir):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        result = CliRunner().invoke(app, ["serve", str(tiny_model_dir), "--port", str(port), "--threads", "1"])
+    user_error(result, f"grpokit serve cannot listen on 127.0.0.1:{port} (Address already in use): pick another --port "
+                       "(0 = any free one) or stop what uses it")
 
 
 def test_prompts_per_step_not_divisible_by_minibatches(env):
@@ -617,7 +658,7 @@ def test_console_script_one_line(env):
 
 def test_every_row_has_a_test():
     table = set(re.findall(r"`(test_\w+)`", (ROOT / "docs" / "errors.md").read_text()))
-    tests = {name for f in ("test_errors.py", "test_numerics.py", "test_crash.py", "test_distributed.py")
+    tests = {name for f in ("test_errors.py", "test_numerics.py", "test_crash.py", "test_distributed.py", "test_rollout_server.py")
              for name in re.findall(r"^def (test_\w+)", (ROOT / "tests" / f).read_text(), re.M)}
     assert len(table) >= 40 and table <= tests, sorted(table - tests)  # every row names a test that exists
     here = {name for name in globals() if name.startswith("test_")}

@@ -8,7 +8,8 @@ from grpokit.rollout.episodes import ToolRollout, generate_groups, with_tools
 
 def make_engine(name: str, model, tokenizer, *, batch_size: int = 0, compile: bool = False, rollout=None) -> RolloutEngine:
     """The engine named in rollout.engine, generating with `model` (pi_old); compile: the fast engine's
-    forward through torch.compile (the hf engine ignores it); rollout: the RolloutConfig, for vllm's settings."""
+    forward through torch.compile (the hf engine ignores it); rollout: the RolloutConfig, for vllm's settings
+    (vllm_mode=server: a client of the `grpokit serve` process at vllm_server_url, grpokit/rollout/server.py)."""
     if name == "hf":
         from grpokit.rollout.hf import HFEngine
 
@@ -17,6 +18,10 @@ def make_engine(name: str, model, tokenizer, *, batch_size: int = 0, compile: bo
         from grpokit.rollout.fast import FastEngine
 
         return FastEngine(model, tokenizer, batch_size=batch_size, compile=compile)
+    if name == "vllm" and rollout is not None and rollout.vllm_mode == "server":
+        from grpokit.rollout.server import VLLMServerEngine
+
+        return VLLMServerEngine(model, tokenizer, url=rollout.vllm_server_url, timeout=rollout.vllm_server_timeout)
     if name == "vllm":
         from grpokit.rollout.vllm import VLLMEngine
 
