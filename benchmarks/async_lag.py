@@ -11,8 +11,10 @@ The warm start is the demo's SFT model (`make demo` leaves it in runs/demo/sft).
               is the sampler's log-probs (off-policy PPO: the clip is around the behaviour policy)
   lag1_tis    max_policy_lag=1 with importance_correction=token_truncate (C_max 3): pi_old is the trainer's own
               log-probs before the update and each token's loss is weighted min(pi_old / pi_sampler, 3)
+  server_lag0 / server_lag1   the same on rollouts from a `grpokit serve` process (rollout.vllm_mode=server;
+              --arms server_lag0,server_lag1 with a heads-of-64 warm start such as vllm_vs_fast.py's), started once
 With --threads 1 the synchronous loop uses one core; a lagged run uses one more for its sampler thread (this
-machine has 2). Reported besides the accuracy and times: the median of rollout/logp_diff_mean (the policy lag
+machine has 2); the server is a process of its own (1 thread). Reported besides the accuracy and times: the median of rollout/logp_diff_mean (the policy lag
 as the trainer sees it), rollout/is_clip_frac (lag1_tis), perf/rollout_wait_time (the trainer waiting for its
 batch) and perf/weights_wait_time (the sampler waiting for a step to end).
 """
@@ -30,6 +32,9 @@ ARMS = {
     "lag0": ["rollout.engine=fast"],
     "lag1": ["rollout.engine=fast", "rollout.max_policy_lag=1"],
     "lag1_tis": ["rollout.engine=fast", "rollout.max_policy_lag=1", "rollout.importance_correction=token_truncate"],
+    # rollouts from a `grpokit serve` process (vLLM; needs a warm start with heads of 64: vllm_vs_fast.py's)
+    "server_lag0": ["rollout.engine=vllm", "rollout.vllm_mode=server"],
+    "server_lag1": ["rollout.engine=vllm", "rollout.vllm_mode=server", "rollout.max_policy_lag=1"],
 }
 KEYS = ("rollout/logp_diff_mean", "rollout/is_clip_frac", "perf/rollout_wait_time", "perf/weights_wait_time")
 
@@ -46,8 +51,20 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     setup = (f"warm start {args.model}; {args.steps} GRPO steps of {args.prompts} prompts x G={args.G}; "
              f"{args.eval_size} held-out problems; {args.threads} thread(s)")
-    run_all(args, {a: ARMS[a] for a in args.arms.split(",")}, "async_lag.py",
-            "rollout.max_policy_lag=1 against the synchronous loop on the demo task", setup, KEYS)
+    arms = {a: ARMS[a] for a in args.arms.split(",")}
+    server = None
+    if any("rollout.vllm_mode=server" in o for o in sum(arms.values(), [])):  # one server for every server arm
+        from vllm_server import start_server
+
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        server, url, started = start_server(Path(args.model), Path(args.out) / "serve.log")
+        print(f"grpokit serve {args.model}: ready at {url} in {started:.0f} s", flush=True)
+        arms = {a: [*o, f"rollout.vllm_server_url={url}"] if "rollout.vllm_mode=server" in o else o for a, o in arms.items()}
+    try:
+        run_all(args, arms, "async_lag.py", "rollout.max_policy_lag=1 against the synchronous loop on the demo task", setup, KEYS)
+    finally:
+        if server is not None:
+            server.terminate()
 
 
 if __name__ == "__main__":
