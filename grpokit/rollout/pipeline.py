@@ -22,7 +22,8 @@ sampler generates batch b + k with version b. Timeline for k = 1:
     trainer  | (waits)      | train b=0 (v0) | train b=1 (v1) | train b=2 (v2) |
     sampler  | gen b=0 (v0) | gen b=1 (v0)   | gen b=2 (v1)   | gen b=3 (v2)   |
 
-Torch ops release the GIL, so on CPU the two threads use two cores. Metrics (docs/metrics.md):
+Torch ops release the GIL while they compute: the threads overlap when ops are large (a tiny CPU model's
+forward is mostly Python holding it: docs/rollout.md has the numbers; a server sampler overlaps). Metrics:
 rollout/version_lag (mean over the batch's samples of trainer version - sample version) and its max,
 perf/rollout_wait_time (the trainer waiting for its batch), perf/weights_wait_time (the sampler idle, waiting
 for the step that publishes the version of its next batch). What pi_old means at k > 0 is the loop's (trainer.py, docs/rollout.md).
