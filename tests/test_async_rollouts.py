@@ -137,3 +137,19 @@ def test_lag_one_on_vllm_pushes_each_version_from_the_sampler_thread(vllm_model_
     assert [r["rollout/version_lag"] for r in rows] == [0.0, 1.0, 1.0, 1.0, 1.0]
     assert rows[0]["rollout/logp_diff_max"] < 1e-3 < min(r["rollout/logp_diff_max"] for r in rows[1:])
     assert trainer.pipeline.engine.pushes == 6  # the constructor's; v0 (batches 0, 1), v1-v3 (2-4) by the sampler; the last evaluation's
+
+
+def test_an_engine_without_log_probs_is_refused_at_lag(tiny_model_dir):
+    """The config refuses rollout.engine=hf at lag > 0; an engine passed in by code (here HFEngine itself) is
+    refused at its first batch, named, instead of training on lagged samples as if they were on-policy."""
+    from grpokit.rollout.hf import HFEngine
+
+    model, tok = load_policy(load_config(None, [f"model.name_or_path={tiny_model_dir}"]).model)
+    rollout = load_config(None, [f"model.name_or_path={tiny_model_dir}", "rollout.engine=fast", "rollout.num_generations=2",
+                                 "rollout.max_completion_length=4"]).rollout
+    pipe = RolloutPipeline(HFEngine(model, tok), rollout, max_lag=1, version=0, model=model, seed=0)
+    try:
+        with pytest.raises(ValueError, match="rollout.max_policy_lag=1 needs the engine's sampling log-probs, and HFEngine returned none"):
+            pipe.batch(0, lambda i: [_Row(tok("1 2>3=")["input_ids"])], 2)
+    finally:
+        pipe.close()

@@ -197,6 +197,9 @@ class RolloutPipeline:
         t = time.perf_counter()
         comps = generate_groups(self.engine, rows, self.G, sampling, timings)  # with tools: episodes (rollout/tools/ metrics)
         timings[PERF_ROLLOUT_TIME] = timings.get(PERF_ROLLOUT_TIME, 0.0) + time.perf_counter() - t
+        if self.max_lag and comps.logprobs is None:  # pi_old of lagged samples is the sampler's: without it, no ratio
+            raise ValueError(f"rollout.max_policy_lag={self.max_lag} needs the engine's sampling log-probs, and "
+                             f"{type(self.engine).__name__} returned none; use rollout.engine=fast or vllm")
         return replace(comps, versions=[version] * len(comps)) if comps.versions is None else comps
 
 
