@@ -11,6 +11,7 @@ The warm start is the demo's SFT model (`make demo` leaves it in runs/demo/sft).
               is the sampler's log-probs (off-policy PPO: the clip is around the behaviour policy)
   lag1_tis    max_policy_lag=1 with importance_correction=token_truncate (C_max 3): pi_old is the trainer's own
               log-probs before the update and each token's loss is weighted min(pi_old / pi_sampler, 3)
+  lag1_process  max_policy_lag=1 with async_sampler=process: the fast engine in a child process (no GIL shared)
   server_lag0 / server_lag1   the same on rollouts from a `grpokit serve` process (rollout.vllm_mode=server;
               --arms server_lag0,server_lag1 with a heads-of-64 warm start such as vllm_vs_fast.py's), started once
 With --threads 1 the synchronous loop uses one core; a lagged run uses one more for its sampler thread (this
@@ -32,6 +33,7 @@ ARMS = {
     "lag0": ["rollout.engine=fast"],
     "lag1": ["rollout.engine=fast", "rollout.max_policy_lag=1"],
     "lag1_tis": ["rollout.engine=fast", "rollout.max_policy_lag=1", "rollout.importance_correction=token_truncate"],
+    "lag1_process": ["rollout.engine=fast", "rollout.max_policy_lag=1", "rollout.async_sampler=process"],
     # rollouts from a `grpokit serve` process (vLLM; needs a warm start with heads of 64: vllm_vs_fast.py's)
     "server_lag0": ["rollout.engine=vllm", "rollout.vllm_mode=server"],
     "server_lag1": ["rollout.engine=vllm", "rollout.vllm_mode=server", "rollout.max_policy_lag=1"],
@@ -41,7 +43,7 @@ KEYS = ("rollout/logp_diff_mean", "rollout/is_clip_frac", "perf/rollout_wait_tim
 
 def main() -> None:
     p = arm_parser(__doc__, "async_lag", "runs/demo/sft")
-    p.add_argument("--arms", default=",".join(ARMS))
+    p.add_argument("--arms", default="lag0,lag1,lag1_tis")
     args = p.parse_args()
     args.eval_every = args.steps  # before step 1 and after the last only
     if not Path(args.model).exists():

@@ -124,6 +124,10 @@ class RolloutConfig(Section):
     in a background thread (samples exactly k versions old once the run is k steps in). pi_old is then the sampler's
     log-probs, or with importance_correction the trainer's own with that correction (decoupled PPO); 0 = the
     synchronous loop. Needs an engine that returns log-probs (fast, vllm); docs/rollout.md."""
+    async_sampler: Literal["thread", "process"] = "thread"
+    """With max_policy_lag > 0: where the fast engine samples. thread: a thread of the trainer's process (overlaps
+    training when ops are large: GPUs, real models); process: a CPU process of its own (grpokit/rollout/process.py),
+    which a small model on a CPU needs to overlap at all (Python's GIL). vllm overlaps with vllm_mode=server."""
     vllm_kv_cache_mb: int = Field(0, ge=0)
     """rollout.engine=vllm on CPU: MiB of KV cache; 0 = room for the rollout batch at the model's context length (at least 256)."""
     vllm_gpu_memory_utilization: float = Field(0.3, gt=0, le=1)
@@ -147,6 +151,10 @@ class RolloutConfig(Section):
         if self.importance_correction != "none" and self.engine == "hf":
             raise ValueError(f"rollout.importance_correction={self.importance_correction} needs the sampler's log-probs, which "
                              "rollout.engine=hf does not return; use rollout.engine=fast or vllm, or importance_correction=none")
+        if self.async_sampler == "process" and (self.engine != "fast" or not self.max_policy_lag):
+            raise ValueError(f"rollout.async_sampler=process runs the fast engine in a process of its own for asynchronous rollouts; "
+                             f"set rollout.engine=fast (it is {self.engine}) and rollout.max_policy_lag >= 1 (it is {self.max_policy_lag}), "
+                             "or async_sampler=thread (vllm: vllm_mode=server is its own process)")
         if self.max_policy_lag and self.engine == "hf":
             raise ValueError(f"rollout.max_policy_lag={self.max_policy_lag} needs the sampler's log-probs (pi_old of samples from "
                              "older weights), which rollout.engine=hf does not return; use rollout.engine=fast or vllm, or max_policy_lag=0")

@@ -35,13 +35,15 @@ def _max_diff(a, b_lists):
     return max((x - torch.tensor(y)).abs().max().item() for x, y in zip(a, b_lists))
 
 
-def test_each_batch_is_sampled_by_the_version_it_names(tiny_model_dir):
+@pytest.mark.parametrize("sampler", ["thread", "process"])
+def test_each_batch_is_sampled_by_the_version_it_names(tiny_model_dir, sampler):
     """Lag 1: batch b is generated with the weights of version max(0, b - 1), whatever the timing. The sampler's
-    log-probs equal those weights' own (float noise) and differ from the newer ones' (so the test can fail)."""
+    log-probs equal those weights' own (float noise) and differ from the newer ones' (so the test can fail).
+    process: the fast engine in a child process (rollout.async_sampler=process), the weights through shared memory."""
     model, tok = load_policy(load_config(None, [f"model.name_or_path={tiny_model_dir}"]).model)
     rollout = load_config(None, [f"model.name_or_path={tiny_model_dir}", "rollout.engine=fast", "rollout.num_generations=4",
-                                 "rollout.max_completion_length=6"]).rollout
-    engine = make_engine("fast", model, tok)
+                                 "rollout.max_completion_length=6", "rollout.max_policy_lag=1", f"rollout.async_sampler={sampler}"]).rollout
+    engine = make_engine("fast", model, tok, rollout=rollout)
     pipe = RolloutPipeline(engine, rollout, max_lag=1, version=0, model=model, seed=0)
     prompts = [_Row(tok("3 4 5>12=")["input_ids"]), _Row(tok("1 2>3=")["input_ids"])]
     weights = [copy.deepcopy(model.state_dict())]
@@ -64,8 +66,9 @@ def test_each_batch_is_sampled_by_the_version_it_names(tiny_model_dir):
         pipe.close()
 
 
-def test_lag_one_learns_and_logs_its_lag(tiny_model_dir, tmp_path):
-    cfg = config(tiny_model_dir, tmp_path / "run", "optim.max_steps=40", "checkpoint.save_every=0", *LAG)
+@pytest.mark.parametrize("sampler", ["thread", "process"])
+def test_lag_one_learns_and_logs_its_lag(tiny_model_dir, tmp_path, sampler):
+    cfg = config(tiny_model_dir, tmp_path / "run", "optim.max_steps=40", "checkpoint.save_every=0", *LAG, f"rollout.async_sampler={sampler}")
     Trainer(cfg).train()
     rows = read_metrics(tmp_path / "run")
     assert [r["rollout/version_lag"] for r in rows[:3]] == [0.0, 1.0, 1.0]
@@ -78,11 +81,12 @@ def test_lag_one_learns_and_logs_its_lag(tiny_model_dir, tmp_path):
     assert last > first + 0.15, (first, last)
 
 
-def test_the_same_seed_gives_the_same_weights_at_lag_two(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("sampler", ["thread", "process"])
+def test_the_same_seed_gives_the_same_weights_at_lag_two(tiny_model_dir, tmp_path, sampler):
     runs = []
     for name in ("a", "b"):
-        trainer = Trainer(config(tiny_model_dir, tmp_path / name, "optim.max_steps=5", "checkpoint.save_every=0",
-                                 "rollout.engine=fast", "rollout.max_policy_lag=2", "eval.every=2", "data.eval_size=8"))
+        trainer = Trainer(config(tiny_model_dir, tmp_path / name, "optim.max_steps=5", "checkpoint.save_every=0", "rollout.engine=fast",
+                                 "rollout.max_policy_lag=2", f"rollout.async_sampler={sampler}", "eval.every=2", "data.eval_size=8"))
         trainer.train()
         runs.append(trainer.model.state_dict())
     assert all(torch.equal(runs[0][k], runs[1][k]) for k in runs[0])

@@ -177,6 +177,12 @@ def test_policy_lag_without_sampler_logprobs(env):
                "rollout.max_policy_lag=1 needs the sampler's log-probs", "use rollout.engine=fast or vllm, or max_policy_lag=0")
 
 
+def test_process_sampler_without_lag_or_fast(env):
+    user_error(train(env, "rollout.async_sampler=process"),
+               "rollout.async_sampler=process runs the fast engine in a process of its own", "set rollout.engine=fast (it is hf)",
+               "or async_sampler=thread")
+
+
 def test_importance_bounds_out_of_order(env):
     user_error(train(env, "rollout.engine=fast", "rollout.importance_correction=token_mask", "rollout.importance_c_min=3",
                      "rollout.importance_c_max=2"), "rollout.importance_c_min=3.0 must be below rollout.importance_c_max=2.0")

@@ -14,6 +14,12 @@ def make_engine(name: str, model, tokenizer, *, batch_size: int = 0, compile: bo
         from grpokit.rollout.hf import HFEngine
 
         return HFEngine(model, tokenizer, batch_size=batch_size)
+    if name == "fast" and rollout is not None and rollout.async_sampler == "process":
+        import torch
+
+        from grpokit.rollout.process import ProcessEngine
+
+        return ProcessEngine(model, tokenizer, batch_size=batch_size, threads=torch.get_num_threads())
     if name == "fast":
         from grpokit.rollout.fast import FastEngine
 
