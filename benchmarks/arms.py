@@ -38,6 +38,17 @@ def arm_parser(doc: str, name: str, model: str):
     return p
 
 
+def parse_arm_args(p):
+    """p's arguments, with args.eval_every = args.steps (evaluate before step 1 and after the last only) and torch
+    set to --threads threads."""
+    import torch
+
+    args = p.parse_args()
+    args.eval_every = args.steps
+    torch.set_num_threads(args.threads)
+    return args
+
+
 def run_arm(args, arm: str, extra: list[str], seed: int, eval_rows: list[dict], keys: tuple[str, ...] = ()) -> dict:
     """One GRPO run; `keys`: more metrics to report, as their median over steps (after the first two)."""
     from grpokit.config import load_config

@@ -27,7 +27,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from arms import arm_parser, run_all  # noqa: E402
+from arms import arm_parser, parse_arm_args, run_all  # noqa: E402
 
 ARMS = {
     "lag0": ["rollout.engine=fast"],
@@ -44,13 +44,9 @@ KEYS = ("rollout/logp_diff_mean", "rollout/is_clip_frac", "perf/rollout_wait_tim
 def main() -> None:
     p = arm_parser(__doc__, "async_lag", "runs/demo/sft")
     p.add_argument("--arms", default="lag0,lag1,lag1_tis")
-    args = p.parse_args()
-    args.eval_every = args.steps  # before step 1 and after the last only
+    args = parse_arm_args(p)
     if not Path(args.model).exists():
         sys.exit(f"no warm start at {args.model}: run `make demo` (it leaves runs/demo/sft) or pass --model")
-    import torch
-
-    torch.set_num_threads(args.threads)
     setup = (f"warm start {args.model}; {args.steps} GRPO steps of {args.prompts} prompts x G={args.G}; "
              f"{args.eval_size} held-out problems; {args.threads} thread(s)")
     arms = {a: ARMS[a] for a in args.arms.split(",")}

@@ -25,7 +25,7 @@ from unittest import mock
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from arms import arm_parser  # noqa: E402
+from arms import arm_parser, parse_arm_args  # noqa: E402
 from presets import K, config_overrides, load_avg  # noqa: E402
 
 ARMS = {"fp32": "none", "bf16": "bfloat16"}
@@ -53,11 +53,7 @@ def run_arm(args, arm: str, seed: int, eval_rows: list[dict]) -> dict:
 
 def main() -> None:
     p = arm_parser(__doc__, "precision", "runs/precision/sft")
-    args = p.parse_args()
-    args.eval_every = args.steps  # before step 1 and after the last only
-    import torch
-
-    torch.set_num_threads(args.threads)
+    args = parse_arm_args(p)
     if not Path(args.model).exists():
         from grpo_vs_ppo import make_sft
 

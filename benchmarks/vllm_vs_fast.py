@@ -23,7 +23,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from arms import arm_parser, run_all  # noqa: E402
+from arms import arm_parser, parse_arm_args, run_all  # noqa: E402
 
 ENGINES = ("fast", "vllm")
 
@@ -52,11 +52,7 @@ def make_sft_hd64(out: str, threads: int) -> None:
 
 def main() -> None:
     p = arm_parser(__doc__, "vllm_vs_fast", "runs/vllm_vs_fast/sft")
-    args = p.parse_args()
-    args.eval_every = args.steps  # before step 1 and after the last only
-    import torch
-
-    torch.set_num_threads(args.threads)
+    args = parse_arm_args(p)
     if not Path(args.model).exists():
         t = time.perf_counter()
         make_sft_hd64(args.model, args.threads)
