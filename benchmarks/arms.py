@@ -6,6 +6,7 @@ seed, so that a change of the machine's load hits each. Reported per run: held-o
 eval/pass@1 on the same problems before step 1 and after the last step, the median perf/step_time and
 perf/rollout_time (steps after the first two), and the max over steps of rollout/logp_diff_max.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,7 +50,9 @@ def parse_arm_args(p):
     return args
 
 
-def run_arm(args, arm: str, extra: list[str], seed: int, eval_rows: list[dict], keys: tuple[str, ...] = ()) -> dict:
+def run_arm(
+    args, arm: str, extra: list[str], seed: int, eval_rows: list[dict], keys: tuple[str, ...] = ()
+) -> dict:
     """One GRPO run; `keys`: more metrics to report, as their median over steps (after the first two)."""
     from grpokit.config import load_config
     from grpokit.metrics import read_metrics
@@ -70,48 +73,79 @@ def run_arm(args, arm: str, extra: list[str], seed: int, eval_rows: list[dict], 
     wall = time.perf_counter() - t
     rows = read_metrics(Path(cfg.output_dir) / "metrics.jsonl")
     evals = [r for r in rows if r.get("eval/pass@1") is not None]
-    med = lambda key: statistics.median([r[key] for r in rows if r.get(key) is not None][2:] or [float("nan")])  # noqa: E731
+    med = lambda key: statistics.median(
+        [r[key] for r in rows if r.get(key) is not None][2:] or [float("nan")]
+    )  # noqa: E731
     diffs = [r["rollout/logp_diff_max"] for r in rows if r.get("rollout/logp_diff_max") is not None]
-    return {"arm": arm, "seed": seed, "before": evals[0], "after": evals[-1], "s_step": med("perf/step_time"),
-            "s_rollout": med("perf/rollout_time"), "diff_max": max(diffs) if diffs else float("nan"), "start": start,
-            "wall": wall, "load": f"{load} -> {load_avg()}", **{k: med(k) for k in keys}}
+    return {
+        "arm": arm,
+        "seed": seed,
+        "before": evals[0],
+        "after": evals[-1],
+        "s_step": med("perf/step_time"),
+        "s_rollout": med("perf/rollout_time"),
+        "diff_max": max(diffs) if diffs else float("nan"),
+        "start": start,
+        "wall": wall,
+        "load": f"{load} -> {load_avg()}",
+        **{k: med(k) for k in keys},
+    }
 
 
-def table(script: str, title: str, setup: str, arms: list[str], results: list[dict], keys: tuple[str, ...] = ()) -> str:
+def table(
+    script: str, title: str, setup: str, arms: list[str], results: list[dict], keys: tuple[str, ...] = ()
+) -> str:
     command = f"    .venv/bin/python benchmarks/{script} " + " ".join(sys.argv[1:])
     extra_head = "".join(f" {k} |" for k in keys)
-    lines = [f"# {title}", "", command.rstrip(), "", f"{setup}; {os.cpu_count()} cores", "",
-             f"| arm | seed | mean@{K} before | mean@{K} after | pass@1 before | pass@1 after | s/step | rollout s/step "
-             f"| max logp diff |{extra_head} start s | wall s | load |",
-             "|---" * (12 + len(keys)) + "|"]
+    lines = [
+        f"# {title}",
+        "",
+        command.rstrip(),
+        "",
+        f"{setup}; {os.cpu_count()} cores",
+        "",
+        f"| arm | seed | mean@{K} before | mean@{K} after | pass@1 before | pass@1 after | s/step | rollout s/step "
+        f"| max logp diff |{extra_head} start s | wall s | load |",
+        "|---" * (12 + len(keys)) + "|",
+    ]
     pct = lambda x: f"{100 * x:.1f}"  # noqa: E731
     for r in sorted(results, key=lambda r: (arms.index(r["arm"]), r["seed"])):
         b, a = r["before"], r["after"]
-        lines.append(f"| {r['arm']} | {r['seed']} | {pct(b[f'eval/mean@{K}'])} | {pct(a[f'eval/mean@{K}'])} | "
-                     f"{pct(b['eval/pass@1'])} | {pct(a['eval/pass@1'])} | {r['s_step']:.3f} | {r['s_rollout']:.3f} | "
-                     f"{r['diff_max']:.2g} |" + "".join(f" {r[k]:.3g} |" for k in keys) +
-                     f" {r['start']:.1f} | {r['wall']:.0f} | {r['load']} |")
+        lines.append(
+            f"| {r['arm']} | {r['seed']} | {pct(b[f'eval/mean@{K}'])} | {pct(a[f'eval/mean@{K}'])} | "
+            f"{pct(b['eval/pass@1'])} | {pct(a['eval/pass@1'])} | {r['s_step']:.3f} | {r['s_rollout']:.3f} | "
+            f"{r['diff_max']:.2g} |"
+            + "".join(f" {r[k]:.3g} |" for k in keys)
+            + f" {r['start']:.1f} | {r['wall']:.0f} | {r['load']} |"
+        )
     for arm in arms:
         mine = [r for r in results if r["arm"] == arm]
         if mine:
             mean = lambda f: statistics.mean(f(r) for r in mine)  # noqa: E731
-            lines.append(f"| {arm} mean | | | {pct(mean(lambda r: r['after'][f'eval/mean@{K}']))} | | "
-                         f"{pct(mean(lambda r: r['after']['eval/pass@1']))} | {mean(lambda r: r['s_step']):.3f} | "
-                         f"{mean(lambda r: r['s_rollout']):.3f} | |" + " |" * len(keys) + " | | |")
+            lines.append(
+                f"| {arm} mean | | | {pct(mean(lambda r: r['after'][f'eval/mean@{K}']))} | | "
+                f"{pct(mean(lambda r: r['after']['eval/pass@1']))} | {mean(lambda r: r['s_step']):.3f} | "
+                f"{mean(lambda r: r['s_rollout']):.3f} | |" + " |" * len(keys) + " | | |"
+            )
     return "\n".join(lines) + "\n"
 
 
-def run_all(args, arms: dict[str, list[str]], script: str, title: str, setup: str, keys: tuple[str, ...] = ()) -> None:
+def run_all(
+    args, arms: dict[str, list[str]], script: str, title: str, setup: str, keys: tuple[str, ...] = ()
+) -> None:
     """Every arm for every seed of --seeds; the table goes to --results after each run (a stop keeps a partial one)."""
     from grpokit.tasks import get_task
 
     eval_rows = get_task("countdown").make_rows("test", args.eval_size, 0)  # the same problems for every run
     names, results = list(arms), []
     for i, seed in enumerate(int(s) for s in args.seeds.split(",")):
-        for arm in (names if i % 2 == 0 else names[::-1]):
+        for arm in names if i % 2 == 0 else names[::-1]:
             results.append(run_arm(args, arm, arms[arm], seed, eval_rows, keys))
             r = results[-1]
-            print(f"{arm} seed {seed}: mean@{K} {r['before'][f'eval/mean@{K}']:.3f} -> {r['after'][f'eval/mean@{K}']:.3f}, "
-                  f"{r['s_step']:.3f} s/step", flush=True)
+            print(
+                f"{arm} seed {seed}: mean@{K} {r['before'][f'eval/mean@{K}']:.3f} -> {r['after'][f'eval/mean@{K}']:.3f}, "
+                f"{r['s_step']:.3f} s/step",
+                flush=True,
+            )
             Path(args.results).write_text(table(script, title, setup, names, results, keys))
     print(table(script, title, setup, names, results, keys))

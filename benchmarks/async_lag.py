@@ -19,6 +19,7 @@ machine has 2); the server is a process of its own (1 thread). Reported besides 
 as the trainer sees it), rollout/is_clip_frac (lag1_tis), perf/rollout_wait_time (the trainer waiting for its
 batch) and perf/weights_wait_time (the sampler waiting for a step to end).
 """
+
 from __future__ import annotations
 
 import sys
@@ -32,7 +33,11 @@ from arms import arm_parser, parse_arm_args, run_all  # noqa: E402
 ARMS = {
     "lag0": ["rollout.engine=fast"],
     "lag1": ["rollout.engine=fast", "rollout.max_policy_lag=1"],
-    "lag1_tis": ["rollout.engine=fast", "rollout.max_policy_lag=1", "rollout.importance_correction=token_truncate"],
+    "lag1_tis": [
+        "rollout.engine=fast",
+        "rollout.max_policy_lag=1",
+        "rollout.importance_correction=token_truncate",
+    ],
     "lag1_process": ["rollout.engine=fast", "rollout.max_policy_lag=1", "rollout.async_sampler=process"],
     # rollouts from a `grpokit serve` process (vLLM; needs a warm start with heads of 64: vllm_vs_fast.py's)
     "server_lag0": ["rollout.engine=vllm", "rollout.vllm_mode=server"],
@@ -47,19 +52,33 @@ def main() -> None:
     args = parse_arm_args(p)
     if not Path(args.model).exists():
         sys.exit(f"no warm start at {args.model}: run `make demo` (it leaves runs/demo/sft) or pass --model")
-    setup = (f"warm start {args.model}; {args.steps} GRPO steps of {args.prompts} prompts x G={args.G}; "
-             f"{args.eval_size} held-out problems; {args.threads} thread(s)")
+    setup = (
+        f"warm start {args.model}; {args.steps} GRPO steps of {args.prompts} prompts x G={args.G}; "
+        f"{args.eval_size} held-out problems; {args.threads} thread(s)"
+    )
     arms = {a: ARMS[a] for a in args.arms.split(",")}
     server = None
-    if any("rollout.vllm_mode=server" in o for o in sum(arms.values(), [])):  # one server for every server arm
+    if any(
+        "rollout.vllm_mode=server" in o for o in sum(arms.values(), [])
+    ):  # one server for every server arm
         from vllm_server import start_server
 
         Path(args.out).mkdir(parents=True, exist_ok=True)
         server, url, started = start_server(Path(args.model), Path(args.out) / "serve.log")
         print(f"grpokit serve {args.model}: ready at {url} in {started:.0f} s", flush=True)
-        arms = {a: [*o, f"rollout.vllm_server_url={url}"] if "rollout.vllm_mode=server" in o else o for a, o in arms.items()}
+        arms = {
+            a: [*o, f"rollout.vllm_server_url={url}"] if "rollout.vllm_mode=server" in o else o
+            for a, o in arms.items()
+        }
     try:
-        run_all(args, arms, "async_lag.py", "rollout.max_policy_lag=1 against the synchronous loop on the demo task", setup, KEYS)
+        run_all(
+            args,
+            arms,
+            "async_lag.py",
+            "rollout.max_policy_lag=1 against the synchronous loop on the demo task",
+            setup,
+            KEYS,
+        )
     finally:
         if server is not None:
             server.terminate()

@@ -63,6 +63,7 @@ the model x mu per training phase (grpokit runs each distinct prompt once and it
 distinct prompts' tokens + completion tokens; TRL: every row's prompt + completion) and 2 x non-embedding params x generated tokens per rollout, against this machine's fp32
 matmul peak (benchmarks/roofline.py). Timings on a shared machine are noisy: the load is recorded per run.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -87,22 +88,38 @@ WORKLOADS: dict[str, dict] = {
     "small": dict(
         name="small",
         model=dict(hidden_size=128, num_layers=4, num_heads=4, intermediate_size=512),
-        prompts=16, G=8, T=8, lr=5e-4, steps=50,
+        prompts=16,
+        G=8,
+        T=8,
+        lr=5e-4,
+        steps=50,
         sft=dict(rows=12000, epochs=3.0, batch_size=64, learning_rate=2e-3),
         pad_to=None,  # answers stay as they are; rows whose answer does not fit in T - 1 chars are dropped
     ),
     "compute": dict(
         name="compute",
         model=dict(hidden_size=512, num_layers=8, num_heads=8, intermediate_size=1408),
-        prompts=4, G=8, T=64, lr=1e-4, steps=12,
+        prompts=4,
+        G=8,
+        T=64,
+        lr=1e-4,
+        steps=12,
         sft=dict(rows=1000, max_steps=40, batch_size=16, learning_rate=1e-3),
         pad_to=64,  # answers right-padded with spaces to 64 characters: completions run to max length
     ),
     "vocab": dict(
         name="vocab",
-        model=dict(hidden_size=256, num_layers=4, num_heads=4, intermediate_size=1024, max_position_embeddings=2048),
+        model=dict(
+            hidden_size=256, num_layers=4, num_heads=4, intermediate_size=1024, max_position_embeddings=2048
+        ),
         vocab_size=151_936,  # Qwen2.5's: the countdown characters + unused tokens (vocab_tokenizer)
-        prompts=2, G=4, T=256, lengths=(256,), lr=1e-4, steps=4, warmup=1,
+        prompts=2,
+        G=4,
+        T=256,
+        lengths=(256,),
+        lr=1e-4,
+        steps=4,
+        warmup=1,
         sft=None,  # no warm start: a fresh model samples EOS with probability ~1/151,936 a token -> full-length completions
         pad_to=None,
     ),
@@ -122,7 +139,9 @@ def countdown_task():
     from grpokit.tasks import CountdownTask
 
     fields = {f.name for f in dataclasses.fields(CountdownTask)}
-    extra = {"min_count": None} if "min_count" in fields else {}  # newer versions draw a variable count by default
+    extra = (
+        {"min_count": None} if "min_count" in fields else {}
+    )  # newer versions draw a variable count by default
     return CountdownTask(**TASK, **extra)
 
 
@@ -149,7 +168,9 @@ def vocab_tokenizer(task, vocab_size: int):
     n = len(vocab)
     vocab.update({f"<|unused_{i - n}|>": i for i in range(n, vocab_size)})
     tok = PreTrainedTokenizerFast(
-        tokenizer_object=Tokenizer.from_str(json.dumps(tree)), clean_up_tokenization_spaces=False, model_max_length=4096,
+        tokenizer_object=Tokenizer.from_str(json.dumps(tree)),
+        clean_up_tokenization_spaces=False,
+        model_max_length=4096,
         **{role: getattr(base, role) for role in ("pad_token", "bos_token", "eos_token", "unk_token")},
     )
     assert len(tok) == vocab_size, (len(tok), vocab_size)
@@ -165,7 +186,9 @@ def build_model(wl: dict, work: Path, *, sft: bool = True, model: str | None = N
     out = work / f"{wl['name']}-model{'-sft' if sft else ''}"
     stamp = out / "workload.json"
     task = countdown_task()
-    keys = ("model", "sft", "pad_to") + (("vocab_size",) if "vocab_size" in wl else ("T",))  # vocab: one model for every T
+    keys = ("model", "sft", "pad_to") + (
+        ("vocab_size",) if "vocab_size" in wl else ("T",)
+    )  # vocab: one model for every T
     spec = json.dumps({k: wl[k] for k in keys} | {"sft_done": sft, "task": repr(task)}, sort_keys=True)
     if stamp.exists() and stamp.read_text() == spec:
         return out
@@ -180,8 +203,11 @@ def build_model(wl: dict, work: Path, *, sft: bool = True, model: str | None = N
         pairs = _rows(wl, 0, s.pop("rows"))
         t = time.perf_counter()
         stats = train_sft(m, tok, pairs, seed=0, log_every=10**9, **s)
-        print(f"[{wl['name']}] SFT warm-start: {stats['steps']} steps, loss {stats['first_loss']:.3f} -> "
-              f"{stats['final_loss']:.3f}, {time.perf_counter() - t:.0f}s", flush=True)
+        print(
+            f"[{wl['name']}] SFT warm-start: {stats['steps']} steps, loss {stats['first_loss']:.3f} -> "
+            f"{stats['final_loss']:.3f}, {time.perf_counter() - t:.0f}s",
+            flush=True,
+        )
     out.mkdir(parents=True, exist_ok=True)
     m.save_pretrained(str(out))
     tok.save_pretrained(str(out))
@@ -195,7 +221,9 @@ def write_prompts(wl: dict, work: Path) -> Path:
     rows = _rows(wl, 1, 4000)
     with path.open("w") as f:
         for r in rows:
-            f.write(json.dumps({"prompt": r["prompt"], "numbers": r["numbers"], "target": r["target"]}) + "\n")
+            f.write(
+                json.dumps({"prompt": r["prompt"], "numbers": r["numbers"], "target": r["target"]}) + "\n"
+            )
     return path
 
 
@@ -235,7 +263,9 @@ def child_grpokit(spec: dict) -> dict:
             P = tok.input_ids.shape[1] - tok.completion_width
             prompts = torch.cat([tok.input_ids[:, :P], tok.attention_mask[:, :P]], dim=1)
             distinct = torch.unique(prompts, dim=0)
-            shared = hasattr(policy, "shared_prompt_logits") and distinct.shape[0] * 2 <= prompts.shape[0]  # as completion_logprobs decides
+            shared = (
+                hasattr(policy, "shared_prompt_logits") and distinct.shape[0] * 2 <= prompts.shape[0]
+            )  # as completion_logprobs decides
             prompt_tokens = int(distinct[:, P:].sum()) if shared else int(tok.attention_mask[:, :P].sum())
             self._rec = dict(
                 model_tokens=prompt_tokens + int(tok.completion_mask.sum()),
@@ -254,14 +284,27 @@ def child_grpokit(spec: dict) -> dict:
         "model": {"name_or_path": spec["model_dir"], "dtype": "float32"},
         "data": {"train_path": spec["data_path"], "eval_size": 0},
         "rollout": {
-            "engine": spec["engine"], "num_generations": spec["G"], "prompts_per_step": spec["prompts"],
-            "max_completion_length": spec["T"], "temperature": spec["temperature"], "top_p": 1.0, "top_k": 0,
+            "engine": spec["engine"],
+            "num_generations": spec["G"],
+            "prompts_per_step": spec["prompts"],
+            "max_completion_length": spec["T"],
+            "temperature": spec["temperature"],
+            "top_p": 1.0,
+            "top_k": 0,
         },
         "algorithm": {
-            "beta": spec["beta"], "epsilon": spec["epsilon"], "loss_type": spec["loss_type"],
-            "scale_rewards": spec["scale_rewards"], "num_iterations": mu,
+            "beta": spec["beta"],
+            "epsilon": spec["epsilon"],
+            "loss_type": spec["loss_type"],
+            "scale_rewards": spec["scale_rewards"],
+            "num_iterations": mu,
         },
-        "optim": {"learning_rate": spec["lr"], "max_steps": spec["steps"], "lr_scheduler": "constant", "max_grad_norm": 1.0},
+        "optim": {
+            "learning_rate": spec["lr"],
+            "max_steps": spec["steps"],
+            "lr_scheduler": "constant",
+            "max_grad_norm": 1.0,
+        },
         "eval": {"at_start": False, "every": 0},
         "logging": {"tensorboard": False, "sample_every": 0},
         "checkpoint": {"save_every": 0, "resume": False},
@@ -280,15 +323,28 @@ def child_grpokit(spec: dict) -> dict:
     steps = []
 
     def on_log(step, m):
-        steps.append(dict(
-            trainer._rec, step=step, step_s=m["perf/step_time"], gen_s=m["perf/rollout_time"],
-            train_s=m["perf/train_time"], reward=m["reward/mean"], rss_mb=_rss_mb(),
-        ))
+        steps.append(
+            dict(
+                trainer._rec,
+                step=step,
+                step_s=m["perf/step_time"],
+                gen_s=m["perf/rollout_time"],
+                train_s=m["perf/train_time"],
+                reward=m["reward/mean"],
+                rss_mb=_rss_mb(),
+            )
+        )
 
     t = time.perf_counter()
     trainer.train(on_log=on_log)
-    return {"framework": "grpokit", "engine": engine, "shapes": shapes, "steps": steps,
-            "wall_s": time.perf_counter() - t, "peak_rss_mb": _rss_mb()}
+    return {
+        "framework": "grpokit",
+        "engine": engine,
+        "shapes": shapes,
+        "steps": steps,
+        "wall_s": time.perf_counter() - t,
+        "peak_rss_mb": _rss_mb(),
+    }
 
 
 def child_trl(spec: dict) -> dict:
@@ -343,7 +399,9 @@ def child_trl(spec: dict) -> dict:
 
     for hook in ("_generate_single_turn", "_generate_and_score_completions"):
         if not hasattr(GRPOTrainer, hook):
-            raise SystemExit(f"TRL {trl.__version__} has no GRPOTrainer.{hook}; this benchmark times TRL 1.16 (make bench)")
+            raise SystemExit(
+                f"TRL {trl.__version__} has no GRPOTrainer.{hook}; this benchmark times TRL 1.16 (make bench)"
+            )
 
     class TimedGRPOTrainer(GRPOTrainer):
         def _generate_single_turn(self, *a, **kw):
@@ -359,7 +417,9 @@ def child_trl(spec: dict) -> dict:
             if self.model.training:
                 pm, cm = out["prompt_mask"], out["completion_mask"]
                 shape_rec.update(
-                    n_seqs=int(pm.shape[0]), completion_tokens=int(cm.sum()), real_tokens=int(pm.sum() + cm.sum()),
+                    n_seqs=int(pm.shape[0]),
+                    completion_tokens=int(cm.sum()),
+                    real_tokens=int(pm.sum() + cm.sum()),
                     padded_tokens=int(pm.shape[0] * (pm.shape[1] + cm.shape[1])),
                 )
             return out
@@ -380,8 +440,12 @@ def child_trl(spec: dict) -> dict:
 
     tokenizer = AutoTokenizer.from_pretrained(spec["model_dir"])
     trainer = TimedGRPOTrainer(
-        model=spec["model_dir"], reward_funcs=countdown_reward, args=args, train_dataset=dataset,
-        processing_class=tokenizer, callbacks=[Clock()],
+        model=spec["model_dir"],
+        reward_funcs=countdown_reward,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=[Clock()],
     )
     a = trainer.args
     shapes = (
@@ -405,8 +469,14 @@ def child_trl(spec: dict) -> dict:
         first["train_s"] = first["step_s"] - first["prep_s"]
         first["step"] = i // mu + 1
         steps.append(first)
-    return {"framework": "TRL", "engine": "transformers generate", "shapes": shapes, "steps": steps,
-            "wall_s": wall, "peak_rss_mb": _rss_mb()}
+    return {
+        "framework": "TRL",
+        "engine": "transformers generate",
+        "shapes": shapes,
+        "steps": steps,
+        "wall_s": wall,
+        "peak_rss_mb": _rss_mb(),
+    }
 
 
 def _proc_kb(path: str, *keys: str) -> dict[str, int]:
@@ -426,9 +496,18 @@ def _proc_kb(path: str, *keys: str) -> dict[str, int]:
 def _failed_run(framework: str, spec: dict, why: str, peak_kb: int, wall: float) -> dict:
     """A child that did not finish (out of memory, killed, timed out): a row of its own in the tables."""
     grpo = framework.startswith("grpokit")
-    engine = spec["engine"] + (", compile" if spec.get("overrides") else "") if grpo else "transformers generate"
-    return {"framework": "grpokit" if grpo else "TRL", "engine": engine, "shapes": f"{framework}: {why}", "steps": [],
-            "failed": why, "peak_rss_mb": peak_kb / 1024, "wall_s": wall}
+    engine = (
+        spec["engine"] + (", compile" if spec.get("overrides") else "") if grpo else "transformers generate"
+    )
+    return {
+        "framework": "grpokit" if grpo else "TRL",
+        "engine": engine,
+        "shapes": f"{framework}: {why}",
+        "steps": [],
+        "failed": why,
+        "peak_rss_mb": peak_kb / 1024,
+        "wall_s": wall,
+    }
 
 
 def run_child(framework: str, spec: dict, work: Path) -> dict:
@@ -444,7 +523,9 @@ def run_child(framework: str, spec: dict, work: Path) -> dict:
     spec_path.write_text(json.dumps(spec, indent=2))
     result_path.unlink(missing_ok=True)
     env = dict(os.environ, OMP_NUM_THREADS=str(spec["threads"]), TOKENIZERS_PARALLELISM="false")
-    if spec.get("overrides"):  # torch.compile: the first round starts from an empty compile cache (what a first run pays)
+    if spec.get(
+        "overrides"
+    ):  # torch.compile: the first round starts from an empty compile cache (what a first run pays)
         import shutil
 
         cache = work / f"{spec['workload']}-{framework}-inductor-cache"
@@ -459,8 +540,19 @@ def run_child(framework: str, spec: dict, work: Path) -> dict:
     why, peak_kb = None, 0
     with log_path.open("w") as log:
         proc = subprocess.Popen(
-            [sys.executable, __file__, "--child", framework, "--spec", str(spec_path), "--result", str(result_path)],
-            stdout=log, stderr=subprocess.STDOUT, env=env,
+            [
+                sys.executable,
+                __file__,
+                "--child",
+                framework,
+                "--spec",
+                str(spec_path),
+                "--result",
+                str(result_path),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
         )
         while proc.poll() is None:
             mem = _proc_kb(f"/proc/{proc.pid}/status", "VmRSS", "VmHWM")
@@ -469,8 +561,10 @@ def run_child(framework: str, spec: dict, work: Path) -> dict:
             if limit_kb and mem["VmRSS"] > limit_kb:
                 why = f"out of memory: RSS passed the {spec['mem_limit_gb']:g} GiB limit (killed at {mem['VmRSS'] / 2**20:.1f} GiB)"
             elif reserve_kb and avail and avail < reserve_kb:
-                why = (f"out of memory: the machine's available memory fell under {spec['mem_reserve_gb']:g} GiB "
-                       f"(killed at RSS {mem['VmRSS'] / 2**20:.1f} GiB)")
+                why = (
+                    f"out of memory: the machine's available memory fell under {spec['mem_reserve_gb']:g} GiB "
+                    f"(killed at RSS {mem['VmRSS'] / 2**20:.1f} GiB)"
+                )
             elif timeout and time.perf_counter() - t > timeout:
                 why = f"timed out: still running after {timeout:.0f} s (killed)"
             if why:
@@ -488,17 +582,31 @@ def run_child(framework: str, spec: dict, work: Path) -> dict:
 
             name = signal.Signals(-rc).name if -rc in signal.Signals._value2member_map_ else str(-rc)
             why = f"killed by {name}" + (" (the kernel's OOM killer)" if rc == -signal.SIGKILL else "")
-        elif any(m in line for line in lines[-30:] for m in ("can't allocate memory", "MemoryError", "out of memory")):
+        elif any(
+            m in line
+            for line in lines[-30:]
+            for m in ("can't allocate memory", "MemoryError", "out of memory")
+        ):
             why = "out of memory: an allocation failed"
         else:
-            raise SystemExit(f"{framework} on {spec['workload']} failed (exit {rc}); last lines of {log_path}:\n{tail}")
+            raise SystemExit(
+                f"{framework} on {spec['workload']} failed (exit {rc}); last lines of {log_path}:\n{tail}"
+            )
     if why:
         res = _failed_run(framework, spec, why, peak_kb, wall)
     else:
         res = json.loads(result_path.read_text())
     res["load_before"], res["load_after"] = load_before, machine_load()
-    print(f"[{spec['workload']}] {framework}: " + (f"FAILED ({why}) after {wall:.0f}s, peak RSS {peak_kb / 2**20:.2f} GiB"
-          if why else f"{len(res['steps'])} steps in {wall:.0f}s") + f" ({res['load_after']})", flush=True)
+    print(
+        f"[{spec['workload']}] {framework}: "
+        + (
+            f"FAILED ({why}) after {wall:.0f}s, peak RSS {peak_kb / 2**20:.2f} GiB"
+            if why
+            else f"{len(res['steps'])} steps in {wall:.0f}s"
+        )
+        + f" ({res['load_after']})",
+        flush=True,
+    )
     return res
 
 
@@ -520,8 +628,12 @@ def summarize(res: dict, warmup: int, mu: int, n_nonemb: int) -> dict:
         "train_tps": med(lambda s: s["completion_tokens"] * mu / s["train_s"]),
         "len": statistics.mean(s["completion_tokens"] / s["n_seqs"] for s in timed),
         "pad_frac": statistics.mean(1 - s["real_tokens"] / s["padded_tokens"] for s in timed),
-        "rss": max(s["rss_mb"] for s in res["steps"]),  # ru_maxrss by the last step: the final save is not counted
-        "train_flops": med(lambda s: 6 * n_nonemb * s.get("model_tokens", s["real_tokens"]) * mu / s["train_s"]),
+        "rss": max(
+            s["rss_mb"] for s in res["steps"]
+        ),  # ru_maxrss by the last step: the final save is not counted
+        "train_flops": med(
+            lambda s: 6 * n_nonemb * s.get("model_tokens", s["real_tokens"]) * mu / s["train_s"]
+        ),
         "warmup_s": sum(s["step_s"] for s in res["steps"][:warmup]),
         "rollout_flops": med(lambda s: 2 * n_nonemb * s["completion_tokens"] / s["gen_s"]),
         "step_tps": med(lambda s: s["completion_tokens"] / s["step_s"]),
@@ -536,19 +648,31 @@ def best_round(summaries: list[dict]) -> dict:
 
 def table(rows: list[tuple[str, dict, dict]]) -> list[str]:
     """rows: (label, summary, result) for each grpokit variant, then TRL last; a ratio row per grpokit variant."""
-    cols = [("s/step", "step_s", "{:.3f}"), ("rollout s", "gen_s", "{:.3f}"), ("logp+reward s", "prep_s", "{:.3f}"),
-            ("train s", "train_s", "{:.3f}"),
-            ("rollout tok/s", "rollout_tps", "{:.0f}"), ("train tok/s", "train_tps", "{:.0f}"),
-            ("peak RSS MB", "rss", "{:.0f}")]
+    cols = [
+        ("s/step", "step_s", "{:.3f}"),
+        ("rollout s", "gen_s", "{:.3f}"),
+        ("logp+reward s", "prep_s", "{:.3f}"),
+        ("train s", "train_s", "{:.3f}"),
+        ("rollout tok/s", "rollout_tps", "{:.0f}"),
+        ("train tok/s", "train_tps", "{:.0f}"),
+        ("peak RSS MB", "rss", "{:.0f}"),
+    ]
     head = "| | " + " | ".join(c[0] for c in cols) + " | mean completion len | padding |"
     lines = [head, "|---" * (len(cols) + 3) + "|"]
     for _, s, res in rows:
         name = ("grpokit (" if res["framework"] == "grpokit" else "TRL (") + res["engine"] + ")"
-        lines.append(f"| {name} | " + " | ".join(f.format(s[k]) for _, k, f in cols)
-                     + f" | {s['len']:.1f} | {100 * s['pad_frac']:.0f}% |")
+        lines.append(
+            f"| {name} | "
+            + " | ".join(f.format(s[k]) for _, k, f in cols)
+            + f" | {s['len']:.1f} | {100 * s['pad_frac']:.0f}% |"
+        )
     t = rows[-1][1]
     for _, g, res in rows[:-1]:
-        lines.append(f"| **grpokit ({res['engine']}) / TRL** | " + " | ".join(f"{g[k] / t[k]:.2f}x" for _, k, _ in cols) + " | | |")
+        lines.append(
+            f"| **grpokit ({res['engine']}) / TRL** | "
+            + " | ".join(f"{g[k] / t[k]:.2f}x" for _, k, _ in cols)
+            + " | | |"
+        )
     return lines
 
 
@@ -558,20 +682,38 @@ def _label(res: dict) -> str:
 
 def vocab_table(rows: list[tuple[dict | None, dict]]) -> list[str]:
     """rows: (summary or None when the run failed, result) per grpokit variant, then TRL last."""
-    cols = [("s/step", "step_s", "{:.2f}"), ("rollout s", "gen_s", "{:.2f}"), ("logp+reward s", "prep_s", "{:.2f}"),
-            ("train s", "train_s", "{:.2f}"), ("tok/s (step)", "step_tps", "{:.1f}"), ("rollout tok/s", "rollout_tps", "{:.0f}"),
-            ("train tok/s", "train_tps", "{:.0f}"), ("peak RSS MB", "rss", "{:.0f}")]
-    lines = ["| | " + " | ".join(c[0] for c in cols) + " | mean completion len | padding |", "|---" * (len(cols) + 3) + "|"]
+    cols = [
+        ("s/step", "step_s", "{:.2f}"),
+        ("rollout s", "gen_s", "{:.2f}"),
+        ("logp+reward s", "prep_s", "{:.2f}"),
+        ("train s", "train_s", "{:.2f}"),
+        ("tok/s (step)", "step_tps", "{:.1f}"),
+        ("rollout tok/s", "rollout_tps", "{:.0f}"),
+        ("train tok/s", "train_tps", "{:.0f}"),
+        ("peak RSS MB", "rss", "{:.0f}"),
+    ]
+    lines = [
+        "| | " + " | ".join(c[0] for c in cols) + " | mean completion len | padding |",
+        "|---" * (len(cols) + 3) + "|",
+    ]
     for s, res in rows:
         if s is None:
-            cells = [f"**{res['failed']}**"] + ["-"] * (len(cols) - 2) + [f">= {res['peak_rss_mb']:.0f} (highest seen)", "-", "-"]
+            cells = (
+                [f"**{res['failed']}**"]
+                + ["-"] * (len(cols) - 2)
+                + [f">= {res['peak_rss_mb']:.0f} (highest seen)", "-", "-"]
+            )
         else:
             cells = [f.format(s[k]) for _, k, f in cols] + [f"{s['len']:.1f}", f"{100 * s['pad_frac']:.0f}%"]
         lines.append(f"| {_label(res)} | " + " | ".join(cells) + " |")
     t = rows[-1][0]
     for g, res in rows[:-1]:
         if g is not None and t is not None:
-            lines.append(f"| **{_label(res)} / TRL** | " + " | ".join(f"{g[k] / t[k]:.2f}x" for _, k, _ in cols) + " | | |")
+            lines.append(
+                f"| **{_label(res)} / TRL** | "
+                + " | ".join(f"{g[k] / t[k]:.2f}x" for _, k, _ in cols)
+                + " | | |"
+            )
     return lines
 
 
@@ -588,7 +730,11 @@ def growth_table(cells: dict[int, dict[str, tuple[dict | None, dict]]], variants
     def cell(T, v, key, fmt):
         s, res = cells[T][v]
         if s is None:
-            return f"{res['failed'].split(':')[0]} (>= {res['peak_rss_mb']:.0f} MB seen)" if key == "rss" else res["failed"].split(":")[0]
+            return (
+                f"{res['failed'].split(':')[0]} (>= {res['peak_rss_mb']:.0f} MB seen)"
+                if key == "rss"
+                else res["failed"].split(":")[0]
+            )
         first = next(T0 for T0 in Ts if cells[T0][v][0] is not None)  # the smallest T this variant finished
         return fmt.format(s[key]) + (f" ({s[key] / val(first, v, key):.1f}x)" if T != first else "")
 
@@ -623,7 +769,11 @@ def run_vocab(wl: dict, args, engine: str, work: Path) -> list[str]:
 
     counts = param_counts(AutoModelForCausalLM.from_pretrained(str(model_dir)))
     steps = args.steps or wl["steps"]
-    variants = {"grpokit": [], **({"grpokit-compile": ["model.compile=true"]} if args.compile else {}), "trl": []}
+    variants = {
+        "grpokit": [],
+        **({"grpokit-compile": ["model.compile=true"]} if args.compile else {}),
+        "trl": [],
+    }
     cells: dict[int, dict] = {}
     md = [
         f"## vocab: {counts['total'] / 1e6:.2f}M parameters ({counts['non_embedding'] / 1e6:.2f}M non-embedding, "
@@ -633,10 +783,24 @@ def run_vocab(wl: dict, args, engine: str, work: Path) -> list[str]:
     ]
     for T in lengths:
         case = f"vocab-T{T}"
-        spec = dict(ALGO, workload=case, model_dir=str(model_dir), data_path=str(data_path), G=wl["G"],
-                    prompts=wl["prompts"], T=T, lr=wl["lr"], steps=steps, threads=args.threads, engine=engine,
-                    mu=args.mu, beta=args.beta, mem_limit_gb=args.mem_limit_gb, mem_reserve_gb=args.mem_reserve_gb,
-                    timeout_s=args.child_timeout)
+        spec = dict(
+            ALGO,
+            workload=case,
+            model_dir=str(model_dir),
+            data_path=str(data_path),
+            G=wl["G"],
+            prompts=wl["prompts"],
+            T=T,
+            lr=wl["lr"],
+            steps=steps,
+            threads=args.threads,
+            engine=engine,
+            mu=args.mu,
+            beta=args.beta,
+            mem_limit_gb=args.mem_limit_gb,
+            mem_reserve_gb=args.mem_reserve_gb,
+            timeout_s=args.child_timeout,
+        )
         runs: dict[str, list[dict]] = {v: [] for v in variants}
         for r in range(args.rounds):
             for fw, overrides in variants.items():
@@ -645,12 +809,22 @@ def run_vocab(wl: dict, args, engine: str, work: Path) -> list[str]:
                     import shutil
 
                     shutil.rmtree(run_dir)  # a fresh run, never a resume
-                runs[fw].append(run_child(fw, dict(spec, out_dir=str(run_dir), overrides=overrides, round=r), work))
-        summ = {fw: [(summarize(x, warmup, args.mu, counts["non_embedding"]), x) for x in rs if "failed" not in x]
-                for fw, rs in runs.items()}
-        cells[T] = {fw: (min(summ[fw], key=lambda p: p[0]["step_s"]) if summ[fw] else (None, runs[fw][0])) for fw in runs}
-        loads = "; ".join(f"{'TRL' if fw == 'trl' else fw} run {i + 1}: {x['load_before']} -> {x['load_after']}"
-                          for i in range(args.rounds) for fw, x in ((fw, runs[fw][i]) for fw in runs))
+                runs[fw].append(
+                    run_child(fw, dict(spec, out_dir=str(run_dir), overrides=overrides, round=r), work)
+                )
+        summ = {
+            fw: [(summarize(x, warmup, args.mu, counts["non_embedding"]), x) for x in rs if "failed" not in x]
+            for fw, rs in runs.items()
+        }
+        cells[T] = {
+            fw: (min(summ[fw], key=lambda p: p[0]["step_s"]) if summ[fw] else (None, runs[fw][0]))
+            for fw in runs
+        }
+        loads = "; ".join(
+            f"{'TRL' if fw == 'trl' else fw} run {i + 1}: {x['load_before']} -> {x['load_after']}"
+            for i in range(args.rounds)
+            for fw, x in ((fw, runs[fw][i]) for fw in runs)
+        )
         md += [
             f"### T = {T}",
             "",
@@ -658,13 +832,26 @@ def run_vocab(wl: dict, args, engine: str, work: Path) -> list[str]:
             "",
             *vocab_table([cells[T][fw] for fw in runs]),
             "",
-            *(["Warm-up (the first " + str(warmup) + " step(s), left out of the medians): "
-               + ", ".join(f"{_label(res)} {s['warmup_s']:.1f} s" for s, res in (cells[T][fw] for fw in runs) if s is not None)
-               + ".", ""] if any(cells[T][fw][0] is not None for fw in runs) else []),
+            *(
+                [
+                    "Warm-up (the first "
+                    + str(warmup)
+                    + " step(s), left out of the medians): "
+                    + ", ".join(
+                        f"{_label(res)} {s['warmup_s']:.1f} s"
+                        for s, res in (cells[T][fw] for fw in runs)
+                        if s is not None
+                    )
+                    + ".",
+                    "",
+                ]
+                if any(cells[T][fw][0] is not None for fw in runs)
+                else []
+            ),
             *[f"- {res['shapes']}" for _, res in (cells[T][fw] for fw in runs)],
             "",
         ]
-        print("\n".join(md[-(len(runs) * 2 + 10):]), flush=True)
+        print("\n".join(md[-(len(runs) * 2 + 10) :]), flush=True)
         (work / f"{case}-results.json").write_text(json.dumps(runs))
     fws = list(variants)
     md += [
@@ -681,11 +868,17 @@ def run_vocab(wl: dict, args, engine: str, work: Path) -> list[str]:
         (g, _), (t, tres) = cells[256]["grpokit"], cells[256]["trl"]
         if g is not None and t is not None:
             rss, speed = g["rss"] / t["rss"], t["step_s"] / g["step_s"]
-            md += [f"At T = 256: grpokit's peak RSS is {rss:.2f}x TRL's ({g['rss']:.0f} vs {t['rss']:.0f} MB; target <= 0.5x: "
-                   f"{'reached' if rss <= 0.5 else 'not reached'}); TRL's s/step over grpokit's is {speed:.2f}x "
-                   f"({t['step_s']:.2f} vs {g['step_s']:.2f} s; target >= 1.5x: {'reached' if speed >= 1.5 else 'not reached'}).", ""]
+            md += [
+                f"At T = 256: grpokit's peak RSS is {rss:.2f}x TRL's ({g['rss']:.0f} vs {t['rss']:.0f} MB; target <= 0.5x: "
+                f"{'reached' if rss <= 0.5 else 'not reached'}); TRL's s/step over grpokit's is {speed:.2f}x "
+                f"({t['step_s']:.2f} vs {g['step_s']:.2f} s; target >= 1.5x: {'reached' if speed >= 1.5 else 'not reached'}).",
+                "",
+            ]
         elif g is not None:
-            md += [f"At T = 256: TRL did not finish ({tres['failed']}); grpokit: {g['step_s']:.2f} s/step, {g['rss']:.0f} MB.", ""]
+            md += [
+                f"At T = 256: TRL did not finish ({tres['failed']}); grpokit: {g['step_s']:.2f} s/step, {g['rss']:.0f} MB.",
+                "",
+            ]
     return md
 
 
@@ -717,25 +910,67 @@ def plot(curves: dict, path: Path) -> None:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workloads", default="small,compute", help="comma-separated: " + ", ".join(WORKLOADS))
-    ap.add_argument("--steps", type=int, help="steps per framework (default: the workload's: small 50, compute 12, vocab 4)")
+    ap.add_argument(
+        "--steps",
+        type=int,
+        help="steps per framework (default: the workload's: small 50, compute 12, vocab 4)",
+    )
     ap.add_argument("--warmup", type=int, help="steps left out of the medians (default: 2; vocab 1)")
-    ap.add_argument("--completion-lengths", type=lambda v: [int(x) for x in v.split(",")],
-                    help="vocab workload: comma-separated completion lengths T, one row each (default 256), e.g. 64,256,1024")
-    ap.add_argument("--mem-limit-gb", type=float, default=16.0,
-                    help="kill a child whose RSS passes this many GiB and record it as out of memory (0: no limit)")
-    ap.add_argument("--mem-reserve-gb", type=float, default=1.0,
-                    help="kill a child when the machine's MemAvailable falls under this many GiB (a shared machine)")
-    ap.add_argument("--child-timeout", type=float, default=0, help="kill a child after this many seconds, recorded as timed out (0: none)")
-    ap.add_argument("--engine", default="auto", choices=["auto", "fast", "hf"], help="grpokit rollout engine (auto: fast if present)")
-    ap.add_argument("--rounds", type=int, default=1, help="alternate grpokit / TRL runs this many times; the fastest round counts")
-    ap.add_argument("--compile", action="store_true", help="also run grpokit with model.compile=true (a third run per round)")
+    ap.add_argument(
+        "--completion-lengths",
+        type=lambda v: [int(x) for x in v.split(",")],
+        help="vocab workload: comma-separated completion lengths T, one row each (default 256), e.g. 64,256,1024",
+    )
+    ap.add_argument(
+        "--mem-limit-gb",
+        type=float,
+        default=16.0,
+        help="kill a child whose RSS passes this many GiB and record it as out of memory (0: no limit)",
+    )
+    ap.add_argument(
+        "--mem-reserve-gb",
+        type=float,
+        default=1.0,
+        help="kill a child when the machine's MemAvailable falls under this many GiB (a shared machine)",
+    )
+    ap.add_argument(
+        "--child-timeout",
+        type=float,
+        default=0,
+        help="kill a child after this many seconds, recorded as timed out (0: none)",
+    )
+    ap.add_argument(
+        "--engine",
+        default="auto",
+        choices=["auto", "fast", "hf"],
+        help="grpokit rollout engine (auto: fast if present)",
+    )
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="alternate grpokit / TRL runs this many times; the fastest round counts",
+    )
+    ap.add_argument(
+        "--compile",
+        action="store_true",
+        help="also run grpokit with model.compile=true (a third run per round)",
+    )
     ap.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads in each child")
-    ap.add_argument("--model", help="use this model folder (model + tokenizer) instead of building and SFT-ing one")
-    ap.add_argument("--compute-prompts", type=int, help="prompts per step of the compute workload (default 4)")
+    ap.add_argument(
+        "--model", help="use this model folder (model + tokenizer) instead of building and SFT-ing one"
+    )
+    ap.add_argument(
+        "--compute-prompts", type=int, help="prompts per step of the compute workload (default 4)"
+    )
     ap.add_argument("--mu", type=int, default=ALGO["mu"], help="num_iterations for both")
     ap.add_argument("--beta", type=float, default=ALGO["beta"])
     ap.add_argument("--work", default="runs/compare_trl", help="scratch folder: models, prompts, runs, logs")
-    ap.add_argument("--out", default=str(RESULTS), help="where compare_trl.md and reward_curves.png (vocab: compare_trl_vocab.md) go")
+    ap.add_argument(
+        "--out",
+        default=str(RESULTS),
+        help="where compare_trl.md and reward_curves.png (vocab: compare_trl_vocab.md) go",
+    )
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--spec", help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
@@ -747,7 +982,9 @@ def main(argv=None) -> None:
         Path(args.result).write_text(json.dumps(res))
         return
 
-    command = "python " + " ".join(shlex.quote(a) for a in ["benchmarks/compare_trl.py"] + (argv if argv is not None else sys.argv[1:]))
+    command = "python " + " ".join(
+        shlex.quote(a) for a in ["benchmarks/compare_trl.py"] + (argv if argv is not None else sys.argv[1:])
+    )
     work, out = Path(args.work), Path(args.out)
     work.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
@@ -800,8 +1037,11 @@ def main(argv=None) -> None:
     # A peak is a best case: the running max of measurements taken before and after every child run,
     # so a load spike during one measurement does not inflate the % of peak.
     peak = peak_now()
-    print(f"{load0}; peak fp32 matmul {max(peaks.values()) / 1e9:.1f} GFLOP/s on {os.cpu_count()} threads, "
-          f"{peak / 1e9:.1f} on {args.threads}; grpokit engine: {engine}", flush=True)
+    print(
+        f"{load0}; peak fp32 matmul {max(peaks.values()) / 1e9:.1f} GFLOP/s on {os.cpu_count()} threads, "
+        f"{peak / 1e9:.1f} on {args.threads}; grpokit engine: {engine}",
+        flush=True,
+    )
     md = [
         "# grpokit vs TRL GRPOTrainer (CPU, fp32)",
         "",
@@ -809,8 +1049,13 @@ def main(argv=None) -> None:
         "",
         f"Machine: {os.cpu_count()} CPU cores, torch {torch.__version__}, {torch.get_num_threads()} threads; "
         f"{load0} at the start. Peak fp32 matmul on all {os.cpu_count()} cores (benchmarks/roofline.py): "
-        + ", ".join(f"n={n}: {v / 1e9:.1f}" for n, v in peaks.items()) + " GFLOP/s"
-        + (f"; on the {args.threads} thread(s) the runs use: {peak / 1e9:.1f} GFLOP/s. " if args.threads != os.cpu_count() else ". ")
+        + ", ".join(f"n={n}: {v / 1e9:.1f}" for n, v in peaks.items())
+        + " GFLOP/s"
+        + (
+            f"; on the {args.threads} thread(s) the runs use: {peak / 1e9:.1f} GFLOP/s. "
+            if args.threads != os.cpu_count()
+            else ". "
+        )
         + f"Medians over the steps after {args.warmup} warm-up steps. grpokit rollout engine: `{engine}`.",
         "",
     ]
@@ -826,12 +1071,30 @@ def main(argv=None) -> None:
         from roofline import param_counts
 
         counts = param_counts(AutoModelForCausalLM.from_pretrained(str(model_dir)))
-        spec = dict(ALGO, workload=name, model_dir=str(model_dir), data_path=str(data_path), G=wl["G"],
-                    prompts=wl["prompts"], T=wl["T"], lr=wl["lr"], steps=args.steps or wl["steps"], threads=args.threads,
-                    engine=engine, mu=args.mu, beta=args.beta, mem_limit_gb=args.mem_limit_gb,
-                    mem_reserve_gb=args.mem_reserve_gb, timeout_s=args.child_timeout)
+        spec = dict(
+            ALGO,
+            workload=name,
+            model_dir=str(model_dir),
+            data_path=str(data_path),
+            G=wl["G"],
+            prompts=wl["prompts"],
+            T=wl["T"],
+            lr=wl["lr"],
+            steps=args.steps or wl["steps"],
+            threads=args.threads,
+            engine=engine,
+            mu=args.mu,
+            beta=args.beta,
+            mem_limit_gb=args.mem_limit_gb,
+            mem_reserve_gb=args.mem_reserve_gb,
+            timeout_s=args.child_timeout,
+        )
         # variant -> config overrides for grpokit (TRL runs last in each round)
-        variants = {"grpokit": [], **({"grpokit-compile": ["model.compile=true"]} if args.compile else {}), "trl": []}
+        variants = {
+            "grpokit": [],
+            **({"grpokit-compile": ["model.compile=true"]} if args.compile else {}),
+            "trl": [],
+        }
         runs: dict[str, list[dict]] = {v: [] for v in variants}
         for r in range(args.rounds):  # g, t, g, t, ...: a load change on a shared machine hits both
             for fw, overrides in variants.items():
@@ -840,20 +1103,36 @@ def main(argv=None) -> None:
                     import shutil
 
                     shutil.rmtree(run_dir)  # a fresh run, never a resume
-                runs[fw].append(run_child(fw, dict(spec, out_dir=str(run_dir), overrides=overrides, round=r), work))
+                runs[fw].append(
+                    run_child(fw, dict(spec, out_dir=str(run_dir), overrides=overrides, round=r), work)
+                )
                 if "failed" in runs[fw][-1]:
-                    raise SystemExit(f"{fw} on {name}: {runs[fw][-1]['failed']} (see {work / f'{name}-{fw}.log'})")
+                    raise SystemExit(
+                        f"{fw} on {name}: {runs[fw][-1]['failed']} (see {work / f'{name}-{fw}.log'})"
+                    )
                 peak = max(peak, peak_now(sizes=(4096,), repeats=3))
         results = {fw: rs[0] for fw, rs in runs.items()}  # the first round: reward curves, shapes
-        per_round = {fw: [summarize(x, args.warmup, args.mu, counts["non_embedding"]) for x in rs] for fw, rs in runs.items()}
+        per_round = {
+            fw: [summarize(x, args.warmup, args.mu, counts["non_embedding"]) for x in rs]
+            for fw, rs in runs.items()
+        }
         best = {fw: best_round(rs) for fw, rs in per_round.items()}
         # Each round runs the frameworks back to back, so a pair shares the machine's load better than
         # two best rounds picked independently: the speed-up per round, and its median.
-        paired = {fw: [t["step_s"] / g["step_s"] for g, t in zip(per_round[fw], per_round["trl"])] for fw in runs if fw != "trl"}
-        loads = "; ".join(f"{'TRL' if fw == 'trl' else fw} run {i + 1}: {x['load_before']} -> {x['load_after']}"
-                          for i in range(args.rounds) for fw, x in ((fw, runs[fw][i]) for fw in runs))
-        curves[name] = {f"grpokit ({results['grpokit']['engine']})": results["grpokit"]["steps"][:50],
-                        "TRL": results["trl"]["steps"][:50]}
+        paired = {
+            fw: [t["step_s"] / g["step_s"] for g, t in zip(per_round[fw], per_round["trl"])]
+            for fw in runs
+            if fw != "trl"
+        }
+        loads = "; ".join(
+            f"{'TRL' if fw == 'trl' else fw} run {i + 1}: {x['load_before']} -> {x['load_after']}"
+            for i in range(args.rounds)
+            for fw, x in ((fw, runs[fw][i]) for fw in runs)
+        )
+        curves[name] = {
+            f"grpokit ({results['grpokit']['engine']})": results["grpokit"]["steps"][:50],
+            "TRL": results["trl"]["steps"][:50],
+        }
         md += [
             f"## {name}: {counts['total'] / 1e6:.2f}M parameters ({counts['non_embedding'] / 1e6:.2f}M non-embedding), "
             f"{wl['prompts']} prompts x G={wl['G']}, completions <= {wl['T']} tokens, {spec['steps']} steps",
@@ -861,19 +1140,30 @@ def main(argv=None) -> None:
             f"beta={spec['beta']}, epsilon={spec['epsilon']}, loss_type={spec['loss_type']}, scale_rewards={spec['scale_rewards']}, "
             f"mu={spec['mu']}, lr={spec['lr']} (constant), temperature={spec['temperature']}, seed={spec['seed']}, "
             f"threads={spec['threads']}, {args.rounds} round(s) per framework"
-            + (" (each row: the round with the lowest median s/step)" if args.rounds > 1 else "") + f". Load: {loads}.",
+            + (" (each row: the round with the lowest median s/step)" if args.rounds > 1 else "")
+            + f". Load: {loads}.",
             "",
             *table([(fw, best[fw], results[fw]) for fw in runs]),
             "",
             "Speed-up per round (TRL s/step / grpokit s/step, the two runs of one round back to back): "
-            + "; ".join(f"grpokit ({results[fw]['engine']}) " + ", ".join(f"{x:.2f}x" for x in xs)
-                        + f" (median {statistics.median(xs):.2f}x)" for fw, xs in paired.items()) + ".",
+            + "; ".join(
+                f"grpokit ({results[fw]['engine']}) "
+                + ", ".join(f"{x:.2f}x" for x in xs)
+                + f" (median {statistics.median(xs):.2f}x)"
+                for fw, xs in paired.items()
+            )
+            + ".",
             "",
-            "Warm-up (the first " + str(args.warmup) + " steps of the first round, left out of the medians; with "
+            "Warm-up (the first "
+            + str(args.warmup)
+            + " steps of the first round, left out of the medians; with "
             "model.compile=true they include compiling from an empty compile cache, later rounds reuse that cache; a "
             "recompile for a new batch shape later falls in the timed steps): "
-            + ", ".join(f"{results[fw]['framework']} ({results[fw]['engine']}) {per_round[fw][0]['warmup_s']:.1f} s"
-                        for fw in runs) + ".",
+            + ", ".join(
+                f"{results[fw]['framework']} ({results[fw]['engine']}) {per_round[fw][0]['warmup_s']:.1f} s"
+                for fw in runs
+            )
+            + ".",
             "",
             "Effective batch shapes:",
             "",
@@ -888,10 +1178,16 @@ def main(argv=None) -> None:
             "|---|---:|---:|---:|---:|",
         ]
         for label, s in ((f"{results[fw]['framework']} ({results[fw]['engine']})", best[fw]) for fw in runs):
-            md.append(f"| {label} | {s['train_flops'] / 1e9:.2f} | {100 * s['train_flops'] / peak:.1f}% | "
-                      f"{s['rollout_flops'] / 1e9:.2f} | {100 * s['rollout_flops'] / peak:.1f}% |")
+            md.append(
+                f"| {label} | {s['train_flops'] / 1e9:.2f} | {100 * s['train_flops'] / peak:.1f}% | "
+                f"{s['rollout_flops'] / 1e9:.2f} | {100 * s['rollout_flops'] / peak:.1f}% |"
+            )
         first = lambda r: [round(s.get("reward", float("nan")), 3) for s in r["steps"][:10]]  # noqa: E731
-        md += ["", f"Reward, first steps: grpokit {first(results['grpokit'])}; TRL {first(results['trl'])}.", ""]
+        md += [
+            "",
+            f"Reward, first steps: grpokit {first(results['grpokit'])}; TRL {first(results['trl'])}.",
+            "",
+        ]
         print("\n".join(md[-24:]), flush=True)
         (work / f"{name}-results.json").write_text(json.dumps(runs))
     plot(curves, out / "reward_curves.png")

@@ -10,6 +10,7 @@ the logits [N, T, V] (fused=False); `fused` applies the LM head in chunks from t
 (grpokit/algo/fused.py). Each cell runs in a fresh process, so its peak RSS (ru_maxrss) is its own; the
 model's weights and their gradients (about 0.6 GB together at this vocabulary) are in both.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,8 +55,12 @@ print(json.dumps({"peak_gb": peak / 2**20, "before_gb": before / 2**20, "seconds
 
 
 def cell(rows: int, T: int, V: int, mode: str, threads: int) -> dict:
-    r = subprocess.run([sys.executable, "-c", CELL, str(rows), str(T), str(V), mode, str(threads)],
-                       capture_output=True, text=True, cwd=ROOT)
+    r = subprocess.run(
+        [sys.executable, "-c", CELL, str(rows), str(T), str(V), mode, str(threads)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     if r.returncode != 0:
         tail = (r.stderr.strip().splitlines() or ["?"])[-1]
         return {"error": "out of memory (killed)" if r.returncode in (-9, 137) else tail[:120]}
@@ -72,24 +77,47 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/fused_logprobs.md"))
     args = ap.parse_args()
     command = "  .venv/bin/python benchmarks/fused_logprobs.py " + " ".join(sys.argv[1:])
-    lines = ["# Log-probs at V = %d: plain against fused, one training pass" % args.vocab, "", command.strip(), "",
-             f"load average at start: {os.getloadavg()[0]:.2f}; {args.threads} threads; N = {args.rows} rows; "
-             f"logits [N, T, V] in fp32 would be N*T*V*4 bytes", "",
-             "| T | logits [N,T,V] fp32 | plain peak RSS | fused peak RSS | plain s | fused s | fused/plain time |"
-             " same log-probs | same head grad |" + (" fused bf16 s | fused bf16 peak RSS |" if args.bf16 else ""),
-             "|---|---|---|---|---|---|---|---|---|" + ("---|---|" if args.bf16 else "")]
+    lines = [
+        "# Log-probs at V = %d: plain against fused, one training pass" % args.vocab,
+        "",
+        command.strip(),
+        "",
+        f"load average at start: {os.getloadavg()[0]:.2f}; {args.threads} threads; N = {args.rows} rows; "
+        f"logits [N, T, V] in fp32 would be N*T*V*4 bytes",
+        "",
+        "| T | logits [N,T,V] fp32 | plain peak RSS | fused peak RSS | plain s | fused s | fused/plain time |"
+        " same log-probs | same head grad |" + (" fused bf16 s | fused bf16 peak RSS |" if args.bf16 else ""),
+        "|---|---|---|---|---|---|---|---|---|" + ("---|---|" if args.bf16 else ""),
+    ]
     for T in args.lengths:
         plain, fused = (cell(args.rows, T, args.vocab, mode, args.threads) for mode in ("plain", "fused"))
         logits_gb = args.rows * T * args.vocab * 4 / 2**30
         if "error" in plain or "error" in fused:
-            row = [T, f"{logits_gb:.2f} GB", plain.get("error") or f"{plain['peak_gb']:.2f} GB",
-                   fused.get("error") or f"{fused['peak_gb']:.2f} GB", "-", "-", "-", "-", "-"]
+            row = [
+                T,
+                f"{logits_gb:.2f} GB",
+                plain.get("error") or f"{plain['peak_gb']:.2f} GB",
+                fused.get("error") or f"{fused['peak_gb']:.2f} GB",
+                "-",
+                "-",
+                "-",
+                "-",
+                "-",
+            ]
         else:
             same = abs(plain["logp_sum"] - fused["logp_sum"]) <= 1e-5 * abs(plain["logp_sum"])
             same_g = abs(plain["head_grad_norm"] - fused["head_grad_norm"]) <= 1e-4 * plain["head_grad_norm"]
-            row = [T, f"{logits_gb:.2f} GB", f"{plain['peak_gb']:.2f} GB", f"{fused['peak_gb']:.2f} GB",
-                   f"{plain['seconds']:.1f}", f"{fused['seconds']:.1f}", f"{fused['seconds'] / plain['seconds']:.2f}",
-                   "yes" if same else "NO", "yes" if same_g else "NO"]
+            row = [
+                T,
+                f"{logits_gb:.2f} GB",
+                f"{plain['peak_gb']:.2f} GB",
+                f"{fused['peak_gb']:.2f} GB",
+                f"{plain['seconds']:.1f}",
+                f"{fused['seconds']:.1f}",
+                f"{fused['seconds'] / plain['seconds']:.2f}",
+                "yes" if same else "NO",
+                "yes" if same_g else "NO",
+            ]
         if args.bf16:
             bf = cell(args.rows, T, args.vocab, "fused-bf16", args.threads)
             row += [bf.get("error") or f"{bf['seconds']:.1f}", bf.get("error") or f"{bf['peak_gb']:.2f} GB"]

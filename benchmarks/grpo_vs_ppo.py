@@ -26,6 +26,7 @@ experiments' exp_sft.py --save DIR (removed from the tree; last in commit e102b8
 saved the warm start "G" of docs/ppo.md. Extra config overrides for both arms
 go after --set, e.g. --set rollout.engine=fast algorithm.loss_type=dapo.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -106,7 +107,9 @@ def run_arm(args) -> None:
     trainer = Trainer(cfg)
     trainer.train()
     wall = time.perf_counter() - t
-    rows = [json.loads(l) for l in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines() if l.strip()]
+    rows = [
+        json.loads(l) for l in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines() if l.strip()
+    ]
     evals = [r for r in rows if r.get("eval/pass@1") is not None]
     rewards = [r["reward/mean"] for r in rows if r.get("reward/mean") is not None]
     result = {
@@ -143,8 +146,12 @@ def make_sft(out: str, *, size: str, rows: int, epochs: float, lr: float, seed: 
     task = get_task("countdown")
     tok = build_tokenizer(task, out)
     model = build_tiny_llama(tok, size=size, seed=seed)
-    pairs = build_datasets(DataConfig(task=task.name, task_train_size=rows), tok, seed=seed).train  # "completion": the solution
-    stats = train_sft(model, tok, pairs, epochs=epochs, batch_size=64, learning_rate=lr, max_length=256, seed=seed)
+    pairs = build_datasets(
+        DataConfig(task=task.name, task_train_size=rows), tok, seed=seed
+    ).train  # "completion": the solution
+    stats = train_sft(
+        model, tok, pairs, epochs=epochs, batch_size=64, learning_rate=lr, max_length=256, seed=seed
+    )
     model.save_pretrained(out)
     tok.save_pretrained(out)
     print(f"SFT warm start saved to {out}: {stats}")
@@ -184,7 +191,9 @@ def print_table(command: str, args, results: dict[str, dict]) -> None:
             print("-+-".join("-" * w for w in widths))
     if "grpo" in results and "ppo" in results:
         g, p = results["grpo"]["bytes"]["total"], results["ppo"]["bytes"]["total"]
-        print(f"\nPPO keeps {p / g:.2f}x GRPO's model state ({mb(p - g)} MiB more: the critic, its gradients and AdamW moments).")
+        print(
+            f"\nPPO keeps {p / g:.2f}x GRPO's model state ({mb(p - g)} MiB more: the critic, its gradients and AdamW moments)."
+        )
         ev = results["ppo"].get("explained_variance_last5")
         if ev is not None:
             print(f"PPO critic explained variance, last 5 steps: {ev:.2f}.")
@@ -192,14 +201,23 @@ def print_table(command: str, args, results: dict[str, dict]) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--model", help="warm-start model folder (both arms start from it)")
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--prompts", type=int, default=8, help="rollout.prompts_per_step")
     p.add_argument("--G", type=int, default=8, help="rollout.num_generations (completions per prompt)")
-    p.add_argument("--lr", type=float, default=1e-4, help="policy learning rate, both arms (5e-4 collapsed both; docs/ppo.md)")
+    p.add_argument(
+        "--lr",
+        type=float,
+        default=1e-4,
+        help="policy learning rate, both arms (5e-4 collapsed both; docs/ppo.md)",
+    )
     p.add_argument("--critic-lr", type=float, default=1e-3, help="PPO's critic learning rate")
-    p.add_argument("--beta", type=float, default=0.0, help="KL coefficient, both arms (PPO: shaped into the reward)")
+    p.add_argument(
+        "--beta", type=float, default=0.0, help="KL coefficient, both arms (PPO: shaped into the reward)"
+    )
     p.add_argument("--max-completion-length", type=int, default=16)
     p.add_argument("--eval-size", type=int, default=200, help="held-out test problems")
     p.add_argument("--seed", type=int, default=0)
@@ -217,7 +235,15 @@ def main() -> None:
     args = p.parse_args()
 
     if args.make_sft:
-        make_sft(args.make_sft, size=args.sft_size, rows=args.sft_rows, epochs=args.sft_epochs, lr=args.sft_lr, seed=args.seed, threads=args.threads)
+        make_sft(
+            args.make_sft,
+            size=args.sft_size,
+            rows=args.sft_rows,
+            epochs=args.sft_epochs,
+            lr=args.sft_lr,
+            seed=args.seed,
+            threads=args.threads,
+        )
         return
     if not args.model:
         p.error("--model is required (a warm-start folder; see --make-sft)")

@@ -14,6 +14,7 @@ max_steps, log each step once, and (unless --no-reference) end with the same wei
 as a run that was never killed. Prints a table of the kills and the command behind it; exits 1 if
 any check failed. Tested in small by tests/test_crash.py.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,16 +53,16 @@ def build(out: Path, max_steps: int) -> Path:
         "    return [c.count('7') / max(len(c), 1) for c in completions]\n"
     )
     config = f"""\
-model: {{name_or_path: {out / 'model'}}}
-data: {{train_path: {out / 'prompts.jsonl'}}}
-rewards: [{{function: '{out / 'rewards.py'}:count_sevens'}}]
+model: {{name_or_path: {out / "model"}}}
+data: {{train_path: {out / "prompts.jsonl"}}}
+rewards: [{{function: '{out / "rewards.py"}:count_sevens'}}]
 rollout: {{num_generations: 4, prompts_per_step: 4, max_completion_length: 8}}
 algorithm: {{beta: 0.04}}
 optim: {{learning_rate: 3.0e-3, max_steps: {max_steps}}}
 eval: {{at_start: false}}
 logging: {{sample_every: 0, tensorboard: false}}
 checkpoint: {{save_every: 1, keep_last: 2}}
-output_dir: {out / 'run'}
+output_dir: {out / "run"}
 """
     (out / "config.yaml").write_text(config)
     (out / "reference.yaml").write_text(config.replace(str(out / "run"), str(out / "reference")))
@@ -140,7 +141,11 @@ def main() -> int:
     ap.add_argument("--max-steps", type=int, default=80)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "kill_resume")
-    ap.add_argument("--no-reference", action="store_true", help="skip the uninterrupted run used for the bit-for-bit check")
+    ap.add_argument(
+        "--no-reference",
+        action="store_true",
+        help="skip the uninterrupted run used for the bit-for-bit check",
+    )
     args = ap.parse_args()
     from transformers.utils import logging as hf_logging
 
@@ -176,7 +181,9 @@ def main() -> int:
         m = resumed_line()
         resumed_from = int(m.group(1)) if m else None
         if resumed_from != (before[-1] if before else None):
-            failures.append(f"attempt {i}: resumed from {resumed_from}, newest complete checkpoint was {before[-1:]}")
+            failures.append(
+                f"attempt {i}: resumed from {resumed_from}, newest complete checkpoint was {before[-1:]}"
+            )
         t0, base = time.monotonic(), resumed_from or 0
         if mode == "random":  # k more steps, then a random fraction of a step
             k = rng.randint(0, 2)
@@ -188,13 +195,17 @@ def main() -> int:
         else:  # as soon as the checkpoint of step base + 1 + k is being written
             k = rng.randint(0, 2)
             target = base + 1 + k
-            writing = lambda: any(int(p.name.split("-")[2]) >= target for p in (run / "checkpoints").glob(".tmp-step-*"))  # noqa: E731
+            writing = lambda: any(
+                int(p.name.split("-")[2]) >= target for p in (run / "checkpoints").glob(".tmp-step-*")
+            )  # noqa: E731
             caught = wait_until(writing, proc, 300, 0.0002)
             delay = rng.uniform(0.0, 0.04)
             time.sleep(delay)
             moment = f"save of step {target} + {1000 * delay:.0f} ms"
         if proc.poll() is not None:
-            failures.append(f"attempt {i}: the run ended by itself (exit {proc.returncode}) before the kill; raise --max-steps")
+            failures.append(
+                f"attempt {i}: the run ended by itself (exit {proc.returncode}) before the kill; raise --max-steps"
+            )
             break
         proc.send_signal(signal.SIGKILL)
         proc.wait()
@@ -210,8 +221,18 @@ def main() -> int:
         problems = check_readable(run)
         failures += [f"attempt {i}: unreadable checkpoint {p}" for p in problems]
         done = logged_steps(run)
-        rows.append(dict(n=i + 1, mode=mode, at=f"{moment} ({at:.2f} s after the resume)", step=done[-1] if done else 0,
-                         during=during, ckpts=checkpoint_steps(run), resumed=resumed_from, ok=not problems))
+        rows.append(
+            dict(
+                n=i + 1,
+                mode=mode,
+                at=f"{moment} ({at:.2f} s after the resume)",
+                step=done[-1] if done else 0,
+                during=during,
+                ckpts=checkpoint_steps(run),
+                resumed=resumed_from,
+                ok=not problems,
+            )
+        )
 
     # The last start runs to the end.
     before = checkpoint_steps(run)
@@ -223,12 +244,16 @@ def main() -> int:
     if rc != 0:
         failures.append(f"final run exited {rc}; see {log}")
     if final_resumed != (before[-1] if before else None):
-        failures.append(f"final run resumed from {final_resumed}, newest complete checkpoint was {before[-1:]}")
+        failures.append(
+            f"final run resumed from {final_resumed}, newest complete checkpoint was {before[-1:]}"
+        )
     for i, row in enumerate(rows):  # each kill's resume is the next start's
         row["resumed"] = rows[i + 1]["resumed"] if i + 1 < len(rows) else final_resumed
     steps = logged_steps(run)
     if steps != list(range(1, args.max_steps + 1)):
-        failures.append(f"metrics.jsonl steps are not 1..{args.max_steps} once each: {steps[:5]}...{steps[-5:]}")
+        failures.append(
+            f"metrics.jsonl steps are not 1..{args.max_steps} once each: {steps[:5]}...{steps[-5:]}"
+        )
     failures += [f"after the final run: {p}" for p in check_readable(run)]
     elapsed = time.monotonic() - t_start
 
@@ -236,8 +261,13 @@ def main() -> int:
     if not args.no_reference:
         from safetensors.torch import load_file
 
-        subprocess.run([*grpokit_cmd(), "train", str(out / "reference.yaml")], stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL, env=env, check=True)
+        subprocess.run(
+            [*grpokit_cmd(), "train", str(out / "reference.yaml")],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=env,
+            check=True,
+        )
         a = load_file(out / "reference" / "final" / "model.safetensors")
         b = load_file(run / "final" / "model.safetensors")
         equal = a.keys() == b.keys() and all(bool((a[k] == b[k]).all()) for k in a)
@@ -246,22 +276,34 @@ def main() -> int:
             failures.append("the killed-and-resumed run's final weights differ from the uninterrupted run's")
 
     # ------------------------------------------------------------------ report
-    print(f"\n{len(rows)} SIGKILLs of `{' '.join(cmd)}` (tiny Llama, max_steps={args.max_steps}, "
-          f"save_every=1, keep_last=2, seed={args.seed})\n")
-    print("| # | mode | killed at | last logged step | during a save? (temporary folder [contents]) | checkpoints after | resumed from |")
+    print(
+        f"\n{len(rows)} SIGKILLs of `{' '.join(cmd)}` (tiny Llama, max_steps={args.max_steps}, "
+        f"save_every=1, keep_last=2, seed={args.seed})\n"
+    )
+    print(
+        "| # | mode | killed at | last logged step | during a save? (temporary folder [contents]) | checkpoints after | resumed from |"
+    )
     print("|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['n']} | {r['mode']} | {r['at']} | {r['step']} | {r['during']} | {r['ckpts']} | {r['resumed']} |")
+        print(
+            f"| {r['n']} | {r['mode']} | {r['at']} | {r['step']} | {r['during']} | {r['ckpts']} | {r['resumed']} |"
+        )
     # A resume succeeded when the next start loaded the newest checkpoint the kill left (none: started fresh).
     resumes = sum(r["ok"] and r["resumed"] == (r["ckpts"][-1] if r["ckpts"] else None) for r in rows)
     in_save = sum(r["during"].startswith("yes") for r in rows)
     print(f"\nresumes that loaded the newest complete checkpoint: {resumes} of {len(rows)}")
-    print(f"kills during a checkpoint write: {in_save}; unreadable checkpoints seen: "
-          f"{sum('unreadable' in f for f in failures)}")
-    print(f"final run: exit {rc}, steps logged 1..{steps[-1] if steps else 0} once each: "
-          f"{steps == list(range(1, args.max_steps + 1))}; weights equal to an uninterrupted run: {same}")
-    print(f"wall time {elapsed:.0f} s; command: .venv/bin/python benchmarks/kill_resume.py --kills {args.kills} "
-          f"--max-steps {args.max_steps} --seed {args.seed}")
+    print(
+        f"kills during a checkpoint write: {in_save}; unreadable checkpoints seen: "
+        f"{sum('unreadable' in f for f in failures)}"
+    )
+    print(
+        f"final run: exit {rc}, steps logged 1..{steps[-1] if steps else 0} once each: "
+        f"{steps == list(range(1, args.max_steps + 1))}; weights equal to an uninterrupted run: {same}"
+    )
+    print(
+        f"wall time {elapsed:.0f} s; command: .venv/bin/python benchmarks/kill_resume.py --kills {args.kills} "
+        f"--max-steps {args.max_steps} --seed {args.seed}"
+    )
     for f in failures:
         print("FAIL:", f)
     ok = not failures and resumes == len(rows) == args.kills

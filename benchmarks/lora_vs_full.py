@@ -16,6 +16,7 @@
 (~100M parameters by default), 3 GRPO steps of 4 prompts x G=4, beta 0.04, no evaluation, full fine-tune
 against LoRA; prints the peak RSS of each and the trained parameters.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,7 +44,16 @@ def build_sft(out: Path, steps: int, seed: int) -> Path:
     tok = build_tokenizer(task, path)
     model = build_tiny_llama(tok, size=FULL["model_size"], seed=seed)
     pairs = build_datasets(DataConfig(task=task.name, task_train_size=sft["rows"]), tok, seed=seed).train
-    train_sft(model, tok, pairs, max_steps=steps, batch_size=sft["batch_size"], learning_rate=sft["lr"], max_length=256, seed=seed)
+    train_sft(
+        model,
+        tok,
+        pairs,
+        max_steps=steps,
+        batch_size=sft["batch_size"],
+        learning_rate=sft["lr"],
+        max_length=256,
+        seed=seed,
+    )
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return path
@@ -52,10 +62,25 @@ def build_sft(out: Path, steps: int, seed: int) -> Path:
 def grpo(sft: Path, out: Path, steps: int, eval_size: int, extra: list[str]) -> list[dict]:
     from grpokit.demo import FULL
 
-    keep = [o for o in FULL["grpo"] if not o.startswith(("optim.max_steps", "eval.", "checkpoint.", "data.eval_size", "optim.warmup"))]
-    overrides = [f"model.name_or_path={sft}", "data.task=countdown", f"output_dir={out}", *keep, f"optim.max_steps={steps}",
-                 "algorithm.beta=0.04", f"data.eval_size={eval_size}", "eval.k=8", "eval.batch_size=250",
-                 "optim.warmup_steps=5", "checkpoint.save_every=0", *extra]
+    keep = [
+        o
+        for o in FULL["grpo"]
+        if not o.startswith(("optim.max_steps", "eval.", "checkpoint.", "data.eval_size", "optim.warmup"))
+    ]
+    overrides = [
+        f"model.name_or_path={sft}",
+        "data.task=countdown",
+        f"output_dir={out}",
+        *keep,
+        f"optim.max_steps={steps}",
+        "algorithm.beta=0.04",
+        f"data.eval_size={eval_size}",
+        "eval.k=8",
+        "eval.batch_size=250",
+        "optim.warmup_steps=5",
+        "checkpoint.save_every=0",
+        *extra,
+    ]
     (out.parent / "empty.yaml").write_text("{}\n")
     cmd = [sys.executable, "-m", "grpokit", "train", str(out.parent / "empty.yaml"), *overrides]
     print("$", " ".join(cmd[2:]), flush=True)
@@ -71,25 +96,56 @@ def memory(out: Path, hidden: int, layers: int) -> None:
     path = out / f"random_h{hidden}_l{layers}"
     if not (path / "config.json").is_file():
         tok = build_tokenizer(get_task("countdown"), path)
-        build_tiny_llama(tok, size="demo", hidden_size=hidden, num_layers=layers, num_heads=hidden // 64,
-                         intermediate_size=hidden * 11 // 4).save_pretrained(path)
+        build_tiny_llama(
+            tok,
+            size="demo",
+            hidden_size=hidden,
+            num_layers=layers,
+            num_heads=hidden // 64,
+            intermediate_size=hidden * 11 // 4,
+        ).save_pretrained(path)
     from safetensors.torch import load_file
 
     n = sum(t.numel() for t in load_file(path / "model.safetensors").values())
-    common = ["rollout.prompts_per_step=4", "rollout.num_generations=4", "rollout.max_completion_length=16", "optim.max_steps=3",
-              "algorithm.beta=0.04", "eval.at_start=false", "data.eval_size=0", "checkpoint.save_every=0", "rollout.engine=fast",
-              "data.task_train_size=100", "logging.sample_every=0"]
+    common = [
+        "rollout.prompts_per_step=4",
+        "rollout.num_generations=4",
+        "rollout.max_completion_length=16",
+        "optim.max_steps=3",
+        "algorithm.beta=0.04",
+        "eval.at_start=false",
+        "data.eval_size=0",
+        "checkpoint.save_every=0",
+        "rollout.engine=fast",
+        "data.task_train_size=100",
+        "logging.sample_every=0",
+    ]
     rows = []
-    for name, extra in (("full fine-tune", []), ("LoRA r=16, all-linear", ["model.lora.r=16", "model.lora.alpha=32"])):
+    for name, extra in (
+        ("full fine-tune", []),
+        ("LoRA r=16, all-linear", ["model.lora.r=16", "model.lora.alpha=32"]),
+    ):
         run = out / f"memory_{'lora' if extra else 'full'}"
         (out / "empty.yaml").write_text("{}\n")
-        cmd = [sys.executable, "-m", "grpokit", "train", str(out / "empty.yaml"), f"model.name_or_path={path}", "data.task=countdown",
-               f"output_dir={run}", *common, *extra]
+        cmd = [
+            sys.executable,
+            "-m",
+            "grpokit",
+            "train",
+            str(out / "empty.yaml"),
+            f"model.name_or_path={path}",
+            "data.task=countdown",
+            f"output_dir={run}",
+            *common,
+            *extra,
+        ]
         print("$", " ".join(cmd[2:]), flush=True)
         subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
         metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
         rows.append((name, max(m.get("perf/peak_rss_mb", 0.0) for m in metrics)))
-    print(f"\n{n / 1e6:.1f}M parameters ({4 * n / 2**20:.0f} MiB in fp32), hidden {hidden}, {layers} layers\n")
+    print(
+        f"\n{n / 1e6:.1f}M parameters ({4 * n / 2**20:.0f} MiB in fp32), hidden {hidden}, {layers} layers\n"
+    )
     print("| run | peak RSS MB |\n|---|---|")
     for name, peak in rows:
         print(f"| {name} | {peak:.0f} |")
@@ -99,12 +155,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("runs/lora_vs_full"))
     ap.add_argument("--steps", type=int, default=100)
-    ap.add_argument("--sft", type=Path, default=None, help="an SFT model folder to start from (default: build OUT/sft)")
+    ap.add_argument(
+        "--sft", type=Path, default=None, help="an SFT model folder to start from (default: build OUT/sft)"
+    )
     ap.add_argument("--sft-steps", type=int, default=900)
     ap.add_argument("--eval-size", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--lora", nargs="*", default=["model.lora.r=16", "model.lora.alpha=32", "optim.learning_rate=1e-3"])
-    ap.add_argument("--memory", action="store_true", help="the peak-memory comparison on a larger random model instead")
+    ap.add_argument(
+        "--lora", nargs="*", default=["model.lora.r=16", "model.lora.alpha=32", "optim.learning_rate=1e-3"]
+    )
+    ap.add_argument(
+        "--memory", action="store_true", help="the peak-memory comparison on a larger random model instead"
+    )
     ap.add_argument("--hidden", type=int, default=1024)
     ap.add_argument("--layers", type=int, default=8)
     args = ap.parse_args()
@@ -119,12 +181,26 @@ def main() -> None:
         peak = max(m.get("perf/peak_rss_mb", 0.0) for m in metrics)
         rewards = [m["reward/mean"] for m in metrics if "reward/mean" in m]
         b, a = evals[0], evals[-1]
-        rows.append((name, b["eval/pass@1"], a["eval/pass@1"], b["eval/mean@8"], a["eval/mean@8"],
-                     sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10, peak))
-    print("\n| run | pass@1 before | pass@1 after | mean@8 before | mean@8 after | reward, first 10 steps | reward, last 10 steps | peak RSS MB |")
+        rows.append(
+            (
+                name,
+                b["eval/pass@1"],
+                a["eval/pass@1"],
+                b["eval/mean@8"],
+                a["eval/mean@8"],
+                sum(rewards[:10]) / 10,
+                sum(rewards[-10:]) / 10,
+                peak,
+            )
+        )
+    print(
+        "\n| run | pass@1 before | pass@1 after | mean@8 before | mean@8 after | reward, first 10 steps | reward, last 10 steps | peak RSS MB |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for name, p0, p1, m0, m1, r0, r1, peak in rows:
-        print(f"| {name} | {100 * p0:.1f}% | {100 * p1:.1f}% | {100 * m0:.1f}% | {100 * m1:.1f}% | {r0:.3f} | {r1:.3f} | {peak:.0f} |")
+        print(
+            f"| {name} | {100 * p0:.1f}% | {100 * p1:.1f}% | {100 * m0:.1f}% | {100 * m1:.1f}% | {r0:.3f} | {r1:.3f} | {peak:.0f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ minibatch and a --temperature high enough that some completions ramble to --max-
 completion positions the training micro-batches computed that were padding), and the medians of
 perf/train_time and perf/ref_time (the pi_old / pi_ref passes use the same micro-batches).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,18 +47,36 @@ def main() -> None:
     for grouped in (True, False):
         out = Path(args.out) / f"grouped-{grouped}"
         shutil.rmtree(out, ignore_errors=True)
-        cfg = load_config(None, [
-            f"model.name_or_path={args.model}", "data.task=countdown", "data.task_train_size=2000", "data.eval_size=0",
-            f"output_dir={out}", "rollout.engine=fast", "rollout.prompts_per_step=16", "rollout.num_generations=8",
-            f"rollout.max_completion_length={args.max_len}", f"rollout.temperature={args.temperature}",
-            "algorithm.beta=0.04", f"optim.micro_batch_size={args.micro_batch_size}", f"optim.max_steps={args.steps}",
-            f"optim.group_by_length={str(grouped).lower()}", "checkpoint.save_every=0", "checkpoint.resume=false",
-            "eval.at_start=false", "logging.sample_every=0", "logging.tensorboard=false", "seed=0"])
+        cfg = load_config(
+            None,
+            [
+                f"model.name_or_path={args.model}",
+                "data.task=countdown",
+                "data.task_train_size=2000",
+                "data.eval_size=0",
+                f"output_dir={out}",
+                "rollout.engine=fast",
+                "rollout.prompts_per_step=16",
+                "rollout.num_generations=8",
+                f"rollout.max_completion_length={args.max_len}",
+                f"rollout.temperature={args.temperature}",
+                "algorithm.beta=0.04",
+                f"optim.micro_batch_size={args.micro_batch_size}",
+                f"optim.max_steps={args.steps}",
+                f"optim.group_by_length={str(grouped).lower()}",
+                "checkpoint.save_every=0",
+                "checkpoint.resume=false",
+                "eval.at_start=false",
+                "logging.sample_every=0",
+                "logging.tensorboard=false",
+                "seed=0",
+            ],
+        )
         trainers[grouped] = Trainer(cfg)
     lengths = []
     with mock.patch("grpokit.trainer.plot_run", lambda *a, **k: []):
         for step in range(args.steps):
-            for grouped in ((True, False) if step % 2 == 0 else (False, True)):
+            for grouped in (True, False) if step % 2 == 0 else (False, True):
                 t = trainers[grouped]
                 batch, metrics, _ = t.rollout([t.train_data[i] for i in t.sampler.next()])
                 start = time.perf_counter()
@@ -69,16 +88,26 @@ def main() -> None:
     med = lambda key, g: statistics.median(r[key] for r in rows[g])  # noqa: E731
     lengths.sort()
     command = "    .venv/bin/python benchmarks/padding.py " + " ".join(sys.argv[1:])
-    lines = ["# Padding of the training micro-batches: optim.group_by_length on and off", "", command.rstrip(), "",
-             f"warm start {args.model}; {args.steps} steps of 16 prompts x G=8 at temperature {args.temperature}, "
-             f"completions <= {args.max_len} tokens, micro_batch_size {args.micro_batch_size} (8 micro-batches per "
-             f"step); load average {os.getloadavg()[0]:.2f}; {args.threads} thread(s)", "",
-             f"completion lengths (grouped run): mean {statistics.mean(lengths):.1f}, median {lengths[len(lengths) // 2]}, "
-             f"90th percentile {lengths[int(0.9 * len(lengths))]}, max {lengths[-1]}", "",
-             "| group_by_length | padding_frac (mean) | train s (median) | ref + old s (median) |", "|---|---|---|---|"]
+    lines = [
+        "# Padding of the training micro-batches: optim.group_by_length on and off",
+        "",
+        command.rstrip(),
+        "",
+        f"warm start {args.model}; {args.steps} steps of 16 prompts x G=8 at temperature {args.temperature}, "
+        f"completions <= {args.max_len} tokens, micro_batch_size {args.micro_batch_size} (8 micro-batches per "
+        f"step); load average {os.getloadavg()[0]:.2f}; {args.threads} thread(s)",
+        "",
+        f"completion lengths (grouped run): mean {statistics.mean(lengths):.1f}, median {lengths[len(lengths) // 2]}, "
+        f"90th percentile {lengths[int(0.9 * len(lengths))]}, max {lengths[-1]}",
+        "",
+        "| group_by_length | padding_frac (mean) | train s (median) | ref + old s (median) |",
+        "|---|---|---|---|",
+    ]
     for grouped in (False, True):
-        lines.append(f"| {grouped} | {100 * statistics.mean(r['perf/padding_frac'] for r in rows[grouped]):.1f}% | "
-                     f"{med('perf/train_time', grouped):.3f} | {med('perf/ref_time', grouped):.3f} |")
+        lines.append(
+            f"| {grouped} | {100 * statistics.mean(r['perf/padding_frac'] for r in rows[grouped]):.1f}% | "
+            f"{med('perf/train_time', grouped):.3f} | {med('perf/ref_time', grouped):.3f} |"
+        )
     text = "\n".join(lines) + "\n"
     Path(args.results).write_text(text)
     print(text)

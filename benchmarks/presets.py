@@ -26,6 +26,7 @@ excluded); on a shared machine they are noisy, so the load average is recorded w
 A warm start is any countdown-SFT'd model folder with its tokenizer; benchmarks/grpo_vs_ppo.py
 --make-sft DIR builds one (~12 min), `grpokit demo` leaves one in runs/demo/sft.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -99,8 +100,22 @@ def run_one(args, preset: str, seed: int, eval_rows: list[dict]) -> dict:
     for r in read_metrics(Path(cfg.output_dir) / "metrics.jsonl"):
         train_s += r.get("perf/step_time") or 0.0
         if r.get("eval/pass@1") is not None:
-            curve.append({"step": int(r["step"]), "train_s": train_s, "pass@1": r["eval/pass@1"], "mean@k": r[f"eval/mean@{K}"]})
-    return {"preset": preset, "seed": seed, "curve": curve, "train_s": train_s, "wall_s": wall, "load": f"{load_before} -> {load_avg()}"}
+            curve.append(
+                {
+                    "step": int(r["step"]),
+                    "train_s": train_s,
+                    "pass@1": r["eval/pass@1"],
+                    "mean@k": r[f"eval/mean@{K}"],
+                }
+            )
+    return {
+        "preset": preset,
+        "seed": seed,
+        "curve": curve,
+        "train_s": train_s,
+        "wall_s": wall,
+        "load": f"{load_before} -> {load_avg()}",
+    }
 
 
 def first_reach(curve: list[dict], key: str, target: float) -> int | None:
@@ -119,13 +134,22 @@ def reach_cells(runs: list[dict], grpo_final: dict[int, dict]) -> dict[tuple[str
     out = {}
     for r in runs:
         ref = grpo_final.get(r["seed"])
-        out[r["preset"], r["seed"]] = {key: first_reach(r["curve"], key, ref[key]) for key in ("mean@k", "pass@1")} if ref else None
+        out[r["preset"], r["seed"]] = (
+            {key: first_reach(r["curve"], key, ref[key]) for key in ("mean@k", "pass@1")} if ref else None
+        )
     return out
 
 
 def curve_table(runs: list[dict], key: str, reach: dict, grpo_final: dict) -> list[str]:
     steps = sorted({p["step"] for r in runs for p in r["curve"]})
-    head = ["preset", "seed", *[f"step {s}" for s in steps], "reaches grpo's final at step", "train s", "wall s"]
+    head = [
+        "preset",
+        "seed",
+        *[f"step {s}" for s in steps],
+        "reaches grpo's final at step",
+        "train s",
+        "wall s",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * 2 + "---:|" * (len(head) - 2)]
     for r in runs:
         at = {p["step"]: p[key] for p in r["curve"]}
@@ -135,15 +159,30 @@ def curve_table(runs: list[dict], key: str, reach: dict, grpo_final: dict) -> li
             cell = "—"
         else:
             cell = "not reached" if hits[key] is None else f"{hits[key]} (≥ {pct(ref[key])})"
-        cells = [r["preset"], str(r["seed"]), *[pct(at.get(s)) for s in steps], cell,
-                 f"{r['train_s']:.0f}", f"{r['wall_s']:.0f}"]
+        cells = [
+            r["preset"],
+            str(r["seed"]),
+            *[pct(at.get(s)) for s in steps],
+            cell,
+            f"{r['train_s']:.0f}",
+            f"{r['wall_s']:.0f}",
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 
 def summary_table(runs: list[dict], reach: dict) -> list[str]:
-    head = ["preset", "seeds", f"mean@{K} start", f"mean@{K} final", f"reaches grpo's final mean@{K} at step (mean; reached in)",
-            "pass@1 start", "pass@1 final", "reaches grpo's final pass@1 at step (mean; reached in)", "train s (mean)"]
+    head = [
+        "preset",
+        "seeds",
+        f"mean@{K} start",
+        f"mean@{K} final",
+        f"reaches grpo's final mean@{K} at step (mean; reached in)",
+        "pass@1 start",
+        "pass@1 final",
+        "reaches grpo's final pass@1 at step (mean; reached in)",
+        "train s (mean)",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
     for preset in dict.fromkeys(r["preset"] for r in runs):
         group = [r for r in runs if r["preset"] == preset]
@@ -157,14 +196,23 @@ def summary_table(runs: list[dict], reach: dict) -> list[str]:
             got = [h[key] for h in hits if h is not None and h[key] is not None]
             return f"{mean(got):.0f}; {len(got)}/{n}" if got else f"not reached; 0/{n}"
 
-        lines.append("| " + " | ".join([
-            preset, ",".join(str(r["seed"]) for r in group),
-            pct(mean([r["curve"][0]["mean@k"] for r in group])), pct(mean([r["curve"][-1]["mean@k"] for r in group])),
-            reached("mean@k"),
-            pct(mean([r["curve"][0]["pass@1"] for r in group])), pct(mean([r["curve"][-1]["pass@1"] for r in group])),
-            reached("pass@1"),
-            f"{mean([r['train_s'] for r in group]):.0f}",
-        ]) + " |")
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    preset,
+                    ",".join(str(r["seed"]) for r in group),
+                    pct(mean([r["curve"][0]["mean@k"] for r in group])),
+                    pct(mean([r["curve"][-1]["mean@k"] for r in group])),
+                    reached("mean@k"),
+                    pct(mean([r["curve"][0]["pass@1"] for r in group])),
+                    pct(mean([r["curve"][-1]["pass@1"] for r in group])),
+                    reached("pass@1"),
+                    f"{mean([r['train_s'] for r in group]):.0f}",
+                ]
+            )
+            + " |"
+        )
     return lines
 
 
@@ -174,14 +222,18 @@ def eval_noise(runs: list[dict]) -> str:
     for preset in dict.fromkeys(r["preset"] for r in runs):
         starts = [r["curve"][0]["mean@k"] for r in runs if r["preset"] == preset]
         if len(starts) > 1:
-            parts.append(f"The warm start's mean@{K} measured with {preset}'s {len(starts)} seeds' sampling seeds (same weights, "
-                         f"same problems): {', '.join(pct(x) for x in starts)}.")
+            parts.append(
+                f"The warm start's mean@{K} measured with {preset}'s {len(starts)} seeds' sampling seeds (same weights, "
+                f"same problems): {', '.join(pct(x) for x in starts)}."
+            )
             break
     drops = [(a["mean@k"] - b["mean@k"], r, a, b) for r in runs for a, b in zip(r["curve"], r["curve"][1:])]
     if drops:
         d, r, a, b = max(drops, key=lambda x: x[0])
-        parts.append(f"Largest fall between two consecutive evaluations of one run: {r['preset']} seed {r['seed']}, "
-                     f"mean@{K} {pct(a['mean@k'])} at step {a['step']} -> {pct(b['mean@k'])} at step {b['step']}.")
+        parts.append(
+            f"Largest fall between two consecutive evaluations of one run: {r['preset']} seed {r['seed']}, "
+            f"mean@{K} {pct(a['mean@k'])} at step {a['step']} -> {pct(b['mean@k'])} at step {b['step']}."
+        )
     return " ".join(parts)
 
 
@@ -189,19 +241,35 @@ def verdict(runs: list[dict], reach: dict) -> str:
     """The claim, answered from the numbers: DAPO reaches grpo's final mean@k in fewer steps, per seed."""
     dapo = [r for r in runs if r["preset"] == "dapo"]
     grpo = {r["seed"]: r for r in runs if r["preset"] == "grpo"}
-    pairs = [(r["seed"], reach["dapo", r["seed"]]["mean@k"], reach["grpo", r["seed"]]["mean@k"]) for r in dapo if r["seed"] in grpo]
+    pairs = [
+        (r["seed"], reach["dapo", r["seed"]]["mean@k"], reach["grpo", r["seed"]]["mean@k"])
+        for r in dapo
+        if r["seed"] in grpo
+    ]
     if not pairs:
         return "The claim needs grpo and dapo runs with the same seeds; this run has none."
     sooner = [s for s, d, g in pairs if d is not None and d < g]
-    parts = [f"seed {s}: dapo {'never' if d is None else f'at step {d}'}, grpo at step {g}" for s, d, g in pairs]
-    head = (f"**Claim (mean@{K}): DAPO reached plain GRPO's final held-out mean@{K} in fewer optimizer steps in "
-            f"{len(sooner)} of {len(pairs)} seeds**")
+    parts = [
+        f"seed {s}: dapo {'never' if d is None else f'at step {d}'}, grpo at step {g}" for s, d, g in pairs
+    ]
+    head = (
+        f"**Claim (mean@{K}): DAPO reached plain GRPO's final held-out mean@{K} in fewer optimizer steps in "
+        f"{len(sooner)} of {len(pairs)} seeds**"
+    )
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
     seeds = [s for s, _, _ in pairs]
-    finals = {p: mean([r["curve"][-1]["mean@k"] for r in runs if r["preset"] == p and r["seed"] in seeds]) for p in ("grpo", "dapo")}
-    tail = (f"Final mean@{K}, mean over these seeds: dapo {pct(finals['dapo'])}, grpo {pct(finals['grpo'])}."
-            + ("" if any(d is None for _, d, _ in pairs) else
-               f" Steps to grpo's final, mean over seeds: dapo {mean([d for _, d, _ in pairs]):.0f}, grpo {mean([g for _, _, g in pairs]):.0f}."))
+    finals = {
+        p: mean([r["curve"][-1]["mean@k"] for r in runs if r["preset"] == p and r["seed"] in seeds])
+        for p in ("grpo", "dapo")
+    }
+    tail = (
+        f"Final mean@{K}, mean over these seeds: dapo {pct(finals['dapo'])}, grpo {pct(finals['grpo'])}."
+        + (
+            ""
+            if any(d is None for _, d, _ in pairs)
+            else f" Steps to grpo's final, mean over seeds: dapo {mean([d for _, d, _ in pairs]):.0f}, grpo {mean([g for _, _, g in pairs]):.0f}."
+        )
+    )
     return f"{head} ({'; '.join(parts)}; steps are multiples of the eval interval). {tail}"
 
 
@@ -214,14 +282,25 @@ def plot(runs: list[dict], path: Path, title: str) -> None:
     axes = fig.subplots(2, 2)
     colors = {p: f"C{i}" for i, p in enumerate(ALL_PRESETS)}
     styles = ["-", "--", ":", "-."]
-    for row, (key, label) in enumerate([("mean@k", f"held-out mean@{K} (T=1)"), ("pass@1", "held-out pass@1 (greedy)")]):
-        for col, (xkey, xlabel) in enumerate([("step", "optimizer steps"), ("train_s", "training seconds (eval excluded)")]):
+    for row, (key, label) in enumerate(
+        [("mean@k", f"held-out mean@{K} (T=1)"), ("pass@1", "held-out pass@1 (greedy)")]
+    ):
+        for col, (xkey, xlabel) in enumerate(
+            [("step", "optimizer steps"), ("train_s", "training seconds (eval excluded)")]
+        ):
             ax = axes[row][col]
             for i, r in enumerate(runs):
                 seeds = [x["seed"] for x in runs if x["preset"] == r["preset"]]
-                ax.plot([p[xkey] for p in r["curve"]], [100 * p[key] for p in r["curve"]], styles[seeds.index(r["seed"]) % 4],
-                        color=colors.get(r["preset"], "k"), marker="o", markersize=3, linewidth=1.3,
-                        label=f"{r['preset']} s{r['seed']}")
+                ax.plot(
+                    [p[xkey] for p in r["curve"]],
+                    [100 * p[key] for p in r["curve"]],
+                    styles[seeds.index(r["seed"]) % 4],
+                    color=colors.get(r["preset"], "k"),
+                    marker="o",
+                    markersize=3,
+                    linewidth=1.3,
+                    label=f"{r['preset']} s{r['seed']}",
+                )
             ax.set_xlabel(xlabel)
             ax.set_ylabel(f"{label}, %")
             ax.grid(True, alpha=0.3)
@@ -243,22 +322,34 @@ def git_commit() -> str:
     """HEAD when the runs start, and whether grpokit/ differs from it (the code the runs actually import)."""
     root = Path(__file__).resolve().parents[1]
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=root).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "grpokit"], capture_output=True, text=True, cwd=root).stdout.strip()
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=root
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "grpokit"], capture_output=True, text=True, cwd=root
+        ).stdout.strip()
     except OSError:
         return "unknown"
     return (head or "unknown") + (" (grpokit/ with uncommitted changes)" if dirty else "")
 
 
-def write_report(args, command: str, runs: list[dict], started: str, load_start: str, total_s: float, commit: str) -> Path:
+def write_report(
+    args, command: str, runs: list[dict], started: str, load_start: str, total_s: float, commit: str
+) -> Path:
     results = Path(args.results)
     results.mkdir(parents=True, exist_ok=True)
     grpo_final = {r["seed"]: r["curve"][-1] for r in runs if r["preset"] == "grpo"}
     reach = reach_cells(runs, grpo_final)
-    budget = (f"{args.steps} steps x {args.prompts} prompts x G={args.G}, completions <= {args.max_completion_length} "
-              f"tokens, T=1.0, lr {args.lr} (constant), mu=1, 1 minibatch (1 optimizer step per step)")
+    budget = (
+        f"{args.steps} steps x {args.prompts} prompts x G={args.G}, completions <= {args.max_completion_length} "
+        f"tokens, T=1.0, lr {args.lr} (constant), mu=1, 1 minibatch (1 optimizer step per step)"
+    )
     png = results / "presets.png"
-    plot(runs, png, f"countdown, every preset from the warm start {args.model}, held-out {args.eval_size} problems\n{budget}")
+    plot(
+        runs,
+        png,
+        f"countdown, every preset from the warm start {args.model}, held-out {args.eval_size} problems\n{budget}",
+    )
     md = [
         "# Algorithm presets on countdown, same warm start and budget",
         "",
@@ -285,7 +376,7 @@ def write_report(args, command: str, runs: list[dict], started: str, load_start:
         verdict(runs, reach),
         "",
         f"**Noise.** {eval_noise(runs)} A difference of a few points between two runs, or a step of the eval interval "
-        f"in \"reaches\", is within what one run does from one evaluation to the next.",
+        f'in "reaches", is within what one run does from one evaluation to the next.',
         "",
         "## Summary (mean over seeds)",
         "",
@@ -304,7 +395,8 @@ def write_report(args, command: str, runs: list[dict], started: str, load_start:
         "Training seconds: the sum of `perf/step_time` (rollout, rewards, updates; evaluation excluded); wall s: the "
         "whole run with evaluations. DAPO's dynamic sampling generates extra rounds when groups are all-correct or "
         "all-wrong, so its steps cost more. Load average per run (before -> after): "
-        + "; ".join(f"{r['preset']} s{r['seed']}: {r['load']}" for r in runs) + ".",
+        + "; ".join(f"{r['preset']} s{r['seed']}: {r['load']}" for r in runs)
+        + ".",
         "",
     ]
     path = results / "presets.md"
@@ -313,13 +405,23 @@ def write_report(args, command: str, runs: list[dict], started: str, load_start:
 
 
 def parse_args(argv: list[str] | None = None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="runs/demo/sft", help="warm-start model folder (every run starts from it); "
-                   "the default is the SFT warm start that `make demo` writes. The recorded results used warm start G "
-                   "of docs/demo_tuning.md (the same recipe, made by a script removed from the tree; last in commit "
-                   "e102b80)")
+    p = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--model",
+        default="runs/demo/sft",
+        help="warm-start model folder (every run starts from it); "
+        "the default is the SFT warm start that `make demo` writes. The recorded results used warm start G "
+        "of docs/demo_tuning.md (the same recipe, made by a script removed from the tree; last in commit "
+        "e102b80)",
+    )
     p.add_argument("--presets", default=",".join(ALL_PRESETS))
-    p.add_argument("--seeds", default="0,1,2", help=f"seeds of {' and '.join(MULTI_SEED)}; the other presets use the first")
+    p.add_argument(
+        "--seeds",
+        default="0,1,2",
+        help=f"seeds of {' and '.join(MULTI_SEED)}; the other presets use the first",
+    )
     p.add_argument("--steps", type=int, default=150)
     p.add_argument("--prompts", type=int, default=16, help="rollout.prompts_per_step")
     p.add_argument("--G", type=int, default=8, help="rollout.num_generations")
@@ -329,8 +431,12 @@ def parse_args(argv: list[str] | None = None):
     p.add_argument("--eval-every", type=int, default=25)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", default="runs/presets", help="run folders (metrics.jsonl, final model)")
-    p.add_argument("--results", default=str(Path(__file__).parent / "results"), help="where presets.md / presets.png go")
-    p.add_argument("--report-only", action="store_true", help="redraw the report from --out/runs.json without training")
+    p.add_argument(
+        "--results", default=str(Path(__file__).parent / "results"), help="where presets.md / presets.png go"
+    )
+    p.add_argument(
+        "--report-only", action="store_true", help="redraw the report from --out/runs.json without training"
+    )
     return p.parse_args(argv)
 
 
@@ -345,28 +451,60 @@ def main(argv: list[str] | None = None) -> Path:
     if unknown:
         raise SystemExit(f"unknown preset(s) {unknown}; allowed: {', '.join(ALL_PRESETS)}")
     seeds = [int(s) for s in args.seeds.split(",")]
-    command = " ".join(["python benchmarks/presets.py", *(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))])
+    command = " ".join(
+        ["python benchmarks/presets.py", *(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))]
+    )
     saved = Path(args.out) / "runs.json"
     if args.report_only:
         state = json.loads(saved.read_text())
         args = argparse.Namespace(**{**state["args"], "results": args.results})  # the settings the runs had
-        path = write_report(args, state["command"], state["runs"], state["started"], state["load_start"], state["total_s"], state["commit"])
+        path = write_report(
+            args,
+            state["command"],
+            state["runs"],
+            state["started"],
+            state["load_start"],
+            state["total_s"],
+            state["commit"],
+        )
         print(f"wrote {path} and {path.with_suffix('.png')} from {saved}")
         return path
     # One held-out set for every run and seed (the trainer would otherwise draw the test split with the run's seed).
     eval_rows = get_task("countdown").make_rows("test", args.eval_size, 0)
-    started, load_start, commit, t0 = time.strftime("%Y-%m-%d %H:%M %Z"), load_avg(), git_commit(), time.perf_counter()
+    started, load_start, commit, t0 = (
+        time.strftime("%Y-%m-%d %H:%M %Z"),
+        load_avg(),
+        git_commit(),
+        time.perf_counter(),
+    )
     runs = []
     for preset in presets:
         for seed in seeds if preset in MULTI_SEED else seeds[:1]:
             print(f"[{time.perf_counter() - t0:6.0f}s] {preset} seed {seed} ...", flush=True)
             r = run_one(args, preset, seed, eval_rows)
-            print("    " + "  ".join(f"step {p['step']}: mean@{K} {pct(p['mean@k'])} pass@1 {pct(p['pass@1'])}" for p in r["curve"])
-                  + f"  ({r['train_s']:.0f}s train, {r['wall_s']:.0f}s wall)", flush=True)
+            print(
+                "    "
+                + "  ".join(
+                    f"step {p['step']}: mean@{K} {pct(p['mean@k'])} pass@1 {pct(p['pass@1'])}"
+                    for p in r["curve"]
+                )
+                + f"  ({r['train_s']:.0f}s train, {r['wall_s']:.0f}s wall)",
+                flush=True,
+            )
             runs.append(r)
-    state = dict(args=vars(args), command=command, runs=runs, started=started, load_start=load_start, total_s=time.perf_counter() - t0, commit=commit)
+    state = dict(
+        args=vars(args),
+        command=command,
+        runs=runs,
+        started=started,
+        load_start=load_start,
+        total_s=time.perf_counter() - t0,
+        commit=commit,
+    )
     saved.write_text(json.dumps(state, indent=1))  # --report-only redraws the report from this
-    path = write_report(args, **{k: state[k] for k in ("command", "runs", "started", "load_start", "total_s", "commit")})
+    path = write_report(
+        args, **{k: state[k] for k in ("command", "runs", "started", "load_start", "total_s", "commit")}
+    )
     print(f"wrote {path} and {path.with_suffix('.png')}")
     return path
 

@@ -13,6 +13,7 @@ Needs the workload's model and prompts, built by compare_trl.py in runs/compare_
 Phases are the trainer's own perf/* timings: rollout (generation), reward, ref (pi_ref / pi_old log-prob
 passes), train (update + weight sync), and the rest of the rollout phase (packing, advantages, metrics).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,14 +38,32 @@ def make_config(workload: str, steps: int, out_dir: str, overrides: list[str]):
     data_path = ct.write_prompts(wl, work)
     a = ct.ALGO
     tree = {
-        "output_dir": out_dir, "seed": a["seed"],
+        "output_dir": out_dir,
+        "seed": a["seed"],
         "model": {"name_or_path": str(model_dir), "dtype": "float32"},
         "data": {"train_path": str(data_path), "eval_size": 0},
-        "rollout": {"engine": "fast", "num_generations": wl["G"], "prompts_per_step": wl["prompts"],
-                    "max_completion_length": wl["T"], "temperature": a["temperature"], "top_p": 1.0, "top_k": 0},
-        "algorithm": {"beta": a["beta"], "epsilon": a["epsilon"], "loss_type": a["loss_type"],
-                      "scale_rewards": a["scale_rewards"], "num_iterations": a["mu"]},
-        "optim": {"learning_rate": wl["lr"], "max_steps": steps, "lr_scheduler": "constant", "max_grad_norm": 1.0},
+        "rollout": {
+            "engine": "fast",
+            "num_generations": wl["G"],
+            "prompts_per_step": wl["prompts"],
+            "max_completion_length": wl["T"],
+            "temperature": a["temperature"],
+            "top_p": 1.0,
+            "top_k": 0,
+        },
+        "algorithm": {
+            "beta": a["beta"],
+            "epsilon": a["epsilon"],
+            "loss_type": a["loss_type"],
+            "scale_rewards": a["scale_rewards"],
+            "num_iterations": a["mu"],
+        },
+        "optim": {
+            "learning_rate": wl["lr"],
+            "max_steps": steps,
+            "lr_scheduler": "constant",
+            "max_grad_norm": 1.0,
+        },
         "eval": {"at_start": False, "every": 0},
         "logging": {"tensorboard": False, "sample_every": 0},
         "checkpoint": {"save_every": 0, "resume": False},
@@ -59,7 +78,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--cprofile", type=int, default=0, help="print this many top functions by cumulative time")
+    ap.add_argument(
+        "--cprofile", type=int, default=0, help="print this many top functions by cumulative time"
+    )
     ap.add_argument("--set", nargs="*", default=[], help="config overrides, key=value")
     ap.add_argument("--ab", nargs="*", help="compare against a second trainer with these extra overrides")
     args = ap.parse_args()
@@ -100,11 +121,18 @@ def main() -> None:
         prof.disable()
     timed = recs[args.warmup :]
     med = lambda k: statistics.median(m[k] for m in timed)  # noqa: E731
-    rest = statistics.median(m["perf/prep_time"] - m["perf/rollout_time"] - m["perf/reward_time"] - m["perf/ref_time"] for m in timed)
-    print(f"{args.workload} {' '.join(args.set)}: {len(timed)} steps timed, wall {time.perf_counter() - t:.1f}s")
+    rest = statistics.median(
+        m["perf/prep_time"] - m["perf/rollout_time"] - m["perf/reward_time"] - m["perf/ref_time"]
+        for m in timed
+    )
+    print(
+        f"{args.workload} {' '.join(args.set)}: {len(timed)} steps timed, wall {time.perf_counter() - t:.1f}s"
+    )
     print(f"  step   {med('perf/step_time'):.4f} s")
-    print(f"  rollout {med('perf/rollout_time'):.4f}  reward {med('perf/reward_time'):.4f}  ref {med('perf/ref_time'):.4f}  "
-          f"other-prep {rest:.4f}  train {med('perf/train_time'):.4f}")
+    print(
+        f"  rollout {med('perf/rollout_time'):.4f}  reward {med('perf/reward_time'):.4f}  ref {med('perf/ref_time'):.4f}  "
+        f"other-prep {rest:.4f}  train {med('perf/train_time'):.4f}"
+    )
     if prof is not None:
         pstats.Stats(prof).sort_stats("cumulative").print_stats(args.cprofile)
         pstats.Stats(prof).sort_stats("tottime").print_stats(args.cprofile)
@@ -123,7 +151,12 @@ def one_step(trainer) -> dict[str, float]:
     trainer.pipeline.engine.sync_weights(trainer.model)
     trainer.step += 1
     t2 = time.perf_counter()
-    return {"step": t2 - t0, "rollout": metrics["perf/rollout_time"], "ref": metrics["perf/ref_time"], "train": t2 - t1}
+    return {
+        "step": t2 - t0,
+        "rollout": metrics["perf/rollout_time"],
+        "ref": metrics["perf/ref_time"],
+        "train": t2 - t1,
+    }
 
 
 def ab(args) -> None:
@@ -138,7 +171,9 @@ def ab(args) -> None:
     for name, extra in (("A", []), ("B", args.ab)):
         out = Path(f"runs/profile_step_{name}")
         shutil.rmtree(out, ignore_errors=True)
-        trainers[name] = Trainer(make_config(args.workload, args.steps + args.warmup, str(out), args.set + extra))
+        trainers[name] = Trainer(
+            make_config(args.workload, args.steps + args.warmup, str(out), args.set + extra)
+        )
         t = time.perf_counter()
         for _ in range(args.warmup):
             one_step(trainers[name])
@@ -148,8 +183,10 @@ def ab(args) -> None:
         for name in ("A", "B"):
             recs[name].append(one_step(trainers[name]))
     med = {n: {k: statistics.median(r[k] for r in rs) for k in PHASES} for n, rs in recs.items()}
-    print(f"{args.workload}, {args.threads} thread(s), {args.steps} interleaved steps after {args.warmup} warm-up steps each; "
-          f"A: {' '.join(args.set) or 'defaults'}; B: A + {' '.join(args.ab)}")
+    print(
+        f"{args.workload}, {args.threads} thread(s), {args.steps} interleaved steps after {args.warmup} warm-up steps each; "
+        f"A: {' '.join(args.set) or 'defaults'}; B: A + {' '.join(args.ab)}"
+    )
     print(f"warm-up: A {warm['A']:.1f}s, B {warm['B']:.1f}s")
     print("| | " + " | ".join(f"{k} s" for k in PHASES) + " |")
     print("|---" * (len(PHASES) + 1) + "|")

@@ -12,6 +12,7 @@ table shows the median of --runs runs after one warm-up run, and the ratio fast 
 One thread by default: on a CPU shared with other jobs, intra-op threads mostly wait on each other
 (2 threads on 2 busy cores measured ~10x slower than 1).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -69,7 +70,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     print("$ python " + " ".join(shlex.quote(a) for a in sys.argv))
-    print(f"torch {torch.__version__}, device {args.device}, {args.threads} threads, temperature {args.temperature}\n", flush=True)
+    print(
+        f"torch {torch.__version__}, device {args.device}, {args.threads} threads, temperature {args.temperature}\n",
+        flush=True,
+    )
     task = get_task("countdown")
     tok = build_tokenizer(task)
     prompts_all = [tok(r["prompt"])["input_ids"] for r in task.make_rows("train", 64, seed=args.seed)]

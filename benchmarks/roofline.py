@@ -21,6 +21,7 @@ EOS): forward, log-probs, loss, backward, gradient clipping, optimizer, and the 
 be faster (threads, attention kernel, entropy pass, fused AdamW, torch.compile). Results go to
 benchmarks/results/roofline.md with the command and the machine load (`uptime`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -111,7 +112,9 @@ def synthetic_batch(tokenizer, n_seqs: int, completion_len: int, seed: int = 0):
     return pack_sequences(prompts, comps, tokenizer.pad_token_id)
 
 
-def breakdown(model_dir: str, n_seqs: int, completion_len: int, threads: int, repeats: int, compile_: bool) -> dict:
+def breakdown(
+    model_dir: str, n_seqs: int, completion_len: int, threads: int, repeats: int, compile_: bool
+) -> dict:
     """Seconds of each piece of one grpokit micro-step (whole minibatch) and of the variants."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -136,7 +139,12 @@ def breakdown(model_dir: str, n_seqs: int, completion_len: int, threads: int, re
     fused = torch.optim.AdamW([p for p in params], lr=1e-5, fused=True)
     with torch.no_grad():
         ref_logp, _ = completion_logprobs(ref, batch)
-    fwd_kw = dict(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids, use_cache=False)
+    fwd_kw = dict(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids,
+        use_cache=False,
+    )
 
     def loss_of(logp):
         loss, _ = policy_loss(logp, logp.detach(), adv, mask, ref_logp=ref_logp, beta=0.04, loss_type="grpo")
@@ -163,6 +171,7 @@ def breakdown(model_dir: str, n_seqs: int, completion_len: int, threads: int, re
                 fn()
             finally:
                 torch.set_num_threads(threads)
+
         return run
 
     today = "full optimizer step (grpokit today)"
@@ -171,10 +180,14 @@ def breakdown(model_dir: str, n_seqs: int, completion_len: int, threads: int, re
         "clip_grad_norm_": lambda: torch.nn.utils.clip_grad_norm_(params, 1.0),
         "AdamW step (foreach, grpokit's default)": opt.step,
         "AdamW step (fused=True)": fused.step,
-        "forward, no grad (one old / ref log-prob pass)": lambda: _nograd(lambda: completion_logprobs(model, batch)),
+        "forward, no grad (one old / ref log-prob pass)": lambda: _nograd(
+            lambda: completion_logprobs(model, batch)
+        ),
         "forward with grad (model only, logits_to_keep=T+1)": lambda: model(**fwd_kw, logits_to_keep=T + 1),
         "forward + token_logprobs": fwd_logp,
-        "forward + log-probs + entropy (completion_logprobs, it=0)": lambda: completion_logprobs(model, batch, with_entropy=True),
+        "forward + log-probs + entropy (completion_logprobs, it=0)": lambda: completion_logprobs(
+            model, batch, with_entropy=True
+        ),
         "forward + log-probs + loss + backward (micro-step, it=0)": micro_step,
     }
     # Variants that could be faster, timed in the same round-robin as today's step.
@@ -244,7 +257,10 @@ def report(res: dict, peak: float, command: str, load: str, threads: int) -> str
     n = res["params"]["non_embedding"]
     step = res["pieces"]["full optimizer step (grpokit today)"]
     p = res["pieces"]
-    backward = p["forward + log-probs + loss + backward (micro-step, it=0)"] - p["forward + log-probs + entropy (completion_logprobs, it=0)"]
+    backward = (
+        p["forward + log-probs + loss + backward (micro-step, it=0)"]
+        - p["forward + log-probs + entropy (completion_logprobs, it=0)"]
+    )
     flops = 6 * n * res["real_tokens"]
     lines = [
         f"`{command}`",
@@ -262,31 +278,51 @@ def report(res: dict, peak: float, command: str, load: str, threads: int) -> str
         "| piece of one micro-step | seconds | share of the full step |",
         "|---|---:|---:|",
     ]
-    for k, v in [*res["pieces"].items(), ("(derived) loss + backward = micro-step - forward with log-probs", backward)]:
+    for k, v in [
+        *res["pieces"].items(),
+        ("(derived) loss + backward = micro-step - forward with log-probs", backward),
+    ]:
         lines.append(f"| {k} | {v:.3f} | {100 * v / step:.0f}% |")
     lines += ["", "| variant (full optimizer step) | seconds | vs grpokit today |", "|---|---:|---:|"]
     for k, v in res["variants"].items():
         lines.append(f"| {k} | {v:.3f} | {v / step:.2f}x |")
-    lines += ["", "Top operators of one profiled full step (self CPU time):", "", "```", res["profile"].rstrip(), "```"]
+    lines += [
+        "",
+        "Top operators of one profiled full step (self CPU time):",
+        "",
+        "```",
+        res["profile"].rstrip(),
+        "```",
+    ]
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--peak-only", action="store_true")
-    ap.add_argument("--model", help="model folder (default: the compute-bound model compare_trl.py built, or a fresh 25M Llama)")
-    ap.add_argument("--seqs", type=int, default=32, help="sequences in the micro-batch (compute-bound: 4 prompts x G=8)")
+    ap.add_argument(
+        "--model",
+        help="model folder (default: the compute-bound model compare_trl.py built, or a fresh 25M Llama)",
+    )
+    ap.add_argument(
+        "--seqs", type=int, default=32, help="sequences in the micro-batch (compute-bound: 4 prompts x G=8)"
+    )
     ap.add_argument("--completion", type=int, default=64)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--repeats", type=int, default=7, help="round-robin rounds; the medians are over these")
     ap.add_argument("--compile", action="store_true", help="also time torch.compile (slow to compile on CPU)")
     ap.add_argument("--out", default=str(RESULTS / "roofline.md"))
     args = ap.parse_args(argv)
-    command = "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(__file__)] + (argv if argv is not None else sys.argv[1:]))
+    command = "python " + " ".join(
+        shlex.quote(a) for a in [os.path.relpath(__file__)] + (argv if argv is not None else sys.argv[1:])
+    )
     load = machine_load()
     peaks = peak_matmul_flops()
     peak = max(peaks.values())
-    print(f"{load}; peak fp32 matmul on {os.cpu_count()} threads: " + ", ".join(f"n={n}: {v / 1e9:.1f} GFLOP/s" for n, v in peaks.items()))
+    print(
+        f"{load}; peak fp32 matmul on {os.cpu_count()} threads: "
+        + ", ".join(f"n={n}: {v / 1e9:.1f} GFLOP/s" for n, v in peaks.items())
+    )
     if args.threads != os.cpu_count():
         peak = max(peak_matmul_flops(threads=args.threads).values())
         print(f"peak fp32 matmul on {args.threads} thread(s): {peak / 1e9:.1f} GFLOP/s")

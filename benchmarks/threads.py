@@ -9,6 +9,7 @@ of its steps after the first two, plus the seconds of a `grpokit sft examples/sf
 steps. "busy" runs one other process spinning on a core (python -c 'while True: pass') for the whole cell,
 which is what a shared machine looks like. docs/threads.md explains the numbers.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,25 +47,55 @@ def cell(model: Path, work: Path, threads: int, busy: bool, steps: int, sft_step
     load = settle()
     spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if busy else None
     try:
-        t0 = time.monotonic()  # a job that has been running a while: until the load average shows it (at most 150 s)
+        t0 = (
+            time.monotonic()
+        )  # a job that has been running a while: until the load average shows it (at most 150 s)
         while busy and os.getloadavg()[0] < 0.9 and time.monotonic() - t0 < 150:
             time.sleep(5)
         out = work / f"train-{threads}-{busy}"
-        r = run(GRPOKIT, "train", "examples/config.yaml", f"model.name_or_path={model}", f"output_dir={out}",
-                f"optim.max_steps={steps}", "eval.every=0", "eval.at_start=false", "logging.sample_every=0",
-                "checkpoint.save_every=0", "logging.tensorboard=false", f"threads={threads}")
+        r = run(
+            GRPOKIT,
+            "train",
+            "examples/config.yaml",
+            f"model.name_or_path={model}",
+            f"output_dir={out}",
+            f"optim.max_steps={steps}",
+            "eval.every=0",
+            "eval.at_start=false",
+            "logging.sample_every=0",
+            "checkpoint.save_every=0",
+            "logging.tensorboard=false",
+            f"threads={threads}",
+        )
         used = next(line for line in r.stdout.splitlines() if line.startswith("threads:"))
         rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
         step_times = [row["perf/step_time"] for row in rows if "perf/step_time" in row][2:]
         t0 = time.perf_counter()
-        run(GRPOKIT, "sft", "examples/sft.yaml", f"model.name_or_path={model}", f"output_dir={work / f'sft-{threads}-{busy}'}",
-            f"sft.max_steps={sft_steps}", "sft.eval_every=0", "data.eval_size=0", "logging.tensorboard=false", f"threads={threads}")
+        run(
+            GRPOKIT,
+            "sft",
+            "examples/sft.yaml",
+            f"model.name_or_path={model}",
+            f"output_dir={work / f'sft-{threads}-{busy}'}",
+            f"sft.max_steps={sft_steps}",
+            "sft.eval_every=0",
+            "data.eval_size=0",
+            "logging.tensorboard=false",
+            f"threads={threads}",
+        )
         sft_s = time.perf_counter() - t0
     finally:
         if spinner is not None:
             spinner.kill()
             spinner.wait()
-    return {"threads": threads, "busy": busy, "used": used, "step_s": statistics.median(step_times), "sft_s": sft_s, "load": load}
+    return {
+        "threads": threads,
+        "busy": busy,
+        "used": used,
+        "step_s": statistics.median(step_times),
+        "sft_s": sft_s,
+        "load": load,
+    }
 
 
 def main() -> None:
@@ -78,7 +109,11 @@ def main() -> None:
         run(sys.executable, "examples/make_data.py")
         run(sys.executable, "examples/make_tiny_model.py", str(work / "tiny-model"))
         load = os.getloadavg()[0]
-        results = [cell(work / "tiny-model", work, t, busy, args.steps, args.sft_steps) for busy in (False, True) for t in (1, 2, 0)]
+        results = [
+            cell(work / "tiny-model", work, t, busy, args.steps, args.sft_steps)
+            for busy in (False, True)
+            for t in (1, 2, 0)
+        ]
     lines = [
         "# Threads: seconds per step of the README example",
         "",
@@ -93,7 +128,9 @@ def main() -> None:
     ]
     for r in results:
         asked = "0 (auto)" if r["threads"] == 0 else str(r["threads"])
-        lines.append(f"| {'yes' if r['busy'] else 'no'} | {r['load']:.2f} | {asked} | `{r['used']}` | {r['step_s']:.3f} | {r['sft_s']:.1f} |")
+        lines.append(
+            f"| {'yes' if r['busy'] else 'no'} | {r['load']:.2f} | {asked} | `{r['used']}` | {r['step_s']:.3f} | {r['sft_s']:.1f} |"
+        )
     text = "\n".join(lines) + "\n"
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)

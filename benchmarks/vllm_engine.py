@@ -6,6 +6,7 @@ check), and one rollout of 16 prompts x 8 samples x up to 16 tokens against the 
 The model is the demo's Llama with 3 attention heads of 64 (vLLM's CPU kernel has no head size 48), freshly
 initialized: 1.78M parameters. Rollouts alternate vllm / fast, 5 calls each, twice; medians are printed.
 """
+
 import time
 
 import torch

@@ -7,6 +7,7 @@ x 8 samples x up to 16 tokens over HTTP.
 `grpokit serve` runs as a subprocess with 1 thread; this process (the trainer's side, and the colocated engine)
 uses 1 thread too. Rollouts alternate server / colocated, 5 calls each, twice; pushes 5 each; medians are printed.
 """
+
 import re
 import subprocess
 import sys
@@ -20,8 +21,25 @@ import torch
 def start_server(model_dir: Path, log: Path) -> tuple[subprocess.Popen, str, float]:
     t = time.perf_counter()
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "grpokit", "serve", str(model_dir), "--port", "0", "--threads", "1",
-                                 "--max-num-seqs", "128", "--max-model-len", "256"], stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "grpokit",
+                "serve",
+                str(model_dir),
+                "--port",
+                "0",
+                "--threads",
+                "1",
+                "--max-num-seqs",
+                "128",
+                "--max-model-len",
+                "256",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     while not (ready := re.search(r"ready on (http://\S+):", log.read_text())):
         if proc.poll() is not None:
             raise SystemExit(log.read_text()[-3000:])
@@ -64,8 +82,15 @@ def main() -> None:
         print(f"colocated engine start, first push and its check included {time.perf_counter() - t:.1f} s")
         prompts = [tok(r["prompt"])["input_ids"] for r in get_task("countdown").make_rows("test", 16, 0)]
         sampling = SamplingParams(max_tokens=16)
-        for name, e in (("server", server), ("colocated", colocated), ("server", server), ("colocated", colocated)):
-            print(f"{name}: 16 prompts x 8 x <= 16 tokens, median {median_time(lambda: e.generate(prompts, 8, sampling)):.3f} s")
+        for name, e in (
+            ("server", server),
+            ("colocated", colocated),
+            ("server", server),
+            ("colocated", colocated),
+        ):
+            print(
+                f"{name}: 16 prompts x 8 x <= 16 tokens, median {median_time(lambda: e.generate(prompts, 8, sampling)):.3f} s"
+            )
 
         def push(e):
             with torch.no_grad():
@@ -76,7 +101,9 @@ def main() -> None:
         for verify in (True, False):
             for name, e in (("server", server), ("colocated", colocated)):
                 e.verify = verify
-                print(f"{name}: push {'with' if verify else 'without'} its check, median {median_time(lambda: push(e)):.3f} s")
+                print(
+                    f"{name}: push {'with' if verify else 'without'} its check, median {median_time(lambda: push(e)):.3f} s"
+                )
         server.verify = True
         push(server)
         print(f"last server check: max |vLLM - trainer| log-prob on the probe {server.last_push_error:.2g}")

@@ -14,6 +14,7 @@ of the machine's load hits both. Reported per run: held-out eval/mean@8 and gree
 median perf/step_time and perf/rollout_time (steps after the first two), and vLLM's mismatch to the trainer
 (max over steps of rollout/logp_diff_max).
 """
+
 from __future__ import annotations
 
 import sys
@@ -44,10 +45,15 @@ def make_sft_hd64(out: str, threads: int) -> None:
     tok = build_tokenizer(task, out)
     model = build_tiny_llama(tok, size="demo", num_heads=3, seed=0)
     pairs = build_datasets(DataConfig(task=task.name, task_train_size=20000), tok, seed=0).train
-    stats = train_sft(model, tok, pairs, epochs=57600 / 20000, batch_size=64, learning_rate=1e-3, max_length=256, seed=0)
+    stats = train_sft(
+        model, tok, pairs, epochs=57600 / 20000, batch_size=64, learning_rate=1e-3, max_length=256, seed=0
+    )
     model.save_pretrained(out)
     tok.save_pretrained(out)
-    print(f"SFT warm start ({sum(p.numel() for p in model.parameters()):,} parameters) saved to {out}: {stats}", flush=True)
+    print(
+        f"SFT warm start ({sum(p.numel() for p in model.parameters()):,} parameters) saved to {out}: {stats}",
+        flush=True,
+    )
 
 
 def main() -> None:
@@ -57,10 +63,17 @@ def main() -> None:
         t = time.perf_counter()
         make_sft_hd64(args.model, args.threads)
         print(f"warm start built in {time.perf_counter() - t:.0f}s: {args.model}", flush=True)
-    setup = (f"warm start {args.model} (demo Llama, 3 heads of 64); {args.steps} GRPO steps of {args.prompts} prompts x "
-             f"G={args.G}; {args.eval_size} held-out problems; {args.threads} thread(s)")
-    run_all(args, {engine: [f"rollout.engine={engine}"] for engine in ENGINES}, "vllm_vs_fast.py",
-            "rollout.engine=vllm against fast on the demo task", setup)
+    setup = (
+        f"warm start {args.model} (demo Llama, 3 heads of 64); {args.steps} GRPO steps of {args.prompts} prompts x "
+        f"G={args.G}; {args.eval_size} held-out problems; {args.threads} thread(s)"
+    )
+    run_all(
+        args,
+        {engine: [f"rollout.engine={engine}"] for engine in ENGINES},
+        "vllm_vs_fast.py",
+        "rollout.engine=vllm against fast on the demo task",
+        setup,
+    )
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ for the `grpokit sft` warm-start.
 
     python examples/make_data.py
 """
+
 import json
 import random
 from pathlib import Path

@@ -4,6 +4,7 @@
 
 With a real model, skip this and set model.name_or_path to its hub id or folder instead.
 """
+
 import sys
 from pathlib import Path
 

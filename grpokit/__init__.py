@@ -8,6 +8,7 @@ The four calls live in grpokit/api.py and are imported on first use, so `import 
 modules too: reach the modules by their full names (`from grpokit.sft import train_sft`, or
 `sys.modules["grpokit.sft"]`), never as attributes of the package.
 """
+
 import sys
 import types
 

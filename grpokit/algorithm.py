@@ -8,6 +8,7 @@ The loop (grpokit/trainer.py) goes from rewards and log-probs to the loss only t
 that tests/test_presets.py checks each preset against its paper on tensors, without a model.
 The math itself is in grpokit/algo/ (no config there); docs/algorithm.md has the formulas.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
@@ -18,7 +19,12 @@ from torch import Tensor
 from grpokit.algo import group_advantages, policy_loss, step_advantages
 from grpokit.batch import Groups
 from grpokit.config import AlgorithmConfig, ConfigError
-from grpokit.metrics import ROLLOUT_GROUPS_DRAWN, ROLLOUT_GROUPS_DROPPED, ROLLOUT_GROUPS_TOPPED_UP, ROLLOUT_SAMPLING_ROUNDS
+from grpokit.metrics import (
+    ROLLOUT_GROUPS_DRAWN,
+    ROLLOUT_GROUPS_DROPPED,
+    ROLLOUT_GROUPS_TOPPED_UP,
+    ROLLOUT_SAMPLING_ROUNDS,
+)
 
 if TYPE_CHECKING:
     from grpokit.distributed import World
@@ -28,16 +34,26 @@ if TYPE_CHECKING:
 BATCH_SCALES = ("batch", "batch_centered")
 
 
-def outcome_advantages(alg: AlgorithmConfig, rewards: Tensor, group_size: int, world: World | None = None) -> Tensor:
+def outcome_advantages(
+    alg: AlgorithmConfig, rewards: Tensor, group_size: int, world: World | None = None
+) -> Tensor:
     """[N] advantages of [N] outcome rewards (groups contiguous), as algorithm.* says. world: with several ranks
     (grpokit/distributed.py) a batch scale's mean and std are those of every rank's rewards (one all_gather of
     [N] floats), so each rank gets its rows of what one process computes on the global batch."""
     if world is None or world.size == 1 or alg.scale_rewards not in BATCH_SCALES:
-        return group_advantages(rewards, group_size, scale=alg.scale_rewards, estimator=alg.advantage_estimator, eps=alg.std_eps)
+        return group_advantages(
+            rewards, group_size, scale=alg.scale_rewards, estimator=alg.advantage_estimator, eps=alg.std_eps
+        )
     return world.my_rows(outcome_advantages(alg, world.all_rows(rewards), group_size))
 
 
-def process_advantages(alg: AlgorithmConfig, step_rewards: list[Tensor], step_ends: list[Tensor], group_size: int, num_tokens: int) -> Tensor:
+def process_advantages(
+    alg: AlgorithmConfig,
+    step_rewards: list[Tensor],
+    step_ends: list[Tensor],
+    group_size: int,
+    num_tokens: int,
+) -> Tensor:
     """[N, T] advantages of step rewards (DeepSeekMath §4.1.3): all steps of a group normalized
     together, token t gets the sum over the steps ending at or after it. Only the group z-score
     is defined for steps, so other algorithm.scale_rewards / advantage_estimator are an error."""
@@ -51,7 +67,12 @@ def process_advantages(alg: AlgorithmConfig, step_rewards: list[Tensor], step_en
     return step_advantages(step_rewards, step_ends, group_size, num_tokens, eps=alg.std_eps)
 
 
-def make_loss_mask(alg: AlgorithmConfig, completion_mask: Tensor, truncated: Tensor, model_mask: list[list[int]] | None = None) -> Tensor:
+def make_loss_mask(
+    alg: AlgorithmConfig,
+    completion_mask: Tensor,
+    truncated: Tensor,
+    model_mask: list[list[int]] | None = None,
+) -> Tensor:
     """[N, T] tokens that get a loss: the completion tokens, minus truncated rows under DAPO's overlong filtering,
     minus (multi-turn episodes with tools) the tool-result and template tokens, model_mask [N][len_i] = 0: they
     are context, so they get no gradient and the token normalizers (which count this mask) never count them."""
@@ -64,10 +85,20 @@ def make_loss_mask(alg: AlgorithmConfig, completion_mask: Tensor, truncated: Ten
     return loss_mask
 
 
-def algorithm_loss(alg: AlgorithmConfig, logp: Tensor, old_logp: Tensor, advantages: Tensor, loss_mask: Tensor, *,
-                   ref_logp: Tensor | None, max_completion_length: int, num_sequences: int | None = None,
-                   num_tokens: int | float | None = None, beta: float | None = None,
-                   is_weights: Tensor | None = None) -> tuple[Tensor, dict[str, float]]:
+def algorithm_loss(
+    alg: AlgorithmConfig,
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    loss_mask: Tensor,
+    *,
+    ref_logp: Tensor | None,
+    max_completion_length: int,
+    num_sequences: int | None = None,
+    num_tokens: int | float | None = None,
+    beta: float | None = None,
+    is_weights: Tensor | None = None,
+) -> tuple[Tensor, dict[str, float]]:
     """policy_loss with algorithm.*'s clip ranges, KL, loss type and ratio level (-J, to minimize).
 
     logp, old_logp, ref_logp, loss_mask: [N, T]; advantages: [N] or [N, T]. num_sequences / num_tokens:
@@ -75,15 +106,28 @@ def algorithm_loss(alg: AlgorithmConfig, logp: Tensor, old_logp: Tensor, advanta
     algorithm.beta; the PPO critic passes 0 when it puts the KL into the reward instead. is_weights: [N, T]
     rollout.importance_correction's weights (grpokit.algo.importance), or None."""
     return policy_loss(
-        logp, old_logp, advantages, loss_mask, ref_logp=ref_logp, beta=alg.beta if beta is None else beta,
-        eps_low=alg.epsilon, eps_high=alg.epsilon_high, loss_type=alg.loss_type, ratio_level=alg.importance_sampling_level,
-        max_completion_length=max_completion_length, kl_estimator=alg.kl_estimator, dual_clip=alg.dual_clip,
-        num_sequences=num_sequences, num_tokens=num_tokens, is_weights=is_weights,
+        logp,
+        old_logp,
+        advantages,
+        loss_mask,
+        ref_logp=ref_logp,
+        beta=alg.beta if beta is None else beta,
+        eps_low=alg.epsilon,
+        eps_high=alg.epsilon_high,
+        loss_type=alg.loss_type,
+        ratio_level=alg.importance_sampling_level,
+        max_completion_length=max_completion_length,
+        kl_estimator=alg.kl_estimator,
+        dual_clip=alg.dual_clip,
+        num_sequences=num_sequences,
+        num_tokens=num_tokens,
+        is_weights=is_weights,
     )
 
 
-def dynamic_sampling(first: Groups, draw: Callable[[], Groups], want: int, G: int, max_rounds: int,
-                     world: World | None = None) -> tuple[Groups, dict[str, float]]:
+def dynamic_sampling(
+    first: Groups, draw: Callable[[], Groups], want: int, G: int, max_rounds: int, world: World | None = None
+) -> tuple[Groups, dict[str, float]]:
     """DAPO §3.2: keep groups whose rewards differ; draw() more prompts' groups until `want` are kept.
     After max_rounds rounds a short batch is topped up with dropped groups (they carry no policy
     gradient, only the KL term), so every step has the same shape.
@@ -100,7 +144,9 @@ def dynamic_sampling(first: Groups, draw: Callable[[], Groups], want: int, G: in
         drawn += len(cur.rows)
         per_group = cur.scored.total.reshape(-1, G)
         differ = (per_group.max(dim=1).values > per_group.min(dim=1).values).tolist()
-        rounds.append((cur, [g for g, d in enumerate(differ) if d], [g for g, d in enumerate(differ) if not d]))
+        rounds.append(
+            (cur, [g for g, d in enumerate(differ) if d], [g for g, d in enumerate(differ) if not d])
+        )
         kept_total += sum(differ)
         global_kept = world.sum(kept_total) if W > 1 else kept_total
         if global_kept >= W * want or len(rounds) >= max_rounds:

@@ -13,6 +13,7 @@ command line prints (ConfigError, CheckpointError, ModelLoadError, TrainingError
 command line, the API leaves torch's thread count alone unless the config sets `threads` (docs/threads.md).
 docs/api.md has a whole example; tests/test_api.py runs it.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -37,8 +38,15 @@ def _config(config: ConfigLike, overrides: list[str] | None, schema: type[BaseMo
     return load_config(config, overrides, schema=schema)
 
 
-def train(config: ConfigLike, overrides: list[str] | None = None, *, model=None, tokenizer=None, train_rows=None,
-          eval_rows=None) -> dict[str, float]:
+def train(
+    config: ConfigLike,
+    overrides: list[str] | None = None,
+    *,
+    model=None,
+    tokenizer=None,
+    train_rows=None,
+    eval_rows=None,
+) -> dict[str, float]:
     """`grpokit train`: GRPO (or PPO with algorithm.advantage_estimator=gae) as the config says; resumes from
     output_dir's newest checkpoint as the command does. model / tokenizer: an already loaded policy instead of
     model.name_or_path; train_rows / eval_rows: rows instead of data.*. Returns the last step's metrics."""
@@ -54,14 +62,22 @@ def train(config: ConfigLike, overrides: list[str] | None = None, *, model=None,
         trainer.world.teardown()
 
 
-def evaluate(model: str | Path, config: ConfigLike = None, overrides: list[str] | None = None) -> dict[str, float]:
+def evaluate(
+    model: str | Path, config: ConfigLike = None, overrides: list[str] | None = None
+) -> dict[str, float]:
     """`grpokit eval MODEL -c CONFIG`: the held-out metrics (eval/pass@1, eval/pass@k, ...) of a model folder with the
     config's data, rewards and eval sections."""
     from grpokit.trainer import Trainer
 
     cfg = _config(config, [*(overrides or []), f"model.name_or_path={model}"], Config)
     # Evaluation needs neither pi_ref nor a critic.
-    trainer = Trainer(cfg.model_copy(update={"algorithm": cfg.algorithm.model_copy(update={"beta": 0.0, "advantage_estimator": "grpo"})}))
+    trainer = Trainer(
+        cfg.model_copy(
+            update={
+                "algorithm": cfg.algorithm.model_copy(update={"beta": 0.0, "advantage_estimator": "grpo"})
+            }
+        )
+    )
     metrics = trainer.evaluate()
     if not metrics:
         raise ConfigError("no held-out data: set data.eval_path, data.eval_size or data.task")

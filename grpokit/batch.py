@@ -9,6 +9,7 @@ N = prompts x G completions, groups contiguous (prompt-major), everywhere in thi
 Position ids follow the attention mask (cumsum - 1), so left padding never shifts a position: a
 padded row gets exactly the log-probs it would get alone (tests/test_policy.py).
 """
+
 from __future__ import annotations
 
 import math
@@ -37,7 +38,18 @@ class PackedBatch:
         return self.completion_ids.shape[1]
 
     def rows(self, idx: Tensor | slice) -> "PackedBatch":
-        b = PackedBatch(*(t[idx] for t in (self.input_ids, self.attention_mask, self.position_ids, self.completion_ids, self.completion_mask)))
+        b = PackedBatch(
+            *(
+                t[idx]
+                for t in (
+                    self.input_ids,
+                    self.attention_mask,
+                    self.position_ids,
+                    self.completion_ids,
+                    self.completion_mask,
+                )
+            )
+        )
         return b.trimmed()
 
     def trimmed(self) -> "PackedBatch":
@@ -92,9 +104,17 @@ class Groups:
         logprobs = None
         if all(src.comps.logprobs is not None for src, _ in spans):
             logprobs = cat(lambda s: s.comps.logprobs)
-        comps = Completions(cat(lambda s: s.comps.token_ids), cat(lambda s: s.comps.texts), cat(lambda s: s.comps.finish_reasons), logprobs)
+        comps = Completions(
+            cat(lambda s: s.comps.token_ids),
+            cat(lambda s: s.comps.texts),
+            cat(lambda s: s.comps.finish_reasons),
+            logprobs,
+        )
         if all(src.comps.episodes is not None for src, _ in spans):  # multi-turn episodes with tools
-            comps.model_mask, comps.episodes = cat(lambda s: s.comps.model_mask), cat(lambda s: s.comps.episodes)
+            comps.model_mask, comps.episodes = (
+                cat(lambda s: s.comps.model_mask),
+                cat(lambda s: s.comps.episodes),
+            )
         if all(src.comps.versions is not None for src, _ in spans):
             comps.versions = cat(lambda s: s.comps.versions)
         scored = RewardOutput.take([(src.scored, sl) for src, sl in spans])
@@ -128,7 +148,9 @@ def micro_batches(idx: Tensor, tokens: PackedBatch, size: int, by_length: bool) 
     P = tokens.input_ids.shape[1] - tokens.completion_width
     lengths = tokens.completion_mask[idx].sum(1)  # [n]
     prompt_len = tokens.attention_mask[idx, :P].sum(1)  # [n]
-    group = torch.unique(tokens.input_ids[idx, :P], dim=0, return_inverse=True)[1]  # [n]: rows with one prompt
+    group = torch.unique(tokens.input_ids[idx, :P], dim=0, return_inverse=True)[
+        1
+    ]  # [n]: rows with one prompt
     longest = torch.zeros(int(group.max()) + 1, dtype=lengths.dtype).scatter_reduce(0, group, lengths, "amax")
     by_rows = torch.argsort(lengths, descending=True, stable=True)
     by_groups = by_rows[torch.argsort(group[by_rows], stable=True)]  # a group's rows together, longest first
@@ -178,7 +200,9 @@ def token_char_ends(tokenizer: Any, token_ids: list[int]) -> list[int]:
     that completes it. Non-decreasing. One batch_decode per completion."""
     if not token_ids:
         return []
-    texts = tokenizer.batch_decode([token_ids[: k + 1] for k in range(len(token_ids))], skip_special_tokens=True)
+    texts = tokenizer.batch_decode(
+        [token_ids[: k + 1] for k in range(len(token_ids))], skip_special_tokens=True
+    )
     full = texts[-1]
     out, best = [], 0
     for t in texts:

@@ -16,6 +16,7 @@ Any failure while writing (a full disk, an unwritable folder) is a CheckpointErr
 Resuming (`resume`), the stop signals of a run (`StopSignals`: SIGTERM / SIGINT finish the step,
 save, and stop) and the lock that keeps a second run out of the folder (`RunLock`) live here too.
 """
+
 from __future__ import annotations
 
 import os
@@ -32,7 +33,9 @@ import torch
 
 STATE_FILE = "trainer_state.pt"
 MARKER = "COMPLETE"
-DCP_DIR = "dcp"  # a run on several processes: torch.distributed.checkpoint's shards (grpokit/checkpoint_sharded.py)
+DCP_DIR = (
+    "dcp"  # a run on several processes: torch.distributed.checkpoint's shards (grpokit/checkpoint_sharded.py)
+)
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
@@ -137,7 +140,9 @@ def save_final(model, tokenizer, dest: Path, *, merge: bool = False) -> Path:
     if merge and hasattr(model, "merge_and_unload"):
         import copy
 
-        save_pretrained_atomic(_untie_adapted_head(copy.deepcopy(model)).merge_and_unload(), tokenizer, Path(dest) / "merged")
+        save_pretrained_atomic(
+            _untie_adapted_head(copy.deepcopy(model)).merge_and_unload(), tokenizer, Path(dest) / "merged"
+        )
     return dest
 
 
@@ -183,7 +188,9 @@ def checkpoint_dir(out_dir: Path, step: int) -> Path:
 def save_checkpoint(out_dir: Path, step: int, model, tokenizer, state: dict, keep_last: int) -> Path:
     root = Path(out_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
-    path = save_pretrained_atomic(model, tokenizer, checkpoint_dir(out_dir, step), {**state, "step": step, "rng": rng_state()})
+    path = save_pretrained_atomic(
+        model, tokenizer, checkpoint_dir(out_dir, step), {**state, "step": step, "rng": rng_state()}
+    )
     for _, old in list_checkpoints(out_dir)[:-keep_last]:
         _remove(old)
     for stale in (*root.glob(".tmp-*"), *root.glob(".old-*")):  # left by a crash during an earlier save
@@ -206,22 +213,30 @@ def load_weights(path: Path, model) -> None:
     from safetensors.torch import load_file
 
     path = Path(path)
-    if hasattr(model, "peft_config"):  # model.lora: the checkpoint holds the adapter (PeftModel.save_pretrained)
+    if hasattr(
+        model, "peft_config"
+    ):  # model.lora: the checkpoint holds the adapter (PeftModel.save_pretrained)
         return _load_adapter(path, model)
     files = sorted(path.glob("*.safetensors"))
     if not files:
-        raise CheckpointError(f"checkpoint {str(path)!r} has no safetensors weights; delete it to start from the one before")
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} has no safetensors weights; delete it to start from the one before"
+        )
     weights = {}
     try:
         for f in files:
             weights.update(load_file(f))
     except Exception as exc:  # SafetensorError, OSError: a damaged file
-        raise CheckpointError(f"checkpoint {str(path)!r} cannot be read ({_why(exc)}); delete it to resume from the one before") from None
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} cannot be read ({_why(exc)}); delete it to resume from the one before"
+        ) from None
     refit = "resume with the model it was trained from, or set a new output_dir"
     try:
         missing, unexpected = model.load_state_dict(weights, strict=False)
     except RuntimeError as exc:  # shape mismatches raise even with strict=False
-        raise CheckpointError(f"checkpoint {str(path)!r} does not match the model ({_why(exc)}); {refit}") from None
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} does not match the model ({_why(exc)}); {refit}"
+        ) from None
     # Tied weights (lm_head = embed_tokens) are saved once; anything else missing is an error.
     tied = set(getattr(model, "_tied_weights_keys", None) or [])
     really_missing = [k for k in missing if k not in tied and not k.endswith("lm_head.weight")]
@@ -240,16 +255,22 @@ def _load_adapter(path: Path, model) -> None:
 
     file = path / "adapter_model.safetensors"
     if not file.is_file():
-        raise CheckpointError(f"checkpoint {str(path)!r} has no adapter_model.safetensors, but model.lora is set; "
-                              "resume with the config it was trained with, or set a new output_dir")
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} has no adapter_model.safetensors, but model.lora is set; "
+            "resume with the config it was trained with, or set a new output_dir"
+        )
     try:
         weights = load_file(file)
     except Exception as exc:
-        raise CheckpointError(f"checkpoint {str(path)!r} cannot be read ({_why(exc)}); delete it to resume from the one before") from None
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} cannot be read ({_why(exc)}); delete it to resume from the one before"
+        ) from None
     result = set_peft_model_state_dict(model, weights)
     if unexpected := getattr(result, "unexpected_keys", None):
-        raise CheckpointError(f"checkpoint {str(path)!r} does not match the adapter: unexpected {unexpected[:3]}; "
-                              "resume with the model and model.lora it was trained with, or set a new output_dir")
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} does not match the adapter: unexpected {unexpected[:3]}; "
+            "resume with the model and model.lora it was trained with, or set a new output_dir"
+        )
 
 
 def read_state(path: Path) -> dict:
@@ -257,7 +278,9 @@ def read_state(path: Path) -> dict:
     try:
         return torch.load(path / STATE_FILE, weights_only=False)
     except Exception as exc:
-        raise CheckpointError(f"checkpoint {str(path)!r} cannot be read ({_why(exc)}); delete it to resume from the one before") from None
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} cannot be read ({_why(exc)}); delete it to resume from the one before"
+        ) from None
 
 
 def _why(exc: BaseException) -> str:
@@ -275,8 +298,20 @@ def latest_checkpoint(out_dir: Path) -> tuple[int, Path] | None:
 #: Config keys that may change on resume without a word: they change neither the math nor the data stream
 #: (the reward time limit and the bad-step guard only decide when to stop waiting, warn or stop; the
 #: distributed strategy only how the same math is laid out over the ranks).
-FREE_ON_RESUME = ("output_dir", "threads", "logging", "eval", "checkpoint", "distributed", "reward_timeout", "reward_slow_warning",
-                  "reward_error_fraction", "stop_after_bad_steps", "rollout.vllm_server_url", "rollout.vllm_server_timeout")
+FREE_ON_RESUME = (
+    "output_dir",
+    "threads",
+    "logging",
+    "eval",
+    "checkpoint",
+    "distributed",
+    "reward_timeout",
+    "reward_slow_warning",
+    "reward_error_fraction",
+    "stop_after_bad_steps",
+    "rollout.vllm_server_url",
+    "rollout.vllm_server_timeout",
+)
 
 
 def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
@@ -302,10 +337,14 @@ def config_changes(saved: dict, now: dict, allowed: list[str]) -> tuple[list[str
     diffs = [(k, a, b) for k, a, b in diffs if k in old or k not in defaults or b != defaults[k]]
     diffs = [(k, a, b) for k, a, b in diffs if not under(k, FREE_ON_RESUME)]
     text = lambda d: f"{d[0]}: {d[1]!r} -> {d[2]!r}"  # noqa: E731
-    return [text(d) for d in diffs if not under(d[0], allowed)], [text(d) for d in diffs if under(d[0], allowed)]
+    return [text(d) for d in diffs if not under(d[0], allowed)], [
+        text(d) for d in diffs if under(d[0], allowed)
+    ]
 
 
-def resume(out_dir: Path, model, config: dict, allowed: list[str], load=None) -> tuple[int, dict, list[str]] | None:
+def resume(
+    out_dir: Path, model, config: dict, allowed: list[str], load=None
+) -> tuple[int, dict, list[str]] | None:
     """Continue from the newest complete checkpoint: compare its config with this run's `config` (a
     difference outside FREE_ON_RESUME and `allowed` is a CheckpointError listing every one), load its
     weights into model and restore the RNGs. Returns (step, the trainer state, the allowed changes as
@@ -317,7 +356,9 @@ def resume(out_dir: Path, model, config: dict, allowed: list[str], load=None) ->
         return None
     step, path = found
     state = read_state(path)
-    saved = state.get("config") or _recorded_config(Path(out_dir))  # checkpoints before 0.1.x: the run's config.yaml
+    saved = state.get("config") or _recorded_config(
+        Path(out_dir)
+    )  # checkpoints before 0.1.x: the run's config.yaml
     refused, changed = config_changes(saved, config, allowed) if saved is not None else ([], [])
     if refused:
         keys = ",".join(r.split(":")[0] for r in refused)
@@ -330,7 +371,9 @@ def resume(out_dir: Path, model, config: dict, allowed: list[str], load=None) ->
     if load is not None:  # the trainer's World: weights, moments and generators, one process or several ranks
         load(path, state)
     elif is_sharded_checkpoint(path):
-        raise CheckpointError(f"{str(path)!r} holds sharded weights (torch.distributed.checkpoint); resume it with `grpokit train`")
+        raise CheckpointError(
+            f"{str(path)!r} holds sharded weights (torch.distributed.checkpoint); resume it with `grpokit train`"
+        )
     else:
         load_weights(path, model)
         set_rng_state(state["rng"])
@@ -430,14 +473,20 @@ class RunLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            holder = os.read(fd, 4096).decode("utf-8", "replace").strip() or "a process that has not written its name yet"
+            holder = (
+                os.read(fd, 4096).decode("utf-8", "replace").strip()
+                or "a process that has not written its name yet"
+            )
             os.close(fd)
             raise CheckpointError(
                 f"output_dir {str(self.out)!r} is in use by another run ({holder}); wait for it to finish, stop it, "
                 "or give this run another output_dir"
             ) from None
         os.ftruncate(fd, 0)
-        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
+        os.write(
+            fd,
+            f"pid {os.getpid()} on {socket.gethostname()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(),
+        )
         self._fd = fd
         return self
 

@@ -18,6 +18,7 @@ that every node sees), rank 0 fsyncs it, writes COMPLETE and renames it into pla
 COMPLETE is never loaded. A rank that resumes without its own generators' file (more ranks than
 wrote the checkpoint) seeds them from (seed, rank, step).
 """
+
 from __future__ import annotations
 
 import os
@@ -28,10 +29,28 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict, set_model_state_dict, set_optimizer_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 
-from grpokit.checkpoint import (DCP_DIR, MARKER, STATE_FILE, CheckpointError, _fsync_tree, _remove, _save_failure, _why, checkpoint_dir,
-                                list_checkpoints, rng_state, seed_everything, set_rng_state)
+from grpokit.checkpoint import (
+    DCP_DIR,
+    MARKER,
+    STATE_FILE,
+    CheckpointError,
+    _fsync_tree,
+    _remove,
+    _save_failure,
+    _why,
+    checkpoint_dir,
+    list_checkpoints,
+    rng_state,
+    seed_everything,
+    set_rng_state,
+)
 
 
 def _rng_file(path: Path, rank: int) -> Path:
@@ -43,8 +62,17 @@ def _barrier(world) -> None:
         dist.barrier()
 
 
-def save_sharded(out_dir: Path, step: int, model, adamw: torch.optim.Optimizer, tokenizer, state: dict, keep_last: int, world,
-                 ref=None) -> Path:
+def save_sharded(
+    out_dir: Path,
+    step: int,
+    model,
+    adamw: torch.optim.Optimizer,
+    tokenizer,
+    state: dict,
+    keep_last: int,
+    world,
+    ref=None,
+) -> Path:
     """Write the checkpoint of `step` from every rank (a collective: all ranks call it with the same step).
     `state` is rank 0's trainer state without the optimizer's moments (those go into the DCP shards); `ref`: pi_ref,
     when it is no longer the initial weights (ref_policy=reset), saved with them."""
@@ -52,7 +80,10 @@ def save_sharded(out_dir: Path, step: int, model, adamw: torch.optim.Optimizer, 
     tmp = root / f".tmp-{dest.name}-sharded"
     try:
         if world.is_main:
-            for stale in (*root.glob(".tmp-*"), *root.glob(".old-*")):  # left by a crash during an earlier save
+            for stale in (
+                *root.glob(".tmp-*"),
+                *root.glob(".old-*"),
+            ):  # left by a crash during an earlier save
                 shutil.rmtree(stale, ignore_errors=True)
             tmp.mkdir(parents=True)
         _barrier(world)
@@ -63,7 +94,9 @@ def save_sharded(out_dir: Path, step: int, model, adamw: torch.optim.Optimizer, 
         torch.save(rng_state(), _rng_file(tmp, world.rank))
         _barrier(world)
         if world.is_main:
-            torch.save({**state, "step": step, "rng": rng_state(), "world_size": world.size}, tmp / STATE_FILE)
+            torch.save(
+                {**state, "step": step, "rng": rng_state(), "world_size": world.size}, tmp / STATE_FILE
+            )
             if tokenizer is not None:
                 tokenizer.save_pretrained(tmp)
             (tmp / MARKER).write_text("ok\n")
@@ -81,30 +114,42 @@ def save_sharded(out_dir: Path, step: int, model, adamw: torch.optim.Optimizer, 
     except Exception as exc:  # OSError, or DCP's CheckpointException wrapping one
         if world.is_main:
             shutil.rmtree(tmp, ignore_errors=True)
-        raise CheckpointError(f"could not save to {str(dest)!r} on rank {world.rank}: {_save_failure(exc)} (free disk space or make "
-                              "output_dir writable; earlier checkpoints are untouched)") from exc
+        raise CheckpointError(
+            f"could not save to {str(dest)!r} on rank {world.rank}: {_save_failure(exc)} (free disk space or make "
+            "output_dir writable; earlier checkpoints are untouched)"
+        ) from exc
     _barrier(world)  # every rank returns once the checkpoint is in place
     return dest
 
 
-def load_sharded(path: Path, model, adamw: torch.optim.Optimizer | None, *, rank: int, seed: int, step: int, ref=None) -> None:
+def load_sharded(
+    path: Path, model, adamw: torch.optim.Optimizer | None, *, rank: int, seed: int, step: int, ref=None
+) -> None:
     """Load a sharded checkpoint's weights (and, given adamw, its moments; given ref, pi_ref when the checkpoint holds
     one) into this rank's modules, whatever the world size that wrote it; restore this rank's generators (or seed
     them when the writer had fewer ranks)."""
     reader = dcp.FileSystemReader(Path(path) / DCP_DIR)
     try:
-        saved = {key.split(".", 1)[0] for key in reader.read_metadata().state_dict_metadata}  # "model", "optim", "ref"
+        saved = {
+            key.split(".", 1)[0] for key in reader.read_metadata().state_dict_metadata
+        }  # "model", "optim", "ref"
         shards = {"model": get_model_state_dict(model)}
         if adamw is not None:
             shards["optim"] = get_optimizer_state_dict(model, adamw)
         if ref is not None and "ref" in saved:
             shards["ref"] = get_model_state_dict(ref)
-        with warnings.catch_warnings():  # one process without a process group is a case this module means to serve
-            warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        with (
+            warnings.catch_warnings()
+        ):  # one process without a process group is a case this module means to serve
+            warnings.filterwarnings(
+                "ignore", message="torch.distributed is disabled, unavailable or uninitialized"
+            )
             dcp.load(shards, storage_reader=reader)  # DCP reshards: each rank reads its part of every tensor
     except Exception as exc:
-        raise CheckpointError(f"checkpoint {str(path)!r} cannot be read ({_why(exc)}); resume with the model it was trained from, "
-                              "or delete it to resume from the one before") from None
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} cannot be read ({_why(exc)}); resume with the model it was trained from, "
+            "or delete it to resume from the one before"
+        ) from None
     set_model_state_dict(model, shards["model"])
     if adamw is not None:
         set_optimizer_state_dict(model, adamw, shards["optim"])

@@ -16,6 +16,7 @@ User mistakes (bad config, missing data, unloadable model) print one line and ex
 `grpokit train` stopped by SIGTERM / SIGINT saves a checkpoint and exits with 128 + the signal
 number (143 / 130); the same command resumes. docs/errors.md lists every message.
 """
+
 from __future__ import annotations
 
 import signal
@@ -25,7 +26,9 @@ from typing import Optional
 
 import typer
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="GRPO and its family for Hugging Face causal LMs.")
+app = typer.Typer(
+    add_completion=False, no_args_is_help=True, help="GRPO and its family for Hugging Face causal LMs."
+)
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
@@ -108,7 +111,9 @@ def train(
 @app.command("eval")
 def eval_cmd(
     model: Path = typer.Argument(..., help="model folder (from_pretrained), e.g. runs/x/final"),
-    config: Optional[Path] = typer.Option(None, "--config", "-c", help="config with data / rewards / eval sections"),
+    config: Optional[Path] = typer.Option(
+        None, "--config", "-c", help="config with data / rewards / eval sections"
+    ),
     overrides: Optional[list[str]] = typer.Argument(None, help="section.key=value overrides"),
     threads: Optional[int] = typer.Option(None, "--threads", min=0, help=THREADS_HELP),
 ):
@@ -121,7 +126,13 @@ def eval_cmd(
         from grpokit.trainer import Trainer
 
         # Evaluation needs neither pi_ref nor a critic.
-        trainer = Trainer(cfg.model_copy(update={"algorithm": cfg.algorithm.model_copy(update={"beta": 0.0, "advantage_estimator": "grpo"})}))
+        trainer = Trainer(
+            cfg.model_copy(
+                update={
+                    "algorithm": cfg.algorithm.model_copy(update={"beta": 0.0, "advantage_estimator": "grpo"})
+                }
+            )
+        )
         metrics = trainer.evaluate()
         if not metrics:
             _fail("no held-out data: set data.eval_path, data.eval_size or data.task")
@@ -140,8 +151,12 @@ def eval_cmd(
 
 @app.command()
 def sft(
-    config: Optional[Path] = typer.Argument(None, help="YAML config file (model, data, sft, output_dir sections); optional"),
-    overrides: Optional[list[str]] = typer.Argument(None, help="section.key=value overrides, e.g. sft.learning_rate=1e-3"),
+    config: Optional[Path] = typer.Argument(
+        None, help="YAML config file (model, data, sft, output_dir sections); optional"
+    ),
+    overrides: Optional[list[str]] = typer.Argument(
+        None, help="section.key=value overrides, e.g. sft.learning_rate=1e-3"
+    ),
     threads: Optional[int] = typer.Option(None, "--threads", min=0, help=THREADS_HELP),
 ):
     """Supervised fine-tuning on completion tokens only (the usual warm-start before RL). `grpokit config --sft` lists the keys."""
@@ -158,7 +173,9 @@ def sft(
         from grpokit.sft import run_sft
 
         run_sft(cfg, console=Console())
-        typer.echo(f"done: model in {Path(cfg.output_dir) / 'final'}; metrics in {Path(cfg.output_dir) / 'metrics.jsonl'}")
+        typer.echo(
+            f"done: model in {Path(cfg.output_dir) / 'final'}; metrics in {Path(cfg.output_dir) / 'metrics.jsonl'}"
+        )
 
     _run(go)
 
@@ -169,8 +186,12 @@ def demo(
     out: Path = typer.Option(Path("runs/demo"), "--out", help="output folder"),
     seed: int = typer.Option(0, help="seed for data, model and training"),
     threads: int = typer.Option(0, "--threads", min=0, help=THREADS_HELP),
-    task: str = typer.Option("countdown", "--task", help="countdown, or tools: agentic RL with a calculator (docs/agentic.md)"),
-    process_only: bool = typer.Option(False, "--process-only", help="--task tools: pay GRPO with the process rewards alone"),
+    task: str = typer.Option(
+        "countdown", "--task", help="countdown, or tools: agentic RL with a calculator (docs/agentic.md)"
+    ),
+    process_only: bool = typer.Option(
+        False, "--process-only", help="--task tools: pay GRPO with the process rewards alone"
+    ),
 ):
     """Tiny model, SFT warm-start, GRPO on countdown (or --task tools), before / after table and plots. No GPU, no downloads."""
     from grpokit.demo import run_demo
@@ -189,13 +210,30 @@ def demo(
 def serve(
     model: str = typer.Argument(..., help="model folder or hub id: the trainer's model.name_or_path"),
     host: str = typer.Option("127.0.0.1", "--host", help="address to listen on (0.0.0.0: every interface)"),
-    port: int = typer.Option(8000, "--port", min=0, max=65535, help="port to listen on; 0 = any free port (printed)"),
-    dtype: str = typer.Option("float32", "--dtype", help="weights dtype: the trainer's model.dtype (float32, bfloat16, float16)"),
-    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="tokenizer folder or id (its EOS ids end completions); default the model's"),
-    max_model_len: Optional[int] = typer.Option(None, "--max-model-len", min=1, help="longest prompt + completion; default the model's context"),
-    max_num_seqs: int = typer.Option(256, "--max-num-seqs", min=1, help="sequences vLLM schedules at once (the rollout batch)"),
-    kv_cache_mb: int = typer.Option(0, "--kv-cache-mb", min=0, help="CPU: MiB of KV cache; 0 = room for max-num-seqs sequences of max-model-len (at least 256)"),
-    gpu_memory_utilization: float = typer.Option(0.9, "--gpu-memory-utilization", min=0.01, max=1.0, help="GPU: vLLM's share of the GPU's memory"),
+    port: int = typer.Option(
+        8000, "--port", min=0, max=65535, help="port to listen on; 0 = any free port (printed)"
+    ),
+    dtype: str = typer.Option(
+        "float32", "--dtype", help="weights dtype: the trainer's model.dtype (float32, bfloat16, float16)"
+    ),
+    tokenizer: Optional[str] = typer.Option(
+        None, "--tokenizer", help="tokenizer folder or id (its EOS ids end completions); default the model's"
+    ),
+    max_model_len: Optional[int] = typer.Option(
+        None, "--max-model-len", min=1, help="longest prompt + completion; default the model's context"
+    ),
+    max_num_seqs: int = typer.Option(
+        256, "--max-num-seqs", min=1, help="sequences vLLM schedules at once (the rollout batch)"
+    ),
+    kv_cache_mb: int = typer.Option(
+        0,
+        "--kv-cache-mb",
+        min=0,
+        help="CPU: MiB of KV cache; 0 = room for max-num-seqs sequences of max-model-len (at least 256)",
+    ),
+    gpu_memory_utilization: float = typer.Option(
+        0.9, "--gpu-memory-utilization", min=0.01, max=1.0, help="GPU: vLLM's share of the GPU's memory"
+    ),
     threads: int = typer.Option(0, "--threads", min=0, help=THREADS_HELP),
 ):
     """A vLLM rollout server (its own process) that `grpokit train ... rollout.engine=vllm rollout.vllm_mode=server` samples from (docs/rollout.md)."""
@@ -206,8 +244,19 @@ def serve(
     _threads(threads)
     from grpokit.rollout.serve import serve as run_server
 
-    _run(lambda: run_server(model, host=host, port=port, tokenizer=tokenizer, dtype=dtype, max_model_len=max_model_len,
-                            max_seqs=max_num_seqs, kv_cache_mb=kv_cache_mb, gpu_memory_utilization=gpu_memory_utilization))
+    _run(
+        lambda: run_server(
+            model,
+            host=host,
+            port=port,
+            tokenizer=tokenizer,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            max_seqs=max_num_seqs,
+            kv_cache_mb=kv_cache_mb,
+            gpu_memory_utilization=gpu_memory_utilization,
+        )
+    )
 
 
 @app.command()
@@ -221,8 +270,12 @@ def doctor(run_dir: Path = typer.Argument(..., help="a run's output_dir (or its 
 @app.command()
 def show(
     run_dir: Path = typer.Argument(..., help="a run's output_dir"),
-    step: Optional[int] = typer.Option(None, "--step", help="the recorded step to show; default the last one"),
-    worst: Optional[int] = typer.Option(None, "--worst", min=1, help="only the K completions with the lowest reward"),
+    step: Optional[int] = typer.Option(
+        None, "--step", help="the recorded step to show; default the last one"
+    ),
+    worst: Optional[int] = typer.Option(
+        None, "--worst", min=1, help="only the K completions with the lowest reward"
+    ),
 ):
     """Print a step's recorded completions (completions.parquet) with each function's reward, the advantage and the length."""
     from grpokit.records.table import RunFolderError, print_table
@@ -236,7 +289,9 @@ def show(
 @app.command()
 def report(
     run_dir: Path = typer.Argument(..., help="a run's output_dir"),
-    out: Optional[Path] = typer.Option(None, "--out", help="the HTML file to write; default RUN_DIR/report.html"),
+    out: Optional[Path] = typer.Option(
+        None, "--out", help="the HTML file to write; default RUN_DIR/report.html"
+    ),
 ):
     """Write one self-contained HTML page of a run: plots, held-out accuracy, the doctor's findings, sample completions."""
     from grpokit.records.report import write_html_report
@@ -250,7 +305,9 @@ def report(
 
 
 @app.command("config")
-def config_cmd(sft: bool = typer.Option(False, "--sft", help="the keys of `grpokit sft` instead of `grpokit train`")):
+def config_cmd(
+    sft: bool = typer.Option(False, "--sft", help="the keys of `grpokit sft` instead of `grpokit train`"),
+):
     """Every config key with its default and what it does."""
     from rich.console import Console
     from rich.table import Table

@@ -7,6 +7,7 @@ loss_type, scale_rewards, num_iterations, max_completion_length, importance_samp
 Unknown keys and bad values raise ConfigError with one line naming the key, the value and what
 is allowed.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -16,7 +17,16 @@ from pathlib import Path
 from typing import Any, Callable, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer, field_validator, model_serializer, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_serializer,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 
@@ -113,7 +123,9 @@ class RolloutConfig(Section):
     max_turns: int = Field(4, ge=1)
     """With tools (the `tools` section): model turns per episode at most; a tool call in the last turn is not run
     (docs/agentic.md). max_completion_length bounds the whole episode, tool results included."""
-    importance_correction: Literal["none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"] = "none"
+    importance_correction: Literal[
+        "none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"
+    ] = "none"
     """Truncated importance sampling against the sampler-trainer mismatch (TRL 1.16's vllm_importance_sampling_mode): each token's loss times rho = pi_old / pi_sampler, per token or per sequence, clamped to (truncate) or zeroed outside (mask) [importance_c_min, importance_c_max]. Needs an engine that returns log-probs (fast, vllm); docs/rollout.md."""
     importance_c_min: float | None = Field(None, ge=0)
     """C_min of importance_correction (TRL's vllm_importance_sampling_clip_min); None = no lower bound."""
@@ -145,19 +157,29 @@ class RolloutConfig(Section):
         if lo is not None and hi is not None and not lo < hi:
             raise ValueError(f"rollout.importance_c_min={lo} must be below rollout.importance_c_max={hi}")
         if self.vllm_mode == "server" and self.engine != "vllm":
-            raise ValueError(f"rollout.vllm_mode=server samples from a vLLM server; set rollout.engine=vllm (it is {self.engine}) or drop vllm_mode")
+            raise ValueError(
+                f"rollout.vllm_mode=server samples from a vLLM server; set rollout.engine=vllm (it is {self.engine}) or drop vllm_mode"
+            )
         if not re.fullmatch(r"https?://[^/\s]+/?", self.vllm_server_url):
-            raise ValueError(f"rollout.vllm_server_url={self.vllm_server_url!r} must be http://HOST:PORT, as `grpokit serve` prints it")
+            raise ValueError(
+                f"rollout.vllm_server_url={self.vllm_server_url!r} must be http://HOST:PORT, as `grpokit serve` prints it"
+            )
         if self.importance_correction != "none" and self.engine == "hf":
-            raise ValueError(f"rollout.importance_correction={self.importance_correction} needs the sampler's log-probs, which "
-                             "rollout.engine=hf does not return; use rollout.engine=fast or vllm, or importance_correction=none")
+            raise ValueError(
+                f"rollout.importance_correction={self.importance_correction} needs the sampler's log-probs, which "
+                "rollout.engine=hf does not return; use rollout.engine=fast or vllm, or importance_correction=none"
+            )
         if self.async_sampler == "process" and (self.engine != "fast" or not self.max_policy_lag):
-            raise ValueError(f"rollout.async_sampler=process runs the fast engine in a process of its own for asynchronous rollouts; "
-                             f"set rollout.engine=fast (it is {self.engine}) and rollout.max_policy_lag >= 1 (it is {self.max_policy_lag}), "
-                             "or async_sampler=thread (vllm: vllm_mode=server is its own process)")
+            raise ValueError(
+                f"rollout.async_sampler=process runs the fast engine in a process of its own for asynchronous rollouts; "
+                f"set rollout.engine=fast (it is {self.engine}) and rollout.max_policy_lag >= 1 (it is {self.max_policy_lag}), "
+                "or async_sampler=thread (vllm: vllm_mode=server is its own process)"
+            )
         if self.max_policy_lag and self.engine == "hf":
-            raise ValueError(f"rollout.max_policy_lag={self.max_policy_lag} needs the sampler's log-probs (pi_old of samples from "
-                             "older weights), which rollout.engine=hf does not return; use rollout.engine=fast or vllm, or max_policy_lag=0")
+            raise ValueError(
+                f"rollout.max_policy_lag={self.max_policy_lag} needs the sampler's log-probs (pi_old of samples from "
+                "older weights), which rollout.engine=hf does not return; use rollout.engine=fast or vllm, or max_policy_lag=0"
+            )
         return self
 
 
@@ -287,8 +309,13 @@ class LoggingConfig(Section):
 
     def trackers(self) -> dict[str, Any]:
         """The MetricLogger keyword arguments that choose the trackers: MetricLogger(out, **cfg.logging.trackers())."""
-        return {"tensorboard": self.tensorboard, "wandb": self.wandb, "mlflow": self.mlflow, "trackio": self.trackio,
-                "project": self.project}
+        return {
+            "tensorboard": self.tensorboard,
+            "wandb": self.wandb,
+            "mlflow": self.mlflow,
+            "trackio": self.trackio,
+            "project": self.project,
+        }
 
 
 class CheckpointConfig(Section):
@@ -356,8 +383,11 @@ def check_on_timeout(value: Any) -> str | float | None:
         return value
     if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
         return float(value)
-    raise PydanticCustomError("on_timeout", "Input should be 'skip', 'skip_group', 'raise' or a finite number (the score "
-                              "of each sample of a timed-out call)")
+    raise PydanticCustomError(
+        "on_timeout",
+        "Input should be 'skip', 'skip_group', 'raise' or a finite number (the score "
+        "of each sample of a timed-out call)",
+    )
 
 
 class RewardSpec(Section):
@@ -404,13 +434,17 @@ class RewardSpec(Section):
     def _function_or_model(self) -> "RewardSpec":
         if (self.function is None) == (self.model is None):
             both = "both" if self.function is not None else "neither"
-            raise ValueError(f"a reward needs exactly one of `function` (a reward function) and `model` (a reward model); this one has {both}")
+            raise ValueError(
+                f"a reward needs exactly one of `function` (a reward function) and `model` (a reward model); this one has {both}"
+            )
         return self
 
     @field_serializer("function")
     def _function_path(self, value: Any) -> str | None:
         # config.yaml records a callable by where it lives (package.module:qualname)
-        return value if isinstance(value, str) or value is None else f"{value.__module__}:{value.__qualname__}"
+        return (
+            value if isinstance(value, str) or value is None else f"{value.__module__}:{value.__qualname__}"
+        )
 
     @field_validator("on_timeout", mode="plain")
     @classmethod
@@ -468,16 +502,23 @@ class Config(Section):
     def _check_batch_shapes(self) -> "Config":
         alg = self.algorithm
         if alg.ref_policy == "none" and alg.beta > 0:
-            raise ValueError(f"algorithm.ref_policy=none needs algorithm.beta=0 (got beta={alg.beta}): the KL term needs pi_ref")
+            raise ValueError(
+                f"algorithm.ref_policy=none needs algorithm.beta=0 (got beta={alg.beta}): the KL term needs pi_ref"
+            )
         if alg.ref_policy == "reset" and not alg.ref_reset_every:
-            raise ValueError("algorithm.ref_policy=reset needs algorithm.ref_reset_every > 0 (steps between resets)")
+            raise ValueError(
+                "algorithm.ref_policy=reset needs algorithm.ref_reset_every > 0 (steps between resets)"
+            )
         if alg.epsilon_high is not None and alg.epsilon_high < alg.epsilon:
             # Clip range [1 - epsilon, 1 + epsilon_high]: clip-higher only ever widens the upper side.
             if alg.preset and PRESETS[alg.preset].get("epsilon_high") == alg.epsilon_high:
                 source = f" (from algorithm.preset={alg.preset})"
                 fix = "set it >= algorithm.epsilon too, or keep the preset's epsilon"
             else:
-                source, fix = "", "set algorithm.epsilon_high >= algorithm.epsilon or leave it unset (= epsilon)"
+                source, fix = (
+                    "",
+                    "set algorithm.epsilon_high >= algorithm.epsilon or leave it unset (= epsilon)",
+                )
             raise ValueError(
                 f"algorithm.epsilon_high={alg.epsilon_high}{source} is below algorithm.epsilon={alg.epsilon}: "
                 f"clip-higher (DAPO) raises the upper clip bound above the lower one; {fix}"
@@ -490,7 +531,9 @@ class Config(Section):
             )
         mb = n // self.optim.num_minibatches
         if self.optim.micro_batch_size and mb % self.optim.micro_batch_size:
-            raise ValueError(f"optim.micro_batch_size={self.optim.micro_batch_size} must divide the minibatch size {mb}")
+            raise ValueError(
+                f"optim.micro_batch_size={self.optim.micro_batch_size} must divide the minibatch size {mb}"
+            )
         return self
 
     @field_validator("reward_on_timeout", mode="plain")
@@ -500,23 +543,36 @@ class Config(Section):
 
     @model_validator(mode="after")
     def _check_skip_group(self) -> "Config":
-        keys = [k for k, v in [("reward_on_timeout", self.reward_on_timeout)] + [(f"rewards.{i}.on_timeout", r.on_timeout)
-                                                                             for i, r in enumerate(self.rewards)] if v == "skip_group"]
+        keys = [
+            k
+            for k, v in [("reward_on_timeout", self.reward_on_timeout)]
+            + [(f"rewards.{i}.on_timeout", r.on_timeout) for i, r in enumerate(self.rewards)]
+            if v == "skip_group"
+        ]
         if keys and self.algorithm.advantage_estimator == "gae":
-            raise ValueError(f"{keys[0]}=skip_group drops a prompt's group of completions from the loss, which needs a group "
-                             "baseline (algorithm.advantage_estimator grpo or rloo, not gae); use skip, raise or a number")
+            raise ValueError(
+                f"{keys[0]}=skip_group drops a prompt's group of completions from the loss, which needs a group "
+                "baseline (algorithm.advantage_estimator grpo or rloo, not gae); use skip, raise or a number"
+            )
         return self
 
     @model_validator(mode="after")
     def _check_lora(self) -> "Config":
         if self.model.lora is None:
             return self
-        refused = {"algorithm.ref_policy=reset": self.algorithm.ref_policy == "reset",  # pi_ref is the adapter-off base
-                   "algorithm.advantage_estimator=gae": self.algorithm.advantage_estimator == "gae",  # the critic copies the body
-                   "model.compile=true": self.model.compile, "rollout.engine=vllm": self.rollout.engine == "vllm"}
+        refused = {
+            "algorithm.ref_policy=reset": self.algorithm.ref_policy
+            == "reset",  # pi_ref is the adapter-off base
+            "algorithm.advantage_estimator=gae": self.algorithm.advantage_estimator
+            == "gae",  # the critic copies the body
+            "model.compile=true": self.model.compile,
+            "rollout.engine=vllm": self.rollout.engine == "vllm",
+        }
         if bad := [k for k, v in refused.items() if v]:
-            raise ValueError(f"model.lora does not work with {bad[0]} yet; drop model.lora or change that key "
-                             "(LoRA runs with ref_policy frozen or none, the grpo / rloo estimators, rollout.engine hf or fast)")
+            raise ValueError(
+                f"model.lora does not work with {bad[0]} yet; drop model.lora or change that key "
+                "(LoRA runs with ref_policy frozen or none, the grpo / rloo estimators, rollout.engine hf or fast)"
+            )
         return self
 
     # Derived values, computed in one place.
@@ -584,7 +640,9 @@ class SFTConfig(Section):
     @model_validator(mode="after")
     def _no_lora(self) -> "SFTConfig":
         if self.model.lora is not None:
-            raise ValueError("model.lora is for `grpokit train`; `grpokit sft` trains every weight: drop model.lora from the SFT config")
+            raise ValueError(
+                "model.lora is for `grpokit train`; `grpokit sft` trains every weight: drop model.lora from the SFT config"
+            )
         return self
 
 
@@ -594,26 +652,67 @@ class SFTConfig(Section):
 # preset; the paper's values are listed in docs/algorithm.md.
 PRESETS: dict[str, dict[str, Any]] = {
     # DeepSeekMath (2402.03300) §4.2: beta 0.04, k3 KL, eps 0.2, per-sequence mean, group std; G=64, mu=1.
-    "grpo": dict(beta=0.04, kl_estimator="k3", epsilon=0.2, epsilon_high=None, loss_type="grpo",
-                 scale_rewards="group", advantage_estimator="grpo", importance_sampling_level="token"),
+    "grpo": dict(
+        beta=0.04,
+        kl_estimator="k3",
+        epsilon=0.2,
+        epsilon_high=None,
+        loss_type="grpo",
+        scale_rewards="group",
+        advantage_estimator="grpo",
+        importance_sampling_level="token",
+    ),
     # DAPO (2503.14476): clip-higher 0.2/0.28, no KL, token-level loss, dynamic sampling,
     # overlong filtering and soft overlong punishment (L_cache / L_max = 4096 / 20480 = 0.2).
-    "dapo": dict(beta=0.0, epsilon=0.2, epsilon_high=0.28, loss_type="dapo", scale_rewards="group",
-                 advantage_estimator="grpo", dynamic_sampling=True, mask_truncated_completions=True,
-                 overlong_buffer_frac=0.2, importance_sampling_level="token"),
+    "dapo": dict(
+        beta=0.0,
+        epsilon=0.2,
+        epsilon_high=0.28,
+        loss_type="dapo",
+        scale_rewards="group",
+        advantage_estimator="grpo",
+        dynamic_sampling=True,
+        mask_truncated_completions=True,
+        overlong_buffer_frac=0.2,
+        importance_sampling_level="token",
+    ),
     # Dr. GRPO (2503.20783): no std scaling, constant normalizer instead of lengths, no KL.
-    "dr_grpo": dict(beta=0.0, epsilon=0.2, loss_type="dr_grpo", scale_rewards="none", advantage_estimator="grpo",
-                    importance_sampling_level="token"),
+    "dr_grpo": dict(
+        beta=0.0,
+        epsilon=0.2,
+        loss_type="dr_grpo",
+        scale_rewards="none",
+        advantage_estimator="grpo",
+        importance_sampling_level="token",
+    ),
     # GSPO (2507.18071): sequence-level ratio with its own, much smaller clip range (3e-4 / 4e-4), no KL.
-    "gspo": dict(beta=0.0, epsilon=3e-4, epsilon_high=4e-4, importance_sampling_level="sequence", loss_type="grpo",
-                 scale_rewards="group", advantage_estimator="grpo"),
+    "gspo": dict(
+        beta=0.0,
+        epsilon=3e-4,
+        epsilon_high=4e-4,
+        importance_sampling_level="sequence",
+        loss_type="grpo",
+        scale_rewards="group",
+        advantage_estimator="grpo",
+    ),
     # RLOO (2402.14740): leave-one-out baseline, no std scaling, REINFORCE-style token sum (constant normalizer).
-    "rloo": dict(beta=0.0, advantage_estimator="rloo", scale_rewards="none", loss_type="dr_grpo",
-                 importance_sampling_level="token"),
+    "rloo": dict(
+        beta=0.0,
+        advantage_estimator="rloo",
+        scale_rewards="none",
+        loss_type="dr_grpo",
+        importance_sampling_level="token",
+    ),
     # REINFORCE++-baseline (2501.03262): group-mean baseline, then the centered values whitened over the
     # batch (their std, not the raw rewards'), token-mean loss, k2 KL loss 1e-3.
-    "reinforce_pp": dict(beta=0.001, kl_estimator="k2", advantage_estimator="grpo", scale_rewards="batch_centered",
-                         loss_type="dapo", importance_sampling_level="token"),
+    "reinforce_pp": dict(
+        beta=0.001,
+        kl_estimator="k2",
+        advantage_estimator="grpo",
+        scale_rewards="batch_centered",
+        loss_type="dapo",
+        importance_sampling_level="token",
+    ),
 }
 
 
@@ -687,7 +786,11 @@ def _one_line(err: ValidationError, schema: type[BaseModel] = None) -> str:
 
 
 def load_config(
-    path: str | Path | None = None, overrides: list[str] | None = None, *, base: dict | None = None, schema: type[BaseModel] = None
+    path: str | Path | None = None,
+    overrides: list[str] | None = None,
+    *,
+    base: dict | None = None,
+    schema: type[BaseModel] = None,
 ) -> Config:
     """YAML file (optional) + dotted overrides -> validated Config (or `schema`, e.g. SFTConfig), or ConfigError with one line."""
     schema = schema or Config

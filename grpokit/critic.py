@@ -17,6 +17,7 @@ the comparison one of budgets, not of batch sizes):
 What GRPO saves (seed Q2, Q7, Q8) is exactly this: a second backbone, its AdamW moments, and a
 forward + backward pass of it per step. benchmarks/grpo_vs_ppo.py measures both (docs/ppo.md).
 """
+
 from __future__ import annotations
 
 import copy
@@ -28,7 +29,14 @@ from torch import Tensor, nn
 from grpokit.algo import gae_advantages, masked_whiten, token_rewards, value_loss
 from grpokit.batch import PackedBatch, ValueTargets
 from grpokit.checkpoint import CheckpointError
-from grpokit.metrics import PERF_CRITIC_TRAIN_TIME, PERF_VALUE_TIME, VALUE_SKIPPED_UPDATES, MeanAccumulator, critic_metrics, value_name
+from grpokit.metrics import (
+    PERF_CRITIC_TRAIN_TIME,
+    PERF_VALUE_TIME,
+    VALUE_SKIPPED_UPDATES,
+    MeanAccumulator,
+    critic_metrics,
+    value_name,
+)
 from grpokit.optim import Optimizer
 from grpokit.policy import load_model_from_config
 
@@ -105,20 +113,30 @@ class Critic:
             for s in range(0, out.shape[0], mb):
                 sub = tokens.rows(slice(s, s + mb))
                 v = self.model(sub)  # [mb, T_sub]
-                out[s : s + mb, : sub.completion_width] = torch.where(sub.completion_mask.bool(), v, torch.zeros_like(v))
+                out[s : s + mb, : sub.completion_width] = torch.where(
+                    sub.completion_mask.bool(), v, torch.zeros_like(v)
+                )
         finally:
             self.model.train()
         return out
 
     def advantages(
-        self, rewards: Tensor, tokens: PackedBatch, loss_mask: Tensor, *, old_logp: Tensor | None, ref_logp: Tensor | None
+        self,
+        rewards: Tensor,
+        tokens: PackedBatch,
+        loss_mask: Tensor,
+        *,
+        old_logp: Tensor | None,
+        ref_logp: Tensor | None,
     ) -> tuple[Tensor, ValueTargets, dict[str, float]]:
         """Whitened GAE advantages [N, T], the critic's targets, and the critic's metrics.
         rewards: [N] sequence scores; old_logp / ref_logp: [N, T], needed when the KL is shaped into the reward."""
         t = time.perf_counter()
         mask = tokens.completion_mask  # [N, T] every sampled token is a step of the episode
         values = self.values(tokens)  # [N, T]
-        kl = old_logp - ref_logp if self.kl_coef > 0 else None  # [N, T] k1 = log pi_old / pi_ref (InstructGPT eq. 2)
+        kl = (
+            old_logp - ref_logp if self.kl_coef > 0 else None
+        )  # [N, T] k1 = log pi_old / pi_ref (InstructGPT eq. 2)
         per_token = token_rewards(rewards, mask, kl=kl, kl_coef=self.kl_coef)  # [N, T]
         adv, returns = gae_advantages(per_token, values, mask, gamma=self.cfg.ppo.gamma, lam=self.cfg.ppo.lam)
         # Whitening over the tokens that get a loss: the per-token analogue of GRPO's std scaling.
@@ -127,7 +145,9 @@ class Critic:
         metrics[PERF_VALUE_TIME] = time.perf_counter() - t
         return white, ValueTargets(values, returns), metrics
 
-    def update(self, tokens: PackedBatch, loss_mask: Tensor, targets: ValueTargets, *, at_step: int) -> dict[str, float]:
+    def update(
+        self, tokens: PackedBatch, loss_mask: Tensor, targets: ValueTargets, *, at_step: int
+    ) -> dict[str, float]:
         """mu passes of minibatch steps on the clipped value loss, with the policy's batch shapes."""
         t = time.perf_counter()
         cfg, ppo = self.cfg, self.cfg.ppo
@@ -137,7 +157,9 @@ class Critic:
             order = torch.randperm(N) if cfg.optim.num_minibatches > 1 else torch.arange(N)
             for m in range(cfg.optim.num_minibatches):
                 idx = order[m * mb : (m + 1) * mb]
-                num_tokens = loss_mask[idx].sum().item()  # the minibatch's token mean, whatever the micro-batches
+                num_tokens = (
+                    loss_mask[idx].sum().item()
+                )  # the minibatch's token mean, whatever the micro-batches
                 self.optimizer.zero_grad()
                 finite = True
                 for s in range(0, mb, micro):
@@ -163,13 +185,19 @@ class Critic:
                 if done is not None:
                     acc.add({value_name(k): v for k, v in done.items()})
         self.optimizer.zero_grad()
-        return {**acc.means(), VALUE_SKIPPED_UPDATES: float(self.optimizer.skipped), PERF_CRITIC_TRAIN_TIME: time.perf_counter() - t}
+        return {
+            **acc.means(),
+            VALUE_SKIPPED_UPDATES: float(self.optimizer.skipped),
+            PERF_CRITIC_TRAIN_TIME: time.perf_counter() - t,
+        }
 
     def state_dict(self) -> dict:
         return {"critic": self.model.state_dict(), **self.optimizer.state_dict(prefix="critic_")}
 
     def load_state_dict(self, state: dict, where: str) -> None:
         if "critic" not in state:
-            raise CheckpointError(f"checkpoint {where!r} has no critic (a GRPO run?); give the PPO run its own output_dir")
+            raise CheckpointError(
+                f"checkpoint {where!r} has no critic (a GRPO run?); give the PPO run its own output_dir"
+            )
         self.model.load_state_dict(state["critic"])
         self.optimizer.load_state_dict(state, prefix="critic_")

@@ -17,6 +17,7 @@ Errors about one row name it as the user finds it in the file ("prompts.jsonl li
 row 56 (0-based)"), also after data.eval_size took held-out rows out of the middle: build_datasets carries
 those labels beside the rows (never inside them, so reward functions see only the file's columns).
 """
+
 from __future__ import annotations
 
 import codecs
@@ -62,7 +63,9 @@ def load_located_rows(path: str | os.PathLike) -> tuple[list[dict[str, Any]], li
     (0-based)") or of a Parquet / datasets row ("d.parquet row 56 (0-based)")."""
     p = Path(path).expanduser()
     if not p.exists():
-        raise DataError(f"dataset not found: {str(path)!r} (resolved to {p.resolve()}); check data.train_path / data.eval_path")
+        raise DataError(
+            f"dataset not found: {str(path)!r} (resolved to {p.resolve()}); check data.train_path / data.eval_path"
+        )
     if p.is_dir():
         rows, where = _read_datasets_folder(p)
     else:
@@ -95,19 +98,25 @@ def _decode(path: Path) -> str:
 
 def _as_row(obj: Any, where: str, path: Path) -> dict[str, Any]:
     if not isinstance(obj, dict):
-        raise DataError(f"{path.name}: {where} is a JSON {type(obj).__name__}, not an object; write one {{...}} per row")
+        raise DataError(
+            f"{path.name}: {where} is a JSON {type(obj).__name__}, not an object; write one {{...}} per row"
+        )
     return obj
 
 
 def _read_jsonl(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
     rows, where = [], []
-    for lineno, line in enumerate(io.StringIO(_decode(path), newline=None), start=1):  # \n, \r\n or \r, as open()
+    for lineno, line in enumerate(
+        io.StringIO(_decode(path), newline=None), start=1
+    ):  # \n, \r\n or \r, as open()
         if not line.strip():
             continue
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
-            raise DataError(f"{path.name}: line {lineno} is not valid JSON ({e.msg}); fix or remove that line") from None
+            raise DataError(
+                f"{path.name}: line {lineno} is not valid JSON ({e.msg}); fix or remove that line"
+            ) from None
         rows.append(_as_row(obj, f"line {lineno}", path))
         where.append(f"{path.name} line {lineno}")
     return rows, where
@@ -124,7 +133,9 @@ def _read_json(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
     if isinstance(obj, dict):  # a single JSON-lines row is also a valid JSON document
         return [obj], [f"{path.name} line 1"]
     if not isinstance(obj, list):
-        raise DataError(f"{path.name}: holds a JSON {type(obj).__name__}; write a list of objects or one object per line")
+        raise DataError(
+            f"{path.name}: holds a JSON {type(obj).__name__}; write a list of objects or one object per line"
+        )
     where = [f"{path.name} item {i} (0-based)" for i in range(len(obj))]
     return [_as_row(o, f"item {i}", path) for i, o in enumerate(obj)], where
 
@@ -183,7 +194,9 @@ def _read_datasets_folder(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
     try:
         import datasets
     except ImportError:
-        raise DataError(f"{path} is a folder; reading a datasets folder needs `pip install datasets`") from None
+        raise DataError(
+            f"{path} is a folder; reading a datasets folder needs `pip install datasets`"
+        ) from None
     try:
         ds = datasets.load_from_disk(str(path))
     except FileNotFoundError:
@@ -265,7 +278,9 @@ def split_indices(
         raise DataError(f"eval_size must be an int (rows) or a float in (0, 1) (fraction), got {eval_size!r}")
     if isinstance(eval_size, float):
         if not 0.0 < eval_size < 1.0:
-            raise DataError(f"eval_size={eval_size} as a fraction must be in (0, 1); use an int for a row count")
+            raise DataError(
+                f"eval_size={eval_size} as a fraction must be in (0, 1); use an int for a row count"
+            )
         n_eval = math.ceil(eval_size * n_unique)  # ceil, as datasets' train_test_split does for test_size
     else:
         if eval_size < 0:
@@ -341,7 +356,11 @@ class PromptDataset:
     ):
         if overlong not in OVERLONG_CHOICES:
             raise DataError(f"data.overlong_prompts={overlong!r} is not one of {list(OVERLONG_CHOICES)}")
-        if isinstance(max_prompt_length, bool) or not isinstance(max_prompt_length, int) or max_prompt_length < 1:
+        if (
+            isinstance(max_prompt_length, bool)
+            or not isinstance(max_prompt_length, int)
+            or max_prompt_length < 1
+        ):
             raise DataError(f"data.max_prompt_length={max_prompt_length!r} must be a positive int")
         if not rows:
             raise DataError("the dataset has no rows; point to a file with at least one prompt")
@@ -378,7 +397,11 @@ class PromptDataset:
         if overlong_rows:
             logger.warning(
                 "%d of %d prompts are longer than data.max_prompt_length=%d tokens; kept the last %d tokens of each "
-                "(data.overlong_prompts=truncate)", len(overlong_rows), len(ids), max_prompt_length, max_prompt_length,
+                "(data.overlong_prompts=truncate)",
+                len(overlong_rows),
+                len(ids),
+                max_prompt_length,
+                max_prompt_length,
             )
 
         self._ids = ids
@@ -395,7 +418,9 @@ class PromptDataset:
                 '{"role", "content"} messages; fix that row or point data.prompt_column at the prompt column'
             )
         if _is_blank(prompt):  # it would train on the system prompt or BOS alone, silently
-            raise DataError(f"{where}: prompt {_short_repr(prompt)} is empty; remove the row or fill in its prompt")
+            raise DataError(
+                f"{where}: prompt {_short_repr(prompt)} is empty; remove the row or fill in its prompt"
+            )
         if isinstance(prompt, str):
             return prompt if system_prompt is None else system_prompt + "\n" + prompt
         if not getattr(tokenizer, "chat_template", None):
@@ -472,20 +497,26 @@ def build_datasets(
             eval_rows = task.make_rows("test", data_cfg.eval_size or 500, seed)
     elif train_rows is None:
         if not data_cfg.train_path:
-            raise ConfigError("no training data: set data.train_path (a .jsonl/.parquet/.csv file) or data.task")
+            raise ConfigError(
+                "no training data: set data.train_path (a .jsonl/.parquet/.csv file) or data.task"
+            )
         train_rows, train_where = load_located_rows(data_cfg.train_path)
     if eval_rows is None:
         if data_cfg.eval_path:
             eval_rows, eval_where = load_located_rows(data_cfg.eval_path)
         elif data_cfg.eval_size:
             train_where = train_where or [f"row {i}" for i in range(len(train_rows))]
-            train_idx, eval_idx = split_indices(train_rows, data_cfg.eval_size, seed, prompt_column=data_cfg.prompt_column)
+            train_idx, eval_idx = split_indices(
+                train_rows, data_cfg.eval_size, seed, prompt_column=data_cfg.prompt_column
+            )
             eval_rows, eval_where = _take(train_rows, eval_idx), _take(train_where, eval_idx)
             train_rows, train_where = _take(train_rows, train_idx), _take(train_where, train_idx)
     for name, rows in (("data.train_path", train_rows), ("data.eval_path", eval_rows or [])):
         for column in required_columns:
             if rows and column not in _column_names(rows):
-                raise DataError(f"no {column!r} column in the dataset ({name}; columns found: {_column_names(rows)})")
+                raise DataError(
+                    f"no {column!r} column in the dataset ({name}; columns found: {_column_names(rows)})"
+                )
     kw = dict(
         prompt_column=data_cfg.prompt_column,
         max_prompt_length=data_cfg.max_prompt_length,
@@ -501,7 +532,9 @@ def check_context_length(data: Datasets, model_config: Any, max_completion_lengt
     limit = getattr(model_config, "max_position_embeddings", None)
     if not isinstance(limit, int):
         return
-    longest = max(len(d[i].prompt_ids) for d in (data.train, data.eval) if d is not None for i in range(len(d)))
+    longest = max(
+        len(d[i].prompt_ids) for d in (data.train, data.eval) if d is not None for i in range(len(d))
+    )
     T = max_completion_length
     if longest + T > limit:
         raise ConfigError(

@@ -10,6 +10,7 @@
 4. writes metrics.jsonl, plots, report.md, report.html (the page of `grpokit report`) and the final model
    to --out, and prints a before / after table.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -81,7 +82,14 @@ def _before_after(console, before: dict, after: dict, k: int, seed: int) -> list
     """Print the held-out table (SFT warm-start vs after GRPO) and return its rows for the report."""
     from rich.table import Table
 
-    keys = [EVAL_PASS_AT_1, eval_mean_at(k), eval_pass_at(k), eval_maj_at(k), EVAL_FORMAT_RATE, EVAL_MEAN_LENGTH]
+    keys = [
+        EVAL_PASS_AT_1,
+        eval_mean_at(k),
+        eval_pass_at(k),
+        eval_maj_at(k),
+        EVAL_FORMAT_RATE,
+        EVAL_MEAN_LENGTH,
+    ]
     table = Table(title=f"held-out countdown, {int(before[EVAL_NUM_PROMPTS])} problems (seed {seed})")
     for col in ("metric", "SFT warm-start", "after GRPO", "change"):
         table.add_column(col, justify="right" if col != "metric" else "left")
@@ -124,16 +132,31 @@ def run_demo(out: Path, *, quick: bool = False, seed: int = 0, overrides: list[s
     tok = build_tokenizer(task, out / "sft")
     model = build_tiny_llama(tok, size=settings["model_size"], seed=seed)
     n_params = sum(p.numel() for p in model.parameters())
-    console.print(f"[bold]1/3[/] tiny Llama: {n_params / 1e6:.2f}M parameters, vocabulary {len(tok)} characters")
+    console.print(
+        f"[bold]1/3[/] tiny Llama: {n_params / 1e6:.2f}M parameters, vocabulary {len(tok)} characters"
+    )
 
-    sft = settings["sft"]  # the task's train split, read as training reads it; "completion" is its reference solution
+    sft = settings[
+        "sft"
+    ]  # the task's train split, read as training reads it; "completion" is its reference solution
     pairs = build_datasets(DataConfig(task=task.name, task_train_size=sft["rows"]), tok, seed=seed).train
     t = time.perf_counter()
-    stats = train_sft(model, tok, pairs, max_steps=sft["steps"], batch_size=sft["batch_size"], learning_rate=sft["lr"], max_length=256, seed=seed)
+    stats = train_sft(
+        model,
+        tok,
+        pairs,
+        max_steps=sft["steps"],
+        batch_size=sft["batch_size"],
+        learning_rate=sft["lr"],
+        max_length=256,
+        seed=seed,
+    )
     model.save_pretrained(out / "sft")
     tok.save_pretrained(out / "sft")
     sft_time = time.perf_counter() - t
-    console.print(f"[bold]2/3[/] SFT on {len(pairs)} solved problems: loss {stats.get('final_loss', float('nan')):.3f}, {sft_time:.0f}s")
+    console.print(
+        f"[bold]2/3[/] SFT on {len(pairs)} solved problems: loss {stats.get('final_loss', float('nan')):.3f}, {sft_time:.0f}s"
+    )
 
     cfg = load_config(
         None,
@@ -146,7 +169,9 @@ def run_demo(out: Path, *, quick: bool = False, seed: int = 0, overrides: list[s
             *(overrides or []),
         ],
     )
-    console.print(f"[bold]3/3[/] GRPO: {cfg.optim.max_steps} steps of {cfg.rollout.prompts_per_step} prompts x G={cfg.rollout.num_generations}")
+    console.print(
+        f"[bold]3/3[/] GRPO: {cfg.optim.max_steps} steps of {cfg.rollout.prompts_per_step} prompts x G={cfg.rollout.num_generations}"
+    )
     t = time.perf_counter()
     Trainer(cfg).train()
     grpo_time = time.perf_counter() - t
@@ -162,7 +187,22 @@ def run_demo(out: Path, *, quick: bool = False, seed: int = 0, overrides: list[s
         f"GRPO: {cfg.optim.max_steps} steps, {grpo_time:.0f}s. Total {total:.0f}s on {torch.get_num_threads()} threads.\n\n"
         f"Reproduce: `grpokit demo{' --quick' if quick else ''} --seed {seed}`"
     )
-    report = write_report(out, title="grpokit demo: GRPO on countdown", summary_rows=rows, plots=plots, notes=notes)
-    page = write_html_report(out / "grpo", out / "report.html", title="grpokit demo: GRPO on countdown", notes=notes.replace("`", ""))
-    console.print(f"outputs in {out}: {page.name} (open it in a browser), {report.name}, plots, grpo/metrics.jsonl, final model grpo/final ({total:.0f}s)")
-    return {"before": before, "after": after, "sft_time": sft_time, "grpo_time": grpo_time, "total_time": total}
+    report = write_report(
+        out, title="grpokit demo: GRPO on countdown", summary_rows=rows, plots=plots, notes=notes
+    )
+    page = write_html_report(
+        out / "grpo",
+        out / "report.html",
+        title="grpokit demo: GRPO on countdown",
+        notes=notes.replace("`", ""),
+    )
+    console.print(
+        f"outputs in {out}: {page.name} (open it in a browser), {report.name}, plots, grpo/metrics.jsonl, final model grpo/final ({total:.0f}s)"
+    )
+    return {
+        "before": before,
+        "after": after,
+        "sft_time": sft_time,
+        "grpo_time": grpo_time,
+        "total_time": total,
+    }

@@ -14,6 +14,7 @@
 4. held-out task success with tools before and after (greedy episodes, `eval/pass@1`, judged by the task reward
    alone, independent of the process rewards), with the valid-call rate and calls per episode of those episodes.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -22,12 +23,21 @@ from pathlib import Path
 
 import torch
 
-from grpokit.metrics import (EVAL_NUM_PROMPTS, EVAL_PASS_AT_1, EVAL_TOOLS_CALLS_PER_EPISODE, EVAL_TOOLS_CUT_BY_BUDGET,
-                             EVAL_TOOLS_VALID_CALL_RATE, read_metrics)
+from grpokit.metrics import (
+    EVAL_NUM_PROMPTS,
+    EVAL_PASS_AT_1,
+    EVAL_TOOLS_CALLS_PER_EPISODE,
+    EVAL_TOOLS_CUT_BY_BUDGET,
+    EVAL_TOOLS_VALID_CALL_RATE,
+    read_metrics,
+)
 
 TASK_REWARD = "{function: multiply, weight: 1.0}"
 #: with the task reward: the answer is a verified tool result (0.2), and a price per call (0.05)
-PROCESS_REWARDS = ["{function: tool_result_used, weight: 0.2}", "{function: step_cost, weight: 1.0, kwargs: {cost: 0.05}}"]
+PROCESS_REWARDS = [
+    "{function: tool_result_used, weight: 0.2}",
+    "{function: step_cost, weight: 1.0, kwargs: {cost: 0.05}}",
+]
 #: --process-only: those and a well-formed call (0.2 per call, on the call's tokens), the task reward's weight 0
 PROCESS_ONLY_REWARDS = ["{function: tool_args_valid, weight: 0.2}", *PROCESS_REWARDS]
 COMMON = [
@@ -46,16 +56,35 @@ COMMON = [
 FULL = {
     "model_size": "test",
     "sft": dict(rows=8000, steps=900, batch_size=32, lr=3e-3),
-    "grpo": [*COMMON, "rollout.prompts_per_step=8", "rollout.num_generations=8", "optim.learning_rate=5e-4",
-             "optim.max_steps=40", "data.task_train_size=4000", "data.eval_size=200", "eval.every=10",
-             "eval.batch_size=100", "checkpoint.save_every=0", "logging.sample_every=10"],
+    "grpo": [
+        *COMMON,
+        "rollout.prompts_per_step=8",
+        "rollout.num_generations=8",
+        "optim.learning_rate=5e-4",
+        "optim.max_steps=40",
+        "data.task_train_size=4000",
+        "data.eval_size=200",
+        "eval.every=10",
+        "eval.batch_size=100",
+        "checkpoint.save_every=0",
+        "logging.sample_every=10",
+    ],
 }
 QUICK = {
     "model_size": "test",
     "sft": dict(rows=1000, steps=40, batch_size=32, lr=3e-3),
-    "grpo": [*COMMON, "rollout.prompts_per_step=4", "rollout.num_generations=4", "optim.learning_rate=5e-4",
-             "optim.max_steps=4", "data.task_train_size=500", "data.eval_size=20", "eval.every=2",
-             "checkpoint.save_every=0", "logging.sample_every=2"],
+    "grpo": [
+        *COMMON,
+        "rollout.prompts_per_step=4",
+        "rollout.num_generations=4",
+        "optim.learning_rate=5e-4",
+        "optim.max_steps=4",
+        "data.task_train_size=500",
+        "data.eval_size=20",
+        "eval.every=2",
+        "checkpoint.save_every=0",
+        "logging.sample_every=2",
+    ],
 }
 #: what the before / after table shows
 KEYS = (EVAL_PASS_AT_1, EVAL_TOOLS_VALID_CALL_RATE, EVAL_TOOLS_CALLS_PER_EPISODE, EVAL_TOOLS_CUT_BY_BUDGET)
@@ -79,8 +108,14 @@ def _table(console, before: dict, after: dict, title: str) -> list[tuple[str, ..
     return rows
 
 
-def run_tools_demo(out: Path, *, quick: bool = False, seed: int = 0, process_only: bool = False,
-                   overrides: list[str] | None = None) -> dict:
+def run_tools_demo(
+    out: Path,
+    *,
+    quick: bool = False,
+    seed: int = 0,
+    process_only: bool = False,
+    overrides: list[str] | None = None,
+) -> dict:
     from rich.console import Console
 
     from grpokit.config import DataConfig, load_config
@@ -101,25 +136,52 @@ def run_tools_demo(out: Path, *, quick: bool = False, seed: int = 0, process_onl
     tok = build_tokenizer(task, out / "sft")
     model = build_tiny_llama(tok, size=settings["model_size"], seed=seed)
     n_params = sum(p.numel() for p in model.parameters())
-    console.print(f"[bold]1/3[/] tiny Llama: {n_params / 1e6:.2f}M parameters, vocabulary {len(tok)} characters")
+    console.print(
+        f"[bold]1/3[/] tiny Llama: {n_params / 1e6:.2f}M parameters, vocabulary {len(tok)} characters"
+    )
 
     sft = settings["sft"]
     pairs = build_datasets(DataConfig(task=task.name, task_train_size=sft["rows"]), tok, seed=seed).train
     t = time.perf_counter()
-    stats = train_sft(model, tok, pairs, max_steps=sft["steps"], batch_size=sft["batch_size"], learning_rate=sft["lr"],
-                      max_length=128, seed=seed)
+    stats = train_sft(
+        model,
+        tok,
+        pairs,
+        max_steps=sft["steps"],
+        batch_size=sft["batch_size"],
+        learning_rate=sft["lr"],
+        max_length=128,
+        seed=seed,
+    )
     model.save_pretrained(out / "sft")
     tok.save_pretrained(out / "sft")
     sft_time = time.perf_counter() - t
-    console.print(f"[bold]2/3[/] SFT on {len(pairs)} problems (half with a calculator call): "
-                  f"loss {stats.get('final_loss', float('nan')):.3f}, {sft_time:.0f}s")
+    console.print(
+        f"[bold]2/3[/] SFT on {len(pairs)} problems (half with a calculator call): "
+        f"loss {stats.get('final_loss', float('nan')):.3f}, {sft_time:.0f}s"
+    )
 
-    rewards = [TASK_REWARD.replace("1.0", "0.0"), *PROCESS_ONLY_REWARDS] if process_only else [TASK_REWARD, *PROCESS_REWARDS]
-    cfg = load_config(None, [f"model.name_or_path={out / 'sft'}", f"output_dir={out / 'grpo'}", f"seed={seed}",
-                             f"rewards=[{', '.join(rewards)}]", *settings["grpo"], *(overrides or [])])
+    rewards = (
+        [TASK_REWARD.replace("1.0", "0.0"), *PROCESS_ONLY_REWARDS]
+        if process_only
+        else [TASK_REWARD, *PROCESS_REWARDS]
+    )
+    cfg = load_config(
+        None,
+        [
+            f"model.name_or_path={out / 'sft'}",
+            f"output_dir={out / 'grpo'}",
+            f"seed={seed}",
+            f"rewards=[{', '.join(rewards)}]",
+            *settings["grpo"],
+            *(overrides or []),
+        ],
+    )
     what = "process rewards only (task reward weight 0)" if process_only else "task success + process rewards"
-    console.print(f"[bold]3/3[/] GRPO with the calculator, {what}: {cfg.optim.max_steps} steps of "
-                  f"{cfg.rollout.prompts_per_step} prompts x G={cfg.rollout.num_generations}, up to {cfg.rollout.max_turns} turns")
+    console.print(
+        f"[bold]3/3[/] GRPO with the calculator, {what}: {cfg.optim.max_steps} steps of "
+        f"{cfg.rollout.prompts_per_step} prompts x G={cfg.rollout.num_generations}, up to {cfg.rollout.max_turns} turns"
+    )
     t = time.perf_counter()
     Trainer(cfg).train()
     grpo_time = time.perf_counter() - t
@@ -131,9 +193,21 @@ def run_tools_demo(out: Path, *, quick: bool = False, seed: int = 0, process_onl
     plots = plot_metrics(out / "grpo" / "metrics.jsonl", out)
     total = time.perf_counter() - t_start
     flags = (" --quick" if quick else "") + (" --process-only" if process_only else "")
-    notes = (f"Model: tiny Llama, {n_params / 1e6:.2f}M parameters. SFT: {len(pairs)} problems, {sft_time:.0f}s. "
-             f"GRPO ({what}): {cfg.optim.max_steps} steps, {grpo_time:.0f}s. Total {total:.0f}s on {torch.get_num_threads()} "
-             f"threads.\n\nReproduce: `grpokit demo --task tools{flags} --seed {seed}`")
-    write_report(out, title="grpokit demo: agentic GRPO with a calculator", summary_rows=rows, plots=plots, notes=notes)
-    console.print(f"outputs in {out}: report.md, plots, grpo/metrics.jsonl, final model grpo/final ({total:.0f}s)")
-    return {"before": before, "after": after, "sft_time": sft_time, "grpo_time": grpo_time, "total_time": total}
+    notes = (
+        f"Model: tiny Llama, {n_params / 1e6:.2f}M parameters. SFT: {len(pairs)} problems, {sft_time:.0f}s. "
+        f"GRPO ({what}): {cfg.optim.max_steps} steps, {grpo_time:.0f}s. Total {total:.0f}s on {torch.get_num_threads()} "
+        f"threads.\n\nReproduce: `grpokit demo --task tools{flags} --seed {seed}`"
+    )
+    write_report(
+        out, title="grpokit demo: agentic GRPO with a calculator", summary_rows=rows, plots=plots, notes=notes
+    )
+    console.print(
+        f"outputs in {out}: report.md, plots, grpo/metrics.jsonl, final model grpo/final ({total:.0f}s)"
+    )
+    return {
+        "before": before,
+        "after": after,
+        "sft_time": sft_time,
+        "grpo_time": grpo_time,
+        "total_time": total,
+    }

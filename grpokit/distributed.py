@@ -20,6 +20,7 @@ Collectives are torch.distributed's own (all_reduce, all_gather, broadcast, thei
 sharding is FSDP2's fully_shard and the replication DDP's; checkpoints are torch.distributed.checkpoint's
 (checkpoint_sharded.py). docs/scaling.md has the whole picture.
 """
+
 from __future__ import annotations
 
 import copy
@@ -32,14 +33,26 @@ import torch.distributed as dist
 from torch import Tensor
 
 from grpokit.batch import PackedBatch, RolloutBatch
-from grpokit.checkpoint import (CheckpointError, StopSignals, is_sharded_checkpoint, load_weights, save_checkpoint, seed_everything,
-                                set_rng_state)
+from grpokit.checkpoint import (
+    CheckpointError,
+    StopSignals,
+    is_sharded_checkpoint,
+    load_weights,
+    save_checkpoint,
+    seed_everything,
+    set_rng_state,
+)
 from grpokit.checkpoint_sharded import load_sharded, save_sharded
 from grpokit.config import Config, ConfigError
 from grpokit.metrics import RANK_REDUCTIONS, MeanAccumulator
 from grpokit.rewards import RewardOutput
 
-REDUCE: dict[str, Callable[[list[float]], float]] = {"max": max, "min": min, "sum": sum, "mean": lambda v: sum(v) / len(v)}
+REDUCE: dict[str, Callable[[list[float]], float]] = {
+    "max": max,
+    "min": min,
+    "sum": sum,
+    "mean": lambda v: sum(v) / len(v),
+}
 
 
 def check_config(cfg: Config, world_size: int) -> None:
@@ -48,23 +61,36 @@ def check_config(cfg: Config, world_size: int) -> None:
     if cfg.distributed.strategy == "none":
         raise ConfigError(f"distributed.strategy=none is for one process; {where} use fsdp2 or ddp")
     if cfg.distributed.mixed_precision != "none" and cfg.distributed.strategy != "fsdp2":
-        raise ConfigError(f"distributed.mixed_precision={cfg.distributed.mixed_precision} is FSDP2's MixedPrecisionPolicy; with "
-                          f"distributed.strategy={cfg.distributed.strategy} use model.autocast=bfloat16 instead")
+        raise ConfigError(
+            f"distributed.mixed_precision={cfg.distributed.mixed_precision} is FSDP2's MixedPrecisionPolicy; with "
+            f"distributed.strategy={cfg.distributed.strategy} use model.autocast=bfloat16 instead"
+        )
     B, M = cfg.rollout.prompts_per_step, cfg.optim.num_minibatches
     if B % world_size:
-        raise ConfigError(f"rollout.prompts_per_step={B} is not a multiple of the world size {world_size}: every rank rolls out "
-                          f"an equal share of whole groups; use a multiple of {world_size} (the global batch stays prompts_per_step x G)")
+        raise ConfigError(
+            f"rollout.prompts_per_step={B} is not a multiple of the world size {world_size}: every rank rolls out "
+            f"an equal share of whole groups; use a multiple of {world_size} (the global batch stays prompts_per_step x G)"
+        )
     if cfg.minibatch_size % world_size:
-        raise ConfigError(f"the minibatch of {cfg.minibatch_size} completions (rollout batch / optim.num_minibatches={M}) does not "
-                          f"split into {world_size} equal shares {where}; change optim.num_minibatches or rollout.prompts_per_step")
+        raise ConfigError(
+            f"the minibatch of {cfg.minibatch_size} completions (rollout batch / optim.num_minibatches={M}) does not "
+            f"split into {world_size} equal shares {where}; change optim.num_minibatches or rollout.prompts_per_step"
+        )
     share = cfg.minibatch_size // world_size
     if cfg.optim.micro_batch_size and share % cfg.optim.micro_batch_size:
-        raise ConfigError(f"optim.micro_batch_size={cfg.optim.micro_batch_size} must divide each rank's share of a minibatch, {share} "
-                          f"completions {where}")
-    for what, on in (("algorithm.advantage_estimator=gae (the PPO critic)", cfg.algorithm.advantage_estimator == "gae"),
-                     ("model.compile=true", cfg.model.compile), ("model.lora (LoRA adapters)", cfg.model.lora is not None)):
+        raise ConfigError(
+            f"optim.micro_batch_size={cfg.optim.micro_batch_size} must divide each rank's share of a minibatch, {share} "
+            f"completions {where}"
+        )
+    for what, on in (
+        ("algorithm.advantage_estimator=gae (the PPO critic)", cfg.algorithm.advantage_estimator == "gae"),
+        ("model.compile=true", cfg.model.compile),
+        ("model.lora (LoRA adapters)", cfg.model.lora is not None),
+    ):
         if on:
-            raise ConfigError(f"{what} is not supported {where} yet (issue 12, docs/scaling.md); run it in one process")
+            raise ConfigError(
+                f"{what} is not supported {where} yet (issue 12, docs/scaling.md); run it in one process"
+            )
 
 
 def is_sharded(model) -> bool:
@@ -100,11 +126,26 @@ class _Silent:
 class World:
     """This process's place among the ranks, and the collectives the loop needs (see the module docstring)."""
 
-    def __init__(self, rank: int = 0, size: int = 1, local_rank: int = 0, strategy: str = "none", mixed_precision: str = "none"):
-        self.rank, self.size, self.local_rank, self.strategy, self.mixed_precision = rank, size, local_rank, strategy, mixed_precision
+    def __init__(
+        self,
+        rank: int = 0,
+        size: int = 1,
+        local_rank: int = 0,
+        strategy: str = "none",
+        mixed_precision: str = "none",
+    ):
+        self.rank, self.size, self.local_rank, self.strategy, self.mixed_precision = (
+            rank,
+            size,
+            local_rank,
+            strategy,
+            mixed_precision,
+        )
         self.device = torch.device("cpu")  # where collectives' tensors go: the policy's device (wrap)
         self._model: torch.nn.Module | None = None  # the trained module (FSDP2: sharded in place)
-        self._full: torch.nn.Module | None = None  # FSDP2: an unsharded copy for the rollout engine and the saved model
+        self._full: torch.nn.Module | None = (
+            None  # FSDP2: an unsharded copy for the rollout engine and the saved model
+        )
         self._ref: torch.nn.Module | None = None  # pi_ref (FSDP2: sharded as the policy is)
 
     @classmethod
@@ -115,14 +156,22 @@ class World:
         if size <= 1:
             return cls()
         check_config(cfg, size)
-        return cls(int(os.environ["RANK"]), size, int(os.environ.get("LOCAL_RANK") or 0), cfg.distributed.strategy, cfg.distributed.mixed_precision)
+        return cls(
+            int(os.environ["RANK"]),
+            size,
+            int(os.environ.get("LOCAL_RANK") or 0),
+            cfg.distributed.strategy,
+            cfg.distributed.mixed_precision,
+        )
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
 
     # ------------------------------------------------------------------ the model
-    def wrap(self, model: torch.nn.Module, ref: torch.nn.Module | None = None) -> tuple[torch.nn.Module, torch.nn.Module, torch.nn.Module]:
+    def wrap(
+        self, model: torch.nn.Module, ref: torch.nn.Module | None = None
+    ) -> tuple[torch.nn.Module, torch.nn.Module, torch.nn.Module]:
         """(the module whose parameters the optimizer steps, what the training forward calls, the module the
         rollout engine generates and evaluates with). One process: the model three times.
 
@@ -140,7 +189,9 @@ class World:
         if not dist.is_initialized():
             if self.device.type == "cuda":
                 torch.cuda.set_device(self.device)
-            dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")  # env://, as torchrun sets it
+            dist.init_process_group(
+                "nccl" if self.device.type == "cuda" else "gloo"
+            )  # env://, as torchrun sets it
         if self.strategy == "ddp":
             from torch.nn.parallel import DistributedDataParallel
 
@@ -159,9 +210,13 @@ class World:
 
         mesh = init_device_mesh(self.device.type, (self.size,))
         layer_mp = root_mp = MixedPrecisionPolicy()  # FSDP2's default: the parameters' own dtype throughout
-        if self.mixed_precision == "bf16":  # the layers pass bf16 on; the root's output (the logits) comes out fp32
+        if (
+            self.mixed_precision == "bf16"
+        ):  # the layers pass bf16 on; the root's output (the logits) comes out fp32
             layer_mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-            root_mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, output_dtype=torch.float32)
+            root_mp = MixedPrecisionPolicy(
+                param_dtype=torch.bfloat16, reduce_dtype=torch.float32, output_dtype=torch.float32
+            )
         for layer in decoder_layers(model):
             fully_shard(layer, mesh=mesh, mp_policy=layer_mp)
         fully_shard(model, mesh=mesh, mp_policy=root_mp)
@@ -266,15 +321,23 @@ class World:
         if self.size == 1:
             return args
         everyone = self.gather(args)
-        return tuple(_cat([r[i] for r in everyone]) if isinstance(a, (Tensor, list)) else a for i, a in enumerate(args))
+        return tuple(
+            _cat([r[i] for r in everyone]) if isinstance(a, (Tensor, list)) else a for i, a in enumerate(args)
+        )
 
     def scores(self, scored: RewardOutput) -> RewardOutput:
         """Every rank's rewards as one RewardOutput (the reward/ metrics of the whole batch)."""
-        return scored if self.size == 1 else RewardOutput.take([(s, slice(None)) for s in self.gather(scored)])
+        return (
+            scored if self.size == 1 else RewardOutput.take([(s, slice(None)) for s in self.gather(scored)])
+        )
 
     def means(self, acc: MeanAccumulator) -> dict[str, float]:
         """acc.means() over every rank's micro-batches (their sums and weights added up)."""
-        return acc.means() if self.size == 1 else MeanAccumulator.merge(self.gather((acc.sums, acc.weights))).means()
+        return (
+            acc.means()
+            if self.size == 1
+            else MeanAccumulator.merge(self.gather((acc.sums, acc.weights))).means()
+        )
 
     def reduce_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
         """The run's metrics from every rank's: metrics.RANK_REDUCTIONS for per-rank times and counts, the mean for
@@ -304,14 +367,28 @@ class World:
         return next(name for name in self.gather(received) if name is not None)
 
     # ------------------------------------------------------------------ checkpoints
-    def save_checkpoint(self, out: Path, step: int, model, adamw, tokenizer, state: dict, keep_last: int) -> Path:
+    def save_checkpoint(
+        self, out: Path, step: int, model, adamw, tokenizer, state: dict, keep_last: int
+    ) -> Path:
         """One process: checkpoint.save_checkpoint (model.safetensors + the trainer state). Several: every rank writes
         its shards of the weights and AdamW's moments with torch.distributed.checkpoint (checkpoint_sharded.py); rank
         0's `state` without the moments (state["optimizer"], per-rank DTensors) goes next to them."""
         if self.size == 1:
             return save_checkpoint(out, step, model, tokenizer, state, keep_last)
-        rest = {k: v for k, v in state.items() if k not in ("optimizer", "ref_model")}  # pi_ref after a reset: sharded too
-        return save_sharded(out, step, model, adamw, tokenizer, rest, keep_last, self, ref=self._ref if "ref_model" in state else None)
+        rest = {
+            k: v for k, v in state.items() if k not in ("optimizer", "ref_model")
+        }  # pi_ref after a reset: sharded too
+        return save_sharded(
+            out,
+            step,
+            model,
+            adamw,
+            tokenizer,
+            rest,
+            keep_last,
+            self,
+            ref=self._ref if "ref_model" in state else None,
+        )
 
     def load_checkpoint(self, path: Path, state: dict, *, model, adamw, seed: int) -> None:
         """A checkpoint into this world: weights, AdamW's moments, generators, and pi_ref when the checkpoint holds
@@ -331,19 +408,32 @@ class World:
         which is the model's named_parameters (optim.Optimizer), and are set here by name; state["optimizer"] and
         state["ref_model"] are consumed, so that the trainer's own loading skips them."""
         from safetensors.torch import load_file
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
 
-        whole, lenient = StateDictOptions(full_state_dict=True), StateDictOptions(full_state_dict=True, strict=False)
+        whole, lenient = (
+            StateDictOptions(full_state_dict=True),
+            StateDictOptions(full_state_dict=True, strict=False),
+        )
         weights = {k: v for f in sorted(Path(path).glob("*.safetensors")) for k, v in load_file(f).items()}
-        missing = [n for n, _ in model.named_parameters() if n not in weights]  # a tied head is saved once, as the embedding
+        missing = [
+            n for n, _ in model.named_parameters() if n not in weights
+        ]  # a tied head is saved once, as the embedding
         if missing:
-            raise CheckpointError(f"checkpoint {str(path)!r} does not hold {missing[:3]} of this model; resume it with one process, "
-                                  "with the model it was trained from")
+            raise CheckpointError(
+                f"checkpoint {str(path)!r} does not hold {missing[:3]} of this model; resume it with one process, "
+                "with the model it was trained from"
+            )
         set_model_state_dict(model, weights, options=lenient)
         names = [n for n, p in model.named_parameters() if p.requires_grad]
         saved = state.pop("optimizer")
-        by_name = {"state": {names[i]: v for i, v in saved["state"].items()},
-                   "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in saved["param_groups"]]}
+        by_name = {
+            "state": {names[i]: v for i, v in saved["state"].items()},
+            "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in saved["param_groups"]],
+        }
         set_optimizer_state_dict(model, adamw, by_name, options=whole)
         if "ref_model" in state and self._ref is not None:
             set_model_state_dict(self._ref, state.pop("ref_model"), options=lenient)
@@ -363,7 +453,9 @@ def _cat(parts: list[Any]) -> Any:
         return [x for p in parts for x in p]
     if parts[0].dim() < 2:
         return torch.cat(parts)
-    out = parts[0].new_zeros((sum(len(p) for p in parts), max(p.shape[1] for p in parts), *parts[0].shape[2:]))
+    out = parts[0].new_zeros(
+        (sum(len(p) for p in parts), max(p.shape[1] for p in parts), *parts[0].shape[2:])
+    )
     row = 0
     for p in parts:
         out[row : row + len(p), : p.shape[1]] = p
@@ -390,7 +482,17 @@ def _cat_packed(parts: list[PackedBatch], pad_id: int) -> PackedBatch:
 
 def cat_batches(parts: list[RolloutBatch], pad_id: int) -> RolloutBatch:
     """Rollout batches as one, in order (every rank's: the global batch). PPO's value targets are not carried."""
-    opt = lambda name: _cat([getattr(p, name) for p in parts]) if getattr(parts[0], name) is not None else None  # noqa: E731
-    return RolloutBatch(_cat_packed([p.tokens for p in parts], pad_id), _cat([p.loss_mask for p in parts]),
-                        _cat([p.truncated for p in parts]), _cat([p.rewards for p in parts]),
-                        _cat([p.advantages for p in parts]), opt("old_logp"), opt("ref_logp"), None, opt("sampler_logp"))
+    opt = lambda name: (
+        _cat([getattr(p, name) for p in parts]) if getattr(parts[0], name) is not None else None
+    )  # noqa: E731
+    return RolloutBatch(
+        _cat_packed([p.tokens for p in parts], pad_id),
+        _cat([p.loss_mask for p in parts]),
+        _cat([p.truncated for p in parts]),
+        _cat([p.rewards for p in parts]),
+        _cat([p.advantages for p in parts]),
+        opt("old_logp"),
+        opt("ref_logp"),
+        None,
+        opt("sampler_logp"),
+    )

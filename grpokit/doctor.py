@@ -17,6 +17,7 @@ least-squares slope) against the run's own step-to-step noise. Metrics a run did
 never an error: a check asks the Run for its series, and the Run notes each metric it was asked for
 and no row has, so the report can list the checks that had nothing to read.
 """
+
 from __future__ import annotations
 
 import math
@@ -75,7 +76,9 @@ NONE_FRAC_MAX = 0.5  # reward/none_frac: no reward function applied to most comp
 ZERO_STD_MAX = 0.5  # reward/zero_std_frac: most groups carry no gradient (Q15)
 ZERO_STD_ERROR = 0.9
 NO_SIGNAL_MIN_STEPS = 5  # logged steps in a row where every group was tied (or the whole run, when shorter)
-ERROR_FRAC_MAX = 0.5  # reward/error_frac: a function failed on most of a step (config reward_error_fraction wins)
+ERROR_FRAC_MAX = (
+    0.5  # reward/error_frac: a function failed on most of a step (config reward_error_fraction wins)
+)
 ERROR_FRAC_ERROR_STEPS = 0.1  # ... at more than this fraction of the logged steps: an error, else a warning
 # ratio / clip / KL
 RATIO_TOL = 0.1  # |policy/ratio_mean - 1|: trainer and sampler disagree
@@ -97,7 +100,15 @@ GRAD_SPIKE_FACTOR = 10.0  # policy/grad_norm above this multiple of the median o
 GRAD_HISTORY = 20  # ... the previous GRAD_HISTORY logged steps
 GRAD_MIN_HISTORY = 10  # (needs at least this many before it)
 GRAD_SPIKE_Z = 5.0  # ... and above this many of the run's step-to-step spreads of log(grad_norm)
-NONFINITE_KEYS = (REWARD_MEAN, REWARD_STD, ADVANTAGE_MEAN, POLICY_LOSS, POLICY_KL, POLICY_GRAD_NORM, POLICY_ENTROPY)
+NONFINITE_KEYS = (
+    REWARD_MEAN,
+    REWARD_STD,
+    ADVANTAGE_MEAN,
+    POLICY_LOSS,
+    POLICY_KL,
+    POLICY_GRAD_NORM,
+    POLICY_ENTROPY,
+)
 # reward hacking (Q25, Q26): training reward up, held-out pass@1 not
 HACK_MIN_EVALS = 3
 HACK_Z = 3.0  # the training-reward rise must be this many standard errors ...
@@ -311,7 +322,9 @@ def check_reward_errors(run: Run) -> list[Finding]:
     if error_frac is None:
         return []
     limit = run.setting("reward_error_fraction")
-    limit = float(limit) if isinstance(limit, (int, float)) and not isinstance(limit, bool) else ERROR_FRAC_MAX
+    limit = (
+        float(limit) if isinstance(limit, (int, float)) and not isinstance(limit, bool) else ERROR_FRAC_MAX
+    )
     flagged = np.flatnonzero(error_frac.values > limit)
     if not len(flagged):
         return []
@@ -324,7 +337,11 @@ def check_reward_errors(run: Run) -> list[Finding]:
                 worst[name] = max(worst.get(name, 0.0), fraction)
                 if (_finite(r.get(reward_timeouts(name))) or 0) > 0:
                     timed_out.add(name)
-    names = ", ".join(f"{name!r} (up to {_percent(f)})" for name, f in sorted(worst.items(), key=lambda kv: -kv[1]) if f > limit)
+    names = ", ".join(
+        f"{name!r} (up to {_percent(f)})"
+        for name, f in sorted(worst.items(), key=lambda kv: -kv[1])
+        if f > limit
+    )
     slow = f"; timed out: {', '.join(map(repr, sorted(timed_out)))}" if timed_out else ""
     return [
         Finding(
@@ -344,7 +361,9 @@ def check_reward_errors(run: Run) -> list[Finding]:
 def check_no_signal(run: Run) -> list[Finding]:
     if run.series(REWARD_ZERO_STD_FRAC) is None:  # notes the metric as absent for the report
         return []
-    by_step = {_step(r): no_learning_signal(r) for r in run.rows if _finite(r.get(REWARD_ZERO_STD_FRAC)) is not None}
+    by_step = {
+        _step(r): no_learning_signal(r) for r in run.rows if _finite(r.get(REWARD_ZERO_STD_FRAC)) is not None
+    }
     steps = sorted(by_step)
     mask = np.array([by_step[s] for s in steps])
     return [
@@ -377,7 +396,9 @@ def check_reward_flat(run: Run) -> list[Finding]:
     stderr = mean_diff_se(sigma, block)
     best_rise = float(block_means.max() - block_means[0])
     trend_t = slope_t(reward.values, sigma)
-    if trend_t > FLAT_Z or best_rise > FLAT_Z * stderr:  # a trend over the run, or one stretch well above the start
+    if (
+        trend_t > FLAT_Z or best_rise > FLAT_Z * stderr
+    ):  # a trend over the run, or one stretch well above the start
         return []
     return [
         Finding(
@@ -427,8 +448,10 @@ def check_zero_std(run: Run) -> list[Finding]:
     if zero_std is None:
         return []
     if run.setting("algorithm.dynamic_sampling") is True:  # it ran and still could not fill the batch
-        sampling = ("dynamic sampling is on but ran out of rounds: raise algorithm.max_sampling_rounds"
-                    f"{run.current('algorithm.max_sampling_rounds')}")
+        sampling = (
+            "dynamic sampling is on but ran out of rounds: raise algorithm.max_sampling_rounds"
+            f"{run.current('algorithm.max_sampling_rounds')}"
+        )
     else:
         sampling = "DAPO dynamic sampling drops such groups: algorithm.dynamic_sampling=true (or algorithm.preset=dapo)"
     out = []
@@ -544,7 +567,11 @@ def check_kl_zero(run: Run) -> list[Finding]:
     w = window(len(kl))
     if float(np.max(np.abs(kl.values[w:]))) >= KL_ZERO:
         return []
-    moving = grad_norm is not None and float(np.median(grad_norm.values)) > 0 and (lr is None or float(np.median(lr.values)) > 0)
+    moving = (
+        grad_norm is not None
+        and float(np.median(grad_norm.values)) > 0
+        and (lr is None or float(np.median(lr.values)) > 0)
+    )
     if not moving:
         return []
     return [
@@ -655,7 +682,9 @@ def check_grad_spikes(run: Run) -> list[Finding]:
     # A run whose gradient norm routinely swings by x4 needs more than x10 to call a step a spike:
     # the bar is also GRAD_SPIKE_Z of the run's own step-to-step spread in log space.
     log_diffs = np.diff(np.log(np.maximum(norms, 1e-12)))
-    spread = 1.4826 * float(np.median(np.abs(log_diffs - np.median(log_diffs)))) / math.sqrt(2)  # robust: spikes do not count
+    spread = (
+        1.4826 * float(np.median(np.abs(log_diffs - np.median(log_diffs)))) / math.sqrt(2)
+    )  # robust: spikes do not count
     log_bar = max(math.log(GRAD_SPIKE_FACTOR), GRAD_SPIKE_Z * spread)
     padded = np.concatenate([np.full(GRAD_HISTORY, np.nan), norms])
     history = np.lib.stride_tricks.sliding_window_view(padded[:-1], GRAD_HISTORY)[GRAD_MIN_HISTORY:]
@@ -737,7 +766,9 @@ def check_reward_hacking(run: Run) -> list[Finding]:
     gain = late - early
     stderr = mean_diff_se(step_noise(reward.values), w)
     spread = run.series(REWARD_STD, optional=True)
-    need = max(HACK_Z * stderr, HACK_TRAIN_GAIN_STD * float(np.median(spread.values)) if spread is not None else 0.0)
+    need = max(
+        HACK_Z * stderr, HACK_TRAIN_GAIN_STD * float(np.median(spread.values)) if spread is not None else 0.0
+    )
     if gain <= need:
         return []
     third = max(1, len(held_out) // 3)
@@ -874,7 +905,7 @@ def doctor_main(run_dir: str) -> int:
         return _error(f"cannot read {metrics}: {exc}")
     run = Run(rows, _load_config(metrics.parent / CONFIG_FILE))
     if not run.rows:
-        return _error(f"{metrics} has no metric lines (a line needs a numeric \"step\")")
+        return _error(f'{metrics} has no metric lines (a line needs a numeric "step")')
     findings, not_checked = run_checks(run)
     _print_report(run, findings, not_checked, str(run_dir))
     return 1 if findings else 0
@@ -891,7 +922,9 @@ def _print_report(run: Run, findings: list[Finding], not_checked: list[str], nam
         f"config {'read' if run.config else 'not found (config-aware checks skipped)'}"
     )
     if len(steps) < MIN_STEPS:
-        console.print(f"only {len(steps)} logged steps: most checks need {MIN_STEPS} or more, so little can be judged yet")
+        console.print(
+            f"only {len(steps)} logged steps: most checks need {MIN_STEPS} or more, so little can be judged yet"
+        )
     if not_checked:
         console.print(f"not checked (metrics not logged): {', '.join(not_checked)}")
     if not findings:
@@ -904,7 +937,9 @@ def _print_report(run: Run, findings: list[Finding], not_checked: list[str], nam
     table.add_column("suggested fix", overflow="fold")
     for f in findings:
         color = "red" if f.severity == "error" else "yellow"
-        table.add_row(f"[{color}]{f.check}[/{color}]\n{f.severity}", f"{f.steps[0]}-{f.steps[1]}", f.message, f.fix)
+        table.add_row(
+            f"[{color}]{f.check}[/{color}]\n{f.severity}", f"{f.steps[0]}-{f.steps[1]}", f.message, f.fix
+        )
     console.print(table)
     n_err = sum(f.severity == "error" for f in findings)
     console.print(f"{len(findings)} finding(s): {n_err} error(s), {len(findings) - n_err} warning(s)")

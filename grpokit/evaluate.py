@@ -6,6 +6,7 @@
 and booleans; `make_judge` builds one from a RewardManager (correct = the judging reward >= threshold).
 Sampling runs under a forked RNG, so evaluating never changes the training run's random stream.
 """
+
 from __future__ import annotations
 
 import time
@@ -49,7 +50,9 @@ def make_judge(reward_manager, *, reward_name: str | None = None, threshold: flo
         )
         name = reward_name or next(iter(out.per_function))
         if name not in out.per_function:
-            raise ValueError(f"eval reward {name!r} is not one of the configured rewards: {', '.join(out.per_function)}")
+            raise ValueError(
+                f"eval reward {name!r} is not one of the configured rewards: {', '.join(out.per_function)}"
+            )
         raw = torch.nan_to_num(out.per_function[name], nan=0.0)
         fmt = out.per_function.get("format")
         fmt = torch.nan_to_num(fmt, nan=0.0) > 0 if fmt is not None else raw > 0
@@ -80,7 +83,9 @@ def evaluate(
     correct, fmt, scores, lengths, episodes = [], [], [], [], []
     for start in range(0, len(rows), batch_size):
         chunk = rows[start : start + batch_size]
-        comps = generate_groups(engine, chunk, 1, greedy, {})  # with tools: episodes (environments reset with the rows)
+        comps = generate_groups(
+            engine, chunk, 1, greedy, {}
+        )  # with tools: episodes (environments reset with the rows)
         s, c, f = judge(chunk, comps)
         scores += s
         correct += c
@@ -94,7 +99,9 @@ def evaluate(
         EVAL_REWARD_MEAN: sum(scores) / n,
         EVAL_MEAN_LENGTH: sum(lengths) / max(len(lengths), 1),
         EVAL_NUM_PROMPTS: float(len(rows)),
-        **(episode_metrics(episodes, prefix=EVAL_TOOLS_PREFIX) if episodes else {}),  # greedy episodes' tool use
+        **(
+            episode_metrics(episodes, prefix=EVAL_TOOLS_PREFIX) if episodes else {}
+        ),  # greedy episodes' tool use
     }
     if k > 1:
         sampling = SamplingParams(max_tokens=max_tokens, temperature=temperature)

@@ -17,6 +17,7 @@ the step's metrics are logged and before its checkpoint: what is on disk is what
 are finite; the guard is about wasted compute, not broken weights). The last step of a run never stops it: the run
 ends there anyway, with its final save. `grpokit doctor` reports the same from metrics.jsonl (no_signal, reward_errors).
 """
+
 from __future__ import annotations
 
 import logging
@@ -74,5 +75,9 @@ class StepHealth:
             )
         if set(reasons) != self._warned:
             self._warned = frozenset(reasons)
-            then = f"the run stops after {limit} such steps in a row (stop_after_bad_steps)" if limit else "the run goes on (stop_after_bad_steps=0)"
+            then = (
+                f"the run stops after {limit} such steps in a row (stop_after_bad_steps)"
+                if limit
+                else "the run goes on (stop_after_bad_steps=0)"
+            )
             logger.warning("step %d: %s. %s", step, text, then[0].upper() + then[1:])

@@ -17,6 +17,7 @@ every other name is a constant.
 Nothing here imports torch or another grpokit module at import time: the doctor and the plots use
 the names and the reader without paying torch's import (~2 s).
 """
+
 from __future__ import annotations
 
 import json
@@ -70,8 +71,12 @@ REWARD_TOTAL = "reward/total"
 REWARD_TOTAL_STD = "reward/total/std"
 REWARD_ERRORS_PREFIX = "reward/errors/"
 REWARD_TIMEOUTS_PREFIX = "reward/timeouts/"
-REWARD_ERROR_FRAC = "reward/error_frac"  # the largest fraction of the step's completions one function failed on
-REWARD_SKIPPED_FRAC = "reward/skipped_frac"  # completions whose group a timed-out call dropped (on_timeout=skip_group)
+REWARD_ERROR_FRAC = (
+    "reward/error_frac"  # the largest fraction of the step's completions one function failed on
+)
+REWARD_SKIPPED_FRAC = (
+    "reward/skipped_frac"  # completions whose group a timed-out call dropped (on_timeout=skip_group)
+)
 
 
 def reward_fn(name: str) -> str:
@@ -199,8 +204,17 @@ ROLLOUT_VERSION_LAG_MAX = "rollout/version_lag_max"
 # eval/tools/<x> over the held-out greedy episodes (grpokit.tools.episode.episode_metrics).
 ROLLOUT_TOOLS_PREFIX = "rollout/tools/"
 EVAL_TOOLS_PREFIX = "eval/tools/"
-TOOL_METRICS = ("calls_per_episode", "turns", "valid_call_rate", "episodes_with_calls", "errors", "timeouts", "seconds",
-                "cut_by_budget", "cut_by_turns")
+TOOL_METRICS = (
+    "calls_per_episode",
+    "turns",
+    "valid_call_rate",
+    "episodes_with_calls",
+    "errors",
+    "timeouts",
+    "seconds",
+    "cut_by_budget",
+    "cut_by_turns",
+)
 ROLLOUT_TOOLS_CALLS_PER_EPISODE = "rollout/tools/calls_per_episode"
 ROLLOUT_TOOLS_TURNS = "rollout/tools/turns"
 ROLLOUT_TOOLS_VALID_CALL_RATE = "rollout/tools/valid_call_rate"
@@ -243,10 +257,31 @@ PERF_WEIGHTS_WAIT = "perf/weights_wait_time"
 #: Every other metric is computed over the whole batch already (the same on every rank: reward/, advantage/,
 #: rollout/ from every rank's rows, policy/ from every rank's micro-batches), or only rank 0 has it (eval/).
 RANK_REDUCTIONS: dict[str, str] = {
-    **{name: "max" for name in (PERF_ROLLOUT_TIME, PERF_REWARD_TIME, PERF_REF_TIME, PERF_STEP_TIME, PERF_TRAIN_TIME,
-                                PERF_PEAK_RSS_MB, PERF_VALUE_TIME, PERF_CRITIC_TRAIN_TIME, PERF_ROLLOUT_WAIT, PERF_WEIGHTS_WAIT)},
-    **{name: "sum" for name in (PERF_ROLLOUT_TOKENS_PER_S, PERF_TRAIN_TOKENS_PER_S, ROLLOUT_GROUPS_DRAWN,
-                                ROLLOUT_GROUPS_DROPPED, ROLLOUT_GROUPS_TOPPED_UP)},
+    **{
+        name: "max"
+        for name in (
+            PERF_ROLLOUT_TIME,
+            PERF_REWARD_TIME,
+            PERF_REF_TIME,
+            PERF_STEP_TIME,
+            PERF_TRAIN_TIME,
+            PERF_PEAK_RSS_MB,
+            PERF_VALUE_TIME,
+            PERF_CRITIC_TRAIN_TIME,
+            PERF_ROLLOUT_WAIT,
+            PERF_WEIGHTS_WAIT,
+        )
+    },
+    **{
+        name: "sum"
+        for name in (
+            PERF_ROLLOUT_TOKENS_PER_S,
+            PERF_TRAIN_TOKENS_PER_S,
+            ROLLOUT_GROUPS_DRAWN,
+            ROLLOUT_GROUPS_DROPPED,
+            ROLLOUT_GROUPS_TOPPED_UP,
+        )
+    },
     ROLLOUT_LOGP_DIFF_MAX: "max",
     ROLLOUT_VERSION_LAG_MAX: "max",
 }
@@ -340,11 +375,17 @@ def failed_fractions(record: Mapping[str, Any]) -> dict[str, float]:
     """Reward function name -> the fraction of the step's scored completions it failed on (raised, timed out,
     returned a bad value), from reward/errors/<fn> and reward/error_frac (the largest); {} when none failed."""
     worst = as_number(record.get(REWARD_ERROR_FRAC))
-    counts = {k[len(REWARD_ERRORS_PREFIX):]: as_number(v) for k, v in record.items() if k.startswith(REWARD_ERRORS_PREFIX)}
+    counts = {
+        k[len(REWARD_ERRORS_PREFIX) :]: as_number(v)
+        for k, v in record.items()
+        if k.startswith(REWARD_ERRORS_PREFIX)
+    }
     counts = {name: c for name, c in counts.items() if c is not None and c > 0}
     if not counts or worst is None or not worst > 0:  # NaN too
         return {}
-    scored = max(counts.values()) / worst  # reward/error_frac is the largest count over the scored completions
+    scored = (
+        max(counts.values()) / worst
+    )  # reward/error_frac is the largest count over the scored completions
     return {name: c / scored for name, c in counts.items()}
 
 
@@ -415,7 +456,13 @@ def rollout_metrics(
 
 
 def perf_metrics(
-    *, rollout_time: float, step_time: float, train_time: float, completion_tokens: float, train_tokens: float, threads: int
+    *,
+    rollout_time: float,
+    step_time: float,
+    train_time: float,
+    completion_tokens: float,
+    train_tokens: float,
+    threads: int,
 ) -> dict[str, float]:
     """perf/ throughput of one step. completion_tokens: generated (the completion mask's sum);
     train_tokens: prompt + completion tokens through forward and backward, counted once per pass;
@@ -464,7 +511,12 @@ def critic_metrics(
 
 
 def sample_records(
-    prompt_texts: list[str], completion_texts: list[str], batch: RolloutBatch, per_function: Mapping[str, Tensor], group_size: int, k: int
+    prompt_texts: list[str],
+    completion_texts: list[str],
+    batch: RolloutBatch,
+    per_function: Mapping[str, Tensor],
+    group_size: int,
+    k: int,
 ) -> list[dict]:
     """The samples a step records: every completion of the first k prompts (whole groups, so that an
     advantage can be read against its group's rewards), prompt-major. completion_texts: [B * group_size].
@@ -482,11 +534,17 @@ def sample_records(
     records = []
     for i in range(min(k, len(prompt_texts)) * group_size):
         fn_rewards = {reward_fn(name): r[i].item() for name, r in per_function.items()}
-        records.append({
-            "prompt": prompt_texts[i // group_size], "completion": completion_texts[i], "group": i // group_size,
-            "reward": batch.rewards[i].item(),
-            **{name: (None if math.isnan(x) else x) for name, x in fn_rewards.items()},
-            "advantage": advantages[i].item(), "prompt_len": int(prompt_lengths[i]), "completion_len": int(lengths[i]),
-            "truncated": bool(batch.truncated[i]),
-        })
+        records.append(
+            {
+                "prompt": prompt_texts[i // group_size],
+                "completion": completion_texts[i],
+                "group": i // group_size,
+                "reward": batch.rewards[i].item(),
+                **{name: (None if math.isnan(x) else x) for name, x in fn_rewards.items()},
+                "advantage": advantages[i].item(),
+                "prompt_len": int(prompt_lengths[i]),
+                "completion_len": int(lengths[i]),
+                "truncated": bool(batch.truncated[i]),
+            }
+        )
     return records

@@ -8,6 +8,7 @@ One schedule table (SCHEDULES) serves GRPO, the PPO critic and SFT. A non-finite
 norm skips that optimizer step (counted in `skipped`); `max_consecutive_skips` in a row stop the run
 with a TrainingError that says what was non-finite, where, and what to change.
 """
+
 from __future__ import annotations
 
 import math
@@ -52,7 +53,15 @@ def lr_lambda(kind: str, warmup: int, total: int) -> Callable[[int], float]:
     return f
 
 
-def adamw(params, *, lr: float, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0, fused: bool | None = None):
+def adamw(
+    params,
+    *,
+    lr: float,
+    betas=(0.9, 0.999),
+    eps: float = 1e-8,
+    weight_decay: float = 0.0,
+    fused: bool | None = None,
+):
     """AdamW. fused=None: one fused kernel over all parameters when they are all on CPU / CUDA (4-5x faster
     steps on CPU than a dozen ops per tensor; TRL's default is adamw_torch_fused too)."""
     params = list(params)
@@ -144,14 +153,23 @@ class Optimizer:
     def load_state_dict(self, state: dict, prefix: str = "") -> None:
         """Moments, schedule position and skips from `state`; the hyperparameters (learning rate, betas, eps,
         weight decay) stay this config's, so that a change allowed on resume is applied, not silently undone."""
-        if f"{prefix}optimizer" in state:  # a sharded checkpoint's moments came with its shards (checkpoint_sharded.py)
+        if (
+            f"{prefix}optimizer" in state
+        ):  # a sharded checkpoint's moments came with its shards (checkpoint_sharded.py)
             self.adamw.load_state_dict(state[f"{prefix}optimizer"])
         self.scheduler.load_state_dict(state[f"{prefix}scheduler"])
         self.skipped = state.get(f"{prefix}skipped_updates", 0)
         cfg, step = self.cfg, self.scheduler.last_epoch
         for group, factor in zip(self.adamw.param_groups, self.scheduler.lr_lambdas):
-            group.update(betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_epsilon, weight_decay=cfg.weight_decay, initial_lr=self.lr)
-            group["lr"] = self.lr * factor(step)  # what LambdaLR computes for this step: the same float when nothing changed
+            group.update(
+                betas=(cfg.adam_beta1, cfg.adam_beta2),
+                eps=cfg.adam_epsilon,
+                weight_decay=cfg.weight_decay,
+                initial_lr=self.lr,
+            )
+            group["lr"] = self.lr * factor(
+                step
+            )  # what LambdaLR computes for this step: the same float when nothing changed
         self.scheduler.base_lrs = [self.lr] * len(self.adamw.param_groups)
         self.scheduler._last_lr = [group["lr"] for group in self.adamw.param_groups]
 

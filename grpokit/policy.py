@@ -9,6 +9,7 @@
 
 `packed` is a grpokit.batch.PackedBatch (pack_sequences: left-padded prompts, right-padded completions).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -40,10 +41,16 @@ def _check_local(name_or_path: str, key: str) -> None:
     """A path that is clearly local (absolute, ./, ../, ~, or under an existing folder) must exist:
     otherwise transformers would take it for a hub id and fail with a message about repo ids."""
     p = Path(name_or_path).expanduser()
-    local = p.is_absolute() or name_or_path.startswith((".", "~")) or (len(p.parts) > 1 and Path(p.parts[0]).is_dir())
+    local = (
+        p.is_absolute()
+        or name_or_path.startswith((".", "~"))
+        or (len(p.parts) > 1 and Path(p.parts[0]).is_dir())
+    )
     if local and not p.exists():
         where = "" if str(p.resolve()) == name_or_path else f" (resolved to {p.resolve()})"
-        raise ModelLoadError(f"{key}={name_or_path!r}: no such folder{where}; fix the path, or give a Hugging Face model id")
+        raise ModelLoadError(
+            f"{key}={name_or_path!r}: no such folder{where}; fix the path, or give a Hugging Face model id"
+        )
 
 
 def load_tokenizer(name_or_path: str, *, trust_remote_code: bool = False):
@@ -59,9 +66,13 @@ def load_tokenizer(name_or_path: str, *, trust_remote_code: bool = False):
     if tok.pad_token_id is None:
         # Common for base models. Masks, not pad ids, decide what is padding, so EOS is a safe pad.
         if tok.eos_token is None:
-            raise ModelLoadError(f"tokenizer {name_or_path!r} has neither a pad nor an EOS token; add one to its special tokens")
+            raise ModelLoadError(
+                f"tokenizer {name_or_path!r} has neither a pad nor an EOS token; add one to its special tokens"
+            )
         tok.pad_token = tok.eos_token
-        logger.warning("tokenizer %r has no pad token; padding with its EOS token %r", name_or_path, tok.eos_token)
+        logger.warning(
+            "tokenizer %r has no pad token; padding with its EOS token %r", name_or_path, tok.eos_token
+        )
     tok.padding_side = "left"
     return tok
 
@@ -89,9 +100,14 @@ def load_model(
     try:
         return auto.from_pretrained(name_or_path, **kwargs)
     except (OSError, ValueError) as exc:
-        what = "a causal LM from {!r} (model.name_or_path)" if head == "causal_lm" else (
-            "the critic's backbone from {!r} (model.name_or_path) with AutoModel")
-        raise ModelLoadError(f"could not load {what.format(name_or_path)}: {str(exc).splitlines()[0]}") from None
+        what = (
+            "a causal LM from {!r} (model.name_or_path)"
+            if head == "causal_lm"
+            else ("the critic's backbone from {!r} (model.name_or_path) with AutoModel")
+        )
+        raise ModelLoadError(
+            f"could not load {what.format(name_or_path)}: {str(exc).splitlines()[0]}"
+        ) from None
 
 
 def disable_dropout(model) -> None:
@@ -107,8 +123,12 @@ def disable_dropout(model) -> None:
 def load_policy(model_cfg):
     """(model, tokenizer) from a ModelConfig, the model prepared for training (`prepare`)."""
     if not model_cfg.name_or_path:
-        raise ModelLoadError("model.name_or_path is empty: set it to a Hugging Face model id or a local folder")
-    tok = load_tokenizer(model_cfg.tokenizer or model_cfg.name_or_path, trust_remote_code=model_cfg.trust_remote_code)
+        raise ModelLoadError(
+            "model.name_or_path is empty: set it to a Hugging Face model id or a local folder"
+        )
+    tok = load_tokenizer(
+        model_cfg.tokenizer or model_cfg.name_or_path, trust_remote_code=model_cfg.trust_remote_code
+    )
     model = prepare(load_model_from_config(model_cfg), model_cfg)
     if model_cfg.lora is not None:
         model = apply_lora(model, model_cfg.lora, gradient_checkpointing=model_cfg.gradient_checkpointing)
@@ -156,6 +176,7 @@ def _autocast_forward(forward, dtype: torch.dtype):
     def autocast_forward(self, *args, **kwargs):
         with torch.autocast(device_type=self.device.type, dtype=dtype):
             return forward(self, *args, **kwargs)
+
     return autocast_forward
 
 
@@ -171,17 +192,28 @@ def apply_lora(model, lora_cfg, *, gradient_checkpointing: bool = False):
     """The model with LoRA adapters (peft's get_peft_model) as model.lora says: only the adapters train, the
     base weights are frozen. A peft PeftModelForCausalLM: forward, generate and save_pretrained (the adapter) as usual."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise ModelLoadError("model.lora runs in one process for now; drop model.lora or run without torchrun")
+        raise ModelLoadError(
+            "model.lora runs in one process for now; drop model.lora or run without torchrun"
+        )
     try:
         from peft import LoraConfig, get_peft_model
     except ImportError:
-        raise ModelLoadError("model.lora needs the peft package: pip install 'grpokit[lora]' (or pip install peft)") from None
-    config = LoraConfig(r=lora_cfg.r, lora_alpha=lora_cfg.alpha, lora_dropout=lora_cfg.dropout, task_type="CAUSAL_LM",
-                        target_modules=lora_cfg.target_modules)
+        raise ModelLoadError(
+            "model.lora needs the peft package: pip install 'grpokit[lora]' (or pip install peft)"
+        ) from None
+    config = LoraConfig(
+        r=lora_cfg.r,
+        lora_alpha=lora_cfg.alpha,
+        lora_dropout=lora_cfg.dropout,
+        task_type="CAUSAL_LM",
+        target_modules=lora_cfg.target_modules,
+    )
     try:
         peft_model = get_peft_model(model, config)
     except ValueError as exc:  # e.g. target_modules that name no module of this model
-        raise ModelLoadError(f"model.lora.target_modules={lora_cfg.target_modules!r}: {str(exc).splitlines()[0]}") from None
+        raise ModelLoadError(
+            f"model.lora.target_modules={lora_cfg.target_modules!r}: {str(exc).splitlines()[0]}"
+        ) from None
     if gradient_checkpointing:  # frozen embeddings: the checkpointed blocks' inputs must carry a gradient
         peft_model.enable_input_require_grads()
     return peft_model.train()
@@ -246,7 +278,9 @@ def completion_logprobs(
         rows, width = batch.completion_ids.shape
         fused = rows * width * _vocab_size(model) >= FUSED_MIN_LOGITS and fused_head(model) is not None
     elif fused and fused_head(model) is None:
-        raise ValueError("fused log-probs need a model whose logits are a Linear head on its backbone's output")
+        raise ValueError(
+            "fused log-probs need a model whose logits are a Linear head on its backbone's output"
+        )
     T = batch.completion_width
     out = None
     if share_prompts and _can_share(model):
@@ -256,13 +290,23 @@ def completion_logprobs(
         if unique.shape[0] * 2 <= prompts.shape[0]:
             out = shared_prompt_logits(model, batch, unique[:, :P], unique[:, P:], inverse, fused=fused)
     if out is None:
-        inputs = dict(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids)
-        out = _forward(model, fused, T + 1, use_cache=False, **inputs)[:, :-1]  # [N, T, V], or [N, T, H] fused
+        inputs = dict(
+            input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids
+        )
+        out = _forward(model, fused, T + 1, use_cache=False, **inputs)[
+            :, :-1
+        ]  # [N, T, V], or [N, T, H] fused
     if fused:
         head = fused_head(model)
         with autocast_of(model):
-            return linear_logprobs(out, head.weight, batch.completion_ids, bias=head.bias, temperature=temperature,
-                                   with_entropy=with_entropy)
+            return linear_logprobs(
+                out,
+                head.weight,
+                batch.completion_ids,
+                bias=head.bias,
+                temperature=temperature,
+                with_entropy=with_entropy,
+            )
     return _logp_entropy(out, batch, temperature, with_entropy)
 
 
@@ -307,7 +351,9 @@ def fused_head(model) -> torch.nn.Linear | None:
                 logits = model(input_ids=ids, use_cache=False).logits.float()
                 with autocast_of(model):
                     mine = head(_backbone(model)(input_ids=ids, use_cache=False).last_hidden_state).float()
-                tol = 1e-4 if getattr(model, "_grpokit_autocast", None) is None else 2e-2  # bf16 matmuls under autocast
+                tol = (
+                    1e-4 if getattr(model, "_grpokit_autocast", None) is None else 2e-2
+                )  # bf16 matmuls under autocast
                 ok = torch.allclose(mine, logits, rtol=tol, atol=tol)
         except (TypeError, AttributeError, RuntimeError):
             ok = False
@@ -317,7 +363,9 @@ def fused_head(model) -> torch.nn.Linear | None:
     return head if ok else None
 
 
-def _logp_entropy(logits: Tensor, batch: PackedBatch, temperature: float, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
+def _logp_entropy(
+    logits: Tensor, batch: PackedBatch, temperature: float, with_entropy: bool
+) -> tuple[Tensor, Tensor | None]:
     logp = token_logprobs(logits, batch.completion_ids, temperature=temperature)
     entropy = token_entropy(logits.detach(), temperature=temperature) if with_entropy else None
     return logp, entropy
@@ -334,8 +382,9 @@ def _can_share(model) -> bool:
     return not checkpointing and hasattr(model, "config")
 
 
-def shared_prompt_logits(model, batch: PackedBatch, prompt_ids: Tensor, prompt_mask: Tensor, inverse: Tensor,
-                         fused: bool = False) -> Tensor:
+def shared_prompt_logits(
+    model, batch: PackedBatch, prompt_ids: Tensor, prompt_mask: Tensor, inverse: Tensor, fused: bool = False
+) -> Tensor:
     """Logits [N, T, V] predicting each completion token, each distinct prompt run through the model once
     (fused: the backbone's hidden states [N, T, H] there, for the LM head to be applied in chunks).
 
@@ -354,16 +403,31 @@ def shared_prompt_logits(model, batch: PackedBatch, prompt_ids: Tensor, prompt_m
     cache = DynamicCache(config=model.config)
     kw = {cache_kwarg(model): cache}
     prompt_pos = (prompt_mask.cumsum(-1) - 1).clamp_min(0)  # [U, P], as pack_sequences computes it
-    first = _forward(model, fused, 1, input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=prompt_pos,
-                     use_cache=True, **kw)
+    first = _forward(
+        model,
+        fused,
+        1,
+        input_ids=prompt_ids,
+        attention_mask=prompt_mask,
+        position_ids=prompt_pos,
+        use_cache=True,
+        **kw,
+    )
     logits0 = select_rows(first, inverse)  # [N, 1, V]: predicts completion token 0
     if T == 1:
         return logits0
     select_cache_rows(cache, inverse)  # [N, H, P, D] per layer, differentiable
-    rest = _forward(model, fused, T, input_ids=batch.input_ids[:, P:], attention_mask=batch.attention_mask,
-                    position_ids=batch.position_ids[:, P:], use_cache=True, **kw)
+    rest = _forward(
+        model,
+        fused,
+        T,
+        input_ids=batch.input_ids[:, P:],
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids[:, P:],
+        use_cache=True,
+        **kw,
+    )
     return torch.cat([logits0, rest[:, : T - 1]], dim=1)  # [N, T, V]
-
 
 
 def select_rows(x: Tensor, index: Tensor) -> Tensor:
@@ -392,14 +456,21 @@ def select_cache_rows(cache, index: Tensor) -> None:
 
 
 @torch.no_grad()
-def batched_logprobs(model, tokens: PackedBatch, *, micro_batch_size: int, temperature: float = 1.0,
-                     by_length: bool = False) -> Tensor:
+def batched_logprobs(
+    model, tokens: PackedBatch, *, micro_batch_size: int, temperature: float = 1.0, by_length: bool = False
+) -> Tensor:
     """Log-probs [N, T] (float32, 0 on padding) under a model in eval mode, no gradient, in micro-batches
     (by_length: of rows of similar completion length, batch.micro_batches): the pi_old and pi_ref passes.
     An AdapterOff (pi_ref of a LoRA policy): the policy's passes with its adapter disabled."""
     if isinstance(model, AdapterOff):
         with model.policy.disable_adapter():
-            return batched_logprobs(model.policy, tokens, micro_batch_size=micro_batch_size, temperature=temperature, by_length=by_length)
+            return batched_logprobs(
+                model.policy,
+                tokens,
+                micro_batch_size=micro_batch_size,
+                temperature=temperature,
+                by_length=by_length,
+            )
     out = torch.zeros(tokens.completion_ids.shape, dtype=torch.float32)
     was_training = model.training
     model.eval()

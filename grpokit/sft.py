@@ -23,6 +23,7 @@ so position ids are simply 0..T-1 for every row. AdamW (no weight decay on norms
 linear warm-up then cosine or linear decay to 0 (grpokit.optim's schedules), gradient clipping;
 deterministic for a given seed on a given machine.
 """
+
 from __future__ import annotations
 
 import json
@@ -37,7 +38,15 @@ import torch
 from grpokit.checkpoint import RunLock, ensure_writable_dir, save_pretrained_atomic
 from grpokit.config import DataConfig, SFTConfig, SFTSection
 from grpokit.data import PromptDataset, build_datasets
-from grpokit.metrics import EVAL_EXACT_MATCH, EVAL_LOSS, PERF_TRAIN_TOKENS_PER_S, SFT_EPOCH, SFT_GRAD_NORM, SFT_LOSS, SFT_LR
+from grpokit.metrics import (
+    EVAL_EXACT_MATCH,
+    EVAL_LOSS,
+    PERF_TRAIN_TOKENS_PER_S,
+    SFT_EPOCH,
+    SFT_GRAD_NORM,
+    SFT_LOSS,
+    SFT_LR,
+)
 from grpokit.optim import adamw, lr_lambda
 from grpokit.policy import load_policy
 
@@ -45,20 +54,28 @@ IGNORE_INDEX = -100  # label of tokens the loss skips (prompt, padding)
 
 
 # --- data ------------------------------------------------------------------------------
-def load_pairs(path: str | Path, tokenizer: Any, *, system_prompt: str | None = None, max_prompt_length: int = 512) -> PromptDataset:
+def load_pairs(
+    path: str | Path, tokenizer: Any, *, system_prompt: str | None = None, max_prompt_length: int = 512
+) -> PromptDataset:
     """(prompt, completion) rows of a data file, read and rendered by grpokit.data (build_datasets)."""
-    data_cfg = DataConfig(train_path=str(path), system_prompt=system_prompt, max_prompt_length=max_prompt_length)
+    data_cfg = DataConfig(
+        train_path=str(path), system_prompt=system_prompt, max_prompt_length=max_prompt_length
+    )
     return build_datasets(data_cfg, tokenizer, seed=0, required_columns=("completion",)).train
 
 
-def _as_dataset(pairs: Sequence[dict[str, Any]] | PromptDataset, tokenizer: Any, max_length: int) -> PromptDataset:
+def _as_dataset(
+    pairs: Sequence[dict[str, Any]] | PromptDataset, tokenizer: Any, max_length: int
+) -> PromptDataset:
     if isinstance(pairs, PromptDataset):
         return pairs
     # Rendered as training prompts are; the whole sequence is cut at max_length.
     return PromptDataset(pairs, tokenizer, max_prompt_length=max_length, overlong="truncate")
 
 
-def encode_pair(tokenizer: Any, prompt_ids: list[int], completion: str, max_length: int) -> tuple[list[int], list[int], bool]:
+def encode_pair(
+    tokenizer: Any, prompt_ids: list[int], completion: str, max_length: int
+) -> tuple[list[int], list[int], bool]:
     """(input ids, labels, truncated) of one example: the rendered prompt's ids, then the completion and EOS;
     labels are IGNORE_INDEX on the prompt."""
     completion_ids = tokenizer(completion, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
@@ -79,7 +96,12 @@ def collate(examples: list[tuple[list[int], list[int]]], pad_id: int) -> dict[st
         labels[i, : len(lab)] = torch.tensor(lab)
         attention_mask[i, : len(ids)] = 1
     position_ids = torch.arange(T).expand(len(examples), T)  # [B, T]
-    return {"input_ids": input_ids, "labels": labels, "attention_mask": attention_mask, "position_ids": position_ids}
+    return {
+        "input_ids": input_ids,
+        "labels": labels,
+        "attention_mask": attention_mask,
+        "position_ids": position_ids,
+    }
 
 
 def completion_loss(model: Any, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
@@ -132,8 +154,15 @@ def _device(model: Any) -> torch.device:
 
 
 @torch.no_grad()
-def evaluate_sft(model: Any, tokenizer: Any, pairs: PromptDataset, *, column: str = "completion", max_length: int = 1024,
-                 batch_size: int = 32) -> dict[str, float]:
+def evaluate_sft(
+    model: Any,
+    tokenizer: Any,
+    pairs: PromptDataset,
+    *,
+    column: str = "completion",
+    max_length: int = 1024,
+    batch_size: int = 32,
+) -> dict[str, float]:
     """Held-out eval/loss (completion cross-entropy per token) and eval/exact_match (the greedy completion,
     stripped, equals the reference): the two numbers that say whether SFT has taught the format and the task."""
     from grpokit.rollout import SamplingParams, make_engine
@@ -188,9 +217,26 @@ def train_sft(
     if not len(pairs):
         raise ValueError("no training pairs")
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    examples, n_truncated = _examples(tokenizer, _as_dataset(pairs, tokenizer, cfg.max_length), cfg.max_length, cfg.completion_column)
-    held_out = _as_dataset(eval_pairs, tokenizer, cfg.max_length) if eval_pairs is not None and len(eval_pairs) else None
-    evaluate = lambda: evaluate_sft(model, tokenizer, held_out, column=cfg.completion_column, max_length=cfg.max_length, batch_size=cfg.batch_size) if held_out else {}  # noqa: E731
+    examples, n_truncated = _examples(
+        tokenizer, _as_dataset(pairs, tokenizer, cfg.max_length), cfg.max_length, cfg.completion_column
+    )
+    held_out = (
+        _as_dataset(eval_pairs, tokenizer, cfg.max_length)
+        if eval_pairs is not None and len(eval_pairs)
+        else None
+    )
+    evaluate = lambda: (
+        evaluate_sft(
+            model,
+            tokenizer,
+            held_out,
+            column=cfg.completion_column,
+            max_length=cfg.max_length,
+            batch_size=cfg.batch_size,
+        )
+        if held_out
+        else {}
+    )  # noqa: E731
     total = sft_steps(cfg, len(examples))
     torch.manual_seed(seed)  # dropout, if the model has any
     order_rng = random.Random(seed)
@@ -214,13 +260,22 @@ def train_sft(
         batch = {k: v.to(_device(model)) for k, v in collate([examples[i] for i in idx], pad_id).items()}
         loss, n_tokens, grad_norm = _update(model, optimizer, scheduler, batch, cfg.max_grad_norm)
         losses.append(loss.item())
-        window_loss, window_tokens, total_tokens = window_loss + loss.item() * n_tokens, window_tokens + n_tokens, total_tokens + n_tokens
+        window_loss, window_tokens, total_tokens = (
+            window_loss + loss.item() * n_tokens,
+            window_tokens + n_tokens,
+            total_tokens + n_tokens,
+        )
         window_all += int(batch["attention_mask"].sum())
         metrics: dict[str, float] = {}
         if step % cfg.log_every == 0 or step == total:
             now = time.perf_counter()
-            metrics = {SFT_LOSS: window_loss / max(window_tokens, 1), SFT_LR: scheduler.get_last_lr()[0], SFT_GRAD_NORM: float(grad_norm),
-                       SFT_EPOCH: step * cfg.batch_size / len(examples), PERF_TRAIN_TOKENS_PER_S: window_all / max(now - window_start, 1e-9)}
+            metrics = {
+                SFT_LOSS: window_loss / max(window_tokens, 1),
+                SFT_LR: scheduler.get_last_lr()[0],
+                SFT_GRAD_NORM: float(grad_norm),
+                SFT_EPOCH: step * cfg.batch_size / len(examples),
+                PERF_TRAIN_TOKENS_PER_S: window_all / max(now - window_start, 1e-9),
+            }
             window_loss, window_tokens, window_all, window_start = 0.0, 0, 0, now
         if step == total or (cfg.eval_every and step % cfg.eval_every == 0):
             metrics.update(evaluate())
@@ -228,11 +283,18 @@ def train_sft(
         if on_step is not None:
             on_step(step, metrics)
     model.train(was_training)
-    tail = losses[-max(1, len(losses) // 10):]  # the last 10% of steps
+    tail = losses[-max(1, len(losses) // 10) :]  # the last 10% of steps
     return {
-        "steps": total, "epochs": total * cfg.batch_size / len(examples), "examples": len(examples), "truncated": n_truncated,
-        "completion_tokens": total_tokens, "first_loss": losses[0], "final_loss": sum(tail) / len(tail),
-        "time_s": time.perf_counter() - start, "eval_before": first_eval, "eval_after": metrics if held_out else {},
+        "steps": total,
+        "epochs": total * cfg.batch_size / len(examples),
+        "examples": len(examples),
+        "truncated": n_truncated,
+        "completion_tokens": total_tokens,
+        "first_loss": losses[0],
+        "final_loss": sum(tail) / len(tail),
+        "time_s": time.perf_counter() - start,
+        "eval_before": first_eval,
+        "eval_after": metrics if held_out else {},
     }
 
 
@@ -258,12 +320,21 @@ def _run_sft(cfg: SFTConfig, out: Path, console: Any) -> dict[str, Any]:
     total = sft_steps(cfg.sft, n)
     try:
         with TrainProgress(total, keys=(SFT_LOSS, EVAL_LOSS, EVAL_EXACT_MATCH), console=console) as progress:
+
             def on_step(step: int, metrics: dict[str, float]) -> None:
                 if metrics:
                     log.log(step, metrics)
                 progress.update(step, metrics)
 
-            stats = train_sft(model, tokenizer, data.train, eval_pairs=data.eval, seed=cfg.seed, on_step=on_step, **cfg.sft.model_dump())
+            stats = train_sft(
+                model,
+                tokenizer,
+                data.train,
+                eval_pairs=data.eval,
+                seed=cfg.seed,
+                on_step=on_step,
+                **cfg.sft.model_dump(),
+            )
     finally:
         log.close()
     save_pretrained_atomic(model, tokenizer, out / "final")
@@ -290,7 +361,12 @@ def summary_table(stats: dict[str, Any], final: Path):
     before, after = stats["eval_before"], stats["eval_after"]
     for key in (EVAL_LOSS, EVAL_EXACT_MATCH):
         if key in before and key in after:
-            rows.append((f"held-out {key.removeprefix('eval/')}: before -> after", f"{before[key]:.4f} -> {after[key]:.4f}"))
+            rows.append(
+                (
+                    f"held-out {key.removeprefix('eval/')}: before -> after",
+                    f"{before[key]:.4f} -> {after[key]:.4f}",
+                )
+            )
     for row in rows:
         table.add_row(*row)
     return table

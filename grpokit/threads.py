@@ -12,6 +12,7 @@ The count changes the order of float reductions, so runs are bit-identical only 
 `grpokit train` records the count it used in output_dir/config.yaml, a resume under auto takes it
 from there, and threads=N (or OMP_NUM_THREADS=N) pins it for a new run (docs/threads.md).
 """
+
 from __future__ import annotations
 
 import os
@@ -26,8 +27,14 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
-def choose_threads(requested: int, *, environ: dict | None = None, cores: int | None = None, load: float | None = None,
-                   resumed: int = 0) -> tuple[int, str]:
+def choose_threads(
+    requested: int,
+    *,
+    environ: dict | None = None,
+    cores: int | None = None,
+    load: float | None = None,
+    resumed: int = 0,
+) -> tuple[int, str]:
     """(threads, why). requested > 0 wins; 0 = OMP_NUM_THREADS when it is a positive int, else `resumed` (the
     count of the run being resumed, run_threads) when > 0, else the free cores: round(cores - 1-minute load
     average), between 1 and cores. environ / cores / load: for tests."""

@@ -1,4 +1,5 @@
 """Shared fixtures: a tiny real Llama model + character tokenizer, saved and loaded with from_pretrained."""
+
 import pytest
 import torch
 

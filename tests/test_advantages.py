@@ -4,6 +4,7 @@ Run: .venv/bin/python -m pytest tests/test_advantages.py
 The references below are written from the formulas (seed Q5 / Q15 / Q17, RLOO 2402.14740,
 DeepSeekMath §4.1.3), one reward at a time, not from the code under test.
 """
+
 from __future__ import annotations
 
 import math
@@ -67,7 +68,9 @@ def test_seed_q5_worked_example():
     assert [round(a, 3) for a in adv.tolist()] == [1.414, -0.707, -0.707]
     # Exactly (2/3) / (sqrt(2)/3 + 1e-6) etc.
     s = math.sqrt(2 / 9)
-    torch.testing.assert_close(adv, torch.tensor([(2 / 3) / (s + 1e-6), (-1 / 3) / (s + 1e-6), (-1 / 3) / (s + 1e-6)]))
+    torch.testing.assert_close(
+        adv, torch.tensor([(2 / 3) / (s + 1e-6), (-1 / 3) / (s + 1e-6), (-1 / 3) / (s + 1e-6)])
+    )
     # Bessel's std (what torch.std defaults to, and TRL uses) would give 1.155, not the seed's 1.414.
     assert abs(adv[0].item() - (2 / 3) / math.sqrt(1 / 3)) > 0.2
 
@@ -84,7 +87,10 @@ def test_worked_examples_of_each_scale_and_estimator():
     rloo = group_advantages(r[:3], 3, estimator="rloo", scale="none")
     torch.testing.assert_close(rloo, torch.tensor([1.0, -0.5, -0.5], dtype=torch.float64))
     rloo_group = group_advantages(r[:3], 3, estimator="rloo", scale="group", eps=0.0)
-    torch.testing.assert_close(rloo_group, 1.5 * torch.tensor([math.sqrt(2), -1 / math.sqrt(2), -1 / math.sqrt(2)], dtype=torch.float64))
+    torch.testing.assert_close(
+        rloo_group,
+        1.5 * torch.tensor([math.sqrt(2), -1 / math.sqrt(2), -1 / math.sqrt(2)], dtype=torch.float64),
+    )
 
 
 @pytest.mark.parametrize("scale", SCALES)
@@ -130,7 +136,9 @@ def test_group_advantages_match_loop_reference(scale, estimator, B, G):
         r = _random_rewards(seed * 100 + B * 10 + G, B, G)
         for eps in [1e-6, 0.1]:
             got = group_advantages(r, G, scale=scale, estimator=estimator, eps=eps)
-            want = torch.tensor(ref_group_advantages(r.tolist(), G, scale, estimator, eps), dtype=torch.float64)
+            want = torch.tensor(
+                ref_group_advantages(r.tolist(), G, scale, estimator, eps), dtype=torch.float64
+            )
             assert got.dtype == torch.float64 and got.shape == r.shape
             torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
 
@@ -143,12 +151,16 @@ def test_float32_matches_float64_reference_and_int_rewards_accepted():
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     ints = group_advantages(torch.tensor([1, 0, 0, 2, 2, 2]), 3)
     assert ints.is_floating_point()
-    torch.testing.assert_close(ints, torch.tensor(ref_group_advantages([1, 0, 0, 2, 2, 2], 3, "group", "grpo", 1e-6)))
+    torch.testing.assert_close(
+        ints, torch.tensor(ref_group_advantages([1, 0, 0, 2, 2, 2], 3, "group", "grpo", 1e-6))
+    )
 
 
 def test_defaults_are_group_scale_and_grpo_estimator():
     r = _random_rewards(12, 3, 4)
-    torch.testing.assert_close(group_advantages(r, 4), group_advantages(r, 4, scale="group", estimator="grpo", eps=1e-6))
+    torch.testing.assert_close(
+        group_advantages(r, 4), group_advantages(r, 4, scale="group", estimator="grpo", eps=1e-6)
+    )
 
 
 @pytest.mark.parametrize("scale", SCALES)
@@ -229,7 +241,9 @@ def test_step_advantages_match_reference_on_random_steps():
         e = torch.randperm(T + 3, generator=g)[:K].sort().values
         rewards.append(torch.randn(K, generator=g, dtype=torch.float64))
         ends.append(e)
-    rewards[6:9] = [torch.full((len(ends[i]),), 0.5, dtype=torch.float64) for i in range(6, 9)]  # a zero-variance group
+    rewards[6:9] = [
+        torch.full((len(ends[i]),), 0.5, dtype=torch.float64) for i in range(6, 9)
+    ]  # a zero-variance group
     for eps in [1e-6, 0.0]:
         got = step_advantages(rewards, ends, group_size=G, num_tokens=T, eps=eps)
         want = ref_step_advantages([r.tolist() for r in rewards], [e.tolist() for e in ends], G, T, eps)
@@ -241,7 +255,9 @@ def test_step_advantages_with_one_step_equal_outcome_advantages():
     # One step ending at the last token = outcome supervision: every token gets the group z-score.
     r = torch.tensor([1.0, 0.0, 0.0, 0.5, 1.0, 0.0])
     lengths = [4, 2, 5, 3, 1, 5]
-    got = step_advantages([r[i : i + 1] for i in range(6)], [torch.tensor([L - 1]) for L in lengths], group_size=3, num_tokens=5)
+    got = step_advantages(
+        [r[i : i + 1] for i in range(6)], [torch.tensor([L - 1]) for L in lengths], group_size=3, num_tokens=5
+    )
     outcome = group_advantages(r, 3)
     for i, L in enumerate(lengths):
         torch.testing.assert_close(got[i, :L], outcome[i].expand(L))
@@ -257,6 +273,16 @@ def test_step_advantages_errors():
     with pytest.raises(ValueError, match=r"\(3\).*\(2\)"):
         step_advantages(one * 3, [torch.tensor([0])] * 3, group_size=2, num_tokens=3)
     with pytest.raises(ValueError, match=r"increasing"):
-        step_advantages([torch.tensor([1.0, 0.0]), torch.tensor([0.0])], [torch.tensor([2, 2]), torch.tensor([0])], group_size=2, num_tokens=3)
+        step_advantages(
+            [torch.tensor([1.0, 0.0]), torch.tensor([0.0])],
+            [torch.tensor([2, 2]), torch.tensor([0])],
+            group_size=2,
+            num_tokens=3,
+        )
     with pytest.raises(ValueError, match=r"2 step rewards but 1 step ends"):
-        step_advantages([torch.tensor([1.0, 0.0]), torch.tensor([0.0])], [torch.tensor([2]), torch.tensor([0])], group_size=2, num_tokens=3)
+        step_advantages(
+            [torch.tensor([1.0, 0.0]), torch.tensor([0.0])],
+            [torch.tensor([2]), torch.tensor([0])],
+            group_size=2,
+            num_tokens=3,
+        )

@@ -4,6 +4,7 @@ Run: .venv/bin/python -m pytest tests/test_algo_properties.py
 Values are drawn by Hypothesis where shrinking helps (rewards, shapes, lengths, extremes) and from a
 seeded generator where only the bulk matters (log-prob tensors).
 """
+
 from __future__ import annotations
 
 import math
@@ -38,7 +39,12 @@ def grouped_rewards(draw, value=reward_value, max_groups=4, max_g=6):
 
 
 @SETTINGS
-@given(data=grouped_rewards(), group=st.integers(0, 3), c=st.floats(-100.0, 100.0), estimator=st.sampled_from(["grpo", "rloo"]))
+@given(
+    data=grouped_rewards(),
+    group=st.integers(0, 3),
+    c=st.floats(-100.0, 100.0),
+    estimator=st.sampled_from(["grpo", "rloo"]),
+)
 def test_adding_a_constant_to_a_group_changes_nothing(data, group, c, estimator):
     r, G = data
     g = group % (r.numel() // G)
@@ -55,7 +61,12 @@ def test_adding_a_constant_to_a_group_changes_nothing(data, group, c, estimator)
 
 
 @SETTINGS
-@given(data=grouped_rewards(), group=st.integers(0, 3), k=st.floats(1e-3, 1e3), estimator=st.sampled_from(["grpo", "rloo"]))
+@given(
+    data=grouped_rewards(),
+    group=st.integers(0, 3),
+    k=st.floats(1e-3, 1e3),
+    estimator=st.sampled_from(["grpo", "rloo"]),
+)
 def test_group_scale_is_invariant_to_scaling_a_group(data, group, k, estimator):
     r, G = data
     g = group % (r.numel() // G)
@@ -72,7 +83,11 @@ def test_group_scale_is_invariant_to_scaling_a_group(data, group, k, estimator):
 
 
 @SETTINGS
-@given(data=grouped_rewards(), scale=st.sampled_from(["group", "batch", "none"]), estimator=st.sampled_from(["grpo", "rloo"]))
+@given(
+    data=grouped_rewards(),
+    scale=st.sampled_from(["group", "batch", "none"]),
+    estimator=st.sampled_from(["grpo", "rloo"]),
+)
 def test_advantages_centered_and_bounded(data, scale, estimator):
     r, G = data
     adv = group_advantages(r, G, scale=scale, estimator=estimator).view(-1, G)
@@ -152,7 +167,9 @@ def test_policy_loss_unchanged_by_extra_right_padding(batch, opts, pad, junk):
         return torch.cat([x, torch.full((N, pad), value, dtype=x.dtype)], dim=1)
 
     lp2 = padded(logp, junk).requires_grad_(True)
-    b, mb = policy_loss(lp2, padded(old, -junk), adv, padded(mask, False), ref_logp=padded(ref, 2 * junk), **kw)
+    b, mb = policy_loss(
+        lp2, padded(old, -junk), adv, padded(mask, False), ref_logp=padded(ref, 2 * junk), **kw
+    )
     (gb,) = torch.autograd.grad(b, lp2)
     torch.testing.assert_close(b, a, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(gb[:, :T], ga, rtol=1e-12, atol=1e-14)

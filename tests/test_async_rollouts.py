@@ -1,6 +1,7 @@
 """Asynchronous rollouts (rollout.max_policy_lag, grpokit/rollout/pipeline.py) on a tiny real model: every batch
 is sampled by exactly the weights its version names, the run learns, the same seed gives the same weights, the
 metrics say what happened, and a resume draws no prompt twice and skips none."""
+
 import contextlib
 import copy
 
@@ -26,7 +27,9 @@ class _Row:
 
 def _logp(model, rows, comps, pad_id):
     """The model's log-probs of the completions, laid out as the engine's (ragged)."""
-    tokens = pack_sequences([r.prompt_ids for r in rows for _ in range(len(comps) // len(rows))], comps.token_ids, pad_id)
+    tokens = pack_sequences(
+        [r.prompt_ids for r in rows for _ in range(len(comps) // len(rows))], comps.token_ids, pad_id
+    )
     lp = batched_logprobs(model, tokens, micro_batch_size=len(comps), temperature=1.0)
     return [lp[i, : len(ids)] for i, ids in enumerate(comps.token_ids)]
 
@@ -41,8 +44,17 @@ def test_each_batch_is_sampled_by_the_version_it_names(tiny_model_dir, sampler):
     log-probs equal those weights' own (float noise) and differ from the newer ones' (so the test can fail).
     process: the fast engine in a child process (rollout.async_sampler=process), the weights through shared memory."""
     model, tok = load_policy(load_config(None, [f"model.name_or_path={tiny_model_dir}"]).model)
-    rollout = load_config(None, [f"model.name_or_path={tiny_model_dir}", "rollout.engine=fast", "rollout.num_generations=4",
-                                 "rollout.max_completion_length=6", "rollout.max_policy_lag=1", f"rollout.async_sampler={sampler}"]).rollout
+    rollout = load_config(
+        None,
+        [
+            f"model.name_or_path={tiny_model_dir}",
+            "rollout.engine=fast",
+            "rollout.num_generations=4",
+            "rollout.max_completion_length=6",
+            "rollout.max_policy_lag=1",
+            f"rollout.async_sampler={sampler}",
+        ],
+    ).rollout
     engine = make_engine("fast", model, tok, rollout=rollout)
     pipe = RolloutPipeline(engine, rollout, max_lag=1, version=0, model=model, seed=0)
     prompts = [_Row(tok("3 4 5>12=")["input_ids"]), _Row(tok("1 2>3=")["input_ids"])]
@@ -68,7 +80,14 @@ def test_each_batch_is_sampled_by_the_version_it_names(tiny_model_dir, sampler):
 
 @pytest.mark.parametrize("sampler", ["thread", "process"])
 def test_lag_one_learns_and_logs_its_lag(tiny_model_dir, tmp_path, sampler):
-    cfg = config(tiny_model_dir, tmp_path / "run", "optim.max_steps=40", "checkpoint.save_every=0", *LAG, f"rollout.async_sampler={sampler}")
+    cfg = config(
+        tiny_model_dir,
+        tmp_path / "run",
+        "optim.max_steps=40",
+        "checkpoint.save_every=0",
+        *LAG,
+        f"rollout.async_sampler={sampler}",
+    )
     Trainer(cfg).train()
     rows = read_metrics(tmp_path / "run")
     assert [r["rollout/version_lag"] for r in rows[:3]] == [0.0, 1.0, 1.0]
@@ -85,8 +104,19 @@ def test_lag_one_learns_and_logs_its_lag(tiny_model_dir, tmp_path, sampler):
 def test_the_same_seed_gives_the_same_weights_at_lag_two(tiny_model_dir, tmp_path, sampler):
     runs = []
     for name in ("a", "b"):
-        trainer = Trainer(config(tiny_model_dir, tmp_path / name, "optim.max_steps=5", "checkpoint.save_every=0", "rollout.engine=fast",
-                                 "rollout.max_policy_lag=2", f"rollout.async_sampler={sampler}", "eval.every=2", "data.eval_size=8"))
+        trainer = Trainer(
+            config(
+                tiny_model_dir,
+                tmp_path / name,
+                "optim.max_steps=5",
+                "checkpoint.save_every=0",
+                "rollout.engine=fast",
+                "rollout.max_policy_lag=2",
+                f"rollout.async_sampler={sampler}",
+                "eval.every=2",
+                "data.eval_size=8",
+            )
+        )
         trainer.train()
         runs.append(trainer.model.state_dict())
     assert all(torch.equal(runs[0][k], runs[1][k]) for k in runs[0])
@@ -97,8 +127,16 @@ def test_the_same_seed_gives_the_same_weights_at_lag_two(tiny_model_dir, tmp_pat
 def test_importance_correction_with_lag_anchors_on_the_trainer(tiny_model_dir, tmp_path):
     """With a correction, pi_old is the trainer's own recomputed log-probs (decoupled PPO) and the weights
     pi_old / pi_sampler are logged; the lag makes some of them differ from 1."""
-    cfg = config(tiny_model_dir, tmp_path / "run", "optim.max_steps=6", "checkpoint.save_every=0", *LAG,
-                 "rollout.importance_correction=token_truncate", "rollout.importance_c_max=1.001", "optim.learning_rate=1e-2")
+    cfg = config(
+        tiny_model_dir,
+        tmp_path / "run",
+        "optim.max_steps=6",
+        "checkpoint.save_every=0",
+        *LAG,
+        "rollout.importance_correction=token_truncate",
+        "rollout.importance_c_max=1.001",
+        "optim.learning_rate=1e-2",
+    )
     Trainer(cfg).train()
     rows = read_metrics(tmp_path / "run")
     assert rows[0]["rollout/is_clip_frac"] == 0.0 and rows[0]["rollout/logp_diff_max"] < 1e-4
@@ -109,6 +147,7 @@ def test_importance_correction_with_lag_anchors_on_the_trainer(tiny_model_dir, t
 def test_resume_at_lag_draws_the_prompts_of_the_uninterrupted_run(tiny_model_dir, tmp_path):
     """Batches generated ahead are not in the checkpoint; their prompts are drawn again after the resume (the
     weights that sample them are the checkpoint's: docs/rollout.md)."""
+
     def run(out, on_log=None):
         trainer = Trainer(config(tiny_model_dir, out, "optim.max_steps=5", "checkpoint.save_every=2", *LAG))
         drawn, draw = [], trainer._draw
@@ -118,7 +157,9 @@ def test_resume_at_lag_draws_the_prompts_of_the_uninterrupted_run(tiny_model_dir
         return drawn
 
     straight = run(tmp_path / "a")
-    run(tmp_path / "b", _crash_at(3))  # saved step 2 with batches 3 and 4 drawn and generated ahead; crashed in step 3
+    run(
+        tmp_path / "b", _crash_at(3)
+    )  # saved step 2 with batches 3 and 4 drawn and generated ahead; crashed in step 3
     resumed = run(tmp_path / "b")
     assert len(straight) == 5 and resumed == straight[2:5]  # batches 2, 3, 4 again (no batch 5: max_steps=5)
 
@@ -132,7 +173,15 @@ def test_lag_one_on_vllm_pushes_each_version_from_the_sampler_thread(vllm_model_
     """vLLM in the background thread: each version is pushed (and checked against the sampler's copy) there."""
     from tests.test_rollout_vllm import grpo_config
 
-    trainer = Trainer(grpo_config(vllm_model_dir, tmp_path / "run", "optim.max_steps=5", "rollout.engine=vllm", "rollout.max_policy_lag=1"))
+    trainer = Trainer(
+        grpo_config(
+            vllm_model_dir,
+            tmp_path / "run",
+            "optim.max_steps=5",
+            "rollout.engine=vllm",
+            "rollout.max_policy_lag=1",
+        )
+    )
     try:
         trainer.train()
     finally:
@@ -140,7 +189,9 @@ def test_lag_one_on_vllm_pushes_each_version_from_the_sampler_thread(vllm_model_
     rows = read_metrics(tmp_path / "run")
     assert [r["rollout/version_lag"] for r in rows] == [0.0, 1.0, 1.0, 1.0, 1.0]
     assert rows[0]["rollout/logp_diff_max"] < 1e-3 < min(r["rollout/logp_diff_max"] for r in rows[1:])
-    assert trainer.pipeline.engine.pushes == 6  # the constructor's; v0 (batches 0, 1), v1-v3 (2-4) by the sampler; the last evaluation's
+    assert (
+        trainer.pipeline.engine.pushes == 6
+    )  # the constructor's; v0 (batches 0, 1), v1-v3 (2-4) by the sampler; the last evaluation's
 
 
 def test_an_engine_without_log_probs_is_refused_at_lag(tiny_model_dir):
@@ -149,11 +200,21 @@ def test_an_engine_without_log_probs_is_refused_at_lag(tiny_model_dir):
     from grpokit.rollout.hf import HFEngine
 
     model, tok = load_policy(load_config(None, [f"model.name_or_path={tiny_model_dir}"]).model)
-    rollout = load_config(None, [f"model.name_or_path={tiny_model_dir}", "rollout.engine=fast", "rollout.num_generations=2",
-                                 "rollout.max_completion_length=4"]).rollout
+    rollout = load_config(
+        None,
+        [
+            f"model.name_or_path={tiny_model_dir}",
+            "rollout.engine=fast",
+            "rollout.num_generations=2",
+            "rollout.max_completion_length=4",
+        ],
+    ).rollout
     pipe = RolloutPipeline(HFEngine(model, tok), rollout, max_lag=1, version=0, model=model, seed=0)
     try:
-        with pytest.raises(ValueError, match="rollout.max_policy_lag=1 needs the engine's sampling log-probs, and HFEngine returned none"):
+        with pytest.raises(
+            ValueError,
+            match="rollout.max_policy_lag=1 needs the engine's sampling log-probs, and HFEngine returned none",
+        ):
             pipe.batch(0, lambda i: [_Row(tok("1 2>3=")["input_ids"])], 2)
     finally:
         pipe.close()

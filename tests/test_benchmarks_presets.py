@@ -1,4 +1,5 @@
 """benchmarks/presets.py end to end on the tiny test model: 2 presets, 1 seed, 2 steps, a tiny held-out set."""
+
 import importlib.util
 import re
 from pathlib import Path
@@ -15,11 +16,32 @@ def load_bench():
 
 def test_presets_benchmark_writes_a_row_per_run(tiny_model_dir, tmp_path):
     bench = load_bench()
-    md = bench.main([
-        "--model", str(tiny_model_dir), "--presets", "grpo,dapo", "--seeds", "0", "--steps", "2",
-        "--prompts", "4", "--G", "4", "--max-completion-length", "8", "--eval-size", "8", "--eval-every", "1",
-        "--out", str(tmp_path / "runs"), "--results", str(tmp_path / "results"),
-    ])
+    md = bench.main(
+        [
+            "--model",
+            str(tiny_model_dir),
+            "--presets",
+            "grpo,dapo",
+            "--seeds",
+            "0",
+            "--steps",
+            "2",
+            "--prompts",
+            "4",
+            "--G",
+            "4",
+            "--max-completion-length",
+            "8",
+            "--eval-size",
+            "8",
+            "--eval-every",
+            "1",
+            "--out",
+            str(tmp_path / "runs"),
+            "--results",
+            str(tmp_path / "results"),
+        ]
+    )
     assert md == tmp_path / "results" / "presets.md"
     assert (tmp_path / "results" / "presets.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     text = md.read_text()
@@ -41,7 +63,12 @@ def test_presets_benchmark_writes_a_row_per_run(tiny_model_dir, tmp_path):
 
 def test_first_reach_is_the_first_evaluated_step_at_or_above_the_target():
     bench = load_bench()
-    curve = [{"step": 0, "mean@k": 0.25}, {"step": 25, "mean@k": 0.31}, {"step": 50, "mean@k": 0.29}, {"step": 75, "mean@k": 0.30}]
+    curve = [
+        {"step": 0, "mean@k": 0.25},
+        {"step": 25, "mean@k": 0.31},
+        {"step": 50, "mean@k": 0.29},
+        {"step": 75, "mean@k": 0.30},
+    ]
     assert bench.first_reach(curve, "mean@k", 0.30) == 25
     assert bench.first_reach(curve, "mean@k", 0.25) == 0
     assert bench.first_reach(curve, "mean@k", 0.32) is None

@@ -4,6 +4,7 @@ reward function written for TRL on chat data runs unchanged.
 
 Run: .venv/bin/python -m pytest tests/test_chat_data.py
 """
+
 import json
 import shutil
 from pathlib import Path
@@ -18,9 +19,11 @@ from grpokit.trainer import Trainer
 
 # A small Jinja chat template in the tiny tokenizer's characters: the system turn, then "(" user ")" per user turn,
 # an assistant turn as its text followed by ",", and "=" as the generation prompt.
-CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'system' %}{{ m['content'] }}>"
-                 "{% elif m['role'] == 'user' %}({{ m['content'] }}){% else %}{{ m['content'] }},{% endif %}{% endfor %}"
-                 "{% if add_generation_prompt %}={% endif %}")
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'system' %}{{ m['content'] }}>"
+    "{% elif m['role'] == 'user' %}({{ m['content'] }}){% else %}{{ m['content'] }},{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}={% endif %}"
+)
 
 REWARD_FILE = '''
 import re
@@ -37,9 +40,19 @@ def sevens_reward_func(completions, **kwargs):
 
 
 def chat_rows(n=64):
-    return [{"prompt": [{"role": "system", "content": "1"}, {"role": "user", "content": f"{a} {b}"},
-                        {"role": "assistant", "content": f"{a + b}"}, {"role": "user", "content": f"{a} {b} {a}"}],
-             "target": a + b} for a in range(8) for b in range(n // 8)]
+    return [
+        {
+            "prompt": [
+                {"role": "system", "content": "1"},
+                {"role": "user", "content": f"{a} {b}"},
+                {"role": "assistant", "content": f"{a + b}"},
+                {"role": "user", "content": f"{a} {b} {a}"},
+            ],
+            "target": a + b,
+        }
+        for a in range(8)
+        for b in range(n // 8)
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +69,12 @@ def test_chat_prompts_are_rendered_once_with_the_chat_template(chat_model_dir):
     tok = AutoTokenizer.from_pretrained(chat_model_dir)
     ds = PromptDataset(chat_rows(8), tok)
     row = ds[3]
-    assert row.prompt_text == "<s>1>(3 0)3,(3 0 3)="  # system, user, assistant, user turns, then the generation prompt
-    assert row.prompt_ids == tok(row.prompt_text, add_special_tokens=False)["input_ids"]  # one BOS: the template's
+    assert (
+        row.prompt_text == "<s>1>(3 0)3,(3 0 3)="
+    )  # system, user, assistant, user turns, then the generation prompt
+    assert (
+        row.prompt_ids == tok(row.prompt_text, add_special_tokens=False)["input_ids"]
+    )  # one BOS: the template's
     assert row.prompt_ids.count(tok.bos_token_id) == 1
 
 
@@ -75,7 +92,10 @@ def test_reward_functions_get_chat_completions_as_messages():
     chat = [[{"role": "user", "content": "3 4"}]] * 2
     out = RewardManager([trl_style, plain])(prompts=chat, completions=["7", "8"], completion_ids=[[19], [20]])
     assert out.per_function["trl_style"].tolist() == [1.0, 0.0]
-    assert seen["completions"] == [[{"role": "assistant", "content": "7"}], [{"role": "assistant", "content": "8"}]]
+    assert seen["completions"] == [
+        [{"role": "assistant", "content": "7"}],
+        [{"role": "assistant", "content": "8"}],
+    ]
     assert seen["prompts"] == chat
     RewardManager([plain])(prompts=["3 4", "3 4"], completions=["7", "8"], completion_ids=[[19], [20]])
     assert seen["plain"] == ["7", "8"]  # plain-text prompts: strings, as TRL
@@ -85,11 +105,24 @@ def test_a_trl_chat_reward_function_runs_unchanged_and_drives_learning(chat_mode
     data, rewards_py, out = tmp_path / "chat.jsonl", tmp_path / "trl_rewards.py", tmp_path / "run"
     data.write_text("".join(json.dumps(r) + "\n" for r in chat_rows()))
     rewards_py.write_text(REWARD_FILE)
-    cfg = load_config(None, [
-        f"model.name_or_path={chat_model_dir}", f"data.train_path={data}", f"rewards=[{{function: '{rewards_py}:sevens_reward_func'}}]",
-        "rollout.prompts_per_step=4", "rollout.num_generations=8", "rollout.max_completion_length=8", "optim.learning_rate=3e-3",
-        "algorithm.beta=0.0", "eval.at_start=false", "logging.sample_every=0", "optim.max_steps=30", "checkpoint.save_every=0",
-        f"output_dir={out}"])
+    cfg = load_config(
+        None,
+        [
+            f"model.name_or_path={chat_model_dir}",
+            f"data.train_path={data}",
+            f"rewards=[{{function: '{rewards_py}:sevens_reward_func'}}]",
+            "rollout.prompts_per_step=4",
+            "rollout.num_generations=8",
+            "rollout.max_completion_length=8",
+            "optim.learning_rate=3e-3",
+            "algorithm.beta=0.0",
+            "eval.at_start=false",
+            "logging.sample_every=0",
+            "optim.max_steps=30",
+            "checkpoint.save_every=0",
+            f"output_dir={out}",
+        ],
+    )
     trainer = Trainer(cfg)
     assert trainer.train_data[0].prompt_text.endswith(")=")  # rendered with the chat template
     trainer.train()

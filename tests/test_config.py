@@ -1,4 +1,5 @@
 """Config: defaults, YAML + dotted overrides, one-line errors that name the key."""
+
 import subprocess
 import sys
 
@@ -24,7 +25,9 @@ def test_defaults_follow_the_seed_and_trl_names():
 
 def test_yaml_and_overrides(tmp_path):
     p = write(tmp_path, "model:\n  name_or_path: m\nalgorithm:\n  beta: 0.1\nrewards:\n  - function: math\n")
-    c = load_config(p, ["algorithm.beta=0.0", "rollout.num_generations=16", "rewards.0.weight=2.5", "eval.reward=null"])
+    c = load_config(
+        p, ["algorithm.beta=0.0", "rollout.num_generations=16", "rewards.0.weight=2.5", "eval.reward=null"]
+    )
     assert c.algorithm.beta == 0.0 and c.rollout.num_generations == 16
     assert c.rewards[0].function == "math" and c.rewards[0].weight == 2.5
     assert c.model.name_or_path == "m"
@@ -41,7 +44,10 @@ def test_yaml_and_overrides(tmp_path):
         (["nosection.key=1"], ["nosection"]),
         (["algorithm.beta"], ["section.key=value"]),
         (["reward_timeout=-1"], ["reward_timeout", "-1", "greater than or equal to 0"]),
-        (["rewards=[{function: math, timeout: -5}]"], ["rewards.0.timeout", "-5", "greater than or equal to 0"]),
+        (
+            ["rewards=[{function: math, timeout: -5}]"],
+            ["rewards.0.timeout", "-5", "greater than or equal to 0"],
+        ),
         (["reward_slow_warning=-1"], ["reward_slow_warning", "greater than or equal to 0"]),
         (["reward_error_fraction=1.5"], ["reward_error_fraction", "1.5", "less than or equal to 1"]),
         (["stop_after_bad_steps=-1"], ["stop_after_bad_steps", "-1", "greater than or equal to 0"]),
@@ -59,12 +65,19 @@ def test_bad_values_one_line(override, words):
 
 def test_reward_guards_defaults_and_what_a_saved_config_records():
     c = Config()
-    assert (c.reward_timeout, c.reward_slow_warning, c.reward_error_fraction, c.stop_after_bad_steps) == (300.0, 60.0, 0.5, 20)
+    assert (c.reward_timeout, c.reward_slow_warning, c.reward_error_fraction, c.stop_after_bad_steps) == (
+        300.0,
+        60.0,
+        0.5,
+        20,
+    )
     c = load_config(None, ["rewards=[{function: math}, {function: format, timeout: 2}]"])
     assert c.rewards[0].timeout is None and c.rewards[1].timeout == 2.0
     # an unset timeout is not written, so a checkpoint saved before the key existed still matches on resume
-    assert [sorted(r) for r in c.model_dump()["rewards"]] == [["function", "kwargs", "name", "weight"],
-                                                             ["function", "kwargs", "name", "timeout", "weight"]]
+    assert [sorted(r) for r in c.model_dump()["rewards"]] == [
+        ["function", "kwargs", "name", "weight"],
+        ["function", "kwargs", "name", "timeout", "weight"],
+    ]
 
 
 def test_bad_yaml_and_missing_file(tmp_path):
@@ -98,5 +111,13 @@ def test_grpokit_config_lists_the_train_and_the_sft_keys():
     train = CliRunner().invoke(app, ["config"], terminal_width=200)
     sft = CliRunner().invoke(app, ["config", "--sft"], terminal_width=200)
     assert train.exit_code == 0 and sft.exit_code == 0
-    assert "algorithm.beta" in train.output and "threads" in train.output and "sft.learning_rate" not in train.output
-    assert "sft.learning_rate" in sft.output and "sft.max_grad_norm" in sft.output and "data.train_path" in sft.output
+    assert (
+        "algorithm.beta" in train.output
+        and "threads" in train.output
+        and "sft.learning_rate" not in train.output
+    )
+    assert (
+        "sft.learning_rate" in sft.output
+        and "sft.max_grad_norm" in sft.output
+        and "data.train_path" in sft.output
+    )

@@ -14,6 +14,7 @@ Run: .venv/bin/python -m pytest tests/test_crash.py
 The kills run `grpokit train` in a forked child of the test process (the console script's code,
 without paying for a Python start per run); test_sigterm_console_script runs the real console script.
 """
+
 from __future__ import annotations
 
 import json
@@ -170,7 +171,10 @@ def assert_checkpoints_readable(out: Path) -> list[int]:
 def test_sigkill_anywhere_then_resume_is_exact(setup):
     model_dir, tmp_path = setup
     straight = tmp_path / "straight"
-    pid = fork_train([str(tmp_path / "config.yaml"), *overrides(model_dir, tmp_path, "straight")], tmp_path / "straight.log")
+    pid = fork_train(
+        [str(tmp_path / "config.yaml"), *overrides(model_dir, tmp_path, "straight")],
+        tmp_path / "straight.log",
+    )
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0, (tmp_path / "straight.log").read_text()[-2000:]
 
@@ -185,9 +189,13 @@ def test_sigkill_anywhere_then_resume_is_exact(setup):
         if stall is None:
             wait_for(lambda: logged_steps(out) >= start + 2, pid)  # between steps, or inside a save
         elif stall == "save":
-            wait_for(lambda: any((p / "model.safetensors").exists() for p in hidden(out, ".tmp-step-", pid)), pid)
+            wait_for(
+                lambda: any((p / "model.safetensors").exists() for p in hidden(out, ".tmp-step-", pid)), pid
+            )
         else:
-            wait_for(lambda: any(not list(p.glob("*.safetensors")) for p in hidden(out, ".old-step-", pid)), pid)
+            wait_for(
+                lambda: any(not list(p.glob("*.safetensors")) for p in hidden(out, ".old-step-", pid)), pid
+            )
         kill9(pid)
         if before:
             assert f"resuming from checkpoint step {before[-1]}" in log.read_text()
@@ -204,7 +212,9 @@ def test_sigkill_anywhere_then_resume_is_exact(setup):
     assert f"resuming from checkpoint step {kills[-1][1][-1]}" in log.read_text()
     assert assert_checkpoints_readable(out)[-1] == 6
     assert not hidden(out, ".")  # no half-written or half-deleted folder is left behind
-    assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == list(range(1, 7))
+    assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == list(
+        range(1, 7)
+    )
     a, b = load_file(straight / "final" / "model.safetensors"), load_file(out / "final" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # bit for bit
 
@@ -226,7 +236,9 @@ def test_save_that_raises_leaves_previous_checkpoint(setup, monkeypatch):
             raise RuntimeError("simulated crash inside save_pretrained")
 
     monkeypatch.setattr(PreTrainedModel, "save_pretrained", fails_on_second)
-    with pytest.raises(CheckpointError, match=r"step-000002.*simulated crash.*earlier checkpoints are untouched"):
+    with pytest.raises(
+        CheckpointError, match=r"step-000002.*simulated crash.*earlier checkpoints are untouched"
+    ):
         Trainer(cfg).train()
     assert assert_checkpoints_readable(tmp_path / "run") == [1]
     assert not hidden(tmp_path / "run", ".")
@@ -250,9 +262,18 @@ def test_save_that_raises_leaves_previous_checkpoint(setup, monkeypatch):
 
 def test_sigterm_console_script(setup):
     model_dir, tmp_path = setup
-    args = [str(tmp_path / "config.yaml"), *overrides(model_dir, tmp_path, max_steps=12), "checkpoint.save_every=5"]
-    proc = subprocess.Popen([sys.executable, "-m", "grpokit.cli", "train", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    args = [
+        str(tmp_path / "config.yaml"),
+        *overrides(model_dir, tmp_path, max_steps=12),
+        "checkpoint.save_every=5",
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "grpokit.cli", "train", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
     out = tmp_path / "run"
     deadline = time.monotonic() + 300
     while logged_steps(out) < 1 and proc.poll() is None and time.monotonic() < deadline:
@@ -276,7 +297,11 @@ def test_sigint_saves_once_and_stops(setup, monkeypatch):
     import grpokit.distributed
 
     real, saved = grpokit.distributed.save_checkpoint, []
-    monkeypatch.setattr(grpokit.distributed, "save_checkpoint", lambda out, step, *a, **k: saved.append(step) or real(out, step, *a, **k))
+    monkeypatch.setattr(
+        grpokit.distributed,
+        "save_checkpoint",
+        lambda out, step, *a, **k: saved.append(step) or real(out, step, *a, **k),
+    )
     cfg = load_config(None, [*overrides(model_dir, tmp_path, max_steps=6), "checkpoint.save_every=2"])
     trainer = Trainer(cfg)
     handler = signal.getsignal(signal.SIGINT)
@@ -320,7 +345,10 @@ def test_a_second_run_on_the_same_output_dir_stops_naming_the_first(tmp_path):
     from grpokit.checkpoint import CheckpointError, RunLock
 
     with RunLock(tmp_path):
-        with pytest.raises(CheckpointError, match=rf"output_dir '{tmp_path}' is in use by another run \(pid {os.getpid()} on "):
+        with pytest.raises(
+            CheckpointError,
+            match=rf"output_dir '{tmp_path}' is in use by another run \(pid {os.getpid()} on ",
+        ):
             with RunLock(tmp_path):
                 pass
     with RunLock(tmp_path):  # released on exit
@@ -353,10 +381,17 @@ def test_train_refuses_a_folder_in_use_and_a_fresh_run_never_appends_to_an_old_l
         with pytest.raises(CheckpointError, match="is in use by another run"):
             Trainer(cfg).train()
     # A previous run that died before its first checkpoint left 3 lines; this run starts fresh, not at line 4.
-    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "reward/mean": 9.0}) + "\n" for s in range(3)))
+    (run / "metrics.jsonl").write_text(
+        "".join(json.dumps({"step": s, "reward/mean": 9.0}) + "\n" for s in range(3))
+    )
     Trainer(cfg).train()
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert steps == sorted(steps) and steps[-1] == 2 and 9.0 not in [json.loads(l).get("reward/mean") for l in (run / "metrics.jsonl").read_text().splitlines()]
+    assert (
+        steps == sorted(steps)
+        and steps[-1] == 2
+        and 9.0
+        not in [json.loads(l).get("reward/mean") for l in (run / "metrics.jsonl").read_text().splitlines()]
+    )
 
 
 def test_a_second_signal_during_a_save_lets_the_save_finish_and_says_so(setup, monkeypatch):
@@ -376,7 +411,10 @@ def test_a_second_signal_during_a_save_lets_the_save_finish_and_says_so(setup, m
 
     monkeypatch.setattr(grpokit.distributed, "save_checkpoint", save_under_two_signals)
     handler = signal.getsignal(signal.SIGINT)
-    r = CliRunner().invoke(app, ["train", str(tmp_path / "config.yaml"), *overrides(model_dir, tmp_path), "checkpoint.save_every=2"])
+    r = CliRunner().invoke(
+        app,
+        ["train", str(tmp_path / "config.yaml"), *overrides(model_dir, tmp_path), "checkpoint.save_every=2"],
+    )
     assert r.exit_code == 130, r.output
     assert "SIGINT again during the save of step 2: it finished; stopping now" in r.output
     assert assert_checkpoints_readable(tmp_path / "run") == [2]  # the save completed
@@ -388,21 +426,46 @@ def test_a_second_signal_during_a_save_lets_the_save_finish_and_says_so(setup, m
 
 
 def _train_cli(tmp_path, model_dir, *extra):
-    return CliRunner().invoke(app, ["train", str(tmp_path / "config.yaml"), *overrides(model_dir, tmp_path, max_steps=2),
-                                    "checkpoint.save_every=1", *extra])
+    return CliRunner().invoke(
+        app,
+        [
+            "train",
+            str(tmp_path / "config.yaml"),
+            *overrides(model_dir, tmp_path, max_steps=2),
+            "checkpoint.save_every=1",
+            *extra,
+        ],
+    )
 
 
 def test_resume_with_a_changed_config_stops_and_lists_every_difference(setup):
     model_dir, tmp_path = setup
     assert _train_cli(tmp_path, model_dir).exit_code == 0
     recorded = (tmp_path / "run" / "config.yaml").read_text()
-    r = _train_cli(tmp_path, model_dir, "optim.max_steps=4", "optim.learning_rate=1e-3", "rollout.num_generations=2", "seed=1")
+    r = _train_cli(
+        tmp_path,
+        model_dir,
+        "optim.max_steps=4",
+        "optim.learning_rate=1e-3",
+        "rollout.num_generations=2",
+        "seed=1",
+    )
     assert r.exit_code == 2, r.output
     line = [l for l in r.stderr.splitlines() if l.strip()]
     assert len(line) == 1 and "was saved with another config (" in line[0]
-    for diff in ("optim.learning_rate: 0.003 -> 0.001", "optim.max_steps: 2 -> 4", "rollout.num_generations: 4 -> 2", "seed: 0 -> 1"):
-        assert diff in line[0], diff  # every difference, by its real name (a seed change is not blamed on the data)
-    assert "checkpoint.allow_changes=[optim.learning_rate,optim.max_steps,rollout.num_generations,seed]" in line[0]
+    for diff in (
+        "optim.learning_rate: 0.003 -> 0.001",
+        "optim.max_steps: 2 -> 4",
+        "rollout.num_generations: 4 -> 2",
+        "seed: 0 -> 1",
+    ):
+        assert diff in line[0], (
+            diff
+        )  # every difference, by its real name (a seed change is not blamed on the data)
+    assert (
+        "checkpoint.allow_changes=[optim.learning_rate,optim.max_steps,rollout.num_generations,seed]"
+        in line[0]
+    )
     assert (tmp_path / "run" / "config.yaml").read_text() == recorded  # the run's record is never wrong
 
 
@@ -411,12 +474,24 @@ def test_allowed_changes_are_applied_logged_and_recorded(setup):
 
     model_dir, tmp_path = setup
     assert _train_cli(tmp_path, model_dir).exit_code == 0
-    r = _train_cli(tmp_path, model_dir, "optim.max_steps=3", "optim.learning_rate=1e-3",
-                   "checkpoint.allow_changes=[optim.learning_rate,optim.max_steps]")
+    r = _train_cli(
+        tmp_path,
+        model_dir,
+        "optim.max_steps=3",
+        "optim.learning_rate=1e-3",
+        "checkpoint.allow_changes=[optim.learning_rate,optim.max_steps]",
+    )
     assert r.exit_code == 0, r.output
-    assert "resuming with changes allowed by checkpoint.allow_changes: optim.learning_rate: 0.003 -> 0.001; optim.max_steps: 2 -> 3" in r.output
+    assert (
+        "resuming with changes allowed by checkpoint.allow_changes: optim.learning_rate: 0.003 -> 0.001; optim.max_steps: 2 -> 3"
+        in r.output
+    )
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [row["policy/lr"] for row in rows] == [3e-3, 3e-3, 1e-3]  # the new learning rate, not the saved scheduler's
+    assert [row["policy/lr"] for row in rows] == [
+        3e-3,
+        3e-3,
+        1e-3,
+    ]  # the new learning rate, not the saved scheduler's
     assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["optim"]["learning_rate"] == 1e-3
 
 
@@ -435,7 +510,11 @@ def test_a_full_disk_reported_by_torch_save_says_no_space_left(setup, monkeypatc
     r = _train_cli(tmp_path, model_dir)
     assert r.exit_code == 2, r.output
     line = [l for l in r.stderr.splitlines() if l.strip()]
-    assert len(line) == 1 and "could not save to" in line[0] and "step-000002': No space left on device (torch's writer" in line[0]
+    assert (
+        len(line) == 1
+        and "could not save to" in line[0]
+        and "step-000002': No space left on device (torch's writer" in line[0]
+    )
     assert "free disk space" in line[0] and [s for s, _ in list_checkpoints(tmp_path / "run")] == [1]
 
 

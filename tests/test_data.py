@@ -1,4 +1,5 @@
 """grpokit.data: loading every format, rendering prompts, truncation, splitting, sampling."""
+
 from __future__ import annotations
 
 import csv
@@ -11,7 +12,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grpokit.config import DataConfig
-from grpokit.data import DataError, PromptDataset, PromptSampler, build_datasets, load_located_rows, load_rows, split_rows
+from grpokit.data import (
+    DataError,
+    PromptDataset,
+    PromptSampler,
+    build_datasets,
+    load_located_rows,
+    load_rows,
+    split_rows,
+)
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
@@ -35,7 +44,9 @@ def _build_tokenizer(path):
     tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tk.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tk.decoder = decoders.Fuse()
-    tk.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", vocab["<bos>"])])
+    tk.post_processor = processors.TemplateProcessing(
+        single="<bos> $A", special_tokens=[("<bos>", vocab["<bos>"])]
+    )
     PreTrainedTokenizerFast(
         tokenizer_object=tk, bos_token="<bos>", eos_token="<eos>", unk_token="<unk>", pad_token="<pad>"
     ).save_pretrained(path)
@@ -108,23 +119,29 @@ def test_datasets_folder_and_dataset_dict(tmp_path):
     datasets.Dataset.from_list(ROWS).save_to_disk(str(tmp_path / "ds"))
     assert load_rows(tmp_path / "ds") == ROWS
 
-    dd = datasets.DatasetDict({"train": datasets.Dataset.from_list(ROWS[:2]), "test": datasets.Dataset.from_list(ROWS[2:])})
+    dd = datasets.DatasetDict(
+        {"train": datasets.Dataset.from_list(ROWS[:2]), "test": datasets.Dataset.from_list(ROWS[2:])}
+    )
     dd.save_to_disk(str(tmp_path / "dd"))
     assert load_rows(tmp_path / "dd") == ROWS[:2]
 
-    datasets.DatasetDict({"test": datasets.Dataset.from_list(ROWS), "validation": datasets.Dataset.from_list(ROWS)}).save_to_disk(
-        str(tmp_path / "no_train")
-    )
+    datasets.DatasetDict(
+        {"test": datasets.Dataset.from_list(ROWS), "validation": datasets.Dataset.from_list(ROWS)}
+    ).save_to_disk(str(tmp_path / "no_train"))
     with pytest.raises(DataError, match=r"splits \['test', 'validation'\] but no 'train'"):
         load_rows(tmp_path / "no_train")
 
 
 def test_load_errors(tmp_path):
-    with pytest.raises(DataError, match="dataset not found: .*missing.jsonl.*check data.train_path / data.eval_path"):
+    with pytest.raises(
+        DataError, match="dataset not found: .*missing.jsonl.*check data.train_path / data.eval_path"
+    ):
         load_rows(tmp_path / "missing.jsonl")
 
     (tmp_path / "d.txt").write_text("hello")
-    with pytest.raises(DataError, match=r"unsupported dataset file 'd.txt'; use one of .jsonl, .json, .parquet, .csv"):
+    with pytest.raises(
+        DataError, match=r"unsupported dataset file 'd.txt'; use one of .jsonl, .json, .parquet, .csv"
+    ):
         load_rows(tmp_path / "d.txt")
 
     (tmp_path / "empty.jsonl").write_text("\n")
@@ -144,10 +161,12 @@ def test_load_errors(tmp_path):
         load_rows(tmp_path / "bad.jsonl")
 
 
-
 def test_non_utf8_bytes_name_the_line_and_column(tmp_path):
     (tmp_path / "d.jsonl").write_bytes(b'{"prompt": "a"}\n\n{"prompt": "b\xff"}\n')
-    with pytest.raises(DataError, match=r"^d.jsonl: line 3 is not valid UTF-8 \(byte 0xff at column 14\); re-save the file as UTF-8$"):
+    with pytest.raises(
+        DataError,
+        match=r"^d.jsonl: line 3 is not valid UTF-8 \(byte 0xff at column 14\); re-save the file as UTF-8$",
+    ):
         load_rows(tmp_path / "d.jsonl")
     (tmp_path / "d.json").write_bytes(b'[\n  {"prompt": "a"},\n  {"prompt": "\xe9t\xe9"}\n]')
     with pytest.raises(DataError, match=r"^d.json: line 3 is not valid UTF-8 \(byte 0xe9 at column 15\)"):
@@ -163,7 +182,10 @@ def test_located_rows_say_where_each_row_is(tmp_path):
     """The labels errors use: the line of a text file (blank lines and multi-line CSV cells counted), the
     0-based index of a list item or a Parquet / datasets row."""
     (tmp_path / "d.jsonl").write_text('{"prompt": "a"}\n\n{"prompt": "b"}\n')
-    assert load_located_rows(tmp_path / "d.jsonl") == ([{"prompt": "a"}, {"prompt": "b"}], ["d.jsonl line 1", "d.jsonl line 3"])
+    assert load_located_rows(tmp_path / "d.jsonl") == (
+        [{"prompt": "a"}, {"prompt": "b"}],
+        ["d.jsonl line 1", "d.jsonl line 3"],
+    )
     (tmp_path / "lines.json").write_text('{"prompt": "a"}\n{"prompt": "b"}\n')
     assert load_located_rows(tmp_path / "lines.json")[1] == ["lines.json line 1", "lines.json line 2"]
     (tmp_path / "list.json").write_text(json.dumps(ROWS, indent=2))
@@ -171,7 +193,8 @@ def test_located_rows_say_where_each_row_is(tmp_path):
     with (tmp_path / "d.csv").open("w", newline="") as f:
         csv.writer(f).writerows([["prompt", "note"], ["a", "two\nlines"], ["b", ""]])
     assert load_located_rows(tmp_path / "d.csv") == (
-        [{"prompt": "a", "note": "two\nlines"}, {"prompt": "b", "note": ""}], ["d.csv line 2", "d.csv line 4"]
+        [{"prompt": "a", "note": "two\nlines"}, {"prompt": "b", "note": ""}],
+        ["d.csv line 2", "d.csv line 4"],
     )
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -182,7 +205,9 @@ def test_located_rows_say_where_each_row_is(tmp_path):
 
 def test_csv_extra_field_names_the_line(tmp_path):
     (tmp_path / "d.csv").write_text("prompt,answer\nq,1\nWhat is 1,2?,3\n")
-    with pytest.raises(DataError, match=r"d.csv: line 3 has more fields than the header \['prompt', 'answer'\]"):
+    with pytest.raises(
+        DataError, match=r"d.csv: line 3 has more fields than the header \['prompt', 'answer'\]"
+    ):
         load_rows(tmp_path / "d.csv")
 
 
@@ -234,7 +259,9 @@ def test_chat_prompt_uses_template_without_extra_bos(chat_tok):
     row = PromptDataset([{"prompt": msgs, "answer": "x"}], chat_tok)[0]
     assert row.prompt == msgs
     assert row.prompt_text == "<user>hi\n<assistant>"
-    assert row.prompt_ids == char_ids(chat_tok, "<user>hi\n<assistant>")  # no BOS: the template owns special tokens
+    assert row.prompt_ids == char_ids(
+        chat_tok, "<user>hi\n<assistant>"
+    )  # no BOS: the template owns special tokens
     assert row.columns == {"answer": "x"}
 
 
@@ -262,7 +289,10 @@ def test_truncation_keeps_the_tail_and_counts(tok):
     rows = [{"prompt": "context context QUESTION"}, {"prompt": "short"}]
     ds = PromptDataset(rows, tok, max_prompt_length=8, overlong="truncate")
     assert ds.num_truncated == 1
-    assert [ds[0].truncated, ds[1].truncated] == [True, False]  # counted per step as rollout/truncated_prompts
+    assert [ds[0].truncated, ds[1].truncated] == [
+        True,
+        False,
+    ]  # counted per step as rollout/truncated_prompts
     assert ds[0].prompt_ids == char_ids(tok, "QUESTION")
     assert ds[0].prompt_text == "QUESTION"
     assert ds[0].prompt == "context context QUESTION"
@@ -280,7 +310,9 @@ def test_overlong_error_names_row_length_and_fixes(tok):
 
 
 def test_missing_prompt_column_names_columns_and_config_key(tok):
-    with pytest.raises(DataError, match=r"no 'prompt' column .*columns found: \['question', 'answer'\].*data.prompt_column"):
+    with pytest.raises(
+        DataError, match=r"no 'prompt' column .*columns found: \['question', 'answer'\].*data.prompt_column"
+    ):
         PromptDataset([{"question": "q", "answer": 1}], tok)
     ds = PromptDataset([{"question": "q", "answer": 1}], tok, prompt_column="question")
     assert ds[0].prompt == "q" and ds[0].columns == {"answer": 1}
@@ -288,7 +320,9 @@ def test_missing_prompt_column_names_columns_and_config_key(tok):
 
 @pytest.mark.parametrize("bad", [42, None, {"text": "hi"}, [], ["hi"], [{"content": "no role"}]])
 def test_bad_prompt_names_the_row(tok, bad):
-    with pytest.raises(DataError, match=r"row 1: prompt .* is not a string or a list of \{\"role\", \"content\"\} messages"):
+    with pytest.raises(
+        DataError, match=r"row 1: prompt .* is not a string or a list of \{\"role\", \"content\"\} messages"
+    ):
         PromptDataset([{"prompt": "fine"}, {"prompt": bad}], tok)
 
 
@@ -298,12 +332,21 @@ def test_chat_prompt_without_chat_template(tok):
         PromptDataset([{"prompt": [{"role": "user", "content": "hi"}]}], tok)
 
 
-@pytest.mark.parametrize("empty", ["", "  \n\t", [{"role": "user", "content": ""}],
-                                   [{"role": "system", "content": " "}, {"role": "user", "content": None}]])
+@pytest.mark.parametrize(
+    "empty",
+    [
+        "",
+        "  \n\t",
+        [{"role": "user", "content": ""}],
+        [{"role": "system", "content": " "}, {"role": "user", "content": None}],
+    ],
+)
 def test_empty_prompt_names_the_row_and_the_fix(chat_tok, empty):
     with pytest.raises(DataError, match=r"^row 1: prompt .* is empty; remove the row or fill in its prompt$"):
         PromptDataset([{"prompt": "fine"}, {"prompt": empty}], chat_tok, system_prompt="Be brief.")
-    PromptDataset([{"prompt": [{"role": "system", "content": ""}, {"role": "user", "content": "hi"}]}], chat_tok)  # one is enough
+    PromptDataset(
+        [{"prompt": [{"role": "system", "content": ""}, {"role": "user", "content": "hi"}]}], chat_tok
+    )  # one is enough
 
 
 def test_errors_name_the_file_line_after_the_split(tmp_path, tok):
@@ -311,7 +354,9 @@ def test_errors_name_the_file_line_after_the_split(tmp_path, tok):
     rows = [{"prompt": f"q{i}", "answer": i} for i in range(10)]
     lines = [json.dumps(r) for r in rows]
     lines[7] = json.dumps({"prompt": "x" * 30, "answer": 7})
-    (tmp_path / "d.jsonl").write_text("\n".join(lines[:5]) + "\n\n" + "\n".join(lines[5:]) + "\n")  # line 6 is blank
+    (tmp_path / "d.jsonl").write_text(
+        "\n".join(lines[:5]) + "\n\n" + "\n".join(lines[5:]) + "\n"
+    )  # line 6 is blank
     cfg = DataConfig(train_path=str(tmp_path / "d.jsonl"), eval_size=4, max_prompt_length=10)
     with pytest.raises(DataError, match=r"^d.jsonl line 9: prompt is 31 tokens"):
         build_datasets(cfg, tok, seed=0)
@@ -321,7 +366,9 @@ def test_errors_name_the_file_line_after_the_split(tmp_path, tok):
         build_datasets(cfg, tok, seed=0)
     # Rows given in code are named by their index before the split.
     with pytest.raises(DataError, match=r"^row 7: prompt '' is empty"):
-        build_datasets(DataConfig(eval_size=4), tok, seed=0, train_rows=[*rows[:7], {"prompt": ""}, *rows[8:]])
+        build_datasets(
+            DataConfig(eval_size=4), tok, seed=0, train_rows=[*rows[:7], {"prompt": ""}, *rows[8:]]
+        )
 
 
 def test_where_labels_never_reach_the_columns(tmp_path, tok):
@@ -362,7 +409,9 @@ def test_split_rows_sizes_and_determinism():
 
 
 def test_split_rows_keeps_duplicate_prompts_on_one_side():
-    rows = [{"prompt": "same", "i": i} for i in range(5)] + [{"prompt": f"q{i}", "i": 5 + i} for i in range(5)]
+    rows = [{"prompt": "same", "i": i} for i in range(5)] + [
+        {"prompt": f"q{i}", "i": 5 + i} for i in range(5)
+    ]
     for seed in range(10):
         train, held = split_rows(rows, 3, seed=seed)
         train_prompts = {r["prompt"] for r in train}
@@ -377,7 +426,9 @@ _prompt = st.one_of(
 
 
 @settings(max_examples=60, deadline=None)
-@given(prompts=st.lists(_prompt, min_size=2, max_size=30), frac=st.floats(0.01, 0.99), seed=st.integers(0, 2**32))
+@given(
+    prompts=st.lists(_prompt, min_size=2, max_size=30), frac=st.floats(0.01, 0.99), seed=st.integers(0, 2**32)
+)
 def test_split_rows_never_overlaps(prompts, frac, seed):
     rows = [{"prompt": p, "i": i} for i, p in enumerate(prompts)]
     n_unique = len({json.dumps(p) for p in prompts})
@@ -469,13 +520,28 @@ def test_a_renamed_prompt_column_with_a_held_out_split_trains(tiny_model_dir, tm
     (tmp_path / "questions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     reward = f"{Path(__file__).parent / 'reward_fns.py'}:count_sevens"
     (tmp_path / "config.yaml").write_text("{}\n")
-    result = CliRunner().invoke(app, [
-        "train", str(tmp_path / "config.yaml"), f"model.name_or_path={tiny_model_dir}",
-        f"data.train_path={tmp_path / 'questions.jsonl'}", "data.prompt_column=question", "data.eval_size=2",
-        f"rewards=[{{function: '{reward}'}}]", "rollout.prompts_per_step=2", "rollout.num_generations=2",
-        "rollout.max_completion_length=4", "optim.max_steps=1", "algorithm.beta=0.0", "eval.k=1",
-        "logging.sample_every=0", "logging.tensorboard=false", "checkpoint.save_every=0", f"output_dir={tmp_path / 'run'}",
-    ])
+    result = CliRunner().invoke(
+        app,
+        [
+            "train",
+            str(tmp_path / "config.yaml"),
+            f"model.name_or_path={tiny_model_dir}",
+            f"data.train_path={tmp_path / 'questions.jsonl'}",
+            "data.prompt_column=question",
+            "data.eval_size=2",
+            f"rewards=[{{function: '{reward}'}}]",
+            "rollout.prompts_per_step=2",
+            "rollout.num_generations=2",
+            "rollout.max_completion_length=4",
+            "optim.max_steps=1",
+            "algorithm.beta=0.0",
+            "eval.k=1",
+            "logging.sample_every=0",
+            "logging.tensorboard=false",
+            "checkpoint.save_every=0",
+            f"output_dir={tmp_path / 'run'}",
+        ],
+    )
     assert result.exit_code == 0, (result.output, result.exception)
     logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in logged] == [0, 1]

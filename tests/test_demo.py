@@ -1,4 +1,5 @@
 """`grpokit demo --quick` produces the same outputs as the full demo."""
+
 import json
 import subprocess
 import sys
@@ -20,7 +21,9 @@ def test_demo_quick_outputs(tmp_path):
     assert (out / "grpo" / "final" / "model.safetensors").is_file()
     report = (out / "report.md").read_text()
     assert "pass@1" in report and "reward.png" in report
-    page = (out / "report.html").read_text()  # grpokit report's page (rendered in a browser: tests/test_report.py)
+    page = (
+        out / "report.html"
+    ).read_text()  # grpokit report's page (rendered in a browser: tests/test_report.py)
     assert page.count('<figure class="plot"') >= 6 and "Sample completions" in page and "Doctor" in page
     assert (out / "grpo" / "completions.parquet").is_file()
 
@@ -28,13 +31,17 @@ def test_demo_quick_outputs(tmp_path):
 def test_tools_demo_quick_outputs(tmp_path):
     """`grpokit demo --task tools --quick`: SFT, GRPO with the calculator, held-out success with tools before and after."""
     out = tmp_path / "tools"
-    r = subprocess.run([GRPOKIT, "demo", "--task", "tools", "--quick", "--out", str(out)], capture_output=True, text=True)
+    r = subprocess.run(
+        [GRPOKIT, "demo", "--task", "tools", "--quick", "--out", str(out)], capture_output=True, text=True
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "held-out multiply with the calculator" in r.stdout and "pass@1" in r.stdout
     rows = [json.loads(l) for l in (out / "grpo" / "metrics.jsonl").read_text().splitlines()]
     evals = [row for row in rows if "eval/pass@1" in row]
     assert evals[0]["step"] == 0 and evals[-1]["step"] == rows[-1]["step"]
-    assert all("eval/tools/calls_per_episode" in e for e in evals)  # tool use measured on the held-out episodes
+    assert all(
+        "eval/tools/calls_per_episode" in e for e in evals
+    )  # tool use measured on the held-out episodes
     train = [row for row in rows if "rollout/tools/calls_per_episode" in row]
     assert len(train) == 4 and all("reward/step_cost" in row and "reward/multiply" in row for row in train)
     config = (out / "grpo" / "config.yaml").read_text()

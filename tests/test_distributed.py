@@ -3,6 +3,7 @@
 Real process groups launched by torchrun (`python -m torch.distributed.run --standalone`), real FSDP2 and DDP;
 no mocks of torch.distributed. One torchrun launch runs every case for both strategies (tests/dist_cases.py).
 """
+
 from __future__ import annotations
 
 import json
@@ -29,13 +30,19 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--np
 
 def _env() -> dict[str, str]:
     # One thread per rank on a busy 2-core machine; no distributed variables of an outer launcher leak in.
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    }
     return {**env, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(TESTS.parent), "TORCH_SHOW_CPP_STACKTRACES": "1"}
 
 
 def _output(proc: subprocess.CompletedProcess) -> str:
     """The launcher's and the ranks' output without transformers' progress bars, for a failure message."""
-    keep = lambda text: "\n".join(l for l in text.splitlines() if "Loading weights" not in l and "model shards" not in l)  # noqa: E731
+    keep = lambda text: "\n".join(
+        l for l in text.splitlines() if "Loading weights" not in l and "model shards" not in l
+    )  # noqa: E731
     return keep(proc.stdout)[-3000:] + "\n" + keep(proc.stderr)[-8000:]
 
 
@@ -49,7 +56,9 @@ def one_process(tiny_model_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("one_process")
     results = {}
     for name, case in (dist_cases.CASES | dist_cases.FSDP2_CASES).items():
-        result = dist_cases.one_step(tiny_model_dir, out / name, "fsdp2", case)  # world size 1: the distributed section is not used
+        result = dist_cases.one_step(
+            tiny_model_dir, out / name, "fsdp2", case
+        )  # world size 1: the distributed section is not used
         assert result.pop("world").size == 1
         results[name] = result
     return results
@@ -58,8 +67,13 @@ def one_process(tiny_model_dir, tmp_path_factory):
 @pytest.fixture(scope="module")
 def two_processes(tiny_model_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("two_processes")
-    proc = subprocess.run([*TORCHRUN, str(TESTS / "dist_cases.py"), str(tiny_model_dir), str(out)], env=_env(),
-                          capture_output=True, text=True, timeout=400)
+    proc = subprocess.run(
+        [*TORCHRUN, str(TESTS / "dist_cases.py"), str(tiny_model_dir), str(out)],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert proc.returncode == 0, _output(proc)
     return {f.stem: torch.load(f) for f in out.glob("*.pt")}
 
@@ -72,7 +86,9 @@ def test_one_step_on_two_ranks_equals_one_process(strategy, one_process, two_pro
         want, got = one_process[name], two_processes[f"{strategy}-{name}"]
         grads = _rel(got["grads"], want["grads"])  # the first optimizer step's gradient: the global loss's
         assert max(grads.values()) < 1e-6, (name, max(grads.items(), key=lambda kv: kv[1]))
-        params = _rel(got["params"], want["params"])  # after the whole step (mu x minibatches AdamW steps, clipping)
+        params = _rel(
+            got["params"], want["params"]
+        )  # after the whole step (mu x minibatches AdamW steps, clipping)
         assert max(params.values()) < 1e-6, (name, max(params.items(), key=lambda kv: kv[1]))
         for key in dist_cases.SAME_METRICS:  # whole-batch metrics, reduced over the ranks
             assert (key in got["metrics"]) == (key in want["metrics"]), (name, key)
@@ -89,13 +105,20 @@ def test_fsdp2_activation_checkpointing_and_bf16(one_process, two_processes):
     """model.gradient_checkpointing under FSDP2 gives one process's step (recomputing activations changes no number
     that matters); distributed.mixed_precision=bf16 (bf16 all-gathers and compute, fp32 reductions and master
     weights) gives one fp32 process's gradient and weights up to bf16's rounding, and its weights stay fp32."""
-    want, got = one_process["grpo-activation_checkpointing"], two_processes["fsdp2-grpo-activation_checkpointing"]
+    want, got = (
+        one_process["grpo-activation_checkpointing"],
+        two_processes["fsdp2-grpo-activation_checkpointing"],
+    )
     assert max(_rel(got["grads"], want["grads"]).values()) < 1e-6
     assert max(_rel(got["params"], want["params"]).values()) < 1e-6
     want, got = one_process["grpo-bf16"], two_processes["fsdp2-grpo-bf16"]
     grads, params = _rel(got["grads"], want["grads"]), _rel(got["params"], want["params"])
-    print(f"bf16 against fp32: gradient {max(grads.values()):.2e}, weights {max(params.values()):.2e} (max relative, per tensor)")
-    assert 1e-6 < max(grads.values()) < 5e-2  # bf16 does round (it is on), by about its precision (2^-8 = 3.9e-3)
+    print(
+        f"bf16 against fp32: gradient {max(grads.values()):.2e}, weights {max(params.values()):.2e} (max relative, per tensor)"
+    )
+    assert (
+        1e-6 < max(grads.values()) < 5e-2
+    )  # bf16 does round (it is on), by about its precision (2^-8 = 3.9e-3)
     assert max(params.values()) < 5e-2 and all(v.dtype == torch.float32 for v in got["params"].values())
     assert got["metrics"]["policy/kl"] == pytest.approx(want["metrics"]["policy/kl"], abs=1e-3)
 
@@ -116,10 +139,16 @@ optim: {{max_steps: 2, learning_rate: 1.0e-3}}
 eval: {{max_samples: 4, k: 1}}
 logging: {{sample_every: 1}}
 checkpoint: {{save_every: 0}}
-output_dir: "{tmp_path / 'run'}"
+output_dir: "{tmp_path / "run"}"
 """)
-    proc = subprocess.run([*TORCHRUN, "-m", "grpokit", "train", str(tmp_path / "config.yaml")], env=_env(), cwd=tmp_path,
-                          capture_output=True, text=True, timeout=400)
+    proc = subprocess.run(
+        [*TORCHRUN, "-m", "grpokit", "train", str(tmp_path / "config.yaml")],
+        env=_env(),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert proc.returncode == 0, _output(proc)
     assert proc.stdout.count("done: step 2") == 1, proc.stdout
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -127,12 +156,17 @@ output_dir: "{tmp_path / 'run'}"
     assert "eval/pass@1" in rows[0] and "eval/pass@1" in rows[2]
     assert rows[1]["rollout/groups_drawn"] >= 4 and rows[1]["rollout/tokens"] > 0
     # step 2's first round comes from step 1's weights at lag 1 (dynamic sampling's extra rounds from the current ones)
-    assert rows[1]["rollout/version_lag"] == 0 and (0 < rows[2]["rollout/version_lag"] <= 1 if lag else rows[2]["rollout/version_lag"] == 0)
+    assert rows[1]["rollout/version_lag"] == 0 and (
+        0 < rows[2]["rollout/version_lag"] <= 1 if lag else rows[2]["rollout/version_lag"] == 0
+    )
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "final")  # whole weights, loadable as usual
+    model = AutoModelForCausalLM.from_pretrained(
+        tmp_path / "run" / "final"
+    )  # whole weights, loadable as usual
     assert sum(p.numel() for p in model.parameters()) == sum(
-        p.numel() for p in AutoModelForCausalLM.from_pretrained(tiny_model_dir).parameters())
+        p.numel() for p in AutoModelForCausalLM.from_pretrained(tiny_model_dir).parameters()
+    )
     from grpokit.checkpoint import is_sharded_checkpoint, latest_checkpoint
 
     step, path = latest_checkpoint(tmp_path / "run")  # the end state, saved by both ranks together
@@ -143,11 +177,11 @@ def _train_yaml(tmp_path, model_dir, reward: str, *, max_steps: int, extra: str 
     (tmp_path / "config.yaml").write_text(f"""
 model: {{name_or_path: "{model_dir}"}}
 data: {{task: countdown, task_train_size: 64, eval_size: 0}}
-rewards: [{{function: "{TESTS / 'reward_fns.py'}:{reward}"}}]
+rewards: [{{function: "{TESTS / "reward_fns.py"}:{reward}"}}]
 rollout: {{engine: fast, prompts_per_step: 4, num_generations: 4, max_completion_length: 6}}
 optim: {{max_steps: {max_steps}, learning_rate: 1.0e-3}}
 eval: {{at_start: false}}
-output_dir: "{tmp_path / 'run'}"
+output_dir: "{tmp_path / "run"}"
 {extra}
 """)
     return tmp_path / "config.yaml"
@@ -160,8 +194,14 @@ def test_an_exception_on_one_rank_stops_every_rank_with_its_message(tiny_model_d
 
     cfg = _train_yaml(tmp_path, tiny_model_dir, "fails_on_rank_1", max_steps=5, extra="reward_errors: raise")
     failed_at = tmp_path / "failed_at"
-    proc = subprocess.run([*TORCHRUN, "-m", "grpokit", "train", str(cfg)], env={**_env(), "GRPOKIT_TEST_FAILED_AT": str(failed_at)},
-                          cwd=tmp_path, capture_output=True, text=True, timeout=400)
+    proc = subprocess.run(
+        [*TORCHRUN, "-m", "grpokit", "train", str(cfg)],
+        env={**_env(), "GRPOKIT_TEST_FAILED_AT": str(failed_at)},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     ended = time.time()
     assert proc.returncode != 0, _output(proc)
     assert failed_at.is_file(), _output(proc)  # the raise happened (and not some other failure)
@@ -176,12 +216,24 @@ def test_sigterm_to_the_launcher_saves_a_sharded_checkpoint_that_resumes(tiny_mo
     import signal
     import time
 
-    cfg = _train_yaml(tmp_path, tiny_model_dir, "count_sevens", max_steps=10_000, extra="checkpoint: {save_every: 0}")
-    proc = subprocess.Popen([*TORCHRUN, "-m", "grpokit", "train", str(cfg)], env=_env(), cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    cfg = _train_yaml(
+        tmp_path, tiny_model_dir, "count_sevens", max_steps=10_000, extra="checkpoint: {save_every: 0}"
+    )
+    proc = subprocess.Popen(
+        [*TORCHRUN, "-m", "grpokit", "train", str(cfg)],
+        env=_env(),
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     metrics = tmp_path / "run" / "metrics.jsonl"
     deadline = time.time() + 300
-    while not (metrics.is_file() and metrics.read_text().strip()) and proc.poll() is None and time.time() < deadline:
+    while (
+        not (metrics.is_file() and metrics.read_text().strip())
+        and proc.poll() is None
+        and time.time() < deadline
+    ):
         time.sleep(0.5)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
@@ -195,27 +247,53 @@ def test_sigterm_to_the_launcher_saves_a_sharded_checkpoint_that_resumes(tiny_mo
     from grpokit.cli import app
     from typer.testing import CliRunner
 
-    resumed = CliRunner().invoke(app, ["train", str(cfg), f"optim.max_steps={step + 1}", "checkpoint.allow_changes=[optim.max_steps]"])
+    resumed = CliRunner().invoke(
+        app, ["train", str(cfg), f"optim.max_steps={step + 1}", "checkpoint.allow_changes=[optim.max_steps]"]
+    )
     assert resumed.exit_code == 0, resumed.output
     assert f"resuming from checkpoint step {step}" in resumed.output
 
 
 def _config(tmp_path, *extra):
-    return load_config(None, ["model.name_or_path=x", "rollout.prompts_per_step=4", "rollout.num_generations=4",
-                              "checkpoint.save_every=0", f"output_dir={tmp_path}", *extra])
+    return load_config(
+        None,
+        [
+            "model.name_or_path=x",
+            "rollout.prompts_per_step=4",
+            "rollout.num_generations=4",
+            "checkpoint.save_every=0",
+            f"output_dir={tmp_path}",
+            *extra,
+        ],
+    )
 
 
-@pytest.mark.parametrize("extra, message", [
-    (["rollout.prompts_per_step=3"], "rollout.prompts_per_step=3 is not a multiple of the world size 2"),
-    (["distributed.strategy=none"], "distributed.strategy=none is for one process"),
-    (["distributed.strategy=ddp", "distributed.mixed_precision=bf16"], "distributed.mixed_precision=bf16 is FSDP2's MixedPrecisionPolicy; with "
-                                                                        "distributed.strategy=ddp use model.autocast=bfloat16 instead"),
-    (["optim.num_minibatches=16"], "the minibatch of 1 completions (rollout batch / optim.num_minibatches=16) does not split into 2 equal"),
-    (["optim.num_minibatches=2", "optim.micro_batch_size=8"], "optim.micro_batch_size=8 must divide each rank's share of a minibatch, 4"),
-    (["algorithm.advantage_estimator=gae"], "algorithm.advantage_estimator=gae (the PPO critic) is not supported at world size 2"),
-    (["model.compile=true"], "model.compile=true is not supported at world size 2"),
-    (["model.lora={r: 4}"], "model.lora (LoRA adapters) is not supported at world size 2"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["rollout.prompts_per_step=3"], "rollout.prompts_per_step=3 is not a multiple of the world size 2"),
+        (["distributed.strategy=none"], "distributed.strategy=none is for one process"),
+        (
+            ["distributed.strategy=ddp", "distributed.mixed_precision=bf16"],
+            "distributed.mixed_precision=bf16 is FSDP2's MixedPrecisionPolicy; with "
+            "distributed.strategy=ddp use model.autocast=bfloat16 instead",
+        ),
+        (
+            ["optim.num_minibatches=16"],
+            "the minibatch of 1 completions (rollout batch / optim.num_minibatches=16) does not split into 2 equal",
+        ),
+        (
+            ["optim.num_minibatches=2", "optim.micro_batch_size=8"],
+            "optim.micro_batch_size=8 must divide each rank's share of a minibatch, 4",
+        ),
+        (
+            ["algorithm.advantage_estimator=gae"],
+            "algorithm.advantage_estimator=gae (the PPO critic) is not supported at world size 2",
+        ),
+        (["model.compile=true"], "model.compile=true is not supported at world size 2"),
+        (["model.lora={r: 4}"], "model.lora (LoRA adapters) is not supported at world size 2"),
+    ],
+)
 def test_what_two_ranks_cannot_run_is_one_line(tmp_path, monkeypatch, extra, message):
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")
@@ -227,10 +305,17 @@ def test_what_two_ranks_cannot_run_is_one_line(tmp_path, monkeypatch, extra, mes
 @pytest.fixture(scope="module")
 def checkpoint_runs(tiny_model_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("checkpoints")
-    one = dist_cases.train(tiny_model_dir, out / "one-whole", "fsdp2", dist_cases.RESUME_CASE)  # one process, 2 steps
+    one = dist_cases.train(
+        tiny_model_dir, out / "one-whole", "fsdp2", dist_cases.RESUME_CASE
+    )  # one process, 2 steps
     torch.save(one["params"], out / "one-whole.pt")
-    proc = subprocess.run([*TORCHRUN, str(TESTS / "dist_cases.py"), str(tiny_model_dir), str(out), "checkpoints"], env=_env(),
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [*TORCHRUN, str(TESTS / "dist_cases.py"), str(tiny_model_dir), str(out), "checkpoints"],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, _output(proc)
     return out
 
@@ -247,7 +332,9 @@ def test_saved_by_one_process_resumed_at_two_ranks(strategy, checkpoint_runs):
 
 
 @pytest.mark.parametrize("strategy", dist_cases.STRATEGIES)
-def test_saved_at_two_ranks_resumed_at_one_and_at_two(strategy, checkpoint_runs, tiny_model_dir, tmp_path, monkeypatch):
+def test_saved_at_two_ranks_resumed_at_one_and_at_two(
+    strategy, checkpoint_runs, tiny_model_dir, tmp_path, monkeypatch
+):
     """A run of 2 steps at world size 2 writes sharded checkpoints (torch.distributed.checkpoint) after steps 1 and 2.
     Its step-1 checkpoint, resumed at world size 2 and, in this process, at world size 1, trains to the same step-2
     weights as the uninterrupted run: the weights, AdamW's moments, the schedule, the data position and rank 0's
@@ -268,16 +355,23 @@ def test_saved_at_two_ranks_resumed_at_one_and_at_two(strategy, checkpoint_runs,
     one = dist_cases.train(tiny_model_dir, tmp_path / "one", strategy, dist_cases.RESUME_CASE)
     assert one.pop("world").size == 1
     rel = _rel(one["params"], runs["whole"])
-    print(f"{strategy}: resumed at 2 ranks {max(_rel(runs['resumed'], runs['whole']).values()):.2e}, at 1 {max(rel.values()):.2e}")
+    print(
+        f"{strategy}: resumed at 2 ranks {max(_rel(runs['resumed'], runs['whole']).values()):.2e}, at 1 {max(rel.values()):.2e}"
+    )
     assert max(rel.values()) < 1e-6, max(rel.items(), key=lambda kv: kv[1])
 
     # the control: the same resume without AdamW's moments (weights, schedule, data and generators only) parts from it
     from grpokit import checkpoint_sharded
 
     load = checkpoint_sharded.load_sharded
-    monkeypatch.setattr("grpokit.distributed.load_sharded", lambda path, model, adamw, **kw: load(path, model, None, **kw))
+    monkeypatch.setattr(
+        "grpokit.distributed.load_sharded", lambda path, model, adamw, **kw: load(path, model, None, **kw)
+    )
     shutil.copytree(step1, checkpoint_dir(tmp_path / "no_moments", 1))
-    rel = _rel(dist_cases.train(tiny_model_dir, tmp_path / "no_moments", strategy, dist_cases.RESUME_CASE)["params"], runs["whole"])
+    rel = _rel(
+        dist_cases.train(tiny_model_dir, tmp_path / "no_moments", strategy, dist_cases.RESUME_CASE)["params"],
+        runs["whole"],
+    )
     print(f"{strategy}: resumed at 1 without the moments {max(rel.values()):.2e}")
     assert max(rel.values()) > 1e-3, max(rel.values())
 
@@ -291,7 +385,9 @@ def test_one_process_is_left_alone(tmp_path, monkeypatch):
     assert not torch.distributed.is_initialized()
     assert world.share([5, 6, 7]) == [5, 6, 7] and world.sum(3, 7.5) == (3, 7.5) and world.sum(4) == 4
     x = torch.arange(6.0)
-    assert world.all_rows(x) is x and world.cat_rows(x, 8) == (x, 8) and world.all(True) and not world.all(False)
+    assert (
+        world.all_rows(x) is x and world.cat_rows(x, 8) == (x, 8) and world.all(True) and not world.all(False)
+    )
     assert [i.tolist() for i in world.minibatches(4, 1)] == [[0, 1, 2, 3]]
     torch.manual_seed(0)
     order = torch.randperm(8)
@@ -309,8 +405,16 @@ def test_every_ranks_rows_repacked_as_one_batch():
         tokens = pack_sequences([prompts[i] for i in rows], [completions[i] for i in rows], pad_id=0)
         n, T = tokens.completion_ids.shape
         f = torch.tensor(rows, dtype=torch.float32)
-        return RolloutBatch(tokens, tokens.completion_mask.clone(), f > 1, f, f * 2, tokens.completion_mask.float() * f[:, None],
-                            None, None)
+        return RolloutBatch(
+            tokens,
+            tokens.completion_mask.clone(),
+            f > 1,
+            f,
+            f * 2,
+            tokens.completion_mask.float() * f[:, None],
+            None,
+            None,
+        )
 
     whole, parts = batch([0, 1, 2, 3]), cat_batches([batch([0, 1]), batch([2, 3])], pad_id=0)
     for field in ("input_ids", "attention_mask", "position_ids", "completion_ids", "completion_mask"):

@@ -1,5 +1,6 @@
 """grpokit doctor on synthetic metric files: each problem fires its own check over the right steps
 and no other; healthy runs (many seeds, realistic noise) fire nothing; unreadable runs exit 2."""
+
 import json
 
 import numpy as np
@@ -10,7 +11,13 @@ from grpokit.doctor import CHECKS, Finding, diagnose, doctor_main
 
 N = 200  # logged steps 1..200
 CONFIG = {
-    "algorithm": {"beta": 0.04, "epsilon": 0.2, "epsilon_high": None, "num_iterations": 2, "loss_type": "grpo"},
+    "algorithm": {
+        "beta": 0.04,
+        "epsilon": 0.2,
+        "epsilon_high": None,
+        "num_iterations": 2,
+        "loss_type": "grpo",
+    },
     "rollout": {"num_generations": 8, "temperature": 1.0, "max_completion_length": 256},
     "optim": {"learning_rate": 1e-6, "max_grad_norm": 1.0, "num_minibatches": 2},
 }
@@ -48,7 +55,9 @@ def healthy(seed=0, n=N):
 def rows_of(m, ev=None, steps=None):
     n = len(next(iter(m.values())))
     steps = list(range(1, n + 1)) if steps is None else steps
-    rows = [{"step": s, "time": 1.7e9 + s, **{k: float(v[i]) for k, v in m.items()}} for i, s in enumerate(steps)]
+    rows = [
+        {"step": s, "time": 1.7e9 + s, **{k: float(v[i]) for k, v in m.items()}} for i, s in enumerate(steps)
+    ]
     by_step = {r["step"]: r for r in rows}
     for s, v in (ev or {}).items():
         if s in by_step:
@@ -116,7 +125,13 @@ def test_healthy_variants_have_no_findings():
 
 def test_missing_keys_are_fine():
     m, ev = healthy(4)
-    for key in ("policy/kl", "policy/entropy", "rollout/truncated_frac", "reward/zero_std_frac", "policy/ratio_mean"):
+    for key in (
+        "policy/kl",
+        "policy/entropy",
+        "rollout/truncated_frac",
+        "reward/zero_std_frac",
+        "policy/ratio_mean",
+    ):
         del m[key]
     assert diagnose(rows_of(m), CONFIG) == []  # no eval, no KL
     (f,) = diagnose([{"step": 1}, {"step": 2, "reward/mean": None}, {"note": "no step"}], None)
@@ -160,7 +175,9 @@ def test_reward_drop():
 @pytest.mark.parametrize("level,severity", [(0.8, "warning"), (0.97, "error")])
 def test_zero_std_groups(level, severity):
     m, ev = healthy(13)
-    m["reward/zero_std_frac"] = np.clip(np.where(T >= 80, level, 0.3) + np.random.default_rng(1).normal(0, 0.03, N), 0, 1)
+    m["reward/zero_std_frac"] = np.clip(
+        np.where(T >= 80, level, 0.3) + np.random.default_rng(1).normal(0, 0.03, N), 0, 1
+    )
     (f,) = only(diagnose(rows_of(m, ev), CONFIG), "zero_std")
     assert near(f.steps[0], 80) and f.steps[1] == 200 and f.severity == severity
     assert "num_generations (now 8)" in f.fix and "algorithm.dynamic_sampling=true" in f.fix
@@ -176,7 +193,9 @@ def test_no_learning_signal():
     m["reward/zero_std_frac"][:] = 1.0
     m["advantage/abs_mean"] = np.zeros(10)
     (f,) = only(diagnose(rows_of(m), CONFIG), "no_signal")
-    assert f.steps == (1, 10) and f.severity == "error" and "every one of the run's 10 logged steps" in f.message
+    assert (
+        f.steps == (1, 10) and f.severity == "error" and "every one of the run's 10 logged steps" in f.message
+    )
     assert "rollout.temperature (now 1.0)" in f.fix and "rollout.num_generations (now 8)" in f.fix
     # a stretch of 8 tied steps inside a healthy run; 4 in a row are not enough
     m, ev = healthy(21)
@@ -203,7 +222,10 @@ def test_reward_errors():
     m["reward/errors/format"][40] = 16
     (f,) = only(diagnose(rows_of(m, ev), CONFIG), "reward_errors")
     assert f.steps == (41, 91) and f.severity == "warning"
-    assert "at 3 of 200 logged steps" in f.message and "more than 50% of the completions: 'judge' (up to 100%)" in f.message
+    assert (
+        "at 3 of 200 logged steps" in f.message
+        and "more than 50% of the completions: 'judge' (up to 100%)" in f.message
+    )
     assert "'format'" not in f.message and "timed out: 'judge'" in f.message
     m["reward/error_frac"][100:130] = 0.6  # more than a tenth of the steps: an error
     assert only(diagnose(rows_of(m, ev), CONFIG), "reward_errors")[0].severity == "error"
@@ -213,7 +235,9 @@ def test_reward_errors():
 
 def test_clip_fraction_high():
     m, ev = healthy(14)
-    m["policy/clip_frac"] = np.where((T >= 60) & (T <= 140), 0.35, 0.05) + np.random.default_rng(2).normal(0, 0.02, N)
+    m["policy/clip_frac"] = np.where((T >= 60) & (T <= 140), 0.35, 0.05) + np.random.default_rng(2).normal(
+        0, 0.02, N
+    )
     (f,) = only(diagnose(rows_of(m, ev), CONFIG), "clip_high")
     assert near(f.steps[0], 60) and near(f.steps[1], 140) and f.severity == "error"
     assert "num_iterations (now 2)" in f.fix
@@ -238,7 +262,9 @@ def test_kl_flat_at_zero_with_beta():
 
 def test_entropy_collapse():
     m, ev = healthy(17)
-    m["policy/entropy"] = np.minimum(0.9, 0.9 * np.exp(-(T - 50) / 20)) * np.random.default_rng(3).lognormal(0, 0.05, N)
+    m["policy/entropy"] = np.minimum(0.9, 0.9 * np.exp(-(T - 50) / 20)) * np.random.default_rng(3).lognormal(
+        0, 0.05, N
+    )
     (f,) = only(diagnose(rows_of(m, ev), CONFIG), "entropy_collapse")
     assert near(f.steps[0], 78) and f.steps[1] == 200 and "epsilon_high=0.28" in f.fix
 
@@ -252,7 +278,9 @@ def test_length_collapse():
 
 def test_length_blowup():
     m, ev = healthy(19)
-    m["rollout/completion_len_mean"] = np.interp(T, [1, 50, 150, 200], [120, 120, 800, 800]) * np.random.default_rng(4).lognormal(0, 0.05, N)
+    m["rollout/completion_len_mean"] = np.interp(
+        T, [1, 50, 150, 200], [120, 120, 800, 800]
+    ) * np.random.default_rng(4).lognormal(0, 0.05, N)
     (f,) = only(diagnose(rows_of(m, ev), CONFIG), "length_blowup")
     assert near(f.steps[0], 103) and f.steps[1] == 200 and "max_completion_length (now 256)" in f.fix
 
@@ -274,12 +302,17 @@ def test_reward_hacking(end, severity):
     assert f.steps == (0, 200) and f.severity == severity and "verifier" in f.fix
 
 
-@pytest.mark.parametrize("end, calls_end, found", [(0.31, 3.0, "warning"), (0.15, 3.0, "error"), (0.6, 3.0, None), (0.31, 1.1, None)])
+@pytest.mark.parametrize(
+    "end, calls_end, found",
+    [(0.31, 3.0, "warning"), (0.15, 3.0, "error"), (0.6, 3.0, None), (0.31, 1.1, None)],
+)
 def test_tool_spam(end, calls_end, found):
     """Calls per episode 1 -> calls_end (noise of 64 episodes) while held-out pass@1 goes 0.3 -> end."""
     m, ev = healthy(24)
     rng = np.random.default_rng(7)
-    m["reward/mean"] = np.full(N, 0.4) + rng.normal(0, 0.02, N)  # flat: not the reward_hacking check's business
+    m["reward/mean"] = np.full(N, 0.4) + rng.normal(
+        0, 0.02, N
+    )  # flat: not the reward_hacking check's business
     m["rollout/tools/calls_per_episode"] = np.linspace(1.0, calls_end, N) + rng.normal(0, 0.1, N)
     ev = {s: rng.binomial(200, np.interp(s, [0, 200], [0.3, end])) / 200 for s in ev}
     findings = [f for f in diagnose(rows_of(m, ev), CONFIG) if f.check == "tool_spam"]
@@ -287,7 +320,12 @@ def test_tool_spam(end, calls_end, found):
         assert findings == []
     else:
         (f,) = findings
-        assert f.severity == found and f.steps == (1, 200) and "step_cost" in f.fix and f.message.startswith("tool calls per episode rose")
+        assert (
+            f.severity == found
+            and f.steps == (1, 200)
+            and "step_cost" in f.fix
+            and f.message.startswith("tool calls per episode rose")
+        )
 
 
 def test_runs_without_tools_do_not_list_tool_spam_as_unchecked():

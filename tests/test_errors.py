@@ -10,6 +10,7 @@ script runs, without paying for a Python start per row); test_console_script_one
 real console script once. The last column of the table in docs/errors.md names the test of each
 row; test_every_row_has_a_test keeps the two in step.
 """
+
 from __future__ import annotations
 
 import errno
@@ -32,10 +33,21 @@ from grpokit.doctor import diagnose
 from grpokit.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
-PROMPTS = [{"prompt": f"{a} {b} {c}>{t}=", "target": t} for a, b, c, t in
-           [(3, 4, 5, 12), (2, 1, 5, 10), (6, 4, 8, 9), (1, 2, 3, 6), (7, 1, 2, 9), (5, 5, 2, 8), (9, 3, 1, 4), (8, 2, 6, 4)]]
+PROMPTS = [
+    {"prompt": f"{a} {b} {c}>{t}=", "target": t}
+    for a, b, c, t in [
+        (3, 4, 5, 12),
+        (2, 1, 5, 10),
+        (6, 4, 8, 9),
+        (1, 2, 3, 6),
+        (7, 1, 2, 9),
+        (5, 5, 2, 8),
+        (9, 3, 1, 4),
+        (8, 2, 6, 4),
+    ]
+]
 
-BAD_REWARDS = '''
+BAD_REWARDS = """
 import math
 import time
 
@@ -77,7 +89,7 @@ def huge_tie_breaker(completions, **kwargs):
     global calls2
     calls2 = globals().get("calls2", 0) + 1
     return [(3e38 if i % 4 else 0.0) if calls2 == 1 else 0.0 for i in range(len(completions))]
-'''
+"""
 
 
 @pytest.fixture(autouse=True)
@@ -118,7 +130,11 @@ def write_jsonl(path: Path, rows) -> Path:
 
 
 def rewards(tmp_path, *names, weight=1.0) -> str:
-    return "rewards=[" + ", ".join(f"{{function: '{tmp_path / 'bad_rewards.py'}:{n}', weight: {weight}}}" for n in names) + "]"
+    return (
+        "rewards=["
+        + ", ".join(f"{{function: '{tmp_path / 'bad_rewards.py'}:{n}', weight: {weight}}}" for n in names)
+        + "]"
+    )
 
 
 def train(env, *overrides, config=None):
@@ -156,7 +172,9 @@ def test_config_not_yaml(env):
 
 
 def test_config_typo_did_you_mean(env):
-    user_error(train(env, "algorithm.betaa=0.1"), "unknown config key 'algorithm.betaa'", "did you mean 'beta'?")
+    user_error(
+        train(env, "algorithm.betaa=0.1"), "unknown config key 'algorithm.betaa'", "did you mean 'beta'?"
+    )
 
 
 def test_config_bad_value_lists_allowed(env):
@@ -164,34 +182,57 @@ def test_config_bad_value_lists_allowed(env):
 
 
 def test_group_size_below_two(env):
-    user_error(train(env, "rollout.num_generations=1"), "rollout.num_generations", "greater than or equal to 2")
+    user_error(
+        train(env, "rollout.num_generations=1"), "rollout.num_generations", "greater than or equal to 2"
+    )
 
 
 def test_importance_correction_without_sampler_logprobs(env):
-    user_error(train(env, "rollout.importance_correction=token_truncate"),
-               "rollout.importance_correction=token_truncate needs the sampler's log-probs", "rollout.engine=fast or vllm")
+    user_error(
+        train(env, "rollout.importance_correction=token_truncate"),
+        "rollout.importance_correction=token_truncate needs the sampler's log-probs",
+        "rollout.engine=fast or vllm",
+    )
 
 
 def test_policy_lag_without_sampler_logprobs(env):
-    user_error(train(env, "rollout.max_policy_lag=1"),
-               "rollout.max_policy_lag=1 needs the sampler's log-probs", "use rollout.engine=fast or vllm, or max_policy_lag=0")
+    user_error(
+        train(env, "rollout.max_policy_lag=1"),
+        "rollout.max_policy_lag=1 needs the sampler's log-probs",
+        "use rollout.engine=fast or vllm, or max_policy_lag=0",
+    )
 
 
 def test_process_sampler_without_lag_or_fast(env):
-    user_error(train(env, "rollout.async_sampler=process"),
-               "rollout.async_sampler=process runs the fast engine in a process of its own", "set rollout.engine=fast (it is hf)",
-               "or async_sampler=thread")
+    user_error(
+        train(env, "rollout.async_sampler=process"),
+        "rollout.async_sampler=process runs the fast engine in a process of its own",
+        "set rollout.engine=fast (it is hf)",
+        "or async_sampler=thread",
+    )
 
 
 def test_importance_bounds_out_of_order(env):
-    user_error(train(env, "rollout.engine=fast", "rollout.importance_correction=token_mask", "rollout.importance_c_min=3",
-                     "rollout.importance_c_max=2"), "rollout.importance_c_min=3.0 must be below rollout.importance_c_max=2.0")
+    user_error(
+        train(
+            env,
+            "rollout.engine=fast",
+            "rollout.importance_correction=token_mask",
+            "rollout.importance_c_min=3",
+            "rollout.importance_c_max=2",
+        ),
+        "rollout.importance_c_min=3.0 must be below rollout.importance_c_max=2.0",
+    )
 
 
 def test_vllm_with_a_head_size_it_cannot_run(env):
     # the tests' tiny model has 4 heads of 24; vLLM's CPU attention kernel takes 32, 64, 80, ...
-    user_error(train(env, "rollout.engine=vllm"), "rollout.engine=vllm on CPU needs an attention head size in [32, 64",
-               "this model's is 24", "use rollout.engine=fast or hf")
+    user_error(
+        train(env, "rollout.engine=vllm"),
+        "rollout.engine=vllm on CPU needs an attention head size in [32, 64",
+        "this model's is 24",
+        "use rollout.engine=fast or hf",
+    )
 
 
 SERVER = ("rollout.engine=vllm", "rollout.vllm_mode=server", "rollout.vllm_server_timeout=1")
@@ -202,9 +243,11 @@ def test_vllm_server_not_reachable(env):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
-    user_error(train(env, *SERVER, f"rollout.vllm_server_url={url}"),
-               f"no rollout server answers at {url} (rollout.vllm_server_url) after 1 s (rollout.vllm_server_timeout)",
-               f"start one with `grpokit serve MODEL_DIR --port {port}`, or use rollout.vllm_mode=colocate")
+    user_error(
+        train(env, *SERVER, f"rollout.vllm_server_url={url}"),
+        f"no rollout server answers at {url} (rollout.vllm_server_url) after 1 s (rollout.vllm_server_timeout)",
+        f"start one with `grpokit serve MODEL_DIR --port {port}`, or use rollout.vllm_mode=colocate",
+    )
 
 
 def test_vllm_server_does_not_answer(env):
@@ -212,16 +255,24 @@ def test_vllm_server_does_not_answer(env):
         s.bind(("127.0.0.1", 0))
         s.listen()
         url = f"http://127.0.0.1:{s.getsockname()[1]}"
-        user_error(train(env, *SERVER, f"rollout.vllm_server_url={url}"),
-                   f"the rollout server at {url} did not answer GET /health within 1 s (rollout.vllm_server_timeout)",
-                   "raise rollout.vllm_server_timeout, or see the server's output")
+        user_error(
+            train(env, *SERVER, f"rollout.vllm_server_url={url}"),
+            f"the rollout server at {url} did not answer GET /health within 1 s (rollout.vllm_server_timeout)",
+            "raise rollout.vllm_server_timeout, or see the server's output",
+        )
 
 
 def test_vllm_server_mode_without_the_vllm_engine(env):
-    user_error(train(env, "rollout.engine=fast", "rollout.vllm_mode=server"),
-               "rollout.vllm_mode=server samples from a vLLM server; set rollout.engine=vllm (it is fast)")
-    user_error(train(env, "rollout.engine=vllm", "rollout.vllm_mode=server", "rollout.vllm_server_url=localhost:8000"),
-               "rollout.vllm_server_url='localhost:8000' must be http://HOST:PORT, as `grpokit serve` prints it")
+    user_error(
+        train(env, "rollout.engine=fast", "rollout.vllm_mode=server"),
+        "rollout.vllm_mode=server samples from a vLLM server; set rollout.engine=vllm (it is fast)",
+    )
+    user_error(
+        train(
+            env, "rollout.engine=vllm", "rollout.vllm_mode=server", "rollout.vllm_server_url=localhost:8000"
+        ),
+        "rollout.vllm_server_url='localhost:8000' must be http://HOST:PORT, as `grpokit serve` prints it",
+    )
 
 
 def test_serve_on_a_port_in_use(tiny_model_dir):
@@ -229,32 +280,49 @@ def test_serve_on_a_port_in_use(tiny_model_dir):
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        result = CliRunner().invoke(app, ["serve", str(tiny_model_dir), "--port", str(port), "--threads", "1"])
-    user_error(result, f"grpokit serve cannot listen on 127.0.0.1:{port} (Address already in use): pick another --port "
-                       "(0 = any free one) or stop what uses it")
+        result = CliRunner().invoke(
+            app, ["serve", str(tiny_model_dir), "--port", str(port), "--threads", "1"]
+        )
+    user_error(
+        result,
+        f"grpokit serve cannot listen on 127.0.0.1:{port} (Address already in use): pick another --port "
+        "(0 = any free one) or stop what uses it",
+    )
 
 
 def test_prompts_per_step_not_divisible_by_minibatches(env):
-    user_error(train(env, "rollout.prompts_per_step=3", "rollout.num_generations=2", "optim.num_minibatches=4"),
-               "optim.num_minibatches=4 must divide the rollout batch", "= 6")
+    user_error(
+        train(env, "rollout.prompts_per_step=3", "rollout.num_generations=2", "optim.num_minibatches=4"),
+        "optim.num_minibatches=4 must divide the rollout batch",
+        "= 6",
+    )
 
 
 def test_minibatch_not_divisible_by_micro_batch(env):
-    user_error(train(env, "rollout.prompts_per_step=3", "rollout.num_generations=2", "optim.micro_batch_size=4"),
-               "optim.micro_batch_size=4 must divide the minibatch size 6")
+    user_error(
+        train(env, "rollout.prompts_per_step=3", "rollout.num_generations=2", "optim.micro_batch_size=4"),
+        "optim.micro_batch_size=4 must divide the minibatch size 6",
+    )
 
 
 def test_eval_reward_not_configured(env):
-    user_error(train(env, "eval.reward=acuracy"), "eval.reward='acuracy' is not a configured reward", "sevens")
+    user_error(
+        train(env, "eval.reward=acuracy"), "eval.reward='acuracy' is not a configured reward", "sevens"
+    )
 
 
 def test_epsilon_high_below_epsilon(env):
-    user_error(train(env, "algorithm.epsilon=0.2", "algorithm.epsilon_high=0.1"),
-               "algorithm.epsilon_high=0.1 is below algorithm.epsilon=0.2", "clip-higher",
-               "set algorithm.epsilon_high >= algorithm.epsilon or leave it unset")
+    user_error(
+        train(env, "algorithm.epsilon=0.2", "algorithm.epsilon_high=0.1"),
+        "algorithm.epsilon_high=0.1 is below algorithm.epsilon=0.2",
+        "clip-higher",
+        "set algorithm.epsilon_high >= algorithm.epsilon or leave it unset",
+    )
     # A preset's own pair is kept unless the user moves one end of it.
-    user_error(train(env, "algorithm.preset=gspo", "algorithm.epsilon=0.2"),
-               "algorithm.epsilon_high=0.0004 (from algorithm.preset=gspo) is below algorithm.epsilon=0.2")
+    user_error(
+        train(env, "algorithm.preset=gspo", "algorithm.epsilon=0.2"),
+        "algorithm.epsilon_high=0.0004 (from algorithm.preset=gspo) is below algorithm.epsilon=0.2",
+    )
     from grpokit.config import PRESETS, load_config
 
     for name in PRESETS:
@@ -263,8 +331,11 @@ def test_epsilon_high_below_epsilon(env):
 
 def test_tracker_not_installed(env, monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` fails as if it were not installed
-    user_error(train(env, "logging.wandb=true"), "logging.wandb=true but wandb is not installed",
-               "pip install 'grpokit[wandb]' or set logging.wandb=false")
+    user_error(
+        train(env, "logging.wandb=true"),
+        "logging.wandb=true but wandb is not installed",
+        "pip install 'grpokit[wandb]' or set logging.wandb=false",
+    )
     assert not (env[0] / "run" / "metrics.jsonl").exists()  # stopped before the first step
 
 
@@ -272,7 +343,12 @@ def test_tracker_not_installed(env, monkeypatch):
 
 
 def test_model_path_missing(env):
-    user_error(train(env, f"model.name_or_path={env[0] / 'no-such-model'}"), "no-such-model", "no such folder", "fix the path")
+    user_error(
+        train(env, f"model.name_or_path={env[0] / 'no-such-model'}"),
+        "no-such-model",
+        "no such folder",
+        "fix the path",
+    )
 
 
 def test_output_dir_not_writable(env, monkeypatch):
@@ -280,14 +356,23 @@ def test_output_dir_not_writable(env, monkeypatch):
     (env[0] / "file.txt").write_text("x")
     loaded = []
     monkeypatch.setattr("grpokit.policy.load_model", lambda *a, **k: loaded.append(1))
-    msg = user_error(train(env, f"output_dir={env[0] / 'file.txt' / 'run'}"), "output_dir", "file.txt/run", "not a writable folder")
+    msg = user_error(
+        train(env, f"output_dir={env[0] / 'file.txt' / 'run'}"),
+        "output_dir",
+        "file.txt/run",
+        "not a writable folder",
+    )
     assert "Not a directory" in msg and not loaded  # checked before the model is loaded
 
 
 def test_context_longer_than_model_positions(env):
     # The tiny Llama has max_position_embeddings=256; the longest prompt is 10 tokens.
-    user_error(train(env, "rollout.max_completion_length=300"), "max_position_embeddings=256",
-               "rollout.max_completion_length=300", "lower rollout.max_completion_length to 246")
+    user_error(
+        train(env, "rollout.max_completion_length=300"),
+        "max_position_embeddings=256",
+        "rollout.max_completion_length=300",
+        "lower rollout.max_completion_length to 246",
+    )
     assert not (env[0] / "run" / "metrics.jsonl").exists()  # nothing trained
 
 
@@ -307,7 +392,12 @@ def test_tokenizer_without_pad_token_falls_back_to_eos(env, tiny_model_dir, capl
 
 
 def test_dataset_missing(env):
-    user_error(train(env, f"data.train_path={env[0] / 'nope.jsonl'}"), "dataset not found", "nope.jsonl", "data.train_path")
+    user_error(
+        train(env, f"data.train_path={env[0] / 'nope.jsonl'}"),
+        "dataset not found",
+        "nope.jsonl",
+        "data.train_path",
+    )
 
 
 def test_dataset_empty(env):
@@ -317,17 +407,29 @@ def test_dataset_empty(env):
 
 def test_dataset_bad_json_line(env):
     (env[0] / "bad.jsonl").write_text('{"prompt": "1 2>3="}\n{"prompt": \n')
-    user_error(train(env, f"data.train_path={env[0] / 'bad.jsonl'}"), "line 2 is not valid JSON", "fix or remove that line")
+    user_error(
+        train(env, f"data.train_path={env[0] / 'bad.jsonl'}"),
+        "line 2 is not valid JSON",
+        "fix or remove that line",
+    )
 
 
 def test_dataset_unsupported_format(env):
     (env[0] / "prompts.txt").write_text("1 2>3=\n")
-    user_error(train(env, f"data.train_path={env[0] / 'prompts.txt'}"), "unsupported dataset file 'prompts.txt'", ".jsonl")
+    user_error(
+        train(env, f"data.train_path={env[0] / 'prompts.txt'}"),
+        "unsupported dataset file 'prompts.txt'",
+        ".jsonl",
+    )
 
 
 def test_dataset_without_prompt_column(env):
-    path = write_jsonl(env[0] / "q.jsonl", [{"question": r["prompt"], "target": r["target"]} for r in PROMPTS])
-    user_error(train(env, f"data.train_path={path}"), "no 'prompt' column", "'question'", "data.prompt_column")
+    path = write_jsonl(
+        env[0] / "q.jsonl", [{"question": r["prompt"], "target": r["target"]} for r in PROMPTS]
+    )
+    user_error(
+        train(env, f"data.train_path={path}"), "no 'prompt' column", "'question'", "data.prompt_column"
+    )
 
 
 def test_fewer_rows_than_prompts_per_step(env):
@@ -340,13 +442,24 @@ def test_eval_size_leaves_nothing_to_train_on(env):
 
 
 def test_chat_prompts_without_chat_template(env):
-    path = write_jsonl(env[0] / "chat.jsonl", [{"prompt": [{"role": "user", "content": r["prompt"]}]} for r in PROMPTS])
-    user_error(train(env, f"data.train_path={path}"), "chat.jsonl line 1: prompt", "no chat_template", "plain-string prompts")
+    path = write_jsonl(
+        env[0] / "chat.jsonl", [{"prompt": [{"role": "user", "content": r["prompt"]}]} for r in PROMPTS]
+    )
+    user_error(
+        train(env, f"data.train_path={path}"),
+        "chat.jsonl line 1: prompt",
+        "no chat_template",
+        "plain-string prompts",
+    )
 
 
 def test_prompt_longer_than_max_prompt_length(env):
-    user_error(train(env, "data.max_prompt_length=5"), "prompts.jsonl line 1: prompt is 10 tokens", "data.max_prompt_length=5",
-               "data.overlong_prompts=truncate")
+    user_error(
+        train(env, "data.max_prompt_length=5"),
+        "prompts.jsonl line 1: prompt is 10 tokens",
+        "data.max_prompt_length=5",
+        "data.overlong_prompts=truncate",
+    )
 
 
 def test_prompt_longer_than_max_prompt_length_truncated(env, caplog):
@@ -359,8 +472,11 @@ def test_prompt_longer_than_max_prompt_length_truncated(env, caplog):
 def test_dataset_not_utf8(env):
     path = env[0] / "latin1.jsonl"
     path.write_bytes(b'{"prompt": "1 2 3>6="}\n{"prompt": "2 2 2>6="}\n{"prompt": "caf\xe9 1>1="}\n')
-    user_error(train(env, f"data.train_path={path}"),
-               "latin1.jsonl: line 3 is not valid UTF-8 (byte 0xe9 at column 16)", "re-save the file as UTF-8")
+    user_error(
+        train(env, f"data.train_path={path}"),
+        "latin1.jsonl: line 3 is not valid UTF-8 (byte 0xe9 at column 16)",
+        "re-save the file as UTF-8",
+    )
 
 
 def test_data_error_names_the_file_line_after_the_eval_split(env):
@@ -369,23 +485,36 @@ def test_data_error_names_the_file_line_after_the_eval_split(env):
     long = {"prompt": "1 2 3 4 5 6 7 8 9>45=" * 2, "target": 45}
     text = "".join(json.dumps(r) + "\n" for r in PROMPTS) + "\n" + json.dumps(long) + "\n"  # a blank line 9
     (env[0] / "prompts.jsonl").write_text(text)
-    user_error(train(env, "data.eval_size=3", "data.max_prompt_length=20"),
-               "prompts.jsonl line 10: prompt is 43 tokens, longer than data.max_prompt_length=20")
+    user_error(
+        train(env, "data.eval_size=3", "data.max_prompt_length=20"),
+        "prompts.jsonl line 10: prompt is 43 tokens, longer than data.max_prompt_length=20",
+    )
 
 
 def test_empty_prompt(env):
     rows = [*PROMPTS[:2], {"prompt": "  ", "target": 1}, *PROMPTS[2:]]
     path = write_jsonl(env[0] / "blank.jsonl", rows)
-    user_error(train(env, f"data.train_path={path}"),
-               "blank.jsonl line 3: prompt '  ' is empty", "remove the row or fill in its prompt")
+    user_error(
+        train(env, f"data.train_path={path}"),
+        "blank.jsonl line 3: prompt '  ' is empty",
+        "remove the row or fill in its prompt",
+    )
 
 
 def test_resume_with_a_different_dataset(env):
     assert train(env).exit_code == 0
     more = write_jsonl(env[0] / "more.jsonl", PROMPTS + [{"prompt": "4 4 4>12=", "target": 12}])
     # A changed data.train_path alone stops the resume (tests/test_crash.py); allowed, the data must still fit.
-    user_error(train(env, f"data.train_path={more}", "optim.max_steps=2", "checkpoint.allow_changes=[data.train_path,optim.max_steps]"),
-               "sampler state is for 8 rows but the dataset has 9", "same dataset")
+    user_error(
+        train(
+            env,
+            f"data.train_path={more}",
+            "optim.max_steps=2",
+            "checkpoint.allow_changes=[data.train_path,optim.max_steps]",
+        ),
+        "sampler state is for 8 rows but the dataset has 9",
+        "same dataset",
+    )
 
 
 def test_resume_with_another_model(env):
@@ -398,22 +527,37 @@ def test_resume_with_another_model(env):
     tok = AutoTokenizer.from_pretrained(env[1][0].split("=", 1)[1])
     build_tiny_llama(tok, size="test", hidden_size=64).save_pretrained(other)
     tok.save_pretrained(other)
-    user_error(train(env, f"model.name_or_path={other}", "optim.max_steps=2", "checkpoint.allow_changes=[model.name_or_path,optim.max_steps]"),
-               "step-000001' does not match the model (size mismatch for", "set a new output_dir")
+    user_error(
+        train(
+            env,
+            f"model.name_or_path={other}",
+            "optim.max_steps=2",
+            "checkpoint.allow_changes=[model.name_or_path,optim.max_steps]",
+        ),
+        "step-000001' does not match the model (size mismatch for",
+        "set a new output_dir",
+    )
 
 
 def test_damaged_checkpoint(env):
     assert train(env).exit_code == 0
     (env[0] / "run" / "checkpoints" / "step-000001" / "model.safetensors").write_bytes(b"not safetensors")
-    user_error(train(env, "optim.max_steps=2", "checkpoint.allow_changes=[optim.max_steps]"), "step-000001' cannot be read",
-               "delete it to resume from the one before")
+    user_error(
+        train(env, "optim.max_steps=2", "checkpoint.allow_changes=[optim.max_steps]"),
+        "step-000001' cannot be read",
+        "delete it to resume from the one before",
+    )
 
 
 # ----------------------------------------------------------------------------- rewards
 
 
 def test_reward_module_not_found(env):
-    user_error(train(env, "rewards=[{function: 'no_such_module:score'}]"), "module 'no_such_module' not found", "PYTHONPATH")
+    user_error(
+        train(env, "rewards=[{function: 'no_such_module:score'}]"),
+        "module 'no_such_module' not found",
+        "PYTHONPATH",
+    )
 
 
 def test_reward_function_not_in_module(env):
@@ -421,36 +565,56 @@ def test_reward_function_not_in_module(env):
 
 
 def test_reward_file_not_found(env):
-    user_error(train(env, "rewards=[{function: 'no/such/file.py:score'}]"), "file 'no/such/file.py' not found")
+    user_error(
+        train(env, "rewards=[{function: 'no/such/file.py:score'}]"), "file 'no/such/file.py' not found"
+    )
 
 
 def test_reward_function_typo_did_you_mean(env):
-    user_error(train(env, rewards(env[0], "sevns")), "has no attribute 'sevns'; did you mean 'sevens'?",
-               "check the name after ':'")
+    user_error(
+        train(env, rewards(env[0], "sevns")),
+        "has no attribute 'sevns'; did you mean 'sevens'?",
+        "check the name after ':'",
+    )
 
 
 def test_reward_module_typo_did_you_mean(env, monkeypatch):
     monkeypatch.chdir(env[0])  # a top-level module is looked for next to the command, as `python -m` does
-    user_error(train(env, "rewards=[{function: 'bad_rewads:sevens'}]"),
-               "module 'bad_rewads' not found; did you mean 'bad_rewards'?", "PYTHONPATH")
-    user_error(train(env, "rewards=[{function: 'grpokit.rewards.bultins:math'}]"),
-               "module 'grpokit.rewards.bultins' not found; did you mean 'grpokit.rewards.builtins'?")
+    user_error(
+        train(env, "rewards=[{function: 'bad_rewads:sevens'}]"),
+        "module 'bad_rewads' not found; did you mean 'bad_rewards'?",
+        "PYTHONPATH",
+    )
+    user_error(
+        train(env, "rewards=[{function: 'grpokit.rewards.bultins:math'}]"),
+        "module 'grpokit.rewards.bultins' not found; did you mean 'grpokit.rewards.builtins'?",
+    )
 
 
 def test_reward_file_typo_did_you_mean(env):
-    user_error(train(env, f"rewards=[{{function: '{env[0] / 'bad_reward.py'}:sevens'}}]"),
-               "bad_reward.py' not found", f"did you mean '{env[0] / 'bad_rewards.py'}'?", "fix the path")
+    user_error(
+        train(env, f"rewards=[{{function: '{env[0] / 'bad_reward.py'}:sevens'}}]"),
+        "bad_reward.py' not found",
+        f"did you mean '{env[0] / 'bad_rewards.py'}'?",
+        "fix the path",
+    )
 
 
 def test_reward_builtin_typo(env):
-    user_error(train(env, "rewards=[{function: mth}]"), "reward 'mth' is not a built-in", "did you mean 'math'?")
+    user_error(
+        train(env, "rewards=[{function: mth}]"), "reward 'mth' is not a built-in", "did you mean 'math'?"
+    )
 
 
 def test_reward_needs_a_missing_column(env, monkeypatch):
     rolled = []
     monkeypatch.setattr("grpokit.trainer.Trainer.rollout", lambda *a: rolled.append(1))
-    user_error(train(env, rewards(env[0], "needs_answer")), "needs argument 'answer'", "dataset columns: ['target']",
-               "Add the column")
+    user_error(
+        train(env, rewards(env[0], "needs_answer")),
+        "needs argument 'answer'",
+        "dataset columns: ['target']",
+        "Add the column",
+    )
     assert not rolled  # found at start, not at the first rollout
 
 
@@ -475,8 +639,12 @@ def test_misbehaving_rewards_are_counted_not_fatal(env, caplog):
 
 
 def test_reward_raises_with_reward_errors_raise(env):
-    user_error(train(env, rewards(env[0], "boom"), "reward_errors=raise"),
-               "step 1: reward function 'boom'", "raised ZeroDivisionError: division by zero", "reward_errors=skip")
+    user_error(
+        train(env, rewards(env[0], "boom"), "reward_errors=raise"),
+        "step 1: reward function 'boom'",
+        "raised ZeroDivisionError: division by zero",
+        "reward_errors=skip",
+    )
 
 
 def test_reward_that_hangs_is_timed_out_and_counted(env, caplog):
@@ -484,49 +652,79 @@ def test_reward_that_hangs_is_timed_out_and_counted(env, caplog):
         r = train(env, rewards(env[0], "sevens", "sleepy"), "reward_timeout=0.3", "optim.max_steps=2")
     assert r.exit_code == 0, r.output
     for row in metrics(env):  # step 2: step 1's call still runs, so none is started
-        assert row["reward/errors/sleepy"] == 8 and row["reward/timeouts/sleepy"] == 1 and row["reward/error_frac"] == 1
+        assert (
+            row["reward/errors/sleepy"] == 8
+            and row["reward/timeouts/sleepy"] == 1
+            and row["reward/error_frac"] == 1
+        )
         assert row["reward/errors/sevens"] == 0 and row["reward/timeouts/sevens"] == 0
-    assert "reward function 'sleepy'" in caplog.text and "did not return within 0.3 s: the call was left running" in caplog.text
+    assert (
+        "reward function 'sleepy'" in caplog.text
+        and "did not return within 0.3 s: the call was left running" in caplog.text
+    )
     assert "(reward_timeout=0.3 s; raise it, give this reward its own `timeout` in rewards:" in caplog.text
 
 
 def test_reward_that_hangs_with_reward_errors_raise(env):
-    user_error(train(env, rewards(env[0], "sleepy"), "reward_timeout=0.3", "reward_errors=raise"),
-               "step 1: reward function 'sleepy'", "did not return within 0.3 s", "reward_timeout=0.3 s; raise it",
-               "reward_errors=skip counts it")
+    user_error(
+        train(env, rewards(env[0], "sleepy"), "reward_timeout=0.3", "reward_errors=raise"),
+        "step 1: reward function 'sleepy'",
+        "did not return within 0.3 s",
+        "reward_timeout=0.3 s; raise it",
+        "reward_errors=skip counts it",
+    )
 
 
 def test_reward_that_hangs_with_reward_on_timeout_skip_group(env, caplog):
     with caplog.at_level(logging.ERROR, logger="grpokit.rewards"):
-        r = train(env, rewards(env[0], "sevens", "sleepy"), "reward_timeout=0.3", "reward_on_timeout=skip_group")
+        r = train(
+            env, rewards(env[0], "sevens", "sleepy"), "reward_timeout=0.3", "reward_on_timeout=skip_group"
+        )
     assert r.exit_code == 0, r.output
     (row,) = metrics(env)
-    assert row["reward/timeouts/sleepy"] == 1 and row["reward/skipped_frac"] == 1 and row["advantage/abs_mean"] == 0
+    assert (
+        row["reward/timeouts/sleepy"] == 1
+        and row["reward/skipped_frac"] == 1
+        and row["advantage/abs_mean"] == 0
+    )
     assert "their groups are dropped from the loss (skip_group" in caplog.text
 
 
 def test_reward_that_hangs_with_reward_on_timeout_raise(env):
-    user_error(train(env, rewards(env[0], "sleepy"), "reward_timeout=0.3", "reward_on_timeout=raise"),
-               "step 1: reward function 'sleepy'", "did not return within 0.3 s", "reward_timeout=0.3 s; raise it",
-               "reward_on_timeout=raise stops the run: skip, skip_group or a score goes on")
+    user_error(
+        train(env, rewards(env[0], "sleepy"), "reward_timeout=0.3", "reward_on_timeout=raise"),
+        "step 1: reward function 'sleepy'",
+        "did not return within 0.3 s",
+        "reward_timeout=0.3 s; raise it",
+        "reward_on_timeout=raise stops the run: skip, skip_group or a score goes on",
+    )
 
 
 def test_reward_on_timeout_not_allowed(env):
-    user_error(train(env, "reward_on_timeout=drop"), "bad value for 'reward_on_timeout': 'drop'",
-               "Input should be 'skip', 'skip_group', 'raise' or a finite number")
+    user_error(
+        train(env, "reward_on_timeout=drop"),
+        "bad value for 'reward_on_timeout': 'drop'",
+        "Input should be 'skip', 'skip_group', 'raise' or a finite number",
+    )
 
 
 def test_reward_on_timeout_skip_group_with_gae(env):
-    user_error(train(env, "reward_on_timeout=skip_group", "algorithm.advantage_estimator=gae"),
-               "reward_on_timeout=skip_group drops a prompt's group", "not gae); use skip, raise or a number")
+    user_error(
+        train(env, "reward_on_timeout=skip_group", "algorithm.advantage_estimator=gae"),
+        "reward_on_timeout=skip_group drops a prompt's group",
+        "not gae); use skip, raise or a number",
+    )
 
 
 def test_slow_reward_call_warns_with_its_time(env, caplog):
     with caplog.at_level(logging.WARNING, logger="grpokit.rewards"):
         r = train(env, rewards(env[0], "sevens", "slowish"), "reward_slow_warning=0.1")
     assert r.exit_code == 0, r.output
-    assert re.search(r"reward function 'slowish' \(.*\) took \d+\.\d s for 8 completions, more than "
-                     r"reward_slow_warning=0.1 s \(its timeout is 300 s\)", caplog.text), caplog.text
+    assert re.search(
+        r"reward function 'slowish' \(.*\) took \d+\.\d s for 8 completions, more than "
+        r"reward_slow_warning=0.1 s \(its timeout is 300 s\)",
+        caplog.text,
+    ), caplog.text
     assert "'sevens'" not in caplog.text
 
 
@@ -534,29 +732,52 @@ def test_reward_failing_on_most_of_a_step_warns(env, caplog):
     with caplog.at_level(logging.WARNING, logger="grpokit.health"):
         r = train(env, rewards(env[0], "sevens", "boom"), "optim.max_steps=2")
     assert r.exit_code == 0, r.output
-    (warning,) = [rec.getMessage() for rec in caplog.records if rec.name == "grpokit.health"]  # once, not at every step
-    assert warning.startswith("step 1: reward function 'boom' failed on 100% of the step's completions (more than "
-                              "reward_error_fraction=0.5)"), warning
-    assert "fix the function" in warning and warning.endswith("The run stops after 20 such steps in a row (stop_after_bad_steps)")
+    (warning,) = [
+        rec.getMessage() for rec in caplog.records if rec.name == "grpokit.health"
+    ]  # once, not at every step
+    assert warning.startswith(
+        "step 1: reward function 'boom' failed on 100% of the step's completions (more than "
+        "reward_error_fraction=0.5)"
+    ), warning
+    assert "fix the function" in warning and warning.endswith(
+        "The run stops after 20 such steps in a row (stop_after_bad_steps)"
+    )
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="grpokit.health"):
-        r = train(env, rewards(env[0], "sevens", "boom"), "reward_error_fraction=1", f"output_dir={env[0] / 'run2'}")
-    assert r.exit_code == 0 and not [rec for rec in caplog.records if rec.name == "grpokit.health"]  # 1 = never
+        r = train(
+            env, rewards(env[0], "sevens", "boom"), "reward_error_fraction=1", f"output_dir={env[0] / 'run2'}"
+        )
+    assert r.exit_code == 0 and not [
+        rec for rec in caplog.records if rec.name == "grpokit.health"
+    ]  # 1 = never
 
 
 def test_no_learning_signal_warns_then_stops_after_bad_steps_in_a_row(env, caplog):
     """rollout.temperature 1e-4: the G completions of a prompt are the same, so are their rewards: no gradient."""
     with caplog.at_level(logging.WARNING, logger="grpokit.health"):
-        msg = user_error(train(env, "rollout.temperature=1e-4", "stop_after_bad_steps=2", "optim.max_steps=5",
-                               "checkpoint.save_every=1"),
-                         "stopped at step 2 after 2 bad steps in a row (steps 1-2; stop_after_bad_steps=2, 0 = never stop): "
-                         "no learning signal: in each of the 2 groups all 4 completions got the same reward")
+        msg = user_error(
+            train(
+                env,
+                "rollout.temperature=1e-4",
+                "stop_after_bad_steps=2",
+                "optim.max_steps=5",
+                "checkpoint.save_every=1",
+            ),
+            "stopped at step 2 after 2 bad steps in a row (steps 1-2; stop_after_bad_steps=2, 0 = never stop): "
+            "no learning signal: in each of the 2 groups all 4 completions got the same reward",
+        )
     assert "raise rollout.temperature (now 0.0001) or rollout.num_generations (now 4)" in msg
-    assert [rec.getMessage()[:28] for rec in caplog.records if rec.name == "grpokit.health"] == ["step 1: no learning signal: "]
+    assert [rec.getMessage()[:28] for rec in caplog.records if rec.name == "grpokit.health"] == [
+        "step 1: no learning signal: "
+    ]
     assert [row["step"] for row in metrics(env)] == [1, 2]  # the last step is logged ...
-    assert [s for s, _ in list_checkpoints(env[0] / "run")] == [1]  # ... not saved: what is on disk was saved before
+    assert [s for s, _ in list_checkpoints(env[0] / "run")] == [
+        1
+    ]  # ... not saved: what is on disk was saved before
     findings = diagnose(read_metrics(env[0] / "run" / "metrics.jsonl"))
-    assert [(f.check, f.steps, f.severity) for f in findings] == [("no_signal", (1, 2), "error")]  # not "no problems"
+    assert [(f.check, f.steps, f.severity) for f in findings] == [
+        ("no_signal", (1, 2), "error")
+    ]  # not "no problems"
 
 
 def test_weighted_rewards_overflow_skip_the_update(env):
@@ -583,11 +804,15 @@ def test_non_finite_loss_in_a_row_stops_with_one_line(env, monkeypatch):
         return loss * float("nan"), stats
 
     monkeypatch.setattr(grpokit.algorithm, "policy_loss", nan_loss)
-    msg = user_error(train(env, "optim.max_steps=5", "optim.max_consecutive_skips=2", "checkpoint.save_every=1"),
-                     "the loss was non-finite in 2 optimizer steps in a row (last at step 2, pass 1, minibatch 1)",
-                     "no checkpoint with these weights was written")
+    msg = user_error(
+        train(env, "optim.max_steps=5", "optim.max_consecutive_skips=2", "checkpoint.save_every=1"),
+        "the loss was non-finite in 2 optimizer steps in a row (last at step 2, pass 1, minibatch 1)",
+        "no checkpoint with these weights was written",
+    )
     assert "Lower optim.learning_rate" in msg
-    assert [s for s, _ in list_checkpoints(env[0] / "run")] == [1]  # step 1's weights were untouched, hence finite
+    assert [s for s, _ in list_checkpoints(env[0] / "run")] == [
+        1
+    ]  # step 1's weights were untouched, hence finite
 
 
 # ----------------------------------------------------------------------------- disk
@@ -604,8 +829,13 @@ def test_disk_full_during_a_save(env, monkeypatch):
         return real_save(obj, f, *args, **kwargs)
 
     monkeypatch.setattr(torch, "save", full_disk)
-    user_error(train(env, "optim.max_steps=3", "checkpoint.save_every=1"),
-               "could not save to", "step-000002", "No space left on device", "earlier checkpoints are untouched")
+    user_error(
+        train(env, "optim.max_steps=3", "checkpoint.save_every=1"),
+        "could not save to",
+        "step-000002",
+        "No space left on device",
+        "earlier checkpoints are untouched",
+    )
     ckpts = env[0] / "run" / "checkpoints"
     assert [s for s, _ in list_checkpoints(env[0] / "run")] == [1]
     assert not [p.name for p in ckpts.iterdir() if p.name.startswith(".")]  # the half-written save is gone
@@ -623,8 +853,12 @@ def test_disk_full_during_a_save(env, monkeypatch):
 
 def test_show_or_report_a_run_that_does_not_exist(tmp_path):
     for command in ("show", "report"):
-        user_error(CliRunner().invoke(app, [command, str(tmp_path / "nope")]), "no run at", "nope: no such folder",
-                   "give a run's output_dir (the folder with metrics.jsonl)")
+        user_error(
+            CliRunner().invoke(app, [command, str(tmp_path / "nope")]),
+            "no run at",
+            "nope: no such folder",
+            "give a run's output_dir (the folder with metrics.jsonl)",
+        )
 
 
 def test_show_a_step_that_was_not_recorded(tmp_path):
@@ -632,20 +866,34 @@ def test_show_a_step_that_was_not_recorded(tmp_path):
 
     for step in (2, 4):
         append_step(tmp_path, step, [{"prompt": "p", "completion": "c", "reward": 0.0}])
-    user_error(CliRunner().invoke(app, ["show", str(tmp_path), "--step", "3"]),
-               "step 3 has no recorded completions; recorded steps: 2, 4 (pick one with --step)")
+    user_error(
+        CliRunner().invoke(app, ["show", str(tmp_path), "--step", "3"]),
+        "step 3 has no recorded completions; recorded steps: 2, 4 (pick one with --step)",
+    )
 
 
 def test_show_a_run_that_recorded_no_completions(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "reward/mean": 0.5}\n')
-    user_error(CliRunner().invoke(app, ["show", str(tmp_path)]), "has no completions.parquet: the run recorded no completions",
-               "logging.sample_every=N", "logging.num_samples=K")
+    user_error(
+        CliRunner().invoke(app, ["show", str(tmp_path)]),
+        "has no completions.parquet: the run recorded no completions",
+        "logging.sample_every=N",
+        "logging.num_samples=K",
+    )
 
 
 def test_report_a_folder_without_metrics(tmp_path):
-    user_error(CliRunner().invoke(app, ["report", str(tmp_path)]), "has no metrics.jsonl", "grpokit train writes metrics.jsonl there")
+    user_error(
+        CliRunner().invoke(app, ["report", str(tmp_path)]),
+        "has no metrics.jsonl",
+        "grpokit train writes metrics.jsonl there",
+    )
     (tmp_path / "metrics.jsonl").write_text('{"time": 1.0}\n')
-    user_error(CliRunner().invoke(app, ["report", str(tmp_path)]), "has no metric lines", "train at least one step first")
+    user_error(
+        CliRunner().invoke(app, ["report", str(tmp_path)]),
+        "has no metric lines",
+        "train at least one step first",
+    )
     assert not (tmp_path / "report.html").exists()
 
 
@@ -655,8 +903,20 @@ def test_report_a_folder_without_metrics(tmp_path):
 def test_console_script_one_line(env):
     """The real `grpokit train` process, on a row that goes through model loading and Trainer setup."""
     tmp_path, base = env
-    r = subprocess.run([sys.executable, "-m", "grpokit.cli", "train", str(tmp_path / "config.yaml"), *base,
-                        rewards(tmp_path, "needs_answer")], capture_output=True, text=True, cwd=tmp_path)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "grpokit.cli",
+            "train",
+            str(tmp_path / "config.yaml"),
+            *base,
+            rewards(tmp_path, "needs_answer"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert r.returncode == 2, r.stderr
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: reward 'needs_answer'"), r.stderr
@@ -664,50 +924,78 @@ def test_console_script_one_line(env):
 
 def test_every_row_has_a_test():
     table = set(re.findall(r"`(test_\w+)`", (ROOT / "docs" / "errors.md").read_text()))
-    tests = {name for f in ("test_errors.py", "test_numerics.py", "test_crash.py", "test_distributed.py", "test_rollout_server.py")
-             for name in re.findall(r"^def (test_\w+)", (ROOT / "tests" / f).read_text(), re.M)}
+    tests = {
+        name
+        for f in (
+            "test_errors.py",
+            "test_numerics.py",
+            "test_crash.py",
+            "test_distributed.py",
+            "test_rollout_server.py",
+        )
+        for name in re.findall(r"^def (test_\w+)", (ROOT / "tests" / f).read_text(), re.M)
+    }
     assert len(table) >= 40 and table <= tests, sorted(table - tests)  # every row names a test that exists
     here = {name for name in globals() if name.startswith("test_")}
     untabled = here - table - {"test_every_row_has_a_test", "test_console_script_one_line"}
     assert not untabled, sorted(untabled)  # every bad input tested here is in the table
 
 
-
 # ----------------------------------------------------------------------------- tools (docs/agentic.md)
 
 
 def test_tool_function_not_found(env):
-    user_error(train(env, "tools.functions=[no_such_module:f]"), "tools.functions='no_such_module:f': loading 'no_such_module' failed")
+    user_error(
+        train(env, "tools.functions=[no_such_module:f]"),
+        "tools.functions='no_such_module:f': loading 'no_such_module' failed",
+    )
 
 
 def test_tool_without_type_hints(env):
     (env[0] / "my_tools.py").write_text('def lookup(key):\n    """Look a key up."""\n    return key\n')
-    user_error(train(env, f"tools.functions=[{env[0] / 'my_tools.py'}:lookup]"),
-               "tools: tool 'lookup': parameter 'key' has no type hint; tools need one per parameter")
+    user_error(
+        train(env, f"tools.functions=[{env[0] / 'my_tools.py'}:lookup]"),
+        "tools: tool 'lookup': parameter 'key' has no type hint; tools need one per parameter",
+    )
 
 
 def test_tool_environment_without_reset(env):
-    (env[0] / "my_env.py").write_text('class Env:\n    def act(self, x: int) -> int:\n        """Act."""\n        return x\n')
-    user_error(train(env, f"tools.environment={env[0] / 'my_env.py'}:Env"), "tools.environment: environment Env: needs a reset(**row) method")
+    (env[0] / "my_env.py").write_text(
+        'class Env:\n    def act(self, x: int) -> int:\n        """Act."""\n        return x\n'
+    )
+    user_error(
+        train(env, f"tools.environment={env[0] / 'my_env.py'}:Env"),
+        "tools.environment: environment Env: needs a reset(**row) method",
+    )
 
 
 def test_tool_reward_without_tools(env):
-    user_error(train(env, "rewards=[{function: tool_call_valid}]"),
-               "reward 'tool_call_valid' (tool_call_valid) needs argument 'episodes', which only multi-turn rollouts with tools pass: "
-               "add a tools section")
+    user_error(
+        train(env, "rewards=[{function: tool_call_valid}]"),
+        "reward 'tool_call_valid' (tool_call_valid) needs argument 'episodes', which only multi-turn rollouts with tools pass: "
+        "add a tools section",
+    )
 
 
 def test_unknown_builtin_tool(env):
-    user_error(train(env, "tools.builtin=[calc]"), "bad value for 'tools.builtin.0': 'calc': Input should be 'calculator' or 'python'")
+    user_error(
+        train(env, "tools.builtin=[calc]"),
+        "bad value for 'tools.builtin.0': 'calc': Input should be 'calculator' or 'python'",
+    )
 
 
 # ----------------------------------------------------------------------------- LoRA, reward models (docs/lora.md, docs/rewards.md)
 
 
-@pytest.mark.parametrize("key", ["algorithm.ref_policy=reset", "algorithm.advantage_estimator=gae", "model.compile=true"])
+@pytest.mark.parametrize(
+    "key", ["algorithm.ref_policy=reset", "algorithm.advantage_estimator=gae", "model.compile=true"]
+)
 def test_lora_with_a_setting_it_does_not_support(env, key):
     extra = ["algorithm.ref_reset_every=2"] if "reset" in key else []
-    user_error(train(env, "model.lora.r=4", key, *extra), f"model.lora does not work with {key} yet; drop model.lora or change that key")
+    user_error(
+        train(env, "model.lora.r=4", key, *extra),
+        f"model.lora does not work with {key} yet; drop model.lora or change that key",
+    )
 
 
 def test_lora_in_an_sft_config(env):
@@ -722,7 +1010,10 @@ def test_lora_without_peft(env, monkeypatch):
 
 def test_lora_target_modules_that_match_nothing(env):
     pytest.importorskip("peft")
-    user_error(train(env, "model.lora.target_modules=[qkv_proj]"), "model.lora.target_modules=['qkv_proj']: Target modules")
+    user_error(
+        train(env, "model.lora.target_modules=[qkv_proj]"),
+        "model.lora.target_modules=['qkv_proj']: Target modules",
+    )
 
 
 def test_lora_under_torchrun(monkeypatch):
@@ -731,7 +1022,10 @@ def test_lora_under_torchrun(monkeypatch):
     from grpokit.policy import ModelLoadError, apply_lora
 
     monkeypatch.setenv("WORLD_SIZE", "2")
-    with pytest.raises(ModelLoadError, match="model.lora runs in one process for now; drop model.lora or run without torchrun"):
+    with pytest.raises(
+        ModelLoadError,
+        match="model.lora runs in one process for now; drop model.lora or run without torchrun",
+    ):
         apply_lora(torch.nn.Linear(2, 2), LoraConfig())
 
 
@@ -739,20 +1033,31 @@ def test_lora_resume_without_the_adapter(env):
     pytest.importorskip("peft")
     assert train(env, "model.lora.r=4").exit_code == 0
     (env[0] / "run" / "checkpoints" / "step-000001" / "adapter_model.safetensors").unlink()
-    user_error(train(env, "model.lora.r=4", "optim.max_steps=2", "checkpoint.allow_changes=[optim.max_steps]"),
-               "step-000001' has no adapter_model.safetensors, but model.lora is set")
+    user_error(
+        train(env, "model.lora.r=4", "optim.max_steps=2", "checkpoint.allow_changes=[optim.max_steps]"),
+        "step-000001' has no adapter_model.safetensors, but model.lora is set",
+    )
 
 
-@pytest.mark.parametrize("spec, words", [
-    ("{weight: 1.0}", "a reward needs exactly one of `function` (a reward function) and `model` (a reward model); this one has neither"),
-    ("{function: math, model: x}", "this one has both"),
-])
+@pytest.mark.parametrize(
+    "spec, words",
+    [
+        (
+            "{weight: 1.0}",
+            "a reward needs exactly one of `function` (a reward function) and `model` (a reward model); this one has neither",
+        ),
+        ("{function: math, model: x}", "this one has both"),
+    ],
+)
 def test_reward_with_neither_or_both_function_and_model(env, spec, words):
     user_error(train(env, f"rewards=[{spec}]"), "bad value for 'rewards.0'", words)
 
 
 def test_reward_model_that_cannot_be_loaded(env):
-    user_error(train(env, f"rewards=[{{model: '{env[0]}'}}]"), f"rewards[0].model='{env[0]}': could not load a sequence-classification reward model")
+    user_error(
+        train(env, f"rewards=[{{model: '{env[0]}'}}]"),
+        f"rewards[0].model='{env[0]}': could not load a sequence-classification reward model",
+    )
 
 
 def test_reward_model_with_several_labels(env):
@@ -760,9 +1065,23 @@ def test_reward_model_with_several_labels(env):
 
     tok = AutoTokenizer.from_pretrained(env[1][0].split("=", 1)[1])
     rm = env[0] / "rm2"
-    LlamaForSequenceClassification(LlamaConfig(vocab_size=len(tok), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                                               intermediate_size=32, num_labels=2)).save_pretrained(rm)
+    LlamaForSequenceClassification(
+        LlamaConfig(
+            vocab_size=len(tok),
+            hidden_size=16,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=32,
+            num_labels=2,
+        )
+    ).save_pretrained(rm)
     tok.save_pretrained(rm)
-    user_error(train(env, f"rewards=[{{model: '{rm}'}}]"), "rewards[0].model=", "has num_labels=2; a reward model gives one score per text")
-    user_error(train(env, f"rewards=[{{model: '{rm}', kwargs: {{batch: 4}}}}]"),
-               "rewards[0].kwargs: ['batch'] are not settings of a reward model; allowed: batch_size, max_length, device")
+    user_error(
+        train(env, f"rewards=[{{model: '{rm}'}}]"),
+        "rewards[0].model=",
+        "has num_labels=2; a reward model gives one score per text",
+    )
+    user_error(
+        train(env, f"rewards=[{{model: '{rm}', kwargs: {{batch: 4}}}}]"),
+        "rewards[0].kwargs: ['batch'] are not settings of a reward model; allowed: batch_size, max_length, device",
+    )

@@ -1,4 +1,5 @@
 """evaluate(): the held-out metrics on a scripted engine, with worked numbers."""
+
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -11,9 +12,12 @@ from grpokit.rollout.base import Completions
 
 # prompt id -> (greedy answer, 4 sampled answers); the right answer of every prompt is "7"
 SCRIPT = {
-    1: ("7", ["7", "7", "3", "3"]),     # greedy right; 2 of 4 samples right; majority: tie "7"/"3" -> first seen "7"
-    2: ("3", ["3", "3", "7", "1"]),     # greedy wrong; 1 of 4 right; majority "3" wrong
-    3: ("1", ["1", "2", "5", "1 "]),    # nothing right; "1" and "1 " are one answer for maj@k
+    1: (
+        "7",
+        ["7", "7", "3", "3"],
+    ),  # greedy right; 2 of 4 samples right; majority: tie "7"/"3" -> first seen "7"
+    2: ("3", ["3", "3", "7", "1"]),  # greedy wrong; 1 of 4 right; majority "3" wrong
+    3: ("1", ["1", "2", "5", "1 "]),  # nothing right; "1" and "1 " are one answer for maj@k
 }
 
 
@@ -38,17 +42,24 @@ def judge(rows, comps):
 def test_evaluate_worked_numbers(batch_size):
     rows = [SimpleNamespace(prompt_ids=[i]) for i in (1, 2, 3)]
     m = evaluate(ScriptedEngine(), rows, judge, k=4, batch_size=batch_size)
-    assert m["eval/pass@1"] == pytest.approx(1 / 3)     # greedy: prompt 1 only
-    assert m["eval/pass@4"] == pytest.approx(2 / 3)     # any sample right: prompts 1 and 2
-    assert m["eval/maj@4"] == pytest.approx(1 / 3)      # majority right: prompt 1 (tie -> first seen)
-    assert m["eval/mean@4"] == pytest.approx(3 / 12)    # 2 + 1 + 0 right samples of 12
+    assert m["eval/pass@1"] == pytest.approx(1 / 3)  # greedy: prompt 1 only
+    assert m["eval/pass@4"] == pytest.approx(2 / 3)  # any sample right: prompts 1 and 2
+    assert m["eval/maj@4"] == pytest.approx(1 / 3)  # majority right: prompt 1 (tie -> first seen)
+    assert m["eval/mean@4"] == pytest.approx(3 / 12)  # 2 + 1 + 0 right samples of 12
     assert m["eval/reward_mean"] == pytest.approx(1 / 3)
     assert m["eval/num_prompts"] == 3.0
     assert m["eval/mean_length"] == pytest.approx(1.0)
     # every key is a name of grpokit.metrics (docs/metrics.md, "eval/")
     assert set(m) == {
-        M.EVAL_PASS_AT_1, M.EVAL_FORMAT_RATE, M.EVAL_REWARD_MEAN, M.EVAL_MEAN_LENGTH, M.EVAL_NUM_PROMPTS,
-        M.eval_pass_at(4), M.eval_maj_at(4), M.eval_mean_at(4), M.EVAL_TIME,
+        M.EVAL_PASS_AT_1,
+        M.EVAL_FORMAT_RATE,
+        M.EVAL_REWARD_MEAN,
+        M.EVAL_MEAN_LENGTH,
+        M.EVAL_NUM_PROMPTS,
+        M.eval_pass_at(4),
+        M.eval_maj_at(4),
+        M.eval_mean_at(4),
+        M.EVAL_TIME,
     }
 
 

@@ -1,4 +1,5 @@
 """The README's copy-paste example works as written (with fewer steps)."""
+
 import os
 import subprocess
 import sys
@@ -9,7 +10,9 @@ GRPOKIT = str(Path(sys.executable).with_name("grpokit"))
 
 
 def run(*cmd, cwd=ROOT):
-    r = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    r = subprocess.run(
+        cmd, cwd=cwd, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     return r
 
@@ -22,17 +25,46 @@ def test_readme_example(tmp_path):
     run(sys.executable, "examples/make_tiny_model.py", str(model))
     assert "grpokit sft examples/sft.yaml" in readme and "model.name_or_path=runs/sft/final" in readme
     sft = tmp_path / "sft"
-    r = run(GRPOKIT, "sft", "examples/sft.yaml", f"model.name_or_path={model}", f"output_dir={sft}", "sft.max_steps=20")
-    assert "threads:" in r.stdout and "held-out exact_match" in r.stdout and (sft / "final" / "model.safetensors").is_file()
+    r = run(
+        GRPOKIT,
+        "sft",
+        "examples/sft.yaml",
+        f"model.name_or_path={model}",
+        f"output_dir={sft}",
+        "sft.max_steps=20",
+    )
+    assert (
+        "threads:" in r.stdout
+        and "held-out exact_match" in r.stdout
+        and (sft / "final" / "model.safetensors").is_file()
+    )
     out = tmp_path / "run"
-    r = run(GRPOKIT, "train", "examples/config.yaml", f"model.name_or_path={sft / 'final'}", f"output_dir={out}",
-            "optim.learning_rate=2e-4", "optim.max_steps=3", "eval.every=0")
+    r = run(
+        GRPOKIT,
+        "train",
+        "examples/config.yaml",
+        f"model.name_or_path={sft / 'final'}",
+        f"output_dir={out}",
+        "optim.learning_rate=2e-4",
+        "optim.max_steps=3",
+        "eval.every=0",
+    )
     assert "threads:" in r.stdout
     assert (out / "final" / "model.safetensors").is_file()
     metrics = (out / "metrics.jsonl").read_text()
     assert "reward/exact_answer" in metrics and "reward/is_a_number" in metrics
-    r = run(GRPOKIT, "train", "examples/config.yaml", f"model.name_or_path={sft / 'final'}", f"output_dir={out}",
-            "optim.learning_rate=2e-4", "optim.max_steps=3", "eval.every=0")  # the same command
+    r = run(
+        GRPOKIT,
+        "train",
+        "examples/config.yaml",
+        f"model.name_or_path={sft / 'final'}",
+        f"output_dir={out}",
+        "optim.learning_rate=2e-4",
+        "optim.max_steps=3",
+        "eval.every=0",
+    )  # the same command
     assert "resum" in (r.stdout + r.stderr).lower()
-    r = run(GRPOKIT, "eval", str(out / "final"), "-c", "examples/config.yaml", f"output_dir={tmp_path / 'ev'}")
+    r = run(
+        GRPOKIT, "eval", str(out / "final"), "-c", "examples/config.yaml", f"output_dir={tmp_path / 'ev'}"
+    )
     assert "pass@1" in r.stdout

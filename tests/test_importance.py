@@ -6,6 +6,7 @@ The batch used throughout: two completions, d = log pi_old - log pi_sampler per 
 so the token ratios rho_t = exp(d_t) are [4, 1, 0.5] and [0.1, 2], and the sequence ratios (products) are
 4 * 1 * 0.5 = 2 and 0.1 * 2 = 0.2.
 """
+
 import math
 
 import pytest
@@ -73,7 +74,9 @@ def test_mismatch_metrics_worked_numbers():
 
 def test_weight_stats_count_the_tokens_whose_weight_was_cut():
     old, sampler, mask = batch()
-    w = importance_weights(old, sampler, mask, "token_truncate", c_min=0.2, c_max=3.0)  # [[3, 1, .5], [.2, 2, -]]
+    w = importance_weights(
+        old, sampler, mask, "token_truncate", c_min=0.2, c_max=3.0
+    )  # [[3, 1, .5], [.2, 2, -]]
     stats = weight_stats(w, "token_truncate", old, sampler, mask)
     assert stats["clip_frac"] == pytest.approx(2 / 5)  # 4 -> 3 and 0.1 -> 0.2
     assert stats["weight_mean"] == pytest.approx((3 + 1 + 0.5 + 0.2 + 2) / 5, rel=1e-6)
@@ -120,7 +123,9 @@ def test_bad_mode_and_bounds_name_the_allowed_values():
         importance_weights(old, sampler, mask, "token_mask", c_min=3.0, c_max=2.0)
 
 
-def test_the_loop_logs_the_mismatch_for_engines_with_logprobs_and_corrects_only_when_asked(tiny_model_dir, tmp_path):
+def test_the_loop_logs_the_mismatch_for_engines_with_logprobs_and_corrects_only_when_asked(
+    tiny_model_dir, tmp_path
+):
     """fast returns its log-probs: the mismatch is logged (float noise: the same model and code) and, with
     rollout.importance_correction on, the weights' stats; hf returns none: no mismatch metrics."""
     import json
@@ -130,16 +135,43 @@ def test_the_loop_logs_the_mismatch_for_engines_with_logprobs_and_corrects_only_
 
     def run(name, *extra):
         out = tmp_path / name
-        cfg = load_config(None, [f"model.name_or_path={tiny_model_dir}", "data.task=countdown", "data.task_train_size=50",
-                                 "data.eval_size=0", "rewards=[{function: countdown}]", "rollout.prompts_per_step=2",
-                                 "rollout.num_generations=4", "rollout.max_completion_length=6", "optim.max_steps=2",
-                                 "algorithm.beta=0.0", "eval.at_start=false", "logging.sample_every=0", "checkpoint.save_every=0",
-                                 f"output_dir={out}", *extra])
+        cfg = load_config(
+            None,
+            [
+                f"model.name_or_path={tiny_model_dir}",
+                "data.task=countdown",
+                "data.task_train_size=50",
+                "data.eval_size=0",
+                "rewards=[{function: countdown}]",
+                "rollout.prompts_per_step=2",
+                "rollout.num_generations=4",
+                "rollout.max_completion_length=6",
+                "optim.max_steps=2",
+                "algorithm.beta=0.0",
+                "eval.at_start=false",
+                "logging.sample_every=0",
+                "checkpoint.save_every=0",
+                f"output_dir={out}",
+                *extra,
+            ],
+        )
         Trainer(cfg).train()
-        return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if '"reward/mean"' in line]
+        return [
+            json.loads(line)
+            for line in (out / "metrics.jsonl").read_text().splitlines()
+            if '"reward/mean"' in line
+        ]
 
-    fast = run("fast", "rollout.engine=fast", "rollout.importance_correction=sequence_mask", "rollout.importance_c_min=0.5")
-    assert all(r["rollout/logp_diff_max"] < 1e-4 and r["rollout/logp_diff_mean"] <= r["rollout/logp_diff_max"] for r in fast)
+    fast = run(
+        "fast",
+        "rollout.engine=fast",
+        "rollout.importance_correction=sequence_mask",
+        "rollout.importance_c_min=0.5",
+    )
+    assert all(
+        r["rollout/logp_diff_max"] < 1e-4 and r["rollout/logp_diff_mean"] <= r["rollout/logp_diff_max"]
+        for r in fast
+    )
     assert all(r["rollout/is_clip_frac"] == 0.0 for r in fast)
     plain = run("plain", "rollout.engine=fast")
     assert "rollout/logp_diff_mean" in plain[0] and "rollout/is_weight_mean" not in plain[0]

@@ -4,6 +4,7 @@ Run: .venv/bin/python -m pytest tests/test_kl_ops.py
 References are written from the formulas (Schulman 2020, "Approximating KL divergence";
 DeepSeekMath eq. 4), not from the code under test.
 """
+
 from __future__ import annotations
 
 import math
@@ -39,7 +40,10 @@ def test_kl_values_match_formulas(kind):
     logp, ref = _pair(1)
     got = kl_penalty(logp, ref, kind=kind)
     assert got.shape == logp.shape
-    want = torch.tensor([[_kl_ref(kind, a, b) for a, b in zip(ra, rb)] for ra, rb in zip(logp.tolist(), ref.tolist())], dtype=torch.float64)
+    want = torch.tensor(
+        [[_kl_ref(kind, a, b) for a, b in zip(ra, rb)] for ra, rb in zip(logp.tolist(), ref.tolist())],
+        dtype=torch.float64,
+    )
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 
 
@@ -97,7 +101,9 @@ def test_what_each_estimator_gradient_estimates():
     forward = grad_of(lambda logp: (logq.exp() * (logq - logp)).sum())
     torch.testing.assert_close(grad_of(expected("k2")), reverse, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(grad_of(expected("k3")), forward, rtol=1e-10, atol=1e-12)
-    torch.testing.assert_close(grad_of(expected("k1")), torch.zeros(9, dtype=torch.float64), rtol=0, atol=1e-12)
+    torch.testing.assert_close(
+        grad_of(expected("k1")), torch.zeros(9, dtype=torch.float64), rtol=0, atol=1e-12
+    )
 
 
 @pytest.mark.parametrize("kind", ["k1", "k2", "k3"])
@@ -105,7 +111,9 @@ def test_kl_gradient_only_through_logp(kind):
     logp, ref = _pair(5)
     logp = logp.clone().requires_grad_(True)
     ref = ref.clone().requires_grad_(True)
-    (g_logp, g_ref) = torch.autograd.grad(kl_penalty(logp, ref, kind=kind).sum(), (logp, ref), allow_unused=True)
+    (g_logp, g_ref) = torch.autograd.grad(
+        kl_penalty(logp, ref, kind=kind).sum(), (logp, ref), allow_unused=True
+    )
     assert g_ref is None or (g_ref == 0).all()
     d = (ref - logp).detach()
     want = {"k1": torch.ones_like(d), "k2": -d, "k3": 1 - d.exp()}[kind]  # d/dlogp of each formula

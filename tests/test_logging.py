@@ -1,5 +1,6 @@
 """Metric sinks (JSONL), resume truncation, progress output, plots and the report. The trackers
 (TensorBoard, W&B, MLflow, trackio) are tests/test_trackers.py."""
+
 from __future__ import annotations
 
 import io
@@ -45,17 +46,28 @@ def test_stdlib_logging_is_not_shadowed():
 def test_jsonl_lines_are_valid_json_and_nan_becomes_null(tmp_path):
     with MetricLogger(tmp_path, tensorboard=False) as log:
         log.log(1, {"reward/mean": 0.5, "policy/kl": float("nan"), "policy/loss": float("inf")})
-        log.log(2, {"reward/mean": np.float32(0.25), "policy/grad_norm": torch.tensor(2.0), "eval/pass@1": None})
+        log.log(
+            2, {"reward/mean": np.float32(0.25), "policy/grad_norm": torch.tensor(2.0), "eval/pass@1": None}
+        )
         # Each line is on disk as soon as log() returns, before close().
         assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2
 
     raw = (tmp_path / "metrics.jsonl").read_text()
     assert "NaN" not in raw and "Infinity" not in raw
     # The strict parser (no NaN / Infinity) accepts every line.
-    rows = [json.loads(line, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}")) for line in raw.splitlines()]
+    rows = [
+        json.loads(line, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
+        for line in raw.splitlines()
+    ]
     assert rows[0]["step"] == 1 and rows[0]["reward/mean"] == 0.5
     assert rows[0]["policy/kl"] is None and rows[0]["policy/loss"] is None
-    assert rows[1] == {"step": 2, "time": rows[1]["time"], "reward/mean": 0.25, "policy/grad_norm": 2.0, "eval/pass@1": None}
+    assert rows[1] == {
+        "step": 2,
+        "time": rows[1]["time"],
+        "reward/mean": 0.25,
+        "policy/grad_norm": 2.0,
+        "eval/pass@1": None,
+    }
     assert isinstance(rows[1]["time"], float) and rows[1]["time"] >= rows[0]["time"]
 
 
@@ -68,7 +80,12 @@ def test_reserved_names_are_rejected(tmp_path):
 def test_log_samples_appends_lines_and_prints_a_table(tmp_path, capsys):
     samples = [
         {"prompt": "2+3=", "completion": "5", "reward": 1.0, "reward/correct": 1.0, "reward/format": None},
-        {"prompt": [{"role": "user", "content": "7*6="}], "completion": "41", "reward": 0.0, "rewards": {"correct": 0.0}},
+        {
+            "prompt": [{"role": "user", "content": "7*6="}],
+            "completion": "41",
+            "reward": 0.0,
+            "rewards": {"correct": 0.0},
+        },
     ]
     with MetricLogger(tmp_path, tensorboard=False) as log:
         log.log_samples(3, samples)
@@ -214,7 +231,12 @@ def test_plots_are_pngs_and_absent_metrics_are_skipped(tmp_path):
 
 def test_plots_from_empty_or_all_null_metrics(tmp_path):
     path = tmp_path / "metrics.jsonl"
-    path.write_text(json.dumps({"step": 1, "reward/mean": None, "policy/kl": None}) + "\n" + json.dumps({"time": 2}) + "\n")
+    path.write_text(
+        json.dumps({"step": 1, "reward/mean": None, "policy/kl": None})
+        + "\n"
+        + json.dumps({"time": 2})
+        + "\n"
+    )
     assert plot_metrics(path, tmp_path / "plots") == []
     assert plot_metrics(tmp_path / "absent.jsonl", tmp_path / "plots2") == []
 

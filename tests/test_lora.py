@@ -3,6 +3,7 @@ only the adapters train, checkpoints hold the adapter and resume exactly, final/
 
 Run: .venv/bin/python -m pytest tests/test_lora.py
 """
+
 import json
 from pathlib import Path
 
@@ -23,15 +24,34 @@ from grpokit.trainer import Trainer  # noqa: E402
 REWARD = f"{Path(__file__).parent / 'reward_fns.py'}:count_sevens"
 # The LM head among the targets: a random tiny model learns count_sevens in a few steps through it; all-linear
 # (every Linear but the head) learns it too, more slowly (docs/lora.md).
-LORA = ["model.lora.r=8", "model.lora.alpha=16", "model.lora.target_modules=[q_proj,v_proj,down_proj,lm_head]"]
+LORA = [
+    "model.lora.r=8",
+    "model.lora.alpha=16",
+    "model.lora.target_modules=[q_proj,v_proj,down_proj,lm_head]",
+]
 
 
 def config(model_dir, out, *extra):
-    return load_config(None, [
-        f"model.name_or_path={model_dir}", "data.task=countdown", "data.task_train_size=500", "data.eval_size=0",
-        f"rewards=[{{function: '{REWARD}'}}]", "rollout.prompts_per_step=4", "rollout.num_generations=8",
-        "rollout.max_completion_length=8", "optim.learning_rate=1e-2", "algorithm.beta=0.04", "eval.at_start=false",
-        "logging.sample_every=0", f"output_dir={out}", *LORA, *extra])
+    return load_config(
+        None,
+        [
+            f"model.name_or_path={model_dir}",
+            "data.task=countdown",
+            "data.task_train_size=500",
+            "data.eval_size=0",
+            f"rewards=[{{function: '{REWARD}'}}]",
+            "rollout.prompts_per_step=4",
+            "rollout.num_generations=8",
+            "rollout.max_completion_length=8",
+            "optim.learning_rate=1e-2",
+            "algorithm.beta=0.04",
+            "eval.at_start=false",
+            "logging.sample_every=0",
+            f"output_dir={out}",
+            *LORA,
+            *extra,
+        ],
+    )
 
 
 def read_metrics(out):
@@ -40,7 +60,10 @@ def read_metrics(out):
 
 def some_tokens(tokenizer):
     prompts = [tokenizer("3 4 5>12=")["input_ids"], tokenizer("1 2>3=")["input_ids"]]
-    completions = [tokenizer("3+4+5", add_special_tokens=False)["input_ids"], tokenizer("1+2", add_special_tokens=False)["input_ids"]]
+    completions = [
+        tokenizer("3+4+5", add_special_tokens=False)["input_ids"],
+        tokenizer("1+2", add_special_tokens=False)["input_ids"],
+    ]
     return pack_sequences(prompts, completions, tokenizer.pad_token_id)
 
 
@@ -65,18 +88,36 @@ def test_reference_is_the_base_model_with_the_adapter_off(tiny_model_dir):
     policy_logp = batched_logprobs(model, tokens, micro_batch_size=2)
     mask = tokens.completion_mask.bool()
     torch.testing.assert_close(ref_logp[mask], base_logp[mask], rtol=0, atol=1e-6)
-    assert (policy_logp[mask] - base_logp[mask]).abs().max() > 1e-2  # the adapter is on outside the reference pass
+    assert (
+        policy_logp[mask] - base_logp[mask]
+    ).abs().max() > 1e-2  # the adapter is on outside the reference pass
     with model.disable_adapter():  # the context gives the adapter back on the way out
         pass
-    torch.testing.assert_close(batched_logprobs(model, tokens, micro_batch_size=2), policy_logp, rtol=0, atol=0)
+    torch.testing.assert_close(
+        batched_logprobs(model, tokens, micro_batch_size=2), policy_logp, rtol=0, atol=0
+    )
 
 
 @pytest.mark.parametrize("engine", ["hf", "fast"])
 def test_lora_learns_trains_only_the_adapter_and_saves_loadable_models(tiny_model_dir, tmp_path, engine):
     out = tmp_path / "run"
-    trainer = Trainer(config(tiny_model_dir, out, "optim.max_steps=20", "checkpoint.save_every=0", f"rollout.engine={engine}",
-                             "model.lora.merge_on_save=true"))
-    trained = {n for g in trainer.optimizer.adamw.param_groups for p in g["params"] for n, q in trainer.model.named_parameters() if p is q}
+    trainer = Trainer(
+        config(
+            tiny_model_dir,
+            out,
+            "optim.max_steps=20",
+            "checkpoint.save_every=0",
+            f"rollout.engine={engine}",
+            "model.lora.merge_on_save=true",
+        )
+    )
+    trained = {
+        n
+        for g in trainer.optimizer.adamw.param_groups
+        for p in g["params"]
+        for n, q in trainer.model.named_parameters()
+        if p is q
+    }
     assert trained == lora_params(trainer.model) and trained  # the optimizer holds the adapters only
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.train()
@@ -94,12 +135,16 @@ def test_lora_learns_trains_only_the_adapter_and_saves_loadable_models(tiny_mode
     tokens = some_tokens(trainer.tokenizer)
     want = batched_logprobs(trainer.model, tokens, micro_batch_size=2)
     adapter = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), final)
-    auto = AutoModelForCausalLM.from_pretrained(final)  # transformers reads adapter_config.json: base + adapter
+    auto = AutoModelForCausalLM.from_pretrained(
+        final
+    )  # transformers reads adapter_config.json: base + adapter
     merged = AutoModelForCausalLM.from_pretrained(final / "merged")  # a plain transformers model
     assert not any("lora_" in n for n, _ in merged.named_parameters())
     mask = tokens.completion_mask.bool()
     for loaded in (adapter, auto, merged):
-        torch.testing.assert_close(batched_logprobs(loaded, tokens, micro_batch_size=2)[mask], want[mask], rtol=0, atol=1e-5)
+        torch.testing.assert_close(
+            batched_logprobs(loaded, tokens, micro_batch_size=2)[mask], want[mask], rtol=0, atol=1e-5
+        )
 
 
 class Crash(Exception):
@@ -107,7 +152,12 @@ class Crash(Exception):
 
 
 def test_lora_resume_continues_exactly(tiny_model_dir, tmp_path):
-    steps = ["optim.max_steps=5", "checkpoint.save_every=2", "checkpoint.keep_last=5", "algorithm.num_iterations=2"]
+    steps = [
+        "optim.max_steps=5",
+        "checkpoint.save_every=2",
+        "checkpoint.keep_last=5",
+        "algorithm.num_iterations=2",
+    ]
     straight = Trainer(config(tiny_model_dir, tmp_path / "a", *steps))
     straight.train()
 
@@ -121,12 +171,16 @@ def test_lora_resume_continues_exactly(tiny_model_dir, tmp_path):
     assert [s for s, _ in list_checkpoints(tmp_path / "b")] == [2]
     assert (ckpt / "adapter_model.safetensors").is_file() and not (ckpt / "model.safetensors").exists()
     saved = torch.load(ckpt / "trainer_state.pt", weights_only=False)
-    assert len(saved["optimizer"]["state"]) == len(lora_params(straight.model))  # moments of the adapters only
+    assert len(saved["optimizer"]["state"]) == len(
+        lora_params(straight.model)
+    )  # moments of the adapters only
 
     resumed = Trainer(config(tiny_model_dir, tmp_path / "b", *steps))
     resumed.train()
     assert resumed.step == 5
-    for (n, p), (_, q) in zip(straight.model.named_parameters(), resumed.model.named_parameters(), strict=True):
+    for (n, p), (_, q) in zip(
+        straight.model.named_parameters(), resumed.model.named_parameters(), strict=True
+    ):
         assert torch.equal(p, q), n  # bit for bit the uninterrupted run
     a, b = read_metrics(tmp_path / "a"), read_metrics(tmp_path / "b")
     assert [r["reward/mean"] for r in a] == [r["reward/mean"] for r in b]

@@ -6,6 +6,7 @@ Dr. GRPO §3, GSPO's sequence ratio, dual clip of Ye et al. 2020), one token at 
 control flow, not from the code under test. Everything is float64 so values and gradients agree
 to ~1e-12.
 """
+
 from __future__ import annotations
 
 import math
@@ -98,7 +99,11 @@ def make_batch(seed, N=5, T=7, *, holes=False, empty_row=True, process=False):
     """Random log-probs with ragged masks; ratios spread enough that both clip sides and dual clip are hit."""
     g = torch.Generator().manual_seed(seed)
     old = -torch.rand(N, T, generator=g, dtype=torch.float64) * 3 - 0.05
-    logp = old + 0.35 * torch.randn(N, 1, generator=g, dtype=torch.float64) + 0.4 * torch.randn(N, T, generator=g, dtype=torch.float64)
+    logp = (
+        old
+        + 0.35 * torch.randn(N, 1, generator=g, dtype=torch.float64)
+        + 0.4 * torch.randn(N, T, generator=g, dtype=torch.float64)
+    )
     ref = old + 0.3 * torch.randn(N, T, generator=g, dtype=torch.float64)
     if holes:
         mask = torch.rand(N, T, generator=g) < 0.7
@@ -108,7 +113,11 @@ def make_batch(seed, N=5, T=7, *, holes=False, empty_row=True, process=False):
     if empty_row:
         mask[1] = False
     mask[0] = True  # at least one full row
-    adv = torch.randn(N, T, generator=g, dtype=torch.float64) if process else torch.randn(N, generator=g, dtype=torch.float64)
+    adv = (
+        torch.randn(N, T, generator=g, dtype=torch.float64)
+        if process
+        else torch.randn(N, generator=g, dtype=torch.float64)
+    )
     if not process:
         adv[-1] = 0.0
     return logp, old, ref, mask, adv
@@ -118,7 +127,9 @@ CONFIGS = {
     "plain": dict(),
     "k3_clip_higher": dict(ref=True, beta=0.04, eps_high=0.28),
     "k1_dual_clip": dict(ref=True, beta=0.1, kl_estimator="k1", eps_low=0.1, eps_high=0.3, dual_clip=1.5),
-    "k2_process_holes": dict(ref=True, beta=0.2, kl_estimator="k2", eps_low=0.15, eps_high=0.25, holes=True, process=True),
+    "k2_process_holes": dict(
+        ref=True, beta=0.2, kl_estimator="k2", eps_low=0.15, eps_high=0.25, holes=True, process=True
+    ),
     "ref_beta0_overrides": dict(ref=True, beta=0.0, num_sequences=9, num_tokens=40, max_completion_length=11),
 }
 
@@ -160,7 +171,9 @@ def test_reference_batches_exercise_every_clip_branch():
             low, high = low + m["clip_frac_low"], high + m["clip_frac_high"]
             log_ratio = (logp - old) * mask
             if ratio_level == "sequence":
-                log_ratio = (log_ratio.sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp_min(1)).expand_as(logp)
+                log_ratio = (
+                    log_ratio.sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp_min(1)
+                ).expand_as(logp)
             dual += int(((log_ratio.exp() > 1.5) & (adv[:, None] < 0) & mask).sum())
         assert low > 0 and high > 0 and dual > 0, ratio_level
 
@@ -243,7 +256,15 @@ def test_seed_q32_pseudocode_equals_group_advantages_plus_grpo_loss():
 
     ours_adv = group_advantages(rewards.reshape(-1), G)
     lp = logp_new.detach().reshape(B * G, T).requires_grad_(True)
-    ours, _ = policy_loss(lp, logp_old.reshape(B * G, T), ours_adv, mask.reshape(B * G, T), ref_logp=logp_ref.reshape(B * G, T), beta=beta, eps_low=eps_clip)
+    ours, _ = policy_loss(
+        lp,
+        logp_old.reshape(B * G, T),
+        ours_adv,
+        mask.reshape(B * G, T),
+        ref_logp=logp_ref.reshape(B * G, T),
+        beta=beta,
+        eps_low=eps_clip,
+    )
     (ours_grad,) = torch.autograd.grad(ours, lp)
     torch.testing.assert_close(ours, seed_loss, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(ours_grad, seed_grad.reshape(B * G, T), rtol=1e-10, atol=1e-14)
@@ -292,7 +313,9 @@ def _trim(x, mask):
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
 def test_gradient_accumulation_equals_full_batch(loss_type, ratio_level):
     logp, old, ref, mask, adv = make_batch(50, N=8, T=9)
-    kw = dict(beta=0.05, eps_low=0.2, eps_high=0.28, dual_clip=3.0, loss_type=loss_type, ratio_level=ratio_level)
+    kw = dict(
+        beta=0.05, eps_low=0.2, eps_high=0.28, dual_clip=3.0, loss_type=loss_type, ratio_level=ratio_level
+    )
     N, T = logp.shape
     lp = logp.clone().requires_grad_(True)
     full, _ = policy_loss(lp, old, adv, mask, ref_logp=ref, max_completion_length=T, **kw)
@@ -317,7 +340,10 @@ def test_token_mean_without_whole_batch_count_is_not_the_full_batch_loss():
     # Why the trainer must pass num_tokens: each minibatch's own token count gives a different loss.
     logp, old, ref, mask, adv = make_batch(51, N=8, T=9)
     full, _ = policy_loss(logp, old, adv, mask, loss_type="dapo")
-    parts = [policy_loss(logp[r], old[r], adv[r], mask[r], loss_type="dapo", num_sequences=8)[0].item() for r in ([0, 1, 2], [3], [4, 5, 6, 7])]
+    parts = [
+        policy_loss(logp[r], old[r], adv[r], mask[r], loss_type="dapo", num_sequences=8)[0].item()
+        for r in ([0, 1, 2], [3], [4, 5, 6, 7])
+    ]
     assert sum(parts) != pytest.approx(full.item(), rel=1e-3)
 
 
@@ -332,7 +358,17 @@ def test_deepseekmath_gradient_coefficient_on_policy(loss_type, ratio_level):
     logp, _, ref, mask, adv = make_batch(60, N=6, T=8)
     beta, L = 0.04, 10
     lp = logp.clone().requires_grad_(True)
-    loss, m = policy_loss(lp, logp, adv, mask, ref_logp=ref, beta=beta, loss_type=loss_type, ratio_level=ratio_level, max_completion_length=L)
+    loss, m = policy_loss(
+        lp,
+        logp,
+        adv,
+        mask,
+        ref_logp=ref,
+        beta=beta,
+        loss_type=loss_type,
+        ratio_level=ratio_level,
+        max_completion_length=L,
+    )
     (grad,) = torch.autograd.grad(-loss, lp)  # dJ/dlogp
 
     lengths = mask.sum(-1, keepdim=True).double()
@@ -355,7 +391,9 @@ def test_gradient_flows_only_through_logp():
     logp, old, ref, mask, adv = make_batch(70)
     tensors = [t.clone().requires_grad_(True) for t in (logp, old, ref, adv)]
     for ratio_level in RATIO_LEVELS:
-        loss, _ = policy_loss(tensors[0], tensors[1], tensors[3], mask, ref_logp=tensors[2], beta=0.1, ratio_level=ratio_level)
+        loss, _ = policy_loss(
+            tensors[0], tensors[1], tensors[3], mask, ref_logp=tensors[2], beta=0.1, ratio_level=ratio_level
+        )
         grads = torch.autograd.grad(loss, tensors, allow_unused=True)
         assert grads[0] is not None and grads[0].abs().sum() > 0
         for g in grads[1:3]:
@@ -374,7 +412,14 @@ def test_beta_zero_ignores_ref_in_loss_but_reports_kl():
 def test_garbage_in_padding_changes_nothing(loss_type, ratio_level):
     # Padding log-probs may be anything (-inf, NaN, huge); loss, metrics and gradients must not see them.
     logp, old, ref, mask, adv = make_batch(72)
-    kw = dict(beta=0.1, eps_high=0.28, dual_clip=3.0, loss_type=loss_type, ratio_level=ratio_level, max_completion_length=7)
+    kw = dict(
+        beta=0.1,
+        eps_high=0.28,
+        dual_clip=3.0,
+        loss_type=loss_type,
+        ratio_level=ratio_level,
+        max_completion_length=7,
+    )
     lp = logp.clone().requires_grad_(True)
     clean, m_clean = policy_loss(lp, old, adv, mask, ref_logp=ref, **kw)
     (g_clean,) = torch.autograd.grad(clean, lp)

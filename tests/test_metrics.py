@@ -1,5 +1,6 @@
 """grpokit.metrics: the one reader of metrics.jsonl as each caller needs it, the trainer's metric dicts
 with worked numbers, the reserved reward names, and every name documented."""
+
 from __future__ import annotations
 
 import math
@@ -66,8 +67,15 @@ def test_rollout_metrics_two_groups_of_two():
     advantages = torch.tensor([1.0, -1.0, 0.0, 0.0])
     completion_mask = torch.tensor([[1, 1, 1], [1, 0, 0], [1, 1, 0], [1, 1, 1]])  # lengths 3, 1, 2, 3
     truncated = torch.tensor([True, False, False, True])
-    m = rollout_metrics(rewards, advantages, completion_mask, truncated, prompt_lengths=[5, 8], group_size=2,
-                        prompts_truncated=[False, True])
+    m = rollout_metrics(
+        rewards,
+        advantages,
+        completion_mask,
+        truncated,
+        prompt_lengths=[5, 8],
+        group_size=2,
+        prompts_truncated=[False, True],
+    )
     expected = {
         "reward/mean": 0.75,  # 3 / 4
         "reward/std": math.sqrt(0.1875),  # deviations .25, -.75, .25, .25: (3 * .0625 + .5625) / 4
@@ -96,12 +104,28 @@ def test_rollout_metrics_two_groups_of_two():
 
 
 def test_perf_metrics():
-    m = perf_metrics(rollout_time=2.0, step_time=5.0, train_time=2.5, completion_tokens=100.0, train_tokens=300.0, threads=3)
-    assert list(m) == ["perf/step_time", "perf/train_time", "perf/rollout_tokens_per_s", "perf/train_tokens_per_s", "perf/peak_rss_mb", "perf/threads"]
+    m = perf_metrics(
+        rollout_time=2.0,
+        step_time=5.0,
+        train_time=2.5,
+        completion_tokens=100.0,
+        train_tokens=300.0,
+        threads=3,
+    )
+    assert list(m) == [
+        "perf/step_time",
+        "perf/train_time",
+        "perf/rollout_tokens_per_s",
+        "perf/train_tokens_per_s",
+        "perf/peak_rss_mb",
+        "perf/threads",
+    ]
     assert m["perf/step_time"] == 5.0 and m["perf/train_time"] == 2.5
     assert m["perf/rollout_tokens_per_s"] == 50.0 and m["perf/train_tokens_per_s"] == 120.0
     assert m["perf/peak_rss_mb"] > 1.0 and m["perf/threads"] == 3.0  # MiB of this process so far
-    zero = perf_metrics(rollout_time=0.0, step_time=0.0, train_time=0.0, completion_tokens=1.0, train_tokens=1.0, threads=1)
+    zero = perf_metrics(
+        rollout_time=0.0, step_time=0.0, train_time=0.0, completion_tokens=1.0, train_tokens=1.0, threads=1
+    )
     assert zero["perf/rollout_tokens_per_s"] == pytest.approx(1e9)  # no division by zero
 
 
@@ -112,7 +136,9 @@ def test_critic_metrics_worked_numbers():
     raw = torch.tensor([[2.0, 0.0], [1.0, 9.0], [9.0, 9.0]])
     values = torch.tensor([[0.5, 0.5], [0.0, 7.0], [7.0, 7.0]])
     returns = torch.tensor([[1.0, 1.0], [0.0, 7.0], [7.0, 7.0]])
-    token_rewards = torch.tensor([[-0.1, 0.9], [0.8, 0.0], [0.0, 0.0]])  # score 1 on the last token, KL shaping
+    token_rewards = torch.tensor(
+        [[-0.1, 0.9], [0.8, 0.0], [0.0, 0.0]]
+    )  # score 1 on the last token, KL shaping
     rewards = torch.tensor([1.0, 1.0, 1.0])
     m = critic_metrics(white, raw, values, returns, mask, mask, token_rewards, rewards)
     assert m == pytest.approx(
@@ -136,7 +162,9 @@ def _sample_batch(advantages):
     from grpokit.batch import RolloutBatch, pack_sequences
 
     # 3 prompts x G=2; prompt lengths 2, 3, 1; completion lengths 1, 2, 3, 0, 1, 1
-    tokens = pack_sequences([[5, 6]] * 2 + [[5, 6, 7]] * 2 + [[5]] * 2, [[1], [1, 2], [1, 2, 3], [], [4], [4]], pad_id=0)
+    tokens = pack_sequences(
+        [[5, 6]] * 2 + [[5, 6, 7]] * 2 + [[5]] * 2, [[1], [1, 2], [1, 2, 3], [], [4], [4]], pad_id=0
+    )
     rewards = torch.tensor([0.0, 1.0, 2.0, 3.0, 4.0, 5.0])
     truncated = torch.tensor([False, True, False, False, False, False])
     return RolloutBatch(tokens, tokens.completion_mask, truncated, rewards, advantages, None, None, None)
@@ -148,21 +176,59 @@ def test_sample_records_hold_whole_groups_of_the_first_k_prompts():
     per_fn = {"correct": torch.tensor([0.0, 1.0, float("nan"), 1.0, 1.0, 1.0])}
     records = sample_records(["a", "b", "c"], completions, batch, per_fn, group_size=2, k=2)
     assert records == [
-        {"prompt": "a", "completion": "a1", "group": 0, "reward": 0.0, "reward/correct": 0.0, "advantage": -1.0,
-         "prompt_len": 2, "completion_len": 1, "truncated": False},
-        {"prompt": "a", "completion": "a2", "group": 0, "reward": 1.0, "reward/correct": 1.0, "advantage": 1.0,
-         "prompt_len": 2, "completion_len": 2, "truncated": True},
-        {"prompt": "b", "completion": "b1", "group": 1, "reward": 2.0, "reward/correct": None, "advantage": -1.0,  # NaN: did not apply
-         "prompt_len": 3, "completion_len": 3, "truncated": False},
-        {"prompt": "b", "completion": "b2", "group": 1, "reward": 3.0, "reward/correct": 1.0, "advantage": 1.0,
-         "prompt_len": 3, "completion_len": 0, "truncated": False},
+        {
+            "prompt": "a",
+            "completion": "a1",
+            "group": 0,
+            "reward": 0.0,
+            "reward/correct": 0.0,
+            "advantage": -1.0,
+            "prompt_len": 2,
+            "completion_len": 1,
+            "truncated": False,
+        },
+        {
+            "prompt": "a",
+            "completion": "a2",
+            "group": 0,
+            "reward": 1.0,
+            "reward/correct": 1.0,
+            "advantage": 1.0,
+            "prompt_len": 2,
+            "completion_len": 2,
+            "truncated": True,
+        },
+        {
+            "prompt": "b",
+            "completion": "b1",
+            "group": 1,
+            "reward": 2.0,
+            "reward/correct": None,
+            "advantage": -1.0,  # NaN: did not apply
+            "prompt_len": 3,
+            "completion_len": 3,
+            "truncated": False,
+        },
+        {
+            "prompt": "b",
+            "completion": "b2",
+            "group": 1,
+            "reward": 3.0,
+            "reward/correct": 1.0,
+            "advantage": 1.0,
+            "prompt_len": 3,
+            "completion_len": 0,
+            "truncated": False,
+        },
     ]
     assert len(sample_records(["a", "b", "c"], completions, batch, per_fn, group_size=2, k=10)) == 6
 
 
 def test_sample_records_average_per_token_advantages_over_the_completion():
     # [N, T=3] per-token advantages (process rewards, GAE): the mean over each completion's own tokens
-    adv = torch.tensor([[2.0, 9.0, 9.0], [1.0, 3.0, 9.0], [1.0, 2.0, 6.0], [9.0, 9.0, 9.0], [4.0, 9.0, 9.0], [5.0, 9.0, 9.0]])
+    adv = torch.tensor(
+        [[2.0, 9.0, 9.0], [1.0, 3.0, 9.0], [1.0, 2.0, 6.0], [9.0, 9.0, 9.0], [4.0, 9.0, 9.0], [5.0, 9.0, 9.0]]
+    )
     records = sample_records(["a", "b", "c"], list("abcdef"), _sample_batch(adv), {}, group_size=2, k=3)
     assert [r["advantage"] for r in records] == [2.0, 2.0, 3.0, 0.0, 4.0, 5.0]  # no tokens: 0
 
@@ -189,7 +255,17 @@ def _emitted_reward_names() -> set[str]:
     )
     mask = torch.ones(2, 1)
     names = set(scored.metrics())
-    names |= set(rollout_metrics(torch.tensor([1.0, 0.0]), torch.tensor([1.0, -1.0]), mask, torch.tensor([False, False]), [3], 2, [False]))
+    names |= set(
+        rollout_metrics(
+            torch.tensor([1.0, 0.0]),
+            torch.tensor([1.0, -1.0]),
+            mask,
+            torch.tensor([False, False]),
+            [3],
+            2,
+            [False],
+        )
+    )
     names |= set(critic_metrics(mask, mask, mask, mask, mask, mask, mask, torch.ones(2)))
     return {n for n in names if n.startswith(M.REWARD_PREFIX)}
 
@@ -197,7 +273,12 @@ def _emitted_reward_names() -> set[str]:
 def test_reserved_reward_names_cover_every_other_reward_metric():
     assert {"mean", "std"} <= RESERVED_REWARD_NAMES
     emitted = _emitted_reward_names()
-    own = {M.reward_fn("correct"), M.reward_fn_std("correct"), M.reward_fn_steps("correct"), M.reward_errors("correct")}
+    own = {
+        M.reward_fn("correct"),
+        M.reward_fn_std("correct"),
+        M.reward_fn_steps("correct"),
+        M.reward_errors("correct"),
+    }
     assert own <= emitted
     for name in emitted - own:
         assert name.split("/")[1] in RESERVED_REWARD_NAMES, name
@@ -206,9 +287,19 @@ def test_reserved_reward_names_cover_every_other_reward_metric():
 
 
 def _fixed_names() -> set[str]:
-    prefixes = (M.REWARD_PREFIX, M.ADVANTAGE_PREFIX, M.POLICY_PREFIX, M.VALUE_PREFIX, M.ROLLOUT_PREFIX, M.PERF_PREFIX, M.EVAL_PREFIX, M.SFT_PREFIX)
+    prefixes = (
+        M.REWARD_PREFIX,
+        M.ADVANTAGE_PREFIX,
+        M.POLICY_PREFIX,
+        M.VALUE_PREFIX,
+        M.ROLLOUT_PREFIX,
+        M.PERF_PREFIX,
+        M.EVAL_PREFIX,
+        M.SFT_PREFIX,
+    )
     return {
-        v for k, v in vars(M).items()
+        v
+        for k, v in vars(M).items()
         if k.isupper() and isinstance(v, str) and v.startswith(prefixes) and not k.endswith("_PREFIX")
     }
 

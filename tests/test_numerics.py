@@ -11,6 +11,7 @@ reward/errors/<name>); tests/test_errors.py runs those cases through `grpokit tr
 Hypothesis properties of group_advantages and policy_loss alone are in tests/test_algo_properties.py
 and of RewardManager alone in tests/test_rewards.py; here they are composed as the trainer composes them.
 """
+
 from __future__ import annotations
 
 import json
@@ -38,12 +39,26 @@ SETTINGS = settings(max_examples=60, deadline=None)
 
 def config(model_dir, out, *extra):
     prompts = Path(out).parent / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": f"{a} {b}>{a + b}="}) + "\n" for a in range(1, 5) for b in range(1, 3)))
-    return load_config(None, [
-        f"model.name_or_path={model_dir}", f"data.train_path={prompts}", f"rewards=[{{function: '{REWARD}'}}]",
-        "rollout.prompts_per_step=2", "rollout.num_generations=4", "rollout.max_completion_length=4", "algorithm.beta=0.0",
-        "eval.at_start=false", "logging.sample_every=0", "logging.tensorboard=false", f"output_dir={out}", *extra,
-    ])
+    prompts.write_text(
+        "".join(json.dumps({"prompt": f"{a} {b}>{a + b}="}) + "\n" for a in range(1, 5) for b in range(1, 3))
+    )
+    return load_config(
+        None,
+        [
+            f"model.name_or_path={model_dir}",
+            f"data.train_path={prompts}",
+            f"rewards=[{{function: '{REWARD}'}}]",
+            "rollout.prompts_per_step=2",
+            "rollout.num_generations=4",
+            "rollout.max_completion_length=4",
+            "algorithm.beta=0.0",
+            "eval.at_start=false",
+            "logging.sample_every=0",
+            "logging.tensorboard=false",
+            f"output_dir={out}",
+            *extra,
+        ],
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -72,7 +87,13 @@ def nan_loss_on(calls: set[int]):
 
 def test_nan_loss_steps_are_skipped_counted_and_the_run_goes_on(tiny_model_dir, tmp_path, monkeypatch):
     monkeypatch.setattr(grpokit.algorithm, "policy_loss", nan_loss_on({1, 3}))
-    cfg = config(tiny_model_dir, tmp_path / "run", "optim.max_steps=3", "optim.max_consecutive_skips=2", "checkpoint.save_every=0")
+    cfg = config(
+        tiny_model_dir,
+        tmp_path / "run",
+        "optim.max_steps=3",
+        "optim.max_consecutive_skips=2",
+        "checkpoint.save_every=0",
+    )
     trainer = Trainer(cfg)
     before = [p.detach().clone() for p in trainer.model.parameters()]
     trainer.train()  # two skips, but not in a row: step 2 reset the count
@@ -104,13 +125,22 @@ def test_non_finite_gradient_stops_with_the_parameter_named(tiny_model_dir, tmp_
         return value + _InfGrad.apply(logp), stats
 
     monkeypatch.setattr(grpokit.algorithm, "policy_loss", inf_grad_loss)
-    cfg = config(tiny_model_dir, tmp_path / "run", "optim.max_steps=3", "optim.max_consecutive_skips=2", "checkpoint.save_every=1")
+    cfg = config(
+        tiny_model_dir,
+        tmp_path / "run",
+        "optim.max_steps=3",
+        "optim.max_consecutive_skips=2",
+        "checkpoint.save_every=1",
+    )
     trainer = Trainer(cfg)
     before = [p.detach().clone() for p in trainer.model.parameters()]
     with pytest.raises(TrainingError) as exc:
         trainer.train()
     msg = str(exc.value)
-    assert "the gradient norm was non-finite in 2 optimizer steps in a row (last at step 2, pass 1, minibatch 1: first in model." in msg
+    assert (
+        "the gradient norm was non-finite in 2 optimizer steps in a row (last at step 2, pass 1, minibatch 1: first in model."
+        in msg
+    )
     assert "\n" not in msg
     assert all(torch.equal(p, q) for p, q in zip(trainer.model.parameters(), before))  # no step was taken
     assert [s for s, _ in list_checkpoints(tmp_path / "run")] == [1]
@@ -121,7 +151,9 @@ def test_save_refuses_non_finite_weights(tiny_model_dir, tmp_path):
     name, param = next(iter(trainer.model.named_parameters()))
     with torch.no_grad():
         param[0, 0] = math.inf
-    with pytest.raises(TrainingError, match=rf"refusing to save step 0: the weights hold NaN/inf \(first in {name}\)"):
+    with pytest.raises(
+        TrainingError, match=rf"refusing to save step 0: the weights hold NaN/inf \(first in {name}\)"
+    ):
         trainer.save()
     assert list_checkpoints(tmp_path / "run") == [] and not (tmp_path / "run" / "checkpoints").exists()
 
@@ -130,8 +162,17 @@ def test_save_refuses_non_finite_weights(tiny_model_dir, tmp_path):
 
 # What reward functions return: numbers, None ("not applicable"), NaN, inf, junk; sometimes they raise
 # or return the wrong number of values.
-entry = st.one_of(st.none(), st.just(math.nan), st.just(math.inf), st.just(-math.inf), st.just("1.0"), st.booleans(),
-                  st.integers(-5, 5), st.floats(-1e3, 1e3), st.sampled_from([0.0, 1.0]))
+entry = st.one_of(
+    st.none(),
+    st.just(math.nan),
+    st.just(math.inf),
+    st.just(-math.inf),
+    st.just("1.0"),
+    st.booleans(),
+    st.integers(-5, 5),
+    st.floats(-1e3, 1e3),
+    st.sampled_from([0.0, 1.0]),
+)
 
 
 def _const(values, name):
@@ -145,14 +186,30 @@ def _const(values, name):
 
 
 @SETTINGS
-@given(data=st.data(), G=st.integers(2, 5), B=st.integers(1, 3), K=st.integers(1, 3),
-       scale=st.sampled_from(["group", "batch", "none"]), estimator=st.sampled_from(["grpo", "rloo"]))
+@given(
+    data=st.data(),
+    G=st.integers(2, 5),
+    B=st.integers(1, 3),
+    K=st.integers(1, 3),
+    scale=st.sampled_from(["group", "batch", "none"]),
+    estimator=st.sampled_from(["grpo", "rloo"]),
+)
 def test_fuzz_reward_manager_output_gives_finite_advantages(data, G, B, K, scale, estimator):
     N = B * G
-    outputs = [data.draw(st.one_of(st.lists(entry, min_size=N, max_size=N), st.just("raise"),
-                                   st.lists(entry, min_size=N + 1, max_size=N + 1))) for _ in range(K)]
+    outputs = [
+        data.draw(
+            st.one_of(
+                st.lists(entry, min_size=N, max_size=N),
+                st.just("raise"),
+                st.lists(entry, min_size=N + 1, max_size=N + 1),
+            )
+        )
+        for _ in range(K)
+    ]
     weights = [data.draw(st.floats(-5, 5)) for _ in range(K)]
-    manager = RewardManager([RewardSpec(_const(o, f"f{i}"), weight=w) for i, (o, w) in enumerate(zip(outputs, weights))])
+    manager = RewardManager(
+        [RewardSpec(_const(o, f"f{i}"), weight=w) for i, (o, w) in enumerate(zip(outputs, weights))]
+    )
     logging.getLogger("grpokit.rewards").disabled = True
     try:
         scored = manager(prompts=["p"] * N, completions=["c"] * N, completion_ids=[[1]] * N)
@@ -164,7 +221,9 @@ def test_fuzz_reward_manager_output_gives_finite_advantages(data, G, B, K, scale
     assert torch.isfinite(adv).all()
     grouped, a = rewards.view(B, G), adv.view(B, G)
     # Centred up to float32 rounding of the totals (|total| reaches 1e3 x weights of 5).
-    torch.testing.assert_close(a.sum(1), torch.zeros(B), rtol=0, atol=1e-6 * G * (1 + rewards.abs().max().item()))
+    torch.testing.assert_close(
+        a.sum(1), torch.zeros(B), rtol=0, atol=1e-6 * G * (1 + rewards.abs().max().item())
+    )
     tied = (grouped == grouped[:, :1]).all(1)
     assert (a[tied] == 0).all()  # a group whose rewards all failed or tie carries no signal
     if scale == "group" and estimator == "grpo":
@@ -177,13 +236,23 @@ def test_fuzz_reward_manager_output_gives_finite_advantages(data, G, B, K, scale
     mask = torch.ones(N, T, dtype=torch.bool)
     loss, stats = policy_loss(logp, old, adv, mask, ref_logp=old, beta=0.04, max_completion_length=T)
     (grad,) = torch.autograd.grad(loss, logp)
-    assert torch.isfinite(loss) and torch.isfinite(grad).all() and all(math.isfinite(v) for v in stats.values())
+    assert (
+        torch.isfinite(loss) and torch.isfinite(grad).all() and all(math.isfinite(v) for v in stats.values())
+    )
 
 
 @SETTINGS
-@given(seed=st.integers(0, 2**31 - 1), N=st.integers(1, 5), T=st.integers(1, 6), pad=st.integers(1, 3),
-       junk=st.sampled_from([math.nan, math.inf, -math.inf]), loss_type=st.sampled_from(["grpo", "bnpo", "dapo", "dr_grpo"]),
-       ratio_level=st.sampled_from(["token", "sequence"]), kl=st.sampled_from(["k1", "k2", "k3"]), data=st.data())
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    N=st.integers(1, 5),
+    T=st.integers(1, 6),
+    pad=st.integers(1, 3),
+    junk=st.sampled_from([math.nan, math.inf, -math.inf]),
+    loss_type=st.sampled_from(["grpo", "bnpo", "dapo", "dr_grpo"]),
+    ratio_level=st.sampled_from(["token", "sequence"]),
+    kl=st.sampled_from(["k1", "k2", "k3"]),
+    data=st.data(),
+)
 def test_fuzz_non_finite_padding_never_leaks(seed, N, T, pad, junk, loss_type, ratio_level, kl, data):
     """NaN / inf where the mask is 0 (padding, masked truncated rows) changes neither the loss nor any gradient."""
     lengths = data.draw(st.lists(st.integers(0, T), min_size=N, max_size=N))
@@ -193,7 +262,13 @@ def test_fuzz_non_finite_padding_never_leaks(seed, N, T, pad, junk, loss_type, r
     ref = old + 0.5 * torch.randn(N, T + pad, generator=g, dtype=torch.float64)
     adv = torch.randn(N, generator=g, dtype=torch.float64)
     mask = torch.arange(T + pad) < torch.tensor(lengths)[:, None]
-    kw = dict(beta=0.04, loss_type=loss_type, ratio_level=ratio_level, kl_estimator=kl, max_completion_length=T + pad)
+    kw = dict(
+        beta=0.04,
+        loss_type=loss_type,
+        ratio_level=ratio_level,
+        kl_estimator=kl,
+        max_completion_length=T + pad,
+    )
 
     clean = logp.clone().requires_grad_(True)
     a, _ = policy_loss(clean, old, adv, mask, ref_logp=ref, **kw)

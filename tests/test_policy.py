@@ -1,4 +1,5 @@
 """Per-token log-probs of a padded batch equal those of each sequence alone."""
+
 import math
 
 import pytest
@@ -12,8 +13,15 @@ from grpokit.policy import completion_logprobs
 
 def tiny_llama(seed=0):
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    cfg = LlamaConfig(
+        vocab_size=40,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     return LlamaForCausalLM(cfg).eval()
 
 
@@ -78,8 +86,9 @@ def _grouped_batch(G=4):
 
 def _logp_and_grads(model, batch, share, fused=None, temperature=1.0):
     model.zero_grad(set_to_none=True)
-    logp, ent = completion_logprobs(model, batch, with_entropy=True, share_prompts=share, fused=fused,
-                                    temperature=temperature)
+    logp, ent = completion_logprobs(
+        model, batch, with_entropy=True, share_prompts=share, fused=fused, temperature=temperature
+    )
     (logp * batch.completion_mask).sum().backward()
     return logp.detach(), ent, {n: p.grad.clone() for n, p in model.named_parameters()}
 
@@ -94,9 +103,13 @@ def test_shared_prompts_give_the_plain_pass_values_and_gradients(monkeypatch):
     plain = _logp_and_grads(model, batch, share=False)
     calls = []
     real = policy.shared_prompt_logits
-    monkeypatch.setattr(policy, "shared_prompt_logits", lambda *a, **k: calls.append(a[3].shape) or real(*a, **k))
+    monkeypatch.setattr(
+        policy, "shared_prompt_logits", lambda *a, **k: calls.append(a[3].shape) or real(*a, **k)
+    )
     shared = _logp_and_grads(model, batch, share=True)
-    assert calls == [(3, batch.input_ids.shape[1] - batch.completion_width)]  # 3 distinct prompts, run once each
+    assert calls == [
+        (3, batch.input_ids.shape[1] - batch.completion_width)
+    ]  # 3 distinct prompts, run once each
     mask = batch.completion_mask.bool()
     torch.testing.assert_close(shared[0][mask], plain[0][mask], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(shared[1][mask], plain[1][mask], rtol=1e-5, atol=1e-5)
@@ -107,7 +120,9 @@ def test_shared_prompts_give_the_plain_pass_values_and_gradients(monkeypatch):
 def test_shared_prompts_with_one_token_completions_and_a_shuffled_subset():
     model = tiny_llama()
     batch = pack_sequences([p for p in PROMPTS for _ in range(2)], [[5]] * 6, pad_id=0)
-    torch.testing.assert_close(completion_logprobs(model, batch)[0], completion_logprobs(model, batch, share_prompts=False)[0])
+    torch.testing.assert_close(
+        completion_logprobs(model, batch)[0], completion_logprobs(model, batch, share_prompts=False)[0]
+    )
     sub = _grouped_batch().rows(torch.randperm(12, generator=torch.Generator().manual_seed(0))[:8])
     plain, _ = completion_logprobs(model, sub, share_prompts=False)
     shared, _ = completion_logprobs(model, sub)
@@ -116,6 +131,7 @@ def test_shared_prompts_with_one_token_completions_and_a_shuffled_subset():
 
 
 # -- fused log-probs: from hidden states and the LM head in chunks (grpokit/algo/fused.py) --------
+
 
 def test_linear_logprobs_worked_numbers():
     # logits z = h W^T = [1, 0, 0]; logp(0) = 1 - log(e + 2); d logp / dz = onehot - softmax.
@@ -138,7 +154,10 @@ def test_linear_logprobs_equal_the_plain_log_softmax(temperature, bias):
     h = torch.randn(3, 5, 8, dtype=torch.float64, generator=g, requires_grad=True)
     W = torch.randn(50, 8, dtype=torch.float64, generator=g, requires_grad=True)
     b = torch.randn(50, dtype=torch.float64, generator=g, requires_grad=True) if bias else None
-    targets, weights = torch.randint(0, 50, (3, 5), generator=g), torch.randn(3, 5, dtype=torch.float64, generator=g)
+    targets, weights = (
+        torch.randint(0, 50, (3, 5), generator=g),
+        torch.randn(3, 5, dtype=torch.float64, generator=g),
+    )
     leaves = [x for x in (h, W, b) if x is not None]
     logp, ent = linear_logprobs(h, W, targets, bias=b, temperature=temperature, with_entropy=True, chunk=4)
     grads = torch.autograd.grad((logp * weights).sum(), leaves)
@@ -146,8 +165,12 @@ def test_linear_logprobs_equal_the_plain_log_softmax(temperature, bias):
     ref = torch.log_softmax(logits, -1).gather(-1, targets[..., None]).squeeze(-1)
     ref_grads = torch.autograd.grad((ref * weights).sum(), leaves)
     torch.testing.assert_close(logp, ref, rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(ent, -(ref.new_tensor(0) + (logits.softmax(-1) * logits.log_softmax(-1)).sum(-1)),
-                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        ent,
+        -(ref.new_tensor(0) + (logits.softmax(-1) * logits.log_softmax(-1)).sum(-1)),
+        rtol=1e-5,
+        atol=1e-5,
+    )
     for got, want in zip(grads, ref_grads):
         torch.testing.assert_close(got, want.to(got.dtype), rtol=1e-5, atol=1e-6)
 
@@ -156,8 +179,16 @@ def test_linear_logprobs_equal_the_plain_log_softmax(temperature, bias):
 @pytest.mark.parametrize("share", [False, True])
 def test_fused_path_gives_the_plain_values_and_gradients(tied, share):
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=tied)
+    cfg = LlamaConfig(
+        vocab_size=40,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=tied,
+    )
     model = LlamaForCausalLM(cfg).train()
     batch = _grouped_batch()
     plain = _logp_and_grads(model, batch, share, fused=False, temperature=0.8)
@@ -183,8 +214,15 @@ def test_fused_path_is_taken_only_where_it_gives_the_models_logits(monkeypatch):
     import grpokit.policy as policy
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=64)
+    cfg = LlamaConfig(
+        vocab_size=40,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     plain_model, scaled = LlamaForCausalLM(cfg), _ScaledLogits(cfg)
     assert policy.fused_head(plain_model) is plain_model.lm_head and policy.fused_head(scaled) is None
     monkeypatch.setattr(policy, "FUSED_MIN_LOGITS", 8)  # auto picks fused from 8 logits up
@@ -197,13 +235,16 @@ def test_fused_path_is_taken_only_where_it_gives_the_models_logits(monkeypatch):
     logp, _ = completion_logprobs(scaled, batch)  # the plain path: its own (doubled) logits
     assert calls == [1]
     ids = torch.tensor([PROMPTS[0] + COMPS[0]])
-    ref = torch.log_softmax(scaled(input_ids=ids).logits[0, 2:-1], -1).gather(-1, torch.tensor(COMPS[0])[:, None])
+    ref = torch.log_softmax(scaled(input_ids=ids).logits[0, 2:-1], -1).gather(
+        -1, torch.tensor(COMPS[0])[:, None]
+    )
     torch.testing.assert_close(logp[0, :3], ref.squeeze(-1), rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="fused log-probs need"):
         completion_logprobs(scaled, batch, fused=True)
 
 
 # -- mixed precision: model.autocast=bfloat16 ----------------------------------------------------
+
 
 def test_autocast_runs_matmuls_in_bf16_and_keeps_fp32_weights_and_grads():
     import copy
@@ -217,7 +258,10 @@ def test_autocast_runs_matmuls_in_bf16_and_keeps_fp32_weights_and_grads():
     plain = _logp_and_grads(model, batch, share=False, fused=False)
     fused = _logp_and_grads(model, batch, share=True, fused=True)
     mask = batch.completion_mask.bool()
-    assert all(p.dtype == torch.float32 and g.dtype == torch.float32 for p, g in zip(model.parameters(), plain[2].values()))
+    assert all(
+        p.dtype == torch.float32 and g.dtype == torch.float32
+        for p, g in zip(model.parameters(), plain[2].values())
+    )
     torch.testing.assert_close(fused[0][mask], plain[0][mask], rtol=0.05, atol=0.05)  # bf16 both ways
     fp32 = _logp_and_grads(tiny_llama().train(), batch, share=False, fused=False)
     assert (plain[0][mask] - fp32[0][mask]).abs().max() < 0.1  # close to fp32, not equal: bf16 matmuls

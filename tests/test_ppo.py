@@ -1,5 +1,6 @@
 """The PPO baseline: GAE / value-loss math against loop references and worked numbers, the critic's
 positions, and the trainer with its critic (advantage_estimator=gae) end to end on the tiny model (learning, exact resume of the critic)."""
+
 import json
 from pathlib import Path
 
@@ -25,7 +26,11 @@ def test_token_rewards_put_the_score_on_the_last_token_and_shape_with_kl():
     mask = ragged_mask([3, 1, 0], 4)
     scores = torch.tensor([1.0, 0.5, 7.0])
     r = token_rewards(scores, mask)
-    assert r.tolist() == [[0, 0, 1.0, 0], [0.5, 0, 0, 0], [0, 0, 0, 0]]  # an empty row has no action to credit
+    assert r.tolist() == [
+        [0, 0, 1.0, 0],
+        [0.5, 0, 0, 0],
+        [0, 0, 0, 0],
+    ]  # an empty row has no action to credit
     kl = torch.full((3, 4), 0.25)
     r = token_rewards(scores, mask, kl=kl, kl_coef=0.1)
     expected = torch.tensor([[-0.025, -0.025, 0.975, 0], [0.475, 0, 0, 0], [0, 0, 0, 0]])
@@ -131,7 +136,9 @@ def test_value_loss_worked_numbers():
     loss.backward()
     assert v.grad.item() == pytest.approx(0.1 - 1.0)
     # clip_range 0 (or None) is plain 0.5 * (V - R)^2.
-    loss, _ = value_loss(torch.tensor([[1.0]]), torch.zeros(1, 1), torch.full((1, 1), 3.0), torch.ones(1, 1), clip_range=0)
+    loss, _ = value_loss(
+        torch.tensor([[1.0]]), torch.zeros(1, 1), torch.full((1, 1), 3.0), torch.ones(1, 1), clip_range=0
+    )
     assert loss.item() == pytest.approx(2.0)
 
 
@@ -157,7 +164,10 @@ def test_value_loss_accumulates_to_the_whole_minibatch():
     mask = ragged_mask([4, 1, 3, 2], 4)
     v, old, ret = (torch.randn(4, 4, generator=g) for _ in range(3))
     whole, _ = value_loss(v, old, ret, mask)
-    parts = sum(value_loss(v[s], old[s], ret[s], mask[s], num_tokens=mask.sum().item())[0] for s in (slice(0, 1), slice(1, 4)))
+    parts = sum(
+        value_loss(v[s], old[s], ret[s], mask[s], num_tokens=mask.sum().item())[0]
+        for s in (slice(0, 1), slice(1, 4))
+    )
     torch.testing.assert_close(parts, whole)
 
 
@@ -225,7 +235,9 @@ def test_cli_picks_ppo_for_gae(tiny_model_dir, tmp_path):
     # The KL goes into the reward; the policy loss runs with beta = 0 and the reference is kept.
     assert tr.critic.kl_coef == 0.04 and tr.loss_beta == 0.0 and tr.cfg.algorithm.beta == 0.04
     assert tr.ref is not None
-    assert sum(p.numel() for p in tr.critic.model.parameters()) > 0.9 * sum(p.numel() for p in tr.model.parameters())
+    assert sum(p.numel() for p in tr.critic.model.parameters()) > 0.9 * sum(
+        p.numel() for p in tr.model.parameters()
+    )
 
 
 def test_ppo_reward_rises(tiny_model_dir, tmp_path):
@@ -239,7 +251,13 @@ def test_ppo_reward_rises(tiny_model_dir, tmp_path):
     first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
     assert last > first + 0.25, (first, last)
     # Every documented value metric is logged, and the critic learns to predict the returns.
-    for key in ("value/loss", "value/explained_variance", "value/clip_frac", "value/mean", "perf/peak_rss_mb"):
+    for key in (
+        "value/loss",
+        "value/explained_variance",
+        "value/clip_frac",
+        "value/mean",
+        "perf/peak_rss_mb",
+    ):
         assert all(key in r for r in rows), key
     ev = [r["value/explained_variance"] for r in rows[-5:] if r["value/explained_variance"] is not None]
     assert ev and sum(ev) / len(ev) > 0.0, ev
@@ -253,8 +271,15 @@ class Crash(Exception):
 def test_ppo_resume_restores_the_critic_exactly(tiny_model_dir, tmp_path):
     from grpokit.trainer import Trainer  # the one loop, with a critic for advantage_estimator=gae
 
-    steps = ["optim.max_steps=3", "checkpoint.save_every=2", "checkpoint.keep_last=5", "algorithm.beta=0.04",
-             "algorithm.num_iterations=2", "optim.num_minibatches=2", "optim.micro_batch_size=8"]
+    steps = [
+        "optim.max_steps=3",
+        "checkpoint.save_every=2",
+        "checkpoint.keep_last=5",
+        "algorithm.beta=0.04",
+        "algorithm.num_iterations=2",
+        "optim.num_minibatches=2",
+        "optim.micro_batch_size=8",
+    ]
     straight = Trainer(config(tiny_model_dir, tmp_path / "a", *steps))
     straight.train()
 
@@ -269,17 +294,24 @@ def test_ppo_resume_restores_the_critic_exactly(tiny_model_dir, tmp_path):
 
     resumed = Trainer(config(tiny_model_dir, tmp_path / "b", *steps))
     assert resumed.maybe_resume() == 2
-    saved = torch.load(tmp_path / "b" / "checkpoints" / "step-000002" / "trainer_state.pt", weights_only=False)
+    saved = torch.load(
+        tmp_path / "b" / "checkpoints" / "step-000002" / "trainer_state.pt", weights_only=False
+    )
     for k, v in saved["critic"].items():
         assert torch.equal(resumed.critic.model.state_dict()[k], v), k
     opt = resumed.critic.optimizer.adamw.state_dict()
-    assert opt["state"] and all(torch.equal(opt["state"][k]["exp_avg"], st["exp_avg"]) for k, st in saved["critic_optimizer"]["state"].items())
+    assert opt["state"] and all(
+        torch.equal(opt["state"][k]["exp_avg"], st["exp_avg"])
+        for k, st in saved["critic_optimizer"]["state"].items()
+    )
     resumed.train()
     assert resumed.step == 3
     # Bit for bit the same policy and critic as the uninterrupted run.
     for (n, p), (_, q) in zip(straight.model.named_parameters(), resumed.model.named_parameters()):
         assert torch.equal(p, q), n
-    for (n, p), (_, q) in zip(straight.critic.model.named_parameters(), resumed.critic.model.named_parameters()):
+    for (n, p), (_, q) in zip(
+        straight.critic.model.named_parameters(), resumed.critic.model.named_parameters()
+    ):
         assert torch.equal(p, q), n
 
 
@@ -287,14 +319,26 @@ def test_ppo_refuses_a_grpo_checkpoint(tiny_model_dir, tmp_path):
     from grpokit.checkpoint import CheckpointError
     from grpokit.trainer import Trainer
 
-    grpo = config(tiny_model_dir, tmp_path / "run", "algorithm.advantage_estimator=grpo", "optim.max_steps=1", "eval.max_samples=1")
+    grpo = config(
+        tiny_model_dir,
+        tmp_path / "run",
+        "algorithm.advantage_estimator=grpo",
+        "optim.max_steps=1",
+        "eval.max_samples=1",
+    )
     Trainer(grpo).train()
-    with pytest.raises(CheckpointError, match=r"another config \(algorithm.advantage_estimator: 'grpo' -> 'gae'"):
-        Trainer(config(tiny_model_dir, tmp_path / "run", "optim.max_steps=1", "eval.max_samples=1")).maybe_resume()
+    with pytest.raises(
+        CheckpointError, match=r"another config \(algorithm.advantage_estimator: 'grpo' -> 'gae'"
+    ):
+        Trainer(
+            config(tiny_model_dir, tmp_path / "run", "optim.max_steps=1", "eval.max_samples=1")
+        ).maybe_resume()
     # Even when the change is allowed, a checkpoint without a critic cannot resume a run that has one.
     allowed = "checkpoint.allow_changes=[algorithm.advantage_estimator]"
     with pytest.raises(CheckpointError, match="no critic"):
-        Trainer(config(tiny_model_dir, tmp_path / "run", "optim.max_steps=1", "eval.max_samples=1", allowed)).maybe_resume()
+        Trainer(
+            config(tiny_model_dir, tmp_path / "run", "optim.max_steps=1", "eval.max_samples=1", allowed)
+        ).maybe_resume()
 
 
 def test_value_mean_is_v_old_and_not_overwritten_by_the_update(tiny_model_dir, tmp_path):

@@ -10,6 +10,7 @@ objective, written here again with explicit loops over sequences and tokens.
     rloo          RLOO: r_i - mean of the other G - 1, REINFORCE token sum / (N x L)
     reinforce_pp  REINFORCE++-baseline: r - group mean, whitened over the batch, token mean, beta = 0.001 k2 KL
 """
+
 import math
 
 import pytest
@@ -58,7 +59,9 @@ def adv_leave_one_out(r):  # RLOO: the mean of the other G - 1
     return out
 
 
-def adv_reinforce_pp(r):  # REINFORCE++-baseline: A' = r - mean_group, A'' = (A' - mean_batch A') / std_batch A'
+def adv_reinforce_pp(
+    r,
+):  # REINFORCE++-baseline: A' = r - mean_group, A'' = (A' - mean_batch A') / std_batch A'
     centered = adv_mean_only(r)
     m, s = mean(centered), pop_std(centered)
     return [(a - m) / (s + EPS) for a in centered]
@@ -142,7 +145,11 @@ def grpokit_loss(cfg, rewards, logp, old, ref, mask, truncated):
     loss_mask = make_loss_mask(alg, mask, truncated)
     logp = logp.clone().requires_grad_(True)
     loss, _ = algorithm_loss(
-        alg, logp, old, adv, loss_mask,
+        alg,
+        logp,
+        old,
+        adv,
+        loss_mask,
         ref_logp=ref if alg.beta > 0 else None,
         max_completion_length=L,
         num_sequences=logp.shape[0],
@@ -229,7 +236,9 @@ def test_rloo_on_policy_is_reinforce_with_leave_one_out_baseline():
         for t in range(T):
             want = -loo[i] / (N * L) if mask[i, t] else 0.0
             assert grad[i, t].item() == pytest.approx(want, abs=1e-12)
-    assert loss.item() == pytest.approx(-sum(loo[i] * mask[i].sum().item() for i in range(N)) / (N * L), abs=1e-12)
+    assert loss.item() == pytest.approx(
+        -sum(loo[i] * mask[i].sum().item() for i in range(N)) / (N * L), abs=1e-12
+    )
 
 
 def test_reinforce_pp_normalizes_by_the_std_of_the_centered_rewards():
@@ -240,22 +249,49 @@ def test_reinforce_pp_normalizes_by_the_std_of_the_centered_rewards():
 
     r = torch.tensor([1.0, 0.0, 1.0, 1.0], dtype=torch.float64)
     got = group_advantages(r, 2, scale="batch_centered", eps=0.0)
-    torch.testing.assert_close(got, torch.tensor([math.sqrt(2), -math.sqrt(2), 0.0, 0.0], dtype=torch.float64))
+    torch.testing.assert_close(
+        got, torch.tensor([math.sqrt(2), -math.sqrt(2), 0.0, 0.0], dtype=torch.float64)
+    )
     raw = group_advantages(r, 2, scale="batch", eps=0.0)
-    torch.testing.assert_close(raw, torch.tensor([2 / math.sqrt(3), -2 / math.sqrt(3), 0.0, 0.0], dtype=torch.float64))
+    torch.testing.assert_close(
+        raw, torch.tensor([2 / math.sqrt(3), -2 / math.sqrt(3), 0.0, 0.0], dtype=torch.float64)
+    )
 
 
 # The papers' numbers, as each preset sets them.
 DOCUMENTED = {
-    "grpo": dict(beta=0.04, kl_estimator="k3", epsilon=0.2, epsilon_high=None, loss_type="grpo",
-                 scale_rewards="group", advantage_estimator="grpo", importance_sampling_level="token"),
-    "dapo": dict(beta=0.0, epsilon=0.2, epsilon_high=0.28, loss_type="dapo", dynamic_sampling=True,
-                 mask_truncated_completions=True, overlong_buffer_frac=0.2, scale_rewards="group"),
+    "grpo": dict(
+        beta=0.04,
+        kl_estimator="k3",
+        epsilon=0.2,
+        epsilon_high=None,
+        loss_type="grpo",
+        scale_rewards="group",
+        advantage_estimator="grpo",
+        importance_sampling_level="token",
+    ),
+    "dapo": dict(
+        beta=0.0,
+        epsilon=0.2,
+        epsilon_high=0.28,
+        loss_type="dapo",
+        dynamic_sampling=True,
+        mask_truncated_completions=True,
+        overlong_buffer_frac=0.2,
+        scale_rewards="group",
+    ),
     "dr_grpo": dict(beta=0.0, scale_rewards="none", loss_type="dr_grpo", advantage_estimator="grpo"),
-    "gspo": dict(beta=0.0, epsilon=3e-4, epsilon_high=4e-4, importance_sampling_level="sequence", loss_type="grpo"),
+    "gspo": dict(
+        beta=0.0, epsilon=3e-4, epsilon_high=4e-4, importance_sampling_level="sequence", loss_type="grpo"
+    ),
     "rloo": dict(beta=0.0, advantage_estimator="rloo", scale_rewards="none", loss_type="dr_grpo"),
-    "reinforce_pp": dict(beta=0.001, kl_estimator="k2", advantage_estimator="grpo",
-                         scale_rewards="batch_centered", loss_type="dapo"),
+    "reinforce_pp": dict(
+        beta=0.001,
+        kl_estimator="k2",
+        advantage_estimator="grpo",
+        scale_rewards="batch_centered",
+        loss_type="dapo",
+    ),
 }
 
 
@@ -268,10 +304,17 @@ def test_preset_holds_the_papers_numbers(preset):
 
 # A valid value for each key that differs from any preset's.
 OTHER = {
-    "beta": 0.123, "kl_estimator": "k1", "epsilon": 1e-4, "epsilon_high": 0.31, "loss_type": "bnpo",
-    "scale_rewards": ["batch", "group"], "advantage_estimator": ["rloo", "grpo"],
-    "importance_sampling_level": ["sequence", "token"], "dynamic_sampling": [False, True],
-    "mask_truncated_completions": [False, True], "overlong_buffer_frac": 0.1,
+    "beta": 0.123,
+    "kl_estimator": "k1",
+    "epsilon": 1e-4,
+    "epsilon_high": 0.31,
+    "loss_type": "bnpo",
+    "scale_rewards": ["batch", "group"],
+    "advantage_estimator": ["rloo", "grpo"],
+    "importance_sampling_level": ["sequence", "token"],
+    "dynamic_sampling": [False, True],
+    "mask_truncated_completions": [False, True],
+    "overlong_buffer_frac": 0.1,
 }
 
 

@@ -1,5 +1,6 @@
 """Process (step) rewards end to end (DeepSeekMath §4.1.3): StepScores from a reward function,
 through the reward manager and the character -> token mapping, to the trainer's [N, T] advantages."""
+
 import json
 import math
 from pathlib import Path
@@ -22,7 +23,10 @@ HERE = Path(__file__)
 # Reward functions loaded by file path in the trainer tests below.
 def seven_steps(completions, **kwargs):
     """Toy step reward: every character is a step, scoring 1 if it is '7'."""
-    return [StepScores([float(c == "7") for c in t], list(range(1, len(t) + 1))) if t else None for t in completions]
+    return [
+        StepScores([float(c == "7") for c in t], list(range(1, len(t) + 1))) if t else None
+        for t in completions
+    ]
 
 
 def length_outcome(completions, **kwargs):
@@ -57,7 +61,9 @@ def test_countdown_steps_is_a_builtin_and_the_task_solutions_score_full():
     assert reward_registry()["countdown_steps"] is countdown_steps  # a config's rewards may name it
     task = get_task("countdown")
     rows = type(task)(solution_format="steps").make_rows("train", 20, seed=0)
-    out = countdown_steps([r["completion"] for r in rows], [r["numbers"] for r in rows], [r["target"] for r in rows])
+    out = countdown_steps(
+        [r["completion"] for r in rows], [r["numbers"] for r in rows], [r["target"] for r in rows]
+    )
     for r, s in zip(rows, out):
         assert s.outcome == 1.0 and s.scores == [1.0] * (len(s.scores) - 1) + [2.0], r
         assert s.ends[-1] == len(r["completion"])
@@ -67,7 +73,14 @@ def test_countdown_steps_is_a_builtin_and_the_task_solutions_score_full():
 
 
 def test_step_scores_reject_bad_shapes():
-    for scores, ends in [([1.0], [1, 2]), ([], []), ([1.0, 0.0], [3, 3]), ([float("nan")], [1]), ([1.0], [-1]), ([1.0], [1.5])]:
+    for scores, ends in [
+        ([1.0], [1, 2]),
+        ([], []),
+        ([1.0, 0.0], [3, 3]),
+        ([float("nan")], [1]),
+        ([1.0], [-1]),
+        ([1.0], [1.5]),
+    ]:
         with pytest.raises(ValueError, match="StepScores"):
             StepScores(scores, ends)
     assert StepScores([1.0, 2.0], [1, 4]).value == 3.0  # default: the sum
@@ -164,7 +177,12 @@ ROWS = [
     {"prompt": "1 2 3>9=", "numbers": [1, 2, 3], "target": 9},
 ]
 SCRIPT = {  # prompt -> G completions (text, stopped with EOS?)
-    "7 3 2 9>17=": [("7-3=4,4*2=8,8+9=17", True), ("7-3=4,4*2=8,8+9=16", True), ("7-3=4,4*5=20", True), ("9+9=1", False)],
+    "7 3 2 9>17=": [
+        ("7-3=4,4*2=8,8+9=17", True),
+        ("7-3=4,4*2=8,8+9=16", True),
+        ("7-3=4,4*5=20", True),
+        ("9+9=1", False),
+    ],
     "1 2 3>9=": [("1+2=3,3*3=9", True), ("1+2=3,3+3=6", True), ("2*3=6,6+1=7", False), ("1+2=3,3*3=9", True)],
 }
 
@@ -179,7 +197,10 @@ class ScriptedEngine:
         ids, texts, reasons = [], [], []
         for p in prompt_token_ids:
             for text, stop in SCRIPT[self.tok.decode(p, skip_special_tokens=True)][:n]:
-                ids.append(self.tok(text, add_special_tokens=False)["input_ids"] + ([self.tok.eos_token_id] if stop else []))
+                ids.append(
+                    self.tok(text, add_special_tokens=False)["input_ids"]
+                    + ([self.tok.eos_token_id] if stop else [])
+                )
                 texts.append(text)
                 reasons.append("stop" if stop else "length")
         return Completions(ids, texts, reasons)
@@ -189,11 +210,22 @@ class ScriptedEngine:
 
 
 def trainer_config(model_dir, out, rewards, *extra):
-    return load_config(None, [
-        f"model.name_or_path={model_dir}", f"rewards={rewards}", "rollout.prompts_per_step=2",
-        "rollout.num_generations=4", "rollout.max_completion_length=24", "algorithm.beta=0.0",
-        "eval.at_start=false", "logging.sample_every=0", "checkpoint.save_every=0", f"output_dir={out}", *extra,
-    ])
+    return load_config(
+        None,
+        [
+            f"model.name_or_path={model_dir}",
+            f"rewards={rewards}",
+            "rollout.prompts_per_step=2",
+            "rollout.num_generations=4",
+            "rollout.max_completion_length=24",
+            "algorithm.beta=0.0",
+            "eval.at_start=false",
+            "logging.sample_every=0",
+            "checkpoint.save_every=0",
+            f"output_dir={out}",
+            *extra,
+        ],
+    )
 
 
 def reference_advantages(weights, eps):
@@ -230,7 +262,9 @@ def reference_advantages(weights, eps):
 
 @pytest.mark.parametrize("mixed", [False, True])
 def test_trainer_advantages_match_the_papers_loop(tiny_model_dir, tmp_path, mixed):
-    rewards = "[{function: countdown_steps}" + (f", {{function: '{HERE}:length_outcome', weight: 0.5}}]" if mixed else "]")
+    rewards = "[{function: countdown_steps}" + (
+        f", {{function: '{HERE}:length_outcome', weight: 0.5}}]" if mixed else "]"
+    )
     trainer = Trainer(trainer_config(tiny_model_dir, tmp_path, rewards), train_rows=list(ROWS), eval_rows=[])
     trainer.pipeline.engine = ScriptedEngine(trainer.tokenizer)
     batch, metrics, _ = trainer.rollout([trainer.train_data[i] for i in range(2)])
@@ -250,7 +284,9 @@ def test_trainer_advantages_match_the_papers_loop(tiny_model_dir, tmp_path, mixe
 
 
 def test_step_rewards_need_the_group_zscore(tiny_model_dir, tmp_path):
-    cfg = trainer_config(tiny_model_dir, tmp_path, "[{function: countdown_steps}]", "algorithm.scale_rewards=none")
+    cfg = trainer_config(
+        tiny_model_dir, tmp_path, "[{function: countdown_steps}]", "algorithm.scale_rewards=none"
+    )
     trainer = Trainer(cfg, train_rows=list(ROWS), eval_rows=[])
     trainer.pipeline.engine = ScriptedEngine(trainer.tokenizer)
     with pytest.raises(ConfigError, match="scale_rewards=group"):
@@ -281,9 +317,17 @@ def test_process_rewards_merge_same_token_steps():
 def test_end_to_end_with_step_rewards(tiny_model_dir, tmp_path):
     rewards = f"[{{function: countdown_steps}}, {{function: '{HERE}:seven_steps'}}]"
     cfg = trainer_config(
-        tiny_model_dir, tmp_path / "run", rewards, "data.task=countdown", "data.task_train_size=50",
-        "data.eval_size=0", "rollout.max_completion_length=8", "optim.max_steps=3", "optim.learning_rate=1e-3",
-        "algorithm.num_iterations=2", "algorithm.dynamic_sampling=true",  # groups re-assembled with their steps
+        tiny_model_dir,
+        tmp_path / "run",
+        rewards,
+        "data.task=countdown",
+        "data.task_train_size=50",
+        "data.eval_size=0",
+        "rollout.max_completion_length=8",
+        "optim.max_steps=3",
+        "optim.learning_rate=1e-3",
+        "algorithm.num_iterations=2",
+        "algorithm.dynamic_sampling=true",  # groups re-assembled with their steps
     )
     trainer = Trainer(cfg)
     seen = []
@@ -292,7 +336,13 @@ def test_end_to_end_with_step_rewards(tiny_model_dir, tmp_path):
     trainer.train()
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "reward/mean" in r] == [1, 2, 3]
-    for key in ["reward/countdown_steps", "reward/countdown_steps/steps", "reward/seven_steps/steps", "advantage/std", "policy/loss"]:
+    for key in [
+        "reward/countdown_steps",
+        "reward/countdown_steps/steps",
+        "reward/seven_steps/steps",
+        "advantage/std",
+        "policy/loss",
+    ]:
         assert all(key in r for r in rows if "reward/mean" in r), key
     assert len(seen) == 3
     for b in seen:
@@ -302,7 +352,8 @@ def test_end_to_end_with_step_rewards(tiny_model_dir, tmp_path):
     # Token-varying: some completion's tokens get different advantages.
     varying = [
         len(set(b.advantages[i][b.tokens.completion_mask[i].bool()].tolist())) > 1
-        for b in seen for i in range(b.advantages.shape[0])
+        for b in seen
+        for i in range(b.advantages.shape[0])
     ]
     assert any(varying)
     assert (tmp_path / "run" / "final").is_dir()

@@ -5,6 +5,7 @@ are on the page, model output shown as text.
 Chromium is Debian's `chromium` package: when it is missing and we are root, the fixture installs it with
 apt-get (about a minute); it skips, saying why, only where it cannot. Playwright (the test extra) drives it.
 """
+
 import io
 import json
 import os
@@ -31,8 +32,10 @@ def _install_chromium() -> str:
     if (found := shutil.which("chromium")) is not None:
         return found
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        pytest.skip("the report test needs headless Chromium: `chromium` is not on PATH, and without root and apt-get "
-                    "it cannot be installed here; run `apt-get install -y chromium` (Debian / Ubuntu)")
+        pytest.skip(
+            "the report test needs headless Chromium: `chromium` is not on PATH, and without root and apt-get "
+            "it cannot be installed here; run `apt-get install -y chromium` (Debian / Ubuntu)"
+        )
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     install = ["apt-get", "install", "-y", "chromium"]
     proc = subprocess.run(install, capture_output=True, text=True, env=env)
@@ -40,14 +43,18 @@ def _install_chromium() -> str:
         subprocess.run(["apt-get", "update"], capture_output=True, text=True, env=env)
         proc = subprocess.run(install, capture_output=True, text=True, env=env)
     if (found := shutil.which("chromium")) is None:
-        pytest.skip(f"`apt-get install -y chromium` failed (exit {proc.returncode}), so the page cannot be rendered: "
-                    f"{(proc.stderr or proc.stdout).strip()[-400:]}")
+        pytest.skip(
+            f"`apt-get install -y chromium` failed (exit {proc.returncode}), so the page cannot be rendered: "
+            f"{(proc.stderr or proc.stdout).strip()[-400:]}"
+        )
     return found
 
 
 @pytest.fixture(scope="module")
 def browser():
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright drives Chromium here: pip install -e '.[test]'")
+    sync_api = pytest.importorskip(
+        "playwright.sync_api", reason="playwright drives Chromium here: pip install -e '.[test]'"
+    )
     executable = _install_chromium()
     with sync_api.sync_playwright() as pw:
         chromium = pw.chromium.launch(executable_path=executable, args=["--no-sandbox"])
@@ -60,7 +67,9 @@ def open_page(browser, path: Path):
     for something other than the file itself (refused, so a page that needs the network shows it)."""
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     problems: list[str] = []
-    page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
+    page.on(
+        "console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None
+    )
     page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
     url = path.resolve().as_uri()
 
@@ -89,14 +98,29 @@ def run_dir(tiny_model_dir, tmp_path_factory):
     """6 GRPO steps with beta > 0, two reward functions, held-out evaluation and recorded completions:
     a run that logs every metric the report plots."""
     out = tmp_path_factory.mktemp("report") / "run"
-    cfg = load_config(None, [
-        f"model.name_or_path={tiny_model_dir}", "data.task=countdown", "data.task_train_size=200", "data.eval_size=8",
-        f"rewards=[{{function: '{TESTS / 'reward_fns.py'}:count_sevens'}}, {{function: countdown}}]",
-        "rollout.prompts_per_step=4", "rollout.num_generations=4", "rollout.max_completion_length=8",
-        "optim.learning_rate=3e-3", "optim.max_steps=6", "algorithm.beta=0.04", "eval.every=3", "eval.k=2",
-        "logging.sample_every=2", "logging.num_samples=2", "logging.tensorboard=false", "checkpoint.save_every=0",
-        f"output_dir={out}",
-    ])
+    cfg = load_config(
+        None,
+        [
+            f"model.name_or_path={tiny_model_dir}",
+            "data.task=countdown",
+            "data.task_train_size=200",
+            "data.eval_size=8",
+            f"rewards=[{{function: '{TESTS / 'reward_fns.py'}:count_sevens'}}, {{function: countdown}}]",
+            "rollout.prompts_per_step=4",
+            "rollout.num_generations=4",
+            "rollout.max_completion_length=8",
+            "optim.learning_rate=3e-3",
+            "optim.max_steps=6",
+            "algorithm.beta=0.04",
+            "eval.every=3",
+            "eval.k=2",
+            "logging.sample_every=2",
+            "logging.num_samples=2",
+            "logging.tensorboard=false",
+            "checkpoint.save_every=0",
+            f"output_dir={out}",
+        ],
+    )
     Trainer(cfg).train()
     return out
 
@@ -143,15 +167,38 @@ def test_the_report_of_a_real_run_renders_every_plot(run_dir, browser, tmp_path)
 
 def _metrics_rows(n: int) -> list[dict]:
     # every group tied from the start: the doctor's zero_std and no_signal checks fire
-    return [{"step": s, "reward/mean": 0.5, "reward/std": 0.0, "reward/zero_std_frac": 1.0, "advantage/abs_mean": 0.0,
-             "policy/kl": 0.0, "policy/entropy": 1.0, "rollout/completion_len_mean": 10.0} for s in range(1, n + 1)]
+    return [
+        {
+            "step": s,
+            "reward/mean": 0.5,
+            "reward/std": 0.0,
+            "reward/zero_std_frac": 1.0,
+            "advantage/abs_mean": 0.0,
+            "policy/kl": 0.0,
+            "policy/entropy": 1.0,
+            "rollout/completion_len_mean": 10.0,
+        }
+        for s in range(1, n + 1)
+    ]
 
 
 def test_the_report_shows_the_doctors_findings_and_model_output_as_text(browser, tmp_path):
     rows = _metrics_rows(40)
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    append_step(tmp_path, 40, [{"prompt": "2+2=", "completion": "<b>bold</b> <script>console.error('x')</script>",
-                                "group": 0, "reward": 0.5, "reward/format": None, "advantage": 0.0}])
+    append_step(
+        tmp_path,
+        40,
+        [
+            {
+                "prompt": "2+2=",
+                "completion": "<b>bold</b> <script>console.error('x')</script>",
+                "group": 0,
+                "reward": 0.5,
+                "reward/format": None,
+                "advantage": 0.0,
+            }
+        ],
+    )
     findings = diagnose(read_metrics(tmp_path / "metrics.jsonl"))
     assert {"zero_std", "no_signal"} <= {f.check for f in findings}
 
@@ -164,7 +211,9 @@ def test_the_report_shows_the_doctors_findings_and_model_output_as_text(browser,
     # only the plots whose metrics were logged are drawn; the page says which were not
     names = page.locator("figure.plot").evaluate_all("fs => fs.map(f => f.dataset.plot)")
     assert names == ["reward", "kl", "entropy", "lengths", "zero_std"]
-    assert "Not logged by this run" in page.inner_text("#plots") and "perf/rollout_tokens_per_s" in page.inner_text("#plots")
+    assert "Not logged by this run" in page.inner_text(
+        "#plots"
+    ) and "perf/rollout_tokens_per_s" in page.inner_text("#plots")
     assert problems == []
     page.close()
 

@@ -3,6 +3,7 @@ built here, its weights set by hand so that its score is the share of '7's in th
 
 Run: .venv/bin/python -m pytest tests/test_reward_model.py
 """
+
 import json
 from pathlib import Path
 
@@ -14,8 +15,10 @@ from grpokit.config import load_config
 from grpokit.rewards.model import RewardModel
 from grpokit.trainer import Trainer
 
-CHAT = ("{% for m in messages %}<{{ m['role'][0] }}>{{ m['content'] }}{% endfor %}"
-        "{% if add_generation_prompt %}<a>{% endif %}")
+CHAT = (
+    "{% for m in messages %}<{{ m['role'][0] }}>{{ m['content'] }}{% endfor %}"
+    "{% if add_generation_prompt %}<a>{% endif %}"
+)
 
 
 @pytest.fixture(scope="module")
@@ -27,8 +30,17 @@ def sevens_rm(tiny_model_dir, tmp_path_factory):
     token's hidden state then holds the prefix's share of '7's (scaled by the norms) in dim 1, which the score
     head reads."""
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=16, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
-                      intermediate_size=32, num_labels=1, pad_token_id=tok.pad_token_id, max_position_embeddings=256)
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        intermediate_size=32,
+        num_labels=1,
+        pad_token_id=tok.pad_token_id,
+        max_position_embeddings=256,
+    )
     torch.manual_seed(0)
     model = LlamaForSequenceClassification(cfg)
     seven = tok.convert_tokens_to_ids("7")
@@ -38,7 +50,13 @@ def sevens_rm(tiny_model_dir, tmp_path_factory):
         emb[:, :2] = 0
         emb[seven, 0] = 4.0
         attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
-        for w in (attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight, attn.o_proj.weight, mlp.down_proj.weight):
+        for w in (
+            attn.q_proj.weight,
+            attn.k_proj.weight,
+            attn.v_proj.weight,
+            attn.o_proj.weight,
+            mlp.down_proj.weight,
+        ):
             w.zero_()
         attn.v_proj.weight[0, 0] = 1.0
         attn.o_proj.weight[1, 0] = 1.0
@@ -55,9 +73,14 @@ def test_the_reward_model_scores_sevens_in_batches(sevens_rm):
     prompts = ["3 4 5>12="] * 4
     scores = rm(prompts=prompts, completions=["1+2", "7+2", "77+7", "7777"])
     assert scores == sorted(scores) and scores[0] == pytest.approx(0.0, abs=1e-6) and scores[-1] > 1.0, scores
-    alone = [RewardModel(str(sevens_rm), batch_size=1)(prompts=[p], completions=[c])[0] for p, c in zip(prompts, ["1+2", "77+7"])]
+    alone = [
+        RewardModel(str(sevens_rm), batch_size=1)(prompts=[p], completions=[c])[0]
+        for p, c in zip(prompts, ["1+2", "77+7"])
+    ]
     assert alone == pytest.approx([scores[0], scores[2]], abs=1e-5)  # right padding does not change a score
-    assert rm.model.dtype == torch.float32 and not any(p.requires_grad for p in rm.model.parameters())  # its own dtype, frozen
+    assert rm.model.dtype == torch.float32 and not any(
+        p.requires_grad for p in rm.model.parameters()
+    )  # its own dtype, frozen
 
 
 def test_the_reward_models_chat_template_renders_prompt_and_completion(sevens_rm):
@@ -65,21 +88,41 @@ def test_the_reward_models_chat_template_renders_prompt_and_completion(sevens_rm
     assert rm.render(["2+2="], ["4"]) == ["2+2=4"]  # no chat template: plain prompt + completion
     rm.tokenizer.chat_template, rm.chat = CHAT, True
     chat_prompt = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "2+2="}]
-    assert rm.render(["2+2=", chat_prompt], ["4", [{"role": "assistant", "content": "4"}]]) == ["<u>2+2=<a>4", "<s>be brief<u>2+2=<a>4"]
+    assert rm.render(["2+2=", chat_prompt], ["4", [{"role": "assistant", "content": "4"}]]) == [
+        "<u>2+2=<a>4",
+        "<s>be brief<u>2+2=<a>4",
+    ]
 
 
 def test_a_reward_model_drives_learning(tiny_model_dir, sevens_rm, tmp_path):
     out = tmp_path / "run"
-    cfg = load_config(None, [
-        f"model.name_or_path={tiny_model_dir}", "data.task=countdown", "data.task_train_size=500", "data.eval_size=0",
-        f"rewards=[{{model: '{sevens_rm}', kwargs: {{batch_size: 8}}}}]", "rollout.prompts_per_step=4", "rollout.num_generations=8",
-        "rollout.max_completion_length=8", "optim.learning_rate=3e-3", "algorithm.beta=0.0", "eval.at_start=false",
-        "logging.sample_every=0", "optim.max_steps=30", "checkpoint.save_every=0", f"output_dir={out}"])
+    cfg = load_config(
+        None,
+        [
+            f"model.name_or_path={tiny_model_dir}",
+            "data.task=countdown",
+            "data.task_train_size=500",
+            "data.eval_size=0",
+            f"rewards=[{{model: '{sevens_rm}', kwargs: {{batch_size: 8}}}}]",
+            "rollout.prompts_per_step=4",
+            "rollout.num_generations=8",
+            "rollout.max_completion_length=8",
+            "optim.learning_rate=3e-3",
+            "algorithm.beta=0.0",
+            "eval.at_start=false",
+            "logging.sample_every=0",
+            "optim.max_steps=30",
+            "checkpoint.save_every=0",
+            f"output_dir={out}",
+        ],
+    )
     trainer = Trainer(cfg)
     assert trainer.rewards.names == [sevens_rm.name]
     trainer.train()
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     scores = [r[f"reward/{sevens_rm.name}"] for r in rows if f"reward/{sevens_rm.name}" in r]
-    assert len(scores) == 30 and all(r["reward/mean"] == r[f"reward/{sevens_rm.name}"] for r in rows if "reward/mean" in r)
+    assert len(scores) == 30 and all(
+        r["reward/mean"] == r[f"reward/{sevens_rm.name}"] for r in rows if "reward/mean" in r
+    )
     first, last = sum(scores[:5]) / 5, sum(scores[-5:]) / 5
     assert last > 2 * first and last > first + 0.5, (first, last)  # the reward model's score rises

@@ -1,4 +1,5 @@
 """Rewards: TRL calling convention, loading, weighted combination, error isolation, built-ins."""
+
 from __future__ import annotations
 
 import ast
@@ -37,8 +38,10 @@ def call(manager, completions, columns=None, completion_ids=None, prompts=None):
 
 def const(values, name="const"):
     """A reward function returning fixed values, whatever it is given."""
+
     def fn(completions, **kwargs):
         return values
+
     fn.__name__ = name
     return fn
 
@@ -49,6 +52,7 @@ def assert_same(actual: torch.Tensor, expected: list[float]):
 
 # -- calling convention ------------------------------------------------------------------
 
+
 def test_trl_signature_gets_columns_and_call_args_as_keywords():
     seen = {}
 
@@ -56,18 +60,33 @@ def test_trl_signature_gets_columns_and_call_args_as_keywords():
         seen.update(kwargs, answer=answer)
         return [float(c == a) for c, a in zip(completions, answer)]
 
-    out = call(RewardManager([exact]), ["4", "5"], columns={"answer": ["4", "4"], "level": [1, 2]},
-               completion_ids=[[7], [8, 9]], prompts=["2+2", "2+2"])
+    out = call(
+        RewardManager([exact]),
+        ["4", "5"],
+        columns={"answer": ["4", "4"], "level": [1, 2]},
+        completion_ids=[[7], [8, 9]],
+        prompts=["2+2", "2+2"],
+    )
     assert_same(out.total, [1.0, 0.0])
-    assert seen == {"prompts": ["2+2", "2+2"], "completion_ids": [[7], [8, 9]], "level": [1, 2], "answer": ["4", "4"]}
+    assert seen == {
+        "prompts": ["2+2", "2+2"],
+        "completion_ids": [[7], [8, 9]],
+        "level": [1, 2],
+        "answer": ["4", "4"],
+    }
 
 
 def test_function_without_kwargs_gets_only_what_it_declares():
     def by_length(completion_ids, prompts):
         return [len(ids) / len(p) for ids, p in zip(completion_ids, prompts)]
 
-    out = call(RewardManager([by_length]), ["a", "b"], columns={"answer": ["x", "y"]},
-               completion_ids=[[1, 2], [1]], prompts=["ab", "abcd"])
+    out = call(
+        RewardManager([by_length]),
+        ["a", "b"],
+        columns={"answer": ["x", "y"]},
+        completion_ids=[[1, 2], [1]],
+        prompts=["ab", "abcd"],
+    )
     assert_same(out.total, [1.0, 0.25])
 
 
@@ -100,7 +119,9 @@ def test_spec_kwargs_are_partial_applied_and_checked():
 
 def test_specs_as_objects_dicts_strings_and_names():
     spec_obj = SimpleNamespace(function="format", weight=2.0, kwargs={"pattern": "a+"}, name="as")
-    manager = RewardManager([spec_obj, {"function": "format", "name": "default_format"}, const([0.5], "half")])
+    manager = RewardManager(
+        [spec_obj, {"function": "format", "name": "default_format"}, const([0.5], "half")]
+    )
     assert manager.names == ["as", "default_format", "half"]
     assert_same(call(manager, ["aaa"]).total, [2.5])
     with pytest.raises(ValueError, match="distinct `name`"):
@@ -114,6 +135,7 @@ def test_specs_as_objects_dicts_strings_and_names():
 
 
 # -- loading -----------------------------------------------------------------------------
+
 
 def test_resolve_builtins_modules_and_files(tmp_path, monkeypatch):
     assert list(BUILTIN_REWARDS) == ["math", "format", "overlong", "length", "code_tests"]  # task-agnostic
@@ -130,7 +152,9 @@ def test_resolve_builtins_modules_and_files(tmp_path, monkeypatch):
     assert resolve_reward("my_rewards:Scorer.score")(completions=["x"]) == [1.0]
 
     (tmp_path / "sub").mkdir()
-    (tmp_path / "sub" / "file_reward.py").write_text("def two(completions, **kw):\n    return [2.0] * len(completions)\n")
+    (tmp_path / "sub" / "file_reward.py").write_text(
+        "def two(completions, **kw):\n    return [2.0] * len(completions)\n"
+    )
     monkeypatch.chdir(tmp_path)
     assert resolve_reward("sub/file_reward.py:two")(completions=["a"]) == [2.0]
     assert resolve_reward(f"{tmp_path}/sub/file_reward.py:two")(completions=["a"]) == [2.0]
@@ -159,11 +183,14 @@ def test_resolve_errors_are_one_line_and_say_the_fix(tmp_path, monkeypatch):
 
 # -- combination -------------------------------------------------------------------------
 
+
 def test_weights_combine_with_hand_numbers():
-    manager = RewardManager([
-        RewardSpec(const([1.0, 0.0, 0.5], "a"), weight=2.0),
-        RewardSpec(const([0.2, None, -1.0], "b"), weight=-0.5),
-    ])
+    manager = RewardManager(
+        [
+            RewardSpec(const([1.0, 0.0, 0.5], "a"), weight=2.0),
+            RewardSpec(const([0.2, None, -1.0], "b"), weight=-0.5),
+        ]
+    )
     out = call(manager, ["x", "y", "z"])
     # 2*1 - 0.5*0.2 = 1.9;  2*0 + (None -> 0) = 0;  2*0.5 - 0.5*(-1) = 1.5
     assert_same(out.total, [1.9, 0.0, 1.5])
@@ -183,18 +210,36 @@ def test_none_means_not_applicable_and_counts_in_none_frac():
     assert m["reward/total"] == pytest.approx(9 / 4)
     assert m["reward/errors/a"] == 0.0 and m["reward/errors/b"] == 0.0
     assert m["reward/timeouts/a"] == 0.0 and m["reward/error_frac"] == 0.0
-    assert set(m) == {"reward/total", "reward/total/std", "reward/a", "reward/a/std", "reward/errors/a", "reward/timeouts/a",
-                      "reward/b", "reward/b/std", "reward/errors/b", "reward/timeouts/b", "reward/none_frac", "reward/error_frac",
-                      "reward/skipped_frac"}
+    assert set(m) == {
+        "reward/total",
+        "reward/total/std",
+        "reward/a",
+        "reward/a/std",
+        "reward/errors/a",
+        "reward/timeouts/a",
+        "reward/b",
+        "reward/b/std",
+        "reward/errors/b",
+        "reward/timeouts/b",
+        "reward/none_frac",
+        "reward/error_frac",
+        "reward/skipped_frac",
+    }
 
 
 def test_array_and_tensor_returns_are_accepted():
-    manager = RewardManager([const(np.array([1.0, 2.0]), "np"), const(torch.tensor([0.5, 0.5]), "pt"),
-                             const([torch.tensor(1.0), np.float32(2.0)], "scalars")])
+    manager = RewardManager(
+        [
+            const(np.array([1.0, 2.0]), "np"),
+            const(torch.tensor([0.5, 0.5]), "pt"),
+            const([torch.tensor(1.0), np.float32(2.0)], "scalars"),
+        ]
+    )
     assert_same(call(manager, ["a", "b"]).total, [2.5, 4.5])
 
 
 # -- isolation ---------------------------------------------------------------------------
+
 
 def test_raising_function_is_isolated_counted_and_logged_once(caplog):
     def flaky(completions, **kwargs):
@@ -215,14 +260,17 @@ def test_raising_function_is_isolated_counted_and_logged_once(caplog):
     assert records[0].exc_info and "raise ZeroDivisionError" in caplog.text  # the traceback
 
 
-@pytest.mark.parametrize("returned, problem, n_errors, expected", [
-    ([1.0], "returned 1 rewards for 3 completions", 3, [NAN, NAN, NAN]),
-    (None, "returned NoneType instead of a list", 3, [NAN, NAN, NAN]),
-    ("1.0", "returned str instead of a list", 3, [NAN, NAN, NAN]),
-    ([1.0, "1.0", 0.5], "invalid reward(s) of 3, e.g. '1.0' at index 1", 1, [1.0, NAN, 0.5]),
-    ([NAN, 1.0, float("-inf")], "2 invalid reward(s) of 3, e.g. nan at index 0", 2, [NAN, 1.0, NAN]),
-    ([1e300, [1.0], None], "2 invalid reward(s)", 2, [NAN, NAN, NAN]),  # overflows float32; not a number
-])
+@pytest.mark.parametrize(
+    "returned, problem, n_errors, expected",
+    [
+        ([1.0], "returned 1 rewards for 3 completions", 3, [NAN, NAN, NAN]),
+        (None, "returned NoneType instead of a list", 3, [NAN, NAN, NAN]),
+        ("1.0", "returned str instead of a list", 3, [NAN, NAN, NAN]),
+        ([1.0, "1.0", 0.5], "invalid reward(s) of 3, e.g. '1.0' at index 1", 1, [1.0, NAN, 0.5]),
+        ([NAN, 1.0, float("-inf")], "2 invalid reward(s) of 3, e.g. nan at index 0", 2, [NAN, 1.0, NAN]),
+        ([1e300, [1.0], None], "2 invalid reward(s)", 2, [NAN, NAN, NAN]),  # overflows float32; not a number
+    ],
+)
 def test_bad_outputs_void_only_what_they_must(returned, problem, n_errors, expected, caplog):
     bad = const(returned, "bad")
     with caplog.at_level(logging.ERROR, logger="grpokit.rewards"):
@@ -251,11 +299,14 @@ def test_strict_mode_raises_with_the_cause():
 def test_fuzz_total_is_finite_and_equals_reference_nansum(data):
     n = data.draw(st.integers(1, 6))
     k = data.draw(st.integers(1, 4))
-    entry = st.one_of(st.none(), st.just(NAN), st.just(math.inf), st.just("x"),
-                      st.floats(-1e3, 1e3), st.integers(-5, 5))
+    entry = st.one_of(
+        st.none(), st.just(NAN), st.just(math.inf), st.just("x"), st.floats(-1e3, 1e3), st.integers(-5, 5)
+    )
     outputs = [data.draw(st.lists(entry, min_size=n, max_size=n)) for _ in range(k)]
     weights = [data.draw(st.floats(-5, 5)) for _ in range(k)]
-    manager = RewardManager([RewardSpec(const(o, f"f{i}"), weight=w) for i, (o, w) in enumerate(zip(outputs, weights))])
+    manager = RewardManager(
+        [RewardSpec(const(o, f"f{i}"), weight=w) for i, (o, w) in enumerate(zip(outputs, weights))]
+    )
     logging.getLogger("grpokit.rewards").disabled = True
     try:
         out = call(manager, ["c"] * n)
@@ -265,7 +316,10 @@ def test_fuzz_total_is_finite_and_equals_reference_nansum(data):
     def valid(v):
         return isinstance(v, (int, float)) and math.isfinite(v)
 
-    reference = [math.fsum(w * float(np.float32(o[i])) for o, w in zip(outputs, weights) if valid(o[i])) for i in range(n)]
+    reference = [
+        math.fsum(w * float(np.float32(o[i])) for o, w in zip(outputs, weights) if valid(o[i]))
+        for i in range(n)
+    ]
     assert torch.isfinite(out.total).all()
     torch.testing.assert_close(out.total, torch.tensor(reference, dtype=torch.float32), rtol=1e-5, atol=1e-3)
     for i, o in enumerate(outputs):
@@ -284,9 +338,13 @@ def test_registry_is_the_callers():
     assert manager.names == ["mine", "format"]
     assert_same(call(manager, ["x"]).total, [1.0])
     # The message lists the registry's names in its order; without one, the built-ins.
-    with pytest.raises(ValueError, match=r"'mne' is not a built-in \(mine, math, format, .*\); did you mean 'mine'\?"):
+    with pytest.raises(
+        ValueError, match=r"'mne' is not a built-in \(mine, math, format, .*\); did you mean 'mine'\?"
+    ):
         RewardManager(["mne"], registry=registry)
-    with pytest.raises(ValueError, match=r"'mine' is not a built-in \(math, format, overlong, length, code_tests\)"):
+    with pytest.raises(
+        ValueError, match=r"'mine' is not a built-in \(math, format, overlong, length, code_tests\)"
+    ):
         RewardManager(["mine"])
 
 
@@ -317,24 +375,27 @@ def test_rewards_never_import_tasks():
                 continue
             assert not any(n.startswith("grpokit.tasks") for n in names), f"{path.name}:{node.lineno}"
     # ... and importing the rewards loads no task module.
-    code = "import sys, grpokit.rewards; print(sorted(m for m in sys.modules if m.startswith('grpokit.tasks')))"
+    code = (
+        "import sys, grpokit.rewards; print(sorted(m for m in sys.modules if m.startswith('grpokit.tasks')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
 
 # -- built-ins ---------------------------------------------------------------------------
 
+
 def test_math_reward_worked_examples():
     math_reward = BUILTIN_REWARDS["math"]
     completions = [
-        "so the result is \\boxed{2}",                      # boxed vs plain gold "2"
-        "2",                                                 # bare answer
-        "I get \\boxed{3}",                                  # wrong
-        "first \\boxed{3}, no wait: \\boxed{2}",             # the last \boxed counts
-        "The answer is \\boxed{0.5}",                        # equal value, other form
-        "<think>maybe \\boxed{7}</think><answer>2</answer>", # the <answer> tag wins over the thinking
-        [{"role": "assistant", "content": "\\boxed{2}"}],    # conversational completion
-        "\\boxed{2}",                                        # gold that does not parse: not applicable
+        "so the result is \\boxed{2}",  # boxed vs plain gold "2"
+        "2",  # bare answer
+        "I get \\boxed{3}",  # wrong
+        "first \\boxed{3}, no wait: \\boxed{2}",  # the last \boxed counts
+        "The answer is \\boxed{0.5}",  # equal value, other form
+        "<think>maybe \\boxed{7}</think><answer>2</answer>",  # the <answer> tag wins over the thinking
+        [{"role": "assistant", "content": "\\boxed{2}"}],  # conversational completion
+        "\\boxed{2}",  # gold that does not parse: not applicable
     ]
     answers = ["2", "2", "2", "2", "\\frac{1}{2}", "2", 2, ""]
     assert math_reward(completions=completions, answer=answers) == [1.0, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0, None]
@@ -344,8 +405,11 @@ def test_math_reward_worked_examples():
 def test_math_reward_works_off_the_main_thread():
     # math-verify's timeout uses signal.alarm, which raises off the main thread unless disabled.
     result = {}
-    worker = threading.Thread(target=lambda: result.update(r=BUILTIN_REWARDS["math"](
-        completions=["\\boxed{4}", "\\boxed{5}"], answer=["4", "4"])))
+    worker = threading.Thread(
+        target=lambda: result.update(
+            r=BUILTIN_REWARDS["math"](completions=["\\boxed{4}", "\\boxed{5}"], answer=["4", "4"])
+        )
+    )
     worker.start()
     worker.join()
     assert result["r"] == [1.0, 0.0]
@@ -377,7 +441,9 @@ def test_format_reward():
 def test_overlong_reward_follows_dapo_eq_13():
     # L_max = 100, L_cache = 20: free up to 80, then linear down to -1 at 100, -1 beyond.
     lengths = [10, 80, 81, 90, 100, 101]
-    out = BUILTIN_REWARDS["overlong"](completion_ids=[[0] * n for n in lengths], max_completion_length=100, cache_length=20)
+    out = BUILTIN_REWARDS["overlong"](
+        completion_ids=[[0] * n for n in lengths], max_completion_length=100, cache_length=20
+    )
     assert out == pytest.approx([0.0, 0.0, -0.05, -0.5, -1.0, -1.0])
     with pytest.raises(ValueError, match="max_completion_length"):
         RewardManager([RewardSpec("overlong", kwargs={"cache_length": 20})])
@@ -417,7 +483,15 @@ def test_a_function_that_raises_on_one_sample_costs_only_that_sample():
     texts = ["a", "bb", "ccc", "boom", "ee", "f", "gg", "hhh"]
     out = call(RewardManager([RewardSpec(picky)]), texts)
     scores = out.per_function["picky"]
-    assert torch.isnan(scores[3]) and scores[[0, 1, 2, 4, 5, 6, 7]].tolist() == [1.0, 2.0, 3.0, 2.0, 1.0, 2.0, 3.0]
+    assert torch.isnan(scores[3]) and scores[[0, 1, 2, 4, 5, 6, 7]].tolist() == [
+        1.0,
+        2.0,
+        3.0,
+        2.0,
+        1.0,
+        2.0,
+        3.0,
+    ]
     assert out.errors["picky"] == 1 and out.total[3] == 0.0
     assert len(calls) == 1 + 2 + 2 + 2  # the batch, then two parts at each of three levels
 
@@ -429,7 +503,9 @@ def test_a_function_that_raises_on_one_sample_costs_only_that_sample():
     out = call(RewardManager([RewardSpec(broken)]), texts * 8)  # 64 samples
     assert out.errors["broken"] == 64 and torch.isnan(out.per_function["broken"]).all()
     assert len(calls) == 1 + 2 + 4  # a function that fails on everything gives up after 4 parts, not 2n calls
-    with pytest.raises(RuntimeError, match="raised ValueError"):  # reward_errors=raise: the first failure stops
+    with pytest.raises(
+        RuntimeError, match="raised ValueError"
+    ):  # reward_errors=raise: the first failure stops
         call(RewardManager([RewardSpec(picky)], strict=True), texts)
 
 
@@ -438,10 +514,12 @@ def test_a_function_that_raises_on_one_sample_costs_only_that_sample():
 
 def hanging(release: threading.Event, calls: list, name="hangs"):
     """A reward function that waits for `release` (at most 5 s), as one stuck on a network call would."""
+
     def fn(completions, **kwargs):
         calls.append(threading.current_thread().name)
         release.wait(5)
         return [1.0] * len(completions)
+
     fn.__name__ = name
     return fn
 
@@ -474,8 +552,11 @@ def test_a_timeout_with_strict_raises_naming_the_function_and_the_keys():
     release = threading.Event()
     manager = RewardManager([RewardSpec(hanging(release, []), timeout=0.1)], strict=True, timeout=300)
     try:
-        with pytest.raises(RuntimeError, match=r"reward function 'hangs' \(.*\) did not return within 0.1 s.*"
-                                               r"its own timeout=0.1 s in rewards:"):
+        with pytest.raises(
+            RuntimeError,
+            match=r"reward function 'hangs' \(.*\) did not return within 0.1 s.*"
+            r"its own timeout=0.1 s in rewards:",
+        ):
             call(manager, ["a", "b"])
     finally:
         release.set()
@@ -508,11 +589,17 @@ def test_a_slow_call_logs_a_warning_with_its_time(caplog):
         return [1.0] * len(completions)
 
     with caplog.at_level(logging.WARNING, logger="grpokit.rewards"):
-        out = call(RewardManager([RewardSpec(slowish), const([0.0] * 3, "quick")], timeout=10, slow_warning=0.1), ["a", "b", "c"])
+        out = call(
+            RewardManager([RewardSpec(slowish), const([0.0] * 3, "quick")], timeout=10, slow_warning=0.1),
+            ["a", "b", "c"],
+        )
     assert out.errors == {"slowish": 0, "quick": 0}
     (line,) = [r.getMessage() for r in caplog.records]
-    assert re.search(r"reward function 'slowish' \(.*\) took 0\.[23] s for 3 completions, more than reward_slow_warning=0.1 s "
-                     r"\(its timeout is 10 s\)", line), line
+    assert re.search(
+        r"reward function 'slowish' \(.*\) took 0\.[23] s for 3 completions, more than reward_slow_warning=0.1 s "
+        r"\(its timeout is 10 s\)",
+        line,
+    ), line
 
 
 def test_functions_that_need_the_main_thread_run_there(caplog):

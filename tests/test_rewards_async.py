@@ -6,6 +6,7 @@ Run: .venv/bin/python -m pytest tests/test_rewards_async.py
 No wall-clock bounds: concurrency is shown by behaviour (functions that wait for each other would time out if
 they ran one after the other), a cut call by the cancellation the coroutine sees, or by its release event.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -27,19 +28,25 @@ G = 2  # completions per prompt in these batches
 
 
 def call(manager, n=4):
-    return manager(prompts=[f"p{i // G}" for i in range(n)], completions=[f"c{i}" for i in range(n)],
-                   completion_ids=[[i + 1] for i in range(n)], columns={"answer": [str(i) for i in range(n)]})
+    return manager(
+        prompts=[f"p{i // G}" for i in range(n)],
+        completions=[f"c{i}" for i in range(n)],
+        completion_ids=[[i + 1] for i in range(n)],
+        columns={"answer": [str(i) for i in range(n)]},
+    )
 
 
 def waits_for_all(k: int, state: dict, name: str):
     """An async reward function that returns only once k of its kind are running at the same time: called one
     after the other, the first would wait for the others forever (its own 20 s limit, then TimeoutError)."""
+
     async def fn(completions, **kwargs):
         state["running"] += 1
         if state["running"] == k:
             state["all_running"].set()
         await asyncio.wait_for(state["all_running"].wait(), 20)
         return [1.0] * len(completions)
+
     fn.__name__ = name
     return fn
 
@@ -59,11 +66,16 @@ def test_the_async_functions_run_while_the_sync_ones_do():
         await asyncio.sleep(0)
         return [1.0] * len(completions)
 
-    def sync_first(completions, **kwargs):  # listed first, and called in the caller's thread: the judge is running
+    def sync_first(
+        completions, **kwargs
+    ):  # listed first, and called in the caller's thread: the judge is running
         return [float(async_started.wait(20))] * len(completions)
 
     out = call(RewardManager([sync_first, judge], timeout=0))
-    assert out.per_function["sync_first"].tolist() == [1.0] * 4 and out.errors == {"sync_first": 0, "judge": 0}
+    assert out.per_function["sync_first"].tolist() == [1.0] * 4 and out.errors == {
+        "sync_first": 0,
+        "judge": 0,
+    }
 
 
 def test_async_functions_are_called_as_trl_calls_them_once_per_batch_with_lists():
@@ -74,7 +86,9 @@ def test_async_functions_are_called_as_trl_calls_them_once_per_batch_with_lists(
         return [float(c == f"c{a}") for c, a in zip(completions, answer)]
 
     out = call(RewardManager([judge]))
-    assert calls == [(["p0", "p0", "p1", "p1"], ["c0", "c1", "c2", "c3"], [[1], [2], [3], [4]], ["0", "1", "2", "3"])]
+    assert calls == [
+        (["p0", "p0", "p1", "p1"], ["c0", "c1", "c2", "c3"], [[1], [2], [3], [4]], ["0", "1", "2", "3"])
+    ]
     assert out.total.tolist() == [1.0] * 4
 
 
@@ -86,7 +100,9 @@ def test_callables_that_return_awaitables_are_async_too():
     async def score(completions):
         return [3.0] * len(completions)
 
-    wrapped = RewardSpec(lambda completions, **kwargs: score(completions), name="wrapped")  # found at its first call
+    wrapped = RewardSpec(
+        lambda completions, **kwargs: score(completions), name="wrapped"
+    )  # found at its first call
     manager = RewardManager([RewardSpec(Judge(), name="judge"), wrapped])
     assert manager._limits["judge"].is_async and not manager._limits["wrapped"].is_async
     for _ in range(2):
@@ -113,7 +129,9 @@ def test_scoring_works_from_another_thread_and_under_a_running_event_loop():
     results.append(asyncio.run(notebook_cell()))
     results.append(call(manager))
     assert [r.total.tolist() for r in results] == [[1.0] * 4] * 3
-    assert loops[0] is loops[1] is loops[2]  # one loop for the manager's life: clients bound to it keep working
+    assert (
+        loops[0] is loops[1] is loops[2]
+    )  # one loop for the manager's life: clients bound to it keep working
 
 
 # ----------------------------------------------------------------------------- timeouts, and what they score
@@ -127,6 +145,7 @@ def hanging_async(seen: list):
             seen.append("cancelled")
             raise
         return [1.0] * len(completions)
+
     return hangs
 
 
@@ -134,6 +153,7 @@ def hanging_sync(release: threading.Event):
     def hangs(completions, **kwargs):
         release.wait(20)
         return [1.0] * len(completions)
+
     return hangs
 
 
@@ -142,12 +162,17 @@ def ok(completions, **kwargs):
 
 
 @pytest.mark.parametrize("kind", ["async", "sync"])
-@pytest.mark.parametrize("on_timeout, hangs_scores, total", [
-    ("skip", [float("nan")] * 4, [0.0, 1.0, 0.0, 1.0]),  # as reward_errors=skip: no reward from it
-    (0.25, [0.25] * 4, [0.25, 1.25, 0.25, 1.25]),  # the score it gives every sample of the call
-    ("skip_group", [float("nan")] * 4, [0.0] * 4),  # every group of the call: equal totals, advantages 0
-])
-def test_a_hanging_call_is_cut_at_its_timeout_and_scored_as_on_timeout_says(kind, on_timeout, hangs_scores, total, caplog):
+@pytest.mark.parametrize(
+    "on_timeout, hangs_scores, total",
+    [
+        ("skip", [float("nan")] * 4, [0.0, 1.0, 0.0, 1.0]),  # as reward_errors=skip: no reward from it
+        (0.25, [0.25] * 4, [0.25, 1.25, 0.25, 1.25]),  # the score it gives every sample of the call
+        ("skip_group", [float("nan")] * 4, [0.0] * 4),  # every group of the call: equal totals, advantages 0
+    ],
+)
+def test_a_hanging_call_is_cut_at_its_timeout_and_scored_as_on_timeout_says(
+    kind, on_timeout, hangs_scores, total, caplog
+):
     seen, release = [], threading.Event()
     fn = hanging_async(seen) if kind == "async" else hanging_sync(release)
     manager = RewardManager([RewardSpec(fn, on_timeout=on_timeout), ok], timeout=0.2)
@@ -160,7 +185,9 @@ def test_a_hanging_call_is_cut_at_its_timeout_and_scored_as_on_timeout_says(kind
     assert out.total.tolist() == total
     assert out.timeouts == {"hangs": 1} and out.errors == {"hangs": 4, "ok": 0}  # counted, whatever it scores
     m = out.metrics()
-    assert m["reward/timeouts/hangs"] == 1 and m["reward/skipped_frac"] == (1.0 if on_timeout == "skip_group" else 0.0)
+    assert m["reward/timeouts/hangs"] == 1 and m["reward/skipped_frac"] == (
+        1.0 if on_timeout == "skip_group" else 0.0
+    )
     advantages = group_advantages(out.total, G)
     assert advantages.abs().sum() == 0 if on_timeout == "skip_group" else advantages.abs().sum() > 0
     assert "reward function 'hangs'" in caplog.text and "did not return within 0.2 s" in caplog.text
@@ -175,11 +202,16 @@ def test_on_timeout_raise_stops_with_the_function_its_timeout_and_the_keys(kind)
     seen, release = [], threading.Event()
     fn = hanging_async(seen) if kind == "async" else hanging_sync(release)
     try:
-        with pytest.raises(RewardError, match=r"reward function 'hangs' \(.*\) did not return within 0\.2 s.*"
-                                              r"\(reward_timeout=0\.2 s; raise it, give this reward its own `timeout` in rewards:.*"
-                                              r"reward_on_timeout=raise stops the run: skip, skip_group or a score goes on\)"):
+        with pytest.raises(
+            RewardError,
+            match=r"reward function 'hangs' \(.*\) did not return within 0\.2 s.*"
+            r"\(reward_timeout=0\.2 s; raise it, give this reward its own `timeout` in rewards:.*"
+            r"reward_on_timeout=raise stops the run: skip, skip_group or a score goes on\)",
+        ):
             call(RewardManager([fn, ok], timeout=0.2, on_timeout="raise"))
-        with pytest.raises(RewardError, match=r"its own timeout=0\.1 s in rewards:.*its own on_timeout=raise stops the run"):
+        with pytest.raises(
+            RewardError, match=r"its own timeout=0\.1 s in rewards:.*its own on_timeout=raise stops the run"
+        ):
             call(RewardManager([RewardSpec(fn, timeout=0.1, on_timeout="raise"), ok], on_timeout=0.0))
     finally:
         release.set()
@@ -187,7 +219,9 @@ def test_on_timeout_raise_stops_with_the_function_its_timeout_and_the_keys(kind)
 
 def test_a_rewards_own_on_timeout_beats_the_managers_and_both_beat_reward_errors():
     seen = []
-    strict = RewardManager([RewardSpec(hanging_async(seen), on_timeout=0.5), ok], strict=True, timeout=0.1, on_timeout="raise")
+    strict = RewardManager(
+        [RewardSpec(hanging_async(seen), on_timeout=0.5), ok], strict=True, timeout=0.1, on_timeout="raise"
+    )
     out = call(strict)  # reward_errors=raise, reward_on_timeout=raise, its own on_timeout=0.5: scored 0.5
     assert out.per_function["hangs"].tolist() == [0.5] * 4 and out.timeouts == {"hangs": 1}
     with pytest.raises(RewardError):  # unset both: as reward_errors=raise says
@@ -229,8 +263,13 @@ def test_an_async_function_that_blocks_the_loop_is_cut_and_the_next_call_gets_a_
             assert out.timeouts == {"blocks": 1, "fine": 1}  # `fine` never got the loop
             again = call(manager)  # `blocks` is still busy: not started; `fine` runs on a new loop
         assert again.timeouts == {"blocks": 1} and again.per_function["fine"].tolist() == [1.0] * 4
-        assert "'blocks'" in caplog.text and "and it blocks the event loop (a blocking call such as time.sleep" in caplog.text
-        assert "'fine'" in caplog.text and "another async reward function blocked the event loop" in caplog.text
+        assert (
+            "'blocks'" in caplog.text
+            and "and it blocks the event loop (a blocking call such as time.sleep" in caplog.text
+        )
+        assert (
+            "'fine'" in caplog.text and "another async reward function blocked the event loop" in caplog.text
+        )
     finally:
         release.set()
     assert len(loops) == 1
@@ -239,32 +278,52 @@ def test_an_async_function_that_blocks_the_loop_is_cut_and_the_next_call_gets_a_
 # ----------------------------------------------------------------------------- config
 
 
-@pytest.mark.parametrize("override, key", [
-    (["reward_on_timeout=drop"], "reward_on_timeout"),
-    (["reward_on_timeout=.nan"], "reward_on_timeout"),
-    (["rewards=[{function: math, on_timeout: true}]"], "rewards.0.on_timeout"),
-])
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        (["reward_on_timeout=drop"], "reward_on_timeout"),
+        (["reward_on_timeout=.nan"], "reward_on_timeout"),
+        (["rewards=[{function: math, on_timeout: true}]"], "rewards.0.on_timeout"),
+    ],
+)
 def test_a_bad_on_timeout_names_the_key_and_the_allowed_values(override, key):
     with pytest.raises(ConfigError) as exc:
         load_config(None, override)
     assert str(exc.value).startswith(f"bad value for '{key}'")
     assert "Input should be 'skip', 'skip_group', 'raise' or a finite number" in str(exc.value)
-    with pytest.raises(ValueError, match=r"reward 'ok': on_timeout 'drop': Input should be 'skip', 'skip_group', 'raise'"):
+    with pytest.raises(
+        ValueError, match=r"reward 'ok': on_timeout 'drop': Input should be 'skip', 'skip_group', 'raise'"
+    ):
         RewardManager([{"function": ok, "on_timeout": "drop"}])
 
 
 def test_on_timeout_values_and_what_a_saved_config_records():
-    c = load_config(None, ["reward_on_timeout=0", "rewards=[{function: math}, {function: format, on_timeout: skip_group}]"])
-    assert c.reward_on_timeout == 0.0 and c.rewards[0].on_timeout is None and c.rewards[1].on_timeout == "skip_group"
+    c = load_config(
+        None,
+        ["reward_on_timeout=0", "rewards=[{function: math}, {function: format, on_timeout: skip_group}]"],
+    )
+    assert (
+        c.reward_on_timeout == 0.0
+        and c.rewards[0].on_timeout is None
+        and c.rewards[1].on_timeout == "skip_group"
+    )
     # an unset on_timeout is not written, so a checkpoint saved before the key existed still matches on resume
-    assert "on_timeout" not in c.model_dump()["rewards"][0] and c.model_dump()["rewards"][1]["on_timeout"] == "skip_group"
+    assert (
+        "on_timeout" not in c.model_dump()["rewards"][0]
+        and c.model_dump()["rewards"][1]["on_timeout"] == "skip_group"
+    )
     assert load_config(None, []).reward_on_timeout is None
 
 
 def test_skip_group_needs_group_baselines():
-    with pytest.raises(ConfigError, match=r"^rewards\.0\.on_timeout=skip_group drops a prompt's group .* not gae\); "
-                                          r"use skip, raise or a number$"):
-        load_config(None, ["rewards=[{function: math, on_timeout: skip_group}]", "algorithm.advantage_estimator=gae"])
+    with pytest.raises(
+        ConfigError,
+        match=r"^rewards\.0\.on_timeout=skip_group drops a prompt's group .* not gae\); "
+        r"use skip, raise or a number$",
+    ):
+        load_config(
+            None, ["rewards=[{function: math, on_timeout: skip_group}]", "algorithm.advantage_estimator=gae"]
+        )
 
 
 # ----------------------------------------------------------------------------- end to end
@@ -282,19 +341,36 @@ async def judge_that_hangs_on_its_second_call(completions, **kwargs):
     return [c.count("7") / max(len(c), 1) for c in completions]
 
 
-def test_a_run_with_an_async_reward_that_hangs_on_some_calls_finishes_and_counts_them(tiny_model_dir, tmp_path):
+def test_a_run_with_an_async_reward_that_hangs_on_some_calls_finishes_and_counts_them(
+    tiny_model_dir, tmp_path
+):
     _calls["n"] = 0
-    cfg = load_config(None, [
-        f"model.name_or_path={tiny_model_dir}", "data.task=countdown", "data.task_train_size=50", "data.eval_size=0",
-        "rollout.prompts_per_step=2", "rollout.num_generations=4", "rollout.max_completion_length=6",
-        "optim.max_steps=3", "algorithm.beta=0.0", "eval.at_start=false", "logging.sample_every=0",
-        "checkpoint.save_every=0", "reward_timeout=0.5", f"output_dir={tmp_path / 'run'}",
-    ])
+    cfg = load_config(
+        None,
+        [
+            f"model.name_or_path={tiny_model_dir}",
+            "data.task=countdown",
+            "data.task_train_size=50",
+            "data.eval_size=0",
+            "rollout.prompts_per_step=2",
+            "rollout.num_generations=4",
+            "rollout.max_completion_length=6",
+            "optim.max_steps=3",
+            "algorithm.beta=0.0",
+            "eval.at_start=false",
+            "logging.sample_every=0",
+            "checkpoint.save_every=0",
+            "reward_timeout=0.5",
+            f"output_dir={tmp_path / 'run'}",
+        ],
+    )
     cfg.rewards = [RewardSpec(judge_that_hangs_on_its_second_call, name="judge", on_timeout="skip_group")]
     Trainer(cfg).train()
     rows = [json.loads(line) for line in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
     rows = [r for r in rows if "reward/timeouts/judge" in r]
     assert [r["reward/timeouts/judge"] for r in rows] == [0, 1, 0]
     assert [r["reward/skipped_frac"] for r in rows] == [0, 1, 0]
-    assert rows[1]["reward/errors/judge"] == 8 and rows[1]["advantage/abs_mean"] == 0  # the step's groups are dropped
+    assert (
+        rows[1]["reward/errors/judge"] == 8 and rows[1]["advantage/abs_mean"] == 0
+    )  # the step's groups are dropped
     assert (Path(cfg.output_dir) / "final").is_dir()

@@ -5,9 +5,17 @@ The model is a tiny random Llama (GQA, untied head) saved and loaded with from_p
 are drawn with a larger std than usual (0.15) so that greedy completions vary with the prompt and
 some of them stop at EOS within a few tokens while others run to the length limit.
 """
+
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+)
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 import grpokit.rollout.fast as fast
@@ -38,9 +46,18 @@ def model_and_tok(tmp_path_factory):
     build_tokenizer(get_task("countdown"), path)
     tok = AutoTokenizer.from_pretrained(path)
     cfg = LlamaConfig(
-        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, initializer_range=0.15,
-        tie_word_embeddings=False, pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        initializer_range=0.15,
+        tie_word_embeddings=False,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
     )
     torch.manual_seed(0)
     LlamaForCausalLM(cfg).save_pretrained(path)
@@ -55,8 +72,15 @@ def gpt2(tmp_path_factory, model_and_tok):
     _, tok = model_and_tok
     path = tmp_path_factory.mktemp("fast_engine_gpt2")
     cfg = GPT2Config(
-        vocab_size=len(tok), n_embd=64, n_layer=2, n_head=4, n_positions=128, initializer_range=0.15,
-        pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+        vocab_size=len(tok),
+        n_embd=64,
+        n_layer=2,
+        n_head=4,
+        n_positions=128,
+        initializer_range=0.15,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
     )
     torch.manual_seed(0)
     GPT2LMHeadModel(cfg).save_pretrained(path)
@@ -151,7 +175,9 @@ def test_first_token_frequencies_match_processed_distribution(model_and_tok, pro
 
     N = 4000
     torch.manual_seed(1234)
-    out = FastEngine(model, tok).generate([prompt], N, SamplingParams(max_tokens=1, temperature=0.7, top_k=5, top_p=top_p))
+    out = FastEngine(model, tok).generate(
+        [prompt], N, SamplingParams(max_tokens=1, temperature=0.7, top_k=5, top_p=top_p)
+    )
     first = torch.tensor([ids[0] for ids in out.token_ids])
     assert torch.isin(first, support).all(), "sampled a token outside the top-k / top-p support"
     counts = torch.stack([(first == t).sum() for t in support]).double()
@@ -194,8 +220,12 @@ def test_logprobs_equal_trainer_logprobs(model_and_tok, prompts, monkeypatch, co
     model, tok = model_and_tok
     n, T = 4, 0.8
     torch.manual_seed(3)
-    out = FastEngine(model, tok).generate(prompts, n, SamplingParams(max_tokens=12, temperature=T, top_k=top_k, top_p=top_p))
-    assert len({len(ids) for ids in out.token_ids}) > 2  # ragged completions: rows left the batch at different steps
+    out = FastEngine(model, tok).generate(
+        prompts, n, SamplingParams(max_tokens=12, temperature=T, top_k=top_k, top_p=top_p)
+    )
+    assert (
+        len({len(ids) for ids in out.token_ids}) > 2
+    )  # ragged completions: rows left the batch at different steps
     batch = pack_sequences([p for p in prompts for _ in range(n)], out.token_ids, tok.pad_token_id)
     model.eval()
     with torch.no_grad():
@@ -231,7 +261,10 @@ def test_stop_token_ids_end_a_row_like_eos_and_are_kept():
 
     tok = build_tokenizer("0123456789+*=ab")
     model = build_tiny_llama(tok, size="test", seed=1).eval()
-    engine, prompts = FastEngine(model, tok), [tok.encode(p) for p in ("12*3", "7", "1", "99", "3*3", "+", "42", "8")]
+    engine, prompts = (
+        FastEngine(model, tok),
+        [tok.encode(p) for p in ("12*3", "7", "1", "99", "3*3", "+", "42", "8")],
+    )
     stop = tuple(tok.encode("77", add_special_tokens=False))  # a frequent pair of this random model
     torch.manual_seed(3)
     out = engine.generate(prompts, 8, SamplingParams(max_tokens=40, stop_token_ids=(stop,)))
@@ -241,7 +274,9 @@ def test_stop_token_ids_end_a_row_like_eos_and_are_kept():
         assert tok.eos_token_id not in ids[:-1] and (first is None or first == len(ids))
         stopped += first is not None
     assert stopped >= 2 and any(len(ids) == 40 or ids[-1] == tok.eos_token_id for ids in out.token_ids)
-    tokens = pack_sequences([p for p in prompts for _ in range(8)], out.token_ids, tok.pad_token_id)  # 64 rows
+    tokens = pack_sequences(
+        [p for p in prompts for _ in range(8)], out.token_ids, tok.pad_token_id
+    )  # 64 rows
     with torch.no_grad():
         logp, _ = completion_logprobs(model, tokens)
     for i, lps in enumerate(out.logprobs):

@@ -1,4 +1,5 @@
 """The hf engine samples from the distribution the trainer scores, and handles greedy groups."""
+
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -15,8 +16,14 @@ class CharTok:
 
 def uniform_model(vocab=200):
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=1)
+    cfg = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+    )
     m = LlamaForCausalLM(cfg).eval()
     with torch.no_grad():
         m.lm_head.weight.zero_()  # every next token equally likely
@@ -31,6 +38,8 @@ def test_top_k_zero_means_no_top_k():
 
 
 def test_greedy_with_several_samples_and_prompt_major_order():
-    comps = HFEngine(uniform_model(), CharTok()).generate([[2, 3], [4]], 3, SamplingParams(max_tokens=2, greedy=True))
+    comps = HFEngine(uniform_model(), CharTok()).generate(
+        [[2, 3], [4]], 3, SamplingParams(max_tokens=2, greedy=True)
+    )
     assert len(comps) == 6 and comps.finish_reasons == ["length"] * 6
     assert comps.token_ids[0] == comps.token_ids[1] == comps.token_ids[2]

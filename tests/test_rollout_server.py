@@ -4,6 +4,7 @@ test_rollout_vllm.py (head size 64), once for the module, and VLLMServerEngine t
 The must-show (issue 13), server mode: after a weight push (through /dev/shm) the server's per-token sampling
 log-probs equal the trainer's recomputed ones (fp32, max |diff| < 1e-3), and before the push they differ.
 """
+
 import ctypes
 import re
 import signal
@@ -20,14 +21,22 @@ from grpokit.rollout import SamplingParams
 from grpokit.rollout.server import VLLMServerEngine
 from grpokit.rollout.vllm import RolloutError, VLLMEngine
 from grpokit.tasks.tiny_model import build_tiny_llama
-from tests.test_rollout_vllm import (assert_learned_and_every_push_took, grpo_config, load, logprobs_differ_before_a_push_and_match_after,  # noqa: F401
-                                     model_dir, prompts)  # model_dir: the fixture
+from tests.test_rollout_vllm import (
+    assert_learned_and_every_push_took,
+    grpo_config,
+    load,
+    logprobs_differ_before_a_push_and_match_after,  # noqa: F401
+    model_dir,
+    prompts,
+)  # model_dir: the fixture
 
 START_TIMEOUT_S = 300  # vLLM's start on a busy 2-core machine: 20-50 s
 
 
 def _die_with_parent():
-    ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: the server goes when pytest goes, however it ends
+    ctypes.CDLL(None).prctl(
+        1, signal.SIGTERM
+    )  # PR_SET_PDEATHSIG: the server goes when pytest goes, however it ends
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +44,24 @@ def server(model_dir, tmp_path_factory):
     """(url, log path) of a `grpokit serve` subprocess on model_dir, listening on a free port; terminated at the end."""
     log = tmp_path_factory.mktemp("serve") / "serve.log"
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "grpokit", "serve", str(model_dir), "--port", "0", "--threads", "1",
-                                 "--max-num-seqs", "64"], stdout=out, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "grpokit",
+                "serve",
+                str(model_dir),
+                "--port",
+                "0",
+                "--threads",
+                "1",
+                "--max-num-seqs",
+                "64",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            preexec_fn=_die_with_parent,
+        )
     try:
         deadline, url = time.monotonic() + 60, None
         while url is None:
@@ -60,9 +85,15 @@ def connect(server, model, tok):
 
 def test_sampling_logprobs_match_the_trainer_after_a_push_and_differ_before(server, model_dir):
     model, tok = load(model_dir)
-    engine = connect(server, model, tok)  # waits for the server's "ready", checks its model, pushes the trainer's weights
-    stale, comps = logprobs_differ_before_a_push_and_match_after(engine, model, tok)  # through /dev/shm and HTTP
-    assert stale.versions == [0] * len(stale) and comps.versions == [1] * len(comps)  # the version that sampled each
+    engine = connect(
+        server, model, tok
+    )  # waits for the server's "ready", checks its model, pushes the trainer's weights
+    stale, comps = logprobs_differ_before_a_push_and_match_after(
+        engine, model, tok
+    )  # through /dev/shm and HTTP
+    assert stale.versions == [0] * len(stale) and comps.versions == [1] * len(
+        comps
+    )  # the version that sampled each
     assert comps.texts == tok.batch_decode(comps.token_ids, skip_special_tokens=True)
 
 
@@ -90,11 +121,15 @@ def test_the_runs_generator_decides_the_samples_as_in_the_colocated_engine(serve
     torch.manual_seed(8)
     c = engine.generate(p, 4, sampling).token_ids
     assert a.token_ids == b and a.token_ids != c
-    assert len({tuple(x) for x in a.token_ids[:4]}) > 1  # the n samples of a prompt are not copies of each other
+    assert (
+        len({tuple(x) for x in a.token_ids[:4]}) > 1
+    )  # the n samples of a prompt are not copies of each other
     own = lambda: SamplingParams(max_tokens=12, generator=torch.Generator().manual_seed(7))  # noqa: E731
     state = torch.random.get_rng_state()
     assert engine.generate(p, 4, own()).token_ids == engine.generate(p, 4, own()).token_ids
-    assert torch.equal(torch.random.get_rng_state(), state)  # a generator of its own leaves the run's stream alone
+    assert torch.equal(
+        torch.random.get_rng_state(), state
+    )  # a generator of its own leaves the run's stream alone
     colocated = VLLMEngine(model, tok, max_model_len=256, max_seqs=32)  # the same weights in this process
     try:
         torch.manual_seed(7)
@@ -137,15 +172,31 @@ def test_a_server_on_another_model_is_a_clear_error(server, tiny_model_dir, tmp_
 
     hf_logging.disable_progress_bar()  # as grpokit.cli.main does; the test runner skips main()
     (tmp_path / "config.yaml").write_text("{}\n")
-    result = CliRunner().invoke(app, ["train", str(tmp_path / "config.yaml"), f"model.name_or_path={tiny_model_dir}",
-                                      "data.task=countdown", "data.task_train_size=50", "threads=1", "rollout.max_completion_length=8", "rollout.engine=vllm",
-                                      "rollout.vllm_mode=server", f"rollout.vllm_server_url={server[0]}", f"output_dir={tmp_path / 'run'}",
-                                      f"rewards=[{{function: '{__file__.rsplit('/', 1)[0]}/reward_fns.py:count_sevens'}}]"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "train",
+            str(tmp_path / "config.yaml"),
+            f"model.name_or_path={tiny_model_dir}",
+            "data.task=countdown",
+            "data.task_train_size=50",
+            "threads=1",
+            "rollout.max_completion_length=8",
+            "rollout.engine=vllm",
+            "rollout.vllm_mode=server",
+            f"rollout.vllm_server_url={server[0]}",
+            f"output_dir={tmp_path / 'run'}",
+            f"rewards=[{{function: '{__file__.rsplit('/', 1)[0]}/reward_fns.py:count_sevens'}}]",
+        ],
+    )
     assert result.exit_code == 2, (result.output, result.exception)
     line = result.stderr.strip()
     assert "\n" not in line and "Traceback" not in result.output, result.output
     assert line.startswith(f"error: the rollout server at {server[0]} serves another model"), line
-    assert re.search(r"tensor model\.layers\.0\.self_attn\.q_proj\.weight is \[256, 96\] there, \[96, 96\] here \(and \d+ more\)", line), line
+    assert re.search(
+        r"tensor model\.layers\.0\.self_attn\.q_proj\.weight is \[256, 96\] there, \[96, 96\] here \(and \d+ more\)",
+        line,
+    ), line
     assert f"`grpokit serve {tiny_model_dir}`" in line, line
 
 
@@ -155,9 +206,16 @@ def test_grpo_on_a_vllm_server_learns_and_every_push_takes(server, model_dir, tm
     pushed after the step before)."""
     from grpokit.trainer import Trainer
 
-    cfg = grpo_config(model_dir, tmp_path / "run", "optim.max_steps=30", "rollout.engine=vllm", "rollout.vllm_mode=server",
-                      f"rollout.vllm_server_url={server[0]}", f"rollout.vllm_server_timeout={START_TIMEOUT_S}",
-                      "rollout.importance_correction=token_truncate")
+    cfg = grpo_config(
+        model_dir,
+        tmp_path / "run",
+        "optim.max_steps=30",
+        "rollout.engine=vllm",
+        "rollout.vllm_mode=server",
+        f"rollout.vllm_server_url={server[0]}",
+        f"rollout.vllm_server_timeout={START_TIMEOUT_S}",
+        "rollout.importance_correction=token_truncate",
+    )
     Trainer(cfg).train()
     assert_learned_and_every_push_took(tmp_path / "run", 30)
 
@@ -170,7 +228,9 @@ def test_a_run_resumes_against_a_server_at_another_url():
 
     server = ["rollout.engine=vllm", "rollout.vllm_mode=server"]
     saved = load_config(None, [*server, "rollout.vllm_server_url=http://127.0.0.1:8000"]).model_dump()
-    now = load_config(None, [*server, "rollout.vllm_server_url=http://10.0.0.2:9000", "rollout.vllm_server_timeout=30"]).model_dump()
+    now = load_config(
+        None, [*server, "rollout.vllm_server_url=http://10.0.0.2:9000", "rollout.vllm_server_timeout=30"]
+    ).model_dump()
     assert config_changes(saved, now, []) == ([], [])
     colocated = load_config(None, ["rollout.engine=vllm"]).model_dump()
     assert config_changes(colocated, now, [])[0] == ["rollout.vllm_mode: 'colocate' -> 'server'"]

@@ -4,6 +4,7 @@ save_pretrained and loaded back with from_pretrained (head size 64: vLLM's CPU a
 The must-show (issue 13): after a weight push the engine's per-token sampling log-probs equal the trainer's
 recomputed ones (fp32, max |diff| < 1e-3), and before the push they differ.
 """
+
 import json
 import random
 
@@ -62,7 +63,11 @@ def trainer_logprobs(model, prompt_ids, comps, n, temperature=1.0):
 
 def max_diff(model, prompt_ids, comps, n, temperature=1.0):
     logp = trainer_logprobs(model, prompt_ids, comps, n, temperature)
-    return max((logp[i, : len(lp)] - torch.tensor(lp)).abs().max().item() for i, lp in enumerate(comps.logprobs) if lp)
+    return max(
+        (logp[i, : len(lp)] - torch.tensor(lp)).abs().max().item()
+        for i, lp in enumerate(comps.logprobs)
+        if lp
+    )
 
 
 def one_optimizer_step(model, tok):
@@ -182,7 +187,9 @@ def test_sleep_and_wake_up_do_nothing_on_cpu(engine_and_model):
     assert engine.generate(prompts(tok), 2, greedy).token_ids == before
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="vLLM's sleep mode needs CUDA (the CPU backend has none)")
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="vLLM's sleep mode needs CUDA (the CPU backend has none)"
+)
 def test_sleep_frees_gpu_memory_and_wake_up_brings_the_same_engine_back(model_dir):
     """On CUDA: sleep() (level 1) frees the KV cache and moves the weights to CPU memory; a push while asleep wakes
     the engine; after wake_up the engine samples what it sampled before, and pushes still take."""
@@ -197,7 +204,9 @@ def test_sleep_frees_gpu_memory_and_wake_up_brings_the_same_engine_back(model_di
         engine.sleep()
         assert engine.asleep
         freed = torch.cuda.mem_get_info()[0] - free_awake
-        assert freed > 100 << 20, freed  # 0.2 of the GPU minus what stays: the KV cache alone is far more than this
+        assert freed > 100 << 20, (
+            freed
+        )  # 0.2 of the GPU minus what stays: the KV cache alone is far more than this
         engine.wake_up()
         assert not engine.asleep and engine.generate(p, 2, greedy).token_ids == before
         engine.sleep()
@@ -205,8 +214,10 @@ def test_sleep_frees_gpu_memory_and_wake_up_brings_the_same_engine_back(model_di
         engine.sync_weights(model)  # wakes it: the reload needs resident weights
         assert not engine.asleep and engine.last_push_error < 1e-3
         comps = engine.generate(p, 4, SamplingParams(max_tokens=12))
-        for prompt, ids, lp in zip([q for q in p for _ in range(4)], comps.token_ids, comps.logprobs):  # ids: never empty (>= EOS)
-            ours = model_prompt_logprobs(model, prompt + ids)[len(prompt) - 1:]  # teacher-forced, on the GPU
+        for prompt, ids, lp in zip(
+            [q for q in p for _ in range(4)], comps.token_ids, comps.logprobs
+        ):  # ids: never empty (>= EOS)
+            ours = model_prompt_logprobs(model, prompt + ids)[len(prompt) - 1 :]  # teacher-forced, on the GPU
             assert (ours - torch.tensor(lp, dtype=torch.float64)).abs().max().item() < 1e-3
     finally:
         engine.close()
@@ -222,7 +233,9 @@ def test_starting_vllm_leaves_the_process_as_it_was(model_dir):
     random.seed(3)
     np.random.seed(3)
     torch.manual_seed(3)
-    engine = VLLMEngine(model, tok, max_model_len=256, max_seqs=8)  # closes the module's engine: one per process
+    engine = VLLMEngine(
+        model, tok, max_model_len=256, max_seqs=8
+    )  # closes the module's engine: one per process
     try:
         assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected  # vLLM seeded all three
         assert torch.get_num_threads() == 1
@@ -243,12 +256,26 @@ def grpo_config(model_dir, out, *extra):
     from grpokit.config import load_config
 
     reward = f"{__file__.rsplit('/', 1)[0]}/reward_fns.py:count_sevens"
-    return load_config(None, [
-        f"model.name_or_path={model_dir}", "data.task=countdown", "data.task_train_size=500", "data.eval_size=0",
-        f"rewards=[{{function: '{reward}'}}]", "rollout.prompts_per_step=4", "rollout.num_generations=8",
-        "rollout.max_completion_length=8", "optim.learning_rate=3e-3", "algorithm.beta=0.0", "eval.at_start=false",
-        "logging.sample_every=0", "checkpoint.save_every=0", f"output_dir={out}", *extra,
-    ])
+    return load_config(
+        None,
+        [
+            f"model.name_or_path={model_dir}",
+            "data.task=countdown",
+            "data.task_train_size=500",
+            "data.eval_size=0",
+            f"rewards=[{{function: '{reward}'}}]",
+            "rollout.prompts_per_step=4",
+            "rollout.num_generations=8",
+            "rollout.max_completion_length=8",
+            "optim.learning_rate=3e-3",
+            "algorithm.beta=0.0",
+            "eval.at_start=false",
+            "logging.sample_every=0",
+            "checkpoint.save_every=0",
+            f"output_dir={out}",
+            *extra,
+        ],
+    )
 
 
 def test_grpo_on_vllm_learns_and_every_push_takes(model_dir, tmp_path):
@@ -257,8 +284,13 @@ def test_grpo_on_vllm_learns_and_every_push_takes(model_dir, tmp_path):
     step before (a push that did not take would show the previous policy's log-probs, as in the must-show test)."""
     from grpokit.trainer import Trainer
 
-    cfg = grpo_config(model_dir, tmp_path / "run", "optim.max_steps=30", "rollout.engine=vllm",
-                      "rollout.importance_correction=token_truncate")
+    cfg = grpo_config(
+        model_dir,
+        tmp_path / "run",
+        "optim.max_steps=30",
+        "rollout.engine=vllm",
+        "rollout.importance_correction=token_truncate",
+    )
     trainer = Trainer(cfg)
     try:
         trainer.train()
@@ -276,4 +308,6 @@ def assert_learned_and_every_push_took(run_dir, steps_run: int) -> None:
     assert sum(rewards[-8:]) / 8 > sum(rewards[:8]) / 8 + 0.15, rewards
     assert all(r["rollout/logp_diff_max"] < 1e-3 for r in steps), [r["rollout/logp_diff_max"] for r in steps]
     assert all(0 <= r["rollout/sampler_kl"] < 1e-6 for r in steps)
-    assert all(r["rollout/is_clip_frac"] == 0.0 and abs(r["rollout/is_weight_mean"] - 1) < 1e-3 for r in steps)
+    assert all(
+        r["rollout/is_clip_frac"] == 0.0 and abs(r["rollout/is_weight_mean"] - 1) < 1e-3 for r in steps
+    )

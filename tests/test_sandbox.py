@@ -8,6 +8,7 @@ this process still alive. It needs "namespaces" isolation (root and util-linux `
 and is skipped elsewhere; the fallback's own tests run everywhere. Limits are small so the
 file stays quick: wall 3 s, CPU 2 s, 256 MiB.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -29,11 +30,27 @@ from grpokit.rewards import sandbox
 from grpokit.rewards.cgroup import memory_pool
 from grpokit.rewards.sandbox import UID_BASE, UID_COUNT, Limits, isolation_mode, run_many, run_python
 
-SMALL = Limits(wall_time=3.0, cpu_time=2, memory_mb=256, processes=16, output_bytes=64 << 10, disk_mb=32,
-               file_size_mb=4, tree_memory_mb=512)
+SMALL = Limits(
+    wall_time=3.0,
+    cpu_time=2,
+    memory_mb=256,
+    processes=16,
+    output_bytes=64 << 10,
+    disk_mb=32,
+    file_size_mb=4,
+    tree_memory_mb=512,
+)
 ROOMY = Limits(wall_time=30.0, memory_mb=256)  # for programs that must finish, even on a busy machine
-SMALL_KWARGS = {"wall_time": 3.0, "cpu_time": 2, "memory_mb": 256, "processes": 16,
-                "output_bytes": 64 << 10, "disk_mb": 32, "file_size_mb": 4, "tree_memory_mb": 512}
+SMALL_KWARGS = {
+    "wall_time": 3.0,
+    "cpu_time": 2,
+    "memory_mb": 256,
+    "processes": 16,
+    "output_bytes": 64 << 10,
+    "disk_mb": 32,
+    "file_size_mb": 4,
+    "tree_memory_mb": 512,
+}
 
 
 @pytest.fixture(scope="session")
@@ -72,6 +89,7 @@ def accepted_a_connection(server: socket.socket) -> bool:
 
 # -- run_python ----------------------------------------------------------------------------
 
+
 def test_runs_a_program_with_stdin_and_reports_ok():
     r = run_python("import sys\nprint(sys.stdin.read()[::-1])", stdin="abc", limits=ROOMY)
     assert (r.ok, r.reason, r.returncode, r.stdout) == (True, "ok", 0, "cba\n")
@@ -95,8 +113,11 @@ def test_environment_is_scrubbed(monkeypatch):
 
 def test_home_and_tmpdir_are_the_empty_working_folder_and_it_is_removed():
     before = sandbox_dirs()
-    r = run_python("import os\nprint(os.getcwd() == os.environ['HOME'] == os.environ['TMPDIR'])\n"
-                   "print(sorted(os.listdir('.')))\nopen('scratch', 'w').write('x')", limits=ROOMY)
+    r = run_python(
+        "import os\nprint(os.getcwd() == os.environ['HOME'] == os.environ['TMPDIR'])\n"
+        "print(sorted(os.listdir('.')))\nopen('scratch', 'w').write('x')",
+        limits=ROOMY,
+    )
     assert r.ok, r.stderr
     assert r.stdout.splitlines() == ["True", "['main.py']"]
     assert sandbox_dirs() <= before
@@ -109,15 +130,22 @@ def test_files_are_put_next_to_the_program():
         run_python("pass", files={"../x": "no"})
 
 
-@pytest.mark.parametrize("code, reasons", [
-    ("import time\ntime.sleep(60)", {"timeout"}),
-    ("while True:\n    pass", {"cpu_limit", "timeout"}),  # which comes first depends on the load
-    ("x = bytearray(1 << 30)", {"memory_limit"}),
-    ("with open('big', 'wb') as f:\n    while True:\n        f.write(b'0' * (1 << 20))", {"file_size_limit"}),
-    ("import sys\nwhile True:\n    sys.stdout.write('x' * 65536)", {"output_limit"}),
-    ("import sys\nwhile True:\n    sys.stderr.write('x' * 65536)", {"output_limit"}),
-    ("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)", {"killed:SIGSEGV"}),
-], ids=["sleep", "loop", "memory", "file_size", "stdout_flood", "stderr_flood", "segv"])
+@pytest.mark.parametrize(
+    "code, reasons",
+    [
+        ("import time\ntime.sleep(60)", {"timeout"}),
+        ("while True:\n    pass", {"cpu_limit", "timeout"}),  # which comes first depends on the load
+        ("x = bytearray(1 << 30)", {"memory_limit"}),
+        (
+            "with open('big', 'wb') as f:\n    while True:\n        f.write(b'0' * (1 << 20))",
+            {"file_size_limit"},
+        ),
+        ("import sys\nwhile True:\n    sys.stdout.write('x' * 65536)", {"output_limit"}),
+        ("import sys\nwhile True:\n    sys.stderr.write('x' * 65536)", {"output_limit"}),
+        ("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)", {"killed:SIGSEGV"}),
+    ],
+    ids=["sleep", "loop", "memory", "file_size", "stdout_flood", "stderr_flood", "segv"],
+)
 def test_limits_stop_the_program_with_a_reason(code, reasons):
     r = run_python(code, limits=dataclasses.replace(SMALL, wall_time=1.0))
     assert not r.ok and r.reason in reasons, (r.reason, r.stderr[-500:])
@@ -165,10 +193,17 @@ def test_limits_are_validated():
 
 # -- the fallback without namespaces -------------------------------------------------------
 
+
 def test_require_network_isolation_refuses_to_run_without_it():
-    r = run_python("open('/tmp/should-not-run', 'w')", isolation="none",
-                   limits=Limits(require_network_isolation=True))
-    assert (r.ok, r.reason, r.returncode, r.network_isolated) == (False, "network_isolation_unavailable", None, False)
+    r = run_python(
+        "open('/tmp/should-not-run', 'w')", isolation="none", limits=Limits(require_network_isolation=True)
+    )
+    assert (r.ok, r.reason, r.returncode, r.network_isolated) == (
+        False,
+        "network_isolation_unavailable",
+        None,
+        False,
+    )
 
 
 def test_fallback_blocks_sockets_in_process_and_says_it_is_not_isolated():
@@ -178,11 +213,14 @@ def test_fallback_blocks_sockets_in_process_and_says_it_is_not_isolated():
 
 
 def test_fallback_still_enforces_the_wall_limit():
-    r = run_python("import time\ntime.sleep(60)", isolation="none", limits=dataclasses.replace(SMALL, wall_time=1.0))
+    r = run_python(
+        "import time\ntime.sleep(60)", isolation="none", limits=dataclasses.replace(SMALL, wall_time=1.0)
+    )
     assert r.reason == "timeout" and not r.network_isolated
 
 
 # -- code_tests: extraction, parsing, scoring ----------------------------------------------
+
 
 def test_extract_code_prefers_the_last_python_block():
     text = "plan\n```\nbare\n```\n```python\nfirst\n```\ntext\n```py\nsecond\n```\n"
@@ -194,11 +232,18 @@ def test_extract_code_prefers_the_last_python_block():
 
 def test_parse_tests_counts_asserts_and_keeps_setup():
     assert parse_tests("import math\nassert f(1) == 1\nx = 2\nassert f(x) == 2") == [
-        ("import math", False), ("assert f(1) == 1", True), ("x = 2", False), ("assert f(x) == 2", True)]
+        ("import math", False),
+        ("assert f(1) == 1", True),
+        ("x = 2", False),
+        ("assert f(x) == 2", True),
+    ]
     assert parse_tests("def check(f):\n    assert f(1) == 1\ncheck(f)") == [
-        ("def check(f):\n    assert f(1) == 1\ncheck(f)", True)]  # no top-level assert: one test
+        ("def check(f):\n    assert f(1) == 1\ncheck(f)", True)
+    ]  # no top-level assert: one test
     assert parse_tests(["assert f(1) == 1", "assert f(2) == 2"]) == [
-        ("assert f(1) == 1", True), ("assert f(2) == 2", True)]
+        ("assert f(1) == 1", True),
+        ("assert f(2) == 2", True),
+    ]
     for bad in ("assert (", ["ok = 1", 3], 5):
         with pytest.raises(ValueError):
             parse_tests(bad)
@@ -210,8 +255,8 @@ ADD_TESTS = "assert add(1, 2) == 3\nassert add(2, 2) == 4\nassert add(0, 0) == 0
 def test_correct_gets_one_partial_gets_the_fraction():
     completions = [
         "Here:\n```python\ndef add(a, b):\n    return a + b\n```",  # all 4
-        "def add(a, b):\n    return a * 2",                          # add(2,2), add(0,0): 2 of 4
-        "```python\ndef add(a, b)\n    return a + b\n```",            # syntax error
+        "def add(a, b):\n    return a * 2",  # add(2,2), add(0,0): 2 of 4
+        "```python\ndef add(a, b)\n    return a + b\n```",  # syntax error
         "```python\nimport sys\ndef add(a, b):\n    return 0\nsys.exit(3)\n```",  # exits, then 2 of 4
         [{"role": "assistant", "content": "```python\nadd = lambda a, b: a + b\n```"}],  # chat message
     ]
@@ -318,16 +363,21 @@ LIMIT = 10.0
 
 def test_ordinary_tests_work_across_the_judge():
     scores = code_tests([RIGHT, WRONG], [ORDINARY_TESTS] * 2, **SMALL_KWARGS)
-    assert scores == [1.0, 0.0], [(r.reason, r.passed, r.sandbox.stderr[-300:]) for r in code_tests.last_results]
+    assert scores == [1.0, 0.0], [
+        (r.reason, r.passed, r.sandbox.stderr[-300:]) for r in code_tests.last_results
+    ]
 
 
 def test_stdin_stdout_cases_are_compared_by_the_parent():
     tests = {"inputs": ["3\n1 2 3\n", "1\n5\n", "2\n-1 1\n"], "outputs": ["6\n", "5", "0  \n\n"]}
     right = "n = int(input())\nprint(sum(map(int, input().split())))"
     off_by_one = "n = int(input())\nprint(sum(map(int, input().split())) + 1)"
-    hangs_on_five = "n = int(input())\nxs = list(map(int, input().split()))\nwhile xs == [5]:\n    pass\nprint(sum(xs))"
-    scores = code_tests([right, off_by_one, hangs_on_five, right], [tests, tests, tests, {"inputs": ["1"]}],
-                        **SMALL_KWARGS)
+    hangs_on_five = (
+        "n = int(input())\nxs = list(map(int, input().split()))\nwhile xs == [5]:\n    pass\nprint(sum(xs))"
+    )
+    scores = code_tests(
+        [right, off_by_one, hangs_on_five, right], [tests, tests, tests, {"inputs": ["1"]}], **SMALL_KWARGS
+    )
     assert scores[:3] == [1.0, 0.0, 2 / 3] and scores[3] is None
     reasons = code_tests.last_reasons
     assert reasons[:2] == ["passed", "failed"] and reasons[2] in ("timeout", "cpu_limit")
@@ -341,8 +391,12 @@ def test_stdin_stdout_cases_are_compared_by_the_parent():
 def test_code_tests_is_a_builtin_reward_with_checked_settings():
     assert BUILTIN_REWARDS["code_tests"] is code_tests
     manager = RewardManager([RewardSpec("code_tests", kwargs=SMALL_KWARGS)])
-    out = manager(prompts=["p", "p"], completions=["def add(a, b):\n    return a + b", "nope"],
-                  completion_ids=[[1], [1]], columns={"tests": [ADD_TESTS, ADD_TESTS]})
+    out = manager(
+        prompts=["p", "p"],
+        completions=["def add(a, b):\n    return a + b", "nope"],
+        completion_ids=[[1], [1]],
+        columns={"tests": [ADD_TESTS, ADD_TESTS]},
+    )
     assert out.total.tolist() == [1.0, 0.0] and out.errors == {"code_tests": 0}
     for bad in ({"wall_time": -1}, {"partial": "yes"}, {"max_workers": 0}, {"timeout": 3}):
         with pytest.raises(ValueError, match="code_tests"):
@@ -467,49 +521,80 @@ def _hostile_cases(outside: str, victim: str, port: int) -> dict[str, tuple[str,
     secret_hash = hashlib.sha256(SECRET.encode()).hexdigest()
     home = os.path.expanduser("~")
     return {
-        "fork_bomb": ("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass",
-                      "assert True", {"timeout", "cpu_limit"}),
+        "fork_bomb": (
+            "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass",
+            "assert True",
+            {"timeout", "cpu_limit"},
+        ),
         "infinite_loop": ("while True:\n    pass", "assert True", {"timeout", "cpu_limit"}),
         # bytes(n) is calloc'd: the address space runs out before page faults make it slow
-        "memory_bomb": ("hoard = []\nwhile True:\n    hoard.append(bytes(1 << 24))",
-                        "assert len(hoard) > 1000", {"exception:MemoryError", "memory_limit"}),
+        "memory_bomb": (
+            "hoard = []\nwhile True:\n    hoard.append(bytes(1 << 24))",
+            "assert len(hoard) > 1000",
+            {"exception:MemoryError", "memory_limit"},
+        ),
         "sleep_past_wall": ("import time\ntime.sleep(60)\nDONE = True", "assert DONE", {"timeout"}),
-        "write_outside": (f"open({outside + '/created.txt'!r}, 'w').write('pwned')\n"
-                          f"open({victim!r}, 'a').write('pwned')\nWROTE = True",
-                          "assert WROTE", {"exception:FileNotFoundError:ENOENT", "exception:PermissionError:EACCES"}),
-        "delete_files": (f"import os, shutil\nos.remove({victim!r})\nshutil.rmtree({outside!r})\nDELETED = True",
-                         "assert DELETED", {"exception:FileNotFoundError:ENOENT", "exception:PermissionError:EACCES"}),
-        "read_secrets": ("import os, glob\nfound = os.environ.get('GRPOKIT_TEST_SECRET', '')\n"
-                         "for path in glob.glob('/proc/*/environ'):\n    try:\n"
-                         "        found = found or [v for v in open(path).read().split('\\0')"
-                         " if v.startswith('GRPOKIT_TEST_SECRET=')][0].split('=', 1)[1]\n"
-                         "    except (OSError, IndexError):\n        pass\nprint(found)",
-                         f"import hashlib\nassert hashlib.sha256(found.encode()).hexdigest() == {secret_hash!r}",
-                         {"failed"}),
-        "read_home": (f"import os\nentries = os.listdir({home!r})",
-                      f"assert {sorted(os.listdir(home))!r} == sorted(entries)",
-                      {"failed", "exception:PermissionError:EACCES", "exception:FileNotFoundError:ENOENT"}),
-        "connect_loopback": (f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=2)\n"
-                             "s.sendall(b'pwned')\nCONNECTED = True",
-                             "assert CONNECTED", {"exception:OSError:ENETUNREACH"}),
-        "signal_parent": ("import os, signal\nhits = 0\n"
-                          f"for pid in (os.getppid(), {me}, -{group}, -1):\n"
-                          "    try:\n        os.kill(pid, signal.SIGKILL)\n        hits += 1\n"
-                          "    except OSError:\n        pass",  # its parent is the judge: no verdict
-                          "assert hits == 4", {"failed", "killed:SIGKILL"}),
-        "kill_own_group": ("import os, signal\nos.killpg(os.getpgid(0), signal.SIGKILL)\nALIVE = True",
-                           "assert ALIVE", {"killed:SIGKILL"}),
+        "write_outside": (
+            f"open({outside + '/created.txt'!r}, 'w').write('pwned')\n"
+            f"open({victim!r}, 'a').write('pwned')\nWROTE = True",
+            "assert WROTE",
+            {"exception:FileNotFoundError:ENOENT", "exception:PermissionError:EACCES"},
+        ),
+        "delete_files": (
+            f"import os, shutil\nos.remove({victim!r})\nshutil.rmtree({outside!r})\nDELETED = True",
+            "assert DELETED",
+            {"exception:FileNotFoundError:ENOENT", "exception:PermissionError:EACCES"},
+        ),
+        "read_secrets": (
+            "import os, glob\nfound = os.environ.get('GRPOKIT_TEST_SECRET', '')\n"
+            "for path in glob.glob('/proc/*/environ'):\n    try:\n"
+            "        found = found or [v for v in open(path).read().split('\\0')"
+            " if v.startswith('GRPOKIT_TEST_SECRET=')][0].split('=', 1)[1]\n"
+            "    except (OSError, IndexError):\n        pass\nprint(found)",
+            f"import hashlib\nassert hashlib.sha256(found.encode()).hexdigest() == {secret_hash!r}",
+            {"failed"},
+        ),
+        "read_home": (
+            f"import os\nentries = os.listdir({home!r})",
+            f"assert {sorted(os.listdir(home))!r} == sorted(entries)",
+            {"failed", "exception:PermissionError:EACCES", "exception:FileNotFoundError:ENOENT"},
+        ),
+        "connect_loopback": (
+            f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=2)\n"
+            "s.sendall(b'pwned')\nCONNECTED = True",
+            "assert CONNECTED",
+            {"exception:OSError:ENETUNREACH"},
+        ),
+        "signal_parent": (
+            "import os, signal\nhits = 0\n"
+            f"for pid in (os.getppid(), {me}, -{group}, -1):\n"
+            "    try:\n        os.kill(pid, signal.SIGKILL)\n        hits += 1\n"
+            "    except OSError:\n        pass",  # its parent is the judge: no verdict
+            "assert hits == 4",
+            {"failed", "killed:SIGKILL"},
+        ),
+        "kill_own_group": (
+            "import os, signal\nos.killpg(os.getpgid(0), signal.SIGKILL)\nALIVE = True",
+            "assert ALIVE",
+            {"killed:SIGKILL"},
+        ),
         # 7 children of 200 MiB each, under a 256 MiB per-process limit: 1.4 GiB without a tree bound
         "memory_by_forking": (FORK_HOARD, "assert killed == 0", {"failed", "memory_limit", "timeout"}),
         # reward hacks: the verdict is decided outside the candidate, from values it cannot forge
         "forge_verdict_from_frames": (FORGE_FROM_FRAMES, ADD_TESTS, {"candidate_exited", "failed"}),
         "always_equal": (ALWAYS_EQUAL, ADD_TESTS, {"failed"}),
         "learn_the_verdict": (PROBE, f"assert secret() == {EXPECTED!r}", {"failed"}),
-        "gigabytes_of_output": ("import sys\nwhile True:\n    sys.stdout.write('x' * 65536)",
-                                "assert True", {"output_limit"}),
-        "gigabytes_to_disk": ("with open('big', 'wb') as f:\n    for _ in range(1024):\n"
-                              "        f.write(b'0' * (1 << 20))\nWRITTEN = True",
-                              "assert WRITTEN", {"exception:OSError:EFBIG"}),  # at file_size_mb
+        "gigabytes_of_output": (
+            "import sys\nwhile True:\n    sys.stdout.write('x' * 65536)",
+            "assert True",
+            {"output_limit"},
+        ),
+        "gigabytes_to_disk": (
+            "with open('big', 'wb') as f:\n    for _ in range(1024):\n"
+            "        f.write(b'0' * (1 << 20))\nWRITTEN = True",
+            "assert WRITTEN",
+            {"exception:OSError:EFBIG"},
+        ),  # at file_size_mb
     }
 
 
@@ -528,14 +613,25 @@ def hostile(namespaces, tmp_path_factory):
     dirs_before = sandbox_dirs()
     os.environ["GRPOKIT_TEST_SECRET"] = SECRET
     try:
-        scores = code_tests([f"```python\n{code}\n```" for code, _, _ in cases.values()],
-                            [tests for _, tests, _ in cases.values()], max_workers=4, **SMALL_KWARGS)
+        scores = code_tests(
+            [f"```python\n{code}\n```" for code, _, _ in cases.values()],
+            [tests for _, tests, _ in cases.values()],
+            max_workers=4,
+            **SMALL_KWARGS,
+        )
     finally:
         del os.environ["GRPOKIT_TEST_SECRET"]
     connected = accepted_a_connection(server)
     results = dict(zip(cases, code_tests.last_results))
-    yield {"cases": cases, "scores": dict(zip(cases, scores)), "results": results, "outside": outside,
-           "victim": victim, "connected": connected, "dirs_before": dirs_before}
+    yield {
+        "cases": cases,
+        "scores": dict(zip(cases, scores)),
+        "results": results,
+        "outside": outside,
+        "victim": victim,
+        "connected": connected,
+        "dirs_before": dirs_before,
+    }
 
 
 HOSTILE = list(_hostile_cases("/x", "/x/v", 1))
@@ -545,7 +641,10 @@ HOSTILE = list(_hostile_cases("/x", "/x/v", 1))
 def test_hostile_program_gets_zero_with_a_reason(hostile, name):
     result = hostile["results"][name]
     allowed = hostile["cases"][name][2]
-    assert hostile["scores"][name] == 0.0, (result.reason, result.sandbox.stderr[-500:] if result.sandbox else "")
+    assert hostile["scores"][name] == 0.0, (
+        result.reason,
+        result.sandbox.stderr[-500:] if result.sandbox else "",
+    )
     assert result.reason in allowed, (result.reason, result.sandbox.stderr[-500:] if result.sandbox else "")
     assert result.sandbox.network_isolated
     if memory_pool() is not None:  # the whole evaluation stayed under its bound
@@ -557,12 +656,16 @@ def test_one_evaluation_is_bounded_as_a_whole():
         pytest.skip("no writable memory cgroup here: per-process rlimits only (docs/sandbox.md)")
     roomy = Limits(wall_time=30.0, memory_mb=256, processes=16, tree_memory_mb=512)
     bounded = run_python(FORK_HOARD + "print(killed)", limits=roomy)
-    unbounded = run_python(FORK_HOARD + "print(killed)", limits=dataclasses.replace(roomy, tree_memory_mb=4096))
+    unbounded = run_python(
+        FORK_HOARD + "print(killed)", limits=dataclasses.replace(roomy, tree_memory_mb=4096)
+    )
     assert bounded.ok and int(bounded.stdout) > 0 and bounded.memory_killed
     assert bounded.memory_peak_mb <= 512
     assert unbounded.ok and int(unbounded.stdout) == 0 and unbounded.memory_peak_mb > 7 * 200  # what it costs
     hog = "hoard = b'x' * (400 << 20)\nimport time\ntime.sleep(3)"
-    pair = run_many([hog, hog], limits=dataclasses.replace(roomy, memory_mb=512, pool_memory_mb=600), max_workers=2)
+    pair = run_many(
+        [hog, hog], limits=dataclasses.replace(roomy, memory_mb=512, pool_memory_mb=600), max_workers=2
+    )
     assert any(r.memory_killed and r.reason == "memory_limit" for r in pair), pair  # 800 MiB > the pool's 600
 
 
@@ -628,9 +731,17 @@ def test_an_unprivileged_user_gets_user_namespace_isolation():
     python = _python_for_nobody()
     if python is None or not _world_readable(sandbox.__file__):
         pytest.skip("no interpreter or sandbox.py that an unprivileged uid can read")
-    proc = subprocess.run([python, "-I", "-c", _USERNS_CHECK, sandbox.__file__], user=NOBODY, group=NOBODY,
-                          extra_groups=[], capture_output=True, text=True, cwd="/", env={"PATH": "/usr/bin:/bin"},
-                          timeout=300)  # a guard against a hang, not a speed bound
+    proc = subprocess.run(
+        [python, "-I", "-c", _USERNS_CHECK, sandbox.__file__],
+        user=NOBODY,
+        group=NOBODY,
+        extra_groups=[],
+        capture_output=True,
+        text=True,
+        cwd="/",
+        env={"PATH": "/usr/bin:/bin"},
+        timeout=300,
+    )  # a guard against a hang, not a speed bound
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout)
     if out["mode"] != "userns":

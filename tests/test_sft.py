@@ -1,4 +1,5 @@
 """SFT warm-start: completion-only labels, the loss, learning a toy task, files in and out."""
+
 from __future__ import annotations
 
 import csv
@@ -26,9 +27,10 @@ def tok():
 def exact_match(model, tok, pairs):
     tok.padding_side = "left"
     enc = tok([p["prompt"] for p in pairs], return_tensors="pt", padding=True)
-    out = model.generate(**enc, max_new_tokens=4, do_sample=False,
-                         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-    texts = tok.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+    out = model.generate(
+        **enc, max_new_tokens=4, do_sample=False, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id
+    )
+    texts = tok.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
     return sum(t == p["completion"] for t, p in zip(texts, pairs)) / len(pairs)
 
 
@@ -58,11 +60,19 @@ def test_collate_right_pads_with_plain_positions(tok):
 
 def test_loss_is_cross_entropy_of_completion_tokens_only(tok):
     model = build_tiny_llama(tok, size="test")
-    batch = collate([encode_pair(tok, prompt_ids(tok, "12="), "21", 16)[:2], encode_pair(tok, prompt_ids(tok, "3+45="), "48", 16)[:2]], tok.pad_token_id)
+    batch = collate(
+        [
+            encode_pair(tok, prompt_ids(tok, "12="), "21", 16)[:2],
+            encode_pair(tok, prompt_ids(tok, "3+45="), "48", 16)[:2],
+        ],
+        tok.pad_token_id,
+    )
     loss, n_tokens = completion_loss(model, batch)
     assert n_tokens == 3 + 3  # two digits + EOS per row
     # by hand: the log-prob of each completion token given everything before it
-    logp = torch.log_softmax(model(**{k: batch[k] for k in ("input_ids", "attention_mask", "position_ids")}).logits, -1)
+    logp = torch.log_softmax(
+        model(**{k: batch[k] for k in ("input_ids", "attention_mask", "position_ids")}).logits, -1
+    )
     expected = []
     for row, (start, end) in enumerate([(4, 7), (6, 9)]):
         for t in range(start, end):
@@ -85,8 +95,18 @@ def test_sft_lowers_the_loss_and_learns_a_toy_task(tok):
     model = build_tiny_llama(tok, size="test")
     assert exact_match(model, tok, SWAP) < 0.1
     logs = []
-    stats = train_sft(model, tok, SWAP, max_steps=40, batch_size=32, learning_rate=3e-3, warmup_steps=5, seed=0,
-                      log_every=10, on_step=lambda step, m: m and logs.append((step, m)))
+    stats = train_sft(
+        model,
+        tok,
+        SWAP,
+        max_steps=40,
+        batch_size=32,
+        learning_rate=3e-3,
+        warmup_steps=5,
+        seed=0,
+        log_every=10,
+        on_step=lambda step, m: m and logs.append((step, m)),
+    )
     assert stats["steps"] == 40 and [step for step, _ in logs] == [10, 20, 30, 40]
     assert stats["final_loss"] < stats["first_loss"] / 4
     assert logs[-1][1]["sft/loss"] < logs[0][1]["sft/loss"]
@@ -131,8 +151,17 @@ def test_max_grad_norm_zero_means_off(tok):
     """0 = off, as optim.max_grad_norm in training; it used to scale every gradient to 0 (a frozen model)."""
     model = build_tiny_llama(tok, size="test")
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    stats = train_sft(model, tok, SWAP, max_steps=3, batch_size=16, learning_rate=1e-2, max_grad_norm=0, log_every=1,
-                      on_step=lambda step, m: None)
+    stats = train_sft(
+        model,
+        tok,
+        SWAP,
+        max_steps=3,
+        batch_size=16,
+        learning_rate=1e-2,
+        max_grad_norm=0,
+        log_every=1,
+        on_step=lambda step, m: None,
+    )
     assert all(not torch.equal(p, before[n]) for n, p in model.named_parameters()), "every parameter trains"
     assert stats["final_loss"] < stats["first_loss"]
 
@@ -150,19 +179,35 @@ def test_grpokit_sft_command_config_overrides_progress_metrics_and_table(tmp_pat
     data = tmp_path / "pairs.jsonl"
     data.write_text("".join(json.dumps(p) + "\n" for p in SWAP))
     config = tmp_path / "sft.yaml"
-    config.write_text(f"model: {{name_or_path: {base}}}\ndata: {{train_path: {data}, eval_size: 20}}\n"
-                      "sft: {max_steps: 40, batch_size: 32, learning_rate: 1.0e-3, warmup_steps: 5, log_every: 10}\n")
+    config.write_text(
+        f"model: {{name_or_path: {base}}}\ndata: {{train_path: {data}, eval_size: 20}}\n"
+        "sft: {max_steps: 40, batch_size: 32, learning_rate: 1.0e-3, warmup_steps: 5, log_every: 10}\n"
+    )
     out = tmp_path / "sft"
-    r = CliRunner().invoke(app, ["sft", str(config), "sft.learning_rate=3e-3", f"output_dir={out}", "logging.tensorboard=false",
-                                 "--threads", "1"])
+    r = CliRunner().invoke(
+        app,
+        [
+            "sft",
+            str(config),
+            "sft.learning_rate=3e-3",
+            f"output_dir={out}",
+            "logging.tensorboard=false",
+            "--threads",
+            "1",
+        ],
+    )
     assert r.exit_code == 0, (r.output, r.exception)
     assert "threads: 1 (threads setting" in r.output  # the count in use, said at start
     assert "step 40/40" in r.output and "sft/loss" in r.output  # the progress line
-    assert "held-out exact_match: before -> after" in r.output and "{'steps'" not in r.output  # a table, not a dict
+    assert (
+        "held-out exact_match: before -> after" in r.output and "{'steps'" not in r.output
+    )  # a table, not a dict
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert rows[0]["step"] == 0 and rows[0]["eval/exact_match"] < 0.2  # before training
     assert [r["step"] for r in rows if "sft/loss" in r] == [10, 20, 30, 40]
-    assert rows[-1]["eval/exact_match"] > 0.5 and rows[-1]["eval/loss"] < rows[0]["eval/loss"] / 2  # unseen pairs
+    assert (
+        rows[-1]["eval/exact_match"] > 0.5 and rows[-1]["eval/loss"] < rows[0]["eval/loss"] / 2
+    )  # unseen pairs
     assert all(r["perf/train_tokens_per_s"] > 0 for r in rows if "sft/loss" in r)
     stats = json.loads((out / "sft_stats.json").read_text())
     assert stats["steps"] == 40 and stats["examples"] == len(SWAP) - 20  # 20 held out, never trained on
@@ -182,7 +227,9 @@ def test_load_pairs_reads_csv_through_grpokit_data_and_names_a_missing_column(tm
     assert [ds[i].prompt for i in range(3)] == [p["prompt"] for p in SWAP[1:4]]
     assert [str(ds[i].columns["completion"]) for i in range(3)] == [p["completion"] for p in SWAP[1:4]]
     assert ds[0].prompt_ids == prompt_ids(tok, SWAP[1]["prompt"])
-    with_system = load_pairs(good, tok, system_prompt="swap")  # rendered as training prompts are (data.system_prompt)
+    with_system = load_pairs(
+        good, tok, system_prompt="swap"
+    )  # rendered as training prompts are (data.system_prompt)
     assert with_system[0].prompt_ids == prompt_ids(tok, "swap\n" + SWAP[1]["prompt"])
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"prompt": "1=", "answer": "1"}) + "\n")

@@ -1,5 +1,6 @@
 """The completion table (grpokit/records/table.py): a real run records whole groups with each function's reward,
 the advantage and the lengths in completions.parquet; `grpokit show` prints a step, or its worst completions."""
+
 import json
 from pathlib import Path
 
@@ -23,21 +24,46 @@ G, K, T = 4, 2, 8  # num_generations, logging.num_samples (prompts recorded per 
 def run_dir(tiny_model_dir, tmp_path_factory):
     """6 GRPO steps of a tiny model with two reward functions, completions recorded at steps 2, 4 and 6."""
     out = tmp_path_factory.mktemp("table") / "run"
-    cfg = load_config(None, [
-        f"model.name_or_path={tiny_model_dir}", "data.task=countdown", "data.task_train_size=200", "data.eval_size=0",
-        f"rewards=[{{function: '{TESTS / 'reward_fns.py'}:count_sevens'}}, {{function: countdown, weight: 2.0}}]",
-        "rollout.prompts_per_step=4", f"rollout.num_generations={G}", f"rollout.max_completion_length={T}",
-        "optim.learning_rate=3e-3", "optim.max_steps=6", "eval.at_start=false", "logging.sample_every=2",
-        f"logging.num_samples={K}", "logging.tensorboard=false", "checkpoint.save_every=0", f"output_dir={out}",
-    ])
+    cfg = load_config(
+        None,
+        [
+            f"model.name_or_path={tiny_model_dir}",
+            "data.task=countdown",
+            "data.task_train_size=200",
+            "data.eval_size=0",
+            f"rewards=[{{function: '{TESTS / 'reward_fns.py'}:count_sevens'}}, {{function: countdown, weight: 2.0}}]",
+            "rollout.prompts_per_step=4",
+            f"rollout.num_generations={G}",
+            f"rollout.max_completion_length={T}",
+            "optim.learning_rate=3e-3",
+            "optim.max_steps=6",
+            "eval.at_start=false",
+            "logging.sample_every=2",
+            f"logging.num_samples={K}",
+            "logging.tensorboard=false",
+            "checkpoint.save_every=0",
+            f"output_dir={out}",
+        ],
+    )
     Trainer(cfg).train()
     return out
 
 
 def test_a_run_records_whole_groups_with_rewards_advantages_and_lengths(run_dir):
     table = pq.read_table(run_dir / "completions.parquet")
-    for column in ("step", "prompt", "completion", "group", "reward", "reward/count_sevens", "reward/countdown",
-                   "advantage", "prompt_len", "completion_len", "truncated"):
+    for column in (
+        "step",
+        "prompt",
+        "completion",
+        "group",
+        "reward",
+        "reward/count_sevens",
+        "reward/countdown",
+        "advantage",
+        "prompt_len",
+        "completion_len",
+        "truncated",
+    ):
         assert column in table.column_names, column
     rows = table.to_pylist()
     assert sorted({r["step"] for r in rows}) == [2, 4, 6]
@@ -45,19 +71,25 @@ def test_a_run_records_whole_groups_with_rewards_advantages_and_lengths(run_dir)
         at = [r for r in rows if r["step"] == step]
         assert [r["group"] for r in at] == [g for g in range(K) for _ in range(G)]  # K whole groups of G
         for g in range(K):
-            group = at[g * G:(g + 1) * G]
+            group = at[g * G : (g + 1) * G]
             assert len({r["prompt"] for r in group}) == 1
             rewards = torch.tensor([r["reward"] for r in group])
             # the total is the weighted sum of the functions' rewards (weights 1 and 2)
-            assert rewards.tolist() == pytest.approx([r["reward/count_sevens"] + 2 * r["reward/countdown"] for r in group])
+            assert rewards.tolist() == pytest.approx(
+                [r["reward/count_sevens"] + 2 * r["reward/countdown"] for r in group]
+            )
             # the advantage the loss was fed: the group z-score of those rewards
-            assert [r["advantage"] for r in group] == pytest.approx(group_advantages(rewards, G).tolist(), abs=1e-5)
+            assert [r["advantage"] for r in group] == pytest.approx(
+                group_advantages(rewards, G).tolist(), abs=1e-5
+            )
         for r in at:
             assert r["completion_len"] <= T and r["prompt_len"] > 0
             assert r["completion_len"] == T if r["truncated"] else r["completion_len"] <= T
     # samples.jsonl holds the same records
     jsonl = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
-    assert [(r["step"], r["completion"], r["advantage"]) for r in jsonl] == [(r["step"], r["completion"], r["advantage"]) for r in rows]
+    assert [(r["step"], r["completion"], r["advantage"]) for r in jsonl] == [
+        (r["step"], r["completion"], r["advantage"]) for r in rows
+    ]
 
 
 def test_show_prints_the_last_recorded_step_by_default(run_dir):
@@ -72,15 +104,23 @@ def test_show_prints_the_last_recorded_step_by_default(run_dir):
 
 
 def test_show_worst_lists_the_lowest_rewards_first(tmp_path):
-    samples = [{"prompt": "p", "completion": f"c{i}", "group": 0, "reward": r, "advantage": 0.0}
-               for i, r in enumerate([0.9, 0.1, 0.5, 0.3, None])]
+    samples = [
+        {"prompt": "p", "completion": f"c{i}", "group": 0, "reward": r, "advantage": 0.0}
+        for i, r in enumerate([0.9, 0.1, 0.5, 0.3, None])
+    ]
     append_step(tmp_path, 3, samples)
     append_step(tmp_path, 5, [{"prompt": "q", "completion": "later", "reward": -1.0}])
-    result = CliRunner().invoke(app, ["show", str(tmp_path), "--step", "3", "--worst", "3"], env={"COLUMNS": "200"})
+    result = CliRunner().invoke(
+        app, ["show", str(tmp_path), "--step", "3", "--worst", "3"], env={"COLUMNS": "200"}
+    )
     assert result.exit_code == 0, result.output
     assert "the 3 lowest-reward completions at step 3" in result.output
     shown = [c for c in ("c0", "c1", "c2", "c3", "c4", "later") if f" {c} " in result.output]
-    assert shown == ["c1", "c2", "c3"]  # rewards 0.1, 0.5, 0.3: the three lowest of step 3 (None last; step 5 not shown)
+    assert shown == [
+        "c1",
+        "c2",
+        "c3",
+    ]  # rewards 0.1, 0.5, 0.3: the three lowest of step 3 (None last; step 5 not shown)
     out = result.output
     assert out.index(" c1 ") < out.index(" c3 ") < out.index(" c2 ")  # lowest first
 
@@ -96,8 +136,19 @@ def test_a_resumed_run_replaces_the_steps_it_redoes(tmp_path):
 
 def test_odd_values_are_stored(tmp_path):
     # chat messages, a rewards dict, NaN, and a column that is a number at one step and text at the next
-    append_step(tmp_path, 1, [{"prompt": [{"role": "user", "content": "7*6="}], "completion": "42", "reward": float("nan"),
-                               "rewards": {"correct": 1.0}, "answer": 42}])
+    append_step(
+        tmp_path,
+        1,
+        [
+            {
+                "prompt": [{"role": "user", "content": "7*6="}],
+                "completion": "42",
+                "reward": float("nan"),
+                "rewards": {"correct": 1.0},
+                "answer": 42,
+            }
+        ],
+    )
     append_step(tmp_path, 2, [{"prompt": "x", "completion": "<b>", "reward": 0.5, "answer": "forty-two"}])
     rows = read_table(tmp_path)
     assert json.loads(rows[0]["prompt"]) == [{"role": "user", "content": "7*6="}]

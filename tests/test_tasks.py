@@ -1,4 +1,5 @@
 """Built-in tasks, their character tokenizer and the tiny Llama (saved and loaded back)."""
+
 from __future__ import annotations
 
 from fractions import Fraction
@@ -10,7 +11,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from grpokit.rewards import BUILTIN_REWARDS, RewardManager, resolve_reward
 from grpokit.tasks import DEFAULT_CHARSET, TASK_REWARDS, TASKS, Task, get_task, reward_registry, split_of
 from grpokit.tasks.arithmetic import ArithmeticTask
-from grpokit.tasks.countdown import CountdownTask, countdown_reward, countdown_steps, parse_expression, parse_steps
+from grpokit.tasks.countdown import (
+    CountdownTask,
+    countdown_reward,
+    countdown_steps,
+    parse_expression,
+    parse_steps,
+)
 from grpokit.tasks.multiply import multiply_reward
 from grpokit.tasks.tiny_model import build_tiny_llama
 from grpokit.tasks.tokenizer import build_tokenizer
@@ -37,7 +44,10 @@ def test_rows_are_seeded_distinct_and_solved_by_their_reference(name):
         assert set(r["prompt"] + r["completion"]) <= set(task.charset)
         assert task.is_correct(r["completion"], r)
     columns = {k: [r[k] for r in rows] for k in rows[0] if k not in ("prompt", "completion")}
-    assert task.reward([r["completion"] for r in rows], prompts=[r["prompt"] for r in rows], **columns) == [1.0] * 300
+    assert (
+        task.reward([r["completion"] for r in rows], prompts=[r["prompt"] for r in rows], **columns)
+        == [1.0] * 300
+    )
 
 
 @pytest.mark.parametrize("name", ["countdown", "arithmetic"])
@@ -69,8 +79,19 @@ def test_parse_expression_worked_examples():
     assert parse_expression(" 2 + 3 * 4 ") == (Fraction(14), [2, 3, 4])  # precedence
     assert parse_expression("10-4-3") == (Fraction(3), [10, 4, 3])  # left-associative
     assert parse_expression("7/2*2") == (Fraction(7), [7, 2, 2])  # exact fractions
-    for bad in ["", "2+", "(2+3", "2+3)", "-2+3", "2**3", "2 3", "1/0", "__import__('os')", "1" + "+1" * 40,
-                "(" * 20 + "1" + ")" * 20]:
+    for bad in [
+        "",
+        "2+",
+        "(2+3",
+        "2+3)",
+        "-2+3",
+        "2**3",
+        "2 3",
+        "1/0",
+        "__import__('os')",
+        "1" + "+1" * 40,
+        "(" * 20 + "1" + ")" * 20,
+    ]:
         with pytest.raises(ValueError):
             parse_expression(bad)
 
@@ -79,18 +100,18 @@ def test_parse_expression_worked_examples():
     "completion, expected",
     [
         ("3*7+2", 1.0),
-        (" (2+7)*3 ", 0.1),          # well formed, numbers right, misses 23 -> partial
-        ("7*3+2", 1.0),              # any order
-        ("3*7+2+0", 0.0),            # a number that was not given
-        ("3*7", 0.0),                # a number left out
+        (" (2+7)*3 ", 0.1),  # well formed, numbers right, misses 23 -> partial
+        ("7*3+2", 1.0),  # any order
+        ("3*7+2+0", 0.0),  # a number that was not given
+        ("3*7", 0.0),  # a number left out
         ("3*7+2*1", 0.0),
-        ("3*7+3", 0.0),              # a number used twice
+        ("3*7+3", 0.0),  # a number used twice
         ("23", 0.0),
-        ("3*7+2=23", 0.0),           # not an expression
+        ("3*7+2=23", 0.0),  # not an expression
         ("21+2/1", 0.0),
         ("(3*7+2", 0.0),
         ("import os", 0.0),
-        ("3*7+2" + " " * 70, 0.0),   # over the length bound
+        ("3*7+2" + " " * 70, 0.0),  # over the length bound
         ([{"role": "assistant", "content": "3*7+2"}], 1.0),  # conversational completion
     ],
 )
@@ -102,8 +123,17 @@ def test_countdown_reward(completion, expected):
 def test_parse_steps_worked_examples():
     assert parse_steps("7-3=4,4*2=8,8+9=17", [7, 3, 2, 9]) == Fraction(17)
     assert parse_steps("10*10=100,100+2=102,102-4=98", [4, 2, 10, 10]) == Fraction(98)  # repeated number
-    for bad in ["7-3=4,4*2=8", "7-3=5,5*2=10,10+9=19", "7-3=4,4*2=8,8+9=17,1+1=2", "7-7=0,3*2=6,6+9=15",
-                "7-3=4,4*2=8,8-9=1", "7-3=4,,8+9=17", "7-3", "-7+3=4,4*2=8,8+9=17", "7-3=4,4*2=8,8+9=17" * 5]:
+    for bad in [
+        "7-3=4,4*2=8",
+        "7-3=5,5*2=10,10+9=19",
+        "7-3=4,4*2=8,8+9=17,1+1=2",
+        "7-7=0,3*2=6,6+9=15",
+        "7-3=4,4*2=8,8-9=1",
+        "7-3=4,,8+9=17",
+        "7-3",
+        "-7+3=4,4*2=8,8+9=17",
+        "7-3=4,4*2=8,8+9=17" * 5,
+    ]:
         with pytest.raises(ValueError):
             parse_steps(bad, [7, 3, 2, 9])
 
@@ -113,9 +143,9 @@ def test_parse_steps_worked_examples():
     [
         ("7-3=4,4*2=8,8+9=17", 1.0),
         ("9+7=16,3-2=1,16-1=15", 0.1),  # a complete, correct chain that misses the target
-        ("7-3=4,4*2=8,8+9=18", 0.0),    # a wrong result
-        ("7-3=4,4*2=8", 0.0),           # 9 unused
-        ("(7-3)*2+9", 1.0),             # the expression format is accepted too
+        ("7-3=4,4*2=8,8+9=18", 0.0),  # a wrong result
+        ("7-3=4,4*2=8", 0.0),  # 9 unused
+        ("(7-3)*2+9", 1.0),  # the expression format is accepted too
     ],
 )
 def test_countdown_reward_of_step_solutions(completion, expected):
@@ -133,8 +163,9 @@ def test_countdown_step_format_rows_are_solved_by_their_reference():
 def test_countdown_division_is_exact_and_off_by_default():
     assert CountdownTask().reward(["8/4+5"], numbers=[[8, 4, 5]], target=[7]) == [0.0]
     with_div = CountdownTask(ops="+-*/")
-    assert with_div.reward(["8/4+5", "(8+4)/5", "8/(4-4)"], numbers=[[8, 4, 5]] * 2 + [[8, 4, 4]],
-                           target=[7, 2, 2]) == [1.0, 0.1, 0.0]
+    assert with_div.reward(
+        ["8/4+5", "(8+4)/5", "8/(4-4)"], numbers=[[8, 4, 5]] * 2 + [[8, 4, 4]], target=[7, 2, 2]
+    ) == [1.0, 0.1, 0.0]
     rows = with_div.make_rows("train", 200, seed=0)
     assert any("/" in r["completion"] for r in rows)
     assert all(with_div.is_correct(r["completion"], r) for r in rows)
@@ -143,7 +174,9 @@ def test_countdown_division_is_exact_and_off_by_default():
 
 
 def test_countdown_difficulty_knobs():
-    rows = CountdownTask(num_count=3, min_count=None, max_number=20, max_target=50).make_rows("test", 100, seed=0)
+    rows = CountdownTask(num_count=3, min_count=None, max_number=20, max_target=50).make_rows(
+        "test", 100, seed=0
+    )
     assert all(len(r["numbers"]) == 3 and max(r["numbers"]) <= 20 and 1 <= r["target"] <= 50 for r in rows)
     rows = CountdownTask(num_count=4, min_count=2).make_rows("train", 300, seed=0)
     assert {len(r["numbers"]) for r in rows} == {2, 3, 4}
@@ -155,11 +188,27 @@ def test_countdown_difficulty_knobs():
 def test_reward_registry_adds_the_task_rewards_to_the_builtins():
     from grpokit.tools.rewards import TOOL_REWARDS
 
-    assert TASK_REWARDS == {"countdown": countdown_reward, "countdown_steps": countdown_steps, "multiply": multiply_reward}
+    assert TASK_REWARDS == {
+        "countdown": countdown_reward,
+        "countdown_steps": countdown_steps,
+        "multiply": multiply_reward,
+    }
     registry = reward_registry()
     # The order error messages list them in (docs/errors.md); the process rewards on tool use last.
-    assert list(registry) == ["math", "format", "countdown", "countdown_steps", "multiply", "overlong", "length", "code_tests",
-                              "tool_call_valid", "tool_args_valid", "tool_result_used", "step_cost"]
+    assert list(registry) == [
+        "math",
+        "format",
+        "countdown",
+        "countdown_steps",
+        "multiply",
+        "overlong",
+        "length",
+        "code_tests",
+        "tool_call_valid",
+        "tool_args_valid",
+        "tool_result_used",
+        "step_cost",
+    ]
     assert registry == {**BUILTIN_REWARDS, **TASK_REWARDS, **TOOL_REWARDS}
     assert "countdown" not in BUILTIN_REWARDS  # rewards never know about tasks
     with pytest.raises(ValueError) as e:
@@ -173,19 +222,29 @@ def test_reward_registry_adds_the_task_rewards_to_the_builtins():
 
 def test_countdown_reward_delegates_to_the_task():
     out = RewardManager(["countdown"], registry=reward_registry())(
-        prompts=["p"] * 3, completions=["1*2*3*4", "1+2+3+4", "hello"], completion_ids=[[1]] * 3,
+        prompts=["p"] * 3,
+        completions=["1*2*3*4", "1+2+3+4", "hello"],
+        completion_ids=[[1]] * 3,
         columns={"numbers": [[1, 2, 3, 4]] * 3, "target": [24] * 3},
     )
     right, well_formed_but_wrong, garbage = out.per_function["countdown"].tolist()
-    assert right == 1.0 and garbage == 0.0 and well_formed_but_wrong == pytest.approx(0.1)  # the task's partial reward
+    assert (
+        right == 1.0 and garbage == 0.0 and well_formed_but_wrong == pytest.approx(0.1)
+    )  # the task's partial reward
     with pytest.raises(ValueError, match="'numbers'"):
         RewardManager(["countdown"], registry=reward_registry())(
             prompts=["p"], completions=["1+2"], completion_ids=[[1]], columns={"target": [3]}
         )
     # Settings in the spec's kwargs configure the task; others pass through.
     assert countdown_reward(["8/4+5", "1+2"], numbers=[[8, 4, 5], [1, 2]], target=[7, 4]) == [0.0, 0.1]
-    assert countdown_reward(["8/4+5", "1+2"], numbers=[[8, 4, 5], [1, 2]], target=[7, 4],
-                            ops="+-*/", partial_reward=0.5, prompts=["a", "b"]) == [1.0, 0.5]
+    assert countdown_reward(
+        ["8/4+5", "1+2"],
+        numbers=[[8, 4, 5], [1, 2]],
+        target=[7, 4],
+        ops="+-*/",
+        partial_reward=0.5,
+        prompts=["a", "b"],
+    ) == [1.0, 0.5]
 
 
 # --- arithmetic reward -------------------------------------------------------------------
@@ -195,8 +254,9 @@ def test_arithmetic_rows_and_reward():
         a, op, b = r["prompt"][:-1].partition("+") if "+" in r["prompt"] else r["prompt"][:-1].partition("-")
         assert r["answer"] == str(int(a) + int(b) if op == "+" else int(a) - int(b))
     task = ArithmeticTask()
-    assert task.reward(["579", " 579\n", "578", "", [{"role": "assistant", "content": "579"}]],
-                       answer=["579"] * 5) == [1.0, 1.0, 0.0, 0.0, 1.0]
+    assert task.reward(
+        ["579", " 579\n", "578", "", [{"role": "assistant", "content": "579"}]], answer=["579"] * 5
+    ) == [1.0, 1.0, 0.0, 0.0, 1.0]
     assert task.is_correct("-49", {"answer": "-49"}) and not task.is_correct("49", {"answer": "-49"})
 
 
@@ -243,7 +303,11 @@ def test_tiny_llama_sizes_and_round_trip(tmp_path):
     assert 100_000 < n < 1_000_000
     cfg = model.config
     assert (cfg.vocab_size, cfg.pad_token_id, cfg.bos_token_id, cfg.eos_token_id) == (
-        len(tok), tok.pad_token_id, tok.bos_token_id, tok.eos_token_id)
+        len(tok),
+        tok.pad_token_id,
+        tok.bos_token_id,
+        tok.eos_token_id,
+    )
     model.save_pretrained(tmp_path)
     assert (tmp_path / "model.safetensors").exists()
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path)
@@ -251,7 +315,11 @@ def test_tiny_llama_sizes_and_round_trip(tmp_path):
     torch.testing.assert_close(loaded(x).logits, model(x).logits)
     assert loaded.generation_config.eos_token_id == tok.eos_token_id
 
-    assert build_tiny_llama(tok, size="test").state_dict()["lm_head.weight"].equal(model.state_dict()["lm_head.weight"])
+    assert (
+        build_tiny_llama(tok, size="test")
+        .state_dict()["lm_head.weight"]
+        .equal(model.state_dict()["lm_head.weight"])
+    )
     with pytest.raises(ValueError, match="demo"):
         build_tiny_llama(tok, size="huge")
 

@@ -1,5 +1,6 @@
 """Threads: the count every command uses (threads=N / --threads N; 0 = auto), and the helpers a user brings
 their own vocabulary with (grpokit.tasks.tokenizer / tiny_model parameters)."""
+
 import pytest
 import torch
 
@@ -42,10 +43,25 @@ def test_trainer_takes_the_threads_setting_and_logs_it(tiny_model_dir, tmp_path)
 
     before = torch.get_num_threads()
     try:
-        cfg = load_config(None, [f"model.name_or_path={tiny_model_dir}", "data.task=countdown", "data.task_train_size=50",
-                                 "rollout.prompts_per_step=2", "rollout.num_generations=2", "rollout.max_completion_length=4",
-                                 "optim.max_steps=1", "algorithm.beta=0", "eval.at_start=false", "data.eval_size=0",
-                                 "threads=1", "checkpoint.save_every=0", "logging.tensorboard=false", f"output_dir={tmp_path}"])
+        cfg = load_config(
+            None,
+            [
+                f"model.name_or_path={tiny_model_dir}",
+                "data.task=countdown",
+                "data.task_train_size=50",
+                "rollout.prompts_per_step=2",
+                "rollout.num_generations=2",
+                "rollout.max_completion_length=4",
+                "optim.max_steps=1",
+                "algorithm.beta=0",
+                "eval.at_start=false",
+                "data.eval_size=0",
+                "threads=1",
+                "checkpoint.save_every=0",
+                "logging.tensorboard=false",
+                f"output_dir={tmp_path}",
+            ],
+        )
         Trainer(cfg).train()
         assert torch.get_num_threads() == 1
         rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -55,12 +71,29 @@ def test_trainer_takes_the_threads_setting_and_logs_it(tiny_model_dir, tmp_path)
 
 
 def test_tokenizer_takes_special_tokens_order_and_bos():
-    tok = build_tokenizer("cab+=", special_tokens={"pad_token": "[PAD]", "eos_token": "[EOS]"}, sort=False, add_bos=False)
-    assert [tok.convert_ids_to_tokens(i) for i in range(len(tok))] == ["[PAD]", "[EOS]", "c", "a", "b", "+", "="]
+    tok = build_tokenizer(
+        "cab+=", special_tokens={"pad_token": "[PAD]", "eos_token": "[EOS]"}, sort=False, add_bos=False
+    )
+    assert [tok.convert_ids_to_tokens(i) for i in range(len(tok))] == [
+        "[PAD]",
+        "[EOS]",
+        "c",
+        "a",
+        "b",
+        "+",
+        "=",
+    ]
     assert tok("ab=")["input_ids"] == [3, 4, 6]  # no BOS in front
     assert tok.bos_token_id is None and tok.unk_token_id is None and tok.eos_token_id == 1
     default = build_tokenizer("ba")
-    assert [default.convert_ids_to_tokens(i) for i in range(len(default))] == ["<pad>", "<s>", "</s>", "<unk>", "a", "b"]
+    assert [default.convert_ids_to_tokens(i) for i in range(len(default))] == [
+        "<pad>",
+        "<s>",
+        "</s>",
+        "<unk>",
+        "a",
+        "b",
+    ]
     with pytest.raises(ValueError, match="eos_token"):
         build_tokenizer("ab", special_tokens={"pad_token": "[PAD]"}, add_bos=False)
     with pytest.raises(ValueError, match="bos_token"):
@@ -71,10 +104,20 @@ def test_tokenizer_takes_special_tokens_order_and_bos():
 
 def test_tiny_llama_takes_any_config_field():
     tok = build_tokenizer("ab")
-    model = build_tiny_llama(tok, size="test", max_position_embeddings=64, tie_word_embeddings=False,
-                             config={"rms_norm_eps": 1e-6, "num_key_value_heads": 2})
+    model = build_tiny_llama(
+        tok,
+        size="test",
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+        config={"rms_norm_eps": 1e-6, "num_key_value_heads": 2},
+    )
     c = model.config
-    assert (c.max_position_embeddings, c.tie_word_embeddings, c.rms_norm_eps, c.num_key_value_heads) == (64, False, 1e-6, 2)
+    assert (c.max_position_embeddings, c.tie_word_embeddings, c.rms_norm_eps, c.num_key_value_heads) == (
+        64,
+        False,
+        1e-6,
+        2,
+    )
     assert model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr()
 
 
@@ -100,8 +143,17 @@ def test_shared_prompt_pass_gives_the_same_gradients_every_time(threads):
     from grpokit.policy import completion_logprobs
 
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=24, hidden_size=96, intermediate_size=256, num_hidden_layers=2,
-                                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64))
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=24,
+            hidden_size=96,
+            intermediate_size=256,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            max_position_embeddings=64,
+        )
+    )
     batch = _grouped_batch()  # the cache's gradient per layer: 64 x 4 x 12 x 24 = 73728 elements
     weights = torch.linspace(-1, 1, batch.completion_ids.shape[0])[:, None] * batch.completion_mask
 
@@ -136,9 +188,27 @@ def _train(model_dir, out, *extra, env_threads=None):
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
     if env_threads is not None:
         env["OMP_NUM_THREADS"] = str(env_threads)
-    r = subprocess.run([sys.executable, "-m", "grpokit.cli", "train", "examples/config.yaml", f"model.name_or_path={model_dir}",
-                        f"output_dir={out}", "optim.max_steps=4", "eval.at_start=false", "eval.every=0", "checkpoint.save_every=0",
-                        "logging.tensorboard=false", *extra], cwd=root, env=env, capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "grpokit.cli",
+            "train",
+            "examples/config.yaml",
+            f"model.name_or_path={model_dir}",
+            f"output_dir={out}",
+            "optim.max_steps=4",
+            "eval.at_start=false",
+            "eval.every=0",
+            "checkpoint.save_every=0",
+            "logging.tensorboard=false",
+            *extra,
+        ],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     return r.stdout, load_file(Path(out) / "final" / "model.safetensors")
 
@@ -165,10 +235,17 @@ def test_two_runs_at_the_same_thread_count_end_bit_identical(example_model, tmp_
 
 
 def test_auto_takes_the_count_of_the_run_being_resumed():
-    assert choose_threads(0, environ={}, cores=2, load=0.1, resumed=3) == (3, "auto: the count of the run being resumed")
-    assert choose_threads(0, environ={"OMP_NUM_THREADS": "1"}, cores=2, load=0.1, resumed=3)[0] == 1  # the environment wins
+    assert choose_threads(0, environ={}, cores=2, load=0.1, resumed=3) == (
+        3,
+        "auto: the count of the run being resumed",
+    )
+    assert (
+        choose_threads(0, environ={"OMP_NUM_THREADS": "1"}, cores=2, load=0.1, resumed=3)[0] == 1
+    )  # the environment wins
     assert choose_threads(2, environ={}, cores=2, load=0.1, resumed=3)[0] == 2  # and the setting
-    assert choose_threads(0, environ={}, cores=2, load=0.1, resumed=0)[0] == 2  # no run to resume: the free cores
+    assert (
+        choose_threads(0, environ={}, cores=2, load=0.1, resumed=0)[0] == 2
+    )  # no run to resume: the free cores
 
 
 def test_a_resume_under_auto_runs_at_the_count_the_run_started_with(example_model, tmp_path):

@@ -6,6 +6,7 @@ Hermetic: W&B offline with its config, cache, data and artifact folders under tm
 and trackio's folder under tmp_path, no tokens, the Hugging Face hub offline. Every run is made inside a
 fresh git repository under tmp_path, so the recorded commit is known.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,13 +27,19 @@ from grpokit.config import ConfigError, LoggingConfig, load_config
 from grpokit.records import MetricLogger, run_info
 
 CONFIG = {"algorithm": {"beta": 0.04, "loss_type": "dr_grpo"}, "model": {"name_or_path": "tiny"}, "seed": 3}
-SAMPLES = [{"prompt": "2+3=", "completion": "5", "reward": 1.0, "rewards": {"correct": 1.0}},
-           {"prompt": "7*6=", "completion": "41", "reward": 0.0, "rewards": {"correct": 0.0}}]
+SAMPLES = [
+    {"prompt": "2+3=", "completion": "5", "reward": 1.0, "rewards": {"correct": 1.0}},
+    {"prompt": "7*6=", "completion": "41", "reward": 0.0, "rewards": {"correct": 0.0}},
+]
 
 
 def _git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    return subprocess.run(
+        ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
 
 
 @pytest.fixture
@@ -52,8 +59,18 @@ def repo(tmp_path, monkeypatch) -> str:
 def hermetic(tmp_path, monkeypatch) -> Path:
     """Every tracker's files under tmp_path/home; nothing reaches the network."""
     home = tmp_path / "home"
-    for var in ("WANDB_API_KEY", "WANDB_PROJECT", "WANDB_DIR", "WANDB_ENTITY", "MLFLOW_EXPERIMENT_NAME",
-                "MLFLOW_EXPERIMENT_ID", "MLFLOW_TRACKING_URI", "TRACKIO_SPACE_ID", "TRACKIO_SERVER_URL", "HF_TOKEN"):
+    for var in (
+        "WANDB_API_KEY",
+        "WANDB_PROJECT",
+        "WANDB_DIR",
+        "WANDB_ENTITY",
+        "MLFLOW_EXPERIMENT_NAME",
+        "MLFLOW_EXPERIMENT_ID",
+        "MLFLOW_TRACKING_URI",
+        "TRACKIO_SPACE_ID",
+        "TRACKIO_SERVER_URL",
+        "HF_TOKEN",
+    ):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
@@ -94,7 +111,9 @@ def test_run_info_records_versions_and_the_commit_of_the_working_directory(repo)
 def test_run_info_outside_a_repository_has_no_git_keys(tmp_path, monkeypatch):
     (tmp_path / "plain").mkdir()
     monkeypatch.chdir(tmp_path / "plain")
-    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))  # git must not find a repository above tmp_path
+    monkeypatch.setenv(
+        "GIT_CEILING_DIRECTORIES", str(tmp_path)
+    )  # git must not find a repository above tmp_path
     info = run_info()
     assert set(info) == {"grpokit_version", "torch_version", "transformers_version"}
     assert info["torch_version"] == torch.__version__
@@ -153,8 +172,12 @@ def test_tensorboard_default_follows_availability(tmp_path):
 
 def _wandb_records(run_dir: Path) -> list[dict]:
     """The records of the run's .wandb file, as wandb's own reader prints them."""
-    out = subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(run_dir)],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(run_dir)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 
@@ -200,7 +223,9 @@ def test_mlflow_store_reads_back(tmp_path, hermetic, repo, monkeypatch, store, p
     else:  # MLflow's default store since 3.7
         uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    with MetricLogger(tmp_path / "run", tensorboard=False, mlflow=True, run_name="r1", project=project, config=CONFIG) as log:
+    with MetricLogger(
+        tmp_path / "run", tensorboard=False, mlflow=True, run_name="r1", project=project, config=CONFIG
+    ) as log:
         _log_three_steps(log)
 
     client = MlflowClient(tracking_uri=uri)
@@ -209,12 +234,18 @@ def test_mlflow_store_reads_back(tmp_path, hermetic, repo, monkeypatch, store, p
     assert run.info.run_name == "r1" and run.info.status == "FINISHED"
     params = run.data.params
     assert params["algorithm.beta"] == "0.04" and params["model.name_or_path"] == "tiny"
-    _assert_run_info({k.removeprefix("run_info."): v for k, v in params.items() if k.startswith("run_info.")}
-                     | {"git_dirty": params["run_info.git_dirty"] == "True"}, repo)
+    _assert_run_info(
+        {k.removeprefix("run_info."): v for k, v in params.items() if k.startswith("run_info.")}
+        | {"git_dirty": params["run_info.git_dirty"] == "True"},
+        repo,
+    )
     assert run.data.tags["mlflow.source.git.commit"] == repo
 
     def history(name):
-        return [(m.step, m.value) for m in sorted(client.get_metric_history(run.info.run_id, name), key=lambda m: m.step)]
+        return [
+            (m.step, m.value)
+            for m in sorted(client.get_metric_history(run.info.run_id, name), key=lambda m: m.step)
+        ]
 
     assert history("reward/mean") == [(1, 0.1), (2, 0.2), (3, 0.3)]
     assert history("policy/kl") == [(1, 0.01), (3, 0.03)]  # MLflow takes no NaN: step 2 is not sent
@@ -226,7 +257,9 @@ def test_mlflow_store_reads_back(tmp_path, hermetic, repo, monkeypatch, store, p
 
 
 def _trackio(*args: str) -> dict:
-    out = subprocess.run([sys.executable, "-m", "trackio.cli", *args, "--json"], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "trackio.cli", *args, "--json"], capture_output=True, text=True, check=True
+    )
     return json.loads(out.stdout)
 
 
@@ -236,11 +269,16 @@ def test_trackio_local_store_reads_back(tmp_path, hermetic, repo, monkeypatch):
     script = f"""
         from grpokit.records import MetricLogger
         import tests.test_trackers as t
-        with MetricLogger({str(tmp_path / 'run')!r}, tensorboard=False, trackio=True, run_name="r1", config=t.CONFIG) as log:
+        with MetricLogger({str(tmp_path / "run")!r}, tensorboard=False, trackio=True, run_name="r1", config=t.CONFIG) as log:
             t._log_three_steps(log)
     """
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")])}
-    subprocess.run([sys.executable, "-c", textwrap.dedent(script)], env=env, check=True, capture_output=True, text=True)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")]),
+    }
+    subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)], env=env, check=True, capture_output=True, text=True
+    )
     assert (hermetic / "trackio" / "grpokit.db").exists()
 
     run = _trackio("get", "run", "--project", "grpokit", "--run", "r1")
@@ -264,10 +302,18 @@ def test_trackio_local_store_reads_back(tmp_path, hermetic, repo, monkeypatch):
 
 def test_logging_config_chooses_the_trackers():
     cfg = load_config(None, ["logging.trackio=true", "logging.mlflow=true", "logging.project=countdown"])
-    assert cfg.logging.trackers() == {"tensorboard": None, "wandb": False, "mlflow": True, "trackio": True,
-                                      "project": "countdown"}
+    assert cfg.logging.trackers() == {
+        "tensorboard": None,
+        "wandb": False,
+        "mlflow": True,
+        "trackio": True,
+        "project": "countdown",
+    }
     assert LoggingConfig().trackers()["trackio"] is False
-    with pytest.raises(ConfigError, match=r"unknown config key 'logging.trackoi'; did you mean 'trackio'\?.*allowed here: .*wandb, mlflow, trackio"):
+    with pytest.raises(
+        ConfigError,
+        match=r"unknown config key 'logging.trackoi'; did you mean 'trackio'\?.*allowed here: .*wandb, mlflow, trackio",
+    ):
         load_config(None, ["logging.trackoi=true"])
 
 
@@ -281,8 +327,13 @@ def test_tracker_not_installed_names_the_key_and_the_extra(tmp_path, monkeypatch
 
 
 def test_tensorboard_requested_but_missing_names_the_extra(tmp_path, monkeypatch):
-    monkeypatch.setattr(trackers, "tensorboard_error", lambda: ModuleNotFoundError("No module named 'tensorboard'"))
-    with pytest.raises(ConfigError, match=r"logging.tensorboard=true but tensorboard is not installed; pip install 'grpokit\[tensorboard\]'"):
+    monkeypatch.setattr(
+        trackers, "tensorboard_error", lambda: ModuleNotFoundError("No module named 'tensorboard'")
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"logging.tensorboard=true but tensorboard is not installed; pip install 'grpokit\[tensorboard\]'",
+    ):
         MetricLogger(tmp_path, tensorboard=True)
 
 

@@ -1,4 +1,5 @@
 """End to end on a tiny real transformers model: learning happens, resume continues exactly."""
+
 import json
 from pathlib import Path
 
@@ -43,7 +44,13 @@ def read_metrics(out):
 
 @pytest.mark.parametrize("autocast", ["none", "bfloat16"])
 def test_reward_rises(tiny_model_dir, tmp_path, autocast):
-    cfg = config(tiny_model_dir, tmp_path / "run", "optim.max_steps=40", "checkpoint.save_every=0", f"model.autocast={autocast}")
+    cfg = config(
+        tiny_model_dir,
+        tmp_path / "run",
+        "optim.max_steps=40",
+        "checkpoint.save_every=0",
+        f"model.autocast={autocast}",
+    )
     Trainer(cfg).train()
     rows = read_metrics(tmp_path / "run")
     rewards = [r["reward/mean"] for r in rows if "reward/mean" in r]
@@ -72,7 +79,9 @@ def _crash_at(step):
     return on_log
 
 
-@pytest.mark.parametrize("extra", [[], ["algorithm.num_iterations=2", "optim.num_minibatches=2", "algorithm.beta=0.04"]])
+@pytest.mark.parametrize(
+    "extra", [[], ["algorithm.num_iterations=2", "optim.num_minibatches=2", "algorithm.beta=0.04"]]
+)
 def test_resume_continues_exactly(tiny_model_dir, tmp_path, extra):
     steps = ["optim.max_steps=5", "checkpoint.save_every=2", "checkpoint.keep_last=5", *extra]
     straight = Trainer(config(tiny_model_dir, tmp_path / "a", *steps))
@@ -85,7 +94,9 @@ def test_resume_continues_exactly(tiny_model_dir, tmp_path, extra):
 
     resumed = Trainer(config(tiny_model_dir, tmp_path / "b", *steps))
     assert resumed.maybe_resume() == 2 and resumed.step == 2
-    saved = torch.load(tmp_path / "b" / "checkpoints" / "step-000002" / "trainer_state.pt", weights_only=False)
+    saved = torch.load(
+        tmp_path / "b" / "checkpoints" / "step-000002" / "trainer_state.pt", weights_only=False
+    )
     opt = resumed.optimizer.adamw.state_dict()
     for k, st in saved["optimizer"]["state"].items():
         torch.testing.assert_close(opt["state"][k]["exp_avg"], st["exp_avg"], rtol=0, atol=0)
@@ -108,13 +119,32 @@ def test_finished_run_is_not_repeated(tiny_model_dir, tmp_path):
 
 def test_dapo_dynamic_sampling_keeps_informative_groups(tiny_model_dir, tmp_path):
     fn = f"{Path(__file__).parent / 'reward_fns.py'}:even_target_constant"
-    cfg = config(tiny_model_dir, tmp_path / "run", "algorithm.preset=dapo", f"rewards=[{{function: '{fn}'}}]",
-                 "algorithm.max_sampling_rounds=6", "optim.max_steps=1")
-    assert "overlong" in [s.name for s in reward_specs(cfg, None)]  # the preset's soft overlong punishment is on
+    cfg = config(
+        tiny_model_dir,
+        tmp_path / "run",
+        "algorithm.preset=dapo",
+        f"rewards=[{{function: '{fn}'}}]",
+        "algorithm.max_sampling_rounds=6",
+        "optim.max_steps=1",
+    )
+    assert "overlong" in [
+        s.name for s in reward_specs(cfg, None)
+    ]  # the preset's soft overlong punishment is on
     # ... but it varies with length inside every group: off here, so that constant groups are really constant
-    cfg = config(tiny_model_dir, tmp_path / "run", "algorithm.preset=dapo", f"rewards=[{{function: '{fn}'}}]",
-                 "algorithm.max_sampling_rounds=6", "optim.max_steps=1", "algorithm.overlong_buffer_frac=0")
-    assert cfg.algorithm.dynamic_sampling and cfg.algorithm.epsilon_high == 0.28 and cfg.algorithm.loss_type == "dapo"
+    cfg = config(
+        tiny_model_dir,
+        tmp_path / "run",
+        "algorithm.preset=dapo",
+        f"rewards=[{{function: '{fn}'}}]",
+        "algorithm.max_sampling_rounds=6",
+        "optim.max_steps=1",
+        "algorithm.overlong_buffer_frac=0",
+    )
+    assert (
+        cfg.algorithm.dynamic_sampling
+        and cfg.algorithm.epsilon_high == 0.28
+        and cfg.algorithm.loss_type == "dapo"
+    )
     trainer = Trainer(cfg)
     data = [trainer.train_data[i] for i in range(len(trainer.train_data))]
     even = [r for r in data if r.columns["target"] % 2 == 0]
@@ -133,8 +163,15 @@ def test_dapo_dynamic_sampling_keeps_informative_groups(tiny_model_dir, tmp_path
 
 
 def test_ref_policy_reset_copies_the_policy(tiny_model_dir, tmp_path):
-    cfg = config(tiny_model_dir, tmp_path / "run", "algorithm.beta=0.04", "algorithm.ref_policy=reset",
-                 "algorithm.ref_reset_every=2", "optim.max_steps=2", "checkpoint.save_every=0")
+    cfg = config(
+        tiny_model_dir,
+        tmp_path / "run",
+        "algorithm.beta=0.04",
+        "algorithm.ref_policy=reset",
+        "algorithm.ref_reset_every=2",
+        "optim.max_steps=2",
+        "checkpoint.save_every=0",
+    )
     trainer = Trainer(cfg)
     before = [p.clone() for p in trainer.ref.parameters()]
     trainer.train()
@@ -164,9 +201,14 @@ def test_compile_gives_the_eager_numbers(tiny_model_dir, tmp_path):
     prompts = [r.prompt_ids for r in rows]
 
     greedy = SamplingParams(max_tokens=8, greedy=True)
-    a, b = eager.pipeline.engine.generate(prompts, 2, greedy), compiled.pipeline.engine.generate(prompts, 2, greedy)
+    a, b = (
+        eager.pipeline.engine.generate(prompts, 2, greedy),
+        compiled.pipeline.engine.generate(prompts, 2, greedy),
+    )
     assert a.token_ids == b.token_ids
-    torch.testing.assert_close(torch.tensor(sum(b.logprobs, [])), torch.tensor(sum(a.logprobs, [])), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(
+        torch.tensor(sum(b.logprobs, [])), torch.tensor(sum(a.logprobs, [])), rtol=1e-4, atol=1e-5
+    )
 
     torch.manual_seed(0)
     batch, _, _ = eager.rollout(rows)
@@ -200,7 +242,9 @@ def test_micro_batches_of_similar_length_pad_less_and_give_the_same_gradient(tin
     assert [t.tolist() for t in micro_batches(torch.arange(4), single, 2, False)] == [[0, 1], [2, 3]]
     # Two prompts of 6 tokens x 2 rows: whole groups keep each prompt shared (2 x 6 + 4 x 3 + 2 x 6 + ...),
     # which costs fewer tokens than pairing rows by length across prompts.
-    pairs = pack_sequences([[1] * 6, [1] * 6, [2] * 6, [2] * 6], [[5], [5, 5, 5], [5, 5], [5, 5, 5]], pad_id=0)
+    pairs = pack_sequences(
+        [[1] * 6, [1] * 6, [2] * 6, [2] * 6], [[5], [5, 5, 5], [5, 5], [5, 5, 5]], pad_id=0
+    )
     assert [t.tolist() for t in micro_batches(torch.arange(4), pairs, 2, True)] == [[1, 0], [3, 2]]
     cfg = config(tiny_model_dir, tmp_path / "run", "optim.micro_batch_size=4", "algorithm.beta=0.04")
     trainer = Trainer(cfg)

@@ -1,4 +1,5 @@
 """The math of GRPO and its family: pure functions of tensors, no model, no I/O."""
+
 from grpokit.algo.advantages import group_advantages, step_advantages
 from grpokit.algo.gae import explained_variance, gae_advantages, masked_whiten, token_rewards, value_loss
 from grpokit.algo.kl import kl_penalty

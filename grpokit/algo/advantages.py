@@ -6,6 +6,7 @@
 Groups are contiguous: rewards[g*G:(g+1)*G] are the G completions of prompt g.
 See docs/algorithm.md for the formulas and where each comes from.
 """
+
 from __future__ import annotations
 
 from typing import Callable
@@ -151,7 +152,9 @@ def step_advantages(
             if r.numel() == 0:
                 continue
             if (ends.diff() <= 0).any() or ends.min() < 0:
-                raise ValueError(f"completion {i}: step ends must be increasing and >= 0, got {ends.tolist()}")
+                raise ValueError(
+                    f"completion {i}: step ends must be increasing and >= 0, got {ends.tolist()}"
+                )
             norm = (r - mean) / (std + eps) if std > 0 else torch.zeros_like(r)
             # Suffix sums over steps: step k's tokens get sum_{j>=k} norm_j.
             suffix = norm.flip(0).cumsum(0).flip(0)  # [K]

@@ -15,6 +15,7 @@ for log-probs):
 One extra matmul of the head in the backward buys memory that no longer grows with V.
 Entropy (no gradient, as token_entropy) comes from the same chunk's logits in the forward.
 """
+
 from __future__ import annotations
 
 import torch
@@ -49,7 +50,9 @@ class _LinearLogprobs(torch.autograd.Function):
         ctx.save_for_backward(hidden, weight, bias, targets, lse)
         ctx.temperature, ctx.chunk = temperature, chunk
         device = hidden.device.type  # the backward recomputes the logits as the forward computed them
-        ctx.autocast = (device, torch.get_autocast_dtype(device)) if torch.is_autocast_enabled(device) else None
+        ctx.autocast = (
+            (device, torch.get_autocast_dtype(device)) if torch.is_autocast_enabled(device) else None
+        )
         if with_entropy:
             ctx.mark_non_differentiable(entropy)
         return logp, entropy
@@ -67,14 +70,16 @@ class _LinearLogprobs(torch.autograd.Function):
         tau, chunk = ctx.temperature, ctx.chunk
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         grad_h = torch.zeros_like(hidden) if need_h else None
-        acc = torch.promote_types(weight.dtype, torch.float32)  # gradients of the head summed in fp32 or wider
+        acc = torch.promote_types(
+            weight.dtype, torch.float32
+        )  # gradients of the head summed in fp32 or wider
         grad_w = torch.zeros_like(weight, dtype=acc) if need_w else None
         grad_b = torch.zeros_like(bias, dtype=acc) if need_b and bias is not None else None
         for s in range(0, targets.shape[0], chunk):
             g = grad_logp[s : s + chunk].float()
             z = _chunk_logits(hidden[s : s + chunk], weight, bias, tau)
             dz = z.sub_(lse[s : s + chunk, None]).exp_().mul_(-g[:, None])  # -softmax * g, in z's memory
-            dz.scatter_add_(-1, targets[s : s + chunk, None], g[:, None])   # + onehot * g
+            dz.scatter_add_(-1, targets[s : s + chunk, None], g[:, None])  # + onehot * g
             if tau != 1.0:
                 dz /= tau
             if need_h:
@@ -105,5 +110,7 @@ def linear_logprobs(
     flat_h = hidden.reshape(-1, hidden.shape[-1])
     flat_t = targets.reshape(-1)
     rows = chunk or chunk_rows(weight.shape[0])
-    logp, entropy = _LinearLogprobs.apply(flat_h, weight, bias, flat_t, float(temperature), rows, with_entropy)
+    logp, entropy = _LinearLogprobs.apply(
+        flat_h, weight, bias, flat_t, float(temperature), rows, with_entropy
+    )
     return logp.view(shape), entropy.view(shape) if entropy is not None else None

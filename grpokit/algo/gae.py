@@ -19,6 +19,7 @@ A and V across a hole), so right padding of ragged lengths, and any hole, is han
 there. This is where PPO's advantages differ from GRPO's (seed Q7, Q8): GRPO's baseline is the group
 mean reward and needs no critic; here the baseline is a learned V, per token.
 """
+
 from __future__ import annotations
 
 import torch
@@ -45,13 +46,17 @@ def token_rewards(scores: Tensor, mask: Tensor, *, kl: Tensor | None = None, kl_
     return rewards
 
 
-def gae_advantages(rewards: Tensor, values: Tensor, mask: Tensor, *, gamma: float = 1.0, lam: float = 0.95) -> tuple[Tensor, Tensor]:
+def gae_advantages(
+    rewards: Tensor, values: Tensor, mask: Tensor, *, gamma: float = 1.0, lam: float = 0.95
+) -> tuple[Tensor, Tensor]:
     """GAE advantages and returns (the value targets), both [N, T], 0 where mask = 0.
 
     rewards, values, mask: [N, T]. Values at masked positions are ignored (may be garbage).
     """
     if rewards.shape != values.shape or rewards.shape != mask.shape:
-        raise ValueError(f"rewards {tuple(rewards.shape)}, values {tuple(values.shape)} and mask {tuple(mask.shape)} must match")
+        raise ValueError(
+            f"rewards {tuple(rewards.shape)}, values {tuple(values.shape)} and mask {tuple(mask.shape)} must match"
+        )
     on = mask.bool()
     r = torch.where(on, rewards.float(), torch.zeros_like(rewards, dtype=torch.float32))
     v = torch.where(on, values.float(), torch.zeros_like(values, dtype=torch.float32))

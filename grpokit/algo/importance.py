@@ -22,6 +22,7 @@ finds the same switches; their definitions, as TRL 1.16 applies them:
 The weight multiplies the per-token surrogate loss (after PPO clipping, before the KL term is added) and
 carries no gradient. NaN sampler log-probs (none from our engines) count as d = 0: no correction.
 """
+
 from __future__ import annotations
 
 from typing import Callable
@@ -60,11 +61,21 @@ def _mask(rho: Tensor, c_min: float | None, c_max: float | None) -> Tensor:
 
 
 LEVELS: dict[str, Callable[[Tensor], Tensor]] = {"token": _token_ratio, "sequence": _sequence_ratio}
-BOUNDS: dict[str, Callable[[Tensor, float | None, float | None], Tensor]] = {"truncate": _truncate, "mask": _mask}
+BOUNDS: dict[str, Callable[[Tensor, float | None, float | None], Tensor]] = {
+    "truncate": _truncate,
+    "mask": _mask,
+}
 
 
-def importance_weights(old_logp: Tensor, sampler_logp: Tensor, mask: Tensor, mode: str, *,
-                       c_min: float | None = None, c_max: float | None = 3.0) -> Tensor:
+def importance_weights(
+    old_logp: Tensor,
+    sampler_logp: Tensor,
+    mask: Tensor,
+    mode: str,
+    *,
+    c_min: float | None = None,
+    c_max: float | None = 3.0,
+) -> Tensor:
     """[N, T] detached weights rho (see the module docstring); 1 on tokens outside the mask.
 
     old_logp: the trainer's log pi_old [N, T]; sampler_logp: the engine's [N, T]; mask: completion tokens [N, T].
@@ -74,7 +85,9 @@ def importance_weights(old_logp: Tensor, sampler_logp: Tensor, mask: Tensor, mod
     if c_min is not None and c_max is not None and not c_min < c_max:
         raise ValueError(f"importance weight bounds need c_min < c_max, got c_min={c_min}, c_max={c_max}")
     if old_logp.shape != sampler_logp.shape or old_logp.shape != mask.shape:
-        raise ValueError(f"old_logp {tuple(old_logp.shape)}, sampler_logp {tuple(sampler_logp.shape)} and mask {tuple(mask.shape)} must match")
+        raise ValueError(
+            f"old_logp {tuple(old_logp.shape)}, sampler_logp {tuple(sampler_logp.shape)} and mask {tuple(mask.shape)} must match"
+        )
     level, bound = mode.split("_")
     with torch.no_grad():
         rho = BOUNDS[bound](LEVELS[level](_log_diff(old_logp, sampler_logp, mask)), c_min, c_max)
@@ -97,11 +110,16 @@ def sampler_mismatch(old_logp: Tensor, sampler_logp: Tensor, mask: Tensor) -> di
         }
 
 
-def weight_stats(weights: Tensor, raw_ratio_mode: str, old_logp: Tensor, sampler_logp: Tensor, mask: Tensor) -> dict[str, float]:
+def weight_stats(
+    weights: Tensor, raw_ratio_mode: str, old_logp: Tensor, sampler_logp: Tensor, mask: Tensor
+) -> dict[str, float]:
     """Of the importance weights actually applied: their mean over masked tokens, and clip_frac, the fraction of
     masked tokens whose weight differs from the raw ratio rho (truncated or masked out)."""
     level = raw_ratio_mode.split("_")[0]
     with torch.no_grad():
         raw = LEVELS[level](_log_diff(old_logp, sampler_logp, mask))
         changed = (weights != raw).to(weights.dtype)
-        return {"weight_mean": masked_mean(weights, mask).item(), "clip_frac": masked_mean(changed, mask).item()}
+        return {
+            "weight_mean": masked_mean(weights, mask).item(),
+            "clip_frac": masked_mean(changed, mask).item(),
+        }

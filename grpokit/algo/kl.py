@@ -5,6 +5,7 @@ With log_ratio = ref_logp - logp (tokens sampled from pi_theta, or pi_old close 
     k2 = log_ratio**2 / 2                   biased, low variance
     k3 = exp(log_ratio) - log_ratio - 1     unbiased, low variance, always >= 0 (the seed's / DeepSeekMath's)
 """
+
 from __future__ import annotations
 
 from typing import Callable

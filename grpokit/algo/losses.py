@@ -13,6 +13,7 @@ gradient of one big batch equals the sum of the gradients of its minibatches whe
 passes the whole batch's `num_sequences` / `num_tokens` (gradient accumulation and several ranks
 do not change the math).
 """
+
 from __future__ import annotations
 
 from typing import Callable
@@ -30,11 +31,19 @@ Aggregation = Callable[[Tensor, Tensor, "Normalizers"], Tensor]
 class Normalizers:
     """The batch-level constants a loss divides by. Defaults: this call's own batch."""
 
-    def __init__(self, mask: Tensor, num_sequences: int | None, num_tokens: int | float | None, max_completion_length: int | None):
+    def __init__(
+        self,
+        mask: Tensor,
+        num_sequences: int | None,
+        num_tokens: int | float | None,
+        max_completion_length: int | None,
+    ):
         self.num_sequences = num_sequences if num_sequences is not None else mask.shape[0]
         self.num_tokens = num_tokens if num_tokens is not None else mask.sum()
         # Dr. GRPO's constant; without one, the padded width stands in for it.
-        self.max_completion_length = max_completion_length if max_completion_length is not None else mask.shape[1]
+        self.max_completion_length = (
+            max_completion_length if max_completion_length is not None else mask.shape[1]
+        )
 
 
 def _seq_mean_token_mean(loss: Tensor, mask: Tensor, norm: Normalizers) -> Tensor:
@@ -109,7 +118,9 @@ def policy_loss(
     Returns the scalar loss and metrics (python floats): clip fractions, ratio, KL, per-token loss.
     """
     if logp.shape != old_logp.shape or logp.shape != mask.shape:
-        raise ValueError(f"logp {tuple(logp.shape)}, old_logp {tuple(old_logp.shape)} and mask {tuple(mask.shape)} must match")
+        raise ValueError(
+            f"logp {tuple(logp.shape)}, old_logp {tuple(old_logp.shape)} and mask {tuple(mask.shape)} must match"
+        )
     if beta != 0.0 and ref_logp is None:
         raise ValueError("beta > 0 needs ref_logp (log-probs of the reference policy)")
     if eps_low < 0 or (eps_high is not None and eps_high < 0):
@@ -153,8 +164,15 @@ def policy_loss(
 
 
 @torch.no_grad()
-def _loss_metrics(ratio: Tensor, adv: Tensor, mask: Tensor, eps_low: float, eps_high: float, kl: Tensor | None,
-                  per_token: Tensor) -> dict[str, float]:
+def _loss_metrics(
+    ratio: Tensor,
+    adv: Tensor,
+    mask: Tensor,
+    eps_low: float,
+    eps_high: float,
+    kl: Tensor | None,
+    per_token: Tensor,
+) -> dict[str, float]:
     """policy_loss's metrics (python floats): clip fractions (low: ratio < 1 - eps_low where A < 0; high: ratio >
     1 + eps_high where A > 0), mean ratio, mean KL and mean per-token loss over the masked tokens."""
     r = ratio.detach()

@@ -1,4 +1,5 @@
 """Masked reductions and per-token log-probs of chosen tokens."""
+
 from __future__ import annotations
 
 import torch
@@ -23,7 +24,9 @@ def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     return masked_sum(x, mask, dim) / count.clamp_min(1)
 
 
-def token_logprobs(logits: Tensor, token_ids: Tensor, *, temperature: float = 1.0, chunk_size: int = 1024) -> Tensor:
+def token_logprobs(
+    logits: Tensor, token_ids: Tensor, *, temperature: float = 1.0, chunk_size: int = 1024
+) -> Tensor:
     """log softmax(logits / temperature)[token] for each position, without a full [.., V] log-softmax.
 
     logits: [..., V]; token_ids: [...] -> [...] float32.

@@ -20,6 +20,7 @@ report.py    write_html_report: the self-contained HTML page of `grpokit report`
 
 Metric names, the file names and the one reader of metrics.jsonl (read_metrics) are grpokit/metrics.py.
 """
+
 from grpokit.records.plots import PLOTS, PlotSpec, plot_metrics, plot_run, series, write_report
 from grpokit.records.progress import DEFAULT_PROGRESS_KEYS, TrainProgress, print_samples
 from grpokit.records.sinks import MetricLogger

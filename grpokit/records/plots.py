@@ -9,6 +9,7 @@ A plot whose metrics are all absent is skipped; missing keys and null values are
 Figures are drawn on matplotlib's Agg canvas directly: no pyplot, no global backend switch, no display.
 The metric names are defined in docs/metrics.md and grpokit/metrics.py.
 """
+
 from __future__ import annotations
 
 import math
@@ -69,7 +70,11 @@ def metric_keys(rows: Sequence[dict[str, Any]]) -> list[str]:
 def _reward_keys(keys: list[str]) -> list[str]:
     # reward/<fn> of each reward function: one part after reward/, not a statistic of the total.
     one_part = re.compile(re.escape(REWARD_PREFIX) + r"[^/]+")
-    fns = [k for k in keys if one_part.fullmatch(k) and k.removeprefix(REWARD_PREFIX) not in RESERVED_REWARD_NAMES]
+    fns = [
+        k
+        for k in keys
+        if one_part.fullmatch(k) and k.removeprefix(REWARD_PREFIX) not in RESERVED_REWARD_NAMES
+    ]
     return [REWARD_MEAN] + sorted(fns)
 
 
@@ -128,7 +133,14 @@ def _draw(ax, xs: list[float], ys: list[float], label: str, color, *, dashed: bo
     if len(xs) > 50:
         # Noisy per-step metrics: the raw values faint, a moving average over ~1/25 of the run on top.
         ax.plot(xs, ys, style, color=color, alpha=0.25, linewidth=0.8)
-        ax.plot(xs, _smooth(ys, max(2, len(xs) // 25)), style, color=color, label=f"{label} (smoothed)", linewidth=1.6)
+        ax.plot(
+            xs,
+            _smooth(ys, max(2, len(xs) // 25)),
+            style,
+            color=color,
+            label=f"{label} (smoothed)",
+            linewidth=1.6,
+        )
     else:
         ax.plot(xs, ys, style, color=color, marker=marker, markersize=3, label=label, linewidth=1.4)
 

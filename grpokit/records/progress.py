@@ -9,6 +9,7 @@
 
 Output goes to whatever sys.stdout is at print time (rich, imported on first use).
 """
+
 from __future__ import annotations
 
 import math
@@ -66,7 +67,7 @@ def print_samples(step: int, samples: Sequence[Mapping[str, Any]], *, width: int
         if isinstance(prompt, list) and prompt and isinstance(prompt[-1], Mapping):
             prompt = prompt[-1].get("content", "")  # chat messages: the last one is the question
         prompt = str(prompt)
-        prompt = prompt if len(prompt) <= width else "…" + prompt[-(width - 1):]  # the end is the question
+        prompt = prompt if len(prompt) <= width else "…" + prompt[-(width - 1) :]  # the end is the question
         per_fn = s.get("rewards") or {}
         cells = [s.get(k, per_fn.get(k.removeprefix(REWARD_PREFIX))) for k in extra]
         table.add_row(
@@ -176,7 +177,9 @@ class TrainProgress:
                 console=self._console or _console(),
             )
             self._progress.start()
-            self._task = self._progress.add_task("train", total=self.total_steps, completed=self.start_step, metrics="")
+            self._task = self._progress.add_task(
+                "train", total=self.total_steps, completed=self.start_step, metrics=""
+            )
         return self
 
     def update(self, step: int, metrics: Mapping[str, Any] | None = None) -> None:
@@ -187,7 +190,9 @@ class TrainProgress:
             if metrics and k in metrics and metrics[k] is not None:
                 self.latest[k] = metrics[k]
         if self._progress is not None:
-            self._progress.update(self._task, completed=min(self.step, self.total_steps), metrics=self._metrics_text())
+            self._progress.update(
+                self._task, completed=min(self.step, self.total_steps), metrics=self._metrics_text()
+            )
             return
         done = self.step - self.start_step
         if self._last_printed is None or done % self.every == 0 or self.step >= self.total_steps:

@@ -10,6 +10,7 @@ entropy, lengths, zero-std fraction, throughput; drawn by records/plots.py as in
 at the first and last recorded steps (records/table.py). Nothing is fetched when the page is viewed: no
 script, no stylesheet or font from elsewhere (the SVG draws its text as paths). docs/report.md.
 """
+
 from __future__ import annotations
 
 import html
@@ -50,7 +51,12 @@ REPORT_PLOTS: tuple[PlotSpec, ...] = (
     _by_name["clip"],
     PlotSpec("entropy", "Policy entropy", "nats per completion token", lambda _: [POLICY_ENTROPY]),
     _by_name["lengths"],
-    PlotSpec("zero_std", "Groups with equal rewards (no learning signal)", "fraction of groups", lambda _: [REWARD_ZERO_STD_FRAC]),
+    PlotSpec(
+        "zero_std",
+        "Groups with equal rewards (no learning signal)",
+        "fraction of groups",
+        lambda _: [REWARD_ZERO_STD_FRAC],
+    ),
     PlotSpec(
         "throughput",
         "Throughput",
@@ -61,9 +67,20 @@ REPORT_PLOTS: tuple[PlotSpec, ...] = (
     ),
 )
 CONFIG_KEYS = (
-    "model.name_or_path", "data.task", "data.train_path", "algorithm.preset", "algorithm.loss_type", "algorithm.beta",
-    "algorithm.advantage_estimator", "rollout.engine", "rollout.prompts_per_step", "rollout.num_generations",
-    "rollout.max_completion_length", "optim.learning_rate", "optim.max_steps", "seed",
+    "model.name_or_path",
+    "data.task",
+    "data.train_path",
+    "algorithm.preset",
+    "algorithm.loss_type",
+    "algorithm.beta",
+    "algorithm.advantage_estimator",
+    "rollout.engine",
+    "rollout.prompts_per_step",
+    "rollout.num_generations",
+    "rollout.max_completion_length",
+    "optim.learning_rate",
+    "optim.max_steps",
+    "seed",
 )
 
 CSS = """
@@ -110,7 +127,12 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[Any]], *, numeric_from
     """An HTML table; cells from column numeric_from on are numbers (right-aligned)."""
     head = f"<thead><tr>{''.join(f'<th>{_e(h)}</th>' for h in header)}</tr></thead>" if any(header) else ""
     body = "".join(
-        "<tr>" + "".join(f'<td class="num">{_e(_num(c))}</td>' if i >= numeric_from else f"<td>{_e(c)}</td>" for i, c in enumerate(r)) + "</tr>"
+        "<tr>"
+        + "".join(
+            f'<td class="num">{_e(_num(c))}</td>' if i >= numeric_from else f"<td>{_e(c)}</td>"
+            for i, c in enumerate(r)
+        )
+        + "</tr>"
         for r in rows
     )
     return f"<table>{head}<tbody>{body}</tbody></table>"
@@ -141,10 +163,14 @@ def _load_config(run: Path) -> dict | None:
 def _read_metrics(run: Path, run_dir: str | os.PathLike) -> list[dict[str, Any]]:
     metrics = run / METRICS_FILE
     if not metrics.is_file():
-        raise RunFolderError(f"{run_dir} has no {METRICS_FILE}; give a run's output_dir (grpokit train writes {METRICS_FILE} there)")
+        raise RunFolderError(
+            f"{run_dir} has no {METRICS_FILE}; give a run's output_dir (grpokit train writes {METRICS_FILE} there)"
+        )
     rows = [r for r in read_metrics(metrics) if isinstance(r.get(STEP), (int, float))]
     if not rows:
-        raise RunFolderError(f"{metrics} has no metric lines (a line needs a numeric \"step\"); train at least one step first")
+        raise RunFolderError(
+            f'{metrics} has no metric lines (a line needs a numeric "step"); train at least one step first'
+        )
     return rows
 
 
@@ -157,11 +183,15 @@ def _summary(rows: list[dict[str, Any]], config: dict | None) -> str:
     times = series(rows, PERF_STEP_TIME)[1]
     run_rows = [("logged steps", f"{len(steps)} ({steps[0]}-{steps[-1]})")]
     if times:
-        run_rows.append(("training time", f"{sum(times):.1f} s ({statistics.median(times):.3g} s per step, median)"))
+        run_rows.append(
+            ("training time", f"{sum(times):.1f} s ({statistics.median(times):.3g} s per step, median)")
+        )
     for key in (PERF_ROLLOUT_TOKENS_PER_S, PERF_TRAIN_TOKENS_PER_S):
         if values := series(rows, key)[1]:
             run_rows.append((f"{key} (median)", f"{statistics.median(values):.4g}"))
-    run_rows += [(key, _setting(config, key)) for key in CONFIG_KEYS if _setting(config, key) not in (None, "")]
+    run_rows += [
+        (key, _setting(config, key)) for key in CONFIG_KEYS if _setting(config, key) not in (None, "")
+    ]
     cards = [f"<div><h3>Run</h3>{_table(['', ''], run_rows, numeric_from=2)}</div>"]
 
     eval_rows = [r for r in rows if r.get(EVAL_PASS_AT_1) is not None]
@@ -176,7 +206,9 @@ def _summary(rows: list[dict[str, Any]], config: dict | None) -> str:
     if train:
         n = max(1, len(train) // 10)
         keys = _by_name["reward"].keys(metric_keys(train))  # reward/mean and each reward/<fn>
-        mean = lambda part, k: statistics.fmean(v) if (v := [r[k] for r in part if r.get(k) is not None]) else None  # noqa: E731
+        mean = lambda part, k: (
+            statistics.fmean(v) if (v := [r[k] for r in part if r.get(k) is not None]) else None
+        )  # noqa: E731
         body = [(k, mean(train[:n], k), mean(train[-n:], k)) for k in keys]
         header = ["training reward", f"first {n} logged step(s)", f"last {n}"]
         cards.append(f"<div><h3>Reward</h3>{_table(header, body)}</div>")
@@ -193,7 +225,7 @@ def _svg(fig, name: str) -> str:
     with matplotlib.rc_context({"svg.fonttype": "path", "svg.hashsalt": name}):
         fig.savefig(buf, format="svg")
     text = buf.getvalue()
-    text = text[text.index("<svg"):]  # drop the XML prologue and DOCTYPE: the SVG goes inline
+    text = text[text.index("<svg") :]  # drop the XML prologue and DOCTYPE: the SVG goes inline
     text = re.sub(r'\bid="([^"]+)"', lambda m: f'id="{name}-{m.group(1)}"', text)
     return re.sub(r'(url\(#|href="#)([^)"]+)', lambda m: f"{m.group(1)}{name}-{m.group(2)}", text)
 
@@ -207,9 +239,15 @@ def _plots(rows: list[dict[str, Any]]) -> str:
             absent.append(f"{spec.title} ({', '.join(dict.fromkeys([*spec.keys(keys), *spec.right]))})")
             continue
         drawn = ", ".join(k for k in dict.fromkeys([*spec.keys(keys), *spec.right]) if series(rows, k)[0])
-        figures.append(f'<figure class="plot" id="plot-{spec.name}" data-plot="{spec.name}">{_svg(fig, spec.name)}'
-                       f"<figcaption>{_e(drawn)}</figcaption></figure>")
-    note = f'<p class="muted">Not logged by this run, so not drawn: {_e("; ".join(absent))}.</p>' if absent else ""
+        figures.append(
+            f'<figure class="plot" id="plot-{spec.name}" data-plot="{spec.name}">{_svg(fig, spec.name)}'
+            f"<figcaption>{_e(drawn)}</figcaption></figure>"
+        )
+    note = (
+        f'<p class="muted">Not logged by this run, so not drawn: {_e("; ".join(absent))}.</p>'
+        if absent
+        else ""
+    )
     return f'<section id="plots"><h2>Metrics</h2><div class="grid">{"".join(figures)}</div>{note}</section>'
 
 
@@ -218,11 +256,15 @@ def _doctor(rows: list[dict[str, Any]], config: dict | None) -> str:
 
     run = Run(rows, config)
     findings, not_checked = run_checks(run)
-    parts = ['<section id="doctor"><h2>Doctor</h2><p class="muted">The checks of <code>grpokit doctor</code> '
-             "(docs/doctor.md), on this run's metrics.</p>"]
+    parts = [
+        '<section id="doctor"><h2>Doctor</h2><p class="muted">The checks of <code>grpokit doctor</code> '
+        "(docs/doctor.md), on this run's metrics.</p>"
+    ]
     n_steps = len({int(r[STEP]) for r in rows})
     if n_steps < MIN_STEPS:
-        parts.append(f"<p>Only {n_steps} logged steps: most checks need {MIN_STEPS} or more, so little can be judged yet.</p>")
+        parts.append(
+            f"<p>Only {n_steps} logged steps: most checks need {MIN_STEPS} or more, so little can be judged yet.</p>"
+        )
     if not_checked:
         parts.append(f'<p class="muted">Not checked (metrics not logged): {_e(", ".join(not_checked))}.</p>')
     if not findings:
@@ -233,8 +275,10 @@ def _doctor(rows: list[dict[str, Any]], config: dict | None) -> str:
             f"<td>{_e(f.message)}</td><td>{_e(f.fix)}</td></tr>"
             for f in findings
         )
-        parts.append(f"<table><thead><tr><th>check</th><th>steps</th><th>what was seen</th><th>suggested fix</th></tr></thead>"
-                     f"<tbody>{body}</tbody></table>")
+        parts.append(
+            f"<table><thead><tr><th>check</th><th>steps</th><th>what was seen</th><th>suggested fix</th></tr></thead>"
+            f"<tbody>{body}</tbody></table>"
+        )
     return "".join(parts) + "</section>"
 
 
@@ -242,23 +286,43 @@ def _clip(text: Any, *, keep_end: bool = False) -> str:
     text = "" if text is None else str(text)
     if len(text) <= TEXT_WIDTH:
         return text
-    return "…" + text[-(TEXT_WIDTH - 1):] if keep_end else text[: TEXT_WIDTH - 1] + "…"
+    return "…" + text[-(TEXT_WIDTH - 1) :] if keep_end else text[: TEXT_WIDTH - 1] + "…"
 
 
 def _sample_table(step: int, rows: list[dict[str, Any]]) -> str:
     fns = reward_columns(rows)
     rewards = [r[REWARD] for r in rows if isinstance(r.get(REWARD), (int, float))]
     best, worst = (max(rewards), min(rewards)) if rewards and max(rewards) > min(rewards) else (None, None)
-    header = ["group", "prompt", "completion", "reward", *(f.removeprefix("reward/") for f in fns), "advantage", "length", "truncated"]
+    header = [
+        "group",
+        "prompt",
+        "completion",
+        "reward",
+        *(f.removeprefix("reward/") for f in fns),
+        "advantage",
+        "length",
+        "truncated",
+    ]
     body = []
     for r in rows[:SAMPLE_ROWS]:
         cls = "best" if r.get(REWARD) == best else "worst" if r.get(REWARD) == worst else ""
-        cells = [f'<td class="num">{_e(_num(r.get(GROUP)))}</td>', f'<td class="text">{_e(_clip(r.get("prompt"), keep_end=True))}</td>',
-                 f'<td class="text">{_e(_clip(r.get("completion")))}</td>', f'<td class="num reward">{_e(_num(r.get(REWARD)))}</td>',
-                 *(f'<td class="num">{_e(_num(r.get(f)))}</td>' for f in fns),
-                 *(f'<td class="num">{_e(_num(r.get(k)))}</td>' for k in ("advantage", "completion_len", "truncated"))]
+        cells = [
+            f'<td class="num">{_e(_num(r.get(GROUP)))}</td>',
+            f'<td class="text">{_e(_clip(r.get("prompt"), keep_end=True))}</td>',
+            f'<td class="text">{_e(_clip(r.get("completion")))}</td>',
+            f'<td class="num reward">{_e(_num(r.get(REWARD)))}</td>',
+            *(f'<td class="num">{_e(_num(r.get(f)))}</td>' for f in fns),
+            *(
+                f'<td class="num">{_e(_num(r.get(k)))}</td>'
+                for k in ("advantage", "completion_len", "truncated")
+            ),
+        ]
         body.append(f'<tr class="{cls}">' + "".join(cells) + "</tr>")
-    more = f'<p class="muted">{len(rows) - SAMPLE_ROWS} more at this step: grpokit show RUN_DIR --step {step}</p>' if len(rows) > SAMPLE_ROWS else ""
+    more = (
+        f'<p class="muted">{len(rows) - SAMPLE_ROWS} more at this step: grpokit show RUN_DIR --step {step}</p>'
+        if len(rows) > SAMPLE_ROWS
+        else ""
+    )
     head = "".join(f"<th>{_e(h)}</th>" for h in header)
     return f"<h3>Step {step}</h3><table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>{more}"
 
@@ -270,8 +334,10 @@ def _samples(run: Path) -> str:
     except RunFolderError as exc:
         return "".join(parts) + f'<p class="muted">{_e(exc)}</p></section>'
     steps = sorted({int(r[STEP]) for r in rows})
-    parts.append(f'<p class="muted">Recorded at {len(steps)} step(s); the first and the last are shown (highest reward green, '
-                 "lowest red). Every recorded step: <code>grpokit show RUN_DIR --step N</code>.</p>")
+    parts.append(
+        f'<p class="muted">Recorded at {len(steps)} step(s); the first and the last are shown (highest reward green, '
+        "lowest red). Every recorded step: <code>grpokit show RUN_DIR --step N</code>.</p>"
+    )
     for step in dict.fromkeys([steps[0], steps[-1]]) if steps else []:
         parts.append(_sample_table(step, [r for r in rows if r[STEP] == step]))
     return "".join(parts) + "</section>"
@@ -281,25 +347,35 @@ def _samples(run: Path) -> str:
 # The page
 
 
-def write_html_report(run_dir: str | os.PathLike, out: str | os.PathLike | None = None, *, title: str | None = None, notes: str = "") -> Path:
+def write_html_report(
+    run_dir: str | os.PathLike,
+    out: str | os.PathLike | None = None,
+    *,
+    title: str | None = None,
+    notes: str = "",
+) -> Path:
     """Write the report of the run in run_dir (an output_dir with metrics.jsonl) to `out` (default
     run_dir/report.html); returns its path. RunFolderError when run_dir is not a readable run."""
     run = run_folder(run_dir)
     rows = _read_metrics(run, run_dir)
     config = _load_config(run)
     title = title or f"grpokit run {run.resolve().name}"
-    body = "".join([
-        f"<h1>{_e(title)}</h1>",
-        f'<p class="muted">{_e(run.resolve())}</p>',
-        f'<p class="notes">{_e(notes)}</p>' if notes else "",
-        _summary(rows, config),
-        _plots(rows),
-        _doctor(rows, config),
-        _samples(run),
-    ])
-    page = (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-            f'<meta name="viewport" content="width=device-width, initial-scale=1"><title>{_e(title)}</title>'
-            f"<style>{CSS}</style></head><body><main>{body}</main></body></html>\n")
+    body = "".join(
+        [
+            f"<h1>{_e(title)}</h1>",
+            f'<p class="muted">{_e(run.resolve())}</p>',
+            f'<p class="notes">{_e(notes)}</p>' if notes else "",
+            _summary(rows, config),
+            _plots(rows),
+            _doctor(rows, config),
+            _samples(run),
+        ]
+    )
+    page = (
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f'<meta name="viewport" content="width=device-width, initial-scale=1"><title>{_e(title)}</title>'
+        f"<style>{CSS}</style></head><body><main>{body}</main></body></html>\n"
+    )
     path = Path(out) if out is not None else run / REPORT_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(page, encoding="utf-8")

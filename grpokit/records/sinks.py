@@ -10,6 +10,7 @@ installed, Weights & Biases, MLflow and trackio when asked for (their classes: t
 Every metric name is defined in docs/metrics.md and grpokit/metrics.py. Only the main process should
 hold a MetricLogger (the JSONL files are appended to without locking).
 """
+
 from __future__ import annotations
 
 import json
@@ -21,7 +22,16 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from grpokit.metrics import METRICS_FILE, RECORD_FIELDS, SAMPLES_FILE, STEP, TIME, as_number, parse_record, record_step
+from grpokit.metrics import (
+    METRICS_FILE,
+    RECORD_FIELDS,
+    SAMPLES_FILE,
+    STEP,
+    TIME,
+    as_number,
+    parse_record,
+    record_step,
+)
 from grpokit.records.progress import print_samples
 from grpokit.records.trackers import RUN_INFO, TENSORBOARD_DIR, TRACKERS, Tracker, run_info, tensorboard_error
 
@@ -159,8 +169,16 @@ class MetricLogger:
         for tracker in self._trackers:
             tracker.log(step, scalars)
 
-    def log_step(self, step: int, metrics: Mapping[str, Any], samples: Sequence[Mapping[str, Any]], *, last: bool, every: int,
-                 samples_every: int) -> None:
+    def log_step(
+        self,
+        step: int,
+        metrics: Mapping[str, Any],
+        samples: Sequence[Mapping[str, Any]],
+        *,
+        last: bool,
+        every: int,
+        samples_every: int,
+    ) -> None:
         """A training step's metrics every `every` steps and at the `last` one; its samples every `samples_every` (0: never)."""
         if step % every == 0 or last:
             self.log(step, metrics)

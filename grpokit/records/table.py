@@ -12,6 +12,7 @@ A Parquet file cannot be appended to, so each recorded step rewrites it (atomica
 steps before it: a run resumed from a checkpoint replaces the rows of the steps it redoes.
 Runs recorded before this table existed have only samples.jsonl; read_table reads that instead.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,7 +22,16 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from grpokit.metrics import COMPLETIONS_FILE, METRICS_FILE, REWARD_PREFIX, SAMPLES_FILE, STEP, parse_record, record_step, reward_fn
+from grpokit.metrics import (
+    COMPLETIONS_FILE,
+    METRICS_FILE,
+    REWARD_PREFIX,
+    SAMPLES_FILE,
+    STEP,
+    parse_record,
+    record_step,
+    reward_fn,
+)
 
 GROUP = "group"
 REWARD = "reward"
@@ -138,7 +148,9 @@ def run_folder(run_dir: str | os.PathLike) -> Path:
     """run_dir as a folder that exists, or RunFolderError."""
     path = Path(run_dir)
     if not path.exists():
-        raise RunFolderError(f"no run at {run_dir}: no such folder; give a run's output_dir (the folder with {METRICS_FILE})")
+        raise RunFolderError(
+            f"no run at {run_dir}: no such folder; give a run's output_dir (the folder with {METRICS_FILE})"
+        )
     if not path.is_dir():
         raise RunFolderError(f"{run_dir} is a file; give a run's output_dir (the folder with {METRICS_FILE})")
     return path
@@ -172,20 +184,28 @@ def read_table(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
 
 
 def _steps_text(steps: list[int]) -> str:
-    shown = [str(s) for s in steps] if len(steps) <= 12 else [*map(str, steps[:6]), "...", *map(str, steps[-5:])]
+    shown = (
+        [str(s) for s in steps] if len(steps) <= 12 else [*map(str, steps[:6]), "...", *map(str, steps[-5:])]
+    )
     return ", ".join(shown)
 
 
-def select(rows: list[dict[str, Any]], step: int | None = None, worst: int | None = None) -> tuple[int, list[dict[str, Any]]]:
+def select(
+    rows: list[dict[str, Any]], step: int | None = None, worst: int | None = None
+) -> tuple[int, list[dict[str, Any]]]:
     """(the step, its rows): step None is the last recorded step; worst=K keeps the K lowest rewards,
     lowest first (rows without a reward last). RunFolderError when the step was not recorded."""
     steps = sorted({int(r[STEP]) for r in rows})
     if not steps:
-        raise RunFolderError("the completion table has no rows; record completions with logging.sample_every=N and logging.num_samples=K")
+        raise RunFolderError(
+            "the completion table has no rows; record completions with logging.sample_every=N and logging.num_samples=K"
+        )
     if step is None:
         step = steps[-1]
     if step not in steps:
-        raise RunFolderError(f"step {step} has no recorded completions; recorded steps: {_steps_text(steps)} (pick one with --step)")
+        raise RunFolderError(
+            f"step {step} has no recorded completions; recorded steps: {_steps_text(steps)} (pick one with --step)"
+        )
     chosen = [r for r in rows if r[STEP] == step]
     if worst is not None:
         key = lambda r: (r.get(REWARD) is None, r.get(REWARD) if r.get(REWARD) is not None else 0.0)  # noqa: E731
@@ -201,7 +221,9 @@ def _clipped(text: Any, width: int, *, keep_end: bool = False) -> str:
     text = "" if text is None else str(text)
     if len(text) <= width:
         return text
-    return "…" + text[-(width - 1):] if keep_end else text[: width - 1] + "…"  # the end of a prompt is the question
+    return (
+        "…" + text[-(width - 1) :] if keep_end else text[: width - 1] + "…"
+    )  # the end of a prompt is the question
 
 
 def reward_columns(rows: list[dict[str, Any]]) -> list[str]:
@@ -212,7 +234,14 @@ def reward_columns(rows: list[dict[str, Any]]) -> list[str]:
     return list(seen)
 
 
-def print_table(run_dir: str | os.PathLike, *, step: int | None = None, worst: int | None = None, width: int = 400, console=None) -> None:
+def print_table(
+    run_dir: str | os.PathLike,
+    *,
+    step: int | None = None,
+    worst: int | None = None,
+    width: int = 400,
+    console=None,
+) -> None:
     """Print the completions recorded at `step` (default: the last recorded step) of the run in run_dir,
     or only its `worst` lowest-reward ones, as a table: group, prompt (its end), completion, reward, each
     function's reward, advantage, completion length, truncated."""
@@ -225,16 +254,32 @@ def print_table(run_dir: str | os.PathLike, *, step: int | None = None, worst: i
     step, rows = select(read_table(run_dir), step, worst)
     fns = reward_columns(rows)
     plural = "s" if len(rows) != 1 else ""
-    what = f"the {len(rows)} lowest-reward completion{plural}" if worst is not None else f"{len(rows)} completion{plural}"
+    what = (
+        f"the {len(rows)} lowest-reward completion{plural}"
+        if worst is not None
+        else f"{len(rows)} completion{plural}"
+    )
     table = Table(title=f"{what} at step {step}", caption=str(run_dir), show_lines=True)
-    for name, kw in [(GROUP, {"justify": "right"}), ("prompt", {"overflow": "fold", "ratio": 2}), ("completion", {"overflow": "fold", "ratio": 3}),
-                     (REWARD, {"justify": "right"}), *((f.removeprefix(REWARD_PREFIX), {"justify": "right"}) for f in fns),
-                     ("advantage", {"justify": "right"}), ("length", {"justify": "right"}), ("truncated", {})]:
+    for name, kw in [
+        (GROUP, {"justify": "right"}),
+        ("prompt", {"overflow": "fold", "ratio": 2}),
+        ("completion", {"overflow": "fold", "ratio": 3}),
+        (REWARD, {"justify": "right"}),
+        *((f.removeprefix(REWARD_PREFIX), {"justify": "right"}) for f in fns),
+        ("advantage", {"justify": "right"}),
+        ("length", {"justify": "right"}),
+        ("truncated", {}),
+    ]:
         table.add_column(name, **kw)
     for r in rows:
         table.add_row(
-            _fmt(r.get(GROUP)), Text(_clipped(r.get("prompt"), width, keep_end=True)), Text(_clipped(r.get("completion"), width)),
-            _fmt(r.get(REWARD)), *(_fmt(r.get(f)) for f in fns), _fmt(r.get("advantage")), _fmt(r.get("completion_len")),
+            _fmt(r.get(GROUP)),
+            Text(_clipped(r.get("prompt"), width, keep_end=True)),
+            Text(_clipped(r.get("completion"), width)),
+            _fmt(r.get(REWARD)),
+            *(_fmt(r.get(f)) for f in fns),
+            _fmt(r.get("advantage")),
+            _fmt(r.get("completion_len")),
             {True: "yes", False: "no"}.get(r.get("truncated"), "-"),
         )
     (console or Console()).print(table)

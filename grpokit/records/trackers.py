@@ -14,6 +14,7 @@ Every tracker run records the resolved config and `run_info` (run_info(): the ve
 torch and transformers, and the git commit of the working directory when it is in a repository).
 Where each one's data lands and how to read it back: docs/metrics.md, "Trackers".
 """
+
 from __future__ import annotations
 
 import importlib
@@ -40,8 +41,10 @@ class TrackerNotInstalled(ConfigError, ImportError):
 
 
 def not_installed(key: str) -> TrackerNotInstalled:
-    return TrackerNotInstalled(f"logging.{key}=true but {key} is not installed; pip install 'grpokit[{key}]' "
-                               f"or set logging.{key}=false")
+    return TrackerNotInstalled(
+        f"logging.{key}=true but {key} is not installed; pip install 'grpokit[{key}]' "
+        f"or set logging.{key}=false"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -105,12 +108,12 @@ class Tracker(ABC):
     key: ClassVar[str]  # the logging.<key> switch and the pip extra grpokit[<key>]
 
     @abstractmethod
-    def __init__(self, out_dir: Path, run_name: str, project: str | None, record: Mapping[str, Any]) -> None:
-        ...
+    def __init__(
+        self, out_dir: Path, run_name: str, project: str | None, record: Mapping[str, Any]
+    ) -> None: ...
 
     @abstractmethod
-    def log(self, step: int, scalars: Mapping[str, float]) -> None:
-        ...
+    def log(self, step: int, scalars: Mapping[str, float]) -> None: ...
 
     def log_samples(self, step: int, samples: Sequence[Mapping[str, Any]]) -> None:
         """Only W&B shows tables of samples; the others keep scalars (samples.jsonl has them all)."""
@@ -120,8 +123,7 @@ class Tracker(ABC):
         W&B, MLflow and trackio start a new run of the same name instead."""
 
     @abstractmethod
-    def close(self) -> None:
-        ...
+    def close(self) -> None: ...
 
 
 def _import(key: str, module: str | None = None) -> Any:
@@ -214,8 +216,13 @@ class WandbTracker(Tracker):
         self._wandb = _import(self.key)
         where = {} if os.environ.get("WANDB_DIR") else {"dir": str(out_dir)}
         # create_new: our own run object, whatever wandb.run the user's code holds.
-        self._run = self._wandb.init(project=project or os.environ.get("WANDB_PROJECT", PROJECT), name=run_name,
-                                     config=dict(record), reinit="create_new", **where)
+        self._run = self._wandb.init(
+            project=project or os.environ.get("WANDB_PROJECT", PROJECT),
+            name=run_name,
+            config=dict(record),
+            reinit="create_new",
+            **where,
+        )
 
     def log(self, step: int, scalars: Mapping[str, float]) -> None:
         self._run.log(dict(scalars), step=step)
@@ -250,7 +257,9 @@ class MlflowTracker(Tracker):
     def __init__(self, out_dir: Path, run_name: str, project: str | None, record: Mapping[str, Any]) -> None:
         mlflow = _import(self.key)
         self._entities = importlib.import_module("mlflow.entities")
-        self._client = mlflow.MlflowClient()  # the tracking URI as MLflow resolves it (MLFLOW_TRACKING_URI, ...)
+        self._client = (
+            mlflow.MlflowClient()
+        )  # the tracking URI as MLflow resolves it (MLFLOW_TRACKING_URI, ...)
         experiment_id = None if project else os.environ.get("MLFLOW_EXPERIMENT_ID")
         if not experiment_id:
             name = project or os.environ.get("MLFLOW_EXPERIMENT_NAME", PROJECT)
@@ -269,7 +278,11 @@ class MlflowTracker(Tracker):
     def log(self, step: int, scalars: Mapping[str, float]) -> None:
         now = int(time.time() * 1000)
         # MLflow rejects NaN and infinities; metrics.jsonl has them as null.
-        metrics = [self._entities.Metric(mlflow_name(k), v, now, step) for k, v in scalars.items() if math.isfinite(v)]
+        metrics = [
+            self._entities.Metric(mlflow_name(k), v, now, step)
+            for k, v in scalars.items()
+            if math.isfinite(v)
+        ]
         for i in range(0, len(metrics), 1000):  # at most 1000 metrics per batch
             self._client.log_batch(self._run_id, metrics=metrics[i : i + 1000])
 
@@ -298,4 +311,6 @@ class TrackioTracker(Tracker):
         self._run.finish()
 
 
-TRACKERS: dict[str, type[Tracker]] = {t.key: t for t in (TensorBoardTracker, WandbTracker, MlflowTracker, TrackioTracker)}
+TRACKERS: dict[str, type[Tracker]] = {
+    t.key: t for t in (TensorBoardTracker, WandbTracker, MlflowTracker, TrackioTracker)
+}

@@ -12,6 +12,7 @@ rewards: a function may return StepScores instead of a float. RewardSpec is the 
 the task, and `RewardManager(specs, registry=grpokit.tasks.reward_registry())` lets specs name them.
 build.py makes the run's RewardManager from its config (build_rewards).
 """
+
 from grpokit.config import RewardSpec
 from grpokit.rewards.build import build_rewards
 from grpokit.rewards.builtins import BUILTIN_REWARDS

@@ -17,6 +17,7 @@ built, so a missing or bad setting fails at start-up, not at the first reward.
 Completions may be strings or (conversational datasets) lists of messages; the text scored is
 the last message's content, as in TRL.
 """
+
 from __future__ import annotations
 
 import logging
@@ -162,6 +163,7 @@ format_reward.validate_kwargs = _validate_format  # type: ignore[attr-defined]
 
 
 # -- length shaping ----------------------------------------------------------------------
+
 
 def overlong_reward(
     completion_ids: list, *, max_completion_length: int, cache_length: int, **kwargs: Any

@@ -14,6 +14,7 @@ cgroup v2 (`memory.max`, `memory.peak`, `memory.events`) is used where the proce
 can delegate the memory controller; else cgroup v1 (`memory.limit_in_bytes`, ...); else None,
 and the sandbox keeps only its rlimits (docs/sandbox.md has the numbers).
 """
+
 from __future__ import annotations
 
 import atexit

@@ -29,6 +29,7 @@ comes; None when the row has no usable tests or the sandbox itself could not run
 reason is kept: `code_tests.last_results` (CodeResult per completion) and `code_tests.last_reasons`
 after every call, or call `evaluate_code` directly. docs/sandbox.md has the details.
 """
+
 from __future__ import annotations
 
 import ast
@@ -112,9 +113,15 @@ def parse_stdio(tests: Mapping) -> list[tuple[str, str]]:
     """(stdin, expected stdout) pairs from {"inputs": [...], "outputs": [...]} (APPS, CodeContests).
     Raises ValueError for anything else."""
     if set(tests) != {"inputs", "outputs"}:
-        raise ValueError(f"stdin/stdout tests are {{'inputs': [...], 'outputs': [...]}}, got keys {sorted(tests)}")
+        raise ValueError(
+            f"stdin/stdout tests are {{'inputs': [...], 'outputs': [...]}}, got keys {sorted(tests)}"
+        )
     inputs, outputs = tests["inputs"], tests["outputs"]
-    if not isinstance(inputs, (list, tuple)) or not isinstance(outputs, (list, tuple)) or len(inputs) != len(outputs):
+    if (
+        not isinstance(inputs, (list, tuple))
+        or not isinstance(outputs, (list, tuple))
+        or len(inputs) != len(outputs)
+    ):
         raise ValueError("'inputs' and 'outputs' must be lists of the same length")
     if not all(isinstance(x, str) for x in [*inputs, *outputs]):
         raise ValueError("every input and output must be a string")
@@ -123,8 +130,10 @@ def parse_stdio(tests: Mapping) -> list[tuple[str, str]]:
 
 def same_output(got: str, expected: str) -> bool:
     """Equal up to trailing whitespace on each line and trailing blank lines (the usual judge rule)."""
+
     def lines(text: str) -> list[str]:
         return [line.rstrip() for line in text.rstrip().splitlines()]
+
     return lines(got) == lines(expected)
 
 
@@ -210,7 +219,9 @@ def evaluate_code(
         except ValueError as e:
             results[i] = CodeResult(None, f"bad_tests: {e}")
             continue
-        totals[i] = sum(counted for _, counted in parsed) if not isinstance(row_tests, Mapping) else len(parsed)
+        totals[i] = (
+            sum(counted for _, counted in parsed) if not isinstance(row_tests, Mapping) else len(parsed)
+        )
         if totals[i] == 0:
             results[i] = CodeResult(None, "no_tests")
             continue
@@ -224,8 +235,13 @@ def evaluate_code(
             program, files = build_files(code, parsed, limits.output_bytes)
             jobs.append((i, program, "", files, None))
 
-    outs = run_many([(program, stdin) for _, program, stdin, _, _ in jobs], limits=limits,
-                    max_workers=max_workers, files=[files for _, _, _, files, _ in jobs], isolation=isolation)
+    outs = run_many(
+        [(program, stdin) for _, program, stdin, _, _ in jobs],
+        limits=limits,
+        max_workers=max_workers,
+        files=[files for _, _, _, files, _ in jobs],
+        isolation=isolation,
+    )
     cases: dict[int, list[tuple[SandboxResult, str]]] = {}
     for (i, _, _, _, expected), out in zip(jobs, outs):
         if expected is None:
@@ -236,8 +252,13 @@ def evaluate_code(
         results[i] = _score_stdio(runs, partial)
     for reason in _NOT_THE_PROGRAM:
         if failed := [r for r in results if r.reason == reason]:  # type: ignore[union-attr]
-            logger.error("code_tests: %d of %d samples not evaluated (%s): %s", len(failed), len(results),
-                         reason, (failed[0].sandbox.stderr.strip() or "-")[-500:])  # type: ignore[union-attr]
+            logger.error(
+                "code_tests: %d of %d samples not evaluated (%s): %s",
+                len(failed),
+                len(results),
+                reason,
+                (failed[0].sandbox.stderr.strip() or "-")[-500:],
+            )  # type: ignore[union-attr]
     return results  # type: ignore[return-value]
 
 
@@ -253,8 +274,9 @@ def code_tests(
     """TRL-style reward: the fraction of the row's tests the completion's code passes (see the
     module docstring). Limits fields (wall_time, memory_mb, ...) in kwargs set the sandbox."""
     limits = Limits(**{k: kwargs[k] for k in _LIMIT_FIELDS if k in kwargs})
-    results = evaluate_code(completions, tests, limits=limits, partial=partial,
-                            max_workers=max_workers, isolation=isolation)
+    results = evaluate_code(
+        completions, tests, limits=limits, partial=partial, max_workers=max_workers, isolation=isolation
+    )
     code_tests.last_results = results  # type: ignore[attr-defined]
     code_tests.last_reasons = [r.reason for r in results]  # type: ignore[attr-defined]
     logger.debug("code_tests reasons: %s", dict(Counter(code_tests.last_reasons)))  # type: ignore[attr-defined]
@@ -265,7 +287,9 @@ def _validate(kwargs: dict) -> None:
     if unknown := sorted(set(kwargs) - set(_SETTINGS)):
         raise ValueError(f"reward 'code_tests': unknown kwargs {unknown}; allowed: {list(_SETTINGS)}")
     if not isinstance(kwargs.get("partial", True), bool):
-        raise ValueError(f"reward 'code_tests': kwargs['partial'] must be true or false, got {kwargs['partial']!r}")
+        raise ValueError(
+            f"reward 'code_tests': kwargs['partial'] must be true or false, got {kwargs['partial']!r}"
+        )
     workers = kwargs.get("max_workers")
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
         raise ValueError(f"reward 'code_tests': kwargs['max_workers'] must be an int >= 1, got {workers!r}")

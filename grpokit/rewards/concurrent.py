@@ -22,6 +22,7 @@ GRACE seconds past the timeout; then the call counts as timed out, the function 
 (its later calls are not started, as for a sync function), and a blocked loop is left to finish on its own:
 the next call gets a new one.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -53,9 +54,22 @@ def is_async(fn: Callable[..., Any]) -> bool:
 class Pending:
     """One call under way on the loop: result() waits for it, until its deadline at most."""
 
-    def __init__(self, future: concurrent.futures.Future, finished: threading.Event, timeout: float | None,
-                 owner: "LoopThread | None" = None, loop: asyncio.AbstractEventLoop | None = None, tasks: list | None = None):
-        self.future, self.finished, self.timeout, self.owner, self.loop = future, finished, timeout, owner, loop
+    def __init__(
+        self,
+        future: concurrent.futures.Future,
+        finished: threading.Event,
+        timeout: float | None,
+        owner: "LoopThread | None" = None,
+        loop: asyncio.AbstractEventLoop | None = None,
+        tasks: list | None = None,
+    ):
+        self.future, self.finished, self.timeout, self.owner, self.loop = (
+            future,
+            finished,
+            timeout,
+            owner,
+            loop,
+        )
         self.tasks = tasks if tasks is not None else []  # its asyncio tasks, filled in on the loop (_bounded)
         self.deadline = None if timeout is None else time.monotonic() + timeout + GRACE
         self.released = False  # cut off by another function that blocked the loop: not busy itself
@@ -78,21 +92,29 @@ class Pending:
         try:
             return self.future.result(wait)
         except concurrent.futures.TimeoutError:
-            if self.future.done():  # it ended just now, or raised its own TimeoutError (the builtin, from Python 3.11 on)
+            if (
+                self.future.done()
+            ):  # it ended just now, or raised its own TimeoutError (the builtin, from Python 3.11 on)
                 return self.future.result()
         self.future.cancel()
         assert self.owner is not None and self.loop is not None and self.timeout is not None
         blocker = self.owner.blocker(self.loop)
         if blocker is None:
-            raise TimedOut(f"did not return within {self.timeout:g} s and did not stop when cancelled (it catches "
-                           "asyncio.CancelledError): it was left running, and the function is skipped until it returns")
+            raise TimedOut(
+                f"did not return within {self.timeout:g} s and did not stop when cancelled (it catches "
+                "asyncio.CancelledError): it was left running, and the function is skipped until it returns"
+            )
         if blocker is not UNKNOWN and blocker not in self.tasks:
             self.released = True
-            raise TimedOut(f"did not return within {self.timeout:g} s: another async reward function blocked the event loop")
+            raise TimedOut(
+                f"did not return within {self.timeout:g} s: another async reward function blocked the event loop"
+            )
         who = "it" if blocker in self.tasks else "it, or another async reward function,"
-        raise TimedOut(f"did not return within {self.timeout:g} s, and {who} blocks the event loop (a blocking call such as "
-                       "time.sleep or requests inside `async def`: await asyncio.sleep, use an async client, or make it a "
-                       "plain `def`); a new loop serves the next calls, and the function is skipped until the blocked call returns")
+        raise TimedOut(
+            f"did not return within {self.timeout:g} s, and {who} blocks the event loop (a blocking call such as "
+            "time.sleep or requests inside `async def`: await asyncio.sleep, use an async client, or make it a "
+            "plain `def`); a new loop serves the next calls, and the function is skipped until the blocked call returns"
+        )
 
 
 #: the blocker of a loop that is blocked outside any task
@@ -107,13 +129,17 @@ class LoopThread:
         self.name = name
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lock = threading.Lock()
-        self._blocked: dict[asyncio.AbstractEventLoop, Any] = {}  # loops given up -> the task that blocked them
+        self._blocked: dict[
+            asyncio.AbstractEventLoop, Any
+        ] = {}  # loops given up -> the task that blocked them
 
     def start(self, make: Callable[[], Awaitable[Any] | Any], timeout: float | None) -> Pending:
         """Runs `await make()` on the loop under asyncio.wait_for(timeout) (None = no limit), from now on."""
         loop = self._running_loop()
         finished, tasks = threading.Event(), []
-        coro = _bounded(make, timeout, torch.is_grad_enabled(), finished, tasks)  # grad mode is thread-local in torch
+        coro = _bounded(
+            make, timeout, torch.is_grad_enabled(), finished, tasks
+        )  # grad mode is thread-local in torch
         return Pending(asyncio.run_coroutine_threadsafe(coro, loop), finished, timeout, self, loop, tasks)
 
     def blocker(self, loop: asyncio.AbstractEventLoop) -> Any:
@@ -132,8 +158,10 @@ class LoopThread:
             self._blocked[loop] = asyncio.current_task(loop) or UNKNOWN
             if self._loop is loop:
                 self._loop = None
-        logger.warning("an async reward function blocks the event loop of the async reward functions; it is left to finish "
-                       "in its thread, and a new loop runs the next calls")
+        logger.warning(
+            "an async reward function blocks the event loop of the async reward functions; it is left to finish "
+            "in its thread, and a new loop runs the next calls"
+        )
         _stop(loop)
         return self._blocked[loop]
 
@@ -167,8 +195,9 @@ def _serve(loop: asyncio.AbstractEventLoop, ready: threading.Event) -> None:
     loop.close()
 
 
-async def _bounded(make: Callable[[], Any], timeout: float | None, grad: bool, finished: threading.Event,
-                   tasks: list) -> tuple[Any, float]:
+async def _bounded(
+    make: Callable[[], Any], timeout: float | None, grad: bool, finished: threading.Event, tasks: list
+) -> tuple[Any, float]:
     torch.set_grad_enabled(grad)
     start = time.monotonic()
     tasks.append(asyncio.current_task())
@@ -181,7 +210,9 @@ async def _bounded(make: Callable[[], Any], timeout: float | None, grad: bool, f
         try:
             value = await asyncio.wait_for(task, timeout)
         except asyncio.TimeoutError:
-            if not task.cancelled():  # the function's own TimeoutError (an HTTP client's, say): its failure, not ours
+            if (
+                not task.cancelled()
+            ):  # the function's own TimeoutError (an HTTP client's, say): its failure, not ours
                 raise
             raise TimedOut(f"did not return within {timeout:g} s: the call was cancelled") from None
         return value, time.monotonic() - start
@@ -193,8 +224,16 @@ class RewardLimit(CallLimit):
     """CallLimit (a time limit, a slow-call warning) for sync and async reward functions alike: a sync one runs as
     CallLimit runs it; an async one on `loop`, cancelled at its timeout."""
 
-    def __init__(self, label: str, timeout: float | None, slow: float | None = None, *, main_thread: bool = False,
-                 loop: LoopThread, is_async: bool = False):
+    def __init__(
+        self,
+        label: str,
+        timeout: float | None,
+        slow: float | None = None,
+        *,
+        main_thread: bool = False,
+        loop: LoopThread,
+        is_async: bool = False,
+    ):
         super().__init__(label, timeout, slow, main_thread=main_thread)
         self.loop, self.is_async = loop, is_async
         self._running: Pending | None = None  # the last async call: busy until it has finished
@@ -204,14 +243,18 @@ class RewardLimit(CallLimit):
         busy with a call that defeated its timeout)."""
         return self._await(lambda: fn(**kwargs))
 
-    def call(self, fn: Callable[..., Any], kwargs: dict[str, Any], n: int, pending: Pending | None = None) -> Any:
+    def call(
+        self, fn: Callable[..., Any], kwargs: dict[str, Any], n: int, pending: Pending | None = None
+    ) -> Any:
         """fn(**kwargs) on n completions: its result, or its exception; TimedOut when time ran out first. pending: the call
         started already (start), for an async function."""
         if not self.is_async:
             out = super().call(fn, kwargs, n)
             if not inspect.isawaitable(out):
                 return out
-            self.is_async = True  # a sync callable that returned an awaitable: awaited on the loop, now and from now on
+            self.is_async = (
+                True  # a sync callable that returned an awaitable: awaited on the loop, now and from now on
+            )
             pending = self._await(lambda: out)
         value, seconds = (pending or self.start(fn, kwargs)).result()
         self.warn_if_slow(seconds, n)
@@ -219,6 +262,10 @@ class RewardLimit(CallLimit):
 
     def _await(self, make: Callable[[], Any]) -> Pending:
         if self._running is not None and self._running.busy():
-            return Pending.failed(TimedOut("is still busy with a call that timed out and did not stop: this call was not started"))
+            return Pending.failed(
+                TimedOut(
+                    "is still busy with a call that timed out and did not stop: this call was not started"
+                )
+            )
         self._running = self.loop.start(make, self.timeout)
         return self._running

@@ -18,6 +18,7 @@ becomes an opaque Remote, equal only to itself), so an object whose __eq__ is al
 a forged summary, scores nothing. The candidate can kill the judge: then there is no verdict and
 the score is 0. This file imports nothing from grpokit: `code.py` sends its source as main.py.
 """
+
 import builtins
 import ctypes
 import importlib
@@ -33,6 +34,7 @@ _HEADER = struct.Struct("!I")
 
 # -- plain data across the pipes -------------------------------------------------------------
 
+
 def encode(value, make_ref, depth=0):
     """JSON-able form of `value` with exact types; objects that are not plain data go through
     make_ref(obj) -> {"ref": ...}. Subclasses (a str with its own __eq__) are not plain data."""
@@ -42,12 +44,18 @@ def encode(value, make_ref, depth=0):
     if value is None or kind is bool or kind is int or kind is str:
         return value
     if kind is float:
-        return value if value == value and value not in (float("inf"), float("-inf")) else {"float": repr(value)}
+        return (
+            value if value == value and value not in (float("inf"), float("-inf")) else {"float": repr(value)}
+        )
     if kind in (list, tuple, set, frozenset):
         items = [encode(v, make_ref, depth + 1) for v in value]
         return {kind.__name__: items}
     if kind is dict:
-        return {"dict": [[encode(k, make_ref, depth + 1), encode(v, make_ref, depth + 1)] for k, v in value.items()]}
+        return {
+            "dict": [
+                [encode(k, make_ref, depth + 1), encode(v, make_ref, depth + 1)] for k, v in value.items()
+            ]
+        }
     if kind in (bytes, bytearray):
         return {kind.__name__: value.hex()}
     if kind is complex:
@@ -67,12 +75,13 @@ def decode(data, from_ref, depth=0):
         return from_ref(data)
     if len(data) != 1:
         raise ValueError("malformed value")
-    (tag, body), = data.items()
+    ((tag, body),) = data.items()
     if tag == "float":
         return float(body)
     if tag in ("list", "tuple", "set", "frozenset"):
         return {"list": list, "tuple": tuple, "set": set, "frozenset": frozenset}[tag](
-            decode(v, from_ref, depth + 1) for v in body)
+            decode(v, from_ref, depth + 1) for v in body
+        )
     if tag == "dict":
         return {decode(k, from_ref, depth + 1): decode(v, from_ref, depth + 1) for k, v in body}
     if tag in ("bytes", "bytearray"):
@@ -88,7 +97,7 @@ def send(fd, message, limit):
         data = json.dumps({"raise": ["ValueError"], "message": "answer over %d bytes" % limit}).encode()
     data = _HEADER.pack(len(data)) + data
     while data:
-        data = data[os.write(fd, data):]
+        data = data[os.write(fd, data) :]
 
 
 def receive(fd, limit):
@@ -96,7 +105,7 @@ def receive(fd, limit):
     head = _read_exactly(fd, _HEADER.size)
     if head is None:
         return None
-    size, = _HEADER.unpack(head)
+    (size,) = _HEADER.unpack(head)
     if size > limit:
         return None
     body = _read_exactly(fd, size)
@@ -115,6 +124,7 @@ def _read_exactly(fd, n):
 
 
 # -- the candidate ------------------------------------------------------------------------------
+
 
 def candidate(requests, answers, limit):
     """Run solution.py, then answer the judge until it closes the pipe. Never returns."""
@@ -183,7 +193,9 @@ def serve(request, namespace, objects, make_ref):
             raise ValueError("unknown request %r" % op)
     except BaseException as e:
         return {"raise": [c.__name__ for c in type(e).__mro__], "message": str(e)[:500]}
-    after = {str(i): encode(a, make_ref) for i, a in enumerate(args) if type(a) in (list, dict, set, bytearray)}
+    after = {
+        str(i): encode(a, make_ref) for i, a in enumerate(args) if type(a) in (list, dict, set, bytearray)
+    }
     return {"ok": encode(result, make_ref), "args": after}
 
 
@@ -194,6 +206,7 @@ def errno_name(number):
 
 
 # -- the judge ----------------------------------------------------------------------------------
+
 
 class CandidateGone(BaseException):
     """The candidate died or broke the protocol: this test and every later one fail."""

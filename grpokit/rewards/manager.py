@@ -38,6 +38,7 @@ says: skip (no reward from it), skip_group (the same, and the call's samples are
 advantages are 0), raise (RewardError) or a number (each sample's value). A call slower than `slow_warning` seconds
 logs a warning with its time.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -60,8 +61,19 @@ import torch
 from torch import Tensor
 
 from grpokit.config import RewardSpec, check_on_timeout
-from grpokit.metrics import (REWARD_ERROR_FRAC, REWARD_NONE_FRAC, REWARD_SKIPPED_FRAC, REWARD_TOTAL, REWARD_TOTAL_STD, RESERVED_REWARD_NAMES,
-                             reward_errors, reward_fn, reward_fn_std, reward_fn_steps, reward_timeouts)
+from grpokit.metrics import (
+    REWARD_ERROR_FRAC,
+    REWARD_NONE_FRAC,
+    REWARD_SKIPPED_FRAC,
+    REWARD_TOTAL,
+    REWARD_TOTAL_STD,
+    RESERVED_REWARD_NAMES,
+    reward_errors,
+    reward_fn,
+    reward_fn_std,
+    reward_fn_steps,
+    reward_timeouts,
+)
 from grpokit.rewards.builtins import BUILTIN_REWARDS
 from grpokit.rewards.concurrent import LoopThread, Pending, RewardLimit, is_async
 from grpokit.rewards.steps import StepScores
@@ -84,6 +96,7 @@ Registry = Mapping[str, Callable[..., Any]]
 
 
 # -- loading -----------------------------------------------------------------------------
+
 
 def _did_you_mean(name: str, candidates: Any) -> str:
     """The hint `did you mean 'x'? ` naming the closest candidate (difflib), or "" when none is close."""
@@ -202,6 +215,7 @@ def _default_name(function: str | Callable[..., Any], fn: Callable[..., Any], re
 
 # -- one reward function -----------------------------------------------------------------
 
+
 @dataclass
 class _Reward:
     name: str
@@ -228,12 +242,20 @@ class _Reward:
             raise ValueError(f"reward spec {spec!r} has no 'function'")
         fn = resolve_reward(function, registry)
         inner = getattr(fn, "func", fn)  # functools.partial
-        label = function if isinstance(function, str) else (
-            f"{getattr(inner, '__module__', '?')}:{getattr(inner, '__qualname__', type(inner).__name__)}"
+        label = (
+            function
+            if isinstance(function, str)
+            else (
+                f"{getattr(inner, '__module__', '?')}:{getattr(inner, '__qualname__', type(inner).__name__)}"
+            )
         )
         name = get("name") or _default_name(function, fn, registry)
         if name in _RESERVED_NAMES or "/" in name:
-            why = "contains '/'" if "/" in name else f"is reserved (reward/{name} is another metric; reserved: {', '.join(sorted(_RESERVED_NAMES))})"
+            why = (
+                "contains '/'"
+                if "/" in name
+                else f"is reserved (reward/{name} is another metric; reserved: {', '.join(sorted(_RESERVED_NAMES))})"
+            )
             raise ValueError(f"reward {label!r}: name {name!r} {why}; set another `name`")
         weight = get("weight", 1.0)
         weight = 1.0 if weight is None else weight
@@ -248,7 +270,9 @@ class _Reward:
         except (TypeError, ValueError):  # some builtins and C extensions: trust them with everything
             parameters = [inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD)]
         P = inspect.Parameter
-        if positional_only := [p.name for p in parameters if p.kind is P.POSITIONAL_ONLY and p.default is P.empty]:
+        if positional_only := [
+            p.name for p in parameters if p.kind is P.POSITIONAL_ONLY and p.default is P.empty
+        ]:
             raise ValueError(
                 f"reward {name!r}: parameters {positional_only} are positional-only, but reward "
                 "functions are called with keyword arguments only (TRL's convention)"
@@ -267,20 +291,26 @@ class _Reward:
         timeout = get("timeout")
         if timeout is not None:
             if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not timeout >= 0:
-                raise ValueError(f"reward {name!r}: timeout must be a number of seconds >= 0 (0 = no limit), got {timeout!r}")
+                raise ValueError(
+                    f"reward {name!r}: timeout must be a number of seconds >= 0 (0 = no limit), got {timeout!r}"
+                )
             timeout = float(timeout) if math.isfinite(timeout) else 0.0  # inf: no limit
         try:
             on_timeout = check_on_timeout(get("on_timeout"))
         except ValueError as e:  # pydantic's error, raised outside a model
             raise ValueError(f"reward {name!r}: on_timeout {get('on_timeout')!r}: {e}") from None
-        return cls(name, fn, float(weight), kwargs, str(label), accepts_any, params, required, timeout, on_timeout)
+        return cls(
+            name, fn, float(weight), kwargs, str(label), accepts_any, params, required, timeout, on_timeout
+        )
 
     def arguments(self, call_args: dict[str, Any], columns: Mapping[str, Any]) -> dict[str, Any]:
         available = {**columns, **call_args, **self.kwargs}
         if missing := [a for a in self.required if a not in available]:
             if missing[0] in EPISODE_ARGS:
-                raise ValueError(f"reward {self.name!r} ({self.spec}) needs argument {missing[0]!r}, which only multi-turn rollouts "
-                                 "with tools pass: add a tools section (tools.builtin, tools.functions or tools.environment)")
+                raise ValueError(
+                    f"reward {self.name!r} ({self.spec}) needs argument {missing[0]!r}, which only multi-turn rollouts "
+                    "with tools pass: add a tools section (tools.builtin, tools.functions or tools.environment)"
+                )
             raise ValueError(
                 f"reward {self.name!r} ({self.spec}) needs argument {missing[0]!r}, which is not "
                 f"one of {list(CALL_ARGS)} (nor, with tools, {list(EPISODE_ARGS)}), not in the spec's kwargs, and not a dataset column; "
@@ -292,6 +322,7 @@ class _Reward:
 
 
 # -- the combination ---------------------------------------------------------------------
+
 
 @dataclass
 class RewardOutput:
@@ -323,10 +354,15 @@ class RewardOutput:
         first = spans[0][0]
         sources = {id(src): src for src, _ in spans}.values()
         step_names = {k for src, _ in spans for k in src.steps}
-        steps = {k: [s for src, sl in spans for s in src.steps.get(k, [None] * len(src.total))[sl]] for k in step_names}
+        steps = {
+            k: [s for src, sl in spans for s in src.steps.get(k, [None] * len(src.total))[sl]]
+            for k in step_names
+        }
         return RewardOutput(
             total=torch.cat([src.total[sl] for src, sl in spans]),
-            per_function={k: torch.cat([src.per_function[k][sl] for src, sl in spans]) for k in first.per_function},
+            per_function={
+                k: torch.cat([src.per_function[k][sl] for src, sl in spans]) for k in first.per_function
+            },
             errors={k: sum(src.errors[k] for src in sources) for k in first.errors},
             weights=first.weights,
             steps=steps,
@@ -365,7 +401,9 @@ class RewardOutput:
         out[REWARD_NONE_FRAC] = none.float().mean().item() if none.numel() else float("nan")
         scored = self.scored if self.scored is not None else self.total.numel()
         out[REWARD_ERROR_FRAC] = max(self.errors.values(), default=0) / scored if scored else float("nan")
-        out[REWARD_SKIPPED_FRAC] = self.skipped.float().mean().item() if self.skipped.numel() else float("nan")
+        out[REWARD_SKIPPED_FRAC] = (
+            self.skipped.float().mean().item() if self.skipped.numel() else float("nan")
+        )
         return out
 
 
@@ -426,26 +464,47 @@ class RewardManager:
     "skip_group", "raise" or a number; None = as `strict` says ("raise" when strict, else "skip").
     """
 
-    def __init__(self, specs: Any, strict: bool = False, registry: Registry | None = None, *,
-                 timeout: float | None = None, slow_warning: float | None = None, on_timeout: str | float | None = None):
+    def __init__(
+        self,
+        specs: Any,
+        strict: bool = False,
+        registry: Registry | None = None,
+        *,
+        timeout: float | None = None,
+        slow_warning: float | None = None,
+        on_timeout: str | float | None = None,
+    ):
         registry = BUILTIN_REWARDS if registry is None else registry
         self.rewards = [_Reward.build(s, registry) for s in specs]
         if not self.rewards:
             raise ValueError("no reward functions: give at least one reward spec")
         names = [r.name for r in self.rewards]
         if dupes := sorted({n for n in names if names.count(n) > 1}):
-            raise ValueError(f"reward names {dupes} are used more than once; give each spec a distinct `name`")
+            raise ValueError(
+                f"reward names {dupes} are used more than once; give each spec a distinct `name`"
+            )
         self.strict = strict
         self._reported: set[str] = set()
         self.timeout = timeout
-        loop = LoopThread("grpokit-rewards")  # the async functions' event loop (grpokit/rewards/concurrent.py)
+        loop = LoopThread(
+            "grpokit-rewards"
+        )  # the async functions' event loop (grpokit/rewards/concurrent.py)
         self._limits = {  # main_thread: functions that need signal.alarm (grpokit/rewards/timeouts.py)
-            r.name: RewardLimit(f"reward function {r.name!r} ({r.spec})", timeout if r.timeout is None else r.timeout, slow_warning,
-                                main_thread=any(getattr(f, "main_thread", False) for f in (r.fn, getattr(r.fn, "func", None))),
-                                loop=loop, is_async=is_async(r.fn))
+            r.name: RewardLimit(
+                f"reward function {r.name!r} ({r.spec})",
+                timeout if r.timeout is None else r.timeout,
+                slow_warning,
+                main_thread=any(
+                    getattr(f, "main_thread", False) for f in (r.fn, getattr(r.fn, "func", None))
+                ),
+                loop=loop,
+                is_async=is_async(r.fn),
+            )
             for r in self.rewards
         }
-        self._on_timeout = {r.name: OnTimeout.pick(r.on_timeout, check_on_timeout(on_timeout), strict) for r in self.rewards}
+        self._on_timeout = {
+            r.name: OnTimeout.pick(r.on_timeout, check_on_timeout(on_timeout), strict) for r in self.rewards
+        }
 
     @property
     def names(self) -> list[str]:
@@ -470,29 +529,48 @@ class RewardManager:
         columns = dict(columns or {})
         n = len(completions)
         self._texts = [completion_text(c) for c in completions]  # what StepScores' offsets count in, before:
-        completions = as_messages(prompts, completions, episodes)  # chat prompts: completions as messages (TRL)
+        completions = as_messages(
+            prompts, completions, episodes
+        )  # chat prompts: completions as messages (TRL)
         call_args = {"prompts": prompts, "completions": completions, "completion_ids": completion_ids}
         if episodes is not None:
-            call_args.update(episodes=episodes, environments=[getattr(e, "environment", None) for e in episodes])
+            call_args.update(
+                episodes=episodes, environments=[getattr(e, "environment", None) for e in episodes]
+            )
         for key, value in {**call_args, **columns}.items():
             if len(value) != n:
                 raise ValueError(f"{key} has {len(value)} entries for {n} completions")
         if clash := sorted(set(columns) & set(call_args)):
-            raise ValueError(f"dataset columns {clash} collide with the reward call's own arguments; rename them")
+            raise ValueError(
+                f"dataset columns {clash} collide with the reward call's own arguments; rename them"
+            )
 
         per_function: dict[str, Tensor] = {}
         errors: dict[str, int] = {}
         steps: dict[str, list[StepScores | None]] = {}
         timeouts: dict[str, int] = {}
         skipped = torch.zeros(n, dtype=torch.bool)  # [N]
-        started = {r.name: self._limits[r.name].start(r.fn, r.arguments(call_args, columns))  # every async function at once
-                   for r in self.rewards if self._limits[r.name].is_async}
+        started = {
+            r.name: self._limits[r.name].start(
+                r.fn, r.arguments(call_args, columns)
+            )  # every async function at once
+            for r in self.rewards
+            if self._limits[r.name].is_async
+        }
         try:
             for reward in self.rewards:
                 try:
-                    per_function[reward.name], errors[reward.name], step_list = self._call(reward, call_args, columns, n, started.pop(reward.name, None))
-                except TimedOut as exc:  # not retried on parts, as a call that raises is: that would multiply the wait
-                    per_function[reward.name], errors[reward.name], step_list = self._timed_out(reward, exc, n), n, None
+                    per_function[reward.name], errors[reward.name], step_list = self._call(
+                        reward, call_args, columns, n, started.pop(reward.name, None)
+                    )
+                except (
+                    TimedOut
+                ) as exc:  # not retried on parts, as a call that raises is: that would multiply the wait
+                    per_function[reward.name], errors[reward.name], step_list = (
+                        self._timed_out(reward, exc, n),
+                        n,
+                        None,
+                    )
                     timeouts[reward.name] = 1
                     skipped |= self._on_timeout[reward.name].drops_groups
                 if step_list is not None:
@@ -502,21 +580,44 @@ class RewardManager:
                 pending.future.cancel()
         weighted = torch.stack([r.weight * per_function[r.name] for r in self.rewards])  # [K, N]
         total = torch.nansum(weighted, dim=0)  # [N]; nansum as TRL: None / failed count as 0
-        total[skipped] = 0.0  # equal totals: the group's advantages are exactly 0 (grpokit/algo/advantages.py)
-        return RewardOutput(total=total, per_function=per_function, errors=errors, weights=self.weights, steps=steps,
-                            timeouts=timeouts, skipped=skipped)
+        total[skipped] = (
+            0.0  # equal totals: the group's advantages are exactly 0 (grpokit/algo/advantages.py)
+        )
+        return RewardOutput(
+            total=total,
+            per_function=per_function,
+            errors=errors,
+            weights=self.weights,
+            steps=steps,
+            timeouts=timeouts,
+            skipped=skipped,
+        )
 
     def _timed_out(self, reward: _Reward, exc: TimedOut, n: int) -> Tensor:
         """[n] what the samples of a call that timed out get from the function, as its OnTimeout says (or RewardError)."""
         rule = self._on_timeout[reward.name]
         advice = timeout_advice(reward.timeout, self.timeout)
         if rule.choice == "raise":
-            raise RewardError(f"reward function {reward.name!r} ({reward.spec}) {exc} ({advice}{rule.stop_hint()})") from None
-        self._report(reward, f"{exc} ({advice})", None, key=f"{reward.name}/timeout", outcome=rule.outcome(), stop=False)
+            raise RewardError(
+                f"reward function {reward.name!r} ({reward.spec}) {exc} ({advice}{rule.stop_hint()})"
+            ) from None
+        self._report(
+            reward,
+            f"{exc} ({advice})",
+            None,
+            key=f"{reward.name}/timeout",
+            outcome=rule.outcome(),
+            stop=False,
+        )
         return rule.scores(n)
 
     def _call(
-        self, reward: _Reward, call_args: dict[str, Any], columns: dict[str, Any], n: int, started: Pending | None = None
+        self,
+        reward: _Reward,
+        call_args: dict[str, Any],
+        columns: dict[str, Any],
+        n: int,
+        started: Pending | None = None,
     ) -> tuple[Tensor, int, list[StepScores | None] | None]:
         """started: the call of an async function, under way since the batch began (RewardLimit.start)."""
         kwargs = reward.arguments(call_args, columns)  # a missing column raises: a setup error
@@ -572,7 +673,9 @@ class RewardManager:
                     steps[i] = None
         return rewards, len(bad), steps
 
-    def _isolate(self, reward: _Reward, call_args: dict[str, Any], columns: dict[str, Any], n: int) -> tuple[list[Any], list[int]]:
+    def _isolate(
+        self, reward: _Reward, call_args: dict[str, Any], columns: dict[str, Any], n: int
+    ) -> tuple[list[Any], list[int]]:
         """After a call raised: call again on halves, then quarters, ... of the samples, so that only the ones
         it fails on go without a reward. A level where every part still raises means the function fails
         whatever it gets (after at least 4 parts): the rest are given up, so a broken function costs a few
@@ -580,13 +683,20 @@ class RewardManager:
         items: list[Any] = [None] * n
         parts = [list(range(n))]
         while parts:
-            parts = [half for part in parts for half in (part[: len(part) // 2], part[len(part) // 2 :]) if half]
+            parts = [
+                half for part in parts for half in (part[: len(part) // 2], part[len(part) // 2 :]) if half
+            ]
             failing = []
             for part in parts:
                 sub_args = {k: [v[i] for i in part] for k, v in call_args.items()}
                 sub_columns = {k: [v[i] for i in part] for k, v in columns.items()}
                 try:
-                    out = _as_list(self._limits[reward.name].call(reward.fn, reward.arguments(sub_args, sub_columns), len(part)), len(part))
+                    out = _as_list(
+                        self._limits[reward.name].call(
+                            reward.fn, reward.arguments(sub_args, sub_columns), len(part)
+                        ),
+                        len(part),
+                    )
                 except TimedOut:
                     raise
                 except Exception:
@@ -599,8 +709,15 @@ class RewardManager:
             parts = failing
         return items, []
 
-    def _report(self, reward: _Reward, problem: str, exc: BaseException | None, key: str | None = None,
-                outcome: str = "the affected samples get no reward from it (NaN in per_function)", stop: bool | None = None) -> None:
+    def _report(
+        self,
+        reward: _Reward,
+        problem: str,
+        exc: BaseException | None,
+        key: str | None = None,
+        outcome: str = "the affected samples get no reward from it (NaN in per_function)",
+        stop: bool | None = None,
+    ) -> None:
         """Logs a function's first failure of a kind (key), or raises RewardError when `stop` (default: strict)."""
         message = f"reward function {reward.name!r} ({reward.spec}) {problem}"
         if self.strict if stop is None else stop:
@@ -609,8 +726,11 @@ class RewardManager:
         if key in self._reported:
             return
         self._reported.add(key)
-        later = "failures are only counted in " + (f"reward/errors/{reward.name}" if key == reward.name else
-                                                    f"reward/errors/{reward.name} and reward/timeouts/{reward.name}")
+        later = "failures are only counted in " + (
+            f"reward/errors/{reward.name}"
+            if key == reward.name
+            else f"reward/errors/{reward.name} and reward/timeouts/{reward.name}"
+        )
         logger.error("%s; %s. Reported once: later %s", message, outcome, later, exc_info=exc)
 
 

@@ -11,6 +11,7 @@ the right and the score is the head's logit at the last token (logits[:, 0]). Sc
 batches of `batch_size`, in the model's own dtype (from_pretrained(dtype="auto")). The scores then go through
 the RewardManager like any function's: weight, reward/<name> metrics, errors and timeouts.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -21,16 +22,25 @@ import torch
 from grpokit.rewards.text import completion_text
 
 #: what a reward model spec's `kwargs` may set
-MODEL_KWARGS = {"batch_size": "texts per forward pass (default 16)",
-                "max_length": "tokens per text at most, the start cut off (default: no limit)",
-                "device": "where the model runs (default cuda when available, else cpu)"}
+MODEL_KWARGS = {
+    "batch_size": "texts per forward pass (default 16)",
+    "max_length": "tokens per text at most, the start cut off (default: no limit)",
+    "device": "where the model runs (default cuda when available, else cpu)",
+}
 
 
 class RewardModel:
     """A sequence-classification reward model, called as a TRL reward function: fn(prompts=, completions=) -> floats."""
 
-    def __init__(self, name_or_path: str, *, batch_size: int = 16, max_length: int | None = None, device: str | None = None,
-                 key: str = "rewards[0].model"):
+    def __init__(
+        self,
+        name_or_path: str,
+        *,
+        batch_size: int = 16,
+        max_length: int | None = None,
+        device: str | None = None,
+        key: str = "rewards[0].model",
+    ):
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         self.name_or_path = name_or_path
@@ -38,16 +48,25 @@ class RewardModel:
             self.tokenizer = AutoTokenizer.from_pretrained(name_or_path)
             self.model = AutoModelForSequenceClassification.from_pretrained(name_or_path, dtype="auto")
         except (OSError, ValueError) as exc:
-            raise ValueError(f"{key}={name_or_path!r}: could not load a sequence-classification reward model "
-                             f"(AutoModelForSequenceClassification): {str(exc).splitlines()[0]}") from None
+            raise ValueError(
+                f"{key}={name_or_path!r}: could not load a sequence-classification reward model "
+                f"(AutoModelForSequenceClassification): {str(exc).splitlines()[0]}"
+            ) from None
         if self.model.config.num_labels != 1:
-            raise ValueError(f"{key}={name_or_path!r} has num_labels={self.model.config.num_labels}; a reward model "
-                             "gives one score per text: use a model with num_labels=1")
-        if self.tokenizer.pad_token_id is None:  # masks decide what is padding; EOS is a safe pad (as load_tokenizer)
+            raise ValueError(
+                f"{key}={name_or_path!r} has num_labels={self.model.config.num_labels}; a reward model "
+                "gives one score per text: use a model with num_labels=1"
+            )
+        if (
+            self.tokenizer.pad_token_id is None
+        ):  # masks decide what is padding; EOS is a safe pad (as load_tokenizer)
             self.tokenizer.pad_token = self.tokenizer.eos_token
         if self.model.config.pad_token_id is None:  # the head reads the last non-pad token of each row
             self.model.config.pad_token_id = self.tokenizer.pad_token_id
-        self.tokenizer.padding_side, self.tokenizer.truncation_side = "right", "left"  # keep the completion's end
+        self.tokenizer.padding_side, self.tokenizer.truncation_side = (
+            "right",
+            "left",
+        )  # keep the completion's end
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.model.to(self.device).eval().requires_grad_(False)
         self.batch_size, self.max_length = batch_size, max_length
@@ -60,7 +79,11 @@ class RewardModel:
         for prompt, completion in zip(prompts, completions, strict=True):
             if self.chat:
                 messages = list(prompt) if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
-                reply = list(completion) if isinstance(completion, list) else [{"role": "assistant", "content": completion}]
+                reply = (
+                    list(completion)
+                    if isinstance(completion, list)
+                    else [{"role": "assistant", "content": completion}]
+                )
                 texts.append(self.tokenizer.apply_chat_template(messages + reply, tokenize=False))
             else:
                 text = prompt if isinstance(prompt, str) else "\n".join(str(m["content"]) for m in prompt)
@@ -71,9 +94,14 @@ class RewardModel:
     def __call__(self, prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float]:
         texts, scores = self.render(prompts, completions), []
         for start in range(0, len(texts), self.batch_size):
-            enc = self.tokenizer(texts[start : start + self.batch_size], return_tensors="pt", padding=True,
-                                 add_special_tokens=not self.chat,  # a chat template writes its own special tokens
-                                 truncation=self.max_length is not None, max_length=self.max_length)
+            enc = self.tokenizer(
+                texts[start : start + self.batch_size],
+                return_tensors="pt",
+                padding=True,
+                add_special_tokens=not self.chat,  # a chat template writes its own special tokens
+                truncation=self.max_length is not None,
+                max_length=self.max_length,
+            )
             logits = self.model(**enc.to(self.device)).logits  # [B, 1]
             scores += logits[:, 0].float().tolist()
         return scores
@@ -86,7 +114,11 @@ def reward_model_spec(spec, *, index: int):
 
     key = f"rewards[{index}]"
     if unknown := sorted(set(spec.kwargs) - set(MODEL_KWARGS)):
-        raise ValueError(f"{key}.kwargs: {unknown} are not settings of a reward model; allowed: {', '.join(MODEL_KWARGS)}")
+        raise ValueError(
+            f"{key}.kwargs: {unknown} are not settings of a reward model; allowed: {', '.join(MODEL_KWARGS)}"
+        )
     scorer = RewardModel(spec.model, **spec.kwargs, key=f"{key}.model")
     name = spec.name or Path(spec.model.rstrip("/")).name or "reward_model"
-    return RewardSpec(function=scorer, weight=spec.weight, name=name, timeout=spec.timeout, on_timeout=spec.on_timeout)
+    return RewardSpec(
+        function=scorer, weight=spec.weight, name=name, timeout=spec.timeout, on_timeout=spec.on_timeout
+    )

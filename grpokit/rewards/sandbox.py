@@ -30,6 +30,7 @@ SandboxResult.network_isolated says which case a result came from; Limits(requir
 =True) refuses to run without it (reason "network_isolation_unavailable"). docs/sandbox.md has
 the details, each limit's default, and what each hostile program in tests/test_sandbox.py gets.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -93,17 +94,37 @@ class Limits:
     """refuse to run ("network_isolation_unavailable") when no network namespace is available"""
 
     def __post_init__(self) -> None:
-        for name in ("wall_time", "cpu_time", "memory_mb", "file_size_mb", "disk_mb",
-                     "open_files", "processes", "output_bytes", "tree_memory_mb"):
+        for name in (
+            "wall_time",
+            "cpu_time",
+            "memory_mb",
+            "file_size_mb",
+            "disk_mb",
+            "open_files",
+            "processes",
+            "output_bytes",
+            "tree_memory_mb",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"Limits.{name} must be a number > 0, got {value!r}")
-        for name in ("cpu_time", "memory_mb", "file_size_mb", "disk_mb", "open_files", "processes", "output_bytes",
-                     "tree_memory_mb", "pool_memory_mb"):
+        for name in (
+            "cpu_time",
+            "memory_mb",
+            "file_size_mb",
+            "disk_mb",
+            "open_files",
+            "processes",
+            "output_bytes",
+            "tree_memory_mb",
+            "pool_memory_mb",
+        ):
             if not isinstance(getattr(self, name), int) or isinstance(getattr(self, name), bool):
                 raise ValueError(f"Limits.{name} must be an int, got {getattr(self, name)!r}")
         if self.pool_memory_mb < 0:
-            raise ValueError(f"Limits.pool_memory_mb must be >= 0 (0 = half the machine's), got {self.pool_memory_mb}")
+            raise ValueError(
+                f"Limits.pool_memory_mb must be >= 0 (0 = half the machine's), got {self.pool_memory_mb}"
+            )
 
 
 @dataclass(frozen=True)
@@ -141,6 +162,7 @@ class SandboxResult:
 # import nothing from grpokit and may use only names defined inside them and each other.
 # _launcher_main imports every module any of them uses before it mounts or chroots anything;
 # the helpers' own imports then only look the modules up in sys.modules.
+
 
 def _launcher_main() -> None:
     """The launcher's steps, in order: become non-dumpable, set up the sandbox's root and enter
@@ -222,8 +244,9 @@ def _launcher_build_root(cfg, libc, home):
     MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8
     root = os.path.join(cfg["workdir"], "root")
     os.mkdir(root, 0o755)
-    _launcher_mount(libc, "tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV,
-                    f"size={cfg['disk_mb']}m,nr_inodes=16k,mode=755")
+    _launcher_mount(
+        libc, "tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, f"size={cfg['disk_mb']}m,nr_inodes=16k,mode=755"
+    )
     for path in cfg["binds"]:
         if os.path.lexists(path):
             _launcher_bind(libc, path, root)
@@ -251,7 +274,9 @@ def _launcher_mount(libc, src, dst, fstype, flags, data=None):
     import os
 
     args = [None if a is None else os.fsencode(a) for a in (src, dst, fstype, data)]
-    _launcher_check(libc.mount(args[0], args[1], args[2], ctypes.c_ulong(flags), args[3]), f"mount {src} on {dst}")
+    _launcher_check(
+        libc.mount(args[0], args[1], args[2], ctypes.c_ulong(flags), args[3]), f"mount {src} on {dst}"
+    )
 
 
 def _launcher_bind(libc, src, root, device=False):
@@ -275,8 +300,12 @@ def _launcher_bind(libc, src, root, device=False):
     _launcher_mount(libc, src, dst, None, MS_BIND | MS_REC)
     # Read-only; in a user namespace the source's noexec and atime flags are locked, so keep them.
     f_flag = os.statvfs(src).f_flag
-    keep = [(os.ST_NOEXEC, MS_NOEXEC), (os.ST_NOATIME, MS_NOATIME), (os.ST_NODIRATIME, MS_NODIRATIME),
-            (os.ST_RELATIME, MS_RELATIME)]
+    keep = [
+        (os.ST_NOEXEC, MS_NOEXEC),
+        (os.ST_NOATIME, MS_NOATIME),
+        (os.ST_NODIRATIME, MS_NODIRATIME),
+        (os.ST_RELATIME, MS_RELATIME),
+    ]
     flags = MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | (0 if device else MS_NODEV)
     _launcher_mount(libc, None, dst, None, flags | sum(ms for st, ms in keep if f_flag & st))
 
@@ -296,8 +325,14 @@ def _launcher_drop_capabilities(libc):
     _launcher_check(libc.capset(header, (ctypes.c_uint32 * 6)()), "capset")
 
 
-_LAUNCHER_FUNCTIONS = (_launcher_main, _launcher_check, _launcher_build_root, _launcher_mount, _launcher_bind,
-                       _launcher_drop_capabilities)
+_LAUNCHER_FUNCTIONS = (
+    _launcher_main,
+    _launcher_check,
+    _launcher_build_root,
+    _launcher_mount,
+    _launcher_bind,
+    _launcher_drop_capabilities,
+)
 _LAUNCHER_SOURCE = "\n\n".join(inspect.getsource(f) for f in _LAUNCHER_FUNCTIONS) + "\n_launcher_main()\n"
 
 # Runs before the program in "none" isolation: the weak, in-process stand-in for a network
@@ -391,10 +426,23 @@ def _probe() -> tuple[str, str]:
 
 # -- one run -------------------------------------------------------------------------------
 
+
 def _binds() -> list[str]:
     """Host paths bound read-only into the sandbox root (besides /dev nodes)."""
-    paths = ["/usr", "/bin", "/lib", "/lib32", "/lib64", "/libx32", "/sbin",
-             "/etc/ld.so.cache", "/etc/localtime", "/etc/passwd", "/etc/group", "/etc/nsswitch.conf"]
+    paths = [
+        "/usr",
+        "/bin",
+        "/lib",
+        "/lib32",
+        "/lib64",
+        "/libx32",
+        "/sbin",
+        "/etc/ld.so.cache",
+        "/etc/localtime",
+        "/etc/passwd",
+        "/etc/group",
+        "/etc/nsswitch.conf",
+    ]
     for extra in (sys.base_prefix, sys.base_exec_prefix, os.path.dirname(_python())):
         extra = os.path.realpath(extra)
         if not any(extra == p or extra.startswith(p.rstrip("/") + "/") for p in paths):
@@ -422,8 +470,16 @@ def _kill_uid(uid: int) -> None:
     """SIGKILL every process of `uid` ("none" isolation: what escaped the session)."""
     code = "import os\ntry:\n    os.kill(-1, 9)\nexcept OSError:\n    pass\n"
     try:
-        subprocess.run([_python(), "-I", "-S", "-c", code], user=uid, group=uid, extra_groups=[],
-                       env={}, timeout=10, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.run(
+            [_python(), "-I", "-S", "-c", code],
+            user=uid,
+            group=uid,
+            extra_groups=[],
+            env={},
+            timeout=10,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
     except (OSError, subprocess.SubprocessError):
         logger.warning("could not kill the leftover processes of sandbox uid %d", uid, exc_info=True)
 
@@ -490,8 +546,17 @@ def run_python(
         return _run(code, stdin, limits, dict(files or {}), mode, uid, workdir, start)
     except Exception as e:  # our own failure, not the program's
         logger.warning("code sandbox failed", exc_info=True)
-        return SandboxResult(False, None, "", f"grpokit sandbox: {type(e).__name__}: {e}",
-                             "sandbox_error", time.monotonic() - start, isolated, None, mode)
+        return SandboxResult(
+            False,
+            None,
+            "",
+            f"grpokit sandbox: {type(e).__name__}: {e}",
+            "sandbox_error",
+            time.monotonic() - start,
+            isolated,
+            None,
+            mode,
+        )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
         if uid is not None:
@@ -499,8 +564,9 @@ def run_python(
                 _uids_in_use.discard(uid)
 
 
-def _run(code: str, stdin: str, limits: Limits, files: dict, mode: str, uid: int | None,
-         workdir: str, start: float) -> SandboxResult:
+def _run(
+    code: str, stdin: str, limits: Limits, files: dict, mode: str, uid: int | None, workdir: str, start: float
+) -> SandboxResult:
     isolated = mode in _NAMESPACE_MODES
     files = {"main.py": code, **files}
     home = _write_files(files, workdir, isolated, uid)
@@ -533,8 +599,9 @@ def _run(code: str, stdin: str, limits: Limits, files: dict, mode: str, uid: int
     reason, stderr = _reason(stopped, info, returncode, cpu_time, stderr, proc.returncode, limits)
     if killed and reason not in ("ok", "timeout", "output_limit"):
         reason = "memory_limit"
-    return SandboxResult(reason == "ok", returncode, stdout, stderr, reason, wall, isolated, cpu_time, mode,
-                         peak, killed)
+    return SandboxResult(
+        reason == "ok", returncode, stdout, stderr, reason, wall, isolated, cpu_time, mode, peak, killed
+    )
 
 
 def _memory_group(limits: Limits) -> MemoryGroup | None:
@@ -567,27 +634,63 @@ def _write_files(files: dict, workdir: str, isolated: bool, uid: int | None) -> 
     return home
 
 
-def _sandbox_argv(python: str, mode: str, limits: Limits, workdir: str, home: str, file_names: list[str],
-                  uid: int | None, report_w: int) -> list[str]:
+def _sandbox_argv(
+    python: str,
+    mode: str,
+    limits: Limits,
+    workdir: str,
+    home: str,
+    file_names: list[str],
+    uid: int | None,
+    report_w: int,
+) -> list[str]:
     """The command line that starts the sandbox: the launcher with its configuration, wrapped in
     `unshare` for the namespace modes."""
     isolated = mode in _NAMESPACE_MODES
     program_argv = [python, "-I", "-S", "-B", "main.py"]
     if not isolated:
         program_argv = [python, "-I", "-S", "-B", "-c", _NO_SOCKET_PREAMBLE, "main.py"]
-    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": home, "TMPDIR": home,
-           "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8"}
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "LANG": "C.UTF-8",
+        "HOME": home,
+        "TMPDIR": home,
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONIOENCODING": "utf-8",
+    }
     cfg = {
-        "mode": mode, "workdir": workdir, "home": home, "files": file_names, "binds": _binds(),
-        "disk_mb": limits.disk_mb, "uid": uid, "gid": uid, "report_fd": report_w,
+        "mode": mode,
+        "workdir": workdir,
+        "home": home,
+        "files": file_names,
+        "binds": _binds(),
+        "disk_mb": limits.disk_mb,
+        "uid": uid,
+        "gid": uid,
+        "report_fd": report_w,
         "rlimits": _rlimits(limits, own_uid=uid is not None or mode == "userns"),
-        "argv": program_argv, "env": env, "wall_time": limits.wall_time,
+        "argv": program_argv,
+        "env": env,
+        "wall_time": limits.wall_time,
     }
     argv = [python, "-I", "-S", "-B", "-c", _LAUNCHER_SOURCE, json.dumps(cfg)]
     if isolated:
         user = ["--user", "--map-root-user"] if mode == "userns" else []
-        argv = ["unshare", *user, "--net", "--pid", "--mount", "--ipc", "--uts", "--fork", "--kill-child",
-                "--propagation", "private", "--", *argv]
+        argv = [
+            "unshare",
+            *user,
+            "--net",
+            "--pid",
+            "--mount",
+            "--ipc",
+            "--uts",
+            "--fork",
+            "--kill-child",
+            "--propagation",
+            "private",
+            "--",
+            *argv,
+        ]
     return argv
 
 
@@ -601,9 +704,14 @@ def _start(argv: list[str], stdin: str, workdir: str, report_r: int, report_w: i
         stdin_file.seek(0)
     try:
         return subprocess.Popen(
-            argv, stdin=stdin_file or subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            pass_fds=(report_w,), env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
-            start_new_session=True, cwd=workdir,
+            argv,
+            stdin=stdin_file or subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            pass_fds=(report_w,),
+            env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+            start_new_session=True,
+            cwd=workdir,
         )
     except BaseException:
         os.close(report_r)
@@ -614,8 +722,15 @@ def _start(argv: list[str], stdin: str, workdir: str, report_r: int, report_w: i
             stdin_file.close()
 
 
-def _reason(stopped: str | None, info: dict, returncode: int | None, cpu_time: float | None, stderr: str,
-            launcher_exit: int | None, limits: Limits) -> tuple[str, str]:
+def _reason(
+    stopped: str | None,
+    info: dict,
+    returncode: int | None,
+    cpu_time: float | None,
+    stderr: str,
+    launcher_exit: int | None,
+    limits: Limits,
+) -> tuple[str, str]:
     """SandboxResult.reason for a run, and its stderr with the sandbox's own complaint added, if any.
 
     stopped: what _collect stopped it for; info: the launcher's report; launcher_exit: the exit
@@ -653,8 +768,9 @@ def _last_line(text: str) -> str:
     return lines[-1] if lines else ""
 
 
-def _collect(proc: subprocess.Popen, report_r: int, limits: Limits, start: float
-             ) -> tuple[bytes, bytes, bytes, str | None]:
+def _collect(
+    proc: subprocess.Popen, report_r: int, limits: Limits, start: float
+) -> tuple[bytes, bytes, bytes, str | None]:
     """Read stdout, stderr (each up to the cap) and the launcher's report until the sandbox
     ends or a limit stops it. Returns (stdout, stderr, report, reason it was stopped or None)."""
     cap = limits.output_bytes
@@ -745,6 +861,7 @@ def _stop(proc: subprocess.Popen, isolated: bool, uid: int | None) -> None:
 
 # -- many runs -----------------------------------------------------------------------------
 
+
 def run_many(
     programs: Iterable[str | tuple[str, str]],
     *,
@@ -771,4 +888,3 @@ def run_many(
             for (code, stdin), fs in zip(items, file_sets)
         ]
         return [f.result() for f in futures]
-

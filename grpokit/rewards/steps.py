@@ -20,6 +20,7 @@ token t the sum of the normalized rewards of the steps ending at or after t
 (`grpokit.algo.step_advantages`); with one outcome reward only, that is exactly the outcome
 advantage. docs/algorithm.md, "Process rewards end to end", has the details.
 """
+
 from __future__ import annotations
 
 import math
@@ -57,7 +58,9 @@ class StepScores:
             return f"{len(scores)} scores but {len(ends)} step ends"
         if not scores:
             return "no steps (return None for 'not applicable')"
-        if not all(isinstance(s, numbers.Real) and not isinstance(s, bool) and math.isfinite(s) for s in scores):
+        if not all(
+            isinstance(s, numbers.Real) and not isinstance(s, bool) and math.isfinite(s) for s in scores
+        ):
             return f"scores must be finite numbers, got {scores!r}"
         if not all(isinstance(e, numbers.Integral) and not isinstance(e, bool) for e in ends):
             return f"ends must be ints (character offsets), got {ends!r}"

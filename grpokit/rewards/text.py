@@ -6,6 +6,7 @@
 
 A leaf module (no grpokit imports), so any reward or task module can import it at the top.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -22,7 +23,9 @@ def completion_text(completion: Any) -> str:
 
 def is_conversation(prompt: Any) -> bool:
     """A prompt given as chat messages (a list of {"role", "content"} dicts), TRL's is_conversational."""
-    return isinstance(prompt, list) and bool(prompt) and all(isinstance(m, dict) and "role" in m for m in prompt)
+    return (
+        isinstance(prompt, list) and bool(prompt) and all(isinstance(m, dict) and "role" in m for m in prompt)
+    )
 
 
 def as_messages(prompts: list[Any], completions: list[Any], episodes: list[Any] | None = None) -> list[Any]:

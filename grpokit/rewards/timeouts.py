@@ -21,6 +21,7 @@ What a timed-out call scores (config reward_on_timeout, a reward's own on_timeou
     rule.scores(n)        # [N] the function's values for the call's samples: NaN (skip, skip_group) or the number
     rule.drops_groups     # skip_group: the call's groups get no advantage (RewardOutput.skipped)
 """
+
 from __future__ import annotations
 
 import logging
@@ -35,7 +36,9 @@ from torch import Tensor
 
 logger = logging.getLogger("grpokit.rewards")
 
-_MAIN_THREAD_ONLY = "signal only works in main thread"  # CPython's ValueError from signal.signal in another thread
+_MAIN_THREAD_ONLY = (
+    "signal only works in main thread"  # CPython's ValueError from signal.signal in another thread
+)
 
 
 class TimedOut(Exception):
@@ -80,8 +83,10 @@ class OnTimeout:
     def outcome(self) -> str:
         """What happened to the call's samples, for the log."""
         if self.drops_groups:
-            return ("the affected samples get no reward from it, and their groups are dropped from the loss (skip_group: "
-                    "their advantages are 0; reward/skipped_frac counts them)")
+            return (
+                "the affected samples get no reward from it, and their groups are dropped from the loss (skip_group: "
+                "their advantages are 0; reward/skipped_frac counts them)"
+            )
         if isinstance(self.choice, str):
             return "the affected samples get no reward from it (NaN in per_function)"
         return f"each affected sample scores {self.choice:g} from it ({self.key}={self.choice:g})"
@@ -104,7 +109,9 @@ class CallLimit:
     timeout: seconds, None or 0 = no limit (the call then runs in the caller's thread); slow: seconds after
     which a call that returned logs a warning with its time, None or 0 = never."""
 
-    def __init__(self, label: str, timeout: float | None, slow: float | None = None, *, main_thread: bool = False):
+    def __init__(
+        self, label: str, timeout: float | None, slow: float | None = None, *, main_thread: bool = False
+    ):
         self.label = label
         self.timeout = timeout or None
         self.slow = slow or None
@@ -124,10 +131,19 @@ class CallLimit:
 
     def warn_if_slow(self, seconds: float, n: int) -> None:
         if self.slow is not None and seconds > self.slow:
-            timeout = f"its timeout is {self.timeout:g} s" if self.timeout and not self.main_thread else "it has no timeout"
+            timeout = (
+                f"its timeout is {self.timeout:g} s"
+                if self.timeout and not self.main_thread
+                else "it has no timeout"
+            )
             logger.warning(
                 "%s took %.1f s for %d completions, more than reward_slow_warning=%g s (%s); "
-                "a faster function (batch its work, cache) speeds up every step", self.label, seconds, n, self.slow, timeout,
+                "a faster function (batch its work, cache) speeds up every step",
+                self.label,
+                seconds,
+                n,
+                self.slow,
+                timeout,
             )
 
     def _in_worker(self, fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
@@ -164,6 +180,7 @@ class CallLimit:
         self.main_thread = True
         logger.warning(
             "%s uses signals (signal.alarm, e.g. math-verify's own timeouts), which work only in the main thread: "
-            "it runs there from now on, where the reward timeout cannot stop it", self.label,
+            "it runs there from now on, where the reward timeout cannot stop it",
+            self.label,
         )
         return fn(**kwargs)

@@ -6,6 +6,7 @@ Output order is prompt-major: completions [i*n, (i+1)*n) belong to prompt i, so 
 contiguous as group_advantages expects. The engine plays pi_old: `sync_weights(model)` is called
 after every optimizer step that precedes a rollout.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -62,7 +63,9 @@ class Completions:
 
 
 class RolloutEngine(Protocol):
-    def generate(self, prompt_token_ids: list[list[int]], n: int, sampling: SamplingParams) -> Completions: ...
+    def generate(
+        self, prompt_token_ids: list[list[int]], n: int, sampling: SamplingParams
+    ) -> Completions: ...
 
     def sync_weights(self, model: torch.nn.Module, version: int | None = None) -> None:
         """The engine samples from `model`'s weights from now on; `version`: which policy version they are (optimizer

@@ -17,6 +17,7 @@ own context, prompt + everything so far), so the G episodes of a prompt run inde
     them: finish "length", Episode.cut = "budget".
 Log-probs: the engine's for the model's tokens (0.0 on tool tokens) when it returns them (fast does).
 """
+
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
@@ -41,8 +42,12 @@ class _Run:
     ids: list[int] = field(default_factory=list)  # the completion so far: model turns and tool results
     mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
-    call_ends: list[int] = field(default_factory=list)  # per call: token count of the completion up to its end
-    call_chars: list[int] = field(default_factory=list)  # per call: characters of its turn's text up to its end
+    call_ends: list[int] = field(
+        default_factory=list
+    )  # per call: token count of the completion up to its end
+    call_chars: list[int] = field(
+        default_factory=list
+    )  # per call: characters of its turn's text up to its end
     pending: list[str] = field(default_factory=list)  # raw calls of the last turn, to run
     finish: str | None = None
 
@@ -67,23 +72,40 @@ def prefix_tokens(tokenizer: Any, ids: list[int], chars: int) -> int:
 class ToolRollout:
     """A rollout engine that runs multi-turn episodes with tools on top of another engine (hf, fast, ...)."""
 
-    def __init__(self, engine: RolloutEngine, tokenizer: Any, tools: Sequence[Tool], *, fmt: PlainFormat | ChatTemplateFormat,
-                 max_turns: int, environment: Callable[[], Any] | None = None, timeout: float = 10.0,
-                 max_result_chars: int = 1000, max_workers: int = 4):
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        tokenizer: Any,
+        tools: Sequence[Tool],
+        *,
+        fmt: PlainFormat | ChatTemplateFormat,
+        max_turns: int,
+        environment: Callable[[], Any] | None = None,
+        timeout: float = 10.0,
+        max_result_chars: int = 1000,
+        max_workers: int = 4,
+    ):
         if max_turns < 1:
             raise ValueError(f"rollout.max_turns must be >= 1, got {max_turns}")
         self.engine, self.tokenizer, self.tools, self.fmt = engine, tokenizer, list(tools), fmt
         self.max_turns, self.environment, self.timeout = max_turns, environment, timeout
         self.max_result_chars, self.max_workers = max_result_chars, max_workers
-        self.eos_ids = getattr(engine, "eos_ids", None) or eos_token_ids(getattr(engine, "model", None), tokenizer)
+        self.eos_ids = getattr(engine, "eos_ids", None) or eos_token_ids(
+            getattr(engine, "model", None), tokenizer
+        )
         self.last_metrics: dict[str, float] = {}
         ToolBox(self.tools)  # distinct names, checked now
 
     def sync_weights(self, model, version: int | None = None) -> None:
         self.engine.sync_weights(model, version=version)
 
-    def generate(self, prompt_token_ids: list[list[int]], n: int, sampling: SamplingParams,
-                 columns: Sequence[dict[str, Any]] | None = None) -> Completions:
+    def generate(
+        self,
+        prompt_token_ids: list[list[int]],
+        n: int,
+        sampling: SamplingParams,
+        columns: Sequence[dict[str, Any]] | None = None,
+    ) -> Completions:
         """G = n episodes per prompt, prompt-major. columns: each prompt's dataset row, for the environment's reset."""
         runs = self._start(prompt_token_ids, n, columns)
         self._logprobs = True  # every turn's engine call returned log-probs
@@ -96,13 +118,20 @@ class ToolRollout:
             self._run_calls([r for r in active if r.finish is None and r.pending], sampling.max_tokens)
         return self._completions(runs)
 
-    def _start(self, prompts: list[list[int]], n: int, columns: Sequence[dict[str, Any]] | None) -> list[_Run]:
+    def _start(
+        self, prompts: list[list[int]], n: int, columns: Sequence[dict[str, Any]] | None
+    ) -> list[_Run]:
         runs = []
         for i, prompt in enumerate(prompts):
             for _ in range(n):
                 row = dict(columns[i]) if columns is not None else {}
-                box, observation = ToolBox.for_episode(self.tools, self.environment, columns=row, timeout=self.timeout,
-                                                       max_result_chars=self.max_result_chars)
+                box, observation = ToolBox.for_episode(
+                    self.tools,
+                    self.environment,
+                    columns=row,
+                    timeout=self.timeout,
+                    max_result_chars=self.max_result_chars,
+                )
                 obs = self.tokenizer.encode(observation, add_special_tokens=False) if observation else []
                 run = _Run(list(prompt), box, Episode(environment=box.environment), obs)
                 if obs:  # TRL appends it to the last user message; here it is context before the first turn
@@ -111,12 +140,21 @@ class ToolRollout:
                 runs.append(run)
         return runs
 
-    def _turn(self, active: list[_Run], turn: int, n: int, prompts: list[list[int]] | None, sampling: SamplingParams) -> None:
+    def _turn(
+        self, active: list[_Run], turn: int, n: int, prompts: list[list[int]] | None, sampling: SamplingParams
+    ) -> None:
         """One engine call for every active episode, then each episode's turn is cut, recorded and judged."""
         budget = max(sampling.max_tokens - len(r.ids) for r in active)
-        stop = (tuple(self.tokenizer.encode(self.fmt.call_close, add_special_tokens=False)),) if self.fmt.ends_turn_at_call else ()
-        out = self.engine.generate(prompts if prompts is not None else [r.context for r in active], n,
-                                   replace(sampling, max_tokens=budget, stop_token_ids=stop))  # stop: saves tokens only
+        stop = (
+            (tuple(self.tokenizer.encode(self.fmt.call_close, add_special_tokens=False)),)
+            if self.fmt.ends_turn_at_call
+            else ()
+        )
+        out = self.engine.generate(
+            prompts if prompts is not None else [r.context for r in active],
+            n,
+            replace(sampling, max_tokens=budget, stop_token_ids=stop),
+        )  # stop: saves tokens only
         self._logprobs = self._logprobs and out.logprobs is not None
         for j, run in enumerate(active):
             left = sampling.max_tokens - len(run.ids)
@@ -128,12 +166,18 @@ class ToolRollout:
                 keep = prefix_tokens(self.tokenizer, ids, cut)
                 ids, lps, text = ids[:keep], lps[:keep], text[:cut]
             ended = bool(ids) and ids[-1] in self.eos_ids
-            run.ids, run.mask, run.logprobs = run.ids + ids, run.mask + [1] * len(ids), run.logprobs + list(lps)
+            run.ids, run.mask, run.logprobs = (
+                run.ids + ids,
+                run.mask + [1] * len(ids),
+                run.logprobs + list(lps),
+            )
             run.episode.messages.append({"role": "assistant", "content": text})
             run.episode.turns = turn
             calls_complete = bool(raws) and (self.fmt.ends_turn_at_call or ended)
             if not calls_complete:  # the answer; or a close marker without a call, where the engine stopped
-                ended = ended or (self.fmt.ends_turn_at_call and text.endswith(self.fmt.call_close) and len(ids) < left)
+                ended = ended or (
+                    self.fmt.ends_turn_at_call and text.endswith(self.fmt.call_close) and len(ids) < left
+                )
                 run.finish = "stop" if ended else "length"
                 run.episode.cut = None if ended else "budget"
                 continue
@@ -182,8 +226,14 @@ class ToolRollout:
             if len(run.ids) + len(ids) >= max_tokens:  # no room for the model to read them and answer
                 run.finish, run.episode.cut = "length", "budget"
                 continue
-            run.ids, run.mask, run.logprobs = run.ids + ids, run.mask + [0] * len(ids), run.logprobs + [0.0] * len(ids)
-            run.episode.messages += [{"role": "tool", "name": name, "content": text} for name, text in results]
+            run.ids, run.mask, run.logprobs = (
+                run.ids + ids,
+                run.mask + [0] * len(ids),
+                run.logprobs + [0.0] * len(ids),
+            )
+            run.episode.messages += [
+                {"role": "tool", "name": name, "content": text} for name, text in results
+            ]
 
     def _completions(self, runs: list[_Run]) -> Completions:
         texts = self.tokenizer.batch_decode([r.ids for r in runs], skip_special_tokens=True)
@@ -192,14 +242,21 @@ class ToolRollout:
             for call, tokens, back in zip(run.episode.tool_calls, run.call_ends, run.call_chars):
                 end = len(self.tokenizer.decode(run.ids[:tokens], skip_special_tokens=True)) + back
                 call.end = last = min(len(text), max(end, last + 1))  # strictly increasing (StepScores.ends)
-        comps = Completions(token_ids=[r.ids for r in runs], texts=texts, finish_reasons=[r.finish or "length" for r in runs],
-                            logprobs=[r.logprobs for r in runs] if self._logprobs else None,
-                            model_mask=[r.mask for r in runs], episodes=[r.episode for r in runs])
+        comps = Completions(
+            token_ids=[r.ids for r in runs],
+            texts=texts,
+            finish_reasons=[r.finish or "length" for r in runs],
+            logprobs=[r.logprobs for r in runs] if self._logprobs else None,
+            model_mask=[r.mask for r in runs],
+            episodes=[r.episode for r in runs],
+        )
         self.last_metrics = episode_metrics(comps.episodes)
         return comps
 
 
-def generate_groups(engine: RolloutEngine, rows: Sequence[Any], G: int, sampling: SamplingParams, metrics: dict[str, float]) -> Completions:
+def generate_groups(
+    engine: RolloutEngine, rows: Sequence[Any], G: int, sampling: SamplingParams, metrics: dict[str, float]
+) -> Completions:
     """G completions of each row's prompt: episodes with tools when the engine is a ToolRollout (their rollout/tools/
     metrics go into `metrics`), else the engine's one-turn completions."""
     if not isinstance(engine, ToolRollout):
@@ -217,6 +274,14 @@ def with_tools(engine: RolloutEngine, cfg: Any, tokenizer: Any) -> RolloutEngine
     from grpokit.tools.setup import load_tools
 
     tools, environment = load_tools(cfg.tools)
-    return ToolRollout(engine, tokenizer, tools, fmt=make_format(cfg.tools.format), max_turns=cfg.rollout.max_turns,
-                       environment=environment, timeout=cfg.tools.timeout, max_result_chars=cfg.tools.max_result_chars,
-                       max_workers=cfg.tools.max_workers)
+    return ToolRollout(
+        engine,
+        tokenizer,
+        tools,
+        fmt=make_format(cfg.tools.format),
+        max_turns=cfg.rollout.max_turns,
+        environment=environment,
+        timeout=cfg.tools.timeout,
+        max_result_chars=cfg.tools.max_result_chars,
+        max_workers=cfg.tools.max_workers,
+    )

@@ -30,6 +30,7 @@ grpokit.policy.completion_logprobs computes for pi_old at the same temperature, 
 They are the sampler's own log-probs only when top_k=0 and top_p=1 (with filters the sampler's
 distribution is renormalized over the kept tokens). Greedy decoding reports temperature-1 log-probs.
 """
+
 from __future__ import annotations
 
 import torch
@@ -133,7 +134,9 @@ def make_cache(config, capacity: int) -> DynamicCache:
         cache.layers = [PreallocatedLayer(capacity) for _ in range(n)]
         cache.layer_class_to_replicate = None
     else:
-        cache.layers = [PreallocatedLayer(capacity) if type(layer) is DynamicLayer else layer for layer in cache.layers]
+        cache.layers = [
+            PreallocatedLayer(capacity) if type(layer) is DynamicLayer else layer for layer in cache.layers
+        ]
     return cache
 
 
@@ -142,7 +145,9 @@ def process_logits(logits: Tensor, sampling: SamplingParams) -> Tensor:
     scores = logits / sampling.temperature if sampling.temperature != 1.0 else logits
     if sampling.top_k > 0:
         k = min(sampling.top_k, scores.shape[-1])
-        kth = torch.topk(scores, k).values[..., -1:]  # ties with the k-th value are kept, as in TopKLogitsWarper
+        kth = torch.topk(scores, k).values[
+            ..., -1:
+        ]  # ties with the k-th value are kept, as in TopKLogitsWarper
         scores = scores.masked_fill(scores < kth, float("-inf"))
     if sampling.top_p < 1.0:
         # TopPLogitsWarper: drop the tokens whose ascending cumulative prob is <= 1 - top_p, i.e. keep the
@@ -160,10 +165,14 @@ class FastEngine:
     def __init__(self, model, tokenizer, *, batch_size: int = 0, compile: bool = False):
         self.tokenizer = tokenizer
         self.batch_size = batch_size
-        self.compile = compile  # model.compile: prefill and decode steps through torch.compile (dynamic shapes)
+        self.compile = (
+            compile  # model.compile: prefill and decode steps through torch.compile (dynamic shapes)
+        )
         self.model = None
         self.eos_ids = eos_token_ids(model, tokenizer)
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos_ids))
+        self.pad_id = (
+            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos_ids))
+        )
         self.sync_weights(model)
 
     def sync_weights(self, model, version: int | None = None) -> None:
@@ -220,7 +229,9 @@ class FastEngine:
         if n > 1:  # share the prompt's cache with its n samples: rows i*n .. i*n+n-1 belong to prompt i
             cache.batch_repeat_interleave(n)
             logits = logits.repeat_interleave(n, dim=0)
-        full_mask = torch.ones(B, P + T, dtype=mask.dtype, device=device)  # [B, P + T]: generated tokens are all real
+        full_mask = torch.ones(
+            B, P + T, dtype=mask.dtype, device=device
+        )  # [B, P + T]: generated tokens are all real
         full_mask[:, :P] = mask.repeat_interleave(n, dim=0)
         next_pos = positions[:, -1:].repeat_interleave(n, dim=0) + 1  # [B, 1]
 
@@ -230,7 +241,9 @@ class FastEngine:
         rows = torch.arange(B, device=device)  # [B_active]: the output row of each batch row
         alive = torch.ones(B, dtype=torch.bool, device=device)  # [B_active]: no EOS yet
         stops = [torch.tensor(seq, device=device) for seq in sampling.stop_token_ids if seq]
-        stop_at = torch.full((B,), T, dtype=torch.long, device=device)  # [B] length of a row a stop sequence ended
+        stop_at = torch.full(
+            (B,), T, dtype=torch.long, device=device
+        )  # [B] length of a row a stop sequence ended
         for t in range(T):
             tok, logp = self._sample(logits, sampling)  # [B_active], [B_active]
             out_tokens[rows, t] = tok  # rows past EOS write junk after their EOS; the cut below ignores it
@@ -243,14 +256,22 @@ class FastEngine:
                     hit = alive & (out_tokens[rows, t + 1 - len(seq) : t + 1] == seq).all(-1)  # [B_active]
                     stop_at[rows[hit]] = t + 1
                     alive &= ~hit
-            n_alive = int(alive.sum())  # a CPU-GPU sync point, once per step: it decides whether the batch shrinks
+            n_alive = int(
+                alive.sum()
+            )  # a CPU-GPU sync point, once per step: it decides whether the batch shrinks
             if n_alive == 0:
                 break
             if len(rows) - n_alive > COMPACT_FRACTION * len(rows):
                 # Drop finished rows everywhere they live: cache, mask, positions, the token to feed.
                 keep = alive.nonzero().squeeze(-1)  # [B_active']
                 cache.batch_select_indices(keep)
-                rows, tok, full_mask, next_pos, alive = rows[keep], tok[keep], full_mask[keep], next_pos[keep], alive[keep]
+                rows, tok, full_mask, next_pos, alive = (
+                    rows[keep],
+                    tok[keep],
+                    full_mask[keep],
+                    next_pos[keep],
+                    alive[keep],
+                )
             logits = self._forward(
                 cache,
                 input_ids=tok[:, None],

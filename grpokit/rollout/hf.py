@@ -1,4 +1,5 @@
 """The `hf` rollout engine: transformers' `generate` on the policy itself (colocated, no copy)."""
+
 from __future__ import annotations
 
 import torch
@@ -35,7 +36,9 @@ class HFEngine:
         self.model, self.tokenizer = model, tokenizer
         self.batch_size = batch_size
         self.eos_ids = eos_token_ids(model, tokenizer)
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos_ids))
+        self.pad_id = (
+            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos_ids))
+        )
 
     def sync_weights(self, model, version: int | None = None) -> None:
         self.model = model  # same module: nothing to copy

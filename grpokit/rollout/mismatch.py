@@ -15,14 +15,21 @@ the policy lag and the engine's differences together.
 Metrics: rollout/logp_diff_mean, rollout/logp_diff_max, rollout/sampler_kl (k3), and with a correction on
 rollout/is_weight_mean, rollout/is_clip_frac (docs/metrics.md).
 """
+
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
 from grpokit.algo.importance import importance_weights, sampler_mismatch, weight_stats
-from grpokit.metrics import (ROLLOUT_IS_CLIP_FRAC, ROLLOUT_IS_WEIGHT_MEAN, ROLLOUT_LOGP_DIFF_MAX, ROLLOUT_LOGP_DIFF_MEAN,
-                             ROLLOUT_SAMPLER_KL, MeanAccumulator)
+from grpokit.metrics import (
+    ROLLOUT_IS_CLIP_FRAC,
+    ROLLOUT_IS_WEIGHT_MEAN,
+    ROLLOUT_LOGP_DIFF_MAX,
+    ROLLOUT_LOGP_DIFF_MEAN,
+    ROLLOUT_SAMPLER_KL,
+    MeanAccumulator,
+)
 
 
 def sampler_logprobs(comps, tokens) -> Tensor | None:
@@ -46,7 +53,9 @@ class SamplerCorrection:
         self.old_is_sampler = rollout_cfg.max_policy_lag > 0 and self.mode == "none"
         self._max: float | None = None
 
-    def __call__(self, b, rows: Tensor, logp: Tensor, mask: Tensor, acc: MeanAccumulator, first_pass: bool) -> Tensor | None:
+    def __call__(
+        self, b, rows: Tensor, logp: Tensor, mask: Tensor, acc: MeanAccumulator, first_pass: bool
+    ) -> Tensor | None:
         """[n, T] weights for the micro-batch `rows` of batch b (None: no correction). logp: pi_theta's [n, T],
         which is pi_old when the batch has no old_logp; mask: the micro-batch's loss mask [n, T]."""
         if b.sampler_logp is None:

@@ -31,6 +31,7 @@ for the step that publishes the version of its next batch). What pi_old means at
 GPU memory: at k = 0 a colocated engine that can sleep (vLLM on CUDA) is put to sleep before the update
 (`sleep()`) and woken before the next push (`wake_up()`); at k > 0 it generates during the update and stays awake.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -44,7 +45,13 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from grpokit.metrics import PERF_ROLLOUT_TIME, PERF_ROLLOUT_WAIT, PERF_WEIGHTS_WAIT, ROLLOUT_VERSION_LAG, ROLLOUT_VERSION_LAG_MAX
+from grpokit.metrics import (
+    PERF_ROLLOUT_TIME,
+    PERF_ROLLOUT_WAIT,
+    PERF_WEIGHTS_WAIT,
+    ROLLOUT_VERSION_LAG,
+    ROLLOUT_VERSION_LAG_MAX,
+)
 from grpokit.rollout.base import Completions, RolloutEngine, SamplingParams
 from grpokit.rollout.episodes import generate_groups
 
@@ -54,13 +61,32 @@ _SAMPLER_SEED, _EXTRA_SEED = 7_919, 104_729
 
 
 def sampling_params(rollout_cfg, generator: torch.Generator | None = None) -> SamplingParams:
-    return SamplingParams(max_tokens=rollout_cfg.max_completion_length, temperature=rollout_cfg.temperature,
-                          top_p=rollout_cfg.top_p, top_k=rollout_cfg.top_k, generator=generator)
+    return SamplingParams(
+        max_tokens=rollout_cfg.max_completion_length,
+        temperature=rollout_cfg.temperature,
+        top_p=rollout_cfg.top_p,
+        top_k=rollout_cfg.top_k,
+        generator=generator,
+    )
 
 
 class RolloutPipeline:
-    def __init__(self, engine: RolloutEngine, rollout_cfg, *, max_lag: int, version: int, model: torch.nn.Module, seed: int):
-        self.engine, self.cfg, self.max_lag, self.G = engine, rollout_cfg, max_lag, rollout_cfg.num_generations
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        rollout_cfg,
+        *,
+        max_lag: int,
+        version: int,
+        model: torch.nn.Module,
+        seed: int,
+    ):
+        self.engine, self.cfg, self.max_lag, self.G = (
+            engine,
+            rollout_cfg,
+            max_lag,
+            rollout_cfg.num_generations,
+        )
         self.version = version  # the trainer's: weights published so far
         self._sleeps = max_lag == 0 and callable(getattr(engine, "sleep", None))
         if max_lag == 0:
@@ -79,11 +105,15 @@ class RolloutPipeline:
         self._done = threading.Condition()
         self._next: int | None = None  # the next batch to hand the sampler, from the first batch() on
         self._closed = False
-        self._threads = torch.get_num_threads()  # the run's: OpenMP's count is per thread, and a new one gets the default
+        self._threads = (
+            torch.get_num_threads()
+        )  # the run's: OpenMP's count is per thread, and a new one gets the default
         self._thread = threading.Thread(target=self._sampler, name="grpokit-sampler", daemon=True)
 
     # ------------------------------------------------------------------ the trainer's side
-    def batch(self, b: int, draw: Callable[[int], Sequence[Any]], end: int) -> tuple[Sequence[Any], Completions, dict[str, float]]:
+    def batch(
+        self, b: int, draw: Callable[[int], Sequence[Any]], end: int
+    ) -> tuple[Sequence[Any], Completions, dict[str, float]]:
         """Rows, completions (comps.versions set) and timings of batch b; draw(i) gives the rows of batch i; batches
         from `end` on (the run's max_steps) are never asked for."""
         if self.max_lag == 0:
@@ -91,11 +121,17 @@ class RolloutPipeline:
             comps = self._generate(rows, self.version, sampling_params(self.cfg), timings)
             timings[PERF_ROLLOUT_WAIT] = timings[PERF_ROLLOUT_TIME]
             return rows, comps, timings
-        if self._next is None:  # the first batch of the run, or of a resume: the sampler starts at this version
+        if (
+            self._next is None
+        ):  # the first batch of the run, or of a resume: the sampler starts at this version
             self._next = b
             self._thread.start()
-        while self._next <= min(b + self.max_lag, end - 1):  # in order, in this thread: the data order does not depend on timing
-            self._requests.put((self._next, draw(self._next), self.version))  # batch b + k: this step's weights
+        while self._next <= min(
+            b + self.max_lag, end - 1
+        ):  # in order, in this thread: the data order does not depend on timing
+            self._requests.put(
+                (self._next, draw(self._next), self.version)
+            )  # batch b + k: this step's weights
             self._next += 1
         t = time.perf_counter()
         with self._done:
@@ -155,11 +191,16 @@ class RolloutPipeline:
         if self._thread.is_alive():
             self._thread.join(timeout)
             if self._thread.is_alive():
-                logger.warning("the rollout sampler thread did not stop within %g s of the end of training; left running", timeout)
+                logger.warning(
+                    "the rollout sampler thread did not stop within %g s of the end of training; left running",
+                    timeout,
+                )
 
     # ------------------------------------------------------------------ the sampler's side (k > 0)
     def _sampler(self) -> None:
-        torch.set_num_threads(self._threads)  # vLLM's CPU attention checks that its metadata and kernel agree on it
+        torch.set_num_threads(
+            self._threads
+        )  # vLLM's CPU attention checks that its metadata and kernel agree on it
         while True:
             t = time.perf_counter()
             # Batch b + k is asked for once version b is published: until then the sampler waits for weights.
@@ -170,7 +211,11 @@ class RolloutPipeline:
             try:
                 with self._engine_lock:
                     self._load(version, self._snapshots[version])
-                    out: Any = (rows, self._generate(rows, version, sampling_params(self.cfg, self._gen), timings), timings)
+                    out: Any = (
+                        rows,
+                        self._generate(rows, version, sampling_params(self.cfg, self._gen), timings),
+                        timings,
+                    )
             except BaseException as exc:  # handed to the trainer, which raises it; the sampler stops
                 out = exc
             with self._done:
@@ -187,19 +232,29 @@ class RolloutPipeline:
             self._loaded = version
 
     def _sync(self, model: torch.nn.Module, version: int) -> None:
-        self.engine.sync_weights(model, version=version)  # an engine that reports versions (the server) uses it
+        self.engine.sync_weights(
+            model, version=version
+        )  # an engine that reports versions (the server) uses it
 
     def _forget_before(self, version: int) -> None:
         for v in [v for v in list(self._snapshots) if v < min(version, self.version)]:
             self._snapshots.pop(v, None)
 
-    def _generate(self, rows, version: int, sampling: SamplingParams, timings: dict[str, float]) -> Completions:
+    def _generate(
+        self, rows, version: int, sampling: SamplingParams, timings: dict[str, float]
+    ) -> Completions:
         t = time.perf_counter()
-        comps = generate_groups(self.engine, rows, self.G, sampling, timings)  # with tools: episodes (rollout/tools/ metrics)
+        comps = generate_groups(
+            self.engine, rows, self.G, sampling, timings
+        )  # with tools: episodes (rollout/tools/ metrics)
         timings[PERF_ROLLOUT_TIME] = timings.get(PERF_ROLLOUT_TIME, 0.0) + time.perf_counter() - t
-        if self.max_lag and comps.logprobs is None:  # pi_old of lagged samples is the sampler's: without it, no ratio
-            raise ValueError(f"rollout.max_policy_lag={self.max_lag} needs the engine's sampling log-probs, and "
-                             f"{type(self.engine).__name__} returned none; use rollout.engine=fast or vllm")
+        if (
+            self.max_lag and comps.logprobs is None
+        ):  # pi_old of lagged samples is the sampler's: without it, no ratio
+            raise ValueError(
+                f"rollout.max_policy_lag={self.max_lag} needs the engine's sampling log-probs, and "
+                f"{type(self.engine).__name__} returned none; use rollout.engine=fast or vllm"
+            )
         return replace(comps, versions=[version] * len(comps)) if comps.versions is None else comps
 
 
@@ -209,4 +264,8 @@ def _snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def lag_metrics(comps: Completions, version: int) -> dict[str, float]:
     lags = [version - v for v in comps.versions or []]
-    return {ROLLOUT_VERSION_LAG: sum(lags) / len(lags), ROLLOUT_VERSION_LAG_MAX: float(max(lags))} if lags else {}
+    return (
+        {ROLLOUT_VERSION_LAG: sum(lags) / len(lags), ROLLOUT_VERSION_LAG_MAX: float(max(lags))}
+        if lags
+        else {}
+    )

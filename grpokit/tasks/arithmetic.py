@@ -6,6 +6,7 @@
 Reward 1.0 for exactly the answer (surrounding whitespace ignored), 0.0 otherwise.
 Operands are drawn uniformly from [0, 10**digits); subtraction may give a negative answer.
 """
+
 from __future__ import annotations
 
 import random

@@ -8,6 +8,7 @@ form (`split_of`), whatever the seed, so two calls with different seeds still ca
 problems into training. The task modules import this one; the package (grpokit/tasks/__init__.py)
 imports them.
 """
+
 from __future__ import annotations
 
 import hashlib

@@ -19,6 +19,7 @@ never negative. Difficulty knobs: `min_count`..`num_count` numbers from [`min_nu
 targets up to `max_target`; the defaults (3-4 numbers from 1..20, targets 1..99)
 were chosen for the demo in docs/demo_tuning.md.
 """
+
 from __future__ import annotations
 
 import random
@@ -128,7 +129,7 @@ def apply_step(step: str, pool: list[int], ops: str = "+-*/") -> int:
     and b from pool, adds c, and returns c. Raises ValueError otherwise, pool unchanged."""
     lhs, eq, result = step.strip().partition("=")
     i = next((k for k, c in enumerate(lhs) if c in ops and k > 0), -1)
-    a, op, b = lhs[:i].strip(), lhs[i:i + 1], lhs[i + 1:].strip()
+    a, op, b = lhs[:i].strip(), lhs[i : i + 1], lhs[i + 1 :].strip()
     result = result.strip()
     if not eq or i < 0 or not all(x.isdigit() and len(x) <= 6 for x in (a, b, result)):
         raise _ParseError(f"malformed step {step!r}")
@@ -161,7 +162,9 @@ def parse_steps(text: str, numbers: list[int], ops: str = "+-*/") -> Fraction:
     return value
 
 
-def _combine(a: tuple[Fraction, str, int], b: tuple[Fraction, str, int], op: str) -> tuple[Fraction, str, int]:
+def _combine(
+    a: tuple[Fraction, str, int], b: tuple[Fraction, str, int], op: str
+) -> tuple[Fraction, str, int]:
     """a op b as (value, text with the fewest parentheses, precedence)."""
     (va, sa, pa), (vb, sb, pb) = a, b
     if op in "*/" and pa == _ADD:
@@ -254,12 +257,14 @@ class CountdownTask:
             if key in seen or split_of(key) != split:
                 continue
             seen.add(key)
-            rows.append({
-                "prompt": self.prompt(numbers, target),
-                "completion": solution,
-                "numbers": numbers,
-                "target": target,
-            })
+            rows.append(
+                {
+                    "prompt": self.prompt(numbers, target),
+                    "completion": solution,
+                    "numbers": numbers,
+                    "target": target,
+                }
+            )
         if len(rows) == n:
             return rows
         raise ValueError(f"could only draw {len(rows)} distinct {split} problems of {self}; ask for fewer")
@@ -280,7 +285,9 @@ class CountdownTask:
             return 0.0
         return 1.0 if value == target else self.partial_reward
 
-    def reward(self, completions: list, numbers: list[list[int]], target: list[int], **kwargs: Any) -> list[float]:
+    def reward(
+        self, completions: list, numbers: list[list[int]], target: list[int], **kwargs: Any
+    ) -> list[float]:
         return [self.score(c, nums, t) for c, nums, t in zip(completions, numbers, target, strict=True)]
 
     def is_correct(self, completion: str, row: dict[str, Any]) -> bool:
@@ -288,6 +295,7 @@ class CountdownTask:
 
 
 # -- the task's rewards, by name in a config (grpokit.tasks.TASK_REWARDS) ---------------------
+
 
 def countdown_reward(completions: list, numbers: list, target: list, **kwargs: Any) -> list[float]:
     """The reward "countdown": CountdownTask.reward, 1.0 when the expression uses each number once
@@ -345,7 +353,9 @@ def countdown_steps(
 def _validate_countdown_steps(kwargs: dict) -> None:
     ops = kwargs.get("ops", "+-*")
     if not isinstance(ops, str) or not ops or not set(ops) <= set("+-*/"):
-        raise ValueError(f"reward 'countdown_steps': kwargs['ops'] must be a non-empty subset of '+-*/', got {ops!r}")
+        raise ValueError(
+            f"reward 'countdown_steps': kwargs['ops'] must be a non-empty subset of '+-*/', got {ops!r}"
+        )
 
 
 countdown_steps.validate_kwargs = _validate_countdown_steps  # type: ignore[attr-defined]

@@ -11,6 +11,7 @@ multiply from them. Reward 1.0 when the final answer (the text after the last </
 completion when it has none) is exactly the product, else 0.0: task success, independent of how the
 answer was reached.
 """
+
 from __future__ import annotations
 
 import random
@@ -61,7 +62,11 @@ class MultiplyTask:
             seen.add(problem)
             answer = str(a * b)
             with_tool = rng.random() < self.tool_fraction
-            completion = f"<tool>calculator({problem})</tool><result>{answer}{RESULT_CLOSE}{answer}" if with_tool else answer
+            completion = (
+                f"<tool>calculator({problem})</tool><result>{answer}{RESULT_CLOSE}{answer}"
+                if with_tool
+                else answer
+            )
             rows.append({"prompt": problem + "=", "completion": completion, "answer": answer})
         if len(rows) == n:
             return rows
@@ -71,7 +76,10 @@ class MultiplyTask:
         return row["prompt"].removesuffix("=")
 
     def reward(self, completions: list, answer: list[str], **kwargs: Any) -> list[float]:
-        return [1.0 if final_answer(completion_text(c)) == str(a) else 0.0 for c, a in zip(completions, answer, strict=True)]
+        return [
+            1.0 if final_answer(completion_text(c)) == str(a) else 0.0
+            for c, a in zip(completions, answer, strict=True)
+        ]
 
     def is_correct(self, completion: str, row: dict[str, Any]) -> bool:
         return self.reward([completion], answer=[row["answer"]])[0] == 1.0

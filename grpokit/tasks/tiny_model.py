@@ -9,6 +9,7 @@ The special-token ids (pad / bos / eos) and the vocabulary size come from the to
 Keyword arguments override the preset, e.g. build_tiny_llama(tok, num_layers=2); any other LlamaConfig
 field goes through `config`, e.g. build_tiny_llama(tok, config={"rms_norm_eps": 1e-6, "rope_theta": 5e5}).
 """
+
 from __future__ import annotations
 
 from typing import Any

@@ -15,6 +15,7 @@ order; leave out unk_token for none), `sort=False` (characters keep the order gi
 
     tok = build_tokenizer("abc+=", special_tokens={"pad_token": "[PAD]", "eos_token": "[EOS]"}, sort=False, add_bos=False)
 """
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -14,6 +14,7 @@ rewards.py    process rewards on episodes (seed Q30): tool_call_valid, tool_args
 setup.py      the run's tools from the config's `tools:` section
 The multi-turn loop itself is in grpokit/rollout/episodes.py; docs/agentic.md has the whole story.
 """
+
 from grpokit.tools.builtin import BUILTIN_TOOLS, calculator, make_python_tool, python
 from grpokit.tools.episode import Episode, ToolCall, episode_metrics
 from grpokit.tools.formats import ChatTemplateFormat, PlainFormat, make_format
@@ -21,7 +22,21 @@ from grpokit.tools.registry import CallOutcome, Tool, ToolBox, as_tool, environm
 from grpokit.tools.schema import check_arguments, function_schema
 
 __all__ = [
-    "BUILTIN_TOOLS", "CallOutcome", "ChatTemplateFormat", "Episode", "PlainFormat", "Tool", "ToolBox", "ToolCall",
-    "as_tool", "calculator", "check_arguments", "environment_tools", "episode_metrics", "function_schema",
-    "make_format", "make_python_tool", "python",
+    "BUILTIN_TOOLS",
+    "CallOutcome",
+    "ChatTemplateFormat",
+    "Episode",
+    "PlainFormat",
+    "Tool",
+    "ToolBox",
+    "ToolCall",
+    "as_tool",
+    "calculator",
+    "check_arguments",
+    "environment_tools",
+    "episode_metrics",
+    "function_schema",
+    "make_format",
+    "make_python_tool",
+    "python",
 ]

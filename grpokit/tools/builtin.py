@@ -12,6 +12,7 @@ candidate (grpokit.rewards.sandbox.run_python with its isolation and limits: no 
 uid and process tree, CPU / memory / process / output limits; docs/sandbox.md) and returns its stdout, or an
 error text with the sandbox's reason and the last line of stderr.
 """
+
 from __future__ import annotations
 
 import ast
@@ -24,8 +25,13 @@ MAX_EXPONENT = 256
 MAX_DIGITS = 1000
 
 _BINARY: dict[type, Callable[[Any, Any], Any]] = {
-    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-    ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow,
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
 }
 _UNARY: dict[type, Callable[[Any], Any]] = {ast.UAdd: operator.pos, ast.USub: operator.neg}
 
@@ -41,7 +47,12 @@ def _evaluate(node: ast.AST) -> int | float:
         left, right = _evaluate(node.left), _evaluate(node.right)
         if isinstance(node.op, ast.Pow) and abs(right) > MAX_EXPONENT:
             raise ValueError(f"exponent {right} is above {MAX_EXPONENT}")
-        if isinstance(node.op, ast.Pow) and isinstance(left, int) and right > 0 and len(str(abs(left))) * right > MAX_DIGITS + right:
+        if (
+            isinstance(node.op, ast.Pow)
+            and isinstance(left, int)
+            and right > 0
+            and len(str(abs(left))) * right > MAX_DIGITS + right
+        ):
             raise ValueError(f"the result has more than {MAX_DIGITS} digits")  # checked before computing it
         value = _BINARY[type(node.op)](left, right)
         if isinstance(value, complex):
@@ -71,7 +82,9 @@ def calculator(expression: str) -> str:
     return str(value)
 
 
-def make_python_tool(limits: Limits = Limits(), *, isolation: str = "auto", max_output_chars: int = 2000) -> Callable[[str], str]:
+def make_python_tool(
+    limits: Limits = Limits(), *, isolation: str = "auto", max_output_chars: int = 2000
+) -> Callable[[str], str]:
     """The `python` tool with these sandbox limits (the code_tests sandbox, grpokit/rewards/sandbox.py)."""
 
     def python(code: str) -> str:
@@ -85,7 +98,9 @@ def make_python_tool(limits: Limits = Limits(), *, isolation: str = "auto", max_
         if result.ok:
             return result.stdout[:max_output_chars]
         last = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else ""
-        raise RuntimeError(f"{result.reason}{'; ' + last[:200] if last else ''}")  # e.g. "timeout", "error; NameError: ..."
+        raise RuntimeError(
+            f"{result.reason}{'; ' + last[:200] if last else ''}"
+        )  # e.g. "timeout", "error; NameError: ..."
 
     python.last_result = None  # type: ignore[attr-defined]
     return python

@@ -7,6 +7,7 @@
 Reward functions receive `episodes=[Episode, ...]` (one per completion) besides the completions, and
 `environments=[env or None, ...]` as in TRL. Nothing here imports torch.
 """
+
 from __future__ import annotations
 
 import math
@@ -25,7 +26,9 @@ class ToolCall:
     name: str | None  # None when the call did not parse
     arguments: Any  # the parsed arguments (a dict when well formed)
     result: str = ""  # what the model was shown
-    error: str | None = None  # None | "parse" | "unknown_tool" | "bad_args" | "raised" | "timeout"; "not_run": at the last turn
+    error: str | None = (
+        None  # None | "parse" | "unknown_tool" | "bad_args" | "raised" | "timeout"; "not_run": at the last turn
+    )
     seconds: float = 0.0
     turn: int = 0  # 1-based turn whose model text holds the call
     end: int = 0  # characters of the completion text up to and including the call (StepScores.ends)
@@ -56,10 +59,14 @@ class ToolCall:
 
 @dataclass
 class Episode:
-    messages: list[dict[str, Any]] = field(default_factory=list)  # assistant and tool messages after the prompt
+    messages: list[dict[str, Any]] = field(
+        default_factory=list
+    )  # assistant and tool messages after the prompt
     tool_calls: list[ToolCall] = field(default_factory=list)
     turns: int = 0  # model generations in the episode
-    cut: str | None = None  # None (ended by itself) | "max_turns" (a call at the last turn) | "budget" (token budget)
+    cut: str | None = (
+        None  # None (ended by itself) | "max_turns" (a call at the last turn) | "budget" (token budget)
+    )
     environment: Any = None  # the episode's environment instance (environment_factory), or None
 
     @property

@@ -20,6 +20,7 @@ chat_template (tools.format=chat_template), for chat models trained on tool call
                        \\n56088\\n</tool_response><|im_end|>\\n<|im_start|>assistant\\n` for Qwen), found by
                        rendering a conversation with and without them.
 """
+
 from __future__ import annotations
 
 import ast
@@ -47,7 +48,9 @@ def _literal_arguments(text: str) -> tuple[list[Any], dict[str, Any]] | None:
     try:
         call = ast.parse(f"f({text})", mode="eval").body
         assert isinstance(call, ast.Call) and not any(isinstance(a, ast.Starred) for a in call.args)
-        return [ast.literal_eval(a) for a in call.args], {k.arg: ast.literal_eval(k.value) for k in call.keywords if k.arg}
+        return [ast.literal_eval(a) for a in call.args], {
+            k.arg: ast.literal_eval(k.value) for k in call.keywords if k.arg
+        }
     except (SyntaxError, ValueError, TypeError, AssertionError, RecursionError, MemoryError):
         return None
 
@@ -56,11 +59,21 @@ class PlainFormat:
     name = "plain"
     ends_turn_at_call = True  # the turn stops right after </tool>
 
-    def __init__(self, call_open: str = "<tool>", call_close: str = "</tool>", result_open: str = "<result>",
-                 result_close: str = "</result>"):
+    def __init__(
+        self,
+        call_open: str = "<tool>",
+        call_close: str = "</tool>",
+        result_open: str = "<result>",
+        result_close: str = "</result>",
+    ):
         if not all((call_open, call_close)):
             raise ValueError("PlainFormat: the call markers must not be empty")
-        self.call_open, self.call_close, self.result_open, self.result_close = call_open, call_close, result_open, result_close
+        self.call_open, self.call_close, self.result_open, self.result_close = (
+            call_open,
+            call_close,
+            result_open,
+            result_close,
+        )
 
     def split_turn(self, text: str) -> tuple[int | None, list[str]]:
         """(characters of the turn to keep, the raw calls in them). None: keep all (no call)."""
@@ -75,7 +88,9 @@ class PlainFormat:
     def parse(self, raw: str, box: ToolBox) -> ParsedCall:
         m = _PLAIN_CALL.match(raw)
         if m is None:
-            return ParsedCall(raw, None, None, f"expected name(arguments) inside {self.call_open}...{self.call_close}")
+            return ParsedCall(
+                raw, None, None, f"expected name(arguments) inside {self.call_open}...{self.call_close}"
+            )
         name, inner = m.group(1), m.group(2)
         tool = box.tools.get(name)
         params = list(tool.schema["function"]["parameters"]["properties"]) if tool else []
@@ -83,11 +98,18 @@ class PlainFormat:
         if literals is not None:
             positional, keyword = literals
             if len(positional) > len(params) and tool is not None:
-                return ParsedCall(raw, name, None, f"{name} takes {len(params)} argument(s), got {len(positional)}")
+                return ParsedCall(
+                    raw, name, None, f"{name} takes {len(params)} argument(s), got {len(positional)}"
+                )
             return ParsedCall(raw, name, {**dict(zip(params, positional)), **keyword})
-        one_string = tool is not None and len(params) == 1 and \
-            tool.schema["function"]["parameters"]["properties"][params[0]].get("type") == "string"
-        if one_string or tool is None:  # the raw text is the one string argument (an unknown tool is reported as such)
+        one_string = (
+            tool is not None
+            and len(params) == 1
+            and tool.schema["function"]["parameters"]["properties"][params[0]].get("type") == "string"
+        )
+        if (
+            one_string or tool is None
+        ):  # the raw text is the one string argument (an unknown tool is reported as such)
             return ParsedCall(raw, name, {params[0]: inner.strip()} if params else {"": inner.strip()})
         return ParsedCall(raw, name, None, "arguments must be Python literals, e.g. name(a=1, b='x')")
 
@@ -114,22 +136,33 @@ class ChatTemplateFormat:
                 arguments = json.loads(arguments)
         except (ValueError, KeyError, TypeError) as exc:
             return ParsedCall(raw, None, None, f'expected {{"name": ..., "arguments": {{...}}}}: {exc}')
-        return ParsedCall(raw, name if isinstance(name, str) else None, arguments, None if isinstance(name, str) else "name must be a string")
+        return ParsedCall(
+            raw,
+            name if isinstance(name, str) else None,
+            arguments,
+            None if isinstance(name, str) else "name must be a string",
+        )
 
     def render_results(self, results: list[tuple[str, str]], tokenizer: Any) -> list[int]:
         if not getattr(tokenizer, "chat_template", None):
-            raise ValueError("tools.format=chat_template needs a tokenizer with a chat template; use tools.format=plain")
+            raise ValueError(
+                "tools.format=chat_template needs a tokenizer with a chat template; use tools.format=plain"
+            )
         before = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
         tool_messages = [{"role": "tool", "name": name, "content": content} for name, content in results]
         head = tokenizer.apply_chat_template(before, tokenize=False)
-        full = tokenizer.apply_chat_template(before + tool_messages, tokenize=False, add_generation_prompt=True)
+        full = tokenizer.apply_chat_template(
+            before + tool_messages, tokenize=False, add_generation_prompt=True
+        )
         if not full.startswith(head):
-            raise ValueError("the chat template renders the conversation differently once tool messages follow; "
-                             "grpokit cannot find the tool messages' tokens: use tools.format=plain")
+            raise ValueError(
+                "the chat template renders the conversation differently once tool messages follow; "
+                "grpokit cannot find the tool messages' tokens: use tools.format=plain"
+            )
         # The model's turn ended at its EOS token; what the template puts after that EOS belongs to the suffix.
         eos = tokenizer.eos_token or ""
-        tail = head[head.rfind(eos) + len(eos):] if eos and eos in head else ""
-        return tokenizer.encode(tail + full[len(head):], add_special_tokens=False)
+        tail = head[head.rfind(eos) + len(eos) :] if eos and eos in head else ""
+        return tokenizer.encode(tail + full[len(head) :], add_special_tokens=False)
 
 
 FORMATS = {"plain": PlainFormat, "chat_template": ChatTemplateFormat}

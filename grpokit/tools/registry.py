@@ -17,6 +17,7 @@ match its signature returns an error text to the model (`error: ...`), and CallO
 times out is left running in a daemon thread (as reward timeouts are, grpokit/rewards/timeouts.py); an async
 tool is cancelled. Results are str(result) (JSON for dicts and lists), cut to `max_result_chars`.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -54,8 +55,11 @@ def as_tool(fn: Callable[..., Any] | Tool, name: str | None = None) -> Tool:
 
 def environment_tools(env: Any) -> list[Tool]:
     """The tools of an environment instance: its public methods other than reset / get_reward, bound to it."""
-    names = [n for n, _ in inspect.getmembers(type(env), predicate=inspect.isfunction)
-             if not n.startswith("_") and n not in ENVIRONMENT_METHODS]
+    names = [
+        n
+        for n, _ in inspect.getmembers(type(env), predicate=inspect.isfunction)
+        if not n.startswith("_") and n not in ENVIRONMENT_METHODS
+    ]
     return [as_tool(getattr(env, n), n) for n in names]
 
 
@@ -63,7 +67,9 @@ def check_environment_class(factory: Callable[[], Any]) -> None:
     """An environment factory must make objects with a callable reset (TRL's requirement)."""
     cls = factory if inspect.isclass(factory) else None
     if cls is not None and not callable(getattr(cls, "reset", None)):
-        raise ValueError(f"environment {cls.__name__}: needs a reset(**row) method (TRL's environment_factory convention)")
+        raise ValueError(
+            f"environment {cls.__name__}: needs a reset(**row) method (TRL's environment_factory convention)"
+        )
 
 
 @dataclass(frozen=True)
@@ -81,7 +87,14 @@ def result_text(value: Any, limit: int) -> str:
 class ToolBox:
     """The tools one episode may call (standalone tools plus its own environment's methods)."""
 
-    def __init__(self, tools: Iterable[Tool], *, timeout: float = 10.0, max_result_chars: int = 1000, environment: Any = None):
+    def __init__(
+        self,
+        tools: Iterable[Tool],
+        *,
+        timeout: float = 10.0,
+        max_result_chars: int = 1000,
+        environment: Any = None,
+    ):
         self.tools: dict[str, Tool] = {}
         for t in tools:
             if t.name in self.tools:
@@ -90,15 +103,24 @@ class ToolBox:
         self.timeout, self.max_result_chars, self.environment = timeout, max_result_chars, environment
 
     @classmethod
-    def for_episode(cls, tools: list[Tool], env_factory: Callable[[], Any] | None, *, columns: dict[str, Any] | None = None,
-                    timeout: float = 10.0, max_result_chars: int = 1000) -> tuple["ToolBox", str | None]:
+    def for_episode(
+        cls,
+        tools: list[Tool],
+        env_factory: Callable[[], Any] | None,
+        *,
+        columns: dict[str, Any] | None = None,
+        timeout: float = 10.0,
+        max_result_chars: int = 1000,
+    ) -> tuple["ToolBox", str | None]:
         """A toolbox with a fresh environment (reset with the row's columns); returns it and reset's observation."""
         env, observation = None, None
         if env_factory is not None:
             env = env_factory()
             observation = env.reset(**(columns or {}))
             if observation is not None and not isinstance(observation, str):
-                raise ValueError(f"{type(env).__name__}.reset returned {type(observation).__name__}; it must return None or a string")
+                raise ValueError(
+                    f"{type(env).__name__}.reset returned {type(observation).__name__}; it must return None or a string"
+                )
             tools = list(tools) + environment_tools(env)
         return cls(tools, timeout=timeout, max_result_chars=max_result_chars, environment=env), observation
 
@@ -132,7 +154,9 @@ class ToolBox:
 
         worker = threading.Thread(target=work, name=f"grpokit-tool {name}", daemon=True)
         worker.start()
-        worker.join(self.timeout + (1.0 if tool.is_async else 0.0))  # async: its own wait_for cancels it first
+        worker.join(
+            self.timeout + (1.0 if tool.is_async else 0.0)
+        )  # async: its own wait_for cancels it first
         seconds = time.monotonic() - start
         if worker.is_alive() or isinstance(out.get("error"), (asyncio.TimeoutError, TimeoutError)):
             return CallOutcome(f"error: {name} timed out after {self.timeout:g} s", "timeout", seconds)

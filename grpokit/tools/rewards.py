@@ -14,6 +14,7 @@ None is "not applicable" (0 in the total). These rewards can be gamed on their o
 learns to make more of them): pair them with a task reward, and watch held-out task success (Q30's independent
 check; docs/agentic.md has the run with process rewards only). step_cost is the counterweight to tool spam.
 """
+
 from __future__ import annotations
 
 import re
@@ -30,16 +31,22 @@ def _per_call(episodes: list[Episode], passed) -> list[StepScores | None]:
             out.append(None)
             continue
         scores = [1.0 if passed(c) else 0.0 for c in ep.tool_calls]
-        out.append(StepScores(scores=scores, ends=[c.end for c in ep.tool_calls], outcome=sum(scores) / len(scores)))
+        out.append(
+            StepScores(scores=scores, ends=[c.end for c in ep.tool_calls], outcome=sum(scores) / len(scores))
+        )
     return out
 
 
-def tool_call_valid(completions: list[Any], episodes: list[Episode], **kwargs: Any) -> list[StepScores | None]:
+def tool_call_valid(
+    completions: list[Any], episodes: list[Episode], **kwargs: Any
+) -> list[StepScores | None]:
     """Per call: 1.0 when it parsed and named an existing tool."""
     return _per_call(episodes, lambda c: c.known)
 
 
-def tool_args_valid(completions: list[Any], episodes: list[Episode], **kwargs: Any) -> list[StepScores | None]:
+def tool_args_valid(
+    completions: list[Any], episodes: list[Episode], **kwargs: Any
+) -> list[StepScores | None]:
     """Per call: 1.0 when it parsed, named an existing tool and its arguments matched the tool's signature."""
     return _per_call(episodes, lambda c: c.args_valid)
 
@@ -69,10 +76,16 @@ def tool_result_used(completions: list[Any], episodes: list[Episode], **kwargs: 
     return out
 
 
-def step_cost(completions: list[Any], episodes: list[Episode], cost: float = 0.1, **kwargs: Any) -> list[StepScores | float]:
+def step_cost(
+    completions: list[Any], episodes: list[Episode], cost: float = 0.1, **kwargs: Any
+) -> list[StepScores | float]:
     """-cost at every call (its tokens carry the penalty); 0.0 for an episode without calls."""
-    return [StepScores(scores=[-float(cost)] * len(ep.tool_calls), ends=[c.end for c in ep.tool_calls])
-            if ep.tool_calls else 0.0 for ep in episodes]
+    return [
+        StepScores(scores=[-float(cost)] * len(ep.tool_calls), ends=[c.end for c in ep.tool_calls])
+        if ep.tool_calls
+        else 0.0
+        for ep in episodes
+    ]
 
 
 def _validate_cost(kwargs: dict) -> None:

@@ -8,6 +8,7 @@ The schema is the one chat templates render for `tools=` (transformers' `get_jso
 its type hint and its description from the Google-style `Args:` section. Every parameter needs a type hint (the
 model has to know what to send); a missing one is a ValueError naming the function and the parameter.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -16,8 +17,16 @@ import types
 import typing
 from typing import Any, Callable, Literal, Union
 
-_JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean", dict: "object", list: "array",
-               tuple: "array", type(None): "null"}
+_JSON_TYPES = {
+    int: "integer",
+    float: "number",
+    str: "string",
+    bool: "boolean",
+    dict: "object",
+    list: "array",
+    tuple: "array",
+    type(None): "null",
+}
 _SECTION = re.compile(r"^\s*(Args|Arguments|Parameters|Returns|Return|Raises|Yields|Examples?|Notes?):\s*$")
 _ARG_LINE = re.compile(r"^\s*(\*{0,2}\w+)\s*(\([^)]*\))?\s*:\s*(.*)$")
 
@@ -39,10 +48,15 @@ def _type_schema(hint: Any, where: str) -> dict[str, Any]:
         out = members[0] if len(members) == 1 else {"anyOf": members}
         return {**out, "nullable": True} if type(None) in args else out
     if origin in (list, tuple, typing.Sequence) or hint in (list, tuple):
-        return {"type": "array", **({"items": _type_schema(args[0], where)} if args and args[0] is not Ellipsis else {})}
+        return {
+            "type": "array",
+            **({"items": _type_schema(args[0], where)} if args and args[0] is not Ellipsis else {}),
+        }
     if origin is dict:
         return {"type": "object"}
-    raise ValueError(f"{where}: type hint {hint!r} has no JSON schema type; use int, float, str, bool, list, dict, Literal or X | None")
+    raise ValueError(
+        f"{where}: type hint {hint!r} has no JSON schema type; use int, float, str, bool, list, dict, Literal or X | None"
+    )
 
 
 def parse_google_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
@@ -71,8 +85,14 @@ def parse_google_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
 def tool_parameters(fn: Callable) -> list[inspect.Parameter]:
     """The parameters a model may pass: keyword-able ones (no *args / **kwargs, no `self`)."""
     P = inspect.Parameter
-    params = [p for p in inspect.signature(fn).parameters.values() if p.kind in (P.POSITIONAL_OR_KEYWORD, P.KEYWORD_ONLY)]
-    return params[1:] if params and params[0].name == "self" else params  # an environment's method, from its class
+    params = [
+        p
+        for p in inspect.signature(fn).parameters.values()
+        if p.kind in (P.POSITIONAL_OR_KEYWORD, P.KEYWORD_ONLY)
+    ]
+    return (
+        params[1:] if params and params[0].name == "self" else params
+    )  # an environment's method, from its class
 
 
 def function_schema(fn: Callable, name: str | None = None) -> dict[str, Any]:
@@ -83,8 +103,10 @@ def function_schema(fn: Callable, name: str | None = None) -> dict[str, Any]:
     properties, required = {}, []
     for p in tool_parameters(fn):
         if p.name not in hints:
-            raise ValueError(f"tool {name!r}: parameter {p.name!r} has no type hint; tools need one per parameter "
-                             "(it tells the model what to send)")
+            raise ValueError(
+                f"tool {name!r}: parameter {p.name!r} has no type hint; tools need one per parameter "
+                "(it tells the model what to send)"
+            )
         prop = _type_schema(hints[p.name], f"tool {name!r}, parameter {p.name!r}")
         if docs.get(p.name):
             prop["description"] = docs[p.name]
@@ -94,14 +116,19 @@ def function_schema(fn: Callable, name: str | None = None) -> dict[str, Any]:
     parameters: dict[str, Any] = {"type": "object", "properties": properties}
     if required:
         parameters["required"] = required
-    return {"type": "function", "function": {"name": name, "description": description, "parameters": parameters}}
+    return {
+        "type": "function",
+        "function": {"name": name, "description": description, "parameters": parameters},
+    }
 
 
 def _matches(value: Any, schema: dict[str, Any]) -> bool:
     if "enum" in schema and value not in schema["enum"]:
         return False
     if "anyOf" in schema:
-        return (value is None and schema.get("nullable", False)) or any(_matches(value, s) for s in schema["anyOf"])
+        return (value is None and schema.get("nullable", False)) or any(
+            _matches(value, s) for s in schema["anyOf"]
+        )
     if value is None:
         return schema.get("nullable", False) or schema.get("type") == "null"
     kind = schema.get("type")

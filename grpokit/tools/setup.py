@@ -6,6 +6,7 @@
 Mistakes (a spec that does not load, a function without type hints, an environment without reset) are
 ConfigError naming the key.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -33,7 +34,9 @@ def resolve_callable(spec: str | Callable[..., Any], key: str) -> Callable[..., 
             path = Path(target).expanduser().resolve()
             if not path.is_file():
                 raise ConfigError(f"{key}={spec!r}: file {target!r} not found (looked at {path})")
-            module_spec = importlib.util.spec_from_file_location(f"grpokit_tools_{path.stem}_{abs(hash(str(path)))}", path)
+            module_spec = importlib.util.spec_from_file_location(
+                f"grpokit_tools_{path.stem}_{abs(hash(str(path)))}", path
+            )
             module = importlib.util.module_from_spec(module_spec)  # type: ignore[arg-type]
             sys.modules[module.__name__] = module
             module_spec.loader.exec_module(module)  # type: ignore[union-attr]
@@ -69,8 +72,11 @@ def load_tools(cfg: ToolsConfig) -> tuple[list[Tool], Callable[[], Any] | None]:
         try:
             check_environment_class(factory)
             if inspect.isclass(factory):  # its tools' schemas, checked now rather than at the first rollout
-                [as_tool(getattr(factory, n), n) for n, _ in inspect.getmembers(factory, predicate=inspect.isfunction)
-                 if not n.startswith("_") and n not in ("reset", "get_reward")]
+                [
+                    as_tool(getattr(factory, n), n)
+                    for n, _ in inspect.getmembers(factory, predicate=inspect.isfunction)
+                    if not n.startswith("_") and n not in ("reset", "get_reward")
+                ]
         except ValueError as exc:
             raise ConfigError(f"tools.environment: {exc}") from None
     return tools, factory
