@@ -10,6 +10,7 @@
     grpokit show RUN_DIR [--step N] [--worst K]            a step's recorded completions, rewards and advantages as a table
     grpokit report RUN_DIR [--out FILE]                    one self-contained HTML page of the run (RUN_DIR/report.html)
     grpokit config                                         every config key with its default and meaning
+    grpokit config-reference [--out FILE]                  write that list as Markdown (docs/reference/config.md)
 
 Every command takes --threads N (0 = auto, the default: docs/threads.md) and prints the count it uses.
 User mistakes (bad config, missing data, unloadable model) print one line and exit with status 2.
@@ -320,6 +321,16 @@ def config_cmd(
     for row in describe(SFTConfig if sft else Config):
         table.add_row(*row)
     Console().print(table)
+
+
+@app.command("config-reference")
+def config_reference_cmd(
+    out: Path = typer.Option(Path("docs/reference/config.md"), "--out", help="the Markdown file to write"),
+):
+    """Write the reference of every config key (type, default, meaning) from the field docstrings."""
+    from grpokit.config_reference import write
+
+    typer.echo(f"wrote {write(out)}")
 
 
 def main() -> None:

@@ -75,7 +75,7 @@ class ModelConfig(Section):
     """Set every dropout probability to 0, so pi_theta, pi_old and pi_ref see the same network (as verl / OpenRLHF)."""
     compile: bool = False
     """torch.compile the log-prob passes (training forward/backward, pi_ref and pi_old) and the fast engine's forward.
-    Costs a compile at the first steps and a recompile when a new batch shape appears (README, Performance)."""
+    Costs a compile at the first steps and a recompile for each new batch shape (docs/performance.md)."""
     lora: LoraConfig | None = None
     """LoRA adapters (peft) on the policy: {r, alpha, dropout, target_modules, merge_on_save}; None = full fine-tune."""
 
@@ -107,7 +107,7 @@ class RolloutConfig(Section):
     engine: Literal["hf", "fast", "vllm"] = "hf"
     """Generation engine for rollouts: hf (transformers generate), fast (built-in KV-cache engine, CPU / small GPUs) or vllm (vLLM in this process, or a `grpokit serve` process: vllm_mode; docs/rollout.md)."""
     num_generations: int = Field(8, ge=2)
-    """G: completions sampled per prompt; the group its advantages are relative to (seed Q6, Q16)."""
+    """G: completions sampled per prompt; the group its advantages are relative to (DeepSeekMath §4.1.2)."""
     prompts_per_step: int = Field(8, ge=1)
     """Prompts sampled per step; the rollout batch is prompts_per_step x num_generations completions."""
     temperature: float = Field(1.0, gt=0)
@@ -189,7 +189,7 @@ class AlgorithmConfig(Section):
     beta: float = Field(0.04, ge=0)
     """KL coefficient against pi_ref (DeepSeekMath: 0.04). 0 = no reference model is loaded."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
-    """Per-token KL estimator; k3 is DeepSeekMath's (seed, unified formulas)."""
+    """Per-token KL estimator; k3 is DeepSeekMath's unbiased estimator (docs/algorithm.md)."""
     epsilon: float = Field(0.2, ge=0)
     """Lower clip range: ratio >= 1 - epsilon (and the upper one unless epsilon_high is set)."""
     epsilon_high: float | None = Field(None, ge=0)
@@ -197,15 +197,15 @@ class AlgorithmConfig(Section):
     dual_clip: float | None = Field(None, gt=1)
     """Dual-clip bound c for negative advantages (Ye et al. 2020, typically 3); None = off."""
     loss_type: Literal["grpo", "bnpo", "dapo", "dr_grpo"] = "grpo"
-    """Loss normalization: grpo (per-sequence mean, seed), bnpo/dapo (token mean), dr_grpo (constant)."""
+    """Loss normalization: grpo (sequence mean, DeepSeekMath), bnpo/dapo (token mean), dr_grpo (constant)."""
     importance_sampling_level: Literal["token", "sequence"] = "token"
     """Ratio level: token (GRPO) or sequence (GSPO)."""
     scale_rewards: Literal["group", "batch", "batch_centered", "none"] = "group"
-    """Advantage scale: group std (seed), batch std of the rewards (TRL), batch_centered (REINFORCE++-baseline: mean and std of the group-centered values over the batch), or none (Dr. GRPO). Step rewards (a reward function returning StepScores) switch the advantages to DeepSeekMath §4.1.3 process supervision, which needs group (docs/algorithm.md)."""
+    """Advantage scale: group std (DeepSeekMath), batch std of the rewards (TRL), batch_centered (REINFORCE++-baseline: mean and std of the group-centered values over the batch), or none (Dr. GRPO). Step rewards (a reward function returning StepScores) switch the advantages to DeepSeekMath §4.1.3 process supervision, which needs group (docs/algorithm.md)."""
     advantage_estimator: Literal["grpo", "rloo", "gae"] = "grpo"
     """Baseline: group mean (grpo), leave-one-out mean (rloo), or a learned critic with GAE (gae: the PPO baseline)."""
     std_eps: float = Field(1e-6, gt=0)
-    """delta in (r - mean) / (std + delta) (seed Q17)."""
+    """delta in (r - mean) / (std + delta), guarding a group whose rewards are all equal."""
     num_iterations: int = Field(1, ge=1)
     """mu: passes of policy updates over each rollout batch (DeepSeekMath Alg. 1)."""
     mask_truncated_completions: bool = False
@@ -473,16 +473,27 @@ class Config(Section):
     """Seeds Python, NumPy and torch; rollouts and data order follow from it."""
     threads: int = Field(0, ge=0, description=THREADS_DOC)
     model: ModelConfig = Field(default_factory=ModelConfig)
+    """The policy: which model to load and how (dtype, mixed precision, LoRA)."""
     data: DataConfig = Field(default_factory=DataConfig)
+    """The prompts: the training file or built-in task, the held-out split, prompt length, chat rendering."""
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    """Sampling the completions: the engine, G, prompts per step, sampling settings, asynchronous rollouts."""
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    """The GRPO-family objective: presets, KL, clipping, loss normalization, advantages, pi_ref."""
     optim: OptimConfig = Field(default_factory=OptimConfig)
+    """Steps, AdamW, the learning-rate schedule, minibatches and gradient accumulation."""
     ppo: PPOConfig = Field(default_factory=PPOConfig)
+    """The PPO baseline's critic and GAE (algorithm.advantage_estimator=gae only)."""
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    """Held-out evaluation: when, how many prompts, k samples for pass@k / maj@k, the judging reward."""
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    """Metrics, sample completions and experiment trackers."""
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    """Saving and resuming: how often, how many are kept, which config changes a resume accepts."""
     distributed: DistributedConfig = Field(default_factory=DistributedConfig)
+    """Several processes under torchrun: FSDP2 or DDP, and mixed precision."""
     tools: ToolsConfig = Field(default_factory=ToolsConfig)
+    """Tools the model may call in multi-turn episodes (agentic RL); off while no tool is set."""
     rewards: list[RewardSpec] = Field(default_factory=list)
     """Reward functions, summed with their weights: each {function, weight, kwargs, name, timeout, on_timeout} (RewardSpec)."""
     reward_errors: Literal["skip", "raise"] = "skip"
@@ -633,9 +644,13 @@ class SFTConfig(Section):
     """Seeds the order of the pairs and torch."""
     threads: int = Field(0, ge=0, description=THREADS_DOC)
     model: ModelConfig = Field(default_factory=ModelConfig)
+    """The model to fine-tune (the same section as in training; LoRA is refused)."""
     data: DataConfig = Field(default_factory=DataConfig)
+    """The (prompt, completion) pairs: the same section as in training, plus sft.completion_column."""
     sft: SFTSection = Field(default_factory=SFTSection)
+    """The supervised run itself: epochs or steps, batch size, AdamW and its schedule, evaluation."""
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    """Metrics and experiment trackers (the same section as in training)."""
 
     @model_validator(mode="after")
     def _no_lora(self) -> "SFTConfig":
@@ -822,7 +837,10 @@ def load_config(
 
 
 def describe(model: type[BaseModel] = Config, prefix: str = "") -> list[tuple[str, str, str]]:
-    """(dotted key, default, docstring) for every field: the table in the docs and `grpokit config`."""
+    """(dotted key, default, docstring) for every field of the sections: the table `grpokit config` prints.
+
+    The same docstrings make docs/reference/config.md (lists and optional sections included), written by
+    `python -m grpokit.config_reference`; a test keeps that page equal to the code."""
     rows = []
     for name, field in model.model_fields.items():
         ann = field.annotation
