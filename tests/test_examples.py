@@ -1,5 +1,6 @@
-"""The README's copy-paste example works as written (with fewer steps)."""
+"""The README's copy-paste example and examples/extending.py work as written (with fewer steps)."""
 
+import json
 import os
 import subprocess
 import sys
@@ -68,3 +69,16 @@ def test_readme_example(tmp_path):
         GRPOKIT, "eval", str(out / "final"), "-c", "examples/config.yaml", f"output_dir={tmp_path / 'ev'}"
     )
     assert "pass@1" in r.stdout
+
+
+def test_extending_example(tmp_path, tiny_model_dir):
+    """examples/extending.py (docs/extending.md's worked example) runs end to end on the tiny model."""
+    assert "examples/extending.py" in (ROOT / "docs" / "extending.md").read_text()
+    out = tmp_path / "run"
+    r = run(sys.executable, "examples/extending.py", "--model", str(tiny_model_dir), "--out", str(out))
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in metrics if "reward/correct_sum" in m]
+    assert len(steps) == 2 and all("reward/used_a_tool" in m for m in steps)
+    assert (out / "final" / "model.safetensors").is_file()
+    assert "total(12, 7) as a tool call: 19" in r.stdout
+    assert "PlainSampler: 4 completions" in r.stdout and "PlainSampler with the tool: 2 episodes" in r.stdout
