@@ -262,7 +262,7 @@ def serve(
 
 @app.command()
 def doctor(run_dir: Path = typer.Argument(..., help="a run's output_dir (or its metrics.jsonl)")):
-    """Read a run's metrics and report known GRPO problems with step ranges and fixes (seed Q24)."""
+    """Read a run's metrics and report known GRPO problems with step ranges and fixes."""
     from grpokit.doctor import doctor_main
 
     raise typer.Exit(doctor_main(str(run_dir)))

@@ -14,7 +14,7 @@ the comparison one of budgets, not of batch sizes):
     -> after the policy's mu passes, mu passes of minibatch steps on the clipped value loss with
        the critic's own AdamW (ppo.critic_learning_rate).
 
-What GRPO saves (seed Q2, Q7, Q8) is exactly this: a second backbone, its AdamW moments, and a
+What GRPO saves (DeepSeekMath §4.1) is exactly this: a second backbone, its AdamW moments, and a
 forward + backward pass of it per step. benchmarks/grpo_vs_ppo.py measures both (docs/ppo.md).
 """
 

@@ -1,4 +1,4 @@
-"""Stage 1 of DESIGN.md (config section `data`): load rows, render and tokenize prompts, sample prompts per step.
+"""The data stage (config section `data`): load rows, render and tokenize prompts, sample prompts per step.
 
     data = build_datasets(cfg.data, tokenizer, seed=cfg.seed)   # train / eval / sft / demo: rows -> split -> datasets
     rows = load_rows("train.jsonl")                      # .jsonl .json .parquet .csv, or a datasets folder

@@ -9,7 +9,7 @@
    the problems (`<tool>calculator(482*917)</tool><result>441994</result>441994`) and answer directly in the
    other half (which a tiny model cannot compute);
 3. GRPO with multi-turn episodes (rollout.max_turns, tool results masked out of the loss), paid by task success
-   plus Q30's process rewards `tool_result_used` (the answer is a verified tool result) and `step_cost` (a price
+   plus the process rewards `tool_result_used` (the answer is a verified tool result) and `step_cost` (a price
    per call, on the call's tokens); --process-only drops the task reward and adds `tool_args_valid`;
 4. held-out task success with tools before and after (greedy episodes, `eval/pass@1`, judged by the task reward
    alone, independent of the process rewards), with the valid-call rate and calls per episode of those episodes.

@@ -10,11 +10,11 @@
     world.teardown()
 
 Every rank rolls out and scores whole groups of its share of the prompts, so a group never straddles
-ranks and group statistics are local (DESIGN.md). What is a whole-batch quantity (a batch std, the
+ranks and group statistics are local. What is a whole-batch quantity (a batch std, the
 loss normalizers, dynamic sampling's "enough kept groups", the gradient and its norm, the logged
-metrics) goes through a method here, so the loop reads the same at one rank or many (STYLE.md 13).
+metrics) goes through a method here, so the loop reads the same at one rank or many.
 At world size 1 nothing here communicates and every method returns what the one process has:
-`grpokit train` alone runs exactly as before this module existed.
+one process never opens a process group.
 
 Collectives are torch.distributed's own (all_reduce, all_gather, broadcast, their *_object forms); the
 sharding is FSDP2's fully_shard and the replication DDP's; checkpoints are torch.distributed.checkpoint's
@@ -88,9 +88,7 @@ def check_config(cfg: Config, world_size: int) -> None:
         ("model.lora (LoRA adapters)", cfg.model.lora is not None),
     ):
         if on:
-            raise ConfigError(
-                f"{what} is not supported {where} yet (issue 12, docs/scaling.md); run it in one process"
-            )
+            raise ConfigError(f"{what} is not supported {where} yet (docs/scaling.md); run it in one process")
 
 
 def is_sharded(model) -> bool:

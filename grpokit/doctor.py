@@ -1,5 +1,5 @@
-"""`grpokit doctor RUN_DIR`: read a run's metrics.jsonl and say what the seed's instability
-checklist (Q24) finds in it, with the step range and the fix.
+"""`grpokit doctor RUN_DIR`: read a run's metrics.jsonl and say what a GRPO instability checklist
+finds in it, with the step range and the fix.
 
     grpokit doctor runs/x        # table of findings; exit 0 healthy, 1 findings, 2 no readable run
 
@@ -7,9 +7,9 @@ checklist (Q24) finds in it, with the step range and the fix.
     from grpokit.metrics import read_metrics
     findings = diagnose(read_metrics("runs/x/metrics.jsonl"), config_dict_or_None)
 
-Each check is a small function of the run, listed in CHECKS in the order the seed debugs a run
-(Q24: "first the reward and advantage distributions, then ratio / clip / KL, then the
-hyperparameters"), then reward hacking (Q25) and held-out accuracy (Q26). Thresholds are the
+Each check is a small function of the run, listed in CHECKS in the order one debugs a run:
+first the reward and advantage distributions, then ratio / clip / KL, then the hyperparameters,
+then reward hacking and held-out accuracy. Thresholds are the
 named constants below; docs/doctor.md gives each one's value, reason and fix. Every level check
 looks at a centered rolling median and needs the condition to hold for a whole window of logged
 steps, so one noisy step never fires; trend checks compare means of blocks of steps (and the
@@ -66,14 +66,14 @@ MIN_WINDOW = 5
 MAX_WINDOW = 25
 MIN_STEPS = 20  # logged steps a windowed check needs before it says anything
 
-# reward (Q24: "is the reward sparse or noisy, are groups all equal")
+# reward: is it sparse or noisy, are groups all equal
 FLAT_MIN_STEPS = 30  # logged steps before "no trend" means anything
 FLAT_BLOCKS = 8  # the run is cut into this many blocks of steps for trend tests
 FLAT_Z = 3.0  # a rise counts when it exceeds FLAT_Z standard errors (block means, or the run's slope)
 DROP_Z = 4.0  # a fall from the best block counts when it exceeds DROP_Z standard errors ...
 DROP_FRAC = 0.5  # ... and gives back at least this fraction of the rise
 NONE_FRAC_MAX = 0.5  # reward/none_frac: no reward function applied to most completions
-ZERO_STD_MAX = 0.5  # reward/zero_std_frac: most groups carry no gradient (Q15)
+ZERO_STD_MAX = 0.5  # reward/zero_std_frac: most groups carry no gradient
 ZERO_STD_ERROR = 0.9
 NO_SIGNAL_MIN_STEPS = 5  # logged steps in a row where every group was tied (or the whole run, when shorter)
 ERROR_FRAC_MAX = (
@@ -89,7 +89,7 @@ KL_GROWTH = 5.0  # policy/kl multiplied by this within KL_GROWTH_WINDOWS windows
 KL_GROWTH_WINDOWS = 2
 KL_GROWTH_FLOOR = 0.1  # ... and above this: exploding (below it, the early rise from 0 is normal)
 KL_ZERO = 1e-6  # policy/kl this small with beta > 0 and a moving policy: pi_ref is pi_theta
-# rollouts (Q24: "did rollout length and diversity change")
+# rollouts: did rollout length and diversity change
 ENTROPY_COLLAPSE_FRAC = 0.25  # policy/entropy below this fraction of its start
 LEN_COLLAPSE_FRAC = 0.25  # rollout/completion_len_mean below this fraction of its start
 LEN_BLOWUP_FACTOR = 4.0  # ... or above this multiple of its start
@@ -109,13 +109,13 @@ NONFINITE_KEYS = (
     POLICY_GRAD_NORM,
     POLICY_ENTROPY,
 )
-# reward hacking (Q25, Q26): training reward up, held-out pass@1 not
+# reward hacking: training reward up, held-out pass@1 not
 HACK_MIN_EVALS = 3
 HACK_Z = 3.0  # the training-reward rise must be this many standard errors ...
 HACK_TRAIN_GAIN_STD = 0.5  # ... and at least this many reward/std (the within-step spread)
 HACK_EVAL_MIN_GAIN = 0.02  # eval/pass@1 must rise at least this much (absolute) ...
 HACK_EVAL_DROP = 0.05  # ... and a fall of this much is an error
-# tool spam (Q30): calls per episode up, held-out pass@1 not (same evaluation rules as reward hacking)
+# tool spam: calls per episode up, held-out pass@1 not (same evaluation rules as reward hacking)
 SPAM_MIN_RISE = 0.5  # rollout/tools/calls_per_episode rose by at least this many calls per episode ...
 SPAM_Z = 3.0  # ... and by more than this many standard errors of its step-to-step noise
 
@@ -298,7 +298,7 @@ def _percent(fraction: float) -> str:
     return f"{100 * fraction:.0f}%"
 
 
-# ------------------------------------------------------------------ checks, in the seed's order (Q24)
+# ------------------------------------------------------------------ checks, in the order one debugs a run
 def check_reward_none(run: Run) -> list[Finding]:
     none_frac = run.series(REWARD_NONE_FRAC)
     if none_frac is None:
@@ -372,7 +372,7 @@ def check_no_signal(run: Run) -> list[Finding]:
             "error",
             (steps[first], steps[last]),
             f"no learning signal at {_how_many(first, last, len(steps))}: in every group all G completions got the same "
-            "reward (reward/zero_std_frac = 1), so every advantage was 0 and the policy had no gradient (Q15)",
+            "reward (reward/zero_std_frac = 1), so every advantage was 0 and the policy had no gradient",
             f"raise rollout.temperature{run.current('rollout.temperature')} or rollout.num_generations"
             f"{run.current('rollout.num_generations')}; train on prompts the policy solves sometimes, not always or never "
             "(an SFT warm start, easier data); give the reward partial credit; algorithm.dynamic_sampling=true draws other "
@@ -464,7 +464,7 @@ def check_zero_std(run: Run) -> list[Finding]:
                 "error" if median > ZERO_STD_ERROR else "warning",
                 zero_std.span(st.first, st.last),
                 f"reward/zero_std_frac median {_percent(median)} (max {_percent(float(raw.max()))}): that share of "
-                "groups got all-equal rewards, so advantage 0 and no policy gradient (Q15); the prompts are "
+                "groups got all-equal rewards, so advantage 0 and no policy gradient; the prompts are "
                 "too easy or too hard for the policy",
                 f"raise rollout.num_generations{run.current('rollout.num_generations')} or rollout.temperature"
                 f"{run.current('rollout.temperature')}; keep prompts of medium difficulty (filter by the current "
@@ -628,7 +628,7 @@ def check_length(run: Run) -> list[Finding]:
                 f"rollout/completion_len_mean fell from {_rounded(start)} to {_rounded(level)} tokens "
                 f"({_percent(level / start)} of its start)",
                 "read samples.jsonl: short answers that still earn reward mean the reward pays for the form, "
-                "not the work (Q25); the grpo loss's 1/|o_i| favors short correct answers: algorithm.loss_type="
+                "not the work; the grpo loss's 1/|o_i| favors short correct answers: algorithm.loss_type="
                 f"dr_grpo or dapo{run.current('algorithm.loss_type')}; lower optim.learning_rate",
             )
         )
@@ -782,10 +782,10 @@ def check_reward_hacking(run: Run) -> list[Finding]:
             (first_eval, last_eval),
             f"training reward/mean rose {_rounded(early)} -> {_rounded(late)} while eval/pass@1 went "
             f"{_rounded(eval_early)} -> {_rounded(eval_late)} "
-            f"({len(held_out)} evaluations): the policy learns what the reward pays for, not the task (Q25)",
+            f"({len(held_out)} evaluations): the policy learns what the reward pays for, not the task",
             "read samples.jsonl at the late steps: does high-reward text solve the task? tighten the "
             "verifier (strict answer extraction, one answer only); add format or other rewards; check "
-            "the reward's parts (reward/<fn>) and evaluate on unseen tasks (Q26)",
+            "the reward's parts (reward/<fn>) and evaluate on unseen tasks",
         )
     ]
 
@@ -817,7 +817,7 @@ def check_tool_spam(run: Run) -> list[Finding]:
             (calls.step(0), calls.step(len(calls) - 1)),
             f"tool calls per episode rose {_rounded(early)} -> {_rounded(late)} while eval/pass@1 went "
             f"{_rounded(eval_early)} -> {_rounded(eval_late)} ({len(held_out)} evaluations): the policy is paid "
-            "for calling tools, not for solving the task (Q30)",
+            "for calling tools, not for solving the task",
             "pay per call only for objective evidence and charge for it: a step_cost reward (kwargs.cost), "
             "tool_result_used instead of tool_call_valid, a task reward that dominates the process rewards; "
             "lower rollout.max_turns; read samples.jsonl for repeated calls (docs/agentic.md)",
@@ -831,7 +831,7 @@ class Check:
     seed: str  # the seed questions it comes from
 
 
-#: name -> check, in the seed's order of debugging (Q24), then Q25.
+#: name -> check, in the order one debugs a run, then reward hacking.
 CHECKS: dict[str, Check] = {
     "reward_errors": Check(check_reward_errors, "Q24"),
     "reward_none": Check(check_reward_none, "Q24"),

@@ -1,6 +1,6 @@
 """The GRPO loop. Run it with `grpokit train config.yaml [key=value ...]`.
 
-One step, as in DeepSeekMath Algorithm 1 and the seed (Q3), each stage a call into the module that owns it:
+One step, as in DeepSeekMath Algorithm 1 (iterative GRPO), each stage a call into the module that owns it:
     sample prompts (data) -> G completions each from pi_old (rollout/) -> rewards (rewards/)
     -> advantages (algo/: group baseline; or the critic's GAE, critic.py) -> mu passes of minibatch
     updates on the clipped surrogate minus beta * KL(pi_theta || pi_ref) (algo/losses, optim.py)

@@ -1,4 +1,4 @@
-"""Advantage estimators: pure functions of reward tensors (DESIGN.md stage 4).
+"""Advantage estimators: pure functions of reward tensors.
 
     group_advantages(rewards, group_size, scale=..., estimator=...)  outcome rewards, one per completion
     step_advantages(step_rewards, step_ends, ...)                    process rewards, DeepSeekMath §4.1.3
@@ -47,7 +47,7 @@ def _spread(r: Tensor) -> Tensor:
 
 
 def _zero_if_tiny(adv: Tensor, r: Tensor, denom: Tensor | None = None) -> Tensor:
-    # A group whose rewards are all equal carries no signal (seed Q15): its advantage is exactly
+    # A group whose rewards are all equal carries no signal: its advantage is exactly
     # 0 whatever the scale. Tested on max - min, not on the std: torch's std of equal rewards can be
     # ~1e-16 instead of 0 (e.g. three times 5/3), and float noise in `centered` over it is O(1).
     # Applied after the division, so eps = 0 gives 0 there too (not 0/0), and so does a std that
@@ -59,7 +59,7 @@ def _zero_if_tiny(adv: Tensor, r: Tensor, denom: Tensor | None = None) -> Tensor
 
 
 def _scale_group(centered: Tensor, r: Tensor, eps: float) -> Tensor:
-    std = r.std(dim=1, correction=0, keepdim=True)  # population std, as in the seed (Q5)
+    std = r.std(dim=1, correction=0, keepdim=True)  # population std (1/G), not the sample std
     return _zero_if_tiny(centered / (std + eps), r, std + eps)
 
 
@@ -104,7 +104,7 @@ def group_advantages(
     scale: "group" (population std of the group), "batch" (population std of all N rewards),
            "batch_centered" (REINFORCE++-baseline: whiten the centered values over all N), "none".
     estimator: "grpo" (baseline = group mean) | "rloo" (baseline = mean of the other G-1).
-    Zero-variance groups get exactly 0.  Seed Q5: [1, 0, 0] -> [1.414, -0.707, -0.707].
+    Zero-variance groups get exactly 0.  Example: [1, 0, 0] -> [1.414, -0.707, -0.707].
     """
     if rewards.dim() != 1:
         raise ValueError(f"rewards must be 1-D [N], got shape {tuple(rewards.shape)}")

@@ -16,7 +16,7 @@ gamma = lam = 1 gives A_t = (sum of the rewards from t on) - V_t: the Monte-Carl
 
 Masks: positions where mask = 0 are not part of the episode. The recursion skips them (it carries
 A and V across a hole), so right padding of ragged lengths, and any hole, is handled; outputs are 0
-there. This is where PPO's advantages differ from GRPO's (seed Q7, Q8): GRPO's baseline is the group
+there. This is where PPO's advantages differ from GRPO's (DeepSeekMath §4.1): GRPO's baseline is the group
 mean reward and needs no critic; here the baseline is a learned V, per token.
 """
 

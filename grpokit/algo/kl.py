@@ -3,7 +3,7 @@
 With log_ratio = ref_logp - logp (tokens sampled from pi_theta, or pi_old close to it):
     k1 = -log_ratio                         unbiased, high variance, can be negative
     k2 = log_ratio**2 / 2                   biased, low variance
-    k3 = exp(log_ratio) - log_ratio - 1     unbiased, low variance, always >= 0 (the seed's / DeepSeekMath's)
+    k3 = exp(log_ratio) - log_ratio - 1     unbiased, low variance, always >= 0 (DeepSeekMath's)
 """
 
 from __future__ import annotations

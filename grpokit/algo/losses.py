@@ -2,7 +2,7 @@
 
     loss, metrics = policy_loss(logp, old_logp, advantages, mask, ref_logp=..., beta=..., loss_type=...)
 
-Per token (seed, "unified formulas"; DeepSeekMath eq. 3):
+Per token (DeepSeekMath eq. 3, with the DAPO / Dr. GRPO / GSPO variants):
     rho   = pi_theta / pi_old                                (token) or GSPO's sequence ratio
     obj   = min(rho * A, clip(rho, 1 - eps_low, 1 + eps_high) * A)
     obj   = max(obj, dual_clip * A)       where A < 0, only if dual_clip is set (Ye et al. 2020)
@@ -47,7 +47,7 @@ class Normalizers:
 
 
 def _seq_mean_token_mean(loss: Tensor, mask: Tensor, norm: Normalizers) -> Tensor:
-    # DeepSeekMath / the seed: 1/G sum_i 1/|o_i| sum_t.  Each sequence weighs the same, so tokens of
+    # DeepSeekMath: 1/G sum_i 1/|o_i| sum_t.  Each sequence weighs the same, so tokens of
     # long completions weigh less (the length bias Dr. GRPO and DAPO point out).
     per_seq = masked_sum(loss, mask, dim=-1) / mask.sum(-1).clamp_min(1)  # [N]
     return per_seq.sum() / norm.num_sequences

@@ -1,4 +1,4 @@
-"""Rewards (DESIGN.md stage 3): TRL-style reward functions, loaded by name, combined with weights.
+"""Rewards: TRL-style reward functions, loaded by name, combined with weights.
 
     from grpokit.rewards import RewardManager, RewardSpec
     manager = RewardManager([RewardSpec("math"), RewardSpec("format", weight=0.5)])

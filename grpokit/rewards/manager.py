@@ -1,4 +1,4 @@
-"""Rewards (DESIGN.md stage 3): load reward functions, call them as TRL does, combine them.
+"""Rewards: load reward functions, call them as TRL does, combine them.
 
     manager = RewardManager(specs, strict=False, registry=None, timeout=300.0, slow_warning=60.0)
     out = manager(prompts=..., completions=..., completion_ids=..., columns={"answer": [...]})

@@ -1,4 +1,4 @@
-"""A sandbox for running untrusted, model-written Python (code-execution rewards, seed Q21).
+"""A sandbox for running untrusted, model-written Python (code-execution rewards).
 
     from grpokit.rewards.sandbox import Limits, run_python, run_many
     r = run_python("print(input()[::-1])", stdin="abc", limits=Limits(wall_time=5))

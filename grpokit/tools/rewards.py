@@ -1,4 +1,4 @@
-"""Process rewards on tool use (seed Q30), from objective evidence only: what the parser, the tools' signatures
+"""Process rewards on tool use, from objective evidence only: what the parser, the tools' signatures
 and the tools' own results say, never "more steps". Each is a TRL-style reward taking `episodes=` (multi-turn
 rollouts with tools); a per-call score is a StepScores whose step ends at the call's last character, so the
 process-reward path (DeepSeekMath §4.1.3, grpokit/batch.py) credits the tokens of that call.
@@ -11,7 +11,7 @@ process-reward path (DeepSeekMath §4.1.3, grpokit/batch.py) credits the tokens 
     step_cost         -cost (kwargs: cost=0.1)                                -cost x calls              0.0
 
 None is "not applicable" (0 in the total). These rewards can be gamed on their own (a model paid for valid calls
-learns to make more of them): pair them with a task reward, and watch held-out task success (Q30's independent
+learns to make more of them): pair them with a task reward, and watch held-out task success (the independent
 check; docs/agentic.md has the run with process rewards only). step_cost is the counterweight to tool spam.
 """
 
