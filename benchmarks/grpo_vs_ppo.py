@@ -3,7 +3,7 @@
     python benchmarks/grpo_vs_ppo.py --model runs/demo/sft --steps 40    # any countdown-SFT'd model folder
     python benchmarks/grpo_vs_ppo.py --make-sft runs/sft_countdown        # or build a small warm start, ~12 min
 
-The seed's claim (Q2, Q7, Q8): GRPO needs no critic, so it saves the critic's memory and compute.
+GRPO's claim (DeepSeekMath §4.1): it needs no critic, so it saves the critic's memory and compute.
 Both arms get the same model folder (--model), the same task (data.task=countdown unless --set
 says otherwise), the same rollout batch (prompts x G completions), the same number of steps and
 the same policy learning rate; PPO also trains a critic (grpokit/critic.py, docs/ppo.md) with its own
