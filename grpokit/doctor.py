@@ -828,28 +828,28 @@ def check_tool_spam(run: Run) -> list[Finding]:
 @dataclass(frozen=True)
 class Check:
     fn: Callable[[Run], list[Finding]]
-    seed: str  # the seed questions it comes from
+    seed: str  # the part of a run it reads (reward, advantages, ratio, clip, KL, rollouts, ...)
 
 
 #: name -> check, in the order one debugs a run, then reward hacking.
 CHECKS: dict[str, Check] = {
-    "reward_errors": Check(check_reward_errors, "Q24"),
-    "reward_none": Check(check_reward_none, "Q24"),
-    "reward_flat": Check(check_reward_flat, "Q24, Q26"),
-    "reward_drop": Check(check_reward_drop, "Q24"),
-    "no_signal": Check(check_no_signal, "Q15, Q24"),
-    "zero_std": Check(check_zero_std, "Q15, Q24"),
-    "ratio_mismatch": Check(check_ratio, "Q24"),
-    "clip_high": Check(check_clip, "Q10, Q18, Q24"),
-    "kl_high": Check(check_kl_high, "Q12, Q23, Q24"),
-    "kl_zero": Check(check_kl_zero, "Q12, Q13, Q24"),
-    "entropy_collapse": Check(check_entropy, "Q24"),
-    "length": Check(check_length, "Q24"),
-    "truncation": Check(check_truncation, "Q24"),
-    "grad_spikes": Check(check_grad_spikes, "Q24"),
-    "nonfinite": Check(check_nonfinite, "Q24"),
-    "reward_hacking": Check(check_reward_hacking, "Q25, Q26"),
-    "tool_spam": Check(check_tool_spam, "Q30"),
+    "reward_errors": Check(check_reward_errors, "reward"),
+    "reward_none": Check(check_reward_none, "reward"),
+    "reward_flat": Check(check_reward_flat, "reward, held-out"),
+    "reward_drop": Check(check_reward_drop, "reward"),
+    "no_signal": Check(check_no_signal, "advantages"),
+    "zero_std": Check(check_zero_std, "advantages"),
+    "ratio_mismatch": Check(check_ratio, "ratio"),
+    "clip_high": Check(check_clip, "clip"),
+    "kl_high": Check(check_kl_high, "KL"),
+    "kl_zero": Check(check_kl_zero, "KL"),
+    "entropy_collapse": Check(check_entropy, "rollouts"),
+    "length": Check(check_length, "rollouts"),
+    "truncation": Check(check_truncation, "rollouts"),
+    "grad_spikes": Check(check_grad_spikes, "optimizer"),
+    "nonfinite": Check(check_nonfinite, "optimizer"),
+    "reward_hacking": Check(check_reward_hacking, "reward hacking, held-out"),
+    "tool_spam": Check(check_tool_spam, "tool use, held-out"),
 }
 
 
