@@ -45,3 +45,13 @@ def test_relative_links_resolve():
             if not file.exists() or (anchor and file.suffix == ".md" and anchor not in _anchors(file)):
                 broken.append(f"{page.relative_to(ROOT)}: {target}")
     assert not broken, "broken links: " + "; ".join(broken)
+
+
+def test_readme_config_is_valid(tmp_path):
+    from grpokit.config import load_config
+
+    block = re.search(r"```yaml\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
+    assert block, "the README shows a config"
+    (tmp_path / "config.yaml").write_text(block.group(1))
+    cfg = load_config(tmp_path / "config.yaml")
+    assert cfg.rewards and cfg.data.train_path
