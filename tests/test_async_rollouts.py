@@ -14,6 +14,7 @@ from grpokit.policy import batched_logprobs, load_policy
 from grpokit.rollout import make_engine
 from grpokit.rollout.pipeline import RolloutPipeline
 from grpokit.trainer import Trainer
+from tests.helpers import require
 from tests.test_rollout_vllm import model_dir as vllm_model_dir  # noqa: F401  (a fixture: a tiny Llama with head size 64)
 from tests.test_trainer import Crash, _crash_at, config, read_metrics
 
@@ -171,6 +172,7 @@ def test_lag_needs_an_engine_with_log_probs(tiny_model_dir, tmp_path):
 
 def test_lag_one_on_vllm_pushes_each_version_from_the_sampler_thread(vllm_model_dir, tmp_path):
     """vLLM in the background thread: each version is pushed (and checked against the sampler's copy) there."""
+    require("vllm")
     from tests.test_rollout_vllm import grpo_config
 
     trainer = Trainer(

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest.importorskip("peft")  # in the test extra: make test installs it
+from tests.helpers import require
+
+require("peft")  # in the test extra: make test installs it
 
 from peft import PeftModel  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402

@@ -21,6 +21,7 @@ from grpokit.rollout import SamplingParams
 from grpokit.rollout.server import VLLMServerEngine
 from grpokit.rollout.vllm import RolloutError, VLLMEngine
 from grpokit.tasks.tiny_model import build_tiny_llama
+from tests.helpers import require
 from tests.test_rollout_vllm import (
     assert_learned_and_every_push_took,
     grpo_config,
@@ -42,6 +43,7 @@ def _die_with_parent():
 @pytest.fixture(scope="module")
 def server(model_dir, tmp_path_factory):
     """(url, log path) of a `grpokit serve` subprocess on model_dir, listening on a free port; terminated at the end."""
+    require("vllm")
     log = tmp_path_factory.mktemp("serve") / "serve.log"
     with open(log, "w") as out:
         proc = subprocess.Popen(
