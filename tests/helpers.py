@@ -1,4 +1,4 @@
-"""Helpers shared by the tests (fixtures stay in conftest.py).
+"""Helpers shared by the tests (fixtures stay in conftest.py): optional integrations, configs, metrics.
 
 Optional integrations: ``require("vllm")`` imports an optional package a test needs. Where it is missing the
 test is skipped with the command that installs it, except under ``CI=true``, where it fails: CI installs every
@@ -8,11 +8,15 @@ integration (``make test`` does), so a missing one there is a broken environment
 from __future__ import annotations
 
 import importlib
+import json
 import os
+from pathlib import Path
 from types import ModuleType
 from typing import NoReturn
 
 import pytest
+
+from grpokit.config import Config, load_config
 
 TEST_EXTRA = "pip install -e '.[test]'"
 # The command that installs each optional package the tests use (the top-level import name).
@@ -34,7 +38,7 @@ def in_ci() -> bool:
 
 
 def skip_or_fail(reason: str) -> NoReturn:
-    """Skip the calling test (or module) because an optional integration is not here; fail it under CI=true."""
+    """Skip the calling test (or module): an optional integration is not here. Under CI=true, fail it."""
     if in_ci():
         pytest.fail(
             f"{reason} [CI=true: optional integrations are installed in CI, never skipped]", pytrace=False
@@ -55,3 +59,38 @@ def require(module: str) -> ModuleType:
             raise
         top = module.split(".")[0]
         skip_or_fail(f"{top} is not installed: {INSTALL.get(top, f'pip install {top}')}")
+
+
+# --------------------------------------------------------------------------- configs
+
+TESTS = Path(__file__).parent
+# The share of 7s in a completion: a randomly initialized tiny model learns it in a few steps.
+REWARD = f"{TESTS / 'reward_fns.py'}:count_sevens"
+# A GRPO run of the tiny model (conftest.tiny_model_dir) on countdown prompts scored by REWARD: 4 prompts x 8
+# completions of at most 8 tokens a step, no KL, no eval, no samples in the log.
+TINY_RUN = [
+    "data.task=countdown",
+    "data.task_train_size=500",
+    "data.eval_size=0",
+    f"rewards=[{{function: '{REWARD}'}}]",
+    "rollout.prompts_per_step=4",
+    "rollout.num_generations=8",
+    "rollout.max_completion_length=8",
+    "optim.learning_rate=3e-3",
+    "algorithm.beta=0.0",
+    "eval.at_start=false",
+    "logging.sample_every=0",
+]
+
+
+def tiny_config(model_dir, out, *overrides: str) -> Config:
+    """The config of a TINY_RUN of ``model_dir`` into ``out``; ``overrides`` (``key=value``) go last."""
+    return load_config(None, [f"model.name_or_path={model_dir}", *TINY_RUN, f"output_dir={out}", *overrides])
+
+
+# --------------------------------------------------------------------------- metrics
+
+
+def read_metrics(out) -> list[dict]:
+    """The rows of ``out/metrics.jsonl``, every line parsed as JSON (grpokit.metrics.read_metrics skips bad ones)."""
+    return [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]

