@@ -17,6 +17,7 @@ from typing import NoReturn
 import pytest
 
 from grpokit.config import Config, load_config
+from grpokit.rollout import Completions
 
 TEST_EXTRA = "pip install -e '.[test]'"
 # The command that installs each optional package the tests use (the top-level import name).
@@ -92,5 +93,50 @@ def tiny_config(model_dir, out, *overrides: str) -> Config:
 
 
 def read_metrics(out) -> list[dict]:
-    """The rows of ``out/metrics.jsonl``, every line parsed as JSON (grpokit.metrics.read_metrics skips bad ones)."""
+    """The rows of ``out/metrics.jsonl``, each line parsed as JSON.
+
+    Strict, unlike grpokit.metrics.read_metrics, which skips lines that do not parse.
+    """
     return [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+
+
+# --------------------------------------------------------------------------- engines
+
+
+class ScriptedEngine:
+    """A rollout engine that plays a script instead of a model, for tests of what happens to completions.
+
+    ``script(prompt_ids, n, sampling)`` gives one prompt's completions as ``(text, stopped)`` pairs. With a
+    tokenizer each text is encoded, EOS appended where it stopped; without one each character is token 0.
+    Weight pushes, sleep, wake-up and close do nothing.
+    """
+
+    def __init__(self, tokenizer, script):
+        self.tokenizer, self.script = tokenizer, script
+
+    def _ids(self, text: str, stopped: bool) -> list[int]:
+        if self.tokenizer is None:
+            return [0] * len(text)
+        eos = [self.tokenizer.eos_token_id] if stopped else []
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"] + eos
+
+    def generate(self, prompt_token_ids, n, sampling) -> Completions:
+        ids, texts, reasons = [], [], []
+        for prompt in prompt_token_ids:
+            for text, stopped in self.script(prompt, n, sampling):
+                ids.append(self._ids(text, stopped))
+                texts.append(text)
+                reasons.append("stop" if stopped else "length")
+        return Completions(ids, texts, reasons)
+
+    def sync_weights(self, model, version=None) -> None:
+        pass
+
+    def sleep(self, level: int = 1) -> None:
+        pass
+
+    def wake_up(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
