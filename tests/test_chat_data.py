@@ -101,6 +101,7 @@ def test_reward_functions_get_chat_completions_as_messages():
     assert seen["plain"] == ["7", "8"]  # plain-text prompts: strings, as TRL
 
 
+@pytest.mark.slow
 def test_a_trl_chat_reward_function_runs_unchanged_and_drives_learning(chat_model_dir, tmp_path):
     data, rewards_py, out = tmp_path / "chat.jsonl", tmp_path / "trl_rewards.py", tmp_path / "run"
     data.write_text("".join(json.dumps(r) + "\n" for r in chat_rows()))

@@ -168,6 +168,7 @@ def assert_checkpoints_readable(out: Path) -> list[int]:
 # ----------------------------------------------------------------------------- kill -9
 
 
+@pytest.mark.slow
 def test_sigkill_anywhere_then_resume_is_exact(setup):
     model_dir, tmp_path = setup
     straight = tmp_path / "straight"
@@ -260,6 +261,7 @@ def test_save_that_raises_leaves_previous_checkpoint(setup, monkeypatch):
 # ----------------------------------------------------------------------------- SIGTERM / SIGINT
 
 
+@pytest.mark.slow
 def test_sigterm_console_script(setup):
     model_dir, tmp_path = setup
     args = [

@@ -5,9 +5,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 GRPOKIT = str(Path(sys.executable).with_name("grpokit"))
 
 
+@pytest.mark.slow
 def test_demo_quick_outputs(tmp_path):
     out = tmp_path / "demo"
     r = subprocess.run([GRPOKIT, "demo", "--quick", "--out", str(out)], capture_output=True, text=True)
@@ -28,6 +31,7 @@ def test_demo_quick_outputs(tmp_path):
     assert (out / "grpo" / "completions.parquet").is_file()
 
 
+@pytest.mark.slow
 def test_tools_demo_quick_outputs(tmp_path):
     """`grpokit demo --task tools --quick`: SFT, GRPO with the calculator, held-out success with tools before and after."""
     out = tmp_path / "tools"

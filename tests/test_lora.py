@@ -72,6 +72,7 @@ def test_reference_is_the_base_model_with_the_adapter_off(tiny_model_dir):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("engine", ["hf", "fast"])
 def test_lora_learns_trains_only_the_adapter_and_saves_loadable_models(tiny_model_dir, tmp_path, engine):
     out = tmp_path / "run"
@@ -125,6 +126,7 @@ class Crash(Exception):
     pass
 
 
+@pytest.mark.slow
 def test_lora_resume_continues_exactly(tiny_model_dir, tmp_path):
     steps = [
         "optim.max_steps=5",

@@ -217,6 +217,7 @@ def test_cli_picks_ppo_for_gae(tiny_model_dir, tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_ppo_reward_rises(tiny_model_dir, tmp_path):
     from grpokit.trainer import Trainer  # the one loop, with a critic for advantage_estimator=gae
 
@@ -245,6 +246,7 @@ class Crash(Exception):
     pass
 
 
+@pytest.mark.slow
 def test_ppo_resume_restores_the_critic_exactly(tiny_model_dir, tmp_path):
     from grpokit.trainer import Trainer  # the one loop, with a critic for advantage_estimator=gae
 

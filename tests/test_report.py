@@ -125,6 +125,7 @@ def run_dir(tiny_model_dir, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_the_report_of_a_real_run_renders_every_plot(run_dir, browser, tmp_path):
     result = CliRunner().invoke(app, ["report", str(run_dir), "--out", str(tmp_path / "page.html")])
     assert result.exit_code == 0, result.output
@@ -182,6 +183,7 @@ def _metrics_rows(n: int) -> list[dict]:
     ]
 
 
+@pytest.mark.slow
 def test_the_report_shows_the_doctors_findings_and_model_output_as_text(browser, tmp_path):
     rows = _metrics_rows(40)
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -94,6 +94,7 @@ def test_the_reward_models_chat_template_renders_prompt_and_completion(sevens_rm
     ]
 
 
+@pytest.mark.slow
 def test_a_reward_model_drives_learning(tiny_model_dir, sevens_rm, tmp_path):
     out = tmp_path / "run"
     cfg = load_config(

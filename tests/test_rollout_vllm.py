@@ -25,6 +25,8 @@ from grpokit.tasks.tiny_model import build_tiny_llama
 from grpokit.tasks.tokenizer import build_tokenizer
 from tests.helpers import require, tiny_config
 
+pytestmark = pytest.mark.slow  # every test here starts vLLM (20-50 s on a busy 2-core machine)
+
 
 @pytest.fixture(scope="module", autouse=True)
 def _vllm():

@@ -90,6 +90,7 @@ def test_lr_schedule_warmup_then_decay_to_zero():
     assert [lin(0), lin(5), lin(10)] == [1.0, 0.5, 0.0]
 
 
+@pytest.mark.slow
 def test_sft_lowers_the_loss_and_learns_a_toy_task(tok):
     torch.manual_seed(0)
     model = build_tiny_llama(tok, size="test")

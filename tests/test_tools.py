@@ -744,6 +744,7 @@ class Recording(ToolRollout):
         return self.last
 
 
+@pytest.mark.slow
 def test_grpo_with_tools_learns_to_call_and_trains_only_on_model_tokens(tmp_path):
     from grpokit.rewards import RewardSpec
     from grpokit.trainer import Trainer

@@ -184,6 +184,7 @@ def _wandb_records(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 
+@pytest.mark.slow
 def test_wandb_offline_run_reads_back(tmp_path, hermetic, repo):
     require("wandb")
     out = tmp_path / "run"
@@ -268,6 +269,7 @@ def _trackio(*args: str) -> dict:
     return json.loads(out.stdout)
 
 
+@pytest.mark.slow
 def test_trackio_local_store_reads_back(tmp_path, hermetic, repo, monkeypatch):
     require("trackio")
     # trackio reads TRACKIO_DIR once, when it is imported: the run is made in a fresh interpreter that

@@ -14,6 +14,7 @@ from tests.helpers import read_metrics
 from tests.helpers import tiny_config as config
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("autocast", ["none", "bfloat16"])
 def test_reward_rises(tiny_model_dir, tmp_path, autocast):
     cfg = config(
@@ -51,6 +52,7 @@ def _crash_at(step):
     return on_log
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "extra", [[], ["algorithm.num_iterations=2", "optim.num_minibatches=2", "algorithm.beta=0.04"]]
 )
