@@ -224,6 +224,7 @@ def example_model(tmp_path_factory):
     return path
 
 
+@pytest.mark.slow
 def test_two_runs_at_the_same_thread_count_end_bit_identical(example_model, tmp_path):
     """docs/threads.md, 'Reproducing a run exactly': two uninterrupted `grpokit train` processes with the same
     config and seed, default threads, at the same count (here 3, from OMP_NUM_THREADS as auto reads it: a count
@@ -248,6 +249,7 @@ def test_auto_takes_the_count_of_the_run_being_resumed():
     )  # no run to resume: the free cores
 
 
+@pytest.mark.slow
 def test_a_resume_under_auto_runs_at_the_count_the_run_started_with(example_model, tmp_path):
     """config.yaml records the count a run used; `grpokit train` resumed with threads=0 (auto) takes it from there
     whatever OMP_NUM_THREADS and the load say now, so the resumed run ends bit for bit where an uninterrupted run
