@@ -21,7 +21,7 @@ from grpokit.data import (
     load_rows,
     split_rows,
 )
-from tests.helpers import require
+from tests.helpers import read_metrics, require
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
@@ -544,6 +544,6 @@ def test_a_renamed_prompt_column_with_a_held_out_split_trains(tiny_model_dir, tm
         ],
     )
     assert result.exit_code == 0, (result.output, result.exception)
-    logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    logged = read_metrics(tmp_path / "run")
     assert [r["step"] for r in logged] == [0, 1]
     assert all(r["eval/num_prompts"] == 2 for r in logged)  # the 2 held-out questions, before and after

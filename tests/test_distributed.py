@@ -6,7 +6,6 @@ no mocks of torch.distributed. One torchrun launch runs every case for both stra
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -20,6 +19,7 @@ from grpokit.batch import RolloutBatch, pack_sequences
 from grpokit.checkpoint import CheckpointError
 from grpokit.config import ConfigError, load_config
 from grpokit.distributed import World, cat_batches
+from tests.helpers import read_metrics
 
 sys.path.insert(0, str(Path(__file__).parent))
 import dist_cases  # noqa: E402  (tests/ is not a package; torchrun runs the same file as a script)
@@ -154,7 +154,7 @@ output_dir: "{tmp_path / "run"}"
     )
     assert proc.returncode == 0, _output(proc)
     assert proc.stdout.count("done: step 2") == 1, proc.stdout
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(tmp_path / "run")
     assert [r["step"] for r in rows] == [0, 1, 2]  # eval at start, then each step once: rank 0 alone writes
     assert "eval/pass@1" in rows[0] and "eval/pass@1" in rows[2]
     assert rows[1]["rollout/groups_drawn"] >= 4 and rows[1]["rollout/tokens"] > 0

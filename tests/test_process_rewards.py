@@ -1,7 +1,6 @@
 """Process (step) rewards end to end (DeepSeekMath §4.1.3): StepScores from a reward function,
 through the reward manager and the character -> token mapping, to the trainer's [N, T] advantages."""
 
-import json
 import math
 from pathlib import Path
 
@@ -15,7 +14,7 @@ from grpokit.tasks import get_task, reward_registry
 from grpokit.tasks.countdown import countdown_steps
 from grpokit.tasks.tokenizer import build_tokenizer
 from grpokit.trainer import Trainer
-from tests.helpers import ScriptedEngine
+from tests.helpers import ScriptedEngine, read_metrics
 
 HERE = Path(__file__)
 
@@ -319,7 +318,7 @@ def test_end_to_end_with_step_rewards(tiny_model_dir, tmp_path):
     update = trainer.update
     trainer.update = lambda b: (seen.append(b), update(b))[1]
     trainer.train()
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(tmp_path / "run")
     assert [r["step"] for r in rows if "reward/mean" in r] == [1, 2, 3]
     for key in [
         "reward/countdown_steps",

@@ -5,7 +5,6 @@ The must-show (issue 13): after a weight push the engine's per-token sampling lo
 recomputed ones (fp32, max |diff| < 1e-3), and before the push they differ.
 """
 
-import json
 import random
 
 import numpy as np
@@ -23,7 +22,7 @@ from grpokit.rollout.weights import model_prompt_logprobs
 from grpokit.tasks import get_task
 from grpokit.tasks.tiny_model import build_tiny_llama
 from grpokit.tasks.tokenizer import build_tokenizer
-from tests.helpers import require, tiny_config
+from tests.helpers import read_metrics, require, tiny_config
 
 pytestmark = pytest.mark.slow  # every test here starts vLLM (20-50 s on a busy 2-core machine)
 
@@ -286,7 +285,7 @@ def test_grpo_on_vllm_learns_and_every_push_takes(model_dir, tmp_path):
 
 def assert_learned_and_every_push_took(run_dir, steps_run: int) -> None:
     """The reward rose, and the sampler-trainer mismatch stayed at fp32 noise at every step of the run's metrics."""
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(run_dir)
     steps = [r for r in rows if "reward/mean" in r]
     assert len(steps) == steps_run
     rewards = [r["reward/mean"] for r in steps]

@@ -7,6 +7,7 @@ import torch
 from grpokit.tasks.tiny_model import build_tiny_llama
 from grpokit.tasks.tokenizer import build_tokenizer
 from grpokit.threads import choose_threads, use_threads
+from tests.helpers import read_metrics
 
 
 @pytest.mark.parametrize(
@@ -36,8 +37,6 @@ def test_use_threads_sets_torch_and_says_so():
 
 
 def test_trainer_takes_the_threads_setting_and_logs_it(tiny_model_dir, tmp_path):
-    import json
-
     from grpokit.config import load_config
     from grpokit.trainer import Trainer
 
@@ -64,7 +63,7 @@ def test_trainer_takes_the_threads_setting_and_logs_it(tiny_model_dir, tmp_path)
         )
         Trainer(cfg).train()
         assert torch.get_num_threads() == 1
-        rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+        rows = read_metrics(tmp_path)
         assert rows[-1]["perf/threads"] == 1
     finally:
         torch.set_num_threads(before)
