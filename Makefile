@@ -25,7 +25,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest tests
 
-# The edit-test loop: unit and contract tests, no training beyond a step or two (tests marked slow are left out).
+# The edit-test loop: unit and contract tests and runs of a few tiny steps; the tests marked slow are left out.
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest tests -m "not slow"
 
