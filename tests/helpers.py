@@ -28,6 +28,8 @@ INSTALL: dict[str, str] = {
     "tensorboard": TEST_EXTRA,
     "wandb": TEST_EXTRA,
     "mlflow": TEST_EXTRA,
+    "sqlalchemy": TEST_EXTRA,
+    "alembic": TEST_EXTRA,
     "trackio": TEST_EXTRA,
     "playwright": TEST_EXTRA,
 }

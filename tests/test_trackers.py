@@ -223,6 +223,9 @@ def test_mlflow_store_reads_back(tmp_path, hermetic, repo, monkeypatch, store, p
     require("mlflow")
     from mlflow import MlflowClient
 
+    if store == "sqlite":  # MLflow's sqlite store needs these two (the test extra has them)
+        require("sqlalchemy")
+        require("alembic")
     if store == "file":  # MLflow 3.7+ keeps the file store behind this switch; it is still what many use
         uri = (tmp_path / "mlruns").as_uri()
         monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
