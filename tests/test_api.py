@@ -15,6 +15,7 @@ from grpokit.config import Config, ConfigError, SFTConfig
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_the_documented_example_runs(tmp_path):
     """The python block of docs/api.md, in an empty folder: SFT, GRPO, evaluation and the report, all real."""
     block = re.search(r"```python\n(.*?)```", (ROOT / "docs" / "api.md").read_text(), re.S).group(1)

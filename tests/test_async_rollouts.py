@@ -14,6 +14,7 @@ from grpokit.policy import batched_logprobs, load_policy
 from grpokit.rollout import make_engine
 from grpokit.rollout.pipeline import RolloutPipeline
 from grpokit.trainer import Trainer
+from tests.helpers import require
 from tests.test_rollout_vllm import model_dir as vllm_model_dir  # noqa: F401  (a fixture: a tiny Llama with head size 64)
 from tests.test_trainer import Crash, _crash_at, config, read_metrics
 
@@ -78,6 +79,7 @@ def test_each_batch_is_sampled_by_the_version_it_names(tiny_model_dir, sampler):
         pipe.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sampler", ["thread", "process"])
 def test_lag_one_learns_and_logs_its_lag(tiny_model_dir, tmp_path, sampler):
     cfg = config(
@@ -100,6 +102,7 @@ def test_lag_one_learns_and_logs_its_lag(tiny_model_dir, tmp_path, sampler):
     assert last > first + 0.15, (first, last)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sampler", ["thread", "process"])
 def test_the_same_seed_gives_the_same_weights_at_lag_two(tiny_model_dir, tmp_path, sampler):
     runs = []
@@ -124,6 +127,7 @@ def test_the_same_seed_gives_the_same_weights_at_lag_two(tiny_model_dir, tmp_pat
     assert lags == [0.0, 1.0, 2.0, 2.0, 2.0]
 
 
+@pytest.mark.slow
 def test_importance_correction_with_lag_anchors_on_the_trainer(tiny_model_dir, tmp_path):
     """With a correction, pi_old is the trainer's own recomputed log-probs (decoupled PPO) and the weights
     pi_old / pi_sampler are logged; the lag makes some of them differ from 1."""
@@ -144,6 +148,7 @@ def test_importance_correction_with_lag_anchors_on_the_trainer(tiny_model_dir, t
     assert all(r["rollout/logp_diff_max"] > 1e-4 for r in rows[1:])
 
 
+@pytest.mark.slow
 def test_resume_at_lag_draws_the_prompts_of_the_uninterrupted_run(tiny_model_dir, tmp_path):
     """Batches generated ahead are not in the checkpoint; their prompts are drawn again after the resume (the
     weights that sample them are the checkpoint's: docs/rollout.md)."""
@@ -169,8 +174,10 @@ def test_lag_needs_an_engine_with_log_probs(tiny_model_dir, tmp_path):
         config(tiny_model_dir, tmp_path / "run", "rollout.engine=hf", "rollout.max_policy_lag=1")
 
 
+@pytest.mark.slow
 def test_lag_one_on_vllm_pushes_each_version_from_the_sampler_thread(vllm_model_dir, tmp_path):
     """vLLM in the background thread: each version is pushed (and checked against the sampler's copy) there."""
+    require("vllm")
     from tests.test_rollout_vllm import grpo_config
 
     trainer = Trainer(

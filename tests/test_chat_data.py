@@ -24,6 +24,7 @@ CHAT_TEMPLATE = (
     "{% elif m['role'] == 'user' %}({{ m['content'] }}){% else %}{{ m['content'] }},{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}={% endif %}"
 )
+from tests.helpers import read_metrics
 
 REWARD_FILE = '''
 import re
@@ -101,6 +102,7 @@ def test_reward_functions_get_chat_completions_as_messages():
     assert seen["plain"] == ["7", "8"]  # plain-text prompts: strings, as TRL
 
 
+@pytest.mark.slow
 def test_a_trl_chat_reward_function_runs_unchanged_and_drives_learning(chat_model_dir, tmp_path):
     data, rewards_py, out = tmp_path / "chat.jsonl", tmp_path / "trl_rewards.py", tmp_path / "run"
     data.write_text("".join(json.dumps(r) + "\n" for r in chat_rows()))
@@ -133,7 +135,7 @@ def test_a_trl_chat_reward_function_runs_unchanged_and_drives_learning(chat_mode
     assert isinstance(prompt, list) and prompt[0] == {"role": "system", "content": "1"}
     assert isinstance(completion, list) and len(completion) == 1 and completion[0]["role"] == "assistant"
     assert isinstance(completion[0]["content"], str)
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(out)
     scores = [r["reward/sevens_reward_func"] for r in rows if "reward/sevens_reward_func" in r]
     assert len(scores) == 30
     first, last = sum(scores[:8]) / 8, sum(scores[-8:]) / 8

@@ -35,6 +35,7 @@ from grpokit.checkpoint import MARKER, STATE_FILE, CheckpointError, list_checkpo
 from grpokit.cli import app
 from grpokit.config import load_config
 from grpokit.trainer import Trainer
+from tests.helpers import read_metrics
 
 REWARD = f"{Path(__file__).parent / 'reward_fns.py'}:count_sevens"
 PROMPTS = [{"prompt": f"{a} {b}>{a + b}=", "target": a + b} for a in range(1, 5) for b in range(1, 3)]
@@ -168,6 +169,7 @@ def assert_checkpoints_readable(out: Path) -> list[int]:
 # ----------------------------------------------------------------------------- kill -9
 
 
+@pytest.mark.slow
 def test_sigkill_anywhere_then_resume_is_exact(setup):
     model_dir, tmp_path = setup
     straight = tmp_path / "straight"
@@ -260,6 +262,7 @@ def test_save_that_raises_leaves_previous_checkpoint(setup, monkeypatch):
 # ----------------------------------------------------------------------------- SIGTERM / SIGINT
 
 
+@pytest.mark.slow
 def test_sigterm_console_script(setup):
     model_dir, tmp_path = setup
     args = [
@@ -486,7 +489,7 @@ def test_allowed_changes_are_applied_logged_and_recorded(setup):
         "resuming with changes allowed by checkpoint.allow_changes: optim.learning_rate: 0.003 -> 0.001; optim.max_steps: 2 -> 3"
         in r.output
     )
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(tmp_path / "run")
     assert [row["policy/lr"] for row in rows] == [
         3e-3,
         3e-3,

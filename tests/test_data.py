@@ -21,6 +21,7 @@ from grpokit.data import (
     load_rows,
     split_rows,
 )
+from tests.helpers import read_metrics, require
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
@@ -115,7 +116,7 @@ def test_csv_roundtrip_infers_numeric_columns(tmp_path):
 
 
 def test_datasets_folder_and_dataset_dict(tmp_path):
-    datasets = pytest.importorskip("datasets")
+    datasets = require("datasets")
     datasets.Dataset.from_list(ROWS).save_to_disk(str(tmp_path / "ds"))
     assert load_rows(tmp_path / "ds") == ROWS
 
@@ -212,7 +213,7 @@ def test_csv_extra_field_names_the_line(tmp_path):
 
 
 def test_plain_folder_is_not_a_dataset(tmp_path):
-    pytest.importorskip("datasets")
+    require("datasets")
     (tmp_path / "folder").mkdir()
     with pytest.raises(DataError, match="not one written by datasets' save_to_disk"):
         load_rows(tmp_path / "folder")
@@ -543,6 +544,6 @@ def test_a_renamed_prompt_column_with_a_held_out_split_trains(tiny_model_dir, tm
         ],
     )
     assert result.exit_code == 0, (result.output, result.exception)
-    logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    logged = read_metrics(tmp_path / "run")
     assert [r["step"] for r in logged] == [0, 1]
     assert all(r["eval/num_prompts"] == 2 for r in logged)  # the 2 held-out questions, before and after

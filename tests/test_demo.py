@@ -1,13 +1,17 @@
 """`grpokit demo --quick` produces the same outputs as the full demo."""
 
-import json
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from tests.helpers import read_metrics
+
 GRPOKIT = str(Path(sys.executable).with_name("grpokit"))
 
 
+@pytest.mark.slow
 def test_demo_quick_outputs(tmp_path):
     out = tmp_path / "demo"
     r = subprocess.run([GRPOKIT, "demo", "--quick", "--out", str(out)], capture_output=True, text=True)
@@ -15,7 +19,7 @@ def test_demo_quick_outputs(tmp_path):
     assert "SFT warm-start" in r.stdout and "after GRPO" in r.stdout  # the before / after table
     for name in ("report.md", "report.html", "reward.png", "eval.png", "kl.png", "clip.png", "lengths.png"):
         assert (out / name).is_file(), name
-    rows = [json.loads(l) for l in (out / "grpo" / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(out / "grpo")
     evals = [row for row in rows if "eval/pass@1" in row]
     assert evals[0]["step"] == 0 and evals[-1]["step"] == rows[-1]["step"]  # before and after
     assert (out / "grpo" / "final" / "model.safetensors").is_file()
@@ -28,6 +32,7 @@ def test_demo_quick_outputs(tmp_path):
     assert (out / "grpo" / "completions.parquet").is_file()
 
 
+@pytest.mark.slow
 def test_tools_demo_quick_outputs(tmp_path):
     """`grpokit demo --task tools --quick`: SFT, GRPO with the calculator, held-out success with tools before and after."""
     out = tmp_path / "tools"
@@ -36,7 +41,7 @@ def test_tools_demo_quick_outputs(tmp_path):
     )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "held-out multiply with the calculator" in r.stdout and "pass@1" in r.stdout
-    rows = [json.loads(l) for l in (out / "grpo" / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(out / "grpo")
     evals = [row for row in rows if "eval/pass@1" in row]
     assert evals[0]["step"] == 0 and evals[-1]["step"] == rows[-1]["step"]
     assert all(

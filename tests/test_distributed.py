@@ -6,7 +6,6 @@ no mocks of torch.distributed. One torchrun launch runs every case for both stra
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -20,6 +19,7 @@ from grpokit.batch import RolloutBatch, pack_sequences
 from grpokit.checkpoint import CheckpointError
 from grpokit.config import ConfigError, load_config
 from grpokit.distributed import World, cat_batches
+from tests.helpers import read_metrics
 
 sys.path.insert(0, str(Path(__file__).parent))
 import dist_cases  # noqa: E402  (tests/ is not a package; torchrun runs the same file as a script)
@@ -78,6 +78,7 @@ def two_processes(tiny_model_dir, tmp_path_factory):
     return {f.stem: torch.load(f) for f in out.glob("*.pt")}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", dist_cases.STRATEGIES)
 def test_one_step_on_two_ranks_equals_one_process(strategy, one_process, two_processes):
     """Same global batch (prompts_per_step x G = 4 x 4), one GRPO step: every loss type, scale_rewards group /
@@ -101,6 +102,7 @@ def test_one_step_on_two_ranks_equals_one_process(strategy, one_process, two_pro
     assert dapo["rollout/groups_dropped"] > 0 and dapo["rollout/sampling_rounds"] > 1, dapo
 
 
+@pytest.mark.slow
 def test_fsdp2_activation_checkpointing_and_bf16(one_process, two_processes):
     """model.gradient_checkpointing under FSDP2 gives one process's step (recomputing activations changes no number
     that matters); distributed.mixed_precision=bf16 (bf16 all-gathers and compute, fp32 reductions and master
@@ -123,6 +125,7 @@ def test_fsdp2_activation_checkpointing_and_bf16(one_process, two_processes):
     assert got["metrics"]["policy/kl"] == pytest.approx(want["metrics"]["policy/kl"], abs=1e-3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lag", [0, 1])
 def test_torchrun_trains_end_to_end(tiny_model_dir, tmp_path, lag):
     """`torchrun --nproc_per_node 2 -m grpokit train`: 2 steps (FSDP2, DAPO dynamic sampling); rank 0 logs each step
@@ -151,7 +154,7 @@ output_dir: "{tmp_path / "run"}"
     )
     assert proc.returncode == 0, _output(proc)
     assert proc.stdout.count("done: step 2") == 1, proc.stdout
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(tmp_path / "run")
     assert [r["step"] for r in rows] == [0, 1, 2]  # eval at start, then each step once: rank 0 alone writes
     assert "eval/pass@1" in rows[0] and "eval/pass@1" in rows[2]
     assert rows[1]["rollout/groups_drawn"] >= 4 and rows[1]["rollout/tokens"] > 0
@@ -187,6 +190,7 @@ output_dir: "{tmp_path / "run"}"
     return tmp_path / "config.yaml"
 
 
+@pytest.mark.slow
 def test_an_exception_on_one_rank_stops_every_rank_with_its_message(tiny_model_dir, tmp_path):
     """Rank 1's reward function raises in step 2 (reward_errors=raise) while rank 0 goes on into the step's
     collectives: the launcher exits non-zero within 60 s of the raise, and its output carries rank 1's message."""
@@ -210,6 +214,7 @@ def test_an_exception_on_one_rank_stops_every_rank_with_its_message(tiny_model_d
     assert ended - float(failed_at.read_text()) < 60, _output(proc)
 
 
+@pytest.mark.slow
 def test_sigterm_to_the_launcher_saves_a_sharded_checkpoint_that_resumes(tiny_model_dir, tmp_path):
     """SIGTERM to torchrun: every rank finishes its step, the ranks save one sharded checkpoint together, and
     the same command (here in one process) resumes from it."""
@@ -320,6 +325,7 @@ def checkpoint_runs(tiny_model_dir, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", dist_cases.STRATEGIES)
 def test_saved_by_one_process_resumed_at_two_ranks(strategy, checkpoint_runs):
     """A one-process run's step-1 checkpoint (model.safetensors; AdamW's moments by parameter index, pi_ref after a
@@ -331,6 +337,7 @@ def test_saved_by_one_process_resumed_at_two_ranks(strategy, checkpoint_runs):
     assert max(rel.values()) < 1e-6, max(rel.items(), key=lambda kv: kv[1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", dist_cases.STRATEGIES)
 def test_saved_at_two_ranks_resumed_at_one_and_at_two(
     strategy, checkpoint_runs, tiny_model_dir, tmp_path, monkeypatch

@@ -31,6 +31,7 @@ from grpokit.checkpoint import list_checkpoints
 from grpokit.cli import app
 from grpokit.doctor import diagnose
 from grpokit.metrics import read_metrics
+from tests.helpers import require
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = [
@@ -1009,7 +1010,7 @@ def test_lora_without_peft(env, monkeypatch):
 
 
 def test_lora_target_modules_that_match_nothing(env):
-    pytest.importorskip("peft")
+    require("peft")
     user_error(
         train(env, "model.lora.target_modules=[qkv_proj]"),
         "model.lora.target_modules=['qkv_proj']: Target modules",
@@ -1017,7 +1018,7 @@ def test_lora_target_modules_that_match_nothing(env):
 
 
 def test_lora_under_torchrun(monkeypatch):
-    pytest.importorskip("peft")
+    require("peft")
     from grpokit.config import LoraConfig
     from grpokit.policy import ModelLoadError, apply_lora
 
@@ -1030,7 +1031,7 @@ def test_lora_under_torchrun(monkeypatch):
 
 
 def test_lora_resume_without_the_adapter(env):
-    pytest.importorskip("peft")
+    require("peft")
     assert train(env, "model.lora.r=4").exit_code == 0
     (env[0] / "run" / "checkpoints" / "step-000001" / "adapter_model.safetensors").unlink()
     user_error(

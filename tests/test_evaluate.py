@@ -8,7 +8,7 @@ import pytest
 
 from grpokit import metrics as M
 from grpokit.evaluate import evaluate
-from grpokit.rollout.base import Completions
+from tests.helpers import ScriptedEngine
 
 # prompt id -> (greedy answer, 4 sampled answers); the right answer of every prompt is "7"
 SCRIPT = {
@@ -21,16 +21,9 @@ SCRIPT = {
 }
 
 
-class ScriptedEngine:
-    def generate(self, prompt_token_ids, n, sampling):
-        texts = []
-        for ids in prompt_token_ids:
-            greedy, sampled = SCRIPT[ids[0]]
-            texts += [greedy] if sampling.greedy else sampled[:n]
-        return Completions([[0] * len(t) for t in texts], texts, ["stop"] * len(texts))
-
-    def sync_weights(self, model, version=None):
-        pass
+def answers(prompt, n, sampling):
+    greedy, sampled = SCRIPT[prompt[0]]
+    return [(text, True) for text in ([greedy] if sampling.greedy else sampled[:n])]
 
 
 def judge(rows, comps):
@@ -41,7 +34,7 @@ def judge(rows, comps):
 @pytest.mark.parametrize("batch_size", [1, 2, 64])
 def test_evaluate_worked_numbers(batch_size):
     rows = [SimpleNamespace(prompt_ids=[i]) for i in (1, 2, 3)]
-    m = evaluate(ScriptedEngine(), rows, judge, k=4, batch_size=batch_size)
+    m = evaluate(ScriptedEngine(None, answers), rows, judge, k=4, batch_size=batch_size)
     assert m["eval/pass@1"] == pytest.approx(1 / 3)  # greedy: prompt 1 only
     assert m["eval/pass@4"] == pytest.approx(2 / 3)  # any sample right: prompts 1 and 2
     assert m["eval/maj@4"] == pytest.approx(1 / 3)  # majority right: prompt 1 (tie -> first seen)
@@ -65,5 +58,5 @@ def test_evaluate_worked_numbers(batch_size):
 
 def test_evaluate_k1_has_no_sampled_metrics():
     rows = [SimpleNamespace(prompt_ids=[1])]
-    m = evaluate(ScriptedEngine(), rows, judge, k=1)
+    m = evaluate(ScriptedEngine(None, answers), rows, judge, k=1)
     assert m["eval/pass@1"] == 1.0 and not any(key.startswith(("eval/maj", "eval/mean@")) for key in m)

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 GRPOKIT = str(Path(sys.executable).with_name("grpokit"))
 
@@ -18,6 +20,7 @@ def run(*cmd, cwd=ROOT):
     return r
 
 
+@pytest.mark.slow
 def test_readme_example(tmp_path):
     readme = (ROOT / "README.md").read_text()
     assert "grpokit train examples/config.yaml" in readme and "examples.my_rewards:exact_answer" in readme

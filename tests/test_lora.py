@@ -4,24 +4,21 @@ only the adapters train, checkpoints hold the adapter and resume exactly, final/
 Run: .venv/bin/python -m pytest tests/test_lora.py
 """
 
-import json
-from pathlib import Path
-
 import pytest
 import torch
 
-pytest.importorskip("peft")  # in the test extra: make test installs it
+from tests.helpers import read_metrics, require, tiny_config
+
+require("peft")  # in the test extra: make test installs it
 
 from peft import PeftModel  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 from grpokit.batch import pack_sequences  # noqa: E402
 from grpokit.checkpoint import list_checkpoints  # noqa: E402
-from grpokit.config import load_config  # noqa: E402
 from grpokit.policy import AdapterOff, batched_logprobs, build_reference, load_policy  # noqa: E402
 from grpokit.trainer import Trainer  # noqa: E402
 
-REWARD = f"{Path(__file__).parent / 'reward_fns.py'}:count_sevens"
 # The LM head among the targets: a random tiny model learns count_sevens in a few steps through it; all-linear
 # (every Linear but the head) learns it too, more slowly (docs/lora.md).
 LORA = [
@@ -32,30 +29,7 @@ LORA = [
 
 
 def config(model_dir, out, *extra):
-    return load_config(
-        None,
-        [
-            f"model.name_or_path={model_dir}",
-            "data.task=countdown",
-            "data.task_train_size=500",
-            "data.eval_size=0",
-            f"rewards=[{{function: '{REWARD}'}}]",
-            "rollout.prompts_per_step=4",
-            "rollout.num_generations=8",
-            "rollout.max_completion_length=8",
-            "optim.learning_rate=1e-2",
-            "algorithm.beta=0.04",
-            "eval.at_start=false",
-            "logging.sample_every=0",
-            f"output_dir={out}",
-            *LORA,
-            *extra,
-        ],
-    )
-
-
-def read_metrics(out):
-    return [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+    return tiny_config(model_dir, out, "optim.learning_rate=1e-2", "algorithm.beta=0.04", *LORA, *extra)
 
 
 def some_tokens(tokenizer):
@@ -98,6 +72,7 @@ def test_reference_is_the_base_model_with_the_adapter_off(tiny_model_dir):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("engine", ["hf", "fast"])
 def test_lora_learns_trains_only_the_adapter_and_saves_loadable_models(tiny_model_dir, tmp_path, engine):
     out = tmp_path / "run"
@@ -151,6 +126,7 @@ class Crash(Exception):
     pass
 
 
+@pytest.mark.slow
 def test_lora_resume_continues_exactly(tiny_model_dir, tmp_path):
     steps = [
         "optim.max_steps=5",

@@ -32,6 +32,7 @@ from grpokit.rewards import RewardManager
 from grpokit.rewards.manager import RewardSpec
 from grpokit.optim import TrainingError
 from grpokit.trainer import Trainer
+from tests.helpers import read_metrics
 
 REWARD = f"{Path(__file__).parent / 'reward_fns.py'}:count_sevens"
 SETTINGS = settings(max_examples=60, deadline=None)
@@ -64,10 +65,6 @@ def config(model_dir, out, *extra):
 @pytest.fixture(autouse=True)
 def _no_plots(monkeypatch):
     monkeypatch.setattr("grpokit.trainer.plot_run", lambda *a, **k: None)  # plots are not what these test
-
-
-def read_metrics(out):
-    return [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
 
 
 def nan_loss_on(calls: set[int]):

@@ -1,18 +1,13 @@
 """The PPO baseline: GAE / value-loss math against loop references and worked numbers, the critic's
 positions, and the trainer with its critic (advantage_estimator=gae) end to end on the tiny model (learning, exact resume of the critic)."""
 
-import json
-from pathlib import Path
-
 import pytest
 import torch
 
 from grpokit.algo import explained_variance, gae_advantages, masked_whiten, token_rewards, value_loss
 from grpokit.checkpoint import list_checkpoints
-from grpokit.config import load_config
 from grpokit.batch import pack_sequences
-
-REWARD = f"{Path(__file__).parent / 'reward_fns.py'}:count_sevens"
+from tests.helpers import read_metrics, tiny_config
 
 
 def ragged_mask(lengths, T):
@@ -181,35 +176,17 @@ def no_plots(monkeypatch):
 
 
 def config(model_dir, out, *extra):
-    return load_config(
-        None,
-        [
-            f"model.name_or_path={model_dir}",
-            "data.task=countdown",
-            "data.task_train_size=500",
-            "data.eval_size=0",
-            "eval.max_samples=8",
-            "eval.k=1",
-            f"rewards=[{{function: '{REWARD}'}}]",
-            "rollout.prompts_per_step=4",
-            "rollout.num_generations=8",
-            "rollout.max_completion_length=8",
-            "optim.learning_rate=3e-3",
-            "algorithm.advantage_estimator=gae",
-            "algorithm.beta=0.0",
-            "ppo.critic_learning_rate=3e-3",
-            "ppo.lam=1.0",
-            "eval.at_start=false",
-            "logging.sample_every=0",
-            "logging.tensorboard=false",
-            f"output_dir={out}",
-            *extra,
-        ],
+    return tiny_config(
+        model_dir,
+        out,
+        "eval.max_samples=8",
+        "eval.k=1",
+        "algorithm.advantage_estimator=gae",
+        "ppo.critic_learning_rate=3e-3",
+        "ppo.lam=1.0",
+        "logging.tensorboard=false",
+        *extra,
     )
-
-
-def read_metrics(out):
-    return [json.loads(l) for l in (Path(out) / "metrics.jsonl").read_text().splitlines()]
 
 
 def test_critic_values_ignore_padding_and_later_tokens(tiny_model_dir, tmp_path):
@@ -240,6 +217,7 @@ def test_cli_picks_ppo_for_gae(tiny_model_dir, tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_ppo_reward_rises(tiny_model_dir, tmp_path):
     from grpokit.trainer import Trainer  # the one loop, with a critic for advantage_estimator=gae
 
@@ -268,6 +246,7 @@ class Crash(Exception):
     pass
 
 
+@pytest.mark.slow
 def test_ppo_resume_restores_the_critic_exactly(tiny_model_dir, tmp_path):
     from grpokit.trainer import Trainer  # the one loop, with a critic for advantage_estimator=gae
 

@@ -1,7 +1,6 @@
 """Process (step) rewards end to end (DeepSeekMath §4.1.3): StepScores from a reward function,
 through the reward manager and the character -> token mapping, to the trainer's [N, T] advantages."""
 
-import json
 import math
 from pathlib import Path
 
@@ -11,11 +10,11 @@ import torch
 from grpokit.batch import process_rewards, step_token_ends, token_char_ends
 from grpokit.config import ConfigError, load_config
 from grpokit.rewards import RewardManager, RewardSpec, StepScores
-from grpokit.rollout import Completions
 from grpokit.tasks import get_task, reward_registry
 from grpokit.tasks.countdown import countdown_steps
 from grpokit.tasks.tokenizer import build_tokenizer
 from grpokit.trainer import Trainer
+from tests.helpers import ScriptedEngine, read_metrics
 
 HERE = Path(__file__)
 
@@ -187,26 +186,11 @@ SCRIPT = {  # prompt -> G completions (text, stopped with EOS?)
 }
 
 
-class ScriptedEngine:
-    """Returns fixed completions per prompt, so advantages can be checked against a hand reference."""
-
-    def __init__(self, tokenizer):
-        self.tok = tokenizer
-
-    def generate(self, prompt_token_ids, n, sampling):
-        ids, texts, reasons = [], [], []
-        for p in prompt_token_ids:
-            for text, stop in SCRIPT[self.tok.decode(p, skip_special_tokens=True)][:n]:
-                ids.append(
-                    self.tok(text, add_special_tokens=False)["input_ids"]
-                    + ([self.tok.eos_token_id] if stop else [])
-                )
-                texts.append(text)
-                reasons.append("stop" if stop else "length")
-        return Completions(ids, texts, reasons)
-
-    def sync_weights(self, model, version=None):
-        pass
+def scripted_engine(tokenizer):
+    """Fixed completions per prompt, so advantages can be checked against a hand reference."""
+    return ScriptedEngine(
+        tokenizer, lambda prompt, n, _: SCRIPT[tokenizer.decode(prompt, skip_special_tokens=True)][:n]
+    )
 
 
 def trainer_config(model_dir, out, rewards, *extra):
@@ -266,7 +250,7 @@ def test_trainer_advantages_match_the_papers_loop(tiny_model_dir, tmp_path, mixe
         f", {{function: '{HERE}:length_outcome', weight: 0.5}}]" if mixed else "]"
     )
     trainer = Trainer(trainer_config(tiny_model_dir, tmp_path, rewards), train_rows=list(ROWS), eval_rows=[])
-    trainer.pipeline.engine = ScriptedEngine(trainer.tokenizer)
+    trainer.pipeline.engine = scripted_engine(trainer.tokenizer)
     batch, metrics, _ = trainer.rollout([trainer.train_data[i] for i in range(2)])
     want = reference_advantages([1.0, 0.5] if mixed else [1.0], eps=trainer.cfg.algorithm.std_eps)
     assert batch.advantages.shape == want.shape == batch.tokens.completion_mask.shape
@@ -288,7 +272,7 @@ def test_step_rewards_need_the_group_zscore(tiny_model_dir, tmp_path):
         tiny_model_dir, tmp_path, "[{function: countdown_steps}]", "algorithm.scale_rewards=none"
     )
     trainer = Trainer(cfg, train_rows=list(ROWS), eval_rows=[])
-    trainer.pipeline.engine = ScriptedEngine(trainer.tokenizer)
+    trainer.pipeline.engine = scripted_engine(trainer.tokenizer)
     with pytest.raises(ConfigError, match="scale_rewards=group"):
         trainer.rollout([trainer.train_data[i] for i in range(2)])
 
@@ -334,7 +318,7 @@ def test_end_to_end_with_step_rewards(tiny_model_dir, tmp_path):
     update = trainer.update
     trainer.update = lambda b: (seen.append(b), update(b))[1]
     trainer.train()
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(tmp_path / "run")
     assert [r["step"] for r in rows if "reward/mean" in r] == [1, 2, 3]
     for key in [
         "reward/countdown_steps",

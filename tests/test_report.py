@@ -3,7 +3,8 @@ visible, no console error, nothing fetched from elsewhere; the doctor's findings
 are on the page, model output shown as text.
 
 Chromium is Debian's `chromium` package: when it is missing and we are root, the fixture installs it with
-apt-get (about a minute); it skips, saying why, only where it cannot. Playwright (the test extra) drives it.
+apt-get (about a minute); it skips, saying why, only where it cannot, and fails there under CI=true.
+Playwright (the test extra) drives it.
 """
 
 import io
@@ -23,6 +24,7 @@ from grpokit.metrics import read_metrics
 from grpokit.records.report import REPORT_PLOTS, write_html_report
 from grpokit.records.table import append_step, read_table
 from grpokit.trainer import Trainer
+from tests.helpers import require, skip_or_fail
 
 TESTS = Path(__file__).parent
 C0 = (31, 119, 180)  # matplotlib's first line color: every plot draws its first metric in it
@@ -32,7 +34,7 @@ def _install_chromium() -> str:
     if (found := shutil.which("chromium")) is not None:
         return found
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        pytest.skip(
+        skip_or_fail(
             "the report test needs headless Chromium: `chromium` is not on PATH, and without root and apt-get "
             "it cannot be installed here; run `apt-get install -y chromium` (Debian / Ubuntu)"
         )
@@ -43,7 +45,7 @@ def _install_chromium() -> str:
         subprocess.run(["apt-get", "update"], capture_output=True, text=True, env=env)
         proc = subprocess.run(install, capture_output=True, text=True, env=env)
     if (found := shutil.which("chromium")) is None:
-        pytest.skip(
+        skip_or_fail(
             f"`apt-get install -y chromium` failed (exit {proc.returncode}), so the page cannot be rendered: "
             f"{(proc.stderr or proc.stdout).strip()[-400:]}"
         )
@@ -52,9 +54,7 @@ def _install_chromium() -> str:
 
 @pytest.fixture(scope="module")
 def browser():
-    sync_api = pytest.importorskip(
-        "playwright.sync_api", reason="playwright drives Chromium here: pip install -e '.[test]'"
-    )
+    sync_api = require("playwright.sync_api")  # drives Chromium here
     executable = _install_chromium()
     with sync_api.sync_playwright() as pw:
         chromium = pw.chromium.launch(executable_path=executable, args=["--no-sandbox"])
@@ -125,6 +125,7 @@ def run_dir(tiny_model_dir, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_the_report_of_a_real_run_renders_every_plot(run_dir, browser, tmp_path):
     result = CliRunner().invoke(app, ["report", str(run_dir), "--out", str(tmp_path / "page.html")])
     assert result.exit_code == 0, result.output
@@ -182,6 +183,7 @@ def _metrics_rows(n: int) -> list[dict]:
     ]
 
 
+@pytest.mark.slow
 def test_the_report_shows_the_doctors_findings_and_model_output_as_text(browser, tmp_path):
     rows = _metrics_rows(40)
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

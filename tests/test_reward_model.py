@@ -4,7 +4,6 @@ built here, its weights set by hand so that its score is the share of '7's in th
 Run: .venv/bin/python -m pytest tests/test_reward_model.py
 """
 
-import json
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaForSequenceClassificat
 from grpokit.config import load_config
 from grpokit.rewards.model import RewardModel
 from grpokit.trainer import Trainer
+from tests.helpers import read_metrics
 
 CHAT = (
     "{% for m in messages %}<{{ m['role'][0] }}>{{ m['content'] }}{% endfor %}"
@@ -94,6 +94,7 @@ def test_the_reward_models_chat_template_renders_prompt_and_completion(sevens_rm
     ]
 
 
+@pytest.mark.slow
 def test_a_reward_model_drives_learning(tiny_model_dir, sevens_rm, tmp_path):
     out = tmp_path / "run"
     cfg = load_config(
@@ -119,7 +120,7 @@ def test_a_reward_model_drives_learning(tiny_model_dir, sevens_rm, tmp_path):
     trainer = Trainer(cfg)
     assert trainer.rewards.names == [sevens_rm.name]
     trainer.train()
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(out)
     scores = [r[f"reward/{sevens_rm.name}"] for r in rows if f"reward/{sevens_rm.name}" in r]
     assert len(scores) == 30 and all(
         r["reward/mean"] == r[f"reward/{sevens_rm.name}"] for r in rows if "reward/mean" in r

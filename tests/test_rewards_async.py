@@ -10,7 +10,6 @@ they ran one after the other), a cut call by the cancellation the coroutine sees
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import threading
 from pathlib import Path
@@ -23,6 +22,7 @@ from grpokit.batch import process_rewards
 from grpokit.config import ConfigError, RewardSpec, load_config
 from grpokit.rewards import RewardError, RewardManager, RewardOutput, StepScores
 from grpokit.trainer import Trainer
+from tests.helpers import read_metrics
 
 G = 2  # completions per prompt in these batches
 
@@ -366,7 +366,7 @@ def test_a_run_with_an_async_reward_that_hangs_on_some_calls_finishes_and_counts
     )
     cfg.rewards = [RewardSpec(judge_that_hangs_on_its_second_call, name="judge", on_timeout="skip_group")]
     Trainer(cfg).train()
-    rows = [json.loads(line) for line in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(Path(cfg.output_dir))
     rows = [r for r in rows if "reward/timeouts/judge" in r]
     assert [r["reward/timeouts/judge"] for r in rows] == [0, 1, 0]
     assert [r["reward/skipped_frac"] for r in rows] == [0, 1, 0]

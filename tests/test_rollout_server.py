@@ -21,6 +21,7 @@ from grpokit.rollout import SamplingParams
 from grpokit.rollout.server import VLLMServerEngine
 from grpokit.rollout.vllm import RolloutError, VLLMEngine
 from grpokit.tasks.tiny_model import build_tiny_llama
+from tests.helpers import require
 from tests.test_rollout_vllm import (
     assert_learned_and_every_push_took,
     grpo_config,
@@ -42,6 +43,7 @@ def _die_with_parent():
 @pytest.fixture(scope="module")
 def server(model_dir, tmp_path_factory):
     """(url, log path) of a `grpokit serve` subprocess on model_dir, listening on a free port; terminated at the end."""
+    require("vllm")
     log = tmp_path_factory.mktemp("serve") / "serve.log"
     with open(log, "w") as out:
         proc = subprocess.Popen(
@@ -83,6 +85,7 @@ def connect(server, model, tok):
     return VLLMServerEngine(model, tok, url=server[0], timeout=START_TIMEOUT_S)
 
 
+@pytest.mark.slow
 def test_sampling_logprobs_match_the_trainer_after_a_push_and_differ_before(server, model_dir):
     model, tok = load(model_dir)
     engine = connect(
@@ -97,6 +100,7 @@ def test_sampling_logprobs_match_the_trainer_after_a_push_and_differ_before(serv
     assert comps.texts == tok.batch_decode(comps.token_ids, skip_special_tokens=True)
 
 
+@pytest.mark.slow
 def test_each_sample_carries_the_version_of_the_push_before_it(server, model_dir):
     model, tok = load(model_dir)
     engine = connect(server, model, tok)  # the trainer's first push is version 0
@@ -110,6 +114,7 @@ def test_each_sample_carries_the_version_of_the_push_before_it(server, model_dir
     assert engine.generate(p, 1, sampling).versions == [8, 8]
 
 
+@pytest.mark.slow
 def test_the_runs_generator_decides_the_samples_as_in_the_colocated_engine(server, model_dir):
     model, tok = load(model_dir)
     engine = connect(server, model, tok)
@@ -140,6 +145,7 @@ def test_the_runs_generator_decides_the_samples_as_in_the_colocated_engine(serve
     assert max(abs(x - y) for u, v in zip(here.logprobs, a.logprobs) for x, y in zip(u, v)) < 1e-5
 
 
+@pytest.mark.slow
 def test_greedy_and_stop_sequences_mean_what_they_mean_in_the_colocated_engine(server, model_dir):
     from grpokit.rollout.fast import FastEngine
 
@@ -154,6 +160,7 @@ def test_greedy_and_stop_sequences_mean_what_they_mean_in_the_colocated_engine(s
     assert engine.generate(p, 1, stop).token_ids == FastEngine(model, tok).generate(p, 1, stop).token_ids
 
 
+@pytest.mark.slow
 def test_a_push_that_did_not_take_is_caught(server, model_dir):
     model, tok = load(model_dir)
     engine = connect(server, model, tok)
@@ -166,6 +173,7 @@ def test_a_push_that_did_not_take_is_caught(server, model_dir):
     assert engine.last_push_error < 1e-3
 
 
+@pytest.mark.slow
 def test_a_server_on_another_model_is_a_clear_error(server, tiny_model_dir, tmp_path):
     """`grpokit train` on the tests' tiny model (4 heads of 24) against the server's (4 heads of 64): one line, before any push."""
     from transformers.utils import logging as hf_logging
@@ -200,6 +208,7 @@ def test_a_server_on_another_model_is_a_clear_error(server, tiny_model_dir, tmp_
     assert f"`grpokit serve {tiny_model_dir}`" in line, line
 
 
+@pytest.mark.slow
 def test_grpo_on_a_vllm_server_learns_and_every_push_takes(server, model_dir, tmp_path):
     """The loop with rollout.vllm_mode=server, as test_grpo_on_vllm_learns_and_every_push_takes runs it colocated:
     the reward rises, and the mismatch stays at float noise at every step (each step's samples came from the weights

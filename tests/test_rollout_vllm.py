@@ -5,13 +5,11 @@ The must-show (issue 13): after a weight push the engine's per-token sampling lo
 recomputed ones (fp32, max |diff| < 1e-3), and before the push they differ.
 """
 
-import json
 import random
 
 import numpy as np
 import pytest
 import torch
-import vllm  # noqa: F401  (make test installs it: no skip)
 from transformers import AutoModelForCausalLM
 
 from grpokit.batch import pack_sequences
@@ -24,6 +22,14 @@ from grpokit.rollout.weights import model_prompt_logprobs
 from grpokit.tasks import get_task
 from grpokit.tasks.tiny_model import build_tiny_llama
 from grpokit.tasks.tokenizer import build_tokenizer
+from tests.helpers import read_metrics, require, tiny_config
+
+pytestmark = pytest.mark.slow  # every test here starts vLLM (20-50 s on a busy 2-core machine)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _vllm():
+    require("vllm")  # make test installs it: skipped without it, failed without it under CI=true
 
 
 @pytest.fixture(scope="module")
@@ -253,29 +259,7 @@ def test_a_head_size_vllm_cpu_cannot_run_is_a_clear_error(tiny_model_dir):
 
 
 def grpo_config(model_dir, out, *extra):
-    from grpokit.config import load_config
-
-    reward = f"{__file__.rsplit('/', 1)[0]}/reward_fns.py:count_sevens"
-    return load_config(
-        None,
-        [
-            f"model.name_or_path={model_dir}",
-            "data.task=countdown",
-            "data.task_train_size=500",
-            "data.eval_size=0",
-            f"rewards=[{{function: '{reward}'}}]",
-            "rollout.prompts_per_step=4",
-            "rollout.num_generations=8",
-            "rollout.max_completion_length=8",
-            "optim.learning_rate=3e-3",
-            "algorithm.beta=0.0",
-            "eval.at_start=false",
-            "logging.sample_every=0",
-            "checkpoint.save_every=0",
-            f"output_dir={out}",
-            *extra,
-        ],
-    )
+    return tiny_config(model_dir, out, "checkpoint.save_every=0", *extra)
 
 
 def test_grpo_on_vllm_learns_and_every_push_takes(model_dir, tmp_path):
@@ -301,7 +285,7 @@ def test_grpo_on_vllm_learns_and_every_push_takes(model_dir, tmp_path):
 
 def assert_learned_and_every_push_took(run_dir, steps_run: int) -> None:
     """The reward rose, and the sampler-trainer mismatch stayed at fp32 noise at every step of the run's metrics."""
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(run_dir)
     steps = [r for r in rows if "reward/mean" in r]
     assert len(steps) == steps_run
     rewards = [r["reward/mean"] for r in steps]

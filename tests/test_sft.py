@@ -14,6 +14,7 @@ from grpokit.optim import lr_lambda
 from grpokit.sft import IGNORE_INDEX, collate, completion_loss, encode_pair, load_pairs, train_sft
 from grpokit.tasks.tiny_model import build_tiny_llama
 from grpokit.tasks.tokenizer import build_tokenizer
+from tests.helpers import read_metrics
 
 # toy task: swap two digits ("47=" -> "74"); a test-size model learns it in a few dozen steps
 SWAP = [{"prompt": f"{i}{j}=", "completion": f"{j}{i}"} for i in range(10) for j in range(10)]
@@ -90,6 +91,7 @@ def test_lr_schedule_warmup_then_decay_to_zero():
     assert [lin(0), lin(5), lin(10)] == [1.0, 0.5, 0.0]
 
 
+@pytest.mark.slow
 def test_sft_lowers_the_loss_and_learns_a_toy_task(tok):
     torch.manual_seed(0)
     model = build_tiny_llama(tok, size="test")
@@ -202,7 +204,7 @@ def test_grpokit_sft_command_config_overrides_progress_metrics_and_table(tmp_pat
     assert (
         "held-out exact_match: before -> after" in r.output and "{'steps'" not in r.output
     )  # a table, not a dict
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(out)
     assert rows[0]["step"] == 0 and rows[0]["eval/exact_match"] < 0.2  # before training
     assert [r["step"] for r in rows if "sft/loss" in r] == [10, 20, 30, 40]
     assert (

@@ -1,7 +1,7 @@
 """Structural guards for the grpokit package.
 
 These tests read the source with ``ast`` (nothing is imported, except in the
-import-alone test, which starts a fresh interpreter per module) and check:
+import-alone test, which runs in a fresh interpreter) and check:
 
 * there is no import cycle between grpokit modules (imports inside function
   bodies count; only imports under ``if TYPE_CHECKING:`` are skipped), and no
@@ -9,8 +9,9 @@ import-alone test, which starts a fresh interpreter per module) and check:
 * ``grpokit/trainer.py`` stays at most ``TRAINER_MAX_LINES`` lines as the formatter writes them;
 * no function or method is longer than ``MAX_FUNCTION_LINES`` lines, except the
   ones listed in ``LONG_FUNCTION_ALLOWLIST``;
-* every module (package ``__init__`` files included) imports on its own in a
-  fresh interpreter.
+* every module (package ``__init__`` files included) imports on its own: a fresh
+  interpreter loads the third-party packages once, then forks one child per
+  module, which starts with no grpokit module loaded and imports just that one.
 
 The helpers take the package root directory and package name, so the graph
 builder is itself tested on a small fake package with a deliberate cycle.
@@ -19,13 +20,15 @@ builder is itself tested on a small fake package with a deliberate cycle.
 from __future__ import annotations
 
 import ast
+import json
 import os
 import subprocess
 import sys
 import textwrap
 from collections import defaultdict
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PACKAGE_NAME = "grpokit"
@@ -317,21 +320,155 @@ def find_long_functions(root: Path, package: str, max_lines: int) -> dict[str, i
     return long_functions
 
 
-def _import_alone(module: str) -> tuple[str, int, str]:
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONDONTWRITEBYTECODE="1")
+def preload_imports(root: Path, package: str) -> list[str]:
+    """The third-party imports of the package's modules at module level: ``"module"`` or ``"module:name"``.
+
+    Module level includes ``if`` / ``try`` blocks but not function bodies or ``if TYPE_CHECKING:``.
+    ``from x import y`` gives ``"x:y"`` so that lazily loaded names (transformers) are loaded too.
+    Relative imports and imports of ``package`` itself are left out.
+    """
+    specs: set[str] = set()
+
+    def visit(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, ast.Import):
+                specs.update(a.name for a in node.names if not _within(a.name, package))
+            elif isinstance(node, ast.ImportFrom):
+                if node.level or not node.module or _within(node.module, package):
+                    continue
+                specs.add(node.module)
+                specs.update(f"{node.module}:{a.name}" for a in node.names if a.name != "*")
+            elif isinstance(node, ast.If) and not _is_type_checking_test(node.test):
+                visit(node.body)
+                visit(node.orelse)
+            elif isinstance(node, ast.If):
+                visit(node.orelse)
+            elif isinstance(node, ast.Try):
+                for block in (node.body, *(h.body for h in node.handlers), node.orelse, node.finalbody):
+                    visit(block)
+
+    for path in discover_modules(root, package).values():
+        visit(ast.parse(path.read_text(encoding="utf-8"), filename=str(path)).body)
+    return sorted(specs)
+
+
+# Run in a fresh interpreter: load the third-party modules once (argv[4], failures ignored: the child that
+# needs one reports it), check that no module of the package is loaded, then fork one child per module
+# (argv[5]) that imports just that module and exits; at most argv[3] children at a time, each killed after
+# argv[2] seconds. A child's stderr (the traceback) goes to a file; the last line is the failure message.
+# Prints one JSON line: {"loaded": [package modules loaded before a fork], "results": [[module, rc, last]]}.
+_IMPORT_ALONE_SCRIPT = r"""
+import compileall, importlib, json, os, shutil, signal, sys, tempfile, time, traceback
+
+package, timeout, workers = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
+preload, modules = json.loads(sys.argv[4]), json.loads(sys.argv[5])
+for spec in preload:
+    name, _, attr = spec.partition(":")
     try:
-        proc = subprocess.run(
-            [sys.executable, "-c", f"import {module}"],
-            cwd=REPO_ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=IMPORT_TIMEOUT_S,
-        )
-    except subprocess.TimeoutExpired:
-        return module, -1, f"timed out after {IMPORT_TIMEOUT_S} s"
-    stderr_lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    return module, proc.returncode, stderr_lines[-1] if stderr_lines else "(no stderr)"
+        module = importlib.import_module(name)
+        if attr:
+            getattr(module, attr)
+    except Exception:
+        pass
+
+
+# Compile the package once into a private cache (nothing written in the tree): no child compiles it again.
+sys.pycache_prefix = tempfile.mkdtemp(prefix="import-alone-pyc-")
+compileall.compile_dir(package, quiet=2, workers=1)
+
+
+def package_modules():
+    return sorted(m for m in sys.modules if m == package or m.startswith(package + "."))
+
+
+def child(module, err):
+    os.dup2(err.fileno(), 2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    code = 0
+    try:
+        importlib.import_module(module)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+        traceback.print_exc()
+    except BaseException:
+        code = 1
+        traceback.print_exc()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def last_line(err):
+    err.seek(0)
+    lines = [line for line in err.read().decode(errors="replace").splitlines() if line.strip()]
+    err.close()
+    return lines[-1] if lines else "(no stderr)"
+
+
+pending, running, results = list(modules), {}, {}
+while pending or running:
+    while pending and len(running) < workers:
+        loaded = package_modules()
+        if loaded:
+            shutil.rmtree(sys.pycache_prefix, ignore_errors=True)
+            print(json.dumps({"loaded": loaded, "results": []}))
+            sys.exit(0)
+        module = pending.pop(0)
+        err = tempfile.TemporaryFile()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            child(module, err)
+        running[pid] = (module, err, time.monotonic())
+    pid, status = os.waitpid(-1, os.WNOHANG)
+    if pid == 0:
+        for pid, (module, err, start) in list(running.items()):
+            if time.monotonic() - start > timeout:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                err.close()
+                results[module] = (-1, f"timed out after {timeout:g} s")
+                del running[pid]
+        time.sleep(0.005)
+        continue
+    module, err, _ = running.pop(pid)
+    results[module] = (os.waitstatus_to_exitcode(status), last_line(err))
+shutil.rmtree(sys.pycache_prefix, ignore_errors=True)
+print(json.dumps({"loaded": [], "results": [[m, *results[m]] for m in modules]}))
+"""
+
+
+def import_each_alone(
+    root: Path,
+    package: str,
+    modules: list[str],
+    workers: int = IMPORT_WORKERS,
+    preload: list[str] | None = None,
+) -> list[tuple[str, int, str]]:
+    """``(module, returncode, last stderr line)`` for each module imported alone, with no other module of
+    ``package`` loaded (``root`` is the package's directory).
+
+    One fresh interpreter loads the package's third-party imports once (``preload_imports``), then forks a
+    child per module: each child starts with the third-party modules loaded and none of ``package``.
+    Raises if a module of ``package`` was loaded in the parent (the children would not start clean).
+    ``preload`` replaces the discovered third-party imports (for the runner's own test).
+    """
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONDONTWRITEBYTECODE="1")
+    args = [package, str(IMPORT_TIMEOUT_S), str(workers)]
+    args += [json.dumps(preload_imports(root, package) if preload is None else preload), json.dumps(modules)]
+    proc = subprocess.run(
+        [sys.executable, "-c", _IMPORT_ALONE_SCRIPT, *args],
+        cwd=root.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=IMPORT_TIMEOUT_S * 2 + 30 * len(modules),
+    )
+    assert proc.returncode == 0 and proc.stdout.strip(), f"import-alone runner failed:\n{proc.stderr[-3000:]}"
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert not report["loaded"], f"{package} modules loaded before the fork: {report['loaded']}"
+    return [(module, rc, last) for module, rc, last in report["results"]]
 
 
 # --------------------------------------------------------------------------- tests on grpokit
@@ -370,8 +507,8 @@ def test_long_function_allowlist_is_current():
 def test_every_module_imports_alone():
     modules = sorted(discover_modules(PACKAGE_DIR, PACKAGE_NAME))
     assert PACKAGE_NAME in modules and len(modules) > 1
-    with ThreadPoolExecutor(max_workers=IMPORT_WORKERS) as pool:
-        results = list(pool.map(_import_alone, modules))
+    results = import_each_alone(PACKAGE_DIR, PACKAGE_NAME, modules)
+    assert [module for module, _, _ in results] == modules
     failures = [f"    {module} (rc={rc}): {last}" for module, rc, last in results if rc != 0]
     assert not failures, f"{len(failures)}/{len(modules)} modules fail to import alone:\n" + "\n".join(
         failures
@@ -464,3 +601,26 @@ def test_long_function_finder(tmp_path):
         },
     )
     assert find_long_functions(root, "a", 5) == {"a:C.m": 6, "a.f:outer": 7, "a.f:outer.<locals>.inner": 6}
+
+
+def test_import_alone_runner_starts_each_module_clean(tmp_path):
+    root = _write_package(
+        tmp_path,
+        {
+            "a/__init__.py": "",
+            "a/good.py": "import json\nfrom textwrap import dedent\n",
+            "a/bad.py": "raise RuntimeError('boom')\n",
+            # passes only if a.good was imported first: a fresh set of package modules per child fails it
+            "a/order.py": "import sys\nsys.modules['a.good']\n",
+            "a/exits.py": "import sys\nsys.exit(3)\n",
+        },
+    )
+    assert preload_imports(root, "a") == ["json", "sys", "textwrap", "textwrap:dedent"]
+    modules = ["a", "a.good", "a.bad", "a.order", "a.exits"]
+    results = {m: (rc, last) for m, rc, last in import_each_alone(root, "a", modules, workers=1)}
+    assert results["a"] == (0, "(no stderr)") and results["a.good"] == (0, "(no stderr)")
+    assert results["a.bad"] == (1, "RuntimeError: boom")
+    assert results["a.order"] == (1, "KeyError: 'a.good'")
+    assert results["a.exits"][0] == 3
+    with pytest.raises(AssertionError, match=r"a modules loaded before the fork: \['a', 'a.good'\]"):
+        import_each_alone(root, "a", modules, preload=["a.good"])

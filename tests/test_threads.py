@@ -7,6 +7,7 @@ import torch
 from grpokit.tasks.tiny_model import build_tiny_llama
 from grpokit.tasks.tokenizer import build_tokenizer
 from grpokit.threads import choose_threads, use_threads
+from tests.helpers import read_metrics
 
 
 @pytest.mark.parametrize(
@@ -36,8 +37,6 @@ def test_use_threads_sets_torch_and_says_so():
 
 
 def test_trainer_takes_the_threads_setting_and_logs_it(tiny_model_dir, tmp_path):
-    import json
-
     from grpokit.config import load_config
     from grpokit.trainer import Trainer
 
@@ -64,7 +63,7 @@ def test_trainer_takes_the_threads_setting_and_logs_it(tiny_model_dir, tmp_path)
         )
         Trainer(cfg).train()
         assert torch.get_num_threads() == 1
-        rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+        rows = read_metrics(tmp_path)
         assert rows[-1]["perf/threads"] == 1
     finally:
         torch.set_num_threads(before)
@@ -224,6 +223,7 @@ def example_model(tmp_path_factory):
     return path
 
 
+@pytest.mark.slow
 def test_two_runs_at_the_same_thread_count_end_bit_identical(example_model, tmp_path):
     """docs/threads.md, 'Reproducing a run exactly': two uninterrupted `grpokit train` processes with the same
     config and seed, default threads, at the same count (here 3, from OMP_NUM_THREADS as auto reads it: a count
@@ -248,6 +248,7 @@ def test_auto_takes_the_count_of_the_run_being_resumed():
     )  # no run to resume: the free cores
 
 
+@pytest.mark.slow
 def test_a_resume_under_auto_runs_at_the_count_the_run_started_with(example_model, tmp_path):
     """config.yaml records the count a run used; `grpokit train` resumed with threads=0 (auto) takes it from there
     whatever OMP_NUM_THREADS and the load say now, so the resumed run ends bit for bit where an uninterrupted run

@@ -42,6 +42,7 @@ from grpokit.tools import (
 )
 from grpokit.tools.rewards import step_cost, tool_args_valid, tool_call_valid, tool_result_used
 from grpokit.tools.setup import environment_reward_spec, load_tools
+from tests.helpers import ScriptedEngine
 
 CHARS = "0123456789+-*/=()<>_,.:;'\"{}[] abcdefghijklmnopqrstuvwxyz"
 
@@ -251,16 +252,13 @@ def test_chat_template_format_renders_tool_messages_with_the_template():
         fmt.render_results([("calculator", "1")], tok)
 
 
-class Scripted:
+class Scripted(ScriptedEngine):
     """Plays the model: turn k of every episode is texts[k] (then EOS unless it ends with a call), log-prob -0.5 each."""
 
     def __init__(self, tok, texts, eos=True):
         self.tok, self.texts, self.k, self.eos = tok, texts, 0, eos
         self.eos_ids = {tok.eos_token_id}
         self.calls = []
-
-    def sync_weights(self, model, version=None):
-        pass
 
     def generate(self, prompts, n, sampling):
         self.calls.append((len(prompts), n, sampling.max_tokens))
@@ -746,6 +744,7 @@ class Recording(ToolRollout):
         return self.last
 
 
+@pytest.mark.slow
 def test_grpo_with_tools_learns_to_call_and_trains_only_on_model_tokens(tmp_path):
     from grpokit.rewards import RewardSpec
     from grpokit.trainer import Trainer

@@ -25,6 +25,7 @@ import grpokit
 import grpokit.records.trackers as trackers
 from grpokit.config import ConfigError, LoggingConfig, load_config
 from grpokit.records import MetricLogger, run_info
+from tests.helpers import require
 
 CONFIG = {"algorithm": {"beta": 0.04, "loss_type": "dr_grpo"}, "model": {"name_or_path": "tiny"}, "seed": 3}
 SAMPLES = [
@@ -128,6 +129,7 @@ def _text(acc, tag: str) -> list[tuple[int, str]]:
 
 
 def test_tensorboard_event_files(tmp_path, repo):
+    require("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     out = tmp_path / "run"
@@ -159,6 +161,7 @@ def test_tensorboard_event_files(tmp_path, repo):
 def test_tensorboard_default_follows_availability(tmp_path):
     from grpokit.records import tensorboard_available
 
+    require("tensorboard")
     assert tensorboard_available()  # installed by the test extra
     log = MetricLogger(tmp_path)
     assert log.tensorboard is True
@@ -181,7 +184,9 @@ def _wandb_records(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 
+@pytest.mark.slow
 def test_wandb_offline_run_reads_back(tmp_path, hermetic, repo):
+    require("wandb")
     out = tmp_path / "run"
     with MetricLogger(out, tensorboard=False, wandb=True, run_name="r1", config=CONFIG) as log:
         _log_three_steps(log)
@@ -215,8 +220,12 @@ def test_wandb_offline_run_reads_back(tmp_path, hermetic, repo):
 
 @pytest.mark.parametrize("store, project", [("file", None), ("sqlite", "countdown")])
 def test_mlflow_store_reads_back(tmp_path, hermetic, repo, monkeypatch, store, project):
+    require("mlflow")
     from mlflow import MlflowClient
 
+    if store == "sqlite":  # MLflow's sqlite store needs these two (the test extra has them)
+        require("sqlalchemy")
+        require("alembic")
     if store == "file":  # MLflow 3.7+ keeps the file store behind this switch; it is still what many use
         uri = (tmp_path / "mlruns").as_uri()
         monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
@@ -263,7 +272,9 @@ def _trackio(*args: str) -> dict:
     return json.loads(out.stdout)
 
 
+@pytest.mark.slow
 def test_trackio_local_store_reads_back(tmp_path, hermetic, repo, monkeypatch):
+    require("trackio")
     # trackio reads TRACKIO_DIR once, when it is imported: the run is made in a fresh interpreter that
     # imports it with the fixture's folder, as a user's training process would.
     script = f"""
@@ -338,6 +349,7 @@ def test_tensorboard_requested_but_missing_names_the_extra(tmp_path, monkeypatch
 
 
 def test_a_tracker_that_fails_to_start_closes_the_ones_already_open(tmp_path, hermetic, monkeypatch):
+    require("mlflow")
     from mlflow import MlflowClient
 
     uri = (tmp_path / "mlruns").as_uri()

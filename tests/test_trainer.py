@@ -1,47 +1,20 @@
 """End to end on a tiny real transformers model: learning happens, resume continues exactly."""
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
 
 from grpokit.checkpoint import list_checkpoints
-from grpokit.config import load_config
 from grpokit.policy import batched_logprobs
 from grpokit.rewards.build import reward_specs
 from grpokit.batch import pack_sequences
 from grpokit.trainer import Trainer
-
-REWARD = f"{Path(__file__).parent / 'reward_fns.py'}:count_sevens"
-
-
-def config(model_dir, out, *extra):
-    return load_config(
-        None,
-        [
-            f"model.name_or_path={model_dir}",
-            "data.task=countdown",
-            "data.task_train_size=500",
-            "data.eval_size=0",
-            f"rewards=[{{function: '{REWARD}'}}]",
-            "rollout.prompts_per_step=4",
-            "rollout.num_generations=8",
-            "rollout.max_completion_length=8",
-            "optim.learning_rate=3e-3",
-            "algorithm.beta=0.0",
-            "eval.at_start=false",
-            "logging.sample_every=0",
-            f"output_dir={out}",
-            *extra,
-        ],
-    )
+from tests.helpers import read_metrics
+from tests.helpers import tiny_config as config
 
 
-def read_metrics(out):
-    return [json.loads(l) for l in (Path(out) / "metrics.jsonl").read_text().splitlines()]
-
-
+@pytest.mark.slow
 @pytest.mark.parametrize("autocast", ["none", "bfloat16"])
 def test_reward_rises(tiny_model_dir, tmp_path, autocast):
     cfg = config(
@@ -79,6 +52,7 @@ def _crash_at(step):
     return on_log
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "extra", [[], ["algorithm.num_iterations=2", "optim.num_minibatches=2", "algorithm.beta=0.04"]]
 )
