@@ -1,6 +1,6 @@
 """A sandbox for running untrusted, model-written Python (code-execution rewards, seed Q21).
 
-    from grpokit.rewards.sandbox import Limits, run_python, run_many
+    from grpokit.sandbox import Limits, run_python, run_many
     r = run_python("print(input()[::-1])", stdin="abc", limits=Limits(wall_time=5))
     r.ok, r.reason, r.stdout          # True, "ok", "cba\\n"
     results = run_many([(code, stdin), ...], max_workers=4)
@@ -50,7 +50,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Iterable, Literal, Mapping
 
-from grpokit.rewards.cgroup import MemoryGroup, machine_memory_mb, memory_pool
+from grpokit.sandbox.cgroup import MemoryGroup, machine_memory_mb, memory_pool
 
 logger = logging.getLogger("grpokit.rewards")
 
@@ -86,7 +86,7 @@ class Limits:
     """cap on each of stdout and stderr; past it the sandbox is killed ("output_limit")"""
     tree_memory_mb: int = 1024
     """memory (RSS, page cache and its tmpfs) of the whole sandbox, every process together: a memory
-    cgroup, where one can be made here (grpokit/rewards/cgroup.py); past it the kernel kills inside
+    cgroup, where one can be made here (grpokit/sandbox/cgroup.py); past it the kernel kills inside
     the sandbox ("memory_limit"). Without a cgroup only the per-process memory_mb holds"""
     pool_memory_mb: int = 0
     """memory of all sandboxes of this process together (their parent cgroup); 0 = half the machine's"""
