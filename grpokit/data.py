@@ -35,7 +35,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from grpokit.config import ConfigError
-from grpokit.tasks import get_task
+from grpokit.task_registry import get_task
 from grpokit.types import Prompt, PromptRow
 
 SUPPORTED_FILES = (".jsonl", ".json", ".parquet", ".csv")
@@ -458,7 +458,7 @@ class PromptDataset:
 class Datasets:
     train: PromptDataset
     eval: PromptDataset | None  # None: no held-out prompts
-    task: Any | None  # the built-in task (grpokit.tasks) the rows came from: its reward is the default
+    task: Any | None  # the task (grpokit/task_registry.py) the rows came from: its reward is the default
 
 
 def build_datasets(

@@ -80,7 +80,7 @@ _RESERVED_NAMES = RESERVED_REWARD_NAMES  # reward/<name> of these is another met
 
 
 #: reward name -> function: the names a spec's `function` may use (BUILTIN_REWARDS by default;
-#: the trainer's grpokit.tasks.reward_registry() adds the built-in tasks' rewards)
+#: the trainer's grpokit.rewards.reward_registry() adds the registered ones: the built-in tasks' rewards)
 Registry = Mapping[str, Callable[..., Any]]
 
 
@@ -158,7 +158,7 @@ def resolve_reward(
     spec_function: str | Callable[..., Any], registry: Registry = BUILTIN_REWARDS
 ) -> Callable[..., Any]:
     """The callable a spec's `function` names: a name in `registry` (the built-ins by default;
-    the trainer passes grpokit.tasks.reward_registry(), which adds the tasks' rewards),
+    the trainer passes grpokit.rewards.reward_registry(), which adds the tasks' rewards),
     "package.module:function" (a dotted attribute path such as "mod:Class.method" works) or
     "path/to/file.py:function" (a target containing "/" or ending in ".py" is a file).
     A callable is returned as is."""
@@ -352,7 +352,7 @@ class RewardManager:
     function, weight, kwargs, name, timeout; a bare string or callable is a spec with weight 1.
     strict: raise RewardError on the first failing function instead of isolating it.
     registry: the names a spec's `function` may use; None = BUILTIN_REWARDS (the task-agnostic
-    built-ins). The trainer passes grpokit.tasks.reward_registry(), the built-ins plus the
+    built-ins). The trainer passes grpokit.rewards.reward_registry(), the built-ins plus the
     built-in tasks' rewards (countdown, countdown_steps): rewards never import tasks.
     timeout: seconds a call may take when its spec sets no `timeout` (config reward_timeout); None or 0 = no limit.
     slow_warning: a call slower than this many seconds logs a warning (config reward_slow_warning); None or 0 = never.
