@@ -81,7 +81,8 @@ def reward_errors(name: str) -> str:
 
 
 def reward_timeouts(name: str) -> str:
-    """reward/timeouts/<name>: calls of the function that timed out (or found it still busy with one that had)."""
+    """reward/timeouts/<name>: calls of the function that timed out (or found it still busy with one that
+    had)."""
     return f"{REWARD_TIMEOUTS_PREFIX}{name}"
 
 
@@ -172,13 +173,15 @@ ROLLOUT_SAMPLING_ROUNDS = "rollout/sampling_rounds"
 ROLLOUT_GROUPS_DRAWN = "rollout/groups_drawn"
 ROLLOUT_GROUPS_DROPPED = "rollout/groups_dropped"
 ROLLOUT_GROUPS_TOPPED_UP = "rollout/groups_topped_up"
-# The sampler-trainer mismatch (grpokit/rollout/mismatch.py), for engines that return their log-probs (fast, vllm).
+# The sampler-trainer mismatch (grpokit/rollout/mismatch.py), for engines that return their log-probs (fast,
+# vllm).
 ROLLOUT_LOGP_DIFF_MEAN = "rollout/logp_diff_mean"
 ROLLOUT_LOGP_DIFF_MAX = "rollout/logp_diff_max"
 ROLLOUT_SAMPLER_KL = "rollout/sampler_kl"
 ROLLOUT_IS_WEIGHT_MEAN = "rollout/is_weight_mean"
 ROLLOUT_IS_CLIP_FRAC = "rollout/is_clip_frac"
-# Policy versions (optimizer steps) behind the samples: > 0 with rollout.max_policy_lag (grpokit/rollout/pipeline.py).
+# Policy versions (optimizer steps) behind the samples: > 0 with rollout.max_policy_lag
+# (grpokit/rollout/pipeline.py).
 ROLLOUT_VERSION_LAG = "rollout/version_lag"
 ROLLOUT_VERSION_LAG_MAX = "rollout/version_lag_max"
 # Multi-turn rollouts with tools (grpokit/rollout/episodes.py): rollout/tools/<x> over the step's episodes,
