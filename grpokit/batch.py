@@ -20,9 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from grpokit.data import PromptRow
-from grpokit.rewards import RewardOutput
-from grpokit.rollout import Completions
+from grpokit.types import Completions, PromptRow, RewardOutput
 
 
 @dataclass

@@ -28,19 +28,19 @@ import logging
 import math
 import os
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
 from grpokit.config import ConfigError
-from grpokit.tasks import get_task
+from grpokit.task_registry import get_task
+from grpokit.types import Prompt, PromptRow
 
 SUPPORTED_FILES = (".jsonl", ".json", ".parquet", ".csv")
 OVERLONG_CHOICES = ("error", "truncate")
 
-Prompt = str | list[dict[str, Any]]
 logger = logging.getLogger("grpokit.data")
 
 
@@ -306,15 +306,6 @@ def split_indices(
 # Rendering and tokenizing
 
 
-@dataclass(frozen=True)
-class PromptRow:
-    prompt_ids: list[int]  # [P] token ids fed to the model, P <= max_prompt_length
-    prompt_text: str  # the rendered text behind prompt_ids (decoded from them when truncated)
-    prompt: Prompt  # the original value, passed to reward functions as `prompts`
-    columns: dict[str, Any] = field(default_factory=dict)  # every other column, passed as keyword arguments
-    truncated: bool = False  # longer than max_prompt_length, cut to its last tokens (overlong="truncate")
-
-
 def _is_messages(prompt: Any) -> bool:
     return (
         isinstance(prompt, list)
@@ -467,7 +458,7 @@ class PromptDataset:
 class Datasets:
     train: PromptDataset
     eval: PromptDataset | None  # None: no held-out prompts
-    task: Any | None  # the built-in task (grpokit.tasks) the rows came from: its reward is the default
+    task: Any | None  # the task (grpokit/task_registry.py) the rows came from: its reward is the default
 
 
 def build_datasets(

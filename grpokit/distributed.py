@@ -45,7 +45,7 @@ from grpokit.checkpoint import (
 from grpokit.checkpoint_sharded import load_sharded, save_sharded
 from grpokit.config import Config, ConfigError
 from grpokit.metrics import RANK_REDUCTIONS, MeanAccumulator
-from grpokit.rewards import RewardOutput
+from grpokit.types import RewardOutput
 
 REDUCE: dict[str, Callable[[list[float]], float]] = {
     "max": max,

@@ -27,7 +27,6 @@ from grpokit.algo import token_entropy, token_logprobs
 from grpokit.algo.fused import linear_logprobs
 from grpokit.batch import PackedBatch, micro_batches
 from grpokit.distributed import is_sharded
-from grpokit.rollout.base import cache_kwarg
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 logger = logging.getLogger("grpokit.policy")
@@ -398,6 +397,9 @@ def shared_prompt_logits(
     8-token completions, 1216 tokens instead of 2560.
     """
     from transformers.cache_utils import DynamicCache
+
+    # Here, not at the top: importing grpokit.rollout runs its __init__, which still loads the tool episodes.
+    from grpokit.rollout.base import cache_kwarg
 
     P, T = prompt_ids.shape[1], batch.completion_width
     cache = DynamicCache(config=model.config)

@@ -1,4 +1,4 @@
-"""The code sandbox (grpokit/rewards/sandbox.py) and the code_tests reward (grpokit/rewards/code.py).
+"""The code sandbox (grpokit/sandbox/) and the code_tests reward (grpokit/rewards/code.py).
 
     .venv/bin/python -m pytest tests/test_sandbox.py -q
 
@@ -26,9 +26,8 @@ import pytest
 
 from grpokit.rewards import BUILTIN_REWARDS, RewardManager, RewardSpec
 from grpokit.rewards.code import code_tests, evaluate_code, extract_code, parse_stdio, parse_tests
-from grpokit.rewards import sandbox
-from grpokit.rewards.cgroup import memory_pool
-from grpokit.rewards.sandbox import UID_BASE, UID_COUNT, Limits, isolation_mode, run_many, run_python
+from grpokit.sandbox import UID_BASE, UID_COUNT, Limits, isolation_mode, memory_pool, run_many, run_python
+from grpokit.sandbox import run as sandbox
 
 SMALL = Limits(
     wall_time=3.0,
@@ -691,7 +690,7 @@ def test_output_is_capped(hostile):
 NOBODY = 65534
 _USERNS_CHECK = """
 import importlib.util, json, os, sys, types
-for package in ("grpokit", "grpokit.rewards"):  # sandbox.py and cgroup.py alone, without torch
+for package in ("grpokit", "grpokit.sandbox"):  # run.py and cgroup.py alone, without torch
     sys.modules[package] = types.ModuleType(package)
     sys.modules[package].__path__ = [os.path.dirname(sys.argv[1])]
 spec = importlib.util.spec_from_file_location("sandbox_under_test", sys.argv[1])
@@ -730,7 +729,7 @@ def _python_for_nobody() -> str | None:
 def test_an_unprivileged_user_gets_user_namespace_isolation():
     python = _python_for_nobody()
     if python is None or not _world_readable(sandbox.__file__):
-        pytest.skip("no interpreter or sandbox.py that an unprivileged uid can read")
+        pytest.skip("no interpreter or sandbox/run.py that an unprivileged uid can read")
     proc = subprocess.run(
         [python, "-I", "-c", _USERNS_CHECK, sandbox.__file__],
         user=NOBODY,

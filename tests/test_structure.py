@@ -4,8 +4,10 @@ These tests read the source with ``ast`` (nothing is imported, except in the
 import-alone test, which runs in a fresh interpreter) and check:
 
 * there is no import cycle between grpokit modules (imports inside function
-  bodies count; only imports under ``if TYPE_CHECKING:`` are skipped), and no
-  ``__import__`` / ``importlib.import_module("grpokit...")`` trick hides one;
+  bodies and under ``if TYPE_CHECKING:`` count, and so does the package
+  ``__init__`` an import runs), and no
+  ``__import__`` / ``importlib.import_module("grpokit...")`` trick hides one
+  (the layers those imports must follow: tests/test_layers.py);
 * ``grpokit/trainer.py`` stays at most ``TRAINER_MAX_LINES`` lines as the formatter writes them;
 * no function or method is longer than ``MAX_FUNCTION_LINES`` lines, except the
   ones listed in ``LONG_FUNCTION_ALLOWLIST``;
@@ -91,8 +93,9 @@ def _is_type_checking_test(test: ast.expr) -> bool:
     return False
 
 
-def _iter_runtime_nodes(tree: ast.AST):
-    """Yield every node of ``tree`` (function bodies included) except those under ``if TYPE_CHECKING:``.
+def _iter_runtime_nodes(tree: ast.AST, type_checking: bool = False):
+    """Yield every node of ``tree`` (function bodies included) except those under ``if TYPE_CHECKING:``
+    (unless ``type_checking``: then every node).
 
     The ``else`` branch of such an ``if`` does run, so it is walked.
     """
@@ -100,7 +103,7 @@ def _iter_runtime_nodes(tree: ast.AST):
     while stack:
         node = stack.pop()
         yield node
-        if isinstance(node, ast.If) and _is_type_checking_test(node.test):
+        if not type_checking and isinstance(node, ast.If) and _is_type_checking_test(node.test):
             stack.append(node.test)
             stack.extend(reversed(node.orelse))
             continue
@@ -159,27 +162,40 @@ def _import_targets(
     return targets
 
 
+def _parent_packages(target: str, module: str, package: str) -> list[str]:
+    """The packages whose ``__init__`` importing ``target`` from ``module`` runs: ``target``'s ancestors,
+    except the top-level ``package`` and the packages ``module`` is in (they ran before it)."""
+    parts = target.split(".")
+    ancestors = [".".join(parts[:i]) for i in range(2, len(parts))]
+    return [a for a in ancestors if a != package and not (module == a or module.startswith(a + "."))]
+
+
 def build_import_graph(
-    root: Path, package: str
+    root: Path, package: str, *, type_checking: bool = False, parents: bool = False
 ) -> tuple[dict[str, set[str]], dict[tuple[str, str], list[str]]]:
     """Graph module -> set of package-internal modules it imports (at run time, anywhere in the file).
 
-    Returns the graph and, for each edge, where it comes from (``path:line``). No implicit
+    Returns the graph and, for each edge, where it comes from (``path:line``). By default no implicit
     edge to parent packages is added: ``import pkg.a.b`` is the single edge ``-> pkg.a.b``.
+    type_checking: imports under ``if TYPE_CHECKING:`` count too. parents: ``import pkg.a.b`` from
+    outside ``pkg.a`` is also an edge ``-> pkg.a``, whose ``__init__`` the import runs (the top-level
+    package's is left out: every import runs it).
     """
     modules = discover_modules(root, package)
     graph: dict[str, set[str]] = {name: set() for name in modules}
     origins: dict[tuple[str, str], list[str]] = defaultdict(list)
     for module, path in modules.items():
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-        for node in _iter_runtime_nodes(tree):
+        for node in _iter_runtime_nodes(tree, type_checking):
             if not isinstance(node, (ast.Import, ast.ImportFrom)):
                 continue
             for target in _import_targets(node, module, modules, package):
-                if target == module:
-                    continue
-                graph[module].add(target)
-                origins[(module, target)].append(f"{path.relative_to(root.parent)}:{node.lineno}")
+                implied = _parent_packages(target, module, package) if parents else []
+                for dst in [target, *implied]:
+                    if dst == module or dst not in modules:
+                        continue
+                    graph[module].add(dst)
+                    origins[(module, dst)].append(f"{path.relative_to(root.parent)}:{node.lineno}")
     return graph, dict(origins)
 
 
@@ -232,9 +248,12 @@ def strongly_connected_components(graph: dict[str, set[str]]) -> list[list[str]]
     return components
 
 
-def find_import_cycles(root: Path, package: str) -> list[str]:
-    """One human-readable description per import cycle (SCC of more than one module)."""
-    graph, origins = build_import_graph(root, package)
+def find_import_cycles(
+    root: Path, package: str, *, type_checking: bool = False, parents: bool = False
+) -> list[str]:
+    """One human-readable description per import cycle (SCC of more than one module); the options are
+    build_import_graph's."""
+    graph, origins = build_import_graph(root, package, type_checking=type_checking, parents=parents)
     reports = []
     for component in strongly_connected_components(graph):
         if len(component) < 2:
@@ -475,7 +494,9 @@ def import_each_alone(
 
 
 def test_no_import_cycles():
-    cycles = find_import_cycles(PACKAGE_DIR, PACKAGE_NAME)
+    """No cycle of any kind: imports under ``if TYPE_CHECKING:`` and the package ``__init__`` files an import
+    runs count too (tests/test_layers.py checks that every import goes down the layers)."""
+    cycles = find_import_cycles(PACKAGE_DIR, PACKAGE_NAME, type_checking=True, parents=True)
     assert not cycles, "import cycles inside grpokit:\n" + "\n".join(cycles)
 
 

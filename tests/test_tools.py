@@ -665,7 +665,7 @@ def test_hostile_python_tool_calls_are_contained_as_code_tests_programs_are(tmp_
     import os
     import socket
 
-    from grpokit.rewards.sandbox import Limits, isolation_mode
+    from grpokit.sandbox import Limits, isolation_mode
     from grpokit.tools import make_python_tool
 
     if isolation_mode() != "namespaces":

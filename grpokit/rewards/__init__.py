@@ -8,8 +8,9 @@
 See manager.py for the calling convention and error isolation, builtins.py for the task-agnostic
 built-ins, text.py for the text a reward scores (completion_text), steps.py for process (per-step)
 rewards: a function may return StepScores instead of a float. RewardSpec is the config's
-(grpokit.config.RewardSpec). Rewards never import grpokit.tasks: a built-in task's rewards live with
-the task, and `RewardManager(specs, registry=grpokit.tasks.reward_registry())` lets specs name them.
+(grpokit.config.RewardSpec). Rewards never import grpokit.tasks or grpokit.tools: a built-in task's
+rewards live with the task and register themselves (registry.py), and
+`RewardManager(specs, registry=reward_registry())` lets specs name them.
 build.py makes the run's RewardManager from its config (build_rewards).
 """
 
@@ -17,6 +18,7 @@ from grpokit.config import RewardSpec
 from grpokit.rewards.build import build_rewards
 from grpokit.rewards.builtins import BUILTIN_REWARDS
 from grpokit.rewards.manager import RewardError, RewardManager, RewardOutput, resolve_reward
+from grpokit.rewards.registry import register_reward, reward_registry
 from grpokit.rewards.steps import StepScores
 from grpokit.rewards.text import completion_text
 
@@ -29,5 +31,7 @@ __all__ = [
     "StepScores",
     "build_rewards",
     "completion_text",
+    "register_reward",
     "resolve_reward",
+    "reward_registry",
 ]

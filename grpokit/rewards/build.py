@@ -1,6 +1,6 @@
 """The run's reward functions from its config: `rewards:`, the built-in task's reward, DAPO's overlong shaping.
 
-    rewards = build_rewards(cfg, dataset.column_names, registry=grpokit.tasks.reward_registry(), task=data.task)
+    rewards = build_rewards(cfg, dataset.column_names, registry=grpokit.rewards.reward_registry(), task=data.task)
 
 Everything a config can get wrong about rewards is found here, before the first rollout: an unknown
 function, a bad kwarg, a dataset column a function needs, eval.reward naming no configured reward.

@@ -9,7 +9,7 @@ returns one `float | None` per completion (None: "not applicable to this sample"
     code_tests completions, tests            partial=True, sandbox limits         passed / total (grpokit/rewards/code.py)
 
 These are the task-agnostic built-ins. A built-in task's rewards (countdown, countdown_steps) live
-with the task (grpokit/tasks/); `grpokit.tasks.reward_registry()` is this table plus them, the
+with the task (grpokit/tasks/); `grpokit.rewards.reward_registry()` is this table plus them, the
 names a config's `rewards` may use.
 
 A function may carry a `validate_kwargs(kwargs)` attribute; RewardManager calls it when it is

@@ -17,8 +17,8 @@ else the whole text. `tests` (a dataset column) is one of:
     {"inputs": [...], "outputs": [...]}   stdin/stdout cases (APPS, CodeContests): the program runs
                             once per case; its output must match up to trailing whitespace
 
-Python tests run in one sandbox per completion (grpokit/rewards/sandbox.py) as two processes
-(grpokit/rewards/harness.py): the judge runs the tests; the candidate, forked before the tests are
+Python tests run in one sandbox per completion (grpokit/sandbox/run.py) as two processes
+(grpokit/sandbox/harness.py): the judge runs the tests; the candidate, forked before the tests are
 read, runs the solution and answers the judge's calls with plain data. The expected values never
 enter the candidate's process and only the judge writes the verdict, so forging a summary,
 reading the harness's frames, or returning an object whose __eq__ is always true scores nothing.
@@ -39,11 +39,10 @@ import json
 import re
 from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Mapping
 
-from grpokit.rewards.sandbox import Isolation, Limits, SandboxResult, run_many
 from grpokit.rewards.text import completion_text
+from grpokit.sandbox import HARNESS, Isolation, Limits, SandboxResult, run_many
 
 logger = logging.getLogger("grpokit.rewards")
 
@@ -149,8 +148,8 @@ def _score_stdio(runs: list[tuple[SandboxResult, str]], partial: bool) -> CodeRe
     return CodeResult(score, reason, passed, total, wrong[0] if wrong else runs[0][0])
 
 
-# The program run in the sandbox: the judge, which forks the candidate (grpokit/rewards/harness.py).
-_HARNESS = Path(__file__).with_name("harness.py").read_text()
+# The program run in the sandbox: the judge, which forks the candidate (grpokit/sandbox/harness.py).
+_HARNESS = HARNESS.read_text()
 
 
 def build_files(solution: str, tests: list[tuple[str, bool]], limit: int) -> tuple[str, dict[str, str]]:

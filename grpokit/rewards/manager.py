@@ -53,7 +53,7 @@ import os
 import pkgutil
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -61,24 +61,13 @@ import torch
 from torch import Tensor
 
 from grpokit.config import RewardSpec, check_on_timeout
-from grpokit.metrics import (
-    REWARD_ERROR_FRAC,
-    REWARD_NONE_FRAC,
-    REWARD_SKIPPED_FRAC,
-    REWARD_TOTAL,
-    REWARD_TOTAL_STD,
-    RESERVED_REWARD_NAMES,
-    reward_errors,
-    reward_fn,
-    reward_fn_std,
-    reward_fn_steps,
-    reward_timeouts,
-)
+from grpokit.metrics import RESERVED_REWARD_NAMES
 from grpokit.rewards.builtins import BUILTIN_REWARDS
 from grpokit.rewards.concurrent import LoopThread, Pending, RewardLimit, is_async
 from grpokit.rewards.steps import StepScores
 from grpokit.rewards.text import as_messages, completion_text
 from grpokit.rewards.timeouts import OnTimeout, TimedOut, timeout_advice
+from grpokit.types import RewardOutput
 
 logger = logging.getLogger("grpokit.rewards")
 
@@ -91,7 +80,7 @@ _RESERVED_NAMES = RESERVED_REWARD_NAMES  # reward/<name> of these is another met
 
 
 #: reward name -> function: the names a spec's `function` may use (BUILTIN_REWARDS by default;
-#: the trainer's grpokit.tasks.reward_registry() adds the built-in tasks' rewards)
+#: the trainer's grpokit.rewards.reward_registry() adds the registered ones: the built-in tasks' rewards)
 Registry = Mapping[str, Callable[..., Any]]
 
 
@@ -169,7 +158,7 @@ def resolve_reward(
     spec_function: str | Callable[..., Any], registry: Registry = BUILTIN_REWARDS
 ) -> Callable[..., Any]:
     """The callable a spec's `function` names: a name in `registry` (the built-ins by default;
-    the trainer passes grpokit.tasks.reward_registry(), which adds the tasks' rewards),
+    the trainer passes grpokit.rewards.reward_registry(), which adds the tasks' rewards),
     "package.module:function" (a dotted attribute path such as "mod:Class.method" works) or
     "path/to/file.py:function" (a target containing "/" or ending in ".py" is a file).
     A callable is returned as is."""
@@ -324,99 +313,6 @@ class _Reward:
 # -- the combination ---------------------------------------------------------------------
 
 
-@dataclass
-class RewardOutput:
-    total: Tensor  # [N] float32: nansum_k weight_k * per_function[k]; 0 where nothing applies
-    per_function: dict[str, Tensor]  # name -> [N] float32 raw rewards, NaN where None or failed
-    errors: dict[str, int]  # name -> samples whose reward failed in this call
-    weights: dict[str, float]  # name -> weight
-    steps: dict[str, list[StepScores | None]] = field(default_factory=dict)
-    """name -> [N] the step scores of functions that returned any this call; None where an
-    element was a float, None or invalid (per_function then holds its value or NaN)"""
-    timeouts: dict[str, int] = field(default_factory=dict)
-    """name -> calls that timed out or found the function still busy with one that had (absent = 0)"""
-    scored: int | None = None
-    """completions that `errors` counts over: N, or all those of the calls merged into this output
-    (dynamic sampling's rounds, grpokit/batch.py); None = N"""
-    skipped: Tensor | None = None
-    """[N] bool: samples whose group is dropped from the loss because a call timed out under on_timeout=skip_group;
-    their total is 0, so their group's advantages are exactly 0. None = no sample (made [N] False on construction)"""
-
-    def __post_init__(self) -> None:
-        if self.skipped is None:
-            self.skipped = torch.zeros(self.total.shape, dtype=torch.bool)
-
-    @staticmethod
-    def take(spans: list[tuple["RewardOutput", slice]]) -> "RewardOutput":
-        """The samples `slice` of each output, concatenated in order: the groups dynamic sampling keeps
-        (grpokit/batch.py), every rank's batch (grpokit/distributed.py). Errors and timeouts, which count
-        calls' failures, add up once per distinct output."""
-        first = spans[0][0]
-        sources = {id(src): src for src, _ in spans}.values()
-        step_names = {k for src, _ in spans for k in src.steps}
-        steps = {
-            k: [s for src, sl in spans for s in src.steps.get(k, [None] * len(src.total))[sl]]
-            for k in step_names
-        }
-        return RewardOutput(
-            total=torch.cat([src.total[sl] for src, sl in spans]),
-            per_function={
-                k: torch.cat([src.per_function[k][sl] for src, sl in spans]) for k in first.per_function
-            },
-            errors={k: sum(src.errors[k] for src in sources) for k in first.errors},
-            weights=first.weights,
-            steps=steps,
-            timeouts={k: sum(src.timeouts.get(k, 0) for src in sources) for k in first.errors},
-            scored=sum(src.scored or src.total.numel() for src in sources),  # what the errors count over
-            skipped=torch.cat([src.skipped[sl] for src, sl in spans]),
-        )
-
-    def metrics(self) -> dict[str, float]:
-        """Scalars for logging (NaN when there is nothing to average):
-
-        reward/total, reward/total/std    mean and std of the weighted total over the batch
-        reward/<name>, reward/<name>/std   nanmean and nanstd of one function's raw reward
-                                           over the samples it applies to
-        reward/errors/<name>               samples whose reward from <name> failed this call
-        reward/timeouts/<name>             calls of <name> that timed out (their samples are in errors too)
-        reward/error_frac                  the largest errors/<name> over the scored completions
-        reward/none_frac                   fraction of samples no function applies to (all None
-                                           or failed); their total is 0
-        reward/skipped_frac                fraction of samples whose group a timed-out call dropped
-                                           (on_timeout=skip_group); their total is 0
-        reward/<name>/steps                mean number of steps of <name>'s StepScores (only for
-                                           functions that returned step scores)
-        Stds are sample stds (Bessel-corrected, as TRL's nanstd); NaN under 2 values.
-        """
-        out = {REWARD_TOTAL: _nanmean(self.total), REWARD_TOTAL_STD: _nanstd(self.total)}
-        for name, r in self.per_function.items():
-            out[reward_fn(name)] = _nanmean(r)
-            out[reward_fn_std(name)] = _nanstd(r)
-            out[reward_errors(name)] = float(self.errors[name])
-            out[reward_timeouts(name)] = float(self.timeouts.get(name, 0))
-            if name in self.steps:
-                counts = [len(s.scores) for s in self.steps[name] if s is not None]
-                out[reward_fn_steps(name)] = sum(counts) / len(counts) if counts else float("nan")
-        none = torch.stack(list(self.per_function.values())).isnan().all(dim=0)  # [N]
-        out[REWARD_NONE_FRAC] = none.float().mean().item() if none.numel() else float("nan")
-        scored = self.scored if self.scored is not None else self.total.numel()
-        out[REWARD_ERROR_FRAC] = max(self.errors.values(), default=0) / scored if scored else float("nan")
-        out[REWARD_SKIPPED_FRAC] = (
-            self.skipped.float().mean().item() if self.skipped.numel() else float("nan")
-        )
-        return out
-
-
-def _nanmean(x: Tensor) -> float:
-    x = x[~x.isnan()]
-    return x.mean().item() if x.numel() else float("nan")
-
-
-def _nanstd(x: Tensor) -> float:
-    x = x[~x.isnan()]
-    return x.std().item() if x.numel() >= 2 else float("nan")
-
-
 class _Failure(Exception):
     """What went wrong with one reward function's output, for the log or strict mode."""
 
@@ -456,7 +352,7 @@ class RewardManager:
     function, weight, kwargs, name, timeout; a bare string or callable is a spec with weight 1.
     strict: raise RewardError on the first failing function instead of isolating it.
     registry: the names a spec's `function` may use; None = BUILTIN_REWARDS (the task-agnostic
-    built-ins). The trainer passes grpokit.tasks.reward_registry(), the built-ins plus the
+    built-ins). The trainer passes grpokit.rewards.reward_registry(), the built-ins plus the
     built-in tasks' rewards (countdown, countdown_steps): rewards never import tasks.
     timeout: seconds a call may take when its spec sets no `timeout` (config reward_timeout); None or 0 = no limit.
     slow_warning: a call slower than this many seconds logs a warning (config reward_slow_warning); None or 0 = never.

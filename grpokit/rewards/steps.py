@@ -19,57 +19,10 @@ With step rewards present, the trainer normalizes all the steps of a group toget
 token t the sum of the normalized rewards of the steps ending at or after t
 (`grpokit.algo.step_advantages`); with one outcome reward only, that is exactly the outcome
 advantage. docs/algorithm.md, "Process rewards end to end", has the details.
+
+StepScores itself is one of the shared containers in grpokit/types.py; this module re-exports it.
 """
 
-from __future__ import annotations
+from grpokit.types import StepScores
 
-import math
-import numbers
-from dataclasses import dataclass
-
-
-@dataclass(frozen=True)
-class StepScores:
-    """One completion's process reward: a score per step and where each step ends in its text."""
-
-    scores: list[float]
-    """[K] the reward of each step, finite"""
-    ends: list[int]
-    """[K] character offset just past each step's last character, strictly increasing, <= len(text);
-    a step ending at len(text) ends at the completion's last token (EOS included)"""
-    outcome: float | None = None
-    """the completion's one-number reward where one is needed (reward/<name>, the total, dynamic
-    sampling, evaluation); None = the sum of the step scores. Not used by the advantages."""
-
-    def __post_init__(self) -> None:
-        if problem := self.problem():
-            raise ValueError(f"StepScores: {problem}")
-
-    @property
-    def value(self) -> float:
-        return float(self.outcome) if self.outcome is not None else float(sum(self.scores))
-
-    def problem(self, text_length: int | None = None) -> str | None:
-        """What is wrong with these step scores (for a text of text_length characters), or None."""
-        scores, ends = self.scores, self.ends
-        if not isinstance(scores, (list, tuple)) or not isinstance(ends, (list, tuple)):
-            return "scores and ends must be lists"
-        if len(scores) != len(ends):
-            return f"{len(scores)} scores but {len(ends)} step ends"
-        if not scores:
-            return "no steps (return None for 'not applicable')"
-        if not all(
-            isinstance(s, numbers.Real) and not isinstance(s, bool) and math.isfinite(s) for s in scores
-        ):
-            return f"scores must be finite numbers, got {scores!r}"
-        if not all(isinstance(e, numbers.Integral) and not isinstance(e, bool) for e in ends):
-            return f"ends must be ints (character offsets), got {ends!r}"
-        if ends[0] < 0 or any(b <= a for a, b in zip(ends, ends[1:])):
-            return f"ends must be >= 0 and strictly increasing, got {list(ends)}"
-        if text_length is not None and ends[-1] > text_length:
-            return f"step end {ends[-1]} is past the end of the completion ({text_length} characters)"
-        if self.outcome is not None and not (
-            isinstance(self.outcome, numbers.Real) and math.isfinite(self.outcome)
-        ):
-            return f"outcome must be a finite number or None, got {self.outcome!r}"
-        return None
+__all__ = ["StepScores"]

@@ -7,21 +7,25 @@
 
 Every task has the same small interface (`Task`, grpokit/tasks/base.py, with the train / test
 split by hash). Text formats are compact because the demo model is character-level and pays per
-character. Tasks use rewards (grpokit.rewards), never the reverse: the rewards a config can name
-that belong to a task are in TASK_REWARDS, and `reward_registry()` is every name a config's
-`rewards` may use, for RewardManager(specs, registry=reward_registry()).
+character. Tasks use rewards (grpokit.rewards), never the reverse: importing this package registers
+the tasks with the data layer (grpokit/task_registry.py, so data.task may name them) and their rewards,
+TASK_REWARDS, with the rewards' registry (grpokit/rewards/registry.py: `reward_registry()` is every
+name a config's `rewards` may use, for RewardManager(specs, registry=reward_registry())). The
+"grpokit.tasks" and "grpokit.rewards" entry points in pyproject.toml name them too, so a run finds
+them when nothing imported this package.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
-from grpokit.rewards.builtins import BUILTIN_REWARDS
+import grpokit.tools.rewards  # noqa: F401 (importing it registers the process rewards on tool use)
+from grpokit.rewards.registry import TASK, register_reward, reward_registry
+from grpokit.task_registry import get_task, register_task
 from grpokit.tasks.arithmetic import ArithmeticTask
 from grpokit.tasks.base import TEST_PERCENT, Split, Task, check_split, split_of
 from grpokit.tasks.countdown import CountdownTask, countdown_reward, countdown_steps
 from grpokit.tasks.multiply import MultiplyTask, multiply_reward
-from grpokit.tools.rewards import TOOL_REWARDS
 
 TASKS: dict[str, Task] = {
     "countdown": CountdownTask(),
@@ -39,21 +43,10 @@ TASK_REWARDS: dict[str, Callable[..., list]] = {
     "multiply": multiply_reward,
 }
 
-
-def reward_registry() -> dict[str, Callable[..., Any]]:
-    """Every reward a config may name: BUILTIN_REWARDS and TASK_REWARDS, in the order error messages
-    list them: the answer checkers (math, format), the tasks' rewards, then the rest (overlong,
-    length, code_tests), then the process rewards on tool use (grpokit/tools/rewards.py)."""
-    builtins = list(BUILTIN_REWARDS.items())
-    cut = [name for name, _ in builtins].index("format") + 1
-    return dict(builtins[:cut] + list(TASK_REWARDS.items()) + builtins[cut:] + list(TOOL_REWARDS.items()))
-
-
-def get_task(name: str) -> Task:
-    try:
-        return TASKS[name]
-    except KeyError:
-        raise ValueError(f"unknown task {name!r}; allowed: {sorted(TASKS)}") from None
+for _name, _task in TASKS.items():
+    register_task(_name, _task)
+for _name, _fn in TASK_REWARDS.items():
+    register_reward(_name, _fn, rank=TASK)  # listed after math and format, before the other built-ins
 
 
 __all__ = [

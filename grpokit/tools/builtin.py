@@ -2,13 +2,13 @@
 
     calculator("123*456")                  # "56088"
     calculator("7/2")                      # "3.5"
-    python("print(sum(range(10)))")        # "45\\n"   (a fresh sandbox per call: rewards/sandbox.py)
+    python("print(sum(range(10)))")        # "45\\n"   (a fresh sandbox per call: grpokit/sandbox/)
     make_python_tool(Limits(wall_time=3))  # the same tool with other sandbox limits
 
 `calculator` parses the expression with `ast` and evaluates only numbers, + - * / // % ** and parentheses
 (integers stay exact); exponents above MAX_EXPONENT and results above MAX_DIGITS digits are errors, so an
 expression cannot make the trainer compute for minutes. `python` runs the code exactly as `code_tests` runs a
-candidate (grpokit.rewards.sandbox.run_python with its isolation and limits: no network, no host files, its own
+candidate (grpokit.sandbox.run_python with its isolation and limits: no network, no host files, its own
 uid and process tree, CPU / memory / process / output limits; docs/sandbox.md) and returns its stdout, or an
 error text with the sandbox's reason and the last line of stderr.
 """
@@ -19,7 +19,7 @@ import ast
 import operator
 from typing import Any, Callable
 
-from grpokit.rewards.sandbox import Limits, run_python
+from grpokit.sandbox import Limits, run_python
 
 MAX_EXPONENT = 256
 MAX_DIGITS = 1000
@@ -85,7 +85,7 @@ def calculator(expression: str) -> str:
 def make_python_tool(
     limits: Limits = Limits(), *, isolation: str = "auto", max_output_chars: int = 2000
 ) -> Callable[[str], str]:
-    """The `python` tool with these sandbox limits (the code_tests sandbox, grpokit/rewards/sandbox.py)."""
+    """The `python` tool with these sandbox limits (the code_tests sandbox, grpokit/sandbox/)."""
 
     def python(code: str) -> str:
         """Run a Python program (standard library only) in a sandbox and return what it printed.

@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from grpokit.rewards.registry import TOOL, register_reward
 from grpokit.rewards.steps import StepScores
 from grpokit.tools.episode import Episode
 
@@ -98,10 +99,13 @@ def _validate_cost(kwargs: dict) -> None:
 
 step_cost.validate_kwargs = _validate_cost  # type: ignore[attr-defined]
 
-#: the names a config's `rewards` may use for these (grpokit.tasks.reward_registry adds them)
+#: the names a config's `rewards` may use for these, registered with grpokit.rewards.reward_registry() here
+#: (and named as "grpokit.rewards" entry points in pyproject.toml)
 TOOL_REWARDS = {
     "tool_call_valid": tool_call_valid,
     "tool_args_valid": tool_args_valid,
     "tool_result_used": tool_result_used,
     "step_cost": step_cost,
 }
+for _name, _fn in TOOL_REWARDS.items():
+    register_reward(_name, _fn, rank=TOOL)
