@@ -121,6 +121,7 @@ LAYERS: dict[str, int] = {
     "grpokit.__main__": FACE,
     "grpokit.api": FACE,
     "grpokit.cli": FACE,
+    "grpokit.config_reference": FACE,
     "grpokit.demo": FACE,
     "grpokit.demo_tools": FACE,
     "grpokit.doctor": FACE,
