@@ -290,7 +290,12 @@ class _Reward:
         required = tuple(p.name for p in keyword if p.default is P.empty)
         timeout = get("timeout")
         if timeout is not None:
-            if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not timeout >= 0:
+            if (
+                isinstance(timeout, bool)
+                or not isinstance(timeout, numbers.Real)
+                or timeout < 0
+                or math.isnan(timeout)
+            ):
                 raise ValueError(
                     f"reward {name!r}: timeout must be a number of seconds >= 0 (0 = no limit), got {timeout!r}"
                 )
@@ -346,6 +351,12 @@ class RewardOutput:
         if self.skipped is None:
             self.skipped = torch.zeros(self.total.shape, dtype=torch.bool)
 
+    @property
+    def skip_mask(self) -> Tensor:
+        """`skipped` as the [N] bool tensor it is once constructed."""
+        assert self.skipped is not None  # __post_init__ made it
+        return self.skipped
+
     @staticmethod
     def take(spans: list[tuple["RewardOutput", slice]]) -> "RewardOutput":
         """The samples `slice` of each output, concatenated in order: the groups dynamic sampling keeps
@@ -368,7 +379,7 @@ class RewardOutput:
             steps=steps,
             timeouts={k: sum(src.timeouts.get(k, 0) for src in sources) for k in first.errors},
             scored=sum(src.scored or src.total.numel() for src in sources),  # what the errors count over
-            skipped=torch.cat([src.skipped[sl] for src, sl in spans]),
+            skipped=torch.cat([src.skip_mask[sl] for src, sl in spans]),
         )
 
     def metrics(self) -> dict[str, float]:
@@ -402,7 +413,7 @@ class RewardOutput:
         scored = self.scored if self.scored is not None else self.total.numel()
         out[REWARD_ERROR_FRAC] = max(self.errors.values(), default=0) / scored if scored else float("nan")
         out[REWARD_SKIPPED_FRAC] = (
-            self.skipped.float().mean().item() if self.skipped.numel() else float("nan")
+            self.skip_mask.float().mean().item() if self.skip_mask.numel() else float("nan")
         )
         return out
 
@@ -627,9 +638,9 @@ class RewardManager:
         except TimedOut:
             raise
         except Exception as e:
-            problem = e if isinstance(e, _Failure) else f"raised {type(e).__name__}: {e}"
+            problem = str(e) if isinstance(e, _Failure) else f"raised {type(e).__name__}: {e}"
             if self.strict or isinstance(e, _Failure) or n == 1:
-                self._report(reward, str(problem), e if not isinstance(e, _Failure) else None)
+                self._report(reward, problem, e if not isinstance(e, _Failure) else None)
                 return torch.full((n,), math.nan), n, None
             items, failed = self._isolate(reward, call_args, columns, n)
             if 0 < len(failed) < n:
@@ -645,8 +656,8 @@ class RewardManager:
             for i, v in enumerate(items):
                 if not isinstance(v, StepScores):
                     continue
-                if problem := v.problem(len(self._texts[i])):
-                    step_problems[i] = problem
+                if step_problem := v.problem(len(self._texts[i])):
+                    step_problems[i] = step_problem
                     continue
                 steps[i] = v
                 items[i] = v.value

@@ -85,7 +85,7 @@ def load_tools(cfg: ToolsConfig) -> tuple[list[Tool], Callable[[], Any] | None]:
 def environment_reward_spec(factory: Callable[[], Any] | None) -> RewardSpec | None:
     """TRL's convention: an environment with get_reward() owns a reward, weight 1, named after its class; it is
     called once per finished episode on that episode's environment (None for an episode without one)."""
-    cls = factory if inspect.isclass(factory) else None
+    cls: type[Any] | None = factory if inspect.isclass(factory) else None
     if cls is None or not callable(getattr(cls, "get_reward", None)):
         return None
     is_async = inspect.iscoroutinefunction(cls.get_reward)
