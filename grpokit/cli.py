@@ -20,7 +20,6 @@ number (143 / 130); the same command resumes. docs/errors.md lists every message
 from __future__ import annotations
 
 import signal
-import sys
 from pathlib import Path
 from typing import Optional
 
@@ -333,4 +332,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
