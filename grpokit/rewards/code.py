@@ -286,9 +286,10 @@ def code_tests(
     results = evaluate_code(
         completions, tests, limits=limits, partial=partial, max_workers=max_workers, isolation=isolation
     )
-    code_tests.last_results = results  # type: ignore[attr-defined]
-    code_tests.last_reasons = [r.reason for r in results]  # type: ignore[attr-defined]
-    logger.debug("code_tests reasons: %s", dict(Counter(code_tests.last_reasons)))  # type: ignore[attr-defined]
+    reasons = [r.reason for r in results]
+    code_tests.last_results = results  # type: ignore[attr-defined]  # function attribute
+    code_tests.last_reasons = reasons  # type: ignore[attr-defined]  # function attribute
+    logger.debug("code_tests reasons: %s", dict(Counter(reasons)))
     return [r.score for r in results]
 
 
@@ -310,6 +311,6 @@ def _validate(kwargs: dict) -> None:
         raise ValueError(f"reward 'code_tests': {e}") from e
 
 
-code_tests.validate_kwargs = _validate  # type: ignore[attr-defined]
-code_tests.last_results = []  # type: ignore[attr-defined]
-code_tests.last_reasons = []  # type: ignore[attr-defined]
+code_tests.validate_kwargs = _validate  # type: ignore[attr-defined]  # function attribute
+code_tests.last_results = []  # type: ignore[attr-defined]  # function attribute
+code_tests.last_reasons = []  # type: ignore[attr-defined]  # function attribute

@@ -136,10 +136,10 @@ def _load_file(path_text: str, spec: str) -> Any:
     if name in sys.modules:
         return sys.modules[name]
     module_spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(module_spec)  # type: ignore[arg-type]
+    module = importlib.util.module_from_spec(module_spec)  # type: ignore[arg-type]  # None: not loadable
     sys.modules[name] = module
     try:
-        module_spec.loader.exec_module(module)  # type: ignore[union-attr]
+        module_spec.loader.exec_module(module)  # type: ignore[union-attr]  # a file spec has a loader
     except Exception as e:
         del sys.modules[name]
         raise ValueError(f"reward {spec!r}: running {path} failed: {type(e).__name__}: {e}") from e

@@ -359,4 +359,4 @@ def _validate_countdown_steps(kwargs: dict) -> None:
         )
 
 
-countdown_steps.validate_kwargs = _validate_countdown_steps  # type: ignore[attr-defined]
+countdown_steps.validate_kwargs = _validate_countdown_steps  # type: ignore[attr-defined]  # function attribute

@@ -98,7 +98,7 @@ def make_python_tool(
             code: the program; print the values you need.
         """
         result = run_python(code, limits=limits, isolation=isolation)
-        python.last_result = result  # type: ignore[attr-defined]
+        python.last_result = result  # type: ignore[attr-defined]  # function attribute
         if result.ok:
             return result.stdout[:max_output_chars]
         last = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else ""
@@ -106,7 +106,7 @@ def make_python_tool(
             f"{result.reason}{'; ' + last[:200] if last else ''}"
         )  # e.g. "timeout", "error; NameError: ..."
 
-    python.last_result = None  # type: ignore[attr-defined]
+    python.last_result = None  # type: ignore[attr-defined]  # function attribute
     return python
 
 

@@ -96,7 +96,7 @@ def _validate_cost(kwargs: dict) -> None:
         raise ValueError(f"reward 'step_cost': kwargs['cost'] must be a number >= 0, got {cost!r}")
 
 
-step_cost.validate_kwargs = _validate_cost  # type: ignore[attr-defined]
+step_cost.validate_kwargs = _validate_cost  # type: ignore[attr-defined]  # function attribute
 
 #: the names a config's `rewards` may use for these (grpokit.tasks.reward_registry adds them)
 TOOL_REWARDS = {

@@ -37,9 +37,9 @@ def resolve_callable(spec: str | Callable[..., Any], key: str) -> Callable[..., 
             module_spec = importlib.util.spec_from_file_location(
                 f"grpokit_tools_{path.stem}_{abs(hash(str(path)))}", path
             )
-            module = importlib.util.module_from_spec(module_spec)  # type: ignore[arg-type]
+            module = importlib.util.module_from_spec(module_spec)  # type: ignore[arg-type]  # None: not loadable
             sys.modules[module.__name__] = module
-            module_spec.loader.exec_module(module)  # type: ignore[union-attr]
+            module_spec.loader.exec_module(module)  # type: ignore[union-attr]  # a file spec has a loader
         else:
             if os.getcwd() not in sys.path:
                 sys.path.append(os.getcwd())
