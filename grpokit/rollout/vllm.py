@@ -243,7 +243,7 @@ class VLLMEngine:
                 model=_config_dir(model),
                 skip_tokenizer_init=True,
                 load_format="dummy",
-                dtype=str(self.dtype).removeprefix("torch."),  # type: ignore[arg-type]  # vLLM's Literal of dtype names
+                dtype=str(self.dtype).removeprefix("torch."),  # type: ignore[arg-type, unused-ignore]  # a name in vLLM's Literal
                 max_model_len=max_model_len,
                 max_num_seqs=max_seqs,
                 enforce_eager=True,
@@ -373,7 +373,7 @@ class VLLMEngine:
         """Stop vLLM's engine and free its process-wide state (its torch.distributed group), so another can start."""
         from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 
-        llm, self.llm = getattr(self, "llm", None), None  # type: ignore[assignment]  # closed: no LLM
+        llm, self.llm = getattr(self, "llm", None), None  # type: ignore[assignment, unused-ignore]  # closed: no LLM
         if self in _LIVE:
             _LIVE.remove(self)
         if llm is not None:
