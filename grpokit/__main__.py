@@ -1,8 +1,6 @@
 """`python -m grpokit ...` is the `grpokit` command; torchrun launches it as `torchrun ... -m grpokit train cfg.yaml`."""
 
-import sys
-
 from grpokit.cli import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,7 +99,16 @@ class Groups:
     def take(chosen: list[tuple["Groups", int]], G: int) -> "Groups":
         """The groups (source, index) in `chosen`, concatenated in that order."""
         spans = [(src, slice(g * G, (g + 1) * G)) for src, g in chosen]
-        cat = lambda get: [x for src, sl in spans for x in get(src)[sl]]  # noqa: E731
+
+        def cat(get: Callable[[Groups], list[Any] | None]) -> list[Any]:
+            """get(source)'s rows in `spans`, concatenated (the callers check that every source has them)."""
+            out: list[Any] = []
+            for src, sl in spans:
+                rows = get(src)
+                assert rows is not None
+                out += rows[sl]
+            return out
+
         logprobs = None
         if all(src.comps.logprobs is not None for src, _ in spans):
             logprobs = cat(lambda s: s.comps.logprobs)
@@ -233,7 +243,7 @@ def process_rewards(
     out_rewards, out_ends = [], []
     for i, (text, ids) in enumerate(zip(texts, token_ids, strict=True)):
         at: dict[int, float] = {}
-        if scored.skipped[i]:
+        if scored.skip_mask[i]:
             out_rewards.append(torch.zeros(0))
             out_ends.append(torch.zeros(0, dtype=torch.long))
             continue

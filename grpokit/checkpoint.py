@@ -410,7 +410,7 @@ class StopSignals:
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.received: str | None = None
         self._previous: dict = {}
         self._protecting: str | None = None  # what must not be cut short now

@@ -25,6 +25,7 @@ import os
 import shutil
 import warnings
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -133,7 +134,7 @@ def load_sharded(
         saved = {
             key.split(".", 1)[0] for key in reader.read_metadata().state_dict_metadata
         }  # "model", "optim", "ref"
-        shards = {"model": get_model_state_dict(model)}
+        shards: dict[str, Any] = {"model": get_model_state_dict(model)}  # what dcp.load fills
         if adamw is not None:
             shards["optim"] = get_optimizer_state_dict(model, adamw)
         if ref is not None and "ref" in saved:

@@ -21,7 +21,6 @@ number (143 / 130); the same command resumes. docs/errors.md lists every message
 from __future__ import annotations
 
 import signal
-import sys
 from pathlib import Path
 from typing import Optional
 
@@ -344,4 +343,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

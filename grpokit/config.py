@@ -14,7 +14,7 @@ import difflib
 import math
 import re
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Literal, TypeVar, overload
 
 import yaml
 from pydantic import (
@@ -365,7 +365,9 @@ class ToolsConfig(Section):
 
     @field_serializer("functions", "environment")
     def _paths(self, value: Any) -> Any:
-        name = lambda v: v if isinstance(v, str) else f"{v.__module__}:{v.__qualname__}"  # noqa: E731
+        def name(v: Any) -> str:
+            return v if isinstance(v, str) else f"{v.__module__}:{v.__qualname__}"
+
         return [name(v) for v in value] if isinstance(value, list) else None if value is None else name(value)
 
     @property
@@ -379,7 +381,7 @@ ON_TIMEOUT_CHOICES = ("skip", "skip_group", "raise")
 
 def check_on_timeout(value: Any) -> str | float | None:
     """A valid reward_on_timeout / on_timeout value (None = unset), or the error that lists the allowed ones."""
-    if value is None or value in ON_TIMEOUT_CHOICES:
+    if value is None or (isinstance(value, str) and value in ON_TIMEOUT_CHOICES):
         return value
     if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
         return float(value)
@@ -424,7 +426,7 @@ class RewardSpec(Section):
     def _without_default_timeout(self, handler: Any) -> dict[str, Any]:
         # Unset, `timeout`, `on_timeout` and `model` (and `function` of a reward model) are left out: a checkpoint saved before
         # they existed still matches on resume.
-        data = handler(self)
+        data: dict[str, Any] = handler(self)
         for key in ("timeout", "on_timeout", "model", "function"):
             if data.get(key) is None:
                 data.pop(key, None)
@@ -731,7 +733,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-def _apply_preset(tree: dict) -> dict:
+def _apply_preset(tree: dict[str, Any]) -> dict[str, Any]:
     alg = tree.get("algorithm")
     if not isinstance(alg, dict) or alg.get("preset") is None:
         return tree
@@ -744,7 +746,7 @@ def _apply_preset(tree: dict) -> dict:
 # ---------------------------------------------------------------- loading
 
 
-def _set_dotted(tree: dict, key: str, value: Any) -> None:
+def _set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
     parts = key.split(".")
     node: Any = tree
     for i, part in enumerate(parts[:-1]):
@@ -773,19 +775,20 @@ def parse_overrides(overrides: list[str] | None) -> list[tuple[str, Any]]:
     return out
 
 
-def _allowed_keys(model: type[BaseModel], loc: tuple) -> list[str]:
+def _allowed_keys(model: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]:
     for part in loc[:-1]:
         if isinstance(part, int):
             continue
         ann = model.model_fields[part].annotation
-        inner = getattr(ann, "__args__", (ann,))[0] if not isinstance(ann, type) else ann
+        args: tuple[Any, ...] = getattr(ann, "__args__", (ann,))  # X | None -> (X, NoneType)
+        inner = args[0] if not isinstance(ann, type) else ann
         if not (isinstance(inner, type) and issubclass(inner, BaseModel)):
             return []
         model = inner
     return list(model.model_fields)
 
 
-def _one_line(err: ValidationError, schema: type[BaseModel] = None) -> str:
+def _one_line(err: ValidationError, schema: type[BaseModel] | None = None) -> str:
     e = err.errors()[0]
     loc = tuple(e["loc"])
     key = ".".join(str(p) for p in loc) or "config"
@@ -800,16 +803,39 @@ def _one_line(err: ValidationError, schema: type[BaseModel] = None) -> str:
     return f"bad value for '{key}': {value!r}: {e['msg']}"
 
 
+Schema = TypeVar("Schema", bound=BaseModel)
+
+
+@overload
 def load_config(
     path: str | Path | None = None,
     overrides: list[str] | None = None,
     *,
-    base: dict | None = None,
-    schema: type[BaseModel] = None,
-) -> Config:
+    base: dict[str, Any] | None = None,
+    schema: None = None,
+) -> Config: ...
+
+
+@overload
+def load_config(
+    path: str | Path | None = None,
+    overrides: list[str] | None = None,
+    *,
+    base: dict[str, Any] | None = None,
+    schema: type[Schema],
+) -> Schema: ...
+
+
+def load_config(
+    path: str | Path | None = None,
+    overrides: list[str] | None = None,
+    *,
+    base: dict[str, Any] | None = None,
+    schema: type[BaseModel] | None = None,
+) -> BaseModel:
     """YAML file (optional) + dotted overrides -> validated Config (or `schema`, e.g. SFTConfig), or ConfigError with one line."""
     schema = schema or Config
-    tree: dict = dict(base or {})
+    tree: dict[str, Any] = dict(base or {})
     if path is not None:
         p = Path(path)
         if not p.is_file():

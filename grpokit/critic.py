@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import time
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import Tensor, nn
@@ -40,6 +41,9 @@ from grpokit.metrics import (
 from grpokit.optim import Optimizer
 from grpokit.policy import load_model_from_config
 
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
 
 class ValueModel(nn.Module):
     """V(s_t) for every completion token: a transformer backbone whose last hidden states feed a
@@ -48,7 +52,8 @@ class ValueModel(nn.Module):
     def __init__(self, backbone: nn.Module):
         super().__init__()
         self.backbone = backbone
-        hidden = backbone.config.get_text_config().hidden_size
+        config = cast("PretrainedConfig", backbone.config)  # a transformers model's
+        hidden = config.get_text_config().hidden_size
         self.head = nn.Linear(hidden, 1)
         # V = 0 everywhere at the start: no guess about the reward scale. The backbone gets gradient
         # from the second critic step on, once the head is no longer 0.
@@ -74,7 +79,9 @@ def build_value_model(model_cfg, policy: nn.Module) -> ValueModel:
     policy's backbone when the policy was passed in without a path), with the policy's gradient
     checkpointing setting (its dropout is left as the checkpoint has it)."""
     if not model_cfg.name_or_path:
-        return ValueModel(copy.deepcopy(policy.base_model))
+        base = policy.base_model
+        assert isinstance(base, nn.Module)  # a transformers model's backbone
+        return ValueModel(copy.deepcopy(base))
     backbone = load_model_from_config(model_cfg, head="backbone")
     if model_cfg.gradient_checkpointing:
         backbone.gradient_checkpointing_enable()
@@ -134,9 +141,12 @@ class Critic:
         t = time.perf_counter()
         mask = tokens.completion_mask  # [N, T] every sampled token is a step of the episode
         values = self.values(tokens)  # [N, T]
-        kl = (
-            old_logp - ref_logp if self.kl_coef > 0 else None
-        )  # [N, T] k1 = log pi_old / pi_ref (InstructGPT eq. 2)
+        kl = None
+        if self.kl_coef > 0:  # [N, T] k1 = log pi_old / pi_ref (InstructGPT eq. 2)
+            assert (
+                old_logp is not None and ref_logp is not None
+            )  # passed when the KL is shaped into the reward
+            kl = old_logp - ref_logp
         per_token = token_rewards(rewards, mask, kl=kl, kl_coef=self.kl_coef)  # [N, T]
         adv, returns = gae_advantages(per_token, values, mask, gamma=self.cfg.ppo.gamma, lam=self.cfg.ppo.lam)
         # Whitening over the tokens that get a loss: the per-token analogue of GRPO's std scaling.

@@ -363,7 +363,7 @@ class PromptDataset:
         where = [f"row {i}" for i in range(len(rows))] if where is None else list(where)
         if len(where) != len(rows):
             raise ValueError(f"where has {len(where)} labels for {len(rows)} rows")
-        prompts = [row.get(prompt_column) for row in rows]
+        prompts: list[Any] = [row.get(prompt_column) for row in rows]  # Prompts once _render accepts them
         texts = [self._render(w, p, tokenizer, system_prompt) for w, p in zip(where, prompts)]
         ids = self._tokenize(texts, prompts, tokenizer)
 

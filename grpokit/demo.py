@@ -16,6 +16,7 @@ from __future__ import annotations
 import shutil
 import time
 from pathlib import Path
+from typing import TypedDict
 
 import torch
 
@@ -30,8 +31,22 @@ from grpokit.metrics import (
     read_metrics,
 )
 
+
+class SFTSettings(TypedDict):
+    rows: int
+    steps: int
+    batch_size: int
+    lr: float
+
+
+class DemoSettings(TypedDict):
+    model_size: str  # build_tiny_llama's size
+    sft: SFTSettings  # the warm-start
+    grpo: list[str]  # config overrides
+
+
 # Settings found in the trials of docs/demo_tuning.md; every GRPO key is a normal config override.
-FULL = {
+FULL: DemoSettings = {
     "model_size": "demo",
     "sft": dict(rows=20000, steps=900, batch_size=64, lr=1e-3),
     "grpo": [
@@ -54,7 +69,7 @@ FULL = {
         "logging.sample_every=50",
     ],
 }
-QUICK = {
+QUICK: DemoSettings = {
     "model_size": "test",
     "sft": dict(rows=2000, steps=32, batch_size=64, lr=3e-3),
     "grpo": [
@@ -93,7 +108,7 @@ def _before_after(console, before: dict, after: dict, k: int, seed: int) -> list
     table = Table(title=f"held-out countdown, {int(before[EVAL_NUM_PROMPTS])} problems (seed {seed})")
     for col in ("metric", "SFT warm-start", "after GRPO", "change"):
         table.add_column(col, justify="right" if col != "metric" else "left")
-    rows = [("metric", "SFT warm-start", "after GRPO", "change")]
+    rows: list[tuple[str, ...]] = [("metric", "SFT warm-start", "after GRPO", "change")]
     for key in keys:
         b, a = before.get(key), after.get(key)
         if b is None or a is None:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from grpokit.demo import DemoSettings
 from grpokit.metrics import (
     EVAL_NUM_PROMPTS,
     EVAL_PASS_AT_1,
@@ -53,7 +54,7 @@ COMMON = [
 ]
 # The "test" model (~0.2M parameters) learns to copy the tool's result in ~900 SFT steps (held-out success ~0.6 after
 # SFT, greedy); the 1.8M "demo" model needs longer than the 15-minute budget allows on 2 cores.
-FULL = {
+FULL: DemoSettings = {
     "model_size": "test",
     "sft": dict(rows=8000, steps=900, batch_size=32, lr=3e-3),
     "grpo": [
@@ -70,7 +71,7 @@ FULL = {
         "logging.sample_every=10",
     ],
 }
-QUICK = {
+QUICK: DemoSettings = {
     "model_size": "test",
     "sft": dict(rows=1000, steps=40, batch_size=32, lr=3e-3),
     "grpo": [
@@ -94,7 +95,7 @@ def _table(console, before: dict, after: dict, title: str) -> list[tuple[str, ..
     from rich.table import Table
 
     table = Table(title=title)
-    rows = [("metric", "SFT warm-start", "after GRPO", "change")]
+    rows: list[tuple[str, ...]] = [("metric", "SFT warm-start", "after GRPO", "change")]
     for col in rows[0]:
         table.add_column(col, justify="left" if col == "metric" else "right")
     for key in KEYS:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import copy
 import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, cast
 
 import torch
 import torch.distributed as dist
@@ -46,6 +46,11 @@ from grpokit.checkpoint_sharded import load_sharded, save_sharded
 from grpokit.config import Config, ConfigError
 from grpokit.metrics import RANK_REDUCTIONS, MeanAccumulator
 from grpokit.types import RewardOutput
+
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint.state_dict import OptimizerStateType, ValueType
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
 
 REDUCE: dict[str, Callable[[list[float]], float]] = {
     "max": max,
@@ -221,25 +226,31 @@ class World:
 
     def reset_reference(self) -> None:
         """pi_ref <- pi_theta (algorithm.ref_policy=reset). FSDP2: shard by shard (the same layout), no all-gather."""
+        model, ref = self._model, self._ref
+        assert model is not None and ref is not None  # wrap(model, ref) came first
         with torch.no_grad():
             if self._full is None:
-                self._ref.load_state_dict(self._model.state_dict())
+                ref.load_state_dict(model.state_dict())
                 return
-            for module in (self._ref, self._model):
-                module.reshard()  # a no-grad forward leaves the root's parameters unsharded (plain tensors) until the next one
-            for r, p in zip(self._ref.parameters(), self._model.parameters(), strict=True):
+            for module in (ref, model):  # sharded in place by _shard
+                cast(
+                    "FSDPModule", module
+                ).reshard()  # a no-grad forward leaves the root's parameters unsharded (plain tensors) until the next one
+            for r, p in zip(ref.parameters(), model.parameters(), strict=True):
                 r.copy_(p)
 
     def full_model(self) -> torch.nn.Module:
         """The policy with whole weights, current: what the engine syncs to, rank 0 saves, pi_ref resets to. FSDP2:
         the unsharded copy, refreshed from the shards (an all-gather per parameter; every rank calls this)."""
+        model = self._model
+        assert model is not None  # wrap() came first
         if self._full is None:
-            return self._model
+            return model
         full = dict(self._full.named_parameters())
-        self._model.reshard()  # the shards (DTensors), whatever the last forward left
+        cast("FSDPModule", model).reshard()  # the shards (DTensors), whatever the last forward left
         with torch.no_grad():
-            for name, p in self._model.named_parameters():
-                full[name].copy_(p.full_tensor())
+            for name, p in model.named_parameters():
+                full[name].copy_(cast("DTensor", p).full_tensor())
         return self._full
 
     def backward(self, loss: Tensor) -> None:
@@ -416,7 +427,9 @@ class World:
             StateDictOptions(full_state_dict=True),
             StateDictOptions(full_state_dict=True, strict=False),
         )
-        weights = {k: v for f in sorted(Path(path).glob("*.safetensors")) for k, v in load_file(f).items()}
+        weights: dict[str, ValueType] = {
+            k: v for f in sorted(Path(path).glob("*.safetensors")) for k, v in load_file(f).items()
+        }
         missing = [
             n for n, _ in model.named_parameters() if n not in weights
         ]  # a tied head is saved once, as the embedding
@@ -428,7 +441,7 @@ class World:
         set_model_state_dict(model, weights, options=lenient)
         names = [n for n, p in model.named_parameters() if p.requires_grad]
         saved = state.pop("optimizer")
-        by_name = {
+        by_name: OptimizerStateType = {
             "state": {names[i]: v for i, v in saved["state"].items()},
             "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in saved["param_groups"]],
         }

@@ -159,7 +159,9 @@ def _finite(value: Any) -> float | None:
 
 def _step(row: dict) -> int:
     """The step of a row the Run kept (record_step is not None for those)."""
-    return int(record_step(row))
+    step = record_step(row)
+    assert step is not None
+    return int(step)
 
 
 class Run:
@@ -574,6 +576,7 @@ def check_kl_zero(run: Run) -> list[Finding]:
     )
     if not moving:
         return []
+    assert grad_norm is not None  # moving
     return [
         Finding(
             "kl_zero",

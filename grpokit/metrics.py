@@ -121,12 +121,12 @@ def failed_fractions(record: Mapping[str, Any]) -> dict[str, float]:
     """Reward function name -> the fraction of the step's scored completions it failed on (raised, timed out,
     returned a bad value), from reward/errors/<fn> and reward/error_frac (the largest); {} when none failed."""
     worst = as_number(record.get(REWARD_ERROR_FRAC))
-    counts = {
+    read = {
         k[len(REWARD_ERRORS_PREFIX) :]: as_number(v)
         for k, v in record.items()
         if k.startswith(REWARD_ERRORS_PREFIX)
     }
-    counts = {name: c for name, c in counts.items() if c is not None and c > 0}
+    counts = {name: c for name, c in read.items() if c is not None and c > 0}
     if not counts or worst is None or not worst > 0:  # NaN too
         return {}
     scored = (
@@ -142,7 +142,7 @@ def failed_fractions(record: Mapping[str, Any]) -> dict[str, float]:
 class MeanAccumulator:
     """Weighted means of metric dicts over the micro-batches of a step."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.sums: dict[str, float] = {}
         self.weights: dict[str, float] = {}
 

@@ -123,7 +123,7 @@ class Optimizer:
             self.skip("loss" if not loss_finite else "gradient norm", where, at_step)
             return None
         self.consecutive_skips = 0
-        stats = {"grad_norm": grad_norm.item(), "lr": self.scheduler.get_last_lr()[0]}
+        stats = {"grad_norm": grad_norm.item(), "lr": float(self.scheduler.get_last_lr()[0])}
         self.adamw.step()
         self.scheduler.step()
         return stats

@@ -297,6 +297,7 @@ def completion_logprobs(
         ]  # [N, T, V], or [N, T, H] fused
     if fused:
         head = fused_head(model)
+        assert head is not None  # fused only with a fused head (checked above)
         with autocast_of(model):
             return linear_logprobs(
                 out,
@@ -342,6 +343,7 @@ def fused_head(model) -> torch.nn.Linear | None:
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     ok = isinstance(head, torch.nn.Linear) and _backbone(model) is not model
     if ok:
+        assert isinstance(head, torch.nn.Linear)  # ok says so
         was_training = model.training
         model.eval()
         try:

@@ -180,6 +180,12 @@ class RewardOutput:
         if self.skipped is None:
             self.skipped = torch.zeros(self.total.shape, dtype=torch.bool)
 
+    @property
+    def skip_mask(self) -> Tensor:
+        """`skipped` as the [N] bool tensor it is once constructed."""
+        assert self.skipped is not None  # __post_init__ made it
+        return self.skipped
+
     @staticmethod
     def take(spans: list[tuple[RewardOutput, slice]]) -> RewardOutput:
         """The samples `slice` of each output, concatenated in order: the groups dynamic sampling keeps
@@ -202,7 +208,7 @@ class RewardOutput:
             steps=steps,
             timeouts={k: sum(src.timeouts.get(k, 0) for src in sources) for k in first.errors},
             scored=sum(src.scored or src.total.numel() for src in sources),  # what the errors count over
-            skipped=torch.cat([src.skipped[sl] for src, sl in spans]),
+            skipped=torch.cat([src.skip_mask[sl] for src, sl in spans]),
         )
 
     def metrics(self) -> dict[str, float]:
@@ -236,7 +242,7 @@ class RewardOutput:
         scored = self.scored if self.scored is not None else self.total.numel()
         out[REWARD_ERROR_FRAC] = max(self.errors.values(), default=0) / scored if scored else float("nan")
         out[REWARD_SKIPPED_FRAC] = (
-            self.skipped.float().mean().item() if self.skipped.numel() else float("nan")
+            self.skip_mask.float().mean().item() if self.skip_mask.numel() else float("nan")
         )
         return out
 

@@ -18,6 +18,8 @@ Entropy (no gradient, as token_entropy) comes from the same chunk's logits in th
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -36,7 +38,16 @@ def _chunk_logits(h: Tensor, weight: Tensor, bias: Tensor | None, temperature: f
 
 class _LinearLogprobs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, temperature, chunk, with_entropy):
+    def forward(
+        ctx: Any,
+        hidden: Tensor,
+        weight: Tensor,
+        bias: Tensor | None,
+        targets: Tensor,
+        temperature: float,
+        chunk: int,
+        with_entropy: bool,
+    ) -> tuple[Tensor, Tensor | None]:
         logp = hidden.new_empty(targets.shape, dtype=torch.float32)
         lse = torch.empty_like(logp)
         entropy = torch.empty_like(logp) if with_entropy else None
@@ -44,7 +55,7 @@ class _LinearLogprobs(torch.autograd.Function):
             z = _chunk_logits(hidden[s : s + chunk], weight, bias, temperature)
             lse[s : s + chunk] = torch.logsumexp(z, dim=-1)
             logp[s : s + chunk] = z.gather(-1, targets[s : s + chunk, None]).squeeze(-1) - lse[s : s + chunk]
-            if with_entropy:
+            if entropy is not None:  # with_entropy
                 logp_all = z - lse[s : s + chunk, None]
                 entropy[s : s + chunk] = -(logp_all.exp() * logp_all).sum(-1)
         ctx.save_for_backward(hidden, weight, bias, targets, lse)
@@ -58,14 +69,14 @@ class _LinearLogprobs(torch.autograd.Function):
         return logp, entropy
 
     @staticmethod
-    def backward(ctx, grad_logp, _grad_entropy):
+    def backward(ctx: Any, grad_logp: Tensor, _grad_entropy: Tensor | None) -> tuple[Tensor | None, ...]:
         if ctx.autocast is None:
             return _LinearLogprobs._backward(ctx, grad_logp)
         with torch.autocast(device_type=ctx.autocast[0], dtype=ctx.autocast[1]):
             return _LinearLogprobs._backward(ctx, grad_logp)
 
     @staticmethod
-    def _backward(ctx, grad_logp):
+    def _backward(ctx: Any, grad_logp: Tensor) -> tuple[Tensor | None, ...]:
         hidden, weight, bias, targets, lse = ctx.saved_tensors
         tau, chunk = ctx.temperature, ctx.chunk
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
@@ -82,9 +93,9 @@ class _LinearLogprobs(torch.autograd.Function):
             dz.scatter_add_(-1, targets[s : s + chunk, None], g[:, None])  # + onehot * g
             if tau != 1.0:
                 dz /= tau
-            if need_h:
+            if grad_h is not None:  # need_h
                 grad_h[s : s + chunk] = (dz.to(weight.dtype) @ weight).to(hidden.dtype)
-            if need_w:
+            if grad_w is not None:  # need_w
                 grad_w += dz.t().to(acc) @ hidden[s : s + chunk].to(acc)
             if grad_b is not None:
                 grad_b += dz.to(acc).sum(0)
@@ -110,7 +121,7 @@ def linear_logprobs(
     flat_h = hidden.reshape(-1, hidden.shape[-1])
     flat_t = targets.reshape(-1)
     rows = chunk or chunk_rows(weight.shape[0])
-    logp, entropy = _LinearLogprobs.apply(
+    logp, entropy = _LinearLogprobs.apply(  # type: ignore[no-untyped-call]  # torch leaves apply unannotated
         flat_h, weight, bias, flat_t, float(temperature), rows, with_entropy
     )
     return logp.view(shape), entropy.view(shape) if entropy is not None else None

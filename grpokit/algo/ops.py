@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import TypeVar
+
 import torch
 from torch import Tensor
 
+V = TypeVar("V")
 
-def pick(table: dict, key: str, what: str):
+
+def pick(table: Mapping[str, V], key: str, what: str) -> V:
     """table[key], or a ValueError that lists the allowed names (the variants are picked from dicts)."""
     if key not in table:
         raise ValueError(f"unknown {what} {key!r}; allowed: {', '.join(table)}")

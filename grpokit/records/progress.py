@@ -15,9 +15,12 @@ from __future__ import annotations
 import math
 import sys
 import time
-from typing import Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 from grpokit.metrics import EVAL_PASS_AT_1, POLICY_KL, REWARD_MEAN, REWARD_PREFIX, as_number, reward_fn
+
+if TYPE_CHECKING:
+    from rich.progress import Progress, TaskID
 
 DEFAULT_PROGRESS_KEYS = (REWARD_MEAN, POLICY_KL, EVAL_PASS_AT_1)
 
@@ -123,8 +126,8 @@ class TrainProgress:
         self.latest: dict[str, Any] = {}
         self.step = self.start_step
         self._t0: float | None = None
-        self._progress = None
-        self._task = None
+        self._progress: Progress | None = None
+        self._task: TaskID | None = None
         self._last_printed: int | None = None
 
     # -- the text ---------------------------------------------------------------------------
@@ -190,6 +193,7 @@ class TrainProgress:
             if metrics and k in metrics and metrics[k] is not None:
                 self.latest[k] = metrics[k]
         if self._progress is not None:
+            assert self._task is not None  # added when the bar started
             self._progress.update(
                 self._task, completed=min(self.step, self.total_steps), metrics=self._metrics_text()
             )

@@ -121,6 +121,7 @@ def _concat(old, new):
 def append_step(out_dir: str | os.PathLike, step: int, samples: Sequence[Mapping[str, Any]]) -> Path:
     """Record one step's samples in out_dir/completions.parquet, after the rows of the steps before it (rows
     of this step or later ones, left by a run that is now resumed from an earlier checkpoint, are dropped)."""
+    import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
@@ -128,7 +129,7 @@ def append_step(out_dir: str | os.PathLike, step: int, samples: Sequence[Mapping
     table = _arrow_table([_row(int(step), s) for s in samples])
     if path.exists():
         old = pq.read_table(path)
-        table = _concat(old.filter(pc.less(old[STEP], int(step))), table)
+        table = _concat(old.filter(pc.less(old[STEP], pa.scalar(int(step)))), table)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
     os.close(fd)
     try:
@@ -161,7 +162,9 @@ def _read_samples_jsonl(path: Path) -> list[dict[str, Any]]:
     with open(path, encoding="utf-8") as f:
         for line in f:
             record = parse_record(line)
-            step = record_step(record) if record is not None else None
+            if record is None:
+                continue
+            step = record_step(record)
             if step is not None:
                 rows.append(_row(int(step), {k: v for k, v in record.items() if k != STEP}))
     return rows
@@ -234,6 +237,9 @@ def reward_columns(rows: list[dict[str, Any]]) -> list[str]:
     return list(seen)
 
 
+_YES_NO: dict[Any, str] = {True: "yes", False: "no"}
+
+
 def print_table(
     run_dir: str | os.PathLike,
     *,
@@ -260,7 +266,7 @@ def print_table(
         else f"{len(rows)} completion{plural}"
     )
     table = Table(title=f"{what} at step {step}", caption=str(run_dir), show_lines=True)
-    for name, kw in [
+    columns: list[tuple[str, dict[str, Any]]] = [
         (GROUP, {"justify": "right"}),
         ("prompt", {"overflow": "fold", "ratio": 2}),
         ("completion", {"overflow": "fold", "ratio": 3}),
@@ -269,7 +275,8 @@ def print_table(
         ("advantage", {"justify": "right"}),
         ("length", {"justify": "right"}),
         ("truncated", {}),
-    ]:
+    ]
+    for name, kw in columns:
         table.add_column(name, **kw)
     for r in rows:
         table.add_row(
@@ -280,6 +287,6 @@ def print_table(
             *(_fmt(r.get(f)) for f in fns),
             _fmt(r.get("advantage")),
             _fmt(r.get("completion_len")),
-            {True: "yes", False: "no"}.get(r.get("truncated"), "-"),
+            _YES_NO.get(r.get("truncated"), "-"),
         )
     (console or Console()).print(table)

@@ -63,8 +63,8 @@ def build_rewards(
             slow_warning=cfg.reward_slow_warning,
             on_timeout=cfg.reward_on_timeout,
         )
-        columns = {c: [] for c in column_names if c != cfg.data.prompt_column}
-        episode_args = (
+        columns: dict[str, list[Any]] = {c: [] for c in column_names if c != cfg.data.prompt_column}
+        episode_args: dict[str, list[Any]] = (
             {"episodes": [], "environments": []} if cfg.tools.enabled else {}
         )  # multi-turn rollouts with tools
         for reward in rewards.rewards:

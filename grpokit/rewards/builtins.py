@@ -121,10 +121,10 @@ def _validate_math(kwargs: dict) -> None:
         raise ValueError(f"reward 'math': kwargs['timeout_seconds'] must be an int >= 0 or None, got {t!r}")
 
 
-math_reward.validate_kwargs = _validate_math  # type: ignore[attr-defined]
+math_reward.validate_kwargs = _validate_math  # type: ignore[attr-defined]  # function attribute
 # Called in the main thread (no reward_timeout, grpokit/rewards/timeouts.py), where math-verify's own
 # per-expression timeouts (signal.alarm) work: a pathological answer costs timeout_seconds, not the call.
-math_reward.main_thread = True  # type: ignore[attr-defined]
+math_reward.main_thread = True  # type: ignore[attr-defined]  # function attribute
 
 
 # -- format ------------------------------------------------------------------------------
@@ -159,7 +159,7 @@ def _validate_format(kwargs: dict) -> None:
         raise ValueError(f"reward 'format': kwargs['pattern'] is not a valid regex: {e}") from e
 
 
-format_reward.validate_kwargs = _validate_format  # type: ignore[attr-defined]
+format_reward.validate_kwargs = _validate_format  # type: ignore[attr-defined]  # function attribute
 
 
 # -- length shaping ----------------------------------------------------------------------
@@ -199,7 +199,7 @@ def _validate_overlong(kwargs: dict) -> None:
         )
 
 
-overlong_reward.validate_kwargs = _validate_overlong  # type: ignore[attr-defined]
+overlong_reward.validate_kwargs = _validate_overlong  # type: ignore[attr-defined]  # function attribute
 
 
 def length_reward(
@@ -214,7 +214,7 @@ def _validate_length(kwargs: dict) -> None:
     _check_positive_int(kwargs, "max_completion_length", "length")
 
 
-length_reward.validate_kwargs = _validate_length  # type: ignore[attr-defined]
+length_reward.validate_kwargs = _validate_length  # type: ignore[attr-defined]  # function attribute
 
 
 BUILTIN_REWARDS: dict[str, Callable[..., list]] = {

@@ -93,7 +93,7 @@ def parse_tests(tests: Any) -> list[tuple[str, bool]]:
             raise ValueError(f"tests do not parse: {e}") from e
         if not any(isinstance(node, ast.Assert) for node in module.body):
             return [(tests, True)] if module.body else []
-        return [(ast.get_source_segment(tests, node), isinstance(node, ast.Assert)) for node in module.body]
+        return [(_source(tests, node), isinstance(node, ast.Assert)) for node in module.body]
     if isinstance(tests, (list, tuple)):
         out = []
         for i, test in enumerate(tests):
@@ -106,6 +106,12 @@ def parse_tests(tests: Any) -> list[tuple[str, bool]]:
             out.append((test, True))
         return out
     raise ValueError(f"tests must be a string or a list of strings, got {type(tests).__name__}")
+
+
+def _source(text: str, node: ast.stmt) -> str:
+    segment = ast.get_source_segment(text, node)
+    assert segment is not None  # a statement parsed from `text` knows its position in it
+    return segment
 
 
 def parse_stdio(tests: Mapping) -> list[tuple[str, str]]:
@@ -207,20 +213,20 @@ def evaluate_code(
     if len(completions) != len(tests):
         raise ValueError(f"{len(completions)} completions but {len(tests)} rows of tests")
     results: list[CodeResult | None] = [None] * len(completions)
-    jobs = []  # (index, program, stdin, files, expected stdout or None for Python tests)
+    # (index, program, stdin, files, expected stdout or None for Python tests)
+    jobs: list[tuple[int, str, str, dict[str, str] | None, str | None]] = []
     totals = {}
     for i, (completion, row_tests) in enumerate(zip(completions, tests)):
         if row_tests is None:
             results[i] = CodeResult(None, "no_tests")
             continue
         try:
-            parsed = parse_stdio(row_tests) if isinstance(row_tests, Mapping) else parse_tests(row_tests)
+            stdio = parse_stdio(row_tests) if isinstance(row_tests, Mapping) else None
+            parsed = parse_tests(row_tests) if stdio is None else []
         except ValueError as e:
             results[i] = CodeResult(None, f"bad_tests: {e}")
             continue
-        totals[i] = (
-            sum(counted for _, counted in parsed) if not isinstance(row_tests, Mapping) else len(parsed)
-        )
+        totals[i] = sum(counted for _, counted in parsed) if stdio is None else len(stdio)
         if totals[i] == 0:
             results[i] = CodeResult(None, "no_tests")
             continue
@@ -228,8 +234,8 @@ def evaluate_code(
         if not code.strip():
             results[i] = CodeResult(0.0, "no_code", 0, totals[i])
             continue
-        if isinstance(row_tests, Mapping):  # a run per case; the parent compares the output
-            jobs += [(i, code, stdin, None, expected) for stdin, expected in parsed]
+        if stdio is not None:  # a run per case; the parent compares the output
+            jobs += [(i, code, stdin, None, expected) for stdin, expected in stdio]
         else:
             program, files = build_files(code, parsed, limits.output_bytes)
             jobs.append((i, program, "", files, None))
@@ -249,16 +255,19 @@ def evaluate_code(
             cases.setdefault(i, []).append((out, expected))
     for i, runs in cases.items():
         results[i] = _score_stdio(runs, partial)
+    scored = [r for r in results if r is not None]
+    assert len(scored) == len(results)  # every completion has its result by now
     for reason in _NOT_THE_PROGRAM:
-        if failed := [r for r in results if r.reason == reason]:  # type: ignore[union-attr]
+        if failed := [r for r in scored if r.reason == reason]:
+            sandbox = failed[0].sandbox
             logger.error(
                 "code_tests: %d of %d samples not evaluated (%s): %s",
                 len(failed),
-                len(results),
+                len(scored),
                 reason,
-                (failed[0].sandbox.stderr.strip() or "-")[-500:],
-            )  # type: ignore[union-attr]
-    return results  # type: ignore[return-value]
+                ((sandbox.stderr.strip() if sandbox is not None else "") or "-")[-500:],
+            )
+    return scored
 
 
 def code_tests(
@@ -276,9 +285,10 @@ def code_tests(
     results = evaluate_code(
         completions, tests, limits=limits, partial=partial, max_workers=max_workers, isolation=isolation
     )
-    code_tests.last_results = results  # type: ignore[attr-defined]
-    code_tests.last_reasons = [r.reason for r in results]  # type: ignore[attr-defined]
-    logger.debug("code_tests reasons: %s", dict(Counter(code_tests.last_reasons)))  # type: ignore[attr-defined]
+    reasons = [r.reason for r in results]
+    code_tests.last_results = results  # type: ignore[attr-defined]  # function attribute
+    code_tests.last_reasons = reasons  # type: ignore[attr-defined]  # function attribute
+    logger.debug("code_tests reasons: %s", dict(Counter(reasons)))
     return [r.score for r in results]
 
 
@@ -300,6 +310,6 @@ def _validate(kwargs: dict) -> None:
         raise ValueError(f"reward 'code_tests': {e}") from e
 
 
-code_tests.validate_kwargs = _validate  # type: ignore[attr-defined]
-code_tests.last_results = []  # type: ignore[attr-defined]
-code_tests.last_reasons = []  # type: ignore[attr-defined]
+code_tests.validate_kwargs = _validate  # type: ignore[attr-defined]  # function attribute
+code_tests.last_results = []  # type: ignore[attr-defined]  # function attribute
+code_tests.last_reasons = []  # type: ignore[attr-defined]  # function attribute

@@ -136,7 +136,8 @@ class LoopThread:
     def start(self, make: Callable[[], Awaitable[Any] | Any], timeout: float | None) -> Pending:
         """Runs `await make()` on the loop under asyncio.wait_for(timeout) (None = no limit), from now on."""
         loop = self._running_loop()
-        finished, tasks = threading.Event(), []
+        finished = threading.Event()
+        tasks: list[asyncio.Future[Any] | None] = []
         coro = _bounded(
             make, timeout, torch.is_grad_enabled(), finished, tasks
         )  # grad mode is thread-local in torch

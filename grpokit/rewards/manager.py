@@ -125,10 +125,10 @@ def _load_file(path_text: str, spec: str) -> Any:
     if name in sys.modules:
         return sys.modules[name]
     module_spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(module_spec)  # type: ignore[arg-type]
+    module = importlib.util.module_from_spec(module_spec)  # type: ignore[arg-type]  # None: not loadable
     sys.modules[name] = module
     try:
-        module_spec.loader.exec_module(module)  # type: ignore[union-attr]
+        module_spec.loader.exec_module(module)  # type: ignore[union-attr]  # a file spec has a loader
     except Exception as e:
         del sys.modules[name]
         raise ValueError(f"reward {spec!r}: running {path} failed: {type(e).__name__}: {e}") from e
@@ -279,7 +279,12 @@ class _Reward:
         required = tuple(p.name for p in keyword if p.default is P.empty)
         timeout = get("timeout")
         if timeout is not None:
-            if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not timeout >= 0:
+            if (
+                isinstance(timeout, bool)
+                or not isinstance(timeout, numbers.Real)
+                or timeout < 0
+                or math.isnan(timeout)
+            ):
                 raise ValueError(
                     f"reward {name!r}: timeout must be a number of seconds >= 0 (0 = no limit), got {timeout!r}"
                 )
@@ -523,9 +528,9 @@ class RewardManager:
         except TimedOut:
             raise
         except Exception as e:
-            problem = e if isinstance(e, _Failure) else f"raised {type(e).__name__}: {e}"
+            problem = str(e) if isinstance(e, _Failure) else f"raised {type(e).__name__}: {e}"
             if self.strict or isinstance(e, _Failure) or n == 1:
-                self._report(reward, str(problem), e if not isinstance(e, _Failure) else None)
+                self._report(reward, problem, e if not isinstance(e, _Failure) else None)
                 return torch.full((n,), math.nan), n, None
             items, failed = self._isolate(reward, call_args, columns, n)
             if 0 < len(failed) < n:
@@ -541,8 +546,8 @@ class RewardManager:
             for i, v in enumerate(items):
                 if not isinstance(v, StepScores):
                     continue
-                if problem := v.problem(len(self._texts[i])):
-                    step_problems[i] = problem
+                if step_problem := v.problem(len(self._texts[i])):
+                    step_problems[i] = step_problem
                     continue
                 steps[i] = v
                 items[i] = v.value

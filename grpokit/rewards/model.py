@@ -84,7 +84,9 @@ class RewardModel:
                     if isinstance(completion, list)
                     else [{"role": "assistant", "content": completion}]
                 )
-                texts.append(self.tokenizer.apply_chat_template(messages + reply, tokenize=False))
+                text = self.tokenizer.apply_chat_template(messages + reply, tokenize=False)
+                assert isinstance(text, str)  # tokenize=False: the text
+                texts.append(text)
             else:
                 text = prompt if isinstance(prompt, str) else "\n".join(str(m["content"]) for m in prompt)
                 texts.append(text + completion_text(completion))

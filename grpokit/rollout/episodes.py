@@ -242,15 +242,16 @@ class ToolRollout:
             for call, tokens, back in zip(run.episode.tool_calls, run.call_ends, run.call_chars):
                 end = len(self.tokenizer.decode(run.ids[:tokens], skip_special_tokens=True)) + back
                 call.end = last = min(len(text), max(end, last + 1))  # strictly increasing (StepScores.ends)
+        episodes = [r.episode for r in runs]
         comps = Completions(
             token_ids=[r.ids for r in runs],
             texts=texts,
             finish_reasons=[r.finish or "length" for r in runs],
             logprobs=[r.logprobs for r in runs] if self._logprobs else None,
             model_mask=[r.mask for r in runs],
-            episodes=[r.episode for r in runs],
+            episodes=episodes,
         )
-        self.last_metrics = episode_metrics(comps.episodes)
+        self.last_metrics = episode_metrics(episodes)
         return comps
 
 

@@ -33,6 +33,8 @@ distribution is renormalized over the kept tokens). Greedy decoding reports temp
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 from transformers.cache_utils import DynamicCache, DynamicLayer
@@ -69,9 +71,10 @@ class PreallocatedLayer(DynamicLayer):
         self.is_initialized = True
         self._refresh()
 
-    def _refresh(self) -> None:
-        self.keys = self._k[:, :, : self.length]
-        self.values = self._v[:, :, : self.length]
+    def _refresh(self) -> tuple[Tensor, Tensor]:
+        keys, values = self._k[:, :, : self.length], self._v[:, :, : self.length]
+        self.keys, self.values = keys, values
+        return keys, values
 
     def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
         if not self.is_initialized:
@@ -82,8 +85,7 @@ class PreallocatedLayer(DynamicLayer):
         self._k[:, :, self.length : end] = key_states
         self._v[:, :, self.length : end] = value_states
         self.length = end
-        self._refresh()
-        return self.keys, self.values
+        return self._refresh()
 
     def get_seq_length(self) -> int:
         return self.length
@@ -168,7 +170,7 @@ class FastEngine:
         self.compile = (
             compile  # model.compile: prefill and decode steps through torch.compile (dynamic shapes)
         )
-        self.model = None
+        self.model: Any = None  # the training model, from sync_weights
         self.eos_ids = eos_token_ids(model, tokenizer)
         self.pad_id = (
             tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos_ids))
@@ -283,9 +285,9 @@ class FastEngine:
         # Cut each row after its first EOS; a row that stops at step T - 1 has length T and ends with EOS.
         is_eos = torch.isin(out_tokens, eos)  # [B, T]
         lengths = torch.where(is_eos.any(-1), is_eos.int().argmax(-1) + 1, T)  # argmax: the first EOS
-        lengths = torch.minimum(lengths, stop_at).tolist()
+        cut = torch.minimum(lengths, stop_at).tolist()
         tokens, lps = out_tokens.tolist(), out_logp.tolist()
-        return [tokens[i][: lengths[i]] for i in range(B)], [lps[i][: lengths[i]] for i in range(B)]
+        return [tokens[i][: cut[i]] for i in range(B)], [lps[i][: cut[i]] for i in range(B)]
 
     def _sample(self, logits: Tensor, sampling: SamplingParams) -> tuple[Tensor, Tensor]:
         """Next token per row and its log-prob log_softmax(logits / temperature) (before top-k / top-p)."""

@@ -9,7 +9,7 @@ from grpokit.rollout.base import Completions, SamplingParams, cut_at_eos
 
 
 def eos_token_ids(model, tokenizer) -> set[int]:
-    ids = set()
+    ids: set[int] = set()
     for src in (getattr(model, "generation_config", None), tokenizer):
         eos = getattr(src, "eos_token_id", None)
         if eos is not None:

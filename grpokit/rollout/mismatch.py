@@ -46,7 +46,7 @@ def sampler_logprobs(comps, tokens) -> Tensor | None:
 class SamplerCorrection:
     """Per micro-batch: the mismatch metrics (first pass) and the importance weights (rollout.importance_correction)."""
 
-    def __init__(self, rollout_cfg):
+    def __init__(self, rollout_cfg) -> None:
         self.mode = rollout_cfg.importance_correction
         self.c_min, self.c_max = rollout_cfg.importance_c_min, rollout_cfg.importance_c_max
         # pi_old is the sampler itself with rollout.max_policy_lag and no correction: measure against the policy trained.

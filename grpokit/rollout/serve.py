@@ -111,7 +111,7 @@ class _Handler(BaseHTTPRequestHandler):
             return self._reply(400, {"error": f"the body is not JSON: {exc}"})
         self._run(routes[self.path], body)
 
-    def _run(self, fn, body):
+    def _run(self, fn, body) -> None:
         """Queue fn(served, body) for the main thread and reply with its result (or its error, status 500)."""
         if self.server.served is None:
             return self._reply(503, {"error": "the server is still loading; wait for GET /health to say ok"})

@@ -55,7 +55,9 @@ import logging
 import os
 import random
 import tempfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -180,6 +182,19 @@ def cut_at_stops(ids: list[int], stops) -> int:
     return len(ids)
 
 
+def chosen_logprobs(
+    positions: Sequence[Mapping[int, Any] | None] | None, ids: list[int], first: int = 0
+) -> list[float]:
+    """vLLM's log-prob of each of ids[first:] at its position: `positions` (asked for with logprobs=0 or
+    prompt_logprobs=0) holds the token's own entry at each."""
+    assert positions is not None  # the request asked for them
+    out = []
+    for d, t in zip(positions[first:], ids[first:]):
+        assert d is not None  # only the prompt's first position has none
+        out.append(d[t].logprob)
+    return out
+
+
 class VLLMEngine:
     """rollout.engine=vllm: generates with vLLM in this process; sync_weights pushes the policy's tensors."""
 
@@ -213,7 +228,8 @@ class VLLMEngine:
         self.dtype = next(model.parameters()).dtype
         self.pushes = 0  # weight pushes so far (the policy version the engine samples from)
         self.last_push_error: float | None = None  # verify_push's max |diff| of the last push
-        max_model_len = max_model_len or getattr(model.config, "max_position_embeddings", 2048)
+        model_max_len: int = getattr(model.config, "max_position_embeddings", 2048)
+        max_model_len = max_model_len or model_max_len
         on_gpu = next(model.parameters()).device.type == "cuda"
         self.sleeps, self.asleep = on_gpu, False  # sleep() / wake_up() act on CUDA only (vLLM's sleep mode)
         if not on_gpu:
@@ -227,7 +243,7 @@ class VLLMEngine:
                 model=_config_dir(model),
                 skip_tokenizer_init=True,
                 load_format="dummy",
-                dtype=str(self.dtype).removeprefix("torch."),
+                dtype=str(self.dtype).removeprefix("torch."),  # type: ignore[arg-type, unused-ignore]  # a name in vLLM's Literal
                 max_model_len=max_model_len,
                 max_num_seqs=max_seqs,
                 enforce_eager=True,
@@ -266,11 +282,12 @@ class VLLMEngine:
     def prompt_logprobs(self, ids: list[int]) -> list[float]:
         """vLLM's log-probs of ids[1:] given the tokens before each (prompt log-probs, no sampling)."""
         from vllm import SamplingParams as VSampling
+        from vllm.inputs import TokensPrompt
 
         self.wake_up()
         params = VSampling(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
-        out = self.llm.generate([{"prompt_token_ids": list(ids)}], params, use_tqdm=False)[0]
-        return [d[t].logprob for d, t in zip(out.prompt_logprobs[1:], ids[1:])]
+        out = self.llm.generate([TokensPrompt(prompt_token_ids=list(ids))], params, use_tqdm=False)[0]
+        return chosen_logprobs(out.prompt_logprobs, ids, first=1)
 
     def verify_push(self, model) -> float:
         """max |vLLM's prompt log-probs - model's| on a probe fixed per push; RolloutError above PUSH_TOLERANCE."""
@@ -294,12 +311,12 @@ class VLLMEngine:
             self.asleep = False
 
     # ------------------------------------------------------------------ sampling
-    def _params(self, n: int, sampling: SamplingParams, seed: int):
+    def _params(self, n: int, sampling: SamplingParams, seed: int) -> Any:  # vllm.SamplingParams
         from vllm import SamplingParams as VSampling
 
         # One-token stop sequences stop vLLM itself (kept, like EOS); longer ones are cut afterwards (cut_at_stops).
         singles = {seq[0] for seq in sampling.stop_token_ids if len(seq) == 1}
-        common = dict(
+        common: dict[str, Any] = dict(
             n=n,
             max_tokens=sampling.max_tokens,
             logprobs=0,
@@ -323,7 +340,7 @@ class VLLMEngine:
         """generate with the base seed given: prompt i samples with seed + i * n (the server's entry: its client draws
         the seed from the trainer's generator, so both modes sample alike)."""
         if sampling.max_tokens <= 0:
-            empty = [[] for _ in range(len(prompt_token_ids) * n)]
+            empty: list[list[int]] = [[] for _ in range(len(prompt_token_ids) * n)]
             return Completions(
                 token_ids=empty,
                 texts=[""] * len(empty),
@@ -334,10 +351,12 @@ class VLLMEngine:
             sampling.greedy and n > 1
         ):  # vLLM refuses n > 1 without sampling: n copies of each prompt, one sample each
             prompt_token_ids, n = [p for p in prompt_token_ids for _ in range(n)], 1
+        from vllm.inputs import TokensPrompt
+
         self.wake_up()
         params = [self._params(n, sampling, seed + i * n) for i in range(len(prompt_token_ids))]
         outs = self.llm.generate(
-            [{"prompt_token_ids": list(p)} for p in prompt_token_ids], params, use_tqdm=False
+            [TokensPrompt(prompt_token_ids=list(p)) for p in prompt_token_ids], params, use_tqdm=False
         )
         token_ids, logprobs, reasons = [], [], []
         for out in outs:  # vLLM returns requests in the order given; each with its n samples
@@ -345,7 +364,7 @@ class VLLMEngine:
                 ids = list(c.token_ids)
                 ids = ids[: cut_at_stops(ids, sampling.stop_token_ids)]
                 token_ids.append(ids)
-                logprobs.append([d[t].logprob for d, t in zip(c.logprobs, ids)])
+                logprobs.append(chosen_logprobs(c.logprobs, ids))
                 reasons.append("stop" if ids and ids[-1] in self.eos_ids else "length")
         texts = self.tokenizer.batch_decode(token_ids, skip_special_tokens=True)
         return Completions(token_ids=token_ids, texts=texts, finish_reasons=reasons, logprobs=logprobs)
@@ -354,7 +373,7 @@ class VLLMEngine:
         """Stop vLLM's engine and free its process-wide state (its torch.distributed group), so another can start."""
         from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 
-        llm, self.llm = getattr(self, "llm", None), None
+        llm, self.llm = getattr(self, "llm", None), None  # type: ignore[assignment, unused-ignore]  # closed: no LLM
         if self in _LIVE:
             _LIVE.remove(self)
         if llm is not None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import tempfile
 import uuid
+from typing import Any
 
 import torch
 
@@ -108,7 +109,8 @@ def write_push(named: list[tuple[str, torch.Tensor]], folder: str) -> tuple[str,
     an alias (safetensors refuses shared tensors). Returns (path, {alias: name in the file})."""
     from safetensors.torch import save_file
 
-    unique, aliases, seen = {}, {}, {}
+    unique, aliases = {}, {}
+    seen: dict[tuple[Any, ...], str] = {}  # storage key -> the name it is saved under
     for name, t in named:
         key = (t.device, t.data_ptr(), t.dtype, tuple(t.shape), tuple(t.stride()))
         if key in seen:

@@ -415,8 +415,8 @@ def isolation_mode(requested: Isolation = "auto") -> str:
 def _probe() -> tuple[str, str]:
     if shutil.which("unshare") is None:
         return "none", "util-linux `unshare` not found; see docs/sandbox.md"
-    mode = "namespaces" if os.geteuid() == 0 else "userns"
-    r = run_python("print('probe')", limits=Limits(wall_time=30.0), isolation=mode)  # type: ignore[arg-type]
+    mode: Isolation = "namespaces" if os.geteuid() == 0 else "userns"
+    r = run_python("print('probe')", limits=Limits(wall_time=30.0), isolation=mode)
     if r.ok and r.stdout == "probe\n":
         who = "a uid of its own" if mode == "namespaces" else "uid 0 of a user namespace without capabilities"
         return mode, f"network, PID, mount, IPC and UTS namespaces, chroot, {who}"
@@ -774,6 +774,7 @@ def _collect(
     """Read stdout, stderr (each up to the cap) and the launcher's report until the sandbox
     ends or a limit stops it. Returns (stdout, stderr, report, reason it was stopped or None)."""
     cap = limits.output_bytes
+    assert proc.stdout is not None and proc.stderr is not None  # started with stdout=PIPE, stderr=PIPE
     out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
     bufs = {out_fd: bytearray(), err_fd: bytearray(), report_r: bytearray()}
     deadline = start + limits.wall_time

@@ -22,16 +22,23 @@ TEST_PERCENT = 20
 
 @runtime_checkable
 class Task(Protocol):
-    name: str
-    charset: str  # every character a prompt or reference completion can contain
+    # read-only, so that a frozen dataclass is a Task
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def charset(self) -> str:
+        """Every character a prompt or reference completion can contain."""
+        ...
 
     def make_rows(self, split: Split, n: int, seed: int) -> list[dict[str, Any]]:
         """`n` distinct problems of `split`; each row has "prompt", "completion" (one reference
         solution, without EOS) and the task's reward columns."""
         ...
 
-    def reward(self, completions: list, **columns: Any) -> list[float]:
-        """TRL-style reward: keyword arguments only, columns aligned with completions."""
+    def reward(self, completions: list, *args: Any, **columns: Any) -> list[float]:
+        """TRL-style reward: the columns by keyword, aligned with completions. (`*args, **columns` is
+        how a protocol lets each task name the columns it reads; callers pass keywords only.)"""
         ...
 
     def is_correct(self, completion: str, row: dict[str, Any]) -> bool: ...

@@ -159,6 +159,7 @@ def parse_steps(text: str, numbers: list[int], ops: str = "+-*/") -> Fraction:
         value = Fraction(apply_step(step, pool, ops))
     if len(pool) != 1:
         raise _ParseError("numbers left unused")
+    assert value is not None  # str.split yields at least one step
     return value
 
 
@@ -171,7 +172,7 @@ def _combine(
         sa = f"({sa})"
     if (op == "-" and pb == _ADD) or (op == "*" and pb == _ADD) or (op == "/" and pb != _ATOM):
         sb = f"({sb})"
-    value = {"+": va + vb, "-": va - vb, "*": va * vb, "/": va / vb if vb else None}[op]
+    value = _OPS[op](va, vb)  # callers never divide by zero (_draw redraws the operator)
     return value, f"{sa}{op}{sb}", _ADD if op in "+-" else _MUL
 
 
@@ -358,4 +359,4 @@ def _validate_countdown_steps(kwargs: dict) -> None:
         )
 
 
-countdown_steps.validate_kwargs = _validate_countdown_steps  # type: ignore[attr-defined]
+countdown_steps.validate_kwargs = _validate_countdown_steps  # type: ignore[attr-defined]  # function attribute

@@ -19,7 +19,7 @@ import ast
 import operator
 from typing import Any, Callable
 
-from grpokit.sandbox import Limits, run_python
+from grpokit.sandbox import Isolation, Limits, run_python
 
 MAX_EXPONENT = 256
 MAX_DIGITS = 1000
@@ -39,7 +39,11 @@ _UNARY: dict[type, Callable[[Any], Any]] = {ast.UAdd: operator.pos, ast.USub: op
 def _evaluate(node: ast.AST) -> int | float:
     if isinstance(node, ast.Expression):
         return _evaluate(node.body)
-    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+    if (
+        isinstance(node, ast.Constant)
+        and isinstance(node.value, (int, float))
+        and not isinstance(node.value, bool)
+    ):
         return node.value
     if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
         return _UNARY[type(node.op)](_evaluate(node.operand))
@@ -83,7 +87,7 @@ def calculator(expression: str) -> str:
 
 
 def make_python_tool(
-    limits: Limits = Limits(), *, isolation: str = "auto", max_output_chars: int = 2000
+    limits: Limits = Limits(), *, isolation: Isolation = "auto", max_output_chars: int = 2000
 ) -> Callable[[str], str]:
     """The `python` tool with these sandbox limits (the code_tests sandbox, grpokit/sandbox/)."""
 
@@ -93,8 +97,8 @@ def make_python_tool(
         Args:
             code: the program; print the values you need.
         """
-        result = run_python(code, limits=limits, isolation=isolation)  # type: ignore[arg-type]
-        python.last_result = result  # type: ignore[attr-defined]
+        result = run_python(code, limits=limits, isolation=isolation)
+        python.last_result = result  # type: ignore[attr-defined]  # function attribute
         if result.ok:
             return result.stdout[:max_output_chars]
         last = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else ""
@@ -102,7 +106,7 @@ def make_python_tool(
             f"{result.reason}{'; ' + last[:200] if last else ''}"
         )  # e.g. "timeout", "error; NameError: ..."
 
-    python.last_result = None  # type: ignore[attr-defined]
+    python.last_result = None  # type: ignore[attr-defined]  # function attribute
     return python
 
 

@@ -141,6 +141,7 @@ class ToolBox:
         kind, message = self.check(name, arguments)
         if kind is not None:
             return CallOutcome(f"error: {message}", kind, time.monotonic() - start)
+        assert name is not None  # check() passed: a known tool's name
         tool, out = self.tools[name], {}
 
         def work() -> None:

@@ -97,7 +97,7 @@ def _validate_cost(kwargs: dict) -> None:
         raise ValueError(f"reward 'step_cost': kwargs['cost'] must be a number >= 0, got {cost!r}")
 
 
-step_cost.validate_kwargs = _validate_cost  # type: ignore[attr-defined]
+step_cost.validate_kwargs = _validate_cost  # type: ignore[attr-defined]  # function attribute
 
 #: the names a config's `rewards` may use for these, registered with grpokit.rewards.reward_registry() here
 #: (and named as "grpokit.rewards" entry points in pyproject.toml)

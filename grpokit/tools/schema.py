@@ -63,6 +63,7 @@ def parse_google_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
     """(description, {parameter: description}) of a Google-style docstring."""
     lines = inspect.cleandoc(doc or "").splitlines()
     description, params, section, current = [], {}, None, None
+    indent = 0  # of the current parameter's line: a deeper line continues its description
     for line in lines:
         head = _SECTION.match(line)
         if head:
@@ -72,13 +73,12 @@ def parse_google_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
             description.append(line)
         elif section in ("Args", "Arguments", "Parameters"):
             m = _ARG_LINE.match(line)
-            if m and (current is None or len(line) - len(line.lstrip()) <= params.get("_indent", 0)):
+            if m and (current is None or len(line) - len(line.lstrip()) <= indent):
                 current = m.group(1).lstrip("*")
                 params[current] = m.group(3).strip()
-                params["_indent"] = len(line) - len(line.lstrip())
+                indent = len(line) - len(line.lstrip())
             elif current is not None and line.strip():
                 params[current] = (params[current] + " " + line.strip()).strip()
-    params.pop("_indent", None)
     return " ".join(x.strip() for x in description if x.strip()), params
 
 

@@ -37,9 +37,9 @@ def resolve_callable(spec: str | Callable[..., Any], key: str) -> Callable[..., 
             module_spec = importlib.util.spec_from_file_location(
                 f"grpokit_tools_{path.stem}_{abs(hash(str(path)))}", path
             )
-            module = importlib.util.module_from_spec(module_spec)  # type: ignore[arg-type]
+            module = importlib.util.module_from_spec(module_spec)  # type: ignore[arg-type]  # None: not loadable
             sys.modules[module.__name__] = module
-            module_spec.loader.exec_module(module)  # type: ignore[union-attr]
+            module_spec.loader.exec_module(module)  # type: ignore[union-attr]  # a file spec has a loader
         else:
             if os.getcwd() not in sys.path:
                 sys.path.append(os.getcwd())
@@ -85,7 +85,7 @@ def load_tools(cfg: ToolsConfig) -> tuple[list[Tool], Callable[[], Any] | None]:
 def environment_reward_spec(factory: Callable[[], Any] | None) -> RewardSpec | None:
     """TRL's convention: an environment with get_reward() owns a reward, weight 1, named after its class; it is
     called once per finished episode on that episode's environment (None for an episode without one)."""
-    cls = factory if inspect.isclass(factory) else None
+    cls: type[Any] | None = factory if inspect.isclass(factory) else None
     if cls is None or not callable(getattr(cls, "get_reward", None)):
         return None
     is_async = inspect.iscoroutinefunction(cls.get_reward)
