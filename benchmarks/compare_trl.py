@@ -763,9 +763,8 @@ def run_vocab(wl: dict, args, engine: str, work: Path) -> list[str]:
     lengths = args.completion_lengths or list(wl["lengths"])
     model_dir = build_model(wl, work, model=args.model)
     data_path = write_prompts(wl, work)
-    from transformers import AutoModelForCausalLM
-
     from roofline import param_counts
+    from transformers import AutoModelForCausalLM
 
     counts = param_counts(AutoModelForCausalLM.from_pretrained(str(model_dir)))
     steps = args.steps or wl["steps"]
@@ -1066,9 +1065,8 @@ def main(argv=None) -> None:
             wl["prompts"] = args.compute_prompts
         model_dir = build_model(wl, work, model=args.model)
         data_path = write_prompts(wl, work)
-        from transformers import AutoModelForCausalLM
-
         from roofline import param_counts
+        from transformers import AutoModelForCausalLM
 
         counts = param_counts(AutoModelForCausalLM.from_pretrained(str(model_dir)))
         spec = dict(

@@ -134,13 +134,12 @@ def _mean(xs):
 
 
 def make_sft(out: str, *, size: str, rows: int, epochs: float, lr: float, seed: int, threads: int) -> None:
+    from grpokit.config import DataConfig
+    from grpokit.data import build_datasets
     from grpokit.sft import train_sft
     from grpokit.tasks import get_task
     from grpokit.tasks.tiny_model import build_tiny_llama
     from grpokit.tasks.tokenizer import build_tokenizer
-
-    from grpokit.config import DataConfig
-    from grpokit.data import build_datasets
 
     torch.set_num_threads(threads)
     task = get_task("countdown")

@@ -30,6 +30,7 @@ sys.path.insert(0, str(HERE))
 
 def make_config(workload: str, steps: int, out_dir: str, overrides: list[str]):
     import compare_trl as ct
+
     from grpokit.config import load_config
 
     wl = ct.WORKLOADS[workload]

@@ -37,7 +37,7 @@ class PackedBatch:
     def completion_width(self) -> int:
         return self.completion_ids.shape[1]
 
-    def rows(self, idx: Tensor | slice) -> "PackedBatch":
+    def rows(self, idx: Tensor | slice) -> PackedBatch:
         b = PackedBatch(
             *(
                 t[idx]
@@ -52,7 +52,7 @@ class PackedBatch:
         )
         return b.trimmed()
 
-    def trimmed(self) -> "PackedBatch":
+    def trimmed(self) -> PackedBatch:
         """Drop columns that are padding in every row (left of the prompts, right of the completions)."""
         left = int(self.attention_mask.sum(0).nonzero()[0]) if self.attention_mask.any() else 0
         T = int(self.completion_mask.sum(1).max()) if self.completion_mask.numel() else 0
@@ -97,7 +97,7 @@ class Groups:
     scored: RewardOutput  # total / per_function [B * G]
 
     @staticmethod
-    def take(chosen: list[tuple["Groups", int]], G: int) -> "Groups":
+    def take(chosen: list[tuple[Groups, int]], G: int) -> Groups:
         """The groups (source, index) in `chosen`, concatenated in that order."""
         spans = [(src, slice(g * G, (g + 1) * G)) for src, g in chosen]
         cat = lambda get: [x for src, sl in spans for x in get(src)[sl]]  # noqa: E731

@@ -438,7 +438,7 @@ class StopSignals:
             print(f"{self._again} again during {what}: it finished; stopping now", flush=True)
             raise KeyboardInterrupt
 
-    def __enter__(self) -> "StopSignals":
+    def __enter__(self) -> StopSignals:
         self.received = self._again = None
         self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
         return self
@@ -463,7 +463,7 @@ class RunLock:
         self.out = Path(out_dir)
         self._fd: int | None = None
 
-    def __enter__(self) -> "RunLock":
+    def __enter__(self) -> RunLock:
         import fcntl
         import socket
         import time

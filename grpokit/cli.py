@@ -22,7 +22,6 @@ from __future__ import annotations
 import signal
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -37,7 +36,6 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from grpokit.data import DataError
     from grpokit.optim import TrainingError
     from grpokit.policy import ModelLoadError
-
     from grpokit.rollout.server import ServerError
 
     return (ConfigError, ModelLoadError, CheckpointError, TrainingError, DataError, ServerError)
@@ -77,8 +75,8 @@ def _run(fn):
 @app.command()
 def train(
     config: Path = typer.Argument(..., help="YAML config file"),
-    overrides: Optional[list[str]] = typer.Argument(None, help="section.key=value overrides"),
-    threads: Optional[int] = typer.Option(None, "--threads", min=0, help=THREADS_HELP),
+    overrides: list[str] | None = typer.Argument(None, help="section.key=value overrides"),
+    threads: int | None = typer.Option(None, "--threads", min=0, help=THREADS_HELP),
 ):
     """Train a causal LM with GRPO as the config says (PPO with a critic when algorithm.advantage_estimator=gae)."""
     from grpokit.config import load_config
@@ -111,11 +109,11 @@ def train(
 @app.command("eval")
 def eval_cmd(
     model: Path = typer.Argument(..., help="model folder (from_pretrained), e.g. runs/x/final"),
-    config: Optional[Path] = typer.Option(
+    config: Path | None = typer.Option(
         None, "--config", "-c", help="config with data / rewards / eval sections"
     ),
-    overrides: Optional[list[str]] = typer.Argument(None, help="section.key=value overrides"),
-    threads: Optional[int] = typer.Option(None, "--threads", min=0, help=THREADS_HELP),
+    overrides: list[str] | None = typer.Argument(None, help="section.key=value overrides"),
+    threads: int | None = typer.Option(None, "--threads", min=0, help=THREADS_HELP),
 ):
     """Evaluate a model on the held-out set with fixed decoding."""
     from grpokit.config import load_config
@@ -151,13 +149,13 @@ def eval_cmd(
 
 @app.command()
 def sft(
-    config: Optional[Path] = typer.Argument(
+    config: Path | None = typer.Argument(
         None, help="YAML config file (model, data, sft, output_dir sections); optional"
     ),
-    overrides: Optional[list[str]] = typer.Argument(
+    overrides: list[str] | None = typer.Argument(
         None, help="section.key=value overrides, e.g. sft.learning_rate=1e-3"
     ),
-    threads: Optional[int] = typer.Option(None, "--threads", min=0, help=THREADS_HELP),
+    threads: int | None = typer.Option(None, "--threads", min=0, help=THREADS_HELP),
 ):
     """Supervised fine-tuning on completion tokens only (the usual warm-start before RL). `grpokit config --sft` lists the keys."""
     from grpokit.config import SFTConfig, load_config
@@ -216,10 +214,10 @@ def serve(
     dtype: str = typer.Option(
         "float32", "--dtype", help="weights dtype: the trainer's model.dtype (float32, bfloat16, float16)"
     ),
-    tokenizer: Optional[str] = typer.Option(
+    tokenizer: str | None = typer.Option(
         None, "--tokenizer", help="tokenizer folder or id (its EOS ids end completions); default the model's"
     ),
-    max_model_len: Optional[int] = typer.Option(
+    max_model_len: int | None = typer.Option(
         None, "--max-model-len", min=1, help="longest prompt + completion; default the model's context"
     ),
     max_num_seqs: int = typer.Option(
@@ -270,10 +268,8 @@ def doctor(run_dir: Path = typer.Argument(..., help="a run's output_dir (or its 
 @app.command()
 def show(
     run_dir: Path = typer.Argument(..., help="a run's output_dir"),
-    step: Optional[int] = typer.Option(
-        None, "--step", help="the recorded step to show; default the last one"
-    ),
-    worst: Optional[int] = typer.Option(
+    step: int | None = typer.Option(None, "--step", help="the recorded step to show; default the last one"),
+    worst: int | None = typer.Option(
         None, "--worst", min=1, help="only the K completions with the lowest reward"
     ),
 ):
@@ -289,7 +285,7 @@ def show(
 @app.command()
 def report(
     run_dir: Path = typer.Argument(..., help="a run's output_dir"),
-    out: Optional[Path] = typer.Option(
+    out: Path | None = typer.Option(
         None, "--out", help="the HTML file to write; default RUN_DIR/report.html"
     ),
 ):

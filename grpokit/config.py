@@ -13,8 +13,9 @@ from __future__ import annotations
 import difflib
 import math
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import (
@@ -152,7 +153,7 @@ class RolloutConfig(Section):
     """vllm_mode=server: seconds to wait for the server to come up at the start, and for each reply (a generate of the whole rollout batch included). TRL's vllm_server_timeout."""
 
     @model_validator(mode="after")
-    def _check_importance_correction(self) -> "RolloutConfig":
+    def _check_importance_correction(self) -> RolloutConfig:
         lo, hi = self.importance_c_min, self.importance_c_max
         if lo is not None and hi is not None and not lo < hi:
             raise ValueError(f"rollout.importance_c_min={lo} must be below rollout.importance_c_max={hi}")
@@ -431,7 +432,7 @@ class RewardSpec(Section):
         return data
 
     @model_validator(mode="after")
-    def _function_or_model(self) -> "RewardSpec":
+    def _function_or_model(self) -> RewardSpec:
         if (self.function is None) == (self.model is None):
             both = "both" if self.function is not None else "neither"
             raise ValueError(
@@ -499,7 +500,7 @@ class Config(Section):
     """Stop the run after this many bad steps in a row: a reward function over reward_error_fraction, or no learning signal (every group's G rewards equal, so every advantage is 0); 0 = never stop (the warnings stay)."""
 
     @model_validator(mode="after")
-    def _check_batch_shapes(self) -> "Config":
+    def _check_batch_shapes(self) -> Config:
         alg = self.algorithm
         if alg.ref_policy == "none" and alg.beta > 0:
             raise ValueError(
@@ -542,7 +543,7 @@ class Config(Section):
         return check_on_timeout(value)
 
     @model_validator(mode="after")
-    def _check_skip_group(self) -> "Config":
+    def _check_skip_group(self) -> Config:
         keys = [
             k
             for k, v in [("reward_on_timeout", self.reward_on_timeout)]
@@ -557,7 +558,7 @@ class Config(Section):
         return self
 
     @model_validator(mode="after")
-    def _check_lora(self) -> "Config":
+    def _check_lora(self) -> Config:
         if self.model.lora is None:
             return self
         refused = {
@@ -638,7 +639,7 @@ class SFTConfig(Section):
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
 
     @model_validator(mode="after")
-    def _no_lora(self) -> "SFTConfig":
+    def _no_lora(self) -> SFTConfig:
         if self.model.lora is not None:
             raise ValueError(
                 "model.lora is for `grpokit train`; `grpokit sft` trains every weight: drop model.lora from the SFT config"

@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import copy
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -116,7 +117,7 @@ class _Silent:
     def __getattr__(self, name: str) -> Callable[..., None]:
         return lambda *args, **kwargs: None
 
-    def __enter__(self) -> "_Silent":
+    def __enter__(self) -> _Silent:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -149,7 +150,7 @@ class World:
         self._ref: torch.nn.Module | None = None  # pi_ref (FSDP2: sharded as the policy is)
 
     @classmethod
-    def from_env(cls, cfg: Config) -> "World":
+    def from_env(cls, cfg: Config) -> World:
         """The world torchrun describes (RANK, WORLD_SIZE, LOCAL_RANK; MASTER_ADDR / MASTER_PORT are read when the
         process group starts, in wrap). WORLD_SIZE unset or 1: one process, no process group."""
         size = int(os.environ.get("WORLD_SIZE") or 1)

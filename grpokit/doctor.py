@@ -22,14 +22,14 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Literal, NamedTuple, Sequence
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
 from grpokit.metrics import (
-    ADVANTAGE_ABS_MEAN,
     ADVANTAGE_MEAN,
     EVAL_PASS_AT_1,
     METRICS_FILE,

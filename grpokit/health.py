@@ -21,7 +21,8 @@ ends there anyway, with its final save. `grpokit doctor` reports the same from m
 from __future__ import annotations
 
 import logging
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from grpokit.config import Config
 from grpokit.metrics import failed_fractions, no_learning_signal

@@ -24,8 +24,9 @@ import json
 import math
 import os
 import resource
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -409,7 +410,7 @@ class MeanAccumulator:
         return {k: self.sums[k] / self.weights[k] for k in self.sums if self.weights[k] > 0}
 
     @staticmethod
-    def merge(parts: list[tuple[dict[str, float], dict[str, float]]]) -> "MeanAccumulator":
+    def merge(parts: list[tuple[dict[str, float], dict[str, float]]]) -> MeanAccumulator:
         """One accumulator from several (sums, weights): every rank's micro-batches (grpokit/distributed.py)."""
         out = MeanAccumulator()
         for sums, weights in parts:

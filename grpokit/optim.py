@@ -12,7 +12,7 @@ with a TrainingError that says what was non-finite, where, and what to change.
 from __future__ import annotations
 
 import math
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import Tensor

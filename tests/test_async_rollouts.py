@@ -14,7 +14,6 @@ from grpokit.policy import batched_logprobs, load_policy
 from grpokit.rollout import make_engine
 from grpokit.rollout.pipeline import RolloutPipeline
 from grpokit.trainer import Trainer
-from tests.test_rollout_vllm import model_dir as vllm_model_dir  # noqa: F401  (a fixture: a tiny Llama with head size 64)
 from tests.test_trainer import Crash, _crash_at, config, read_metrics
 
 LAG = ["rollout.engine=fast", "rollout.max_policy_lag=1"]

@@ -7,7 +7,6 @@ Run: .venv/bin/python -m pytest tests/test_chat_data.py
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 from transformers import AutoTokenizer

@@ -171,7 +171,7 @@ def test_non_utf8_bytes_name_the_line_and_column(tmp_path):
     (tmp_path / "d.json").write_bytes(b'[\n  {"prompt": "a"},\n  {"prompt": "\xe9t\xe9"}\n]')
     with pytest.raises(DataError, match=r"^d.json: line 3 is not valid UTF-8 \(byte 0xe9 at column 15\)"):
         load_rows(tmp_path / "d.json")
-    (tmp_path / "d.csv").write_bytes("prompt,answer\nq,1\n".encode() + "caf\u00e9,2\n".encode("cp1252"))
+    (tmp_path / "d.csv").write_bytes(b"prompt,answer\nq,1\n" + "caf\u00e9,2\n".encode("cp1252"))
     with pytest.raises(DataError, match=r"^d.csv: line 3 is not valid UTF-8 \(byte 0xe9 at column 4\)"):
         load_rows(tmp_path / "d.csv")
     (tmp_path / "bom.jsonl").write_bytes(b'\xef\xbb\xbf{"prompt": "a"}\n')  # a BOM is UTF-8, not an error

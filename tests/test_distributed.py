@@ -17,7 +17,6 @@ import pytest
 import torch
 
 from grpokit.batch import RolloutBatch, pack_sequences
-from grpokit.checkpoint import CheckpointError
 from grpokit.config import ConfigError, load_config
 from grpokit.distributed import World, cat_batches
 
@@ -244,8 +243,9 @@ def test_sigterm_to_the_launcher_saves_a_sharded_checkpoint_that_resumes(tiny_mo
     step, path = found
     assert step >= 1 and is_sharded_checkpoint(path), path
     assert f"SIGTERM: saved step {step} to {path}" in out, out[-3000:] + err[-5000:]
-    from grpokit.cli import app
     from typer.testing import CliRunner
+
+    from grpokit.cli import app
 
     resumed = CliRunner().invoke(
         app, ["train", str(cfg), f"optim.max_steps={step + 1}", "checkpoint.allow_changes=[optim.max_steps]"]

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import yaml
 
-from grpokit.doctor import CHECKS, Finding, diagnose, doctor_main
+from grpokit.doctor import CHECKS, diagnose, doctor_main
 
 N = 200  # logged steps 1..200
 CONFIG = {

@@ -28,9 +28,9 @@ import grpokit.algorithm
 from grpokit.algo import group_advantages, policy_loss
 from grpokit.checkpoint import list_checkpoints
 from grpokit.config import load_config
+from grpokit.optim import TrainingError
 from grpokit.rewards import RewardManager
 from grpokit.rewards.manager import RewardSpec
-from grpokit.optim import TrainingError
 from grpokit.trainer import Trainer
 
 REWARD = f"{Path(__file__).parent / 'reward_fns.py'}:count_sevens"

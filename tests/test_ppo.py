@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from grpokit.algo import explained_variance, gae_advantages, masked_whiten, token_rewards, value_loss
+from grpokit.batch import pack_sequences
 from grpokit.checkpoint import list_checkpoints
 from grpokit.config import load_config
-from grpokit.batch import pack_sequences
 
 REWARD = f"{Path(__file__).parent / 'reward_fns.py'}:count_sevens"
 

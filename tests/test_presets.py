@@ -16,8 +16,8 @@ import math
 import pytest
 import torch
 
-from grpokit.config import PRESETS, load_config
 from grpokit.algorithm import algorithm_loss, make_loss_mask, outcome_advantages
+from grpokit.config import PRESETS, load_config
 
 G, B, T, L = 4, 3, 7, 10  # group size, prompts, padded width, max_completion_length
 EPS = 1e-6  # algorithm.std_eps

@@ -5,7 +5,6 @@ Run: .venv/bin/python -m pytest tests/test_reward_model.py
 """
 
 import json
-from pathlib import Path
 
 import pytest
 import torch

@@ -25,10 +25,9 @@ from tests.test_rollout_vllm import (
     assert_learned_and_every_push_took,
     grpo_config,
     load,
-    logprobs_differ_before_a_push_and_match_after,  # noqa: F401
-    model_dir,
+    logprobs_differ_before_a_push_and_match_after,
     prompts,
-)  # model_dir: the fixture
+)
 
 START_TIMEOUT_S = 300  # vLLM's start on a busy 2-core machine: 20-50 s
 
@@ -40,8 +39,8 @@ def _die_with_parent():
 
 
 @pytest.fixture(scope="module")
-def server(model_dir, tmp_path_factory):
-    """(url, log path) of a `grpokit serve` subprocess on model_dir, listening on a free port; terminated at the end."""
+def server(vllm_model_dir, tmp_path_factory):
+    """(url, log path) of a `grpokit serve` subprocess on vllm_model_dir, listening on a free port; terminated at the end."""
     log = tmp_path_factory.mktemp("serve") / "serve.log"
     with open(log, "w") as out:
         proc = subprocess.Popen(
@@ -50,7 +49,7 @@ def server(model_dir, tmp_path_factory):
                 "-m",
                 "grpokit",
                 "serve",
-                str(model_dir),
+                str(vllm_model_dir),
                 "--port",
                 "0",
                 "--threads",
@@ -83,8 +82,8 @@ def connect(server, model, tok):
     return VLLMServerEngine(model, tok, url=server[0], timeout=START_TIMEOUT_S)
 
 
-def test_sampling_logprobs_match_the_trainer_after_a_push_and_differ_before(server, model_dir):
-    model, tok = load(model_dir)
+def test_sampling_logprobs_match_the_trainer_after_a_push_and_differ_before(server, vllm_model_dir):
+    model, tok = load(vllm_model_dir)
     engine = connect(
         server, model, tok
     )  # waits for the server's "ready", checks its model, pushes the trainer's weights
@@ -97,8 +96,8 @@ def test_sampling_logprobs_match_the_trainer_after_a_push_and_differ_before(serv
     assert comps.texts == tok.batch_decode(comps.token_ids, skip_special_tokens=True)
 
 
-def test_each_sample_carries_the_version_of_the_push_before_it(server, model_dir):
-    model, tok = load(model_dir)
+def test_each_sample_carries_the_version_of_the_push_before_it(server, vllm_model_dir):
+    model, tok = load(vllm_model_dir)
     engine = connect(server, model, tok)  # the trainer's first push is version 0
     p, sampling = prompts(tok), SamplingParams(max_tokens=4)
     assert engine.generate(p, 2, sampling).versions == [0] * 4
@@ -110,8 +109,8 @@ def test_each_sample_carries_the_version_of_the_push_before_it(server, model_dir
     assert engine.generate(p, 1, sampling).versions == [8, 8]
 
 
-def test_the_runs_generator_decides_the_samples_as_in_the_colocated_engine(server, model_dir):
-    model, tok = load(model_dir)
+def test_the_runs_generator_decides_the_samples_as_in_the_colocated_engine(server, vllm_model_dir):
+    model, tok = load(vllm_model_dir)
     engine = connect(server, model, tok)
     p, sampling = prompts(tok), SamplingParams(max_tokens=12)
     torch.manual_seed(7)
@@ -140,10 +139,10 @@ def test_the_runs_generator_decides_the_samples_as_in_the_colocated_engine(serve
     assert max(abs(x - y) for u, v in zip(here.logprobs, a.logprobs) for x, y in zip(u, v)) < 1e-5
 
 
-def test_greedy_and_stop_sequences_mean_what_they_mean_in_the_colocated_engine(server, model_dir):
+def test_greedy_and_stop_sequences_mean_what_they_mean_in_the_colocated_engine(server, vllm_model_dir):
     from grpokit.rollout.fast import FastEngine
 
-    model, tok = load(model_dir)
+    model, tok = load(vllm_model_dir)
     engine = connect(server, model, tok)
     p, greedy = prompts(tok), SamplingParams(max_tokens=12, greedy=True)
     fast = FastEngine(model, tok).generate(p, 2, greedy)
@@ -154,8 +153,8 @@ def test_greedy_and_stop_sequences_mean_what_they_mean_in_the_colocated_engine(s
     assert engine.generate(p, 1, stop).token_ids == FastEngine(model, tok).generate(p, 1, stop).token_ids
 
 
-def test_a_push_that_did_not_take_is_caught(server, model_dir):
-    model, tok = load(model_dir)
+def test_a_push_that_did_not_take_is_caught(server, vllm_model_dir):
+    model, tok = load(vllm_model_dir)
     engine = connect(server, model, tok)
     other = build_tiny_llama(tok, size="test", seed=1, config={"head_dim": 64})
     # Only some tensors of another model reach the server: it now runs neither model.
@@ -200,14 +199,14 @@ def test_a_server_on_another_model_is_a_clear_error(server, tiny_model_dir, tmp_
     assert f"`grpokit serve {tiny_model_dir}`" in line, line
 
 
-def test_grpo_on_a_vllm_server_learns_and_every_push_takes(server, model_dir, tmp_path):
+def test_grpo_on_a_vllm_server_learns_and_every_push_takes(server, vllm_model_dir, tmp_path):
     """The loop with rollout.vllm_mode=server, as test_grpo_on_vllm_learns_and_every_push_takes runs it colocated:
     the reward rises, and the mismatch stays at float noise at every step (each step's samples came from the weights
     pushed after the step before)."""
     from grpokit.trainer import Trainer
 
     cfg = grpo_config(
-        model_dir,
+        vllm_model_dir,
         tmp_path / "run",
         "optim.max_steps=30",
         "rollout.engine=vllm",

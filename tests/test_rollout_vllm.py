@@ -21,18 +21,7 @@ from grpokit.rollout import SamplingParams
 from grpokit.rollout.fast import FastEngine
 from grpokit.rollout.vllm import RolloutError, VLLMEngine
 from grpokit.rollout.weights import model_prompt_logprobs
-from grpokit.tasks import get_task
 from grpokit.tasks.tiny_model import build_tiny_llama
-from grpokit.tasks.tokenizer import build_tokenizer
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny_llama_hd64")
-    tok = build_tokenizer(get_task("countdown"), path)
-    build_tiny_llama(tok, size="test", seed=0, config={"head_dim": 64}).save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
 
 
 def load(path):
@@ -42,8 +31,8 @@ def load(path):
 
 
 @pytest.fixture(scope="module")
-def engine_and_model(model_dir):
-    model, tok = load(model_dir)
+def engine_and_model(vllm_model_dir):
+    model, tok = load(vllm_model_dir)
     engine = VLLMEngine(model, tok, max_model_len=256, max_seqs=32)
     yield engine, model, tok
     engine.close()
@@ -81,8 +70,8 @@ def one_optimizer_step(model, tok):
     model.eval()
 
 
-def test_sampling_logprobs_match_the_trainer_after_a_push_and_differ_before(model_dir):
-    model, tok = load(model_dir)
+def test_sampling_logprobs_match_the_trainer_after_a_push_and_differ_before(vllm_model_dir):
+    model, tok = load(vllm_model_dir)
     engine = VLLMEngine(model, tok, max_model_len=256, max_seqs=32)
     try:
         logprobs_differ_before_a_push_and_match_after(engine, model, tok)
@@ -164,7 +153,7 @@ def test_the_runs_generator_decides_the_samples(engine_and_model):
     assert len({tuple(x) for x in a[:4]}) > 1  # the n samples of a prompt are not copies of each other
 
 
-def test_a_push_that_did_not_take_is_caught(engine_and_model, model_dir):
+def test_a_push_that_did_not_take_is_caught(engine_and_model, vllm_model_dir):
     engine, model, tok = engine_and_model
     other = build_tiny_llama(tok, size="test", seed=1, config={"head_dim": 64})
     # Only some tensors of another model reach vLLM: the engine now runs neither model.
@@ -190,10 +179,10 @@ def test_sleep_and_wake_up_do_nothing_on_cpu(engine_and_model):
 @pytest.mark.skipif(
     not torch.cuda.is_available(), reason="vLLM's sleep mode needs CUDA (the CPU backend has none)"
 )
-def test_sleep_frees_gpu_memory_and_wake_up_brings_the_same_engine_back(model_dir):
+def test_sleep_frees_gpu_memory_and_wake_up_brings_the_same_engine_back(vllm_model_dir):
     """On CUDA: sleep() (level 1) frees the KV cache and moves the weights to CPU memory; a push while asleep wakes
     the engine; after wake_up the engine samples what it sampled before, and pushes still take."""
-    model, tok = load(model_dir)
+    model, tok = load(vllm_model_dir)
     model = model.cuda()
     engine = VLLMEngine(model, tok, max_model_len=256, max_seqs=32, gpu_memory_utilization=0.2)
     try:
@@ -223,8 +212,8 @@ def test_sleep_frees_gpu_memory_and_wake_up_brings_the_same_engine_back(model_di
         engine.close()
 
 
-def test_starting_vllm_leaves_the_process_as_it_was(model_dir):
-    model, tok = load(model_dir)
+def test_starting_vllm_leaves_the_process_as_it_was(vllm_model_dir):
+    model, tok = load(vllm_model_dir)
     torch.set_num_threads(1)
     random.seed(3)
     np.random.seed(3)
@@ -252,14 +241,14 @@ def test_a_head_size_vllm_cpu_cannot_run_is_a_clear_error(tiny_model_dir):
         VLLMEngine(model, tok)
 
 
-def grpo_config(model_dir, out, *extra):
+def grpo_config(vllm_model_dir, out, *extra):
     from grpokit.config import load_config
 
     reward = f"{__file__.rsplit('/', 1)[0]}/reward_fns.py:count_sevens"
     return load_config(
         None,
         [
-            f"model.name_or_path={model_dir}",
+            f"model.name_or_path={vllm_model_dir}",
             "data.task=countdown",
             "data.task_train_size=500",
             "data.eval_size=0",
@@ -278,14 +267,14 @@ def grpo_config(model_dir, out, *extra):
     )
 
 
-def test_grpo_on_vllm_learns_and_every_push_takes(model_dir, tmp_path):
+def test_grpo_on_vllm_learns_and_every_push_takes(vllm_model_dir, tmp_path):
     """The loop with rollout.engine=vllm: the reward rises as with the other engines (tests/test_trainer.py), and
     the mismatch logged at every step stays at float noise: each step's samples came from the weights of the
     step before (a push that did not take would show the previous policy's log-probs, as in the must-show test)."""
     from grpokit.trainer import Trainer
 
     cfg = grpo_config(
-        model_dir,
+        vllm_model_dir,
         tmp_path / "run",
         "optim.max_steps=30",
         "rollout.engine=vllm",

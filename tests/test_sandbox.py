@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import os
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -24,10 +24,9 @@ import textwrap
 
 import pytest
 
-from grpokit.rewards import BUILTIN_REWARDS, RewardManager, RewardSpec
-from grpokit.rewards.code import code_tests, evaluate_code, extract_code, parse_stdio, parse_tests
-from grpokit.rewards import sandbox
+from grpokit.rewards import BUILTIN_REWARDS, RewardManager, RewardSpec, sandbox
 from grpokit.rewards.cgroup import memory_pool
+from grpokit.rewards.code import code_tests, evaluate_code, extract_code, parse_stdio, parse_tests
 from grpokit.rewards.sandbox import UID_BASE, UID_COUNT, Limits, isolation_mode, run_many, run_python
 
 SMALL = Limits(

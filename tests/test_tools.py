@@ -16,30 +16,29 @@ import pytest
 import torch
 
 from grpokit.algo import policy_loss, token_logprobs
+from grpokit.algorithm import make_loss_mask
 from grpokit.batch import pack_sequences, process_rewards
 from grpokit.config import AlgorithmConfig, ConfigError, load_config
-from grpokit.algorithm import make_loss_mask
 from grpokit.policy import completion_logprobs
 from grpokit.rewards import RewardManager, RewardSpec, StepScores
 from grpokit.rollout import SamplingParams, make_engine
 from grpokit.rollout.base import Completions
-from grpokit.rollout.episodes import ToolRollout, generate_groups
+from grpokit.rollout.episodes import ToolRollout
 from grpokit.tasks import reward_registry
 from grpokit.tasks.tiny_model import build_tiny_llama
 from grpokit.tasks.tokenizer import build_tokenizer
-from grpokit.tools.formats import ParsedCall
 from grpokit.tools import (
     ChatTemplateFormat,
-    Episode,
+    Episode,  # noqa: F401 (loaded by name below: tools.environment={__name__}:Episode)
     PlainFormat,
     ToolBox,
-    ToolCall,
     as_tool,
     calculator,
     check_arguments,
     episode_metrics,
     function_schema,
 )
+from grpokit.tools.formats import ParsedCall
 from grpokit.tools.rewards import step_cost, tool_args_valid, tool_call_valid, tool_result_used
 from grpokit.tools.setup import environment_reward_spec, load_tools
 

@@ -6,11 +6,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from grpokit.batch import pack_sequences
 from grpokit.checkpoint import list_checkpoints
 from grpokit.config import load_config
 from grpokit.policy import batched_logprobs
 from grpokit.rewards.build import reward_specs
-from grpokit.batch import pack_sequences
 from grpokit.trainer import Trainer
 
 REWARD = f"{Path(__file__).parent / 'reward_fns.py'}:count_sevens"

@@ -9,7 +9,7 @@ See docs/algorithm.md for the formulas and where each comes from.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import Tensor

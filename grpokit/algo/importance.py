@@ -25,7 +25,7 @@ carries no gradient. NaN sampler log-probs (none from our engines) count as d = 
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import Tensor

@@ -15,7 +15,8 @@ from __future__ import annotations
 import math
 import sys
 import time
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from grpokit.metrics import EVAL_PASS_AT_1, POLICY_KL, REWARD_MEAN, REWARD_PREFIX, as_number, reward_fn
 

@@ -18,8 +18,9 @@ import io
 import os
 import re
 import statistics
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from grpokit.metrics import (
     EVAL_PASS_AT_1,

@@ -26,8 +26,9 @@ import os
 import subprocess
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import Any, ClassVar
 
 from grpokit.config import ConfigError
 

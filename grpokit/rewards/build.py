@@ -8,7 +8,8 @@ function, a bad kwarg, a dataset column a function needs, eval.reward naming no 
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from grpokit.config import Config, ConfigError, RewardSpec
 from grpokit.rewards.manager import RewardManager

@@ -24,7 +24,8 @@ import logging
 import os
 import re
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from grpokit.rewards.code import code_tests
 from grpokit.rewards.text import completion_text

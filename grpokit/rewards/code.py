@@ -34,13 +34,14 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import logging
 import json
+import logging
 import re
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from grpokit.rewards.sandbox import Isolation, Limits, SandboxResult, run_many
 from grpokit.rewards.text import completion_text

@@ -32,7 +32,8 @@ import logging
 import threading
 import time
 import weakref
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import torch
 
@@ -59,7 +60,7 @@ class Pending:
         future: concurrent.futures.Future,
         finished: threading.Event,
         timeout: float | None,
-        owner: "LoopThread | None" = None,
+        owner: LoopThread | None = None,
         loop: asyncio.AbstractEventLoop | None = None,
         tasks: list | None = None,
     ):
@@ -75,7 +76,7 @@ class Pending:
         self.released = False  # cut off by another function that blocked the loop: not busy itself
 
     @classmethod
-    def failed(cls, exc: BaseException) -> "Pending":
+    def failed(cls, exc: BaseException) -> Pending:
         future: concurrent.futures.Future = concurrent.futures.Future()
         future.set_exception(exc)
         finished = threading.Event()

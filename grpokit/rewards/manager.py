@@ -52,22 +52,22 @@ import numbers
 import os
 import pkgutil
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from grpokit.config import RewardSpec, check_on_timeout
 from grpokit.metrics import (
+    RESERVED_REWARD_NAMES,
     REWARD_ERROR_FRAC,
     REWARD_NONE_FRAC,
     REWARD_SKIPPED_FRAC,
     REWARD_TOTAL,
     REWARD_TOTAL_STD,
-    RESERVED_REWARD_NAMES,
     reward_errors,
     reward_fn,
     reward_fn_std,
@@ -233,7 +233,7 @@ class _Reward:
     """what the spec's own timed-out calls score (OnTimeout); None = the manager's"""
 
     @classmethod
-    def build(cls, spec: Any, registry: Registry) -> "_Reward":
+    def build(cls, spec: Any, registry: Registry) -> _Reward:
         if isinstance(spec, (str, RewardSpec)) or callable(spec):
             spec = spec if isinstance(spec, RewardSpec) else RewardSpec(function=spec)
         get = spec.get if isinstance(spec, Mapping) else (lambda k, d=None: getattr(spec, k, d))
@@ -347,7 +347,7 @@ class RewardOutput:
             self.skipped = torch.zeros(self.total.shape, dtype=torch.bool)
 
     @staticmethod
-    def take(spans: list[tuple["RewardOutput", slice]]) -> "RewardOutput":
+    def take(spans: list[tuple[RewardOutput, slice]]) -> RewardOutput:
         """The samples `slice` of each output, concatenated in order: the groups dynamic sampling keeps
         (grpokit/batch.py), every rank's batch (grpokit/distributed.py). Errors and timeouts, which count
         calls' failures, add up once per distinct output."""

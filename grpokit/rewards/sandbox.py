@@ -46,9 +46,10 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Iterable, Literal, Mapping
+from typing import Literal
 
 from grpokit.rewards.cgroup import MemoryGroup, machine_memory_mb, memory_pool
 

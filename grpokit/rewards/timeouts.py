@@ -28,8 +28,9 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -64,7 +65,7 @@ class OnTimeout:
     key: str = ""
 
     @classmethod
-    def pick(cls, own: str | float | None, default: str | float | None, strict: bool) -> "OnTimeout":
+    def pick(cls, own: str | float | None, default: str | float | None, strict: bool) -> OnTimeout:
         """A reward's own on_timeout, else the manager's (config reward_on_timeout), else as reward_errors says."""
         if own is not None:
             return cls(own, "its own on_timeout")

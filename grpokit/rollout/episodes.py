@@ -20,9 +20,10 @@ Log-probs: the engine's for the model's tokens (0.0 on tool tokens) when it retu
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from grpokit.rollout.base import Completions, RolloutEngine, SamplingParams
 from grpokit.rollout.hf import eos_token_ids

@@ -40,7 +40,6 @@ from transformers.cache_utils import DynamicCache, DynamicLayer
 from grpokit.rollout.base import Completions, SamplingParams, cache_kwarg
 from grpokit.rollout.hf import eos_token_ids, left_pad
 
-
 #: Finished rows leave the batch once they are more than this fraction of it (0: at every EOS).
 #: 0, 1/8 and 1/4 measured within noise of each other, 0 a little slower; never compacting is much
 #: slower for long completions.

@@ -85,7 +85,7 @@ class _Served:
 
 
 class _Handler(BaseHTTPRequestHandler):
-    server: "_Server"
+    server: _Server
 
     def do_GET(self):  # noqa: N802 (http.server's name)
         if self.path == "/health":

@@ -151,7 +151,7 @@ class VLLMServerEngine:
             raise RolloutError(
                 f"the rollout server at {self.url} failed on {method} {path}: {what}"
             ) from None
-        except (TimeoutError, socket.timeout) as exc:
+        except TimeoutError as exc:
             raise self._timed_out(method, path) from exc
         except urllib.error.URLError as exc:
             if isinstance(exc.reason, (TimeoutError, socket.timeout)):

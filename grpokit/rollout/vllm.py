@@ -63,17 +63,19 @@ from grpokit.config import ConfigError
 from grpokit.rollout.base import Completions, SamplingParams
 from grpokit.rollout.hf import eos_token_ids
 from grpokit.rollout.weights import (
-    RolloutError,
+    RolloutError as RolloutError,  # raised here, and imported from here by callers
+)
+from grpokit.rollout.weights import (
     base_model,
     check_push,
     probe_ids,
     push_error,
     trainable_tensors,
-)  # noqa: F401 (RolloutError: raised here, imported from here)
+)
 
 DEFAULT_KV_CACHE_MB = 256
 #: the engine alive in this process: vLLM's in-process state (its torch.distributed group) allows one at a time
-_LIVE: list["VLLMEngine"] = []
+_LIVE: list[VLLMEngine] = []
 
 
 class _ExpectedWarnings(logging.Filter):

@@ -14,7 +14,8 @@ that belong to a task are in TASK_REWARDS, and `reward_registry()` is every name
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from grpokit.rewards.builtins import BUILTIN_REWARDS
 from grpokit.tasks.arithmetic import ArithmeticTask

@@ -25,8 +25,9 @@ import inspect
 import json
 import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from grpokit.tools.schema import check_arguments, function_schema
 
@@ -111,7 +112,7 @@ class ToolBox:
         columns: dict[str, Any] | None = None,
         timeout: float = 10.0,
         max_result_chars: int = 1000,
-    ) -> tuple["ToolBox", str | None]:
+    ) -> tuple[ToolBox, str | None]:
         """A toolbox with a fresh environment (reset with the row's columns); returns it and reset's observation."""
         env, observation = None, None
         if env_factory is not None:

@@ -15,7 +15,8 @@ import inspect
 import re
 import types
 import typing
-from typing import Any, Callable, Literal, Union
+from collections.abc import Callable
+from typing import Any, Literal, Union
 
 _JSON_TYPES = {
     int: "integer",

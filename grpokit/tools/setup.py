@@ -14,8 +14,9 @@ import importlib.util
 import inspect
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from grpokit.config import ConfigError, RewardSpec, ToolsConfig
 from grpokit.tools.builtin import BUILTIN_TOOLS
