@@ -1,11 +1,16 @@
-"""grpokit against TRL's GRPOTrainer on the same GRPO workload, on CPU: time per step, tokens/s, memory, reward.
+"""grpokit against TRL's GRPOTrainer on the same GRPO workload, on CPU: time per step, tokens/s, memory,
+reward.
 
-    make bench                                            # installs .[bench] (trl, accelerate, datasets) into .venv
-    .venv/bin/python benchmarks/compare_trl.py            # both workloads -> benchmarks/results/compare_trl.md + reward_curves.png
-    .venv/bin/python benchmarks/compare_trl.py --workloads small --steps 12   # a quick look
-    .venv/bin/python benchmarks/compare_trl.py --compile  # also grpokit with model.compile=true (a third run per round)
+    # installs .[bench] (trl, accelerate, datasets) into .venv
+    make bench
+    # both workloads -> benchmarks/results/compare_trl.md + reward_curves.png
+    .venv/bin/python benchmarks/compare_trl.py
+    # a quick look
+    .venv/bin/python benchmarks/compare_trl.py --workloads small --steps 12
+    # also grpokit with model.compile=true (a third run per round)
+    .venv/bin/python benchmarks/compare_trl.py --compile
+    # the vocab workload -> benchmarks/results/compare_trl_vocab.md
     .venv/bin/python benchmarks/compare_trl.py --workloads vocab --threads 1 --completion-lengths 64,256,1024
-                                                          # the vocab workload -> benchmarks/results/compare_trl_vocab.md
 
 Same workload for both frameworks: the same tiny Llama and character tokenizer (grpokit.tasks), saved to a
 folder and warmed up once with grpokit.sft on countdown (or --model DIR); the same countdown rows (a JSONL
@@ -58,10 +63,11 @@ log-probs). Columns (medians over the steps after --warmup):
   tok/s (step)   (vocab) completion tokens of a step / s/step: the end-to-end throughput
   peak RSS     ru_maxrss of the framework's process at the end of its last step (imports included; grpokit's
                final checkpoint save, which TRL with save_strategy="no" does not do, is left out)
-The roofline section counts 6 x non-embedding params x the real (non-padding) tokens each framework runs through
-the model x mu per training phase (grpokit runs each distinct prompt once and its G completions on its KV cache:
-distinct prompts' tokens + completion tokens; TRL: every row's prompt + completion) and 2 x non-embedding params x generated tokens per rollout, against this machine's fp32
-matmul peak (benchmarks/roofline.py). Timings on a shared machine are noisy: the load is recorded per run.
+The roofline section counts 6 x non-embedding params x the real (non-padding) tokens each framework runs
+through the model x mu per training phase (grpokit runs each distinct prompt once and its G completions on its
+KV cache: distinct prompts' tokens + completion tokens; TRL: every row's prompt + completion) and 2 x
+non-embedding params x generated tokens per rollout, against this machine's fp32 matmul peak
+(benchmarks/roofline.py). Timings on a shared machine are noisy: the load is recorded per run.
 """
 
 from __future__ import annotations
@@ -120,7 +126,9 @@ WORKLOADS: dict[str, dict] = {
         lr=1e-4,
         steps=4,
         warmup=1,
-        sft=None,  # no warm start: a fresh model samples EOS with probability ~1/151,936 a token -> full-length completions
+        # no warm start: a fresh model samples EOS with probability ~1/151,936 a token -> full-length
+        # completions
+        sft=None,
         pad_to=None,
     ),
 }
@@ -313,10 +321,11 @@ def child_grpokit(spec: dict) -> dict:
     cfg = load_config(base=tree, overrides=spec.get("overrides") or None)
     engine = cfg.rollout.engine + (", compile" if getattr(cfg.model, "compile", False) else "")
     shapes = (
-        f"grpokit: rollout batch {cfg.rollout_batch_size} = {cfg.rollout.prompts_per_step} prompts x G={cfg.rollout.num_generations}; "
-        f"{cfg.optim.num_minibatches} minibatch(es) of {cfg.minibatch_size}, micro-batch {cfg.micro_batch_size}; "
-        f"mu={mu} -> {mu * cfg.optim.num_minibatches} optimizer step(s) per step on {cfg.minibatch_size} completions each; "
-        f"engine={engine}"
+        f"grpokit: rollout batch {cfg.rollout_batch_size} = {cfg.rollout.prompts_per_step} prompts x "
+        f"G={cfg.rollout.num_generations}; {cfg.optim.num_minibatches} minibatch(es) of "
+        f"{cfg.minibatch_size}, micro-batch {cfg.micro_batch_size}; mu={mu} -> "
+        f"{mu * cfg.optim.num_minibatches} optimizer step(s) per step on {cfg.minibatch_size} completions "
+        f"each; engine={engine}"
     )
     print(shapes, flush=True)
     trainer = TimedTrainer(cfg)
@@ -450,10 +459,11 @@ def child_trl(spec: dict) -> dict:
     a = trainer.args
     shapes = (
         f"TRL {trl.__version__}: per_device_train_batch_size={a.per_device_train_batch_size} x "
-        f"gradient_accumulation_steps={a.gradient_accumulation_steps} = {a.per_device_train_batch_size * a.gradient_accumulation_steps} "
-        f"completions per optimizer step; generation_batch_size={a.generation_batch_size} "
-        f"(steps_per_generation={a.steps_per_generation}, num_generations={a.num_generations} -> "
-        f"{a.generation_batch_size // a.num_generations} prompts); num_iterations={a.num_iterations} -> a new generation every "
+        f"gradient_accumulation_steps={a.gradient_accumulation_steps} = "
+        f"{a.per_device_train_batch_size * a.gradient_accumulation_steps} completions per optimizer step; "
+        f"generation_batch_size={a.generation_batch_size} (steps_per_generation={a.steps_per_generation}, "
+        f"num_generations={a.num_generations} -> {a.generation_batch_size // a.num_generations} prompts); "
+        f"num_iterations={a.num_iterations} -> a new generation every "
         f"{a.steps_per_generation * a.num_iterations} optimizer step(s); optim={a.optim}"
     )
     print(shapes, flush=True)
@@ -559,11 +569,14 @@ def run_child(framework: str, spec: dict, work: Path) -> dict:
             peak_kb = max(peak_kb, mem["VmHWM"], mem["VmRSS"])
             avail = _proc_kb("/proc/meminfo", "MemAvailable")["MemAvailable"]
             if limit_kb and mem["VmRSS"] > limit_kb:
-                why = f"out of memory: RSS passed the {spec['mem_limit_gb']:g} GiB limit (killed at {mem['VmRSS'] / 2**20:.1f} GiB)"
+                why = (
+                    f"out of memory: RSS passed the {spec['mem_limit_gb']:g} GiB limit (killed at "
+                    f"{mem['VmRSS'] / 2**20:.1f} GiB)"
+                )
             elif reserve_kb and avail and avail < reserve_kb:
                 why = (
-                    f"out of memory: the machine's available memory fell under {spec['mem_reserve_gb']:g} GiB "
-                    f"(killed at RSS {mem['VmRSS'] / 2**20:.1f} GiB)"
+                    f"out of memory: the machine's available memory fell under {spec['mem_reserve_gb']:g} "
+                    f"GiB (killed at RSS {mem['VmRSS'] / 2**20:.1f} GiB)"
                 )
             elif timeout and time.perf_counter() - t > timeout:
                 why = f"timed out: still running after {timeout:.0f} s (killed)"
@@ -647,7 +660,8 @@ def best_round(summaries: list[dict]) -> dict:
 
 
 def table(rows: list[tuple[str, dict, dict]]) -> list[str]:
-    """rows: (label, summary, result) for each grpokit variant, then TRL last; a ratio row per grpokit variant."""
+    """rows: (label, summary, result) for each grpokit variant, then TRL last; a ratio row per grpokit
+    variant."""
     cols = [
         ("s/step", "step_s", "{:.3f}"),
         ("rollout s", "gen_s", "{:.3f}"),
@@ -775,9 +789,10 @@ def run_vocab(wl: dict, args, engine: str, work: Path) -> list[str]:
     }
     cells: dict[int, dict] = {}
     md = [
-        f"## vocab: {counts['total'] / 1e6:.2f}M parameters ({counts['non_embedding'] / 1e6:.2f}M non-embedding, "
-        f"{counts['embedding'] / 1e6:.2f}M in the tied embedding / LM head), vocabulary {wl['vocab_size']:,}, "
-        f"{wl['prompts']} prompts x G={wl['G']}, completions of T = {', '.join(map(str, lengths))} tokens, {steps} steps",
+        f"## vocab: {counts['total'] / 1e6:.2f}M parameters ({counts['non_embedding'] / 1e6:.2f}M "
+        f"non-embedding, {counts['embedding'] / 1e6:.2f}M in the tied embedding / LM head), vocabulary "
+        f"{wl['vocab_size']:,}, {wl['prompts']} prompts x G={wl['G']}, completions of T = "
+        f"{', '.join(map(str, lengths))} tokens, {steps} steps",
         "",
     ]
     for T in lengths:
@@ -856,9 +871,9 @@ def run_vocab(wl: dict, args, engine: str, work: Path) -> list[str]:
     md += [
         "### Growth with the completion length",
         "",
-        "s/step, peak RSS and tokens/s (completion tokens of a step / s per step) at each T; in brackets, each value "
-        "over the same framework's value at the smallest T it finished. A failed run shows why it stopped (details in "
-        "its T's table).",
+        "s/step, peak RSS and tokens/s (completion tokens of a step / s per step) at each T; in brackets, "
+        "each value over the same framework's value at the smallest T it finished. A failed run shows why it "
+        "stopped (details in its T's table).",
         "",
         *growth_table(cells, fws),
         "",
@@ -868,14 +883,16 @@ def run_vocab(wl: dict, args, engine: str, work: Path) -> list[str]:
         if g is not None and t is not None:
             rss, speed = g["rss"] / t["rss"], t["step_s"] / g["step_s"]
             md += [
-                f"At T = 256: grpokit's peak RSS is {rss:.2f}x TRL's ({g['rss']:.0f} vs {t['rss']:.0f} MB; target <= 0.5x: "
-                f"{'reached' if rss <= 0.5 else 'not reached'}); TRL's s/step over grpokit's is {speed:.2f}x "
-                f"({t['step_s']:.2f} vs {g['step_s']:.2f} s; target >= 1.5x: {'reached' if speed >= 1.5 else 'not reached'}).",
+                f"At T = 256: grpokit's peak RSS is {rss:.2f}x TRL's ({g['rss']:.0f} vs {t['rss']:.0f} MB; "
+                f"target <= 0.5x: {'reached' if rss <= 0.5 else 'not reached'}); TRL's s/step over grpokit's "
+                f"is {speed:.2f}x ({t['step_s']:.2f} vs {g['step_s']:.2f} s; target >= 1.5x: "
+                f"{'reached' if speed >= 1.5 else 'not reached'}).",
                 "",
             ]
         elif g is not None:
             md += [
-                f"At T = 256: TRL did not finish ({tres['failed']}); grpokit: {g['step_s']:.2f} s/step, {g['rss']:.0f} MB.",
+                f"At T = 256: TRL did not finish ({tres['failed']}); grpokit: {g['step_s']:.2f} s/step, "
+                f"{g['rss']:.0f} MB.",
                 "",
             ]
     return md
@@ -918,7 +935,8 @@ def main(argv=None) -> None:
     ap.add_argument(
         "--completion-lengths",
         type=lambda v: [int(x) for x in v.split(",")],
-        help="vocab workload: comma-separated completion lengths T, one row each (default 256), e.g. 64,256,1024",
+        help="vocab workload: comma-separated completion lengths T, one row each (default 256), e.g. "
+        "64,256,1024",
     )
     ap.add_argument(
         "--mem-limit-gb",
@@ -1004,20 +1022,22 @@ def main(argv=None) -> None:
             "",
             f"`{command}`",
             "",
-            f"Machine: {os.cpu_count()} CPU cores, {_proc_kb('/proc/meminfo', 'MemTotal')['MemTotal'] / 2**20:.0f} GiB memory, "
-            f"shared; torch {torch.__version__}, transformers {transformers.__version__}, TRL {trl.__version__}, "
+            f"Machine: {os.cpu_count()} CPU cores, "
+            f"{_proc_kb('/proc/meminfo', 'MemTotal')['MemTotal'] / 2**20:.0f} GiB memory, shared; torch "
+            f"{torch.__version__}, transformers {transformers.__version__}, TRL {trl.__version__}, "
             f"{args.threads} thread(s) per child; {load0} at the start. grpokit rollout engine: `{engine}`. "
-            "Each framework runs in its own process, one after the other; peak RSS is the child's ru_maxrss at the end "
-            "of its last step. A child is killed when its RSS passes "
+            "Each framework runs in its own process, one after the other; peak RSS is the child's ru_maxrss "
+            "at the end of its last step. A child is killed when its RSS passes "
             + (f"{args.mem_limit_gb:g} GiB" if args.mem_limit_gb else "(no limit)")
             + f" or the machine's available memory falls under {args.mem_reserve_gb:g} GiB"
             + (f" or after {args.child_timeout:.0f} s" if args.child_timeout else "")
-            + "; such a run is recorded as out of memory (or timed out) with the highest RSS seen. Same settings as "
-            f"the other workloads: beta={args.beta}, epsilon={ALGO['epsilon']}, loss_type={ALGO['loss_type']}, "
-            f"scale_rewards={ALGO['scale_rewards']}, mu={args.mu}, lr={WORKLOADS['vocab']['lr']} (constant), "
-            f"temperature={ALGO['temperature']}, top_p=1, top_k=0, seed={ALGO['seed']}. The model is not warmed up "
-            "(see the docstring of benchmarks/compare_trl.py): its completions run to the full length T and its "
-            "countdown reward is 0, as in `compute`; both frameworks still run every forward and backward.",
+            + "; such a run is recorded as out of memory (or timed out) with the highest RSS seen. Same "
+            f"settings as the other workloads: beta={args.beta}, epsilon={ALGO['epsilon']}, "
+            f"loss_type={ALGO['loss_type']}, scale_rewards={ALGO['scale_rewards']}, mu={args.mu}, "
+            f"lr={WORKLOADS['vocab']['lr']} (constant), temperature={ALGO['temperature']}, top_p=1, top_k=0, "
+            f"seed={ALGO['seed']}. The model is not warmed up (see the docstring of "
+            "benchmarks/compare_trl.py): its completions run to the full length T and its countdown reward "
+            "is 0, as in `compute`; both frameworks still run every forward and backward.",
             "",
         ]
         vocab_md += run_vocab(WORKLOADS["vocab"], args, engine, work)
@@ -1132,12 +1152,14 @@ def main(argv=None) -> None:
             "TRL": results["trl"]["steps"][:50],
         }
         md += [
-            f"## {name}: {counts['total'] / 1e6:.2f}M parameters ({counts['non_embedding'] / 1e6:.2f}M non-embedding), "
-            f"{wl['prompts']} prompts x G={wl['G']}, completions <= {wl['T']} tokens, {spec['steps']} steps",
+            f"## {name}: {counts['total'] / 1e6:.2f}M parameters ({counts['non_embedding'] / 1e6:.2f}M "
+            f"non-embedding), {wl['prompts']} prompts x G={wl['G']}, completions <= {wl['T']} tokens, "
+            f"{spec['steps']} steps",
             "",
-            f"beta={spec['beta']}, epsilon={spec['epsilon']}, loss_type={spec['loss_type']}, scale_rewards={spec['scale_rewards']}, "
-            f"mu={spec['mu']}, lr={spec['lr']} (constant), temperature={spec['temperature']}, seed={spec['seed']}, "
-            f"threads={spec['threads']}, {args.rounds} round(s) per framework"
+            f"beta={spec['beta']}, epsilon={spec['epsilon']}, loss_type={spec['loss_type']}, "
+            f"scale_rewards={spec['scale_rewards']}, mu={spec['mu']}, lr={spec['lr']} (constant), "
+            f"temperature={spec['temperature']}, seed={spec['seed']}, threads={spec['threads']}, "
+            f"{args.rounds} round(s) per framework"
             + (" (each row: the round with the lowest median s/step)" if args.rounds > 1 else "")
             + f". Load: {loads}.",
             "",
@@ -1155,8 +1177,8 @@ def main(argv=None) -> None:
             "Warm-up (the first "
             + str(args.warmup)
             + " steps of the first round, left out of the medians; with "
-            "model.compile=true they include compiling from an empty compile cache, later rounds reuse that cache; a "
-            "recompile for a new batch shape later falls in the timed steps): "
+            "model.compile=true they include compiling from an empty compile cache, later rounds reuse that "
+            "cache; a recompile for a new batch shape later falls in the timed steps): "
             + ", ".join(
                 f"{results[fw]['framework']} ({results[fw]['engine']}) {per_round[fw][0]['warmup_s']:.1f} s"
                 for fw in runs
@@ -1167,10 +1189,11 @@ def main(argv=None) -> None:
             "",
             *[f"- {results[fw]['shapes']}" for fw in runs],
             "",
-            f"Roofline (peak {peak / 1e9:.1f} GFLOP/s on {args.threads} thread(s), the best fp32 matmul rate measured before and "
-            f"after each run so far): training phase 6 x {counts['non_embedding'] / 1e6:.2f}M x the real tokens run "
-            "through the model (grpokit: each distinct prompt once + the completions; TRL: every prompt + completion) x mu "
-            "/ train s; rollout 2 x non-embedding params x generated tokens / rollout s.",
+            f"Roofline (peak {peak / 1e9:.1f} GFLOP/s on {args.threads} thread(s), the best fp32 matmul rate "
+            "measured before and after each run so far): training phase 6 x "
+            f"{counts['non_embedding'] / 1e6:.2f}M x the real tokens run through the model (grpokit: each "
+            "distinct prompt once + the completions; TRL: every prompt + completion) x mu / train s; rollout "
+            "2 x non-embedding params x generated tokens / rollout s.",
             "",
             "| | train GFLOP/s | % of peak | rollout GFLOP/s | % of peak |",
             "|---|---:|---:|---:|---:|",

@@ -1,7 +1,9 @@
-"""GRPO vs PPO (learned critic, GAE) on the same task, budget and SFT warm start: held-out accuracy and memory.
+"""GRPO vs PPO (learned critic, GAE) on the same task, budget and SFT warm start: held-out accuracy and
+memory.
 
     python benchmarks/grpo_vs_ppo.py --model runs/demo/sft --steps 40    # any countdown-SFT'd model folder
-    python benchmarks/grpo_vs_ppo.py --make-sft runs/sft_countdown        # or build a small warm start, ~12 min
+    python benchmarks/grpo_vs_ppo.py --make-sft runs/sft_countdown        # or build a small warm start, ~12
+                                                                          # min
 
 The seed's claim (Q2, Q7, Q8): GRPO needs no critic, so it saves the critic's memory and compute.
 Both arms get the same model folder (--model), the same task (data.task=countdown unless --set
@@ -81,7 +83,8 @@ def run_arm(args) -> None:
     overrides = [
         f"model.name_or_path={args.model}",
         "data.task=countdown",
-        "data.task_train_size=10000",  # the default (20000) is more than countdown's ~16,400 distinct train problems
+        # the default (20000) is more than countdown's ~16,400 distinct train problems
+        "data.task_train_size=10000",
         f"data.eval_size={args.eval_size}",
         f"output_dir={Path(args.out) / args.arm}",
         f"seed={args.seed}",
@@ -165,7 +168,8 @@ def print_table(command: str, args, results: dict[str, dict]) -> None:
     print(
         f"countdown, warm start {args.model}; {args.steps} steps x {args.prompts} prompts x G={args.G}, "
         f"policy lr {args.lr}, beta {args.beta}, PPO critic lr {args.critic_lr}; "
-        f"held-out greedy pass@1 on {next(iter(results.values()))['eval_prompts']} problems; MiB = 2^20 bytes\n"
+        f"held-out greedy pass@1 on {next(iter(results.values()))['eval_prompts']} problems; MiB = 2^20 "
+        "bytes\n"
     )
     cols = [
         ("arm", lambda r: r["arm"].upper()),
@@ -191,7 +195,8 @@ def print_table(command: str, args, results: dict[str, dict]) -> None:
     if "grpo" in results and "ppo" in results:
         g, p = results["grpo"]["bytes"]["total"], results["ppo"]["bytes"]["total"]
         print(
-            f"\nPPO keeps {p / g:.2f}x GRPO's model state ({mb(p - g)} MiB more: the critic, its gradients and AdamW moments)."
+            f"\nPPO keeps {p / g:.2f}x GRPO's model state ({mb(p - g)} MiB more: the critic, its gradients "
+            "and AdamW moments)."
         )
         ev = results["ppo"].get("explained_variance_last5")
         if ev is not None:

@@ -1,15 +1,16 @@
 """Kill a `grpokit train` run with SIGKILL at random moments, resume it with the same command each time.
 
-    .venv/bin/python benchmarks/kill_resume.py [--kills 20] [--max-steps 80] [--seed 0] [--out runs/kill_resume]
+    .venv/bin/python benchmarks/kill_resume.py [--kills 20] [--max-steps 80] [--seed 0] \\
+        [--out runs/kill_resume]
 
 Builds a tiny Llama and a prompt file (no download), writes one config, then `--kills` times:
 start `grpokit train CONFIG` (the same command every time), wait until it has resumed (it prints
 "resuming from checkpoint step N"), and kill -9 it at a random moment: 0-2 steps later plus a
 random fraction of a step ("random"), or 0-40 ms after the temporary folder of the checkpoint of
 step N+1..N+3 appears ("save": during a checkpoint write, at a random point of it; a kill that
-lands after the save finished is reported as such). After each kill every step-N checkpoint must hold COMPLETE, load with
-AutoModelForCausalLM.from_pretrained, and have a trainer_state.pt that torch.load reads; the next
-start must resume from the newest of them. Finally the command runs to the end: it must reach
+lands after the save finished is reported as such). After each kill every step-N checkpoint must hold
+COMPLETE, load with AutoModelForCausalLM.from_pretrained, and have a trainer_state.pt that torch.load reads;
+the next start must resume from the newest of them. Finally the command runs to the end: it must reach
 max_steps, log each step once, and (unless --no-reference) end with the same weights, bit for bit,
 as a run that was never killed. Prints a table of the kills and the command behind it; exits 1 if
 any check failed. Tested in small by tests/test_crash.py.
@@ -204,7 +205,8 @@ def main() -> int:
             moment = f"save of step {target} + {1000 * delay:.0f} ms"
         if proc.poll() is not None:
             failures.append(
-                f"attempt {i}: the run ended by itself (exit {proc.returncode}) before the kill; raise --max-steps"
+                f"attempt {i}: the run ended by itself (exit {proc.returncode}) before the kill; raise "
+                "--max-steps"
             )
             break
         proc.send_signal(signal.SIGKILL)
@@ -281,12 +283,14 @@ def main() -> int:
         f"save_every=1, keep_last=2, seed={args.seed})\n"
     )
     print(
-        "| # | mode | killed at | last logged step | during a save? (temporary folder [contents]) | checkpoints after | resumed from |"
+        "| # | mode | killed at | last logged step | during a save? (temporary folder [contents]) | "
+        "checkpoints after | resumed from |"
     )
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         print(
-            f"| {r['n']} | {r['mode']} | {r['at']} | {r['step']} | {r['during']} | {r['ckpts']} | {r['resumed']} |"
+            f"| {r['n']} | {r['mode']} | {r['at']} | {r['step']} | {r['during']} | {r['ckpts']} | "
+            f"{r['resumed']} |"
         )
     # A resume succeeded when the next start loaded the newest checkpoint the kill left (none: started fresh).
     resumes = sum(r["ok"] and r["resumed"] == (r["ckpts"][-1] if r["ckpts"] else None) for r in rows)
@@ -301,8 +305,8 @@ def main() -> int:
         f"{steps == list(range(1, args.max_steps + 1))}; weights equal to an uninterrupted run: {same}"
     )
     print(
-        f"wall time {elapsed:.0f} s; command: .venv/bin/python benchmarks/kill_resume.py --kills {args.kills} "
-        f"--max-steps {args.max_steps} --seed {args.seed}"
+        f"wall time {elapsed:.0f} s; command: .venv/bin/python benchmarks/kill_resume.py --kills "
+        f"{args.kills} --max-steps {args.max_steps} --seed {args.seed}"
     )
     for f in failures:
         print("FAIL:", f)

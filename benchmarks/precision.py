@@ -82,8 +82,8 @@ def main() -> None:
             results.append(run_arm(args, arm, seed, eval_rows))
             r = results[-1]
             print(
-                f"{arm} seed {seed}: mean@{K} {r['before'][f'eval/mean@{K}']:.3f} -> {r['after'][f'eval/mean@{K}']:.3f}, "
-                f"{r['s_step']:.3f} s/step",
+                f"{arm} seed {seed}: mean@{K} {r['before'][f'eval/mean@{K}']:.3f} -> "
+                f"{r['after'][f'eval/mean@{K}']:.3f}, {r['s_step']:.3f} s/step",
                 flush=True,
             )
     command = "    .venv/bin/python benchmarks/precision.py " + " ".join(sys.argv[1:])
@@ -95,7 +95,8 @@ def main() -> None:
         f"warm start {args.model}; {args.steps} GRPO steps of {args.prompts} prompts x G={args.G}; "
         f"{args.eval_size} held-out problems; {args.threads} thread(s); {os.cpu_count()} cores",
         "",
-        f"| arm | seed | mean@{K} before | mean@{K} after | pass@1 before | pass@1 after | s/step (median) | wall s | load |",
+        f"| arm | seed | mean@{K} before | mean@{K} after | pass@1 before | pass@1 after | s/step (median) | "
+        "wall s | load |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     pct = lambda x: f"{100 * x:.1f}"  # noqa: E731
@@ -103,7 +104,8 @@ def main() -> None:
         b, a = r["before"], r["after"]
         lines.append(
             f"| {r['arm']} | {r['seed']} | {pct(b[f'eval/mean@{K}'])} | {pct(a[f'eval/mean@{K}'])} | "
-            f"{pct(b['eval/pass@1'])} | {pct(a['eval/pass@1'])} | {r['s_step']:.3f} | {r['wall']:.0f} | {r['load']} |"
+            f"{pct(b['eval/pass@1'])} | {pct(a['eval/pass@1'])} | {r['s_step']:.3f} | {r['wall']:.0f} | "
+            f"{r['load']} |"
         )
     for arm in ARMS:
         mine = [r for r in results if r["arm"] == arm]

@@ -266,13 +266,13 @@ def report(res: dict, peak: float, command: str, load: str, threads: int) -> str
     lines = [
         f"`{command}`",
         "",
-        f"Machine load at start: {load}. {threads} thread(s); peak fp32 matmul on {threads} thread(s): {peak / 1e9:.1f} GFLOP/s. "
-        f"Matmuls (aten::mm/addmm/bmm) take {100 * res['mm_share']:.0f}% of the profiled step and run at "
-        f"{flops / max(res['mm_s'], 1e-9) / 1e9:.1f} GFLOP/s = {100 * flops / max(res['mm_s'], 1e-9) / peak:.0f}% of peak "
-        "(6N x tokens over their time alone).",
+        f"Machine load at start: {load}. {threads} thread(s); peak fp32 matmul on {threads} thread(s): "
+        f"{peak / 1e9:.1f} GFLOP/s. Matmuls (aten::mm/addmm/bmm) take {100 * res['mm_share']:.0f}% of the "
+        f"profiled step and run at {flops / max(res['mm_s'], 1e-9) / 1e9:.1f} GFLOP/s = "
+        f"{100 * flops / max(res['mm_s'], 1e-9) / peak:.0f}% of peak (6N x tokens over their time alone).",
         "",
-        f"Batch: {N} sequences x {W} positions ({T} completion tokens each, {res['real_tokens']} real tokens), "
-        f"{n / 1e6:.2f}M non-embedding parameters. One full optimizer step = 6 x N x real tokens = "
+        f"Batch: {N} sequences x {W} positions ({T} completion tokens each, {res['real_tokens']} real "
+        f"tokens), {n / 1e6:.2f}M non-embedding parameters. One full optimizer step = 6 x N x real tokens = "
         f"{flops / 1e9:.1f} GFLOP (attention scores would add {100 * res['attention_share']:.1f}%): "
         f"**{flops / step / 1e9:.1f} GFLOP/s = {100 * flops / step / peak:.0f}% of peak**.",
         "",

@@ -1,6 +1,7 @@
 """The step's data: packed token sequences, groups of scored completions, and the rollout batch.
 
-    tokens = pack_sequences(prompt_ids, completion_ids, pad_id)    # [N, P + T]: left-padded prompts, right-padded completions
+    tokens = pack_sequences(prompt_ids, completion_ids, pad_id)    # [N, P + T]: left-padded prompts,
+                                                                   # right-padded completions
     groups = Groups(rows, completions, scored)                     # B prompts x G completions, scored
     groups = Groups.take([(groups, 0), (more, 3)], G)              # DAPO dynamic sampling keeps some groups
     step_rewards, step_ends = process_rewards(scored, texts, token_ids, tokenizer)  # DeepSeekMath §4.1.3
@@ -122,7 +123,8 @@ class Groups:
 
 
 def repeat_rows(rows: list[PromptRow], G: int) -> tuple[list[Any], dict[str, list[Any]]]:
-    """Prompts and dataset columns repeated G times, aligned with the completions (reward function arguments)."""
+    """Prompts and dataset columns repeated G times, aligned with the completions (reward function
+    arguments)."""
     prompts = [r.prompt for r in rows for _ in range(G)]
     columns = {c: [r.columns[c] for r in rows for _ in range(G)] for c in rows[0].columns}
     return prompts, columns
@@ -142,7 +144,8 @@ def micro_batches(idx: Tensor, tokens: PackedBatch, size: int, by_length: bool) 
     least half its rows counted once, as completion_logprobs runs it):
       rows:   longest completion first: the least padding, but a prompt's G rows may split up;
       groups: whole groups (rows with one prompt), the group with the longest completion first.
-    The micro-batch losses add up to the same minibatch loss: the gradient is the same up to the order of sums."""
+    The micro-batch losses add up to the same minibatch loss: the gradient is the same up to the order of
+    sums."""
     if not by_length or len(idx) <= size:
         return list(idx.split(size))
     P = tokens.input_ids.shape[1] - tokens.completion_width
@@ -176,12 +179,13 @@ class RolloutBatch:
     loss_mask: Tensor  # [N, T] completion_mask, minus truncated rows when they are masked (DAPO)
     truncated: Tensor  # [N] bool: hit max_completion_length without EOS
     rewards: Tensor  # [N] weighted total reward
-    advantages: Tensor  # [N] one per completion, broadcast over its tokens; or [N, T] per token (process rewards, PPO's GAE)
+    # [N] one per completion, broadcast over its tokens; or [N, T] per token (process rewards, PPO's GAE)
+    advantages: Tensor
     old_logp: Tensor | None  # [N, T] pi_old; None when it equals pi_theta (mu = 1, one minibatch)
     ref_logp: Tensor | None  # [N, T] pi_ref; None when beta = 0
     value_targets: ValueTargets | None  # the critic's V_old and returns [N, T] (PPO); None for GRPO
-    # [N, T] the rollout engine's log-probs of the sampled tokens (rollout/mismatch.py), None when it gives none (hf).
-    # The one field with a default: batches built without an engine (tests, benchmarks) have none.
+    # [N, T] the rollout engine's log-probs of the sampled tokens (rollout/mismatch.py), None when it gives
+    # none (hf). The one field with a default: batches built without an engine (tests, benchmarks) have none.
     sampler_logp: Tensor | None = None
 
 

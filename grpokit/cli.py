@@ -1,14 +1,18 @@
 """The `grpokit` command line.
 
     grpokit train config.yaml [section.key=value ...]     train (resumes when output_dir holds a checkpoint)
-    torchrun --nproc_per_node N -m grpokit train ...      the same on N processes (FSDP2 / DDP, docs/scaling.md)
+    torchrun --nproc_per_node N -m grpokit train ...      the same on N processes (FSDP2 / DDP,
+                                                          docs/scaling.md)
     grpokit eval MODEL_DIR --config config.yaml            held-out pass@1 / pass@k / maj@k
     grpokit sft sft.yaml [section.key=value ...]           supervised warm-start on prompt / completion pairs
     grpokit demo [--quick] [--out DIR] [--task tools]      the whole pipeline on a tiny model, no downloads
     grpokit serve MODEL_DIR [--port 8000]                  a vLLM rollout server for rollout.vllm_mode=server
-    grpokit doctor RUN_DIR                                 what looks wrong in a run, with step ranges and fixes
-    grpokit show RUN_DIR [--step N] [--worst K]            a step's recorded completions, rewards and advantages as a table
-    grpokit report RUN_DIR [--out FILE]                    one self-contained HTML page of the run (RUN_DIR/report.html)
+    grpokit doctor RUN_DIR                                 what looks wrong in a run, with step ranges and
+                                                           fixes
+    grpokit show RUN_DIR [--step N] [--worst K]            a step's recorded completions, rewards and
+                                                           advantages as a table
+    grpokit report RUN_DIR [--out FILE]                    one self-contained HTML page of the run
+                                                           (RUN_DIR/report.html)
     grpokit config                                         every config key with its default and meaning
 
 Every command takes --threads N (0 = auto, the default: docs/threads.md) and prints the count it uses.
@@ -46,7 +50,10 @@ def _fail(msg: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
-THREADS_HELP = "CPU threads for torch; 0 = auto: OMP_NUM_THREADS, else a resumed run's count, else the cores not busy (docs/threads.md)"
+THREADS_HELP = (
+    "CPU threads for torch; 0 = auto: OMP_NUM_THREADS, else a resumed run's count, else the cores "
+    "not busy (docs/threads.md)"
+)
 
 
 def _threads(requested: int, resumed: int = 0) -> int:
@@ -78,7 +85,8 @@ def train(
     overrides: list[str] | None = typer.Argument(None, help="section.key=value overrides"),
     threads: int | None = typer.Option(None, "--threads", min=0, help=THREADS_HELP),
 ):
-    """Train a causal LM with GRPO as the config says (PPO with a critic when algorithm.advantage_estimator=gae)."""
+    """Train a causal LM with GRPO as the config says (PPO with a critic when
+    algorithm.advantage_estimator=gae)."""
     from grpokit.config import load_config
 
     def go():
@@ -157,7 +165,8 @@ def sft(
     ),
     threads: int | None = typer.Option(None, "--threads", min=0, help=THREADS_HELP),
 ):
-    """Supervised fine-tuning on completion tokens only (the usual warm-start before RL). `grpokit config --sft` lists the keys."""
+    """Supervised fine-tuning on completion tokens only (the usual warm-start before RL). `grpokit config
+    --sft` lists the keys."""
     from grpokit.config import SFTConfig, load_config
 
     def go():
@@ -172,7 +181,8 @@ def sft(
 
         run_sft(cfg, console=Console())
         typer.echo(
-            f"done: model in {Path(cfg.output_dir) / 'final'}; metrics in {Path(cfg.output_dir) / 'metrics.jsonl'}"
+            f"done: model in {Path(cfg.output_dir) / 'final'}; metrics in "
+            f"{Path(cfg.output_dir) / 'metrics.jsonl'}"
         )
 
     _run(go)
@@ -191,7 +201,8 @@ def demo(
         False, "--process-only", help="--task tools: pay GRPO with the process rewards alone"
     ),
 ):
-    """Tiny model, SFT warm-start, GRPO on countdown (or --task tools), before / after table and plots. No GPU, no downloads."""
+    """Tiny model, SFT warm-start, GRPO on countdown (or --task tools), before / after table and plots. No
+    GPU, no downloads."""
     from grpokit.demo import run_demo
     from grpokit.demo_tools import run_tools_demo
 
@@ -234,7 +245,8 @@ def serve(
     ),
     threads: int = typer.Option(0, "--threads", min=0, help=THREADS_HELP),
 ):
-    """A vLLM rollout server (its own process) that `grpokit train ... rollout.engine=vllm rollout.vllm_mode=server` samples from (docs/rollout.md)."""
+    """A vLLM rollout server (its own process) that `grpokit train ... rollout.engine=vllm
+    rollout.vllm_mode=server` samples from (docs/rollout.md)."""
     from grpokit.policy import DTYPES
 
     if dtype not in DTYPES:
@@ -273,7 +285,8 @@ def show(
         None, "--worst", min=1, help="only the K completions with the lowest reward"
     ),
 ):
-    """Print a step's recorded completions (completions.parquet) with each function's reward, the advantage and the length."""
+    """Print a step's recorded completions (completions.parquet) with each function's reward, the advantage
+    and the length."""
     from grpokit.records.table import RunFolderError, print_table
 
     try:
@@ -289,7 +302,8 @@ def report(
         None, "--out", help="the HTML file to write; default RUN_DIR/report.html"
     ),
 ):
-    """Write one self-contained HTML page of a run: plots, held-out accuracy, the doctor's findings, sample completions."""
+    """Write one self-contained HTML page of a run: plots, held-out accuracy, the doctor's findings, sample
+    completions."""
     from grpokit.records.report import write_html_report
     from grpokit.records.table import RunFolderError
 

@@ -2,7 +2,8 @@
 functions that turn a step's tensors into the trainer's metric dicts. docs/metrics.md defines each name.
 
     from grpokit import metrics as M
-    rows = M.read_metrics("runs/x/metrics.jsonl")    # [{"step": 1, "time": 1.7e9, "reward/mean": 0.4, ...}, ...]
+    rows = M.read_metrics("runs/x/metrics.jsonl")    # [{"step": 1, "time": 1.7e9, "reward/mean": 0.4, ...},
+                                                     # ...]
     M.rollout_metrics(rewards, advantages, completion_mask, truncated, prompt_lengths, 8, prompts_truncated)
     acc = M.MeanAccumulator()
     acc.add({M.POLICY_KL: 0.01}, weight=37)          # weighted by the micro-batch's tokens
@@ -101,7 +102,8 @@ def reward_errors(name: str) -> str:
 
 
 def reward_timeouts(name: str) -> str:
-    """reward/timeouts/<name>: calls of the function that timed out (or found it still busy with one that had)."""
+    """reward/timeouts/<name>: calls of the function that timed out (or found it still busy with one that
+    had)."""
     return f"{REWARD_TIMEOUTS_PREFIX}{name}"
 
 
@@ -192,13 +194,15 @@ ROLLOUT_SAMPLING_ROUNDS = "rollout/sampling_rounds"
 ROLLOUT_GROUPS_DRAWN = "rollout/groups_drawn"
 ROLLOUT_GROUPS_DROPPED = "rollout/groups_dropped"
 ROLLOUT_GROUPS_TOPPED_UP = "rollout/groups_topped_up"
-# The sampler-trainer mismatch (grpokit/rollout/mismatch.py), for engines that return their log-probs (fast, vllm).
+# The sampler-trainer mismatch (grpokit/rollout/mismatch.py), for engines that return their log-probs (fast,
+# vllm).
 ROLLOUT_LOGP_DIFF_MEAN = "rollout/logp_diff_mean"
 ROLLOUT_LOGP_DIFF_MAX = "rollout/logp_diff_max"
 ROLLOUT_SAMPLER_KL = "rollout/sampler_kl"
 ROLLOUT_IS_WEIGHT_MEAN = "rollout/is_weight_mean"
 ROLLOUT_IS_CLIP_FRAC = "rollout/is_clip_frac"
-# Policy versions (optimizer steps) behind the samples: > 0 with rollout.max_policy_lag (grpokit/rollout/pipeline.py).
+# Policy versions (optimizer steps) behind the samples: > 0 with rollout.max_policy_lag
+# (grpokit/rollout/pipeline.py).
 ROLLOUT_VERSION_LAG = "rollout/version_lag"
 ROLLOUT_VERSION_LAG_MAX = "rollout/version_lag_max"
 # Multi-turn rollouts with tools (grpokit/rollout/episodes.py): rollout/tools/<x> over the step's episodes,
@@ -366,15 +370,16 @@ def as_number(value: Any) -> float | None:
 
 
 def no_learning_signal(record: Mapping[str, Any]) -> bool:
-    """The step had no learning signal: every group's G rewards were equal (reward/zero_std_frac = 1), so every
-    advantage was 0 (advantage/abs_mean = 0; PPO's critic and process rewards can still have some). The trainer's
-    bad-step guard (grpokit/health.py) and the doctor both ask this."""
+    """The step had no learning signal: every group's G rewards were equal (reward/zero_std_frac = 1), so
+    every advantage was 0 (advantage/abs_mean = 0; PPO's critic and process rewards can still have some). The
+    trainer's bad-step guard (grpokit/health.py) and the doctor both ask this."""
     return record.get(REWARD_ZERO_STD_FRAC) == 1.0 and record.get(ADVANTAGE_ABS_MEAN, 0.0) == 0.0
 
 
 def failed_fractions(record: Mapping[str, Any]) -> dict[str, float]:
     """Reward function name -> the fraction of the step's scored completions it failed on (raised, timed out,
-    returned a bad value), from reward/errors/<fn> and reward/error_frac (the largest); {} when none failed."""
+    returned a bad value), from reward/errors/<fn> and reward/error_frac (the largest); {} when none
+    failed."""
     worst = as_number(record.get(REWARD_ERROR_FRAC))
     counts = {
         k[len(REWARD_ERRORS_PREFIX) :]: as_number(v)
@@ -411,7 +416,8 @@ class MeanAccumulator:
 
     @staticmethod
     def merge(parts: list[tuple[dict[str, float], dict[str, float]]]) -> MeanAccumulator:
-        """One accumulator from several (sums, weights): every rank's micro-batches (grpokit/distributed.py)."""
+        """One accumulator from several (sums, weights): every rank's micro-batches
+        (grpokit/distributed.py)."""
         out = MeanAccumulator()
         for sums, weights in parts:
             for k, v in sums.items():

@@ -138,12 +138,14 @@ class Optimizer:
             where = f", {where}" if where else ""
             kind = "optimizer" if self.name == "optimizer" else f"{self.name} optimizer"
             raise TrainingError(
-                f"the {self.subject}{what} was non-finite in {limit} {kind} steps in a row (last at step {at_step}{where}); "
-                f"no checkpoint with these weights was written. {self.fix[0].upper() + self.fix[1:]}"
+                f"the {self.subject}{what} was non-finite in {limit} {kind} steps in a row (last at step "
+                f"{at_step}{where}); no checkpoint with these weights was written. "
+                f"{self.fix[0].upper() + self.fix[1:]}"
             )
 
     def state_dict(self, prefix: str = "") -> dict:
-        """AdamW moments, schedule position and skip count, under `prefix` (one trainer state holds several)."""
+        """AdamW moments, schedule position and skip count, under `prefix` (one trainer state holds
+        several)."""
         return {
             f"{prefix}optimizer": self.adamw.state_dict(),
             f"{prefix}scheduler": self.scheduler.state_dict(),
@@ -152,7 +154,8 @@ class Optimizer:
 
     def load_state_dict(self, state: dict, prefix: str = "") -> None:
         """Moments, schedule position and skips from `state`; the hyperparameters (learning rate, betas, eps,
-        weight decay) stay this config's, so that a change allowed on resume is applied, not silently undone."""
+        weight decay) stay this config's, so that a change allowed on resume is applied, not silently
+        undone."""
         if (
             f"{prefix}optimizer" in state
         ):  # a sharded checkpoint's moments came with its shards (checkpoint_sharded.py)

@@ -24,8 +24,8 @@ def tiny_model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def vllm_model_dir(tmp_path_factory):
-    """A tiny Llama with head size 64 (vLLM's CPU attention has no 24) and the same tokenizer, on disk; one per
-    test module, as the vLLM and server tests build their engines on it."""
+    """A tiny Llama with head size 64 (vLLM's CPU attention has no 24) and the same tokenizer, on disk; one
+    per test module, as the vLLM and server tests build their engines on it."""
     from grpokit.tasks import get_task
     from grpokit.tasks.tiny_model import build_tiny_llama
     from grpokit.tasks.tokenizer import build_tokenizer

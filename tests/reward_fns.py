@@ -15,8 +15,8 @@ _calls = {"n": 0}
 
 
 def fails_on_rank_1(completions, **kwargs):
-    """count_sevens, except that on rank 1 (torchrun's RANK) the second call raises; the time of the raise goes to
-    the file named by GRPOKIT_TEST_FAILED_AT."""
+    """count_sevens, except that on rank 1 (torchrun's RANK) the second call raises; the time of the raise
+    goes to the file named by GRPOKIT_TEST_FAILED_AT."""
     import os
     import time
 

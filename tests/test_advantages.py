@@ -221,8 +221,8 @@ def ref_step_advantages(step_rewards, step_ends, G, T, eps):
 
 
 def test_step_advantages_worked_example():
-    # Completion 0: steps ending at tokens 1 and 3 with rewards 1, 0. Completion 1: one step ending at 2, reward 1.
-    # All step rewards [1, 0, 1]: mean 2/3, std sqrt(2)/3 -> normalized [0.707, -1.414, 0.707].
+    # Completion 0: steps ending at tokens 1 and 3 with rewards 1, 0. Completion 1: one step ending at 2,
+    # reward 1. All step rewards [1, 0, 1]: mean 2/3, std sqrt(2)/3 -> normalized [0.707, -1.414, 0.707].
     rewards = [torch.tensor([1.0, 0.0]), torch.tensor([1.0])]
     ends = [torch.tensor([1, 3]), torch.tensor([2])]
     got = step_advantages(rewards, ends, group_size=2, num_tokens=5, eps=0.0)

@@ -1,4 +1,5 @@
-"""The Python API (grpokit/api.py): docs/api.md's example runs as written, and bad input is the CLI's one-line error."""
+"""The Python API (grpokit/api.py): docs/api.md's example runs as written, and bad input is the CLI's one-line
+error."""
 
 from __future__ import annotations
 
@@ -38,7 +39,8 @@ def test_the_documented_example_runs(tmp_path):
 
 
 def test_the_api_is_the_package_namespace():
-    """grpokit.evaluate and grpokit.sft are the calls, also after their modules of the same name have loaded."""
+    """grpokit.evaluate and grpokit.sft are the calls, also after their modules of the same name have
+    loaded."""
     import sys
 
     import grpokit.evaluate  # noqa: F401  (the modules; the import system sets package attributes for them)

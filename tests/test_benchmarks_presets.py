@@ -1,4 +1,5 @@
-"""benchmarks/presets.py end to end on the tiny test model: 2 presets, 1 seed, 2 steps, a tiny held-out set."""
+"""benchmarks/presets.py end to end on the tiny test model: 2 presets, 1 seed, 2 steps, a tiny held-out
+set."""
 
 import importlib.util
 import re

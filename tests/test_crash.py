@@ -143,7 +143,8 @@ def logged_steps(out: Path) -> int:
 
 
 def hidden(out: Path, prefix: str, pid: int | None = None) -> list[Path]:
-    """Folders under checkpoints/ named prefix... (and written by process pid: .tmp-step-N-PID, .old-step-N-PID)."""
+    """Folders under checkpoints/ named prefix... (and written by process pid: .tmp-step-N-PID,
+    .old-step-N-PID)."""
     root = out / "checkpoints"
     found = [p for p in root.iterdir() if p.name.startswith(prefix)] if root.is_dir() else []
     return [p for p in found if p.name.endswith(f"-{pid}")] if pid is not None else found
@@ -356,7 +357,10 @@ def test_a_second_run_on_the_same_output_dir_stops_naming_the_first(tmp_path):
 
 
 def test_a_killed_run_leaves_no_lock_behind(tmp_path):
-    code = f"from grpokit.checkpoint import RunLock; import time; RunLock({str(tmp_path)!r}).__enter__(); print('locked', flush=True); time.sleep(60)"
+    code = (
+        f"from grpokit.checkpoint import RunLock; import time; RunLock({str(tmp_path)!r}).__enter__(); "
+        "print('locked', flush=True); time.sleep(60)"
+    )
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "locked"
@@ -483,8 +487,8 @@ def test_allowed_changes_are_applied_logged_and_recorded(setup):
     )
     assert r.exit_code == 0, r.output
     assert (
-        "resuming with changes allowed by checkpoint.allow_changes: optim.learning_rate: 0.003 -> 0.001; optim.max_steps: 2 -> 3"
-        in r.output
+        "resuming with changes allowed by checkpoint.allow_changes: optim.learning_rate: 0.003 -> 0.001; "
+        "optim.max_steps: 2 -> 3" in r.output
     )
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [row["policy/lr"] for row in rows] == [
@@ -496,7 +500,8 @@ def test_allowed_changes_are_applied_logged_and_recorded(setup):
 
 
 def test_a_full_disk_reported_by_torch_save_says_no_space_left(setup, monkeypatch):
-    """torch.save on a full disk raises "[enforce fail at inline_container.cc:...] unexpected pos", not ENOSPC."""
+    """torch.save on a full disk raises "[enforce fail at inline_container.cc:...] unexpected pos", not
+    ENOSPC."""
     model_dir, tmp_path = setup
     real_save, calls = torch.save, []
 

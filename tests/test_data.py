@@ -500,7 +500,10 @@ def test_sampler_resume_is_exact(steps_before):
 
 
 def test_sampler_errors():
-    msg = "rollout.prompts_per_step=8 is more than the 5 rows in the dataset; lower rollout.prompts_per_step or add rows"
+    msg = (
+        "rollout.prompts_per_step=8 is more than the 5 rows in the dataset; lower rollout.prompts_per_step "
+        "or add rows"
+    )
     with pytest.raises(DataError, match=msg):
         PromptSampler(5, 8, seed=0)
     with pytest.raises(DataError, match="state is for 5 rows but the dataset has 6"):

@@ -221,7 +221,8 @@ def test_seed_numbers_in_one_batch_and_clip_higher_and_dual_clip():
     assert loss == pytest.approx(-1.28, abs=1e-12)
     # eps_high=None means eps_low.
     assert _one_token(1.5, 1.0, eps_low=0.1)[0] == pytest.approx(-1.1, abs=1e-12)
-    # Dual clip c = 3: A = -1, ratio = 5 -> min(-5, -1.2) = -5, floored at -3 (no gradient); ratio 2 is untouched.
+    # Dual clip c = 3: A = -1, ratio = 5 -> min(-5, -1.2) = -5, floored at -3 (no gradient); ratio 2 is
+    # untouched.
     loss, dj, _ = _one_token(5.0, -1.0, dual_clip=3.0)
     assert loss == pytest.approx(3.0, abs=1e-12) and dj == 0.0
     loss, dj, _ = _one_token(2.0, -1.0, dual_clip=3.0)
@@ -347,7 +348,7 @@ def test_token_mean_without_whole_batch_count_is_not_the_full_batch_loss():
     assert sum(parts) != pytest.approx(full.item(), rel=1e-3)
 
 
-# --------------------------------------------------------------------------- DeepSeekMath gradient coefficient
+# -------------------------------------------------------------------------- DeepSeekMath gradient coefficient
 
 
 @pytest.mark.parametrize("ratio_level", RATIO_LEVELS)

@@ -138,8 +138,8 @@ def test_non_finite_gradient_stops_with_the_parameter_named(tiny_model_dir, tmp_
         trainer.train()
     msg = str(exc.value)
     assert (
-        "the gradient norm was non-finite in 2 optimizer steps in a row (last at step 2, pass 1, minibatch 1: first in model."
-        in msg
+        "the gradient norm was non-finite in 2 optimizer steps in a row (last at step 2, pass 1, minibatch "
+        "1: first in model." in msg
     )
     assert "\n" not in msg
     assert all(torch.equal(p, q) for p, q in zip(trainer.model.parameters(), before))  # no step was taken
@@ -158,7 +158,7 @@ def test_save_refuses_non_finite_weights(tiny_model_dir, tmp_path):
     assert list_checkpoints(tmp_path / "run") == [] and not (tmp_path / "run" / "checkpoints").exists()
 
 
-# ----------------------------------------------------------------------------- fuzzing: rewards -> advantages -> loss
+# --------------------------------------------------------------------- fuzzing: rewards -> advantages -> loss
 
 # What reward functions return: numbers, None ("not applicable"), NaN, inf, junk; sometimes they raise
 # or return the wrong number of values.
@@ -254,7 +254,8 @@ def test_fuzz_reward_manager_output_gives_finite_advantages(data, G, B, K, scale
     data=st.data(),
 )
 def test_fuzz_non_finite_padding_never_leaks(seed, N, T, pad, junk, loss_type, ratio_level, kl, data):
-    """NaN / inf where the mask is 0 (padding, masked truncated rows) changes neither the loss nor any gradient."""
+    """NaN / inf where the mask is 0 (padding, masked truncated rows) changes neither the loss nor any
+    gradient."""
     lengths = data.draw(st.lists(st.integers(0, T), min_size=N, max_size=N))
     g = torch.Generator().manual_seed(seed)
     old = -torch.rand(N, T + pad, generator=g, dtype=torch.float64) * 5

@@ -1,5 +1,6 @@
 """The PPO baseline: GAE / value-loss math against loop references and worked numbers, the critic's
-positions, and the trainer with its critic (advantage_estimator=gae) end to end on the tiny model (learning, exact resume of the critic)."""
+positions, and the trainer with its critic (advantage_estimator=gae) end to end on the tiny model (learning,
+exact resume of the critic)."""
 
 import json
 from pathlib import Path

@@ -1,5 +1,6 @@
-"""Reward models (rewards: [{model: PATH}], grpokit/rewards/model.py): a tiny real LlamaForSequenceClassification
-built here, its weights set by hand so that its score is the share of '7's in the text, drives a GRPO run.
+"""Reward models (rewards: [{model: PATH}], grpokit/rewards/model.py): a tiny real
+LlamaForSequenceClassification built here, its weights set by hand so that its score is the share of '7's in
+the text, drives a GRPO run.
 
 Run: .venv/bin/python -m pytest tests/test_reward_model.py
 """

@@ -144,8 +144,8 @@ def test_resolve_builtins_modules_and_files(tmp_path, monkeypatch):
 
     (tmp_path / "my_rewards.py").write_text(
         "def shout(completions, **kwargs):\n    return [float(c.isupper()) for c in completions]\n"
-        "class Scorer:\n    @staticmethod\n    def score(completions, **kwargs):\n        return [1.0] * len(completions)\n"
-        "NOT_CALLABLE = 3\n"
+        "class Scorer:\n    @staticmethod\n    def score(completions, **kwargs):\n        return [1.0] * "
+        "len(completions)\nNOT_CALLABLE = 3\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     assert resolve_reward("my_rewards:shout")(completions=["HI", "hi"]) == [1.0, 0.0]
@@ -596,14 +596,15 @@ def test_a_slow_call_logs_a_warning_with_its_time(caplog):
     assert out.errors == {"slowish": 0, "quick": 0}
     (line,) = [r.getMessage() for r in caplog.records]
     assert re.search(
-        r"reward function 'slowish' \(.*\) took 0\.[23] s for 3 completions, more than reward_slow_warning=0.1 s "
-        r"\(its timeout is 10 s\)",
+        r"reward function 'slowish' \(.*\) took 0\.[23] s for 3 completions, more than "
+        r"reward_slow_warning=0.1 s \(its timeout is 10 s\)",
         line,
     ), line
 
 
 def test_functions_that_need_the_main_thread_run_there(caplog):
-    """signal.signal works only in the main thread: math-verify's timeouts (the built-in math, TRL's accuracy_reward)."""
+    """signal.signal works only in the main thread: math-verify's timeouts (the built-in math, TRL's
+    accuracy_reward)."""
     import signal
 
     threads = []

@@ -1,5 +1,5 @@
-"""Slow reward functions: `async def` ones run at once, every call is bounded, and a timed-out call scores as the
-config says (reward_on_timeout, rewards[i].on_timeout). docs/rewards.md, "Slow reward functions".
+"""Slow reward functions: `async def` ones run at once, every call is bounded, and a timed-out call scores as
+the config says (reward_on_timeout, rewards[i].on_timeout). docs/rewards.md, "Slow reward functions".
 
 Run: .venv/bin/python -m pytest tests/test_rewards_async.py
 
@@ -123,7 +123,8 @@ def test_scoring_works_from_another_thread_and_under_a_running_event_loop():
     worker.start()
     worker.join()
 
-    async def notebook_cell():  # Jupyter: an event loop runs in this thread already, where asyncio.run would refuse
+    # Jupyter: an event loop runs in this thread already, where asyncio.run would refuse
+    async def notebook_cell():
         return call(manager)
 
     results.append(asyncio.run(notebook_cell()))

@@ -40,7 +40,8 @@ def _die_with_parent():
 
 @pytest.fixture(scope="module")
 def server(vllm_model_dir, tmp_path_factory):
-    """(url, log path) of a `grpokit serve` subprocess on vllm_model_dir, listening on a free port; terminated at the end."""
+    """(url, log path) of a `grpokit serve` subprocess on vllm_model_dir, listening on a free port; terminated
+    at the end."""
     log = tmp_path_factory.mktemp("serve") / "serve.log"
     with open(log, "w") as out:
         proc = subprocess.Popen(
@@ -166,7 +167,8 @@ def test_a_push_that_did_not_take_is_caught(server, vllm_model_dir):
 
 
 def test_a_server_on_another_model_is_a_clear_error(server, tiny_model_dir, tmp_path):
-    """`grpokit train` on the tests' tiny model (4 heads of 24) against the server's (4 heads of 64): one line, before any push."""
+    """`grpokit train` on the tests' tiny model (4 heads of 24) against the server's (4 heads of 64): one
+    line, before any push."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # as grpokit.cli.main does; the test runner skips main()
@@ -193,16 +195,17 @@ def test_a_server_on_another_model_is_a_clear_error(server, tiny_model_dir, tmp_
     assert "\n" not in line and "Traceback" not in result.output, result.output
     assert line.startswith(f"error: the rollout server at {server[0]} serves another model"), line
     assert re.search(
-        r"tensor model\.layers\.0\.self_attn\.q_proj\.weight is \[256, 96\] there, \[96, 96\] here \(and \d+ more\)",
+        r"tensor model\.layers\.0\.self_attn\.q_proj\.weight is \[256, 96\] there, \[96, 96\] here \(and \d+ "
+        r"more\)",
         line,
     ), line
     assert f"`grpokit serve {tiny_model_dir}`" in line, line
 
 
 def test_grpo_on_a_vllm_server_learns_and_every_push_takes(server, vllm_model_dir, tmp_path):
-    """The loop with rollout.vllm_mode=server, as test_grpo_on_vllm_learns_and_every_push_takes runs it colocated:
-    the reward rises, and the mismatch stays at float noise at every step (each step's samples came from the weights
-    pushed after the step before)."""
+    """The loop with rollout.vllm_mode=server, as test_grpo_on_vllm_learns_and_every_push_takes runs it
+    colocated: the reward rises, and the mismatch stays at float noise at every step (each step's samples came
+    from the weights pushed after the step before)."""
     from grpokit.trainer import Trainer
 
     cfg = grpo_config(
@@ -220,8 +223,9 @@ def test_grpo_on_a_vllm_server_learns_and_every_push_takes(server, vllm_model_di
 
 
 def test_a_run_resumes_against_a_server_at_another_url():
-    """A server restarted after a crash may listen elsewhere (--port 0): its URL and the timeout are plumbing, not the
-    run's settings, so a resume does not refuse them (the model check and the first push guard the rest)."""
+    """A server restarted after a crash may listen elsewhere (--port 0): its URL and the timeout are plumbing,
+    not the run's settings, so a resume does not refuse them (the model check and the first push guard the
+    rest)."""
     from grpokit.checkpoint import config_changes
     from grpokit.config import load_config
 

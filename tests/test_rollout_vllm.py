@@ -80,9 +80,9 @@ def test_sampling_logprobs_match_the_trainer_after_a_push_and_differ_before(vllm
 
 
 def logprobs_differ_before_a_push_and_match_after(engine, model, tok):
-    """The must-show on an engine that runs model's weights (its constructor pushed them): sampling log-probs equal
-    the trainer's; after a real update they differ (> 0.05) until sync_weights, then equal again (< 1e-3, fp32).
-    Returns the completions sampled before and after the push."""
+    """The must-show on an engine that runs model's weights (its constructor pushed them): sampling log-probs
+    equal the trainer's; after a real update they differ (> 0.05) until sync_weights, then equal again (<
+    1e-3, fp32). Returns the completions sampled before and after the push."""
     p, n, sampling = prompts(tok), 8, SamplingParams(max_tokens=16)
     assert max_diff(model, p, engine.generate(p, n, sampling), n) < 1e-3  # the first push, in the constructor
     one_optimizer_step(model, tok)
@@ -124,8 +124,9 @@ def test_temperature_logprobs_greedy_and_stopping_mean_what_they_mean_for_fast(e
 
 
 def test_stop_token_sequences_end_a_completion_as_in_fast(engine_and_model):
-    """SamplingParams.stop_token_ids (multi-turn episodes stop a turn at a tool call's close): a one-token and a
-    two-token sequence taken from the middle of greedy completions end them there, kept, as the fast engine does."""
+    """SamplingParams.stop_token_ids (multi-turn episodes stop a turn at a tool call's close): a one-token and
+    a two-token sequence taken from the middle of greedy completions end them there, kept, as the fast engine
+    does."""
     engine, model, tok = engine_and_model
     p, greedy = prompts(tok), SamplingParams(max_tokens=12, greedy=True)
     free = FastEngine(model, tok).generate(p, 1, greedy).token_ids
@@ -166,7 +167,8 @@ def test_a_push_that_did_not_take_is_caught(engine_and_model, vllm_model_dir):
 
 
 def test_sleep_and_wake_up_do_nothing_on_cpu(engine_and_model):
-    """vLLM's CPU backend has no sleep mode: the loop may call both around every update, and nothing changes."""
+    """vLLM's CPU backend has no sleep mode: the loop may call both around every update, and nothing
+    changes."""
     engine, _, tok = engine_and_model
     greedy = SamplingParams(max_tokens=12, greedy=True)
     before = engine.generate(prompts(tok), 2, greedy).token_ids
@@ -180,8 +182,8 @@ def test_sleep_and_wake_up_do_nothing_on_cpu(engine_and_model):
     not torch.cuda.is_available(), reason="vLLM's sleep mode needs CUDA (the CPU backend has none)"
 )
 def test_sleep_frees_gpu_memory_and_wake_up_brings_the_same_engine_back(vllm_model_dir):
-    """On CUDA: sleep() (level 1) frees the KV cache and moves the weights to CPU memory; a push while asleep wakes
-    the engine; after wake_up the engine samples what it sampled before, and pushes still take."""
+    """On CUDA: sleep() (level 1) frees the KV cache and moves the weights to CPU memory; a push while asleep
+    wakes the engine; after wake_up the engine samples what it sampled before, and pushes still take."""
     model, tok = load(vllm_model_dir)
     model = model.cuda()
     engine = VLLMEngine(model, tok, max_model_len=256, max_seqs=32, gpu_memory_utilization=0.2)
@@ -268,9 +270,10 @@ def grpo_config(vllm_model_dir, out, *extra):
 
 
 def test_grpo_on_vllm_learns_and_every_push_takes(vllm_model_dir, tmp_path):
-    """The loop with rollout.engine=vllm: the reward rises as with the other engines (tests/test_trainer.py), and
-    the mismatch logged at every step stays at float noise: each step's samples came from the weights of the
-    step before (a push that did not take would show the previous policy's log-probs, as in the must-show test)."""
+    """The loop with rollout.engine=vllm: the reward rises as with the other engines (tests/test_trainer.py),
+    and the mismatch logged at every step stays at float noise: each step's samples came from the weights of
+    the step before (a push that did not take would show the previous policy's log-probs, as in the must-show
+    test)."""
     from grpokit.trainer import Trainer
 
     cfg = grpo_config(
@@ -289,7 +292,8 @@ def test_grpo_on_vllm_learns_and_every_push_takes(vllm_model_dir, tmp_path):
 
 
 def assert_learned_and_every_push_took(run_dir, steps_run: int) -> None:
-    """The reward rose, and the sampler-trainer mismatch stayed at fp32 noise at every step of the run's metrics."""
+    """The reward rose, and the sampler-trainer mismatch stayed at fp32 noise at every step of the run's
+    metrics."""
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "reward/mean" in r]
     assert len(steps) == steps_run

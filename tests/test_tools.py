@@ -214,9 +214,9 @@ def test_plain_format_parses_calls(tok):
 
 QWEN_LIKE = (
     "{% for m in messages %}"
-    "{% if m.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m.content }}\n</tool_response><|im_end|>\n"
-    "{% else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    "{% if m.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m.content "
+    "}}\n</tool_response><|im_end|>\n{% else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif "
+    "%}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
 
@@ -251,7 +251,8 @@ def test_chat_template_format_renders_tool_messages_with_the_template():
 
 
 class Scripted:
-    """Plays the model: turn k of every episode is texts[k] (then EOS unless it ends with a call), log-prob -0.5 each."""
+    """Plays the model: turn k of every episode is texts[k] (then EOS unless it ends with a call), log-prob
+    -0.5 each."""
 
     def __init__(self, tok, texts, eos=True):
         self.tok, self.texts, self.k, self.eos = tok, texts, 0, eos
@@ -318,7 +319,8 @@ def test_errors_go_back_to_the_model_and_episodes_stop_at_max_turns_or_the_budge
     assert (ep.turns, ep.cut, [c.error for c in ep.tool_calls]) == (3, "max_turns", ["unknown_tool"] * 3)
     assert episode_metrics([ep])["rollout/tools/errors"] == 3.0 and comps.finish_reasons == ["stop"]
 
-    # budget 30: the call (20 tokens) fits, its result (19) would leave no room: cut before it, finish "length"
+    # budget 30: the call (20 tokens) fits, its result (19) would leave no room: cut before it, finish
+    # "length"
     comps = ToolRollout(
         Scripted(tok, ["<tool>calculator(1)</tool>"]),
         tok,
@@ -348,9 +350,10 @@ def _episode(tok, texts, max_tokens=64):
 
 
 def test_tool_result_tokens_get_exactly_zero_gradient_and_are_never_counted(tok, model):
-    """Worked numbers: row 0 = 30 model tokens (call), 20 tool tokens (result), 5 model tokens (=408 + EOS); row 1 has
-    no call (6 model tokens). dapo (token mean) with pi_theta = pi_old: d loss / d logp_t = -A_i / (30 + 5 + 6) on model
-    tokens, exactly 0 on tool tokens; the normalizer counts 41 tokens, not 61."""
+    """Worked numbers: row 0 = 30 model tokens (call), 20 tool tokens (result), 5 model tokens (=408 + EOS);
+    row 1 has no call (6 model tokens). dapo (token mean) with pi_theta = pi_old: d loss / d logp_t = -A_i /
+    (30 + 5 +
+    6) on model tokens, exactly 0 on tool tokens; the normalizer counts 41 tokens, not 61."""
     with_call = _episode(tok, ["<tool>calculator(12*34)</tool>", "=408"])
     without = _episode(tok, ["=9999"])
     ids = with_call.token_ids + without.token_ids
@@ -472,7 +475,8 @@ def test_process_rewards_on_calls_land_on_each_calls_tokens(tok):
         "step_cost"
     ].tolist() == [-0.5, -1.0, 0.0]
     rewards, ends = process_rewards(out, comps.texts, comps.token_ids, tok)
-    # episode 0: +1 (valid) - 0.5 (cost) at the call's last token (29, its '>'); episode 1: two calls, each 0 - 0.5
+    # episode 0: +1 (valid) - 0.5 (cost) at the call's last token (29, its '>'); episode 1: two calls, each 0
+    # - 0.5
     assert ends[0].tolist() == [29] and rewards[0].tolist() == [0.5]
     second = episodes[1].tool_calls[1].end - 1
     assert ends[1].tolist() == [19, second] and rewards[1].tolist() == [-0.5, -0.5]
@@ -607,7 +611,8 @@ def test_tools_config_is_validated(tmp_path):
         load_tools(load_config(None, [f"tools.environment={__name__}:Episode"]).tools)
 
 
-# -- the python tool under attack: the code_tests hostile programs (tests/test_sandbox.py), sent as tool calls ----
+# -- the python tool under attack: the code_tests hostile programs (tests/test_sandbox.py), sent as tool calls
+# ----
 
 
 def _sandbox_tests():
@@ -622,7 +627,8 @@ def _sandbox_tests():
     return module
 
 
-#: what the python tool answers each hostile program: the sandbox's reason ("ok" for a program that ran to its end)
+#: what the python tool answers each hostile program: the sandbox's reason ("ok" for a program that ran to its
+#: end)
 PYTHON_TOOL_REASONS = {
     "fork_bomb": {"timeout", "cpu_limit"},
     "infinite_loop": {"timeout", "cpu_limit"},
@@ -731,7 +737,8 @@ def test_hostile_python_tool_calls_are_contained_as_code_tests_programs_are(tmp_
     os.kill(os.getpid(), 0)
 
 
-# -- end to end: the trainer with tools learns what the episode's reward pays for ------------------------------
+# -- end to end: the trainer with tools learns what the episode's reward pays for
+# ------------------------------
 
 
 def made_a_call(completions, episodes, **kwargs):

@@ -189,8 +189,8 @@ def _compile_works() -> bool:
 @pytest.mark.slow
 @pytest.mark.skipif(not _compile_works(), reason="torch.compile needs inductor and a C++ compiler")
 def test_compile_gives_the_eager_numbers(tiny_model_dir, tmp_path):
-    """model.compile=true: the rollout engine, the pi_ref pass and the update run through torch.compile and give
-    the eager trainer's tokens, log-probs, loss and gradients (up to float reassociation)."""
+    """model.compile=true: the rollout engine, the pi_ref pass and the update run through torch.compile and
+    give the eager trainer's tokens, log-probs, loss and gradients (up to float reassociation)."""
     from grpokit.rollout import SamplingParams
 
     extra = ["optim.max_steps=2", "algorithm.beta=0.04", "checkpoint.save_every=0", "rollout.engine=fast"]

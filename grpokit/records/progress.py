@@ -44,7 +44,8 @@ def _clip_text(text: Any, limit: int) -> str:
 
 
 def print_samples(step: int, samples: Sequence[Mapping[str, Any]], *, width: int = 300) -> None:
-    """A small rich table of sample completions: prompt (its end), completion, reward, per-function rewards."""
+    """A small rich table of sample completions: prompt (its end), completion, reward, per-function
+    rewards."""
     from rich.table import Table
     from rich.text import Text  # model output is not rich markup: "[/b]" or "[1, 2]" must print as is
 

@@ -180,7 +180,8 @@ class MetricLogger:
         every: int,
         samples_every: int,
     ) -> None:
-        """A training step's metrics every `every` steps and at the `last` one; its samples every `samples_every` (0: never)."""
+        """A training step's metrics every `every` steps and at the `last` one; its samples every
+        `samples_every` (0: never)."""
         if step % every == 0 or last:
             self.log(step, metrics)
         if samples_every and step % samples_every == 0 and samples:

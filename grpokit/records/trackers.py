@@ -4,7 +4,8 @@ MetricLogger (sinks.py) opens the ones the config turns on (`logging.tensorboard
 `logging.mlflow`, `logging.trackio`) and hands each the same scalars. One class per tracker, behind
 one small interface:
 
-    tracker = TRACKERS["mlflow"](out_dir, run_name, project, record)  # opens its run; record = config + run_info
+    tracker = TRACKERS["mlflow"](out_dir, run_name, project, record)  # opens its run; record = config +
+                                                                      # run_info
     tracker.log(step, {"reward/mean": 0.4})                   # finite or not; each tracker decides
     tracker.log_samples(step, samples)                        # where the tracker has tables (W&B)
     tracker.truncate_after(step)                              # on resume (TensorBoard purges)
@@ -34,7 +35,8 @@ from grpokit.config import ConfigError
 
 TENSORBOARD_DIR = "tensorboard"
 RUN_INFO = "run_info"
-PROJECT = "grpokit"  # W&B project, MLflow experiment and trackio project when neither logging.project nor an env var names one
+# W&B project, MLflow experiment and trackio project when neither logging.project nor an env var names one
+PROJECT = "grpokit"
 
 
 class TrackerNotInstalled(ConfigError, ImportError):
@@ -208,8 +210,8 @@ def _markdown_json(value: Any) -> str:
 
 
 class WandbTracker(Tracker):
-    """A wandb run (project: logging.project, else $WANDB_PROJECT, else grpokit) whose config is `record`; the samples
-    go to a `samples` table. Offline runs: `wandb sync OUT/wandb/offline-run-*` uploads them later."""
+    """A wandb run (project: logging.project, else $WANDB_PROJECT, else grpokit) whose config is `record`; the
+    samples go to a `samples` table. Offline runs: `wandb sync OUT/wandb/offline-run-*` uploads them later."""
 
     key = "wandb"
 

@@ -1,8 +1,8 @@
 """The `code_tests` reward: run the completion's Python against the row's tests, sandboxed.
 
-    name        reads               settings (spec kwargs)                                 value
-    code_tests  completions, tests  partial=True, max_workers, isolation, Limits fields    passed / total
-                                    (wall_time, cpu_time, memory_mb, ...)                  (1/0 if not partial)
+    name        reads               settings (spec kwargs)                               value
+    code_tests  completions, tests  partial=True, max_workers, isolation, Limits fields  passed / total
+                                    (wall_time, cpu_time, memory_mb, ...)                (1/0 if not partial)
 
     reward:
       - function: code_tests
@@ -61,8 +61,8 @@ class CodeResult:
     """"passed", "failed", "syntax_error", "exception:<Type>" (the solution's top level raised;
     the tests still ran; OSErrors add the errno name, e.g. "exception:OSError:EFBIG"),
     "candidate_exited" (it ended before the tests did), "no_code", "no_summary" (no verdict: the
-    judge was killed), "cpu_limit" / "killed:<SIGNAL>" (the candidate was), a sandbox reason (timeout, cpu_limit,
-    memory_limit, output_limit, killed:SIGKILL, error, ...), or for None scores "no_tests",
+    judge was killed), "cpu_limit" / "killed:<SIGNAL>" (the candidate was), a sandbox reason (timeout,
+    cpu_limit, memory_limit, output_limit, killed:SIGKILL, error, ...), or for None scores "no_tests",
     "bad_tests: ...", "sandbox_error", "network_isolation_unavailable"."""
     passed: int = 0
     total: int = 0

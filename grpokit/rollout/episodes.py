@@ -1,16 +1,21 @@
-"""Multi-turn rollouts with tools, on any engine: the rollout stage's business, so the update sees masks, not tools.
+"""Multi-turn rollouts with tools, on any engine: the rollout stage's business, so the update sees masks, not
+tools.
 
-    engine = ToolRollout(make_engine("fast", model, tok), tok, [as_tool(calculator)], fmt=make_format("plain"), max_turns=4)
+    engine = ToolRollout(
+        make_engine("fast", model, tok), tok, [as_tool(calculator)], fmt=make_format("plain"), max_turns=4
+    )
     comps = engine.generate(prompt_ids, G, SamplingParams(max_tokens=64), columns=[row.columns, ...])
     comps.token_ids[i]    # the model's turns interleaved with tool results, after the prompt
     comps.model_mask[i]   # 1 on the model's tokens, 0 on tool-result / template tokens
     comps.episodes[i]     # grpokit.tools.Episode: messages, calls, results, turns
 
 Each turn, every unfinished episode of the batch goes through the engine in one call (the first turn of the G
-episodes of a prompt as n=G samples of it, sharing its prefill; later turns as n=1 continuations of each episode's
-own context, prompt + everything so far), so the G episodes of a prompt run independently. After a turn:
+episodes of a prompt as n=G samples of it, sharing its prefill; later turns as n=1 continuations of each
+episode's own context, prompt + everything so far), so the G episodes of a prompt run independently. After a
+turn:
   - no tool call: the episode ends ("stop" at EOS, "length" when it ran out of tokens);
-  - a tool call at turn rollout.max_turns: the episode ends there, the call not run (Episode.cut = "max_turns");
+  - a tool call at turn rollout.max_turns: the episode ends there, the call not run
+    (Episode.cut = "max_turns");
   - otherwise the calls run (a thread pool across the batch; each under tools.timeout) and their results are
     appended as context; if the results would leave no token of the budget rollout.max_completion_length
     (which counts model and tool tokens alike, as TRL's max_completion_length does), the episode ends before
@@ -107,7 +112,8 @@ class ToolRollout:
         sampling: SamplingParams,
         columns: Sequence[dict[str, Any]] | None = None,
     ) -> Completions:
-        """G = n episodes per prompt, prompt-major. columns: each prompt's dataset row, for the environment's reset."""
+        """G = n episodes per prompt, prompt-major. columns: each prompt's dataset row, for the environment's
+        reset."""
         runs = self._start(prompt_token_ids, n, columns)
         self._logprobs = True  # every turn's engine call returned log-probs
         for turn in range(1, self.max_turns + 1):
@@ -258,8 +264,8 @@ class ToolRollout:
 def generate_groups(
     engine: RolloutEngine, rows: Sequence[Any], G: int, sampling: SamplingParams, metrics: dict[str, float]
 ) -> Completions:
-    """G completions of each row's prompt: episodes with tools when the engine is a ToolRollout (their rollout/tools/
-    metrics go into `metrics`), else the engine's one-turn completions."""
+    """G completions of each row's prompt: episodes with tools when the engine is a ToolRollout (their
+    rollout/tools/ metrics go into `metrics`), else the engine's one-turn completions."""
     if not isinstance(engine, ToolRollout):
         return engine.generate([r.prompt_ids for r in rows], G, sampling)
     comps = engine.generate([r.prompt_ids for r in rows], G, sampling, columns=[r.columns for r in rows])
@@ -268,7 +274,8 @@ def generate_groups(
 
 
 def with_tools(engine: RolloutEngine, cfg: Any, tokenizer: Any) -> RolloutEngine:
-    """The engine itself, or (a `tools:` section with a tool in it) a ToolRollout around it that runs episodes."""
+    """The engine itself, or (a `tools:` section with a tool in it) a ToolRollout around it that runs
+    episodes."""
     if not cfg.tools.enabled:
         return engine
     from grpokit.tools.formats import make_format

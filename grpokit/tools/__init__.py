@@ -10,7 +10,8 @@ schema.py     the JSON schema of a function and the check of a call's arguments 
 builtin.py    `calculator` (exact arithmetic, no eval) and `python` (the code_tests sandbox)
 formats.py    the plain `<tool>name(args)</tool>` / `<result>...</result>` format and the chat template's
 episode.py    Episode / ToolCall (what reward functions receive as `episodes=`) and the rollout/tools/ metrics
-rewards.py    process rewards on episodes (seed Q30): tool_call_valid, tool_args_valid, tool_result_used, step_cost
+rewards.py    process rewards on episodes (seed Q30): tool_call_valid, tool_args_valid, tool_result_used,
+              step_cost
 setup.py      the run's tools from the config's `tools:` section
 The multi-turn loop itself is in grpokit/rollout/episodes.py; docs/agentic.md has the whole story.
 """

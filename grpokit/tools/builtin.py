@@ -8,9 +8,9 @@
 `calculator` parses the expression with `ast` and evaluates only numbers, + - * / // % ** and parentheses
 (integers stay exact); exponents above MAX_EXPONENT and results above MAX_DIGITS digits are errors, so an
 expression cannot make the trainer compute for minutes. `python` runs the code exactly as `code_tests` runs a
-candidate (grpokit.rewards.sandbox.run_python with its isolation and limits: no network, no host files, its own
-uid and process tree, CPU / memory / process / output limits; docs/sandbox.md) and returns its stdout, or an
-error text with the sandbox's reason and the last line of stderr.
+candidate (grpokit.rewards.sandbox.run_python with its isolation and limits: no network, no host files, its
+own uid and process tree, CPU / memory / process / output limits; docs/sandbox.md) and returns its stdout, or
+an error text with the sandbox's reason and the last line of stderr.
 """
 
 from __future__ import annotations
