@@ -905,7 +905,7 @@ def plot(curves: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(curves), figsize=(5.5 * len(curves), 3.8), squeeze=False)
-    for ax, (name, runs) in zip(axes[0], curves.items()):
+    for ax, (name, runs) in zip(axes[0], curves.items(), strict=True):
         for label, steps in runs.items():
             x = [s["step"] for s in steps]
             y = [s.get("reward", float("nan")) for s in steps]
@@ -1138,7 +1138,7 @@ def main(argv=None) -> None:
         # Each round runs the frameworks back to back, so a pair shares the machine's load better than
         # two best rounds picked independently: the speed-up per round, and its median.
         paired = {
-            fw: [t["step_s"] / g["step_s"] for g, t in zip(per_round[fw], per_round["trl"])]
+            fw: [t["step_s"] / g["step_s"] for g, t in zip(per_round[fw], per_round["trl"], strict=False)]
             for fw in runs
             if fw != "trl"
         }

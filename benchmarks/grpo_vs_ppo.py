@@ -189,7 +189,11 @@ def print_table(command: str, args, results: dict[str, dict]) -> None:
     table = [[name for name, _ in cols]] + [[f(r) for _, f in cols] for r in results.values()]
     widths = [max(len(row[i]) for row in table) for i in range(len(cols))]
     for j, row in enumerate(table):
-        print(" | ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))))
+        print(
+            " | ".join(
+                c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))
+            )
+        )
         if j == 0:
             print("-+-".join("-" * w for w in widths))
     if "grpo" in results and "ppo" in results:

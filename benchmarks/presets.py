@@ -231,7 +231,11 @@ def eval_noise(runs: list[dict]) -> str:
                 f"(same weights, same problems): {', '.join(pct(x) for x in starts)}."
             )
             break
-    drops = [(a["mean@k"] - b["mean@k"], r, a, b) for r in runs for a, b in zip(r["curve"], r["curve"][1:])]
+    drops = [
+        (a["mean@k"] - b["mean@k"], r, a, b)
+        for r in runs
+        for a, b in zip(r["curve"], r["curve"][1:], strict=False)
+    ]
     if drops:
         d, r, a, b = max(drops, key=lambda x: x[0])
         parts.append(

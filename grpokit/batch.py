@@ -78,7 +78,7 @@ def pack_sequences(prompt_ids: list[list[int]], completion_ids: list[list[int]],
     input_ids = torch.full((N, P + T), pad_id, dtype=torch.long)
     attn = torch.zeros((N, P + T), dtype=torch.long)
     cmask = torch.zeros((N, T), dtype=torch.long)
-    for i, (p, c) in enumerate(zip(prompt_ids, completion_ids)):
+    for i, (p, c) in enumerate(zip(prompt_ids, completion_ids, strict=True)):
         input_ids[i, P - len(p) : P] = torch.tensor(p, dtype=torch.long)
         attn[i, P - len(p) : P] = 1
         if c:
@@ -213,7 +213,9 @@ def token_char_ends(tokenizer: Any, token_ids: list[int]) -> list[int]:
         if full.startswith(t):  # the usual case, checked in C
             n = len(t)
         else:
-            n = next((j for j, (a, b) in enumerate(zip(t, full)) if a != b), min(len(t), len(full)))
+            n = next(
+                (j for j, (a, b) in enumerate(zip(t, full, strict=False)) if a != b), min(len(t), len(full))
+            )
         best = max(best, n)
         out.append(best)
     return out
@@ -257,7 +259,7 @@ def process_rewards(
                 continue
             if token_ends is None:
                 token_ends = token_char_ends(tokenizer, ids)
-            for tok, s in zip(step_token_ends(item.ends, token_ends, len(text)), item.scores):
+            for tok, s in zip(step_token_ends(item.ends, token_ends, len(text)), item.scores, strict=True):
                 at[tok] = at.get(tok, 0.0) + w * float(s)
         order = sorted(at)
         out_rewards.append(torch.tensor([at[t] for t in order], dtype=torch.float32))

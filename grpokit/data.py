@@ -176,7 +176,7 @@ def _read_csv(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
                 f"{path.name}: line {line} has more fields than the header {names}; quote fields that "
                 "contain commas"
             )
-        cells.append(dict(zip(names, record + [None] * (len(names) - len(record)))))
+        cells.append(dict(zip(names, record + [None] * (len(names) - len(record)), strict=True)))
         where.append(f"{path.name} line {line}")
     columns = {name: _infer_csv_column([row[name] for row in cells]) for name in names}
     return [{name: columns[name][i] for name in names} for i in range(len(cells))], where
@@ -378,7 +378,7 @@ class PromptDataset:
         if len(where) != len(rows):
             raise ValueError(f"where has {len(where)} labels for {len(rows)} rows")
         prompts = [row.get(prompt_column) for row in rows]
-        texts = [self._render(w, p, tokenizer, system_prompt) for w, p in zip(where, prompts)]
+        texts = [self._render(w, p, tokenizer, system_prompt) for w, p in zip(where, prompts, strict=True)]
         ids = self._tokenize(texts, prompts, tokenizer)
 
         lengths = [len(x) for x in ids]
@@ -450,7 +450,7 @@ class PromptDataset:
             idx = [i for i, p in enumerate(prompts) if isinstance(p, str) == is_str]
             if idx:
                 enc = tokenizer([texts[i] for i in idx], add_special_tokens=is_str)["input_ids"]
-                for i, e in zip(idx, enc):
+                for i, e in zip(idx, enc, strict=True):
                     ids[i] = list(e)
         return ids
 

@@ -304,7 +304,7 @@ class World:
         if self.size > 1:
             t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=self.device)
             dist.all_reduce(t)
-            values = tuple(type(v)(x) for v, x in zip(values, t.tolist()))
+            values = tuple(type(v)(x) for v, x in zip(values, t.tolist(), strict=True))
         return values[0] if len(values) == 1 else values
 
     def all(self, flag: bool) -> bool:

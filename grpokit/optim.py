@@ -163,7 +163,7 @@ class Optimizer:
         self.scheduler.load_state_dict(state[f"{prefix}scheduler"])
         self.skipped = state.get(f"{prefix}skipped_updates", 0)
         cfg, step = self.cfg, self.scheduler.last_epoch
-        for group, factor in zip(self.adamw.param_groups, self.scheduler.lr_lambdas):
+        for group, factor in zip(self.adamw.param_groups, self.scheduler.lr_lambdas, strict=True):
             group.update(
                 betas=(cfg.adam_beta1, cfg.adam_beta2),
                 eps=cfg.adam_epsilon,

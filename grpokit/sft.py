@@ -185,7 +185,7 @@ def evaluate_sft(
     engine = make_engine("hf", model, tokenizer, batch_size=batch_size)
     comps = engine.generate([r.prompt_ids for r in rows], 1, SamplingParams(max_tokens=longest, greedy=True))
     model.train(was_training)
-    exact = sum(text.strip() == ref for text, ref in zip(comps.texts, references)) / len(rows)
+    exact = sum(text.strip() == ref for text, ref in zip(comps.texts, references, strict=True)) / len(rows)
     return {EVAL_LOSS: loss_sum / max(tokens, 1), EVAL_EXACT_MATCH: exact}
 
 

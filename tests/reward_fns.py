@@ -8,7 +8,7 @@ def count_sevens(completions, **kwargs):
 
 def even_target_constant(completions, target, **kwargs):
     """Constant 1.0 within groups of even targets (no signal), length parity otherwise."""
-    return [1.0 if t % 2 == 0 else float(len(c) % 2) for c, t in zip(completions, target)]
+    return [1.0 if t % 2 == 0 else float(len(c) % 2) for c, t in zip(completions, target, strict=True)]
 
 
 _calls = {"n": 0}

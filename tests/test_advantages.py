@@ -216,7 +216,7 @@ def ref_step_advantages(step_rewards, step_ends, G, T, eps):
         for i in idx:
             norm = [(x - mean) / (std + eps) if std > 0 else 0.0 for x in step_rewards[i]]
             for t in range(T):
-                out[i][t] = sum(n for n, end in zip(norm, step_ends[i]) if end >= t)
+                out[i][t] = sum(n for n, end in zip(norm, step_ends[i], strict=True) if end >= t)
     return out
 
 

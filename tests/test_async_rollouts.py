@@ -34,7 +34,7 @@ def _logp(model, rows, comps, pad_id):
 
 
 def _max_diff(a, b_lists):
-    return max((x - torch.tensor(y)).abs().max().item() for x, y in zip(a, b_lists))
+    return max((x - torch.tensor(y)).abs().max().item() for x, y in zip(a, b_lists, strict=True))
 
 
 @pytest.mark.parametrize("sampler", ["thread", "process"])

@@ -425,7 +425,7 @@ def test_garbage_in_padding_changes_nothing(loss_type, ratio_level):
     clean, m_clean = policy_loss(lp, old, adv, mask, ref_logp=ref, **kw)
     (g_clean,) = torch.autograd.grad(clean, lp)
     bad = [t.clone() for t in (logp, old, ref)]
-    for t, v in zip(bad, [float("-inf"), float("nan"), 1e4]):
+    for t, v in zip(bad, [float("-inf"), float("nan"), 1e4], strict=True):
         t[~mask] = v
     bad[0][~mask & (torch.arange(7) % 2 == 0)] = -1e4  # ref - logp = 2e4 where both are garbage
     lp = bad[0].requires_grad_(True)

@@ -100,7 +100,9 @@ def test_nan_loss_steps_are_skipped_counted_and_the_run_goes_on(tiny_model_dir, 
     rows = read_metrics(tmp_path / "run")
     assert [r["policy/skipped_updates"] for r in rows] == [1, 1, 2]
     assert ["policy/grad_norm" in r for r in rows] == [False, True, False]
-    assert any(not torch.equal(p, q) for p, q in zip(trainer.model.parameters(), before))  # step 2 trained
+    assert any(
+        not torch.equal(p, q) for p, q in zip(trainer.model.parameters(), before, strict=True)
+    )  # step 2 trained
     assert [s for s, _ in list_checkpoints(tmp_path / "run")] == [3]
 
 
@@ -142,7 +144,9 @@ def test_non_finite_gradient_stops_with_the_parameter_named(tiny_model_dir, tmp_
         "1: first in model." in msg
     )
     assert "\n" not in msg
-    assert all(torch.equal(p, q) for p, q in zip(trainer.model.parameters(), before))  # no step was taken
+    assert all(
+        torch.equal(p, q) for p, q in zip(trainer.model.parameters(), before, strict=True)
+    )  # no step was taken
     assert [s for s, _ in list_checkpoints(tmp_path / "run")] == [1]
 
 
@@ -208,7 +212,10 @@ def test_fuzz_reward_manager_output_gives_finite_advantages(data, G, B, K, scale
     ]
     weights = [data.draw(st.floats(-5, 5)) for _ in range(K)]
     manager = RewardManager(
-        [RewardSpec(_const(o, f"f{i}"), weight=w) for i, (o, w) in enumerate(zip(outputs, weights))]
+        [
+            RewardSpec(_const(o, f"f{i}"), weight=w)
+            for i, (o, w) in enumerate(zip(outputs, weights, strict=True))
+        ]
     )
     logging.getLogger("grpokit.rewards").disabled = True
     try:

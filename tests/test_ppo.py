@@ -308,10 +308,12 @@ def test_ppo_resume_restores_the_critic_exactly(tiny_model_dir, tmp_path):
     resumed.train()
     assert resumed.step == 3
     # Bit for bit the same policy and critic as the uninterrupted run.
-    for (n, p), (_, q) in zip(straight.model.named_parameters(), resumed.model.named_parameters()):
+    for (n, p), (_, q) in zip(
+        straight.model.named_parameters(), resumed.model.named_parameters(), strict=True
+    ):
         assert torch.equal(p, q), n
     for (n, p), (_, q) in zip(
-        straight.critic.model.named_parameters(), resumed.critic.model.named_parameters()
+        straight.critic.model.named_parameters(), resumed.critic.model.named_parameters(), strict=True
     ):
         assert torch.equal(p, q), n
 

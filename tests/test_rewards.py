@@ -58,7 +58,7 @@ def test_trl_signature_gets_columns_and_call_args_as_keywords():
 
     def exact(completions, answer, **kwargs):
         seen.update(kwargs, answer=answer)
-        return [float(c == a) for c, a in zip(completions, answer)]
+        return [float(c == a) for c, a in zip(completions, answer, strict=True)]
 
     out = call(
         RewardManager([exact]),
@@ -78,7 +78,7 @@ def test_trl_signature_gets_columns_and_call_args_as_keywords():
 
 def test_function_without_kwargs_gets_only_what_it_declares():
     def by_length(completion_ids, prompts):
-        return [len(ids) / len(p) for ids, p in zip(completion_ids, prompts)]
+        return [len(ids) / len(p) for ids, p in zip(completion_ids, prompts, strict=True)]
 
     out = call(
         RewardManager([by_length]),
@@ -305,7 +305,10 @@ def test_fuzz_total_is_finite_and_equals_reference_nansum(data):
     outputs = [data.draw(st.lists(entry, min_size=n, max_size=n)) for _ in range(k)]
     weights = [data.draw(st.floats(-5, 5)) for _ in range(k)]
     manager = RewardManager(
-        [RewardSpec(const(o, f"f{i}"), weight=w) for i, (o, w) in enumerate(zip(outputs, weights))]
+        [
+            RewardSpec(const(o, f"f{i}"), weight=w)
+            for i, (o, w) in enumerate(zip(outputs, weights, strict=True))
+        ]
     )
     logging.getLogger("grpokit.rewards").disabled = True
     try:
@@ -317,7 +320,7 @@ def test_fuzz_total_is_finite_and_equals_reference_nansum(data):
         return isinstance(v, (int, float)) and math.isfinite(v)
 
     reference = [
-        math.fsum(w * float(np.float32(o[i])) for o, w in zip(outputs, weights) if valid(o[i]))
+        math.fsum(w * float(np.float32(o[i])) for o, w in zip(outputs, weights, strict=True) if valid(o[i]))
         for i in range(n)
     ]
     assert torch.isfinite(out.total).all()

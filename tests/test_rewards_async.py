@@ -83,7 +83,7 @@ def test_async_functions_are_called_as_trl_calls_them_once_per_batch_with_lists(
 
     async def judge(prompts, completions, completion_ids, answer, **kwargs):
         calls.append((prompts, completions, completion_ids, answer))
-        return [float(c == f"c{a}") for c, a in zip(completions, answer)]
+        return [float(c == f"c{a}") for c, a in zip(completions, answer, strict=True)]
 
     out = call(RewardManager([judge]))
     assert calls == [

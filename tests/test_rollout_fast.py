@@ -196,7 +196,7 @@ def test_eos_and_length(model_and_tok, prompts):
     out = FastEngine(model, tok).generate(prompts, 8, SamplingParams(max_tokens=10, temperature=1.0))
     eos = tok.eos_token_id
     assert len(out) == len(prompts) * 8
-    for ids, why, lp, text in zip(out.token_ids, out.finish_reasons, out.logprobs, out.texts):
+    for ids, why, lp, text in zip(out.token_ids, out.finish_reasons, out.logprobs, out.texts, strict=True):
         assert len(lp) == len(ids)
         assert text == tok.decode(ids, skip_special_tokens=True)
         if why == "stop":

@@ -137,7 +137,14 @@ def test_the_runs_generator_decides_the_samples_as_in_the_colocated_engine(serve
     finally:
         colocated.close()
     assert here.token_ids == a.token_ids and here.finish_reasons == a.finish_reasons
-    assert max(abs(x - y) for u, v in zip(here.logprobs, a.logprobs) for x, y in zip(u, v)) < 1e-5
+    assert (
+        max(
+            abs(x - y)
+            for u, v in zip(here.logprobs, a.logprobs, strict=True)
+            for x, y in zip(u, v, strict=True)
+        )
+        < 1e-5
+    )
 
 
 def test_greedy_and_stop_sequences_mean_what_they_mean_in_the_colocated_engine(server, vllm_model_dir):

@@ -115,7 +115,7 @@ def test_temperature_logprobs_greedy_and_stopping_mean_what_they_mean_for_fast(e
     assert engine.generate(p, 2, SamplingParams(max_tokens=12, top_p=1e-6)).token_ids == fast.token_ids
     # EOS ends a completion and is kept ("stop"); without it the completion has max_tokens tokens ("length")
     comps = engine.generate(p, 16, SamplingParams(max_tokens=12))
-    for ids, why, text in zip(comps.token_ids, comps.finish_reasons, comps.texts):
+    for ids, why, text in zip(comps.token_ids, comps.finish_reasons, comps.texts, strict=True):
         assert (why == "stop") == (bool(ids) and ids[-1] in engine.eos_ids)
         assert why == "stop" or len(ids) == 12
         assert not any(t in engine.eos_ids for t in ids[:-1])
@@ -136,8 +136,10 @@ def test_stop_token_sequences_end_a_completion_as_in_fast(engine_and_model):
         sampling = SamplingParams(max_tokens=12, greedy=True, stop_token_ids=(stop,))
         ours, fast = engine.generate(p, 1, sampling), FastEngine(model, tok).generate(p, 1, sampling)
         assert ours.token_ids == fast.token_ids and ours.finish_reasons == fast.finish_reasons
-        assert any(len(ids) < len(f) for ids, f in zip(ours.token_ids, free))  # the stop cut something
-        assert all(len(lp) == len(ids) for lp, ids in zip(ours.logprobs, ours.token_ids))
+        assert any(
+            len(ids) < len(f) for ids, f in zip(ours.token_ids, free, strict=True)
+        )  # the stop cut something
+        assert all(len(lp) == len(ids) for lp, ids in zip(ours.logprobs, ours.token_ids, strict=True))
 
 
 def test_the_runs_generator_decides_the_samples(engine_and_model):
@@ -206,7 +208,7 @@ def test_sleep_frees_gpu_memory_and_wake_up_brings_the_same_engine_back(vllm_mod
         assert not engine.asleep and engine.last_push_error < 1e-3
         comps = engine.generate(p, 4, SamplingParams(max_tokens=12))
         for prompt, ids, lp in zip(
-            [q for q in p for _ in range(4)], comps.token_ids, comps.logprobs
+            [q for q in p for _ in range(4)], comps.token_ids, comps.logprobs, strict=True
         ):  # ids: never empty (>= EOS)
             ours = model_prompt_logprobs(model, prompt + ids)[len(prompt) - 1 :]  # teacher-forced, on the GPU
             assert (ours - torch.tensor(lp, dtype=torch.float64)).abs().max().item() < 1e-3

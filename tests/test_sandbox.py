@@ -626,10 +626,10 @@ def hostile(namespaces, tmp_path_factory):
     finally:
         del os.environ["GRPOKIT_TEST_SECRET"]
     connected = accepted_a_connection(server)
-    results = dict(zip(cases, code_tests.last_results))
+    results = dict(zip(cases, code_tests.last_results, strict=True))
     yield {
         "cases": cases,
-        "scores": dict(zip(cases, scores)),
+        "scores": dict(zip(cases, scores, strict=True)),
         "results": results,
         "outside": outside,
         "victim": victim,

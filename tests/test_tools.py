@@ -424,7 +424,7 @@ def test_sampled_episodes_score_like_one_pass_on_the_whole_sequence(engine_name)
     assert (
         sum(len(e.tool_calls) for e in eps) >= 4 and max(e.turns for e in eps) >= 2
     )  # multi-turn did happen
-    for ids, mask, ep in zip(comps.token_ids, comps.model_mask, eps):
+    for ids, mask, ep in zip(comps.token_ids, comps.model_mask, eps, strict=True):
         assert len(ids) == len(mask) <= 48
         ran = [c for c in ep.tool_calls if c.error != "not_run"][
             : ep.turns - 1
@@ -439,7 +439,7 @@ def test_sampled_episodes_score_like_one_pass_on_the_whole_sequence(engine_name)
     tokens = pack_sequences([p for p in prompts for _ in range(8)], comps.token_ids, tok.pad_token_id)
     with torch.no_grad():
         logp, _ = completion_logprobs(model, tokens)  # one pass over prompt + every turn + every result
-    for i, (mask, lps) in enumerate(zip(comps.model_mask, comps.logprobs)):
+    for i, (mask, lps) in enumerate(zip(comps.model_mask, comps.logprobs, strict=True)):
         on = torch.tensor(mask, dtype=torch.bool)
         torch.testing.assert_close(logp[i, : len(mask)][on], torch.tensor(lps)[on], atol=2e-5, rtol=0)
 
@@ -709,7 +709,7 @@ def test_hostile_python_tool_calls_are_contained_as_code_tests_programs_are(tmp_
     finally:
         del os.environ["GRPOKIT_TEST_SECRET"]
     connected = sb.accepted_a_connection(server)
-    for name, ep in zip(cases, comps.episodes):
+    for name, ep in zip(cases, comps.episodes, strict=True):
         (call,) = ep.tool_calls
         assert call.name == "python" and call.arguments == {"code": cases[name][0]}
         reason = (
@@ -719,7 +719,7 @@ def test_hostile_python_tool_calls_are_contained_as_code_tests_programs_are(tmp_
         )
         assert call.error in (None, "raised") and reason in PYTHON_TOOL_REASONS[name], (name, call.result)
         assert ep.final == "done"  # the episode went on after the attack
-    results = {name: ep.tool_calls[0].result for name, ep in zip(cases, comps.episodes)}
+    results = {name: ep.tool_calls[0].result for name, ep in zip(cases, comps.episodes, strict=True)}
     assert any(w in results["write_outside"] for w in ("FileNotFoundError", "PermissionError"))
     assert "ENETUNREACH" in results["connect_loopback"] or "unreachable" in results["connect_loopback"]
     home = os.path.expanduser("~")  # read_home, printing what it found: not the host's home

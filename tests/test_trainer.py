@@ -103,7 +103,9 @@ def test_resume_continues_exactly(tiny_model_dir, tmp_path, extra):
     resumed.train()
     assert resumed.step == 5
     # Bit for bit the same parameters as the uninterrupted run.
-    for (n, p), (_, q) in zip(straight.model.named_parameters(), resumed.model.named_parameters()):
+    for (n, p), (_, q) in zip(
+        straight.model.named_parameters(), resumed.model.named_parameters(), strict=True
+    ):
         assert torch.equal(p, q), n
     # metrics.jsonl has each step once.
     steps_logged = [r["step"] for r in read_metrics(tmp_path / "b")]
@@ -175,9 +177,9 @@ def test_ref_policy_reset_copies_the_policy(tiny_model_dir, tmp_path):
     trainer = Trainer(cfg)
     before = [p.clone() for p in trainer.ref.parameters()]
     trainer.train()
-    for p, q, b in zip(trainer.model.parameters(), trainer.ref.parameters(), before):
+    for p, q, b in zip(trainer.model.parameters(), trainer.ref.parameters(), before, strict=True):
         assert torch.equal(p, q)
-    assert any(not torch.equal(q, b) for q, b in zip(trainer.ref.parameters(), before))
+    assert any(not torch.equal(q, b) for q, b in zip(trainer.ref.parameters(), before, strict=True))
 
 
 def _compile_works() -> bool:

@@ -126,7 +126,7 @@ def parse_stdio(tests: Mapping) -> list[tuple[str, str]]:
         raise ValueError("'inputs' and 'outputs' must be lists of the same length")
     if not all(isinstance(x, str) for x in [*inputs, *outputs]):
         raise ValueError("every input and output must be a string")
-    return list(zip(inputs, outputs))
+    return list(zip(inputs, outputs, strict=True))
 
 
 def same_output(got: str, expected: str) -> bool:
@@ -211,7 +211,7 @@ def evaluate_code(
     results: list[CodeResult | None] = [None] * len(completions)
     jobs = []  # (index, program, stdin, files, expected stdout or None for Python tests)
     totals = {}
-    for i, (completion, row_tests) in enumerate(zip(completions, tests)):
+    for i, (completion, row_tests) in enumerate(zip(completions, tests, strict=True)):
         if row_tests is None:
             results[i] = CodeResult(None, "no_tests")
             continue
@@ -244,7 +244,7 @@ def evaluate_code(
         isolation=isolation,
     )
     cases: dict[int, list[tuple[SandboxResult, str]]] = {}
-    for (i, _, _, _, expected), out in zip(jobs, outs):
+    for (i, _, _, _, expected), out in zip(jobs, outs, strict=True):
         if expected is None:
             results[i] = _score(out, totals[i], partial)
         else:

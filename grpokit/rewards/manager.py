@@ -721,7 +721,7 @@ class RewardManager:
                 except Exception:
                     failing.append(part)
                     continue
-                for i, v in zip(part, out):
+                for i, v in zip(part, out, strict=True):
                     items[i] = v
             if len(failing) == len(parts) and len(parts) >= 4 or all(len(p) == 1 for p in failing):
                 return items, sorted(i for part in failing for i in part)

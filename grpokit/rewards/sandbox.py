@@ -886,6 +886,6 @@ def run_many(
     with ThreadPoolExecutor(max_workers=min(workers, len(items)), thread_name_prefix="sandbox") as pool:
         futures = [
             pool.submit(run_python, code, stdin=stdin, limits=limits, files=fs, isolation=isolation)
-            for (code, stdin), fs in zip(items, file_sets)
+            for (code, stdin), fs in zip(items, file_sets, strict=True)
         ]
         return [f.result() for f in futures]

@@ -64,7 +64,7 @@ class StepScores:
             return f"scores must be finite numbers, got {scores!r}"
         if not all(isinstance(e, numbers.Integral) and not isinstance(e, bool) for e in ends):
             return f"ends must be ints (character offsets), got {ends!r}"
-        if ends[0] < 0 or any(b <= a for a, b in zip(ends, ends[1:])):
+        if ends[0] < 0 or any(b <= a for a, b in zip(ends, ends[1:], strict=False)):
             return f"ends must be >= 0 and strictly increasing, got {list(ends)}"
         if text_length is not None and ends[-1] > text_length:
             return f"step end {ends[-1]} is past the end of the completion ({text_length} characters)"

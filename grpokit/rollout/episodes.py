@@ -244,9 +244,9 @@ class ToolRollout:
 
     def _completions(self, runs: list[_Run]) -> Completions:
         texts = self.tokenizer.batch_decode([r.ids for r in runs], skip_special_tokens=True)
-        for run, text in zip(runs, texts):
+        for run, text in zip(runs, texts, strict=True):
             last = 0
-            for call, tokens, back in zip(run.episode.tool_calls, run.call_ends, run.call_chars):
+            for call, tokens, back in zip(run.episode.tool_calls, run.call_ends, run.call_chars, strict=True):
                 end = len(self.tokenizer.decode(run.ids[:tokens], skip_special_tokens=True)) + back
                 call.end = last = min(len(text), max(end, last + 1))  # strictly increasing (StepScores.ends)
         comps = Completions(

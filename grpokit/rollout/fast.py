@@ -197,7 +197,7 @@ class FastEngine:
             with torch.no_grad():
                 for start in range(0, len(prompt_token_ids), per_call):
                     ids, lps = self._generate_batch(prompt_token_ids[start : start + per_call], n, sampling)
-                    for row, lp in zip(ids, lps):
+                    for row, lp in zip(ids, lps, strict=True):
                         stopped = bool(row) and row[-1] in self.eos_ids
                         token_ids.append(row)
                         logprobs.append(lp)

@@ -283,7 +283,7 @@ class VLLMEngine:
         self.wake_up()
         params = VSampling(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
         out = self.llm.generate([{"prompt_token_ids": list(ids)}], params, use_tqdm=False)[0]
-        return [d[t].logprob for d, t in zip(out.prompt_logprobs[1:], ids[1:])]
+        return [d[t].logprob for d, t in zip(out.prompt_logprobs[1:], ids[1:], strict=True)]
 
     def verify_push(self, model) -> float:
         """max |vLLM's prompt log-probs - model's| on a probe fixed per push; RolloutError above
@@ -361,7 +361,7 @@ class VLLMEngine:
                 ids = list(c.token_ids)
                 ids = ids[: cut_at_stops(ids, sampling.stop_token_ids)]
                 token_ids.append(ids)
-                logprobs.append([d[t].logprob for d, t in zip(c.logprobs, ids)])
+                logprobs.append([d[t].logprob for d, t in zip(c.logprobs, ids, strict=False)])
                 reasons.append("stop" if ids and ids[-1] in self.eos_ids else "length")
         texts = self.tokenizer.batch_decode(token_ids, skip_special_tokens=True)
         return Completions(token_ids=token_ids, texts=texts, finish_reasons=reasons, logprobs=logprobs)

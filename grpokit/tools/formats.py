@@ -103,7 +103,7 @@ class PlainFormat:
                 return ParsedCall(
                     raw, name, None, f"{name} takes {len(params)} argument(s), got {len(positional)}"
                 )
-            return ParsedCall(raw, name, {**dict(zip(params, positional)), **keyword})
+            return ParsedCall(raw, name, {**dict(zip(params, positional, strict=False)), **keyword})
         one_string = (
             tool is not None
             and len(params) == 1
