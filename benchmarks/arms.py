@@ -74,9 +74,10 @@ def run_arm(
     wall = time.perf_counter() - t
     rows = read_metrics(Path(cfg.output_dir) / "metrics.jsonl")
     evals = [r for r in rows if r.get("eval/pass@1") is not None]
-    med = lambda key: statistics.median(
-        [r[key] for r in rows if r.get(key) is not None][2:] or [float("nan")]
-    )  # noqa: E731
+
+    def med(key):
+        return statistics.median([r[key] for r in rows if r.get(key) is not None][2:] or [float("nan")])
+
     diffs = [r["rollout/logp_diff_max"] for r in rows if r.get("rollout/logp_diff_max") is not None]
     return {
         "arm": arm,
@@ -109,7 +110,10 @@ def table(
         f"s/step | max logp diff |{extra_head} start s | wall s | load |",
         "|---" * (12 + len(keys)) + "|",
     ]
-    pct = lambda x: f"{100 * x:.1f}"  # noqa: E731
+
+    def pct(x):
+        return f"{100 * x:.1f}"
+
     for r in sorted(results, key=lambda r: (arms.index(r["arm"]), r["seed"])):
         b, a = r["before"], r["after"]
         lines.append(
@@ -122,7 +126,10 @@ def table(
     for arm in arms:
         mine = [r for r in results if r["arm"] == arm]
         if mine:
-            mean = lambda f: statistics.mean(f(r) for r in mine)  # noqa: E731
+
+            def mean(f, mine=mine):
+                return statistics.mean(f(r) for r in mine)
+
             lines.append(
                 f"| {arm} mean | | | {pct(mean(lambda r: r['after'][f'eval/mean@{K}']))} | | "
                 f"{pct(mean(lambda r: r['after']['eval/pass@1']))} | {mean(lambda r: r['s_step']):.3f} | "

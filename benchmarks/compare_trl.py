@@ -630,7 +630,10 @@ def summarize(res: dict, warmup: int, mu: int, n_nonemb: int) -> dict:
     timed = res["steps"][warmup:]
     if not timed:
         raise SystemExit(f"{res['framework']}: no steps left after {warmup} warm-up steps; raise --steps")
-    med = lambda f: statistics.median(f(s) for s in timed)  # noqa: E731
+
+    def med(f):
+        return statistics.median(f(s) for s in timed)
+
     return {
         "steps": len(timed),
         "step_s": med(lambda s: s["step_s"]),
@@ -752,9 +755,11 @@ def growth_table(cells: dict[int, dict[str, tuple[dict | None, dict]]], variants
         first = next(T0 for T0 in Ts if cells[T0][v][0] is not None)  # the smallest T this variant finished
         return fmt.format(s[key]) + (f" ({s[key] / val(first, v, key):.1f}x)" if T != first else "")
 
-    name = lambda v: _label(cells[Ts[0]][v][1])  # noqa: E731
+    def name(v):
+        return _label(cells[Ts[0]][v][1])
+
     head = ["T"]
-    for key, what in (("step_s", "s/step"), ("rss", "peak RSS MB"), ("step_tps", "tok/s")):
+    for _key, what in (("step_s", "s/step"), ("rss", "peak RSS MB"), ("step_tps", "tok/s")):
         head += [f"{name(v)} {what}" for v in variants]
     head += [f"TRL / {name(v)} s/step" for v in grpo] + [f"{name(v)} / TRL peak RSS" for v in grpo]
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
@@ -1203,7 +1208,10 @@ def main(argv=None) -> None:
                 f"| {label} | {s['train_flops'] / 1e9:.2f} | {100 * s['train_flops'] / peak:.1f}% | "
                 f"{s['rollout_flops'] / 1e9:.2f} | {100 * s['rollout_flops'] / peak:.1f}% |"
             )
-        first = lambda r: [round(s.get("reward", float("nan")), 3) for s in r["steps"][:10]]  # noqa: E731
+
+        def first(r):
+            return [round(s.get("reward", float("nan")), 3) for s in r["steps"][:10]]
+
         md += [
             "",
             f"Reward, first steps: grpokit {first(results['grpokit'])}; TRL {first(results['trl'])}.",

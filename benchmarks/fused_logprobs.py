@@ -79,7 +79,7 @@ def main() -> None:
     args = ap.parse_args()
     command = "  .venv/bin/python benchmarks/fused_logprobs.py " + " ".join(sys.argv[1:])
     lines = [
-        "# Log-probs at V = %d: plain against fused, one training pass" % args.vocab,
+        f"# Log-probs at V = {args.vocab}: plain against fused, one training pass",
         "",
         command.strip(),
         "",

@@ -110,9 +110,8 @@ def run_arm(args) -> None:
     trainer = Trainer(cfg)
     trainer.train()
     wall = time.perf_counter() - t
-    rows = [
-        json.loads(l) for l in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines() if l.strip()
-    ]
+    lines = (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()
+    rows = [json.loads(ln) for ln in lines if ln.strip()]
     evals = [r for r in rows if r.get("eval/pass@1") is not None]
     rewards = [r["reward/mean"] for r in rows if r.get("reward/mean") is not None]
     result = {

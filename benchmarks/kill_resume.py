@@ -169,7 +169,10 @@ def main() -> int:
         log = out / f"attempt-{i:02d}.log"
         with open(log, "w") as f:
             proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
-        resumed_line = lambda: re.search(r"resuming from checkpoint step (\d+)", log.read_text())  # noqa: E731
+
+        def resumed_line(log=log):
+            return re.search(r"resuming from checkpoint step (\d+)", log.read_text())
+
         if before:
             started = wait_until(resumed_line, proc, 300, 0.01)
         else:  # a fresh start: wait for it to train
@@ -188,7 +191,7 @@ def main() -> int:
         t0, base = time.monotonic(), resumed_from or 0
         if mode == "random":  # k more steps, then a random fraction of a step
             k = rng.randint(0, 2)
-            wait_until(lambda: len(logged_steps(run)) >= base + k, proc, 300, 0.01)
+            wait_until(lambda base=base, k=k: len(logged_steps(run)) >= base + k, proc, 300, 0.01)
             delay = rng.uniform(0.0, step_seconds(run))
             time.sleep(delay)
             moment = f"step {base + k} + {delay:.2f} s"
@@ -196,9 +199,12 @@ def main() -> int:
         else:  # as soon as the checkpoint of step base + 1 + k is being written
             k = rng.randint(0, 2)
             target = base + 1 + k
-            writing = lambda: any(
-                int(p.name.split("-")[2]) >= target for p in (run / "checkpoints").glob(".tmp-step-*")
-            )  # noqa: E731
+
+            def writing(target=target):
+                return any(
+                    int(p.name.split("-")[2]) >= target for p in (run / "checkpoints").glob(".tmp-step-*")
+                )
+
             caught = wait_until(writing, proc, 300, 0.0002)
             delay = rng.uniform(0.0, 0.04)
             time.sleep(delay)

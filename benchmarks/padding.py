@@ -86,7 +86,10 @@ def main() -> None:
                 rows[grouped].append(metrics)
                 if grouped:
                     lengths += batch.tokens.completion_mask.sum(1).tolist()
-    med = lambda key, g: statistics.median(r[key] for r in rows[g])  # noqa: E731
+
+    def med(key, g):
+        return statistics.median(r[key] for r in rows[g])
+
     lengths.sort()
     command = "    .venv/bin/python benchmarks/padding.py " + " ".join(sys.argv[1:])
     lines = [

@@ -99,7 +99,10 @@ def main() -> None:
         "wall s | load |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    pct = lambda x: f"{100 * x:.1f}"  # noqa: E731
+
+    def pct(x):
+        return f"{100 * x:.1f}"
+
     for r in sorted(results, key=lambda r: (r["arm"], r["seed"])):
         b, a = r["before"], r["after"]
         lines.append(

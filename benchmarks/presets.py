@@ -191,9 +191,11 @@ def summary_table(runs: list[dict], reach: dict) -> list[str]:
     for preset in dict.fromkeys(r["preset"] for r in runs):
         group = [r for r in runs if r["preset"] == preset]
         n = len(group)
-        mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
 
-        def reached(key):
+        def mean(xs):
+            return sum(xs) / len(xs)
+
+        def reached(key, preset=preset, group=group, n=n, mean=mean):
             hits = [reach[preset, r["seed"]] for r in group]
             if all(h is None for h in hits):
                 return "—"
@@ -264,7 +266,10 @@ def verdict(runs: list[dict], reach: dict) -> str:
         f"**Claim (mean@{K}): DAPO reached plain GRPO's final held-out mean@{K} in fewer optimizer steps in "
         f"{len(sooner)} of {len(pairs)} seeds**"
     )
-    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+
+    def mean(xs):
+        return sum(xs) / len(xs)
+
     seeds = [s for s, _, _ in pairs]
     finals = {
         p: mean([r["curve"][-1]["mean@k"] for r in runs if r["preset"] == p and r["seed"] in seeds])
@@ -298,7 +303,7 @@ def plot(runs: list[dict], path: Path, title: str) -> None:
             [("step", "optimizer steps"), ("train_s", "training seconds (eval excluded)")]
         ):
             ax = axes[row][col]
-            for i, r in enumerate(runs):
+            for r in runs:
                 seeds = [x["seed"] for x in runs if x["preset"] == r["preset"]]
                 ax.plot(
                     [p[xkey] for p in r["curve"]],
@@ -322,7 +327,7 @@ def plot(runs: list[dict], path: Path, title: str) -> None:
 def cpu_name() -> str:
     try:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
-        return next(l.split(":", 1)[1].strip() for l in lines if l.startswith("model name"))
+        return next(ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name"))
     except (OSError, StopIteration):
         return platform.processor() or platform.machine()
 

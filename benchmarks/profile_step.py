@@ -122,7 +122,10 @@ def main() -> None:
     if prof is not None:
         prof.disable()
     timed = recs[args.warmup :]
-    med = lambda k: statistics.median(m[k] for m in timed)  # noqa: E731
+
+    def med(k):
+        return statistics.median(m[k] for m in timed)
+
     rest = statistics.median(
         m["perf/prep_time"] - m["perf/rollout_time"] - m["perf/reward_time"] - m["perf/ref_time"]
         for m in timed

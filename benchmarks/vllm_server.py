@@ -91,7 +91,7 @@ def main() -> None:
         ):
             print(
                 f"{name}: 16 prompts x 8 x <= 16 tokens, median "
-                f"{median_time(lambda: e.generate(prompts, 8, sampling)):.3f} s"
+                f"{median_time(lambda e=e: e.generate(prompts, 8, sampling)):.3f} s"
             )
 
         def push(e):
@@ -105,7 +105,7 @@ def main() -> None:
                 e.verify = verify
                 print(
                     f"{name}: push {'with' if verify else 'without'} its check, median "
-                    f"{median_time(lambda: push(e)):.3f} s"
+                    f"{median_time(lambda e=e: push(e)):.3f} s"
                 )
         server.verify = True
         push(server)

@@ -101,7 +101,10 @@ class Groups:
     def take(chosen: list[tuple[Groups, int]], G: int) -> Groups:
         """The groups (source, index) in `chosen`, concatenated in that order."""
         spans = [(src, slice(g * G, (g + 1) * G)) for src, g in chosen]
-        cat = lambda get: [x for src, sl in spans for x in get(src)[sl]]  # noqa: E731
+
+        def cat(get):
+            return [x for src, sl in spans for x in get(src)[sl]]
+
         logprobs = None
         if all(src.comps.logprobs is not None for src, _ in spans):
             logprobs = cat(lambda s: s.comps.logprobs)

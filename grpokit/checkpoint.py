@@ -336,13 +336,19 @@ def config_changes(saved: dict, now: dict, allowed: list[str]) -> tuple[list[str
     from the checkpoint's config (saved by an older grpokit) counts only when this run sets it off its
     default."""
     old, new, defaults = _flat(saved), _flat(now), _defaults()
-    under = lambda key, names: any(key == n or key.startswith(n + ".") for n in names)  # noqa: E731
+
+    def under(key, names):
+        return any(key == n or key.startswith(n + ".") for n in names)
+
     diffs = [(k, old.get(k), new.get(k)) for k in sorted(old.keys() | new.keys()) if old.get(k) != new.get(k)]
     # A key the checkpoint's grpokit did not have yet, left at its default, is the behaviour of then: no
     # change.
     diffs = [(k, a, b) for k, a, b in diffs if k in old or k not in defaults or b != defaults[k]]
     diffs = [(k, a, b) for k, a, b in diffs if not under(k, FREE_ON_RESUME)]
-    text = lambda d: f"{d[0]}: {d[1]!r} -> {d[2]!r}"  # noqa: E731
+
+    def text(d):
+        return f"{d[0]}: {d[1]!r} -> {d[2]!r}"
+
     return [text(d) for d in diffs if not under(d[0], allowed)], [
         text(d) for d in diffs if under(d[0], allowed)
     ]

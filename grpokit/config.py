@@ -409,7 +409,9 @@ class ToolsConfig(Section):
 
     @field_serializer("functions", "environment")
     def _paths(self, value: Any) -> Any:
-        name = lambda v: v if isinstance(v, str) else f"{v.__module__}:{v.__qualname__}"  # noqa: E731
+        def name(v):
+            return v if isinstance(v, str) else f"{v.__module__}:{v.__qualname__}"
+
         return [name(v) for v in value] if isinstance(value, list) else None if value is None else name(value)
 
     @property

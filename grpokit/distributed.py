@@ -509,9 +509,10 @@ def _cat_packed(parts: list[PackedBatch], pad_id: int) -> PackedBatch:
 def cat_batches(parts: list[RolloutBatch], pad_id: int) -> RolloutBatch:
     """Rollout batches as one, in order (every rank's: the global batch). PPO's value targets are not
     carried."""
-    opt = lambda name: (
-        _cat([getattr(p, name) for p in parts]) if getattr(parts[0], name) is not None else None
-    )  # noqa: E731
+
+    def opt(name):
+        return _cat([getattr(p, name) for p in parts]) if getattr(parts[0], name) is not None else None
+
     return RolloutBatch(
         _cat_packed([p.tokens for p in parts], pad_id),
         _cat([p.loss_mask for p in parts]),

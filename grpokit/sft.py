@@ -228,18 +228,21 @@ def train_sft(
         if eval_pairs is not None and len(eval_pairs)
         else None
     )
-    evaluate = lambda: (
-        evaluate_sft(
-            model,
-            tokenizer,
-            held_out,
-            column=cfg.completion_column,
-            max_length=cfg.max_length,
-            batch_size=cfg.batch_size,
+
+    def evaluate():
+        return (
+            evaluate_sft(
+                model,
+                tokenizer,
+                held_out,
+                column=cfg.completion_column,
+                max_length=cfg.max_length,
+                batch_size=cfg.batch_size,
+            )
+            if held_out
+            else {}
         )
-        if held_out
-        else {}
-    )  # noqa: E731
+
     total = sft_steps(cfg, len(examples))
     torch.manual_seed(seed)  # dropout, if the model has any
     order_rng = random.Random(seed)

@@ -235,7 +235,7 @@ def test_step_advantages_match_reference_on_random_steps():
     g = torch.Generator().manual_seed(20)
     G, B, T = 3, 4, 12
     rewards, ends = [], []
-    for i in range(G * B):
+    for _ in range(G * B):
         K = int(torch.randint(0, 5, (1,), generator=g))
         # Increasing step ends, sometimes running past T (truncated to the tensor width).
         e = torch.randperm(T + 3, generator=g)[:K].sort().values

@@ -188,14 +188,22 @@ def test_sigkill_anywhere_then_resume_is_exact(setup):
         start = logged_steps(out)
         pid = fork_train(args, log, stall)
         if stall is None:
-            wait_for(lambda: logged_steps(out) >= start + 2, pid)  # between steps, or inside a save
+            wait_for(
+                lambda start=start: logged_steps(out) >= start + 2, pid
+            )  # between steps, or inside a save
         elif stall == "save":
             wait_for(
-                lambda: any((p / "model.safetensors").exists() for p in hidden(out, ".tmp-step-", pid)), pid
+                lambda pid=pid: any(
+                    (p / "model.safetensors").exists() for p in hidden(out, ".tmp-step-", pid)
+                ),
+                pid,
             )
         else:
             wait_for(
-                lambda: any(not list(p.glob("*.safetensors")) for p in hidden(out, ".old-step-", pid)), pid
+                lambda pid=pid: any(
+                    not list(p.glob("*.safetensors")) for p in hidden(out, ".old-step-", pid)
+                ),
+                pid,
             )
         kill9(pid)
         if before:
@@ -394,7 +402,7 @@ def test_train_refuses_a_folder_in_use_and_a_fresh_run_never_appends_to_an_old_l
         steps == sorted(steps)
         and steps[-1] == 2
         and 9.0
-        not in [json.loads(l).get("reward/mean") for l in (run / "metrics.jsonl").read_text().splitlines()]
+        not in [json.loads(ln).get("reward/mean") for ln in (run / "metrics.jsonl").read_text().splitlines()]
     )
 
 
@@ -455,7 +463,7 @@ def test_resume_with_a_changed_config_stops_and_lists_every_difference(setup):
         "seed=1",
     )
     assert r.exit_code == 2, r.output
-    line = [l for l in r.stderr.splitlines() if l.strip()]
+    line = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(line) == 1 and "was saved with another config (" in line[0]
     for diff in (
         "optim.learning_rate: 0.003 -> 0.001",
@@ -514,7 +522,7 @@ def test_a_full_disk_reported_by_torch_save_says_no_space_left(setup, monkeypatc
     monkeypatch.setattr(torch, "save", full_disk)
     r = _train_cli(tmp_path, model_dir)
     assert r.exit_code == 2, r.output
-    line = [l for l in r.stderr.splitlines() if l.strip()]
+    line = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert (
         len(line) == 1
         and "could not save to" in line[0]

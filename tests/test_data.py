@@ -440,7 +440,10 @@ def test_split_rows_never_overlaps(prompts, frac, seed):
     train, held = split_rows(rows, n_eval, seed=seed)
     train_i, held_i = {r["i"] for r in train}, {r["i"] for r in held}
     assert not train_i & held_i
-    key = lambda r: json.dumps(r["prompt"])  # noqa: E731
+
+    def key(r):
+        return json.dumps(r["prompt"])
+
     held_keys = {key(r) for r in held}
     assert not {key(r) for r in train} & held_keys
     assert len(held) == len(held_keys) == n_eval

@@ -15,7 +15,7 @@ def test_demo_quick_outputs(tmp_path):
     assert "SFT warm-start" in r.stdout and "after GRPO" in r.stdout  # the before / after table
     for name in ("report.md", "report.html", "reward.png", "eval.png", "kl.png", "clip.png", "lengths.png"):
         assert (out / name).is_file(), name
-    rows = [json.loads(l) for l in (out / "grpo" / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(ln) for ln in (out / "grpo" / "metrics.jsonl").read_text().splitlines()]
     evals = [row for row in rows if "eval/pass@1" in row]
     assert evals[0]["step"] == 0 and evals[-1]["step"] == rows[-1]["step"]  # before and after
     assert (out / "grpo" / "final" / "model.safetensors").is_file()
@@ -37,7 +37,7 @@ def test_tools_demo_quick_outputs(tmp_path):
     )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "held-out multiply with the calculator" in r.stdout and "pass@1" in r.stdout
-    rows = [json.loads(l) for l in (out / "grpo" / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(ln) for ln in (out / "grpo" / "metrics.jsonl").read_text().splitlines()]
     evals = [row for row in rows if "eval/pass@1" in row]
     assert evals[0]["step"] == 0 and evals[-1]["step"] == rows[-1]["step"]
     assert all(

@@ -40,9 +40,12 @@ def _env() -> dict[str, str]:
 
 def _output(proc: subprocess.CompletedProcess) -> str:
     """The launcher's and the ranks' output without transformers' progress bars, for a failure message."""
-    keep = lambda text: "\n".join(
-        l for l in text.splitlines() if "Loading weights" not in l and "model shards" not in l
-    )  # noqa: E731
+
+    def keep(text):
+        return "\n".join(
+            ln for ln in text.splitlines() if "Loading weights" not in ln and "model shards" not in ln
+        )
+
     return keep(proc.stdout)[-3000:] + "\n" + keep(proc.stderr)[-8000:]
 
 

@@ -288,7 +288,10 @@ def test_loss_type_normalizers_worked_example():
     logp = torch.zeros(2, 4, dtype=torch.float64)
     mask = torch.tensor([[1, 0, 0, 0], [1, 1, 1, 0]])
     adv = torch.tensor([2.0, 1.0], dtype=torch.float64)
-    loss = lambda **kw: policy_loss(logp, logp, adv, mask, **kw)[0].item()  # noqa: E731
+
+    def loss(**kw):
+        return policy_loss(logp, logp, adv, mask, **kw)[0].item()
+
     assert loss(loss_type="grpo") == pytest.approx(-(2 / 1 + 3 / 3) / 2)  # 1/N sum_i 1/|o_i| sum_t
     assert loss(loss_type="dapo") == pytest.approx(-5 / 4)  # 1/sum|o_i|
     assert loss(loss_type="bnpo") == pytest.approx(-5 / 4)

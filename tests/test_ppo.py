@@ -210,7 +210,7 @@ def config(model_dir, out, *extra):
 
 
 def read_metrics(out):
-    return [json.loads(l) for l in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+    return [json.loads(ln) for ln in (Path(out) / "metrics.jsonl").read_text().splitlines()]
 
 
 def test_critic_values_ignore_padding_and_later_tokens(tiny_model_dir, tmp_path):

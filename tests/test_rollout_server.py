@@ -124,7 +124,10 @@ def test_the_runs_generator_decides_the_samples_as_in_the_colocated_engine(serve
     assert (
         len({tuple(x) for x in a.token_ids[:4]}) > 1
     )  # the n samples of a prompt are not copies of each other
-    own = lambda: SamplingParams(max_tokens=12, generator=torch.Generator().manual_seed(7))  # noqa: E731
+
+    def own():
+        return SamplingParams(max_tokens=12, generator=torch.Generator().manual_seed(7))
+
     state = torch.random.get_rng_state()
     assert engine.generate(p, 4, own()).token_ids == engine.generate(p, 4, own()).token_ids
     assert torch.equal(

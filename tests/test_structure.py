@@ -270,7 +270,7 @@ def find_dynamic_package_imports(root: Path, package: str) -> list[str]:
         return text is not None and (text == package or text.startswith(package + "."))
 
     found = []
-    for module, path in discover_modules(root, package).items():
+    for path in discover_modules(root, package).values():
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
         for node in ast.walk(tree):
             if not isinstance(node, ast.Call):

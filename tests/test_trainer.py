@@ -39,7 +39,7 @@ def config(model_dir, out, *extra):
 
 
 def read_metrics(out):
-    return [json.loads(l) for l in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+    return [json.loads(ln) for ln in (Path(out) / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.mark.parametrize("autocast", ["none", "bfloat16"])
@@ -177,7 +177,7 @@ def test_ref_policy_reset_copies_the_policy(tiny_model_dir, tmp_path):
     trainer = Trainer(cfg)
     before = [p.clone() for p in trainer.ref.parameters()]
     trainer.train()
-    for p, q, b in zip(trainer.model.parameters(), trainer.ref.parameters(), before, strict=True):
+    for p, q in zip(trainer.model.parameters(), trainer.ref.parameters(), strict=True):
         assert torch.equal(p, q)
     assert any(not torch.equal(q, b) for q, b in zip(trainer.ref.parameters(), before, strict=True))
 

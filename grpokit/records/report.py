@@ -213,9 +213,10 @@ def _summary(rows: list[dict[str, Any]], config: dict | None) -> str:
     if train:
         n = max(1, len(train) // 10)
         keys = _by_name["reward"].keys(metric_keys(train))  # reward/mean and each reward/<fn>
-        mean = lambda part, k: (
-            statistics.fmean(v) if (v := [r[k] for r in part if r.get(k) is not None]) else None
-        )  # noqa: E731
+
+        def mean(part, k):
+            return statistics.fmean(v) if (v := [r[k] for r in part if r.get(k) is not None]) else None
+
         body = [(k, mean(train[:n], k), mean(train[-n:], k)) for k in keys]
         header = ["training reward", f"first {n} logged step(s)", f"last {n}"]
         cards.append(f"<div><h3>Reward</h3>{_table(header, body)}</div>")

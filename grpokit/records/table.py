@@ -212,7 +212,10 @@ def select(
         )
     chosen = [r for r in rows if r[STEP] == step]
     if worst is not None:
-        key = lambda r: (r.get(REWARD) is None, r.get(REWARD) if r.get(REWARD) is not None else 0.0)  # noqa: E731
+
+        def key(r):
+            return (r.get(REWARD) is None, r.get(REWARD) if r.get(REWARD) is not None else 0.0)
+
         chosen = sorted(chosen, key=key)[:worst]
     return step, chosen
 

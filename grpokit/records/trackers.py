@@ -118,10 +118,10 @@ class Tracker(ABC):
     @abstractmethod
     def log(self, step: int, scalars: Mapping[str, float]) -> None: ...
 
-    def log_samples(self, step: int, samples: Sequence[Mapping[str, Any]]) -> None:
+    def log_samples(self, step: int, samples: Sequence[Mapping[str, Any]]) -> None:  # noqa: B027 (optional: a no-op by default)
         """Only W&B shows tables of samples; the others keep scalars (samples.jsonl has them all)."""
 
-    def truncate_after(self, step: int) -> None:
+    def truncate_after(self, step: int) -> None:  # noqa: B027 (optional: a no-op by default)
         """Resume from `step`: a tracker that appends to the previous run's store forgets later steps.
         W&B, MLflow and trackio start a new run of the same name instead."""
 
