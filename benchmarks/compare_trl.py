@@ -87,7 +87,7 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 sys.path.insert(0, str(HERE))
 
-from roofline import machine_load, peak_matmul_flops  # noqa: E402
+from roofline import machine_load, peak_matmul_flops  # noqa: E402 (after sys.path gets benchmarks/)
 
 #: name -> model shape, batch, algorithm and SFT settings; the same for both frameworks
 WORKLOADS: dict[str, dict] = {
@@ -239,7 +239,7 @@ def pick_engine(choice: str) -> str:
     if choice != "auto":
         return choice
     try:
-        import grpokit.rollout.fast  # noqa: F401 - being written in parallel; use it when it is there
+        import grpokit.rollout.fast  # noqa: F401 (only whether it imports)
 
         return "fast"
     except ImportError:

@@ -26,8 +26,8 @@ from unittest import mock
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from arms import arm_parser, parse_arm_args  # noqa: E402
-from presets import K, config_overrides, load_avg  # noqa: E402
+from arms import arm_parser, parse_arm_args  # noqa: E402 (after sys.path gets benchmarks/)
+from presets import K, config_overrides, load_avg  # noqa: E402 (after sys.path gets benchmarks/)
 
 ARMS = {"fp32": "none", "bf16": "bfloat16"}
 

@@ -43,7 +43,7 @@ def machine_load() -> str:
     try:
         out = subprocess.run(["uptime"], capture_output=True, text=True, timeout=5).stdout.strip()
         return out[out.index("load average") :] if "load average" in out else out
-    except Exception:  # noqa: BLE001 - the load is a note, never a reason to fail
+    except Exception:  # the load is a note, never a reason to fail
         return "load average: unknown"
 
 
@@ -218,7 +218,7 @@ def breakdown(
             full_step(m=compiled)
             compile_s = time.perf_counter() - t0
             variants["torch.compile (inductor), after compiling"] = lambda: full_step(m=compiled)
-        except Exception as exc:  # noqa: BLE001 - report, don't fail the benchmark
+        except Exception as exc:  # report, don't fail the benchmark
             print(f"torch.compile failed: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
     measured = interleaved_medians({**pieces, **variants}, repeats)
     r = {k: measured[k] for k in pieces}

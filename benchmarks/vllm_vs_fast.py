@@ -24,7 +24,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from arms import arm_parser, parse_arm_args, run_all  # noqa: E402
+from arms import arm_parser, parse_arm_args, run_all  # noqa: E402 (after sys.path gets benchmarks/)
 
 ENGINES = ("fast", "vllm")
 

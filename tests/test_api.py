@@ -43,8 +43,8 @@ def test_the_api_is_the_package_namespace():
     loaded."""
     import sys
 
-    import grpokit.evaluate  # noqa: F401  (the modules; the import system sets package attributes for them)
-    import grpokit.sft  # noqa: F401
+    import grpokit.evaluate  # the modules; the import system sets package attributes for them
+    import grpokit.sft
     from grpokit import api
 
     assert (grpokit.train, grpokit.evaluate, grpokit.sft, grpokit.report) == (
@@ -57,7 +57,7 @@ def test_the_api_is_the_package_namespace():
         sys.modules["grpokit.sft"], "train_sft"
     )
     with pytest.raises(AttributeError, match="trian"):
-        grpokit.trian  # noqa: B018
+        grpokit.trian  # noqa: B018 (the attribute access is what raises)
 
 
 def test_config_in_every_form_and_its_errors(tmp_path):

@@ -22,7 +22,7 @@ from grpokit.config import ConfigError, load_config
 from grpokit.distributed import World, cat_batches
 
 sys.path.insert(0, str(Path(__file__).parent))
-import dist_cases  # noqa: E402  (tests/ is not a package; torchrun runs the same file as a script)
+import dist_cases  # tests/ is not a package; torchrun runs the same file as a script
 
 TESTS = Path(__file__).parent
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]

@@ -12,14 +12,14 @@ import torch
 
 pytest.importorskip("peft")  # in the test extra: make test installs it
 
-from peft import PeftModel  # noqa: E402
-from transformers import AutoModelForCausalLM  # noqa: E402
+from peft import PeftModel
+from transformers import AutoModelForCausalLM
 
-from grpokit.batch import pack_sequences  # noqa: E402
-from grpokit.checkpoint import list_checkpoints  # noqa: E402
-from grpokit.config import load_config  # noqa: E402
-from grpokit.policy import AdapterOff, batched_logprobs, build_reference, load_policy  # noqa: E402
-from grpokit.trainer import Trainer  # noqa: E402
+from grpokit.batch import pack_sequences
+from grpokit.checkpoint import list_checkpoints
+from grpokit.config import load_config
+from grpokit.policy import AdapterOff, batched_logprobs, build_reference, load_policy
+from grpokit.trainer import Trainer
 
 REWARD = f"{Path(__file__).parent / 'reward_fns.py'}:count_sevens"
 # The LM head among the targets: a random tiny model learns count_sevens in a few steps through it; all-linear

@@ -11,7 +11,7 @@ import random
 import numpy as np
 import pytest
 import torch
-import vllm  # noqa: F401  (make test installs it: no skip)
+import vllm  # noqa: F401 (make test installs it: no skip)
 from transformers import AutoModelForCausalLM
 
 from grpokit.batch import pack_sequences

@@ -145,7 +145,7 @@ def tensorboard_error() -> Exception | None:
     if importlib.util.find_spec("tensorboard") is None:
         return ModuleNotFoundError("No module named 'tensorboard'")
     try:
-        from torch.utils.tensorboard import SummaryWriter  # noqa: F401
+        from torch.utils.tensorboard import SummaryWriter  # noqa: F401 (only whether it imports)
     except Exception as e:  # a broken install (e.g. a protobuf clash) is "not available", not a crash
         return e
     return None

@@ -172,7 +172,7 @@ def _launcher_main() -> None:
     import json
     import os
     import resource
-    import shutil  # noqa: F401  (for _launcher_build_root, imported before the chroot)
+    import shutil  # noqa: F401 (for _launcher_build_root, imported before the chroot)
     import signal
     import sys
 

@@ -90,7 +90,7 @@ class _Served:
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
 
-    def do_GET(self):  # noqa: N802 (http.server's name)
+    def do_GET(self):  # http.server's name
         if self.path == "/health":
             served = self.server.served
             return self._reply(
@@ -100,7 +100,7 @@ class _Handler(BaseHTTPRequestHandler):
             return self._run(lambda s, _: {**s.info, "version": s.version}, None)
         self._reply(404, {"error": f"no GET {self.path}; GET /health, /info"})
 
-    def do_POST(self):  # noqa: N802
+    def do_POST(self):  # http.server's name
         routes = {
             "/generate": _Served.generate,
             "/update_weights": _Served.update_weights,

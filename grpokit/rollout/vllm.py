@@ -100,7 +100,7 @@ _EXPECTED_WARNINGS = _ExpectedWarnings()
 
 def vllm_available() -> bool:
     try:
-        import vllm  # noqa: F401
+        import vllm  # noqa: F401 (only whether it imports)
     except (
         Exception
     ):  # ImportError, or a broken install (e.g. mismatched torchvision): both mean "not usable"
