@@ -612,7 +612,6 @@ def test_tools_config_is_validated(tmp_path):
 
 
 # -- the python tool under attack: the code_tests hostile programs (tests/test_sandbox.py), sent as tool calls
-# ----
 
 
 def _sandbox_tests():
@@ -737,8 +736,7 @@ def test_hostile_python_tool_calls_are_contained_as_code_tests_programs_are(tmp_
     os.kill(os.getpid(), 0)
 
 
-# -- end to end: the trainer with tools learns what the episode's reward pays for
-# ------------------------------
+# -- end to end: the trainer with tools learns what the episode's reward pays for ----------------------------
 
 
 def made_a_call(completions, episodes, **kwargs):
