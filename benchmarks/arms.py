@@ -1,4 +1,5 @@
-"""Arms of one GRPO config on the demo task, side by side: the shared part of vllm_vs_fast.py and async_lag.py.
+"""Arms of one GRPO config on the demo task, side by side: the shared part of vllm_vs_fast.py and
+async_lag.py.
 
 An arm is a name and the config overrides that make it differ from presets.py's one config (16 prompts x G=8,
 16-token completions, T=1, lr 1e-4); every arm of a seed runs back to back, in alternating order from seed to
@@ -40,8 +41,8 @@ def arm_parser(doc: str, name: str, model: str):
 
 
 def parse_arm_args(p):
-    """p's arguments, with args.eval_every = args.steps (evaluate before step 1 and after the last only) and torch
-    set to --threads threads."""
+    """p's arguments, with args.eval_every = args.steps (evaluate before step 1 and after the last only) and
+    torch set to --threads threads."""
     import torch
 
     args = p.parse_args()
@@ -73,9 +74,10 @@ def run_arm(
     wall = time.perf_counter() - t
     rows = read_metrics(Path(cfg.output_dir) / "metrics.jsonl")
     evals = [r for r in rows if r.get("eval/pass@1") is not None]
-    med = lambda key: statistics.median(
-        [r[key] for r in rows if r.get(key) is not None][2:] or [float("nan")]
-    )  # noqa: E731
+
+    def med(key):
+        return statistics.median([r[key] for r in rows if r.get(key) is not None][2:] or [float("nan")])
+
     diffs = [r["rollout/logp_diff_max"] for r in rows if r.get("rollout/logp_diff_max") is not None]
     return {
         "arm": arm,
@@ -104,11 +106,14 @@ def table(
         "",
         f"{setup}; {os.cpu_count()} cores",
         "",
-        f"| arm | seed | mean@{K} before | mean@{K} after | pass@1 before | pass@1 after | s/step | rollout s/step "
-        f"| max logp diff |{extra_head} start s | wall s | load |",
+        f"| arm | seed | mean@{K} before | mean@{K} after | pass@1 before | pass@1 after | s/step | rollout "
+        f"s/step | max logp diff |{extra_head} start s | wall s | load |",
         "|---" * (12 + len(keys)) + "|",
     ]
-    pct = lambda x: f"{100 * x:.1f}"  # noqa: E731
+
+    def pct(x):
+        return f"{100 * x:.1f}"
+
     for r in sorted(results, key=lambda r: (arms.index(r["arm"]), r["seed"])):
         b, a = r["before"], r["after"]
         lines.append(
@@ -121,7 +126,10 @@ def table(
     for arm in arms:
         mine = [r for r in results if r["arm"] == arm]
         if mine:
-            mean = lambda f: statistics.mean(f(r) for r in mine)  # noqa: E731
+
+            def mean(f, mine=mine):
+                return statistics.mean(f(r) for r in mine)
+
             lines.append(
                 f"| {arm} mean | | | {pct(mean(lambda r: r['after'][f'eval/mean@{K}']))} | | "
                 f"{pct(mean(lambda r: r['after']['eval/pass@1']))} | {mean(lambda r: r['s_step']):.3f} | "
@@ -133,7 +141,8 @@ def table(
 def run_all(
     args, arms: dict[str, list[str]], script: str, title: str, setup: str, keys: tuple[str, ...] = ()
 ) -> None:
-    """Every arm for every seed of --seeds; the table goes to --results after each run (a stop keeps a partial one)."""
+    """Every arm for every seed of --seeds; the table goes to --results after each run (a stop keeps a partial
+    one)."""
     from grpokit.tasks import get_task
 
     eval_rows = get_task("countdown").make_rows("test", args.eval_size, 0)  # the same problems for every run
@@ -143,8 +152,8 @@ def run_all(
             results.append(run_arm(args, arm, arms[arm], seed, eval_rows, keys))
             r = results[-1]
             print(
-                f"{arm} seed {seed}: mean@{K} {r['before'][f'eval/mean@{K}']:.3f} -> {r['after'][f'eval/mean@{K}']:.3f}, "
-                f"{r['s_step']:.3f} s/step",
+                f"{arm} seed {seed}: mean@{K} {r['before'][f'eval/mean@{K}']:.3f} -> "
+                f"{r['after'][f'eval/mean@{K}']:.3f}, {r['s_step']:.3f} s/step",
                 flush=True,
             )
             Path(args.results).write_text(table(script, title, setup, names, results, keys))

@@ -1,23 +1,26 @@
 """Asynchronous rollouts (rollout.max_policy_lag=1) against the synchronous loop on the demo task: held-out
 accuracy after the same steps, and seconds per step.
 
-    .venv/bin/python benchmarks/async_lag.py --model runs/demo/sft              # -> benchmarks/results/async_lag.md
+    .venv/bin/python benchmarks/async_lag.py --model runs/demo/sft   # -> benchmarks/results/async_lag.md
     .venv/bin/python benchmarks/async_lag.py --model runs/demo/sft --steps 20 --seeds 0   # a quick look
 
 The warm start is the demo's SFT model (`make demo` leaves it in runs/demo/sft). Three arms of one config
 (benchmarks/arms.py, presets.py's: 16 prompts x G=8, 16-token completions, T=1, lr 1e-4; rollout.engine=fast):
   lag0        the synchronous loop
-  lag1        max_policy_lag=1: batch b+1 is generated with the weights of step b while step b trains, and pi_old
-              is the sampler's log-probs (off-policy PPO: the clip is around the behaviour policy)
-  lag1_tis    max_policy_lag=1 with importance_correction=token_truncate (C_max 3): pi_old is the trainer's own
-              log-probs before the update and each token's loss is weighted min(pi_old / pi_sampler, 3)
-  lag1_process  max_policy_lag=1 with async_sampler=process: the fast engine in a child process (no GIL shared)
+  lag1        max_policy_lag=1: batch b+1 is generated with the weights of step b while step b trains, and
+              pi_old is the sampler's log-probs (off-policy PPO: the clip is around the behaviour policy)
+  lag1_tis    max_policy_lag=1 with importance_correction=token_truncate (C_max 3): pi_old is the trainer's
+              own log-probs before the update and each token's loss is weighted min(pi_old / pi_sampler, 3)
+  lag1_process  max_policy_lag=1 with async_sampler=process: the fast engine in a child process (no GIL
+                shared)
   server_lag0 / server_lag1   the same on rollouts from a `grpokit serve` process (rollout.vllm_mode=server;
-              --arms server_lag0,server_lag1 with a heads-of-64 warm start such as vllm_vs_fast.py's), started once
+              --arms server_lag0,server_lag1 with a heads-of-64 warm start such as vllm_vs_fast.py's),
+              started once
 With --threads 1 the synchronous loop uses one core; a lagged run uses one more for its sampler thread (this
-machine has 2); the server is a process of its own (1 thread). Reported besides the accuracy and times: the median of rollout/logp_diff_mean (the policy lag
-as the trainer sees it), rollout/is_clip_frac (lag1_tis), perf/rollout_wait_time (the trainer waiting for its
-batch) and perf/weights_wait_time (the sampler waiting for a step to end).
+machine has 2); the server is a process of its own (1 thread). Reported besides the accuracy and times: the
+median of rollout/logp_diff_mean (the policy lag as the trainer sees it), rollout/is_clip_frac (lag1_tis),
+perf/rollout_wait_time (the trainer waiting for its batch) and perf/weights_wait_time (the sampler waiting for
+a step to end).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from arms import arm_parser, parse_arm_args, run_all  # noqa: E402
+from arms import arm_parser, parse_arm_args, run_all  # noqa: E402 (after sys.path gets benchmarks/)
 
 ARMS = {
     "lag0": ["rollout.engine=fast"],

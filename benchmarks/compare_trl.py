@@ -1,11 +1,16 @@
-"""grpokit against TRL's GRPOTrainer on the same GRPO workload, on CPU: time per step, tokens/s, memory, reward.
+"""grpokit against TRL's GRPOTrainer on the same GRPO workload, on CPU: time per step, tokens/s, memory,
+reward.
 
-    make bench                                            # installs .[bench] (trl, accelerate, datasets) into .venv
-    .venv/bin/python benchmarks/compare_trl.py            # both workloads -> benchmarks/results/compare_trl.md + reward_curves.png
-    .venv/bin/python benchmarks/compare_trl.py --workloads small --steps 12   # a quick look
-    .venv/bin/python benchmarks/compare_trl.py --compile  # also grpokit with model.compile=true (a third run per round)
+    # installs .[bench] (trl, accelerate, datasets) into .venv
+    make bench
+    # both workloads -> benchmarks/results/compare_trl.md + reward_curves.png
+    .venv/bin/python benchmarks/compare_trl.py
+    # a quick look
+    .venv/bin/python benchmarks/compare_trl.py --workloads small --steps 12
+    # also grpokit with model.compile=true (a third run per round)
+    .venv/bin/python benchmarks/compare_trl.py --compile
+    # the vocab workload -> benchmarks/results/compare_trl_vocab.md
     .venv/bin/python benchmarks/compare_trl.py --workloads vocab --threads 1 --completion-lengths 64,256,1024
-                                                          # the vocab workload -> benchmarks/results/compare_trl_vocab.md
 
 Same workload for both frameworks: the same tiny Llama and character tokenizer (grpokit.tasks), saved to a
 folder and warmed up once with grpokit.sft on countdown (or --model DIR); the same countdown rows (a JSONL
@@ -58,10 +63,11 @@ log-probs). Columns (medians over the steps after --warmup):
   tok/s (step)   (vocab) completion tokens of a step / s/step: the end-to-end throughput
   peak RSS     ru_maxrss of the framework's process at the end of its last step (imports included; grpokit's
                final checkpoint save, which TRL with save_strategy="no" does not do, is left out)
-The roofline section counts 6 x non-embedding params x the real (non-padding) tokens each framework runs through
-the model x mu per training phase (grpokit runs each distinct prompt once and its G completions on its KV cache:
-distinct prompts' tokens + completion tokens; TRL: every row's prompt + completion) and 2 x non-embedding params x generated tokens per rollout, against this machine's fp32
-matmul peak (benchmarks/roofline.py). Timings on a shared machine are noisy: the load is recorded per run.
+The roofline section counts 6 x non-embedding params x the real (non-padding) tokens each framework runs
+through the model x mu per training phase (grpokit runs each distinct prompt once and its G completions on its
+KV cache: distinct prompts' tokens + completion tokens; TRL: every row's prompt + completion) and 2 x
+non-embedding params x generated tokens per rollout, against this machine's fp32 matmul peak
+(benchmarks/roofline.py). Timings on a shared machine are noisy: the load is recorded per run.
 """
 
 from __future__ import annotations
@@ -81,7 +87,7 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 sys.path.insert(0, str(HERE))
 
-from roofline import machine_load, peak_matmul_flops  # noqa: E402
+from roofline import machine_load, peak_matmul_flops  # noqa: E402 (after sys.path gets benchmarks/)
 
 #: name -> model shape, batch, algorithm and SFT settings; the same for both frameworks
 WORKLOADS: dict[str, dict] = {
@@ -120,7 +126,9 @@ WORKLOADS: dict[str, dict] = {
         lr=1e-4,
         steps=4,
         warmup=1,
-        sft=None,  # no warm start: a fresh model samples EOS with probability ~1/151,936 a token -> full-length completions
+        # no warm start: a fresh model samples EOS with probability ~1/151,936 a token -> full-length
+        # completions
+        sft=None,
         pad_to=None,
     ),
 }
@@ -231,7 +239,7 @@ def pick_engine(choice: str) -> str:
     if choice != "auto":
         return choice
     try:
-        import grpokit.rollout.fast  # noqa: F401 - being written in parallel; use it when it is there
+        import grpokit.rollout.fast  # noqa: F401 (only whether it imports)
 
         return "fast"
     except ImportError:
@@ -313,10 +321,11 @@ def child_grpokit(spec: dict) -> dict:
     cfg = load_config(base=tree, overrides=spec.get("overrides") or None)
     engine = cfg.rollout.engine + (", compile" if getattr(cfg.model, "compile", False) else "")
     shapes = (
-        f"grpokit: rollout batch {cfg.rollout_batch_size} = {cfg.rollout.prompts_per_step} prompts x G={cfg.rollout.num_generations}; "
-        f"{cfg.optim.num_minibatches} minibatch(es) of {cfg.minibatch_size}, micro-batch {cfg.micro_batch_size}; "
-        f"mu={mu} -> {mu * cfg.optim.num_minibatches} optimizer step(s) per step on {cfg.minibatch_size} completions each; "
-        f"engine={engine}"
+        f"grpokit: rollout batch {cfg.rollout_batch_size} = {cfg.rollout.prompts_per_step} prompts x "
+        f"G={cfg.rollout.num_generations}; {cfg.optim.num_minibatches} minibatch(es) of "
+        f"{cfg.minibatch_size}, micro-batch {cfg.micro_batch_size}; mu={mu} -> "
+        f"{mu * cfg.optim.num_minibatches} optimizer step(s) per step on {cfg.minibatch_size} completions "
+        f"each; engine={engine}"
     )
     print(shapes, flush=True)
     trainer = TimedTrainer(cfg)
@@ -450,10 +459,11 @@ def child_trl(spec: dict) -> dict:
     a = trainer.args
     shapes = (
         f"TRL {trl.__version__}: per_device_train_batch_size={a.per_device_train_batch_size} x "
-        f"gradient_accumulation_steps={a.gradient_accumulation_steps} = {a.per_device_train_batch_size * a.gradient_accumulation_steps} "
-        f"completions per optimizer step; generation_batch_size={a.generation_batch_size} "
-        f"(steps_per_generation={a.steps_per_generation}, num_generations={a.num_generations} -> "
-        f"{a.generation_batch_size // a.num_generations} prompts); num_iterations={a.num_iterations} -> a new generation every "
+        f"gradient_accumulation_steps={a.gradient_accumulation_steps} = "
+        f"{a.per_device_train_batch_size * a.gradient_accumulation_steps} completions per optimizer step; "
+        f"generation_batch_size={a.generation_batch_size} (steps_per_generation={a.steps_per_generation}, "
+        f"num_generations={a.num_generations} -> {a.generation_batch_size // a.num_generations} prompts); "
+        f"num_iterations={a.num_iterations} -> a new generation every "
         f"{a.steps_per_generation * a.num_iterations} optimizer step(s); optim={a.optim}"
     )
     print(shapes, flush=True)
@@ -559,11 +569,14 @@ def run_child(framework: str, spec: dict, work: Path) -> dict:
             peak_kb = max(peak_kb, mem["VmHWM"], mem["VmRSS"])
             avail = _proc_kb("/proc/meminfo", "MemAvailable")["MemAvailable"]
             if limit_kb and mem["VmRSS"] > limit_kb:
-                why = f"out of memory: RSS passed the {spec['mem_limit_gb']:g} GiB limit (killed at {mem['VmRSS'] / 2**20:.1f} GiB)"
+                why = (
+                    f"out of memory: RSS passed the {spec['mem_limit_gb']:g} GiB limit (killed at "
+                    f"{mem['VmRSS'] / 2**20:.1f} GiB)"
+                )
             elif reserve_kb and avail and avail < reserve_kb:
                 why = (
-                    f"out of memory: the machine's available memory fell under {spec['mem_reserve_gb']:g} GiB "
-                    f"(killed at RSS {mem['VmRSS'] / 2**20:.1f} GiB)"
+                    f"out of memory: the machine's available memory fell under {spec['mem_reserve_gb']:g} "
+                    f"GiB (killed at RSS {mem['VmRSS'] / 2**20:.1f} GiB)"
                 )
             elif timeout and time.perf_counter() - t > timeout:
                 why = f"timed out: still running after {timeout:.0f} s (killed)"
@@ -617,7 +630,10 @@ def summarize(res: dict, warmup: int, mu: int, n_nonemb: int) -> dict:
     timed = res["steps"][warmup:]
     if not timed:
         raise SystemExit(f"{res['framework']}: no steps left after {warmup} warm-up steps; raise --steps")
-    med = lambda f: statistics.median(f(s) for s in timed)  # noqa: E731
+
+    def med(f):
+        return statistics.median(f(s) for s in timed)
+
     return {
         "steps": len(timed),
         "step_s": med(lambda s: s["step_s"]),
@@ -647,7 +663,8 @@ def best_round(summaries: list[dict]) -> dict:
 
 
 def table(rows: list[tuple[str, dict, dict]]) -> list[str]:
-    """rows: (label, summary, result) for each grpokit variant, then TRL last; a ratio row per grpokit variant."""
+    """rows: (label, summary, result) for each grpokit variant, then TRL last; a ratio row per grpokit
+    variant."""
     cols = [
         ("s/step", "step_s", "{:.3f}"),
         ("rollout s", "gen_s", "{:.3f}"),
@@ -738,9 +755,11 @@ def growth_table(cells: dict[int, dict[str, tuple[dict | None, dict]]], variants
         first = next(T0 for T0 in Ts if cells[T0][v][0] is not None)  # the smallest T this variant finished
         return fmt.format(s[key]) + (f" ({s[key] / val(first, v, key):.1f}x)" if T != first else "")
 
-    name = lambda v: _label(cells[Ts[0]][v][1])  # noqa: E731
+    def name(v):
+        return _label(cells[Ts[0]][v][1])
+
     head = ["T"]
-    for key, what in (("step_s", "s/step"), ("rss", "peak RSS MB"), ("step_tps", "tok/s")):
+    for _key, what in (("step_s", "s/step"), ("rss", "peak RSS MB"), ("step_tps", "tok/s")):
         head += [f"{name(v)} {what}" for v in variants]
     head += [f"TRL / {name(v)} s/step" for v in grpo] + [f"{name(v)} / TRL peak RSS" for v in grpo]
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
@@ -763,9 +782,8 @@ def run_vocab(wl: dict, args, engine: str, work: Path) -> list[str]:
     lengths = args.completion_lengths or list(wl["lengths"])
     model_dir = build_model(wl, work, model=args.model)
     data_path = write_prompts(wl, work)
-    from transformers import AutoModelForCausalLM
-
     from roofline import param_counts
+    from transformers import AutoModelForCausalLM
 
     counts = param_counts(AutoModelForCausalLM.from_pretrained(str(model_dir)))
     steps = args.steps or wl["steps"]
@@ -776,9 +794,10 @@ def run_vocab(wl: dict, args, engine: str, work: Path) -> list[str]:
     }
     cells: dict[int, dict] = {}
     md = [
-        f"## vocab: {counts['total'] / 1e6:.2f}M parameters ({counts['non_embedding'] / 1e6:.2f}M non-embedding, "
-        f"{counts['embedding'] / 1e6:.2f}M in the tied embedding / LM head), vocabulary {wl['vocab_size']:,}, "
-        f"{wl['prompts']} prompts x G={wl['G']}, completions of T = {', '.join(map(str, lengths))} tokens, {steps} steps",
+        f"## vocab: {counts['total'] / 1e6:.2f}M parameters ({counts['non_embedding'] / 1e6:.2f}M "
+        f"non-embedding, {counts['embedding'] / 1e6:.2f}M in the tied embedding / LM head), vocabulary "
+        f"{wl['vocab_size']:,}, {wl['prompts']} prompts x G={wl['G']}, completions of T = "
+        f"{', '.join(map(str, lengths))} tokens, {steps} steps",
         "",
     ]
     for T in lengths:
@@ -857,9 +876,9 @@ def run_vocab(wl: dict, args, engine: str, work: Path) -> list[str]:
     md += [
         "### Growth with the completion length",
         "",
-        "s/step, peak RSS and tokens/s (completion tokens of a step / s per step) at each T; in brackets, each value "
-        "over the same framework's value at the smallest T it finished. A failed run shows why it stopped (details in "
-        "its T's table).",
+        "s/step, peak RSS and tokens/s (completion tokens of a step / s per step) at each T; in brackets, "
+        "each value over the same framework's value at the smallest T it finished. A failed run shows why it "
+        "stopped (details in its T's table).",
         "",
         *growth_table(cells, fws),
         "",
@@ -869,14 +888,16 @@ def run_vocab(wl: dict, args, engine: str, work: Path) -> list[str]:
         if g is not None and t is not None:
             rss, speed = g["rss"] / t["rss"], t["step_s"] / g["step_s"]
             md += [
-                f"At T = 256: grpokit's peak RSS is {rss:.2f}x TRL's ({g['rss']:.0f} vs {t['rss']:.0f} MB; target <= 0.5x: "
-                f"{'reached' if rss <= 0.5 else 'not reached'}); TRL's s/step over grpokit's is {speed:.2f}x "
-                f"({t['step_s']:.2f} vs {g['step_s']:.2f} s; target >= 1.5x: {'reached' if speed >= 1.5 else 'not reached'}).",
+                f"At T = 256: grpokit's peak RSS is {rss:.2f}x TRL's ({g['rss']:.0f} vs {t['rss']:.0f} MB; "
+                f"target <= 0.5x: {'reached' if rss <= 0.5 else 'not reached'}); TRL's s/step over grpokit's "
+                f"is {speed:.2f}x ({t['step_s']:.2f} vs {g['step_s']:.2f} s; target >= 1.5x: "
+                f"{'reached' if speed >= 1.5 else 'not reached'}).",
                 "",
             ]
         elif g is not None:
             md += [
-                f"At T = 256: TRL did not finish ({tres['failed']}); grpokit: {g['step_s']:.2f} s/step, {g['rss']:.0f} MB.",
+                f"At T = 256: TRL did not finish ({tres['failed']}); grpokit: {g['step_s']:.2f} s/step, "
+                f"{g['rss']:.0f} MB.",
                 "",
             ]
     return md
@@ -889,7 +910,7 @@ def plot(curves: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(curves), figsize=(5.5 * len(curves), 3.8), squeeze=False)
-    for ax, (name, runs) in zip(axes[0], curves.items()):
+    for ax, (name, runs) in zip(axes[0], curves.items(), strict=True):
         for label, steps in runs.items():
             x = [s["step"] for s in steps]
             y = [s.get("reward", float("nan")) for s in steps]
@@ -919,7 +940,8 @@ def main(argv=None) -> None:
     ap.add_argument(
         "--completion-lengths",
         type=lambda v: [int(x) for x in v.split(",")],
-        help="vocab workload: comma-separated completion lengths T, one row each (default 256), e.g. 64,256,1024",
+        help="vocab workload: comma-separated completion lengths T, one row each (default 256), e.g. "
+        "64,256,1024",
     )
     ap.add_argument(
         "--mem-limit-gb",
@@ -1005,20 +1027,22 @@ def main(argv=None) -> None:
             "",
             f"`{command}`",
             "",
-            f"Machine: {os.cpu_count()} CPU cores, {_proc_kb('/proc/meminfo', 'MemTotal')['MemTotal'] / 2**20:.0f} GiB memory, "
-            f"shared; torch {torch.__version__}, transformers {transformers.__version__}, TRL {trl.__version__}, "
+            f"Machine: {os.cpu_count()} CPU cores, "
+            f"{_proc_kb('/proc/meminfo', 'MemTotal')['MemTotal'] / 2**20:.0f} GiB memory, shared; torch "
+            f"{torch.__version__}, transformers {transformers.__version__}, TRL {trl.__version__}, "
             f"{args.threads} thread(s) per child; {load0} at the start. grpokit rollout engine: `{engine}`. "
-            "Each framework runs in its own process, one after the other; peak RSS is the child's ru_maxrss at the end "
-            "of its last step. A child is killed when its RSS passes "
+            "Each framework runs in its own process, one after the other; peak RSS is the child's ru_maxrss "
+            "at the end of its last step. A child is killed when its RSS passes "
             + (f"{args.mem_limit_gb:g} GiB" if args.mem_limit_gb else "(no limit)")
             + f" or the machine's available memory falls under {args.mem_reserve_gb:g} GiB"
             + (f" or after {args.child_timeout:.0f} s" if args.child_timeout else "")
-            + "; such a run is recorded as out of memory (or timed out) with the highest RSS seen. Same settings as "
-            f"the other workloads: beta={args.beta}, epsilon={ALGO['epsilon']}, loss_type={ALGO['loss_type']}, "
-            f"scale_rewards={ALGO['scale_rewards']}, mu={args.mu}, lr={WORKLOADS['vocab']['lr']} (constant), "
-            f"temperature={ALGO['temperature']}, top_p=1, top_k=0, seed={ALGO['seed']}. The model is not warmed up "
-            "(see the docstring of benchmarks/compare_trl.py): its completions run to the full length T and its "
-            "countdown reward is 0, as in `compute`; both frameworks still run every forward and backward.",
+            + "; such a run is recorded as out of memory (or timed out) with the highest RSS seen. Same "
+            f"settings as the other workloads: beta={args.beta}, epsilon={ALGO['epsilon']}, "
+            f"loss_type={ALGO['loss_type']}, scale_rewards={ALGO['scale_rewards']}, mu={args.mu}, "
+            f"lr={WORKLOADS['vocab']['lr']} (constant), temperature={ALGO['temperature']}, top_p=1, top_k=0, "
+            f"seed={ALGO['seed']}. The model is not warmed up (see the docstring of "
+            "benchmarks/compare_trl.py): its completions run to the full length T and its countdown reward "
+            "is 0, as in `compute`; both frameworks still run every forward and backward.",
             "",
         ]
         vocab_md += run_vocab(WORKLOADS["vocab"], args, engine, work)
@@ -1066,9 +1090,8 @@ def main(argv=None) -> None:
             wl["prompts"] = args.compute_prompts
         model_dir = build_model(wl, work, model=args.model)
         data_path = write_prompts(wl, work)
-        from transformers import AutoModelForCausalLM
-
         from roofline import param_counts
+        from transformers import AutoModelForCausalLM
 
         counts = param_counts(AutoModelForCausalLM.from_pretrained(str(model_dir)))
         spec = dict(
@@ -1120,7 +1143,7 @@ def main(argv=None) -> None:
         # Each round runs the frameworks back to back, so a pair shares the machine's load better than
         # two best rounds picked independently: the speed-up per round, and its median.
         paired = {
-            fw: [t["step_s"] / g["step_s"] for g, t in zip(per_round[fw], per_round["trl"])]
+            fw: [t["step_s"] / g["step_s"] for g, t in zip(per_round[fw], per_round["trl"], strict=False)]
             for fw in runs
             if fw != "trl"
         }
@@ -1134,12 +1157,14 @@ def main(argv=None) -> None:
             "TRL": results["trl"]["steps"][:50],
         }
         md += [
-            f"## {name}: {counts['total'] / 1e6:.2f}M parameters ({counts['non_embedding'] / 1e6:.2f}M non-embedding), "
-            f"{wl['prompts']} prompts x G={wl['G']}, completions <= {wl['T']} tokens, {spec['steps']} steps",
+            f"## {name}: {counts['total'] / 1e6:.2f}M parameters ({counts['non_embedding'] / 1e6:.2f}M "
+            f"non-embedding), {wl['prompts']} prompts x G={wl['G']}, completions <= {wl['T']} tokens, "
+            f"{spec['steps']} steps",
             "",
-            f"beta={spec['beta']}, epsilon={spec['epsilon']}, loss_type={spec['loss_type']}, scale_rewards={spec['scale_rewards']}, "
-            f"mu={spec['mu']}, lr={spec['lr']} (constant), temperature={spec['temperature']}, seed={spec['seed']}, "
-            f"threads={spec['threads']}, {args.rounds} round(s) per framework"
+            f"beta={spec['beta']}, epsilon={spec['epsilon']}, loss_type={spec['loss_type']}, "
+            f"scale_rewards={spec['scale_rewards']}, mu={spec['mu']}, lr={spec['lr']} (constant), "
+            f"temperature={spec['temperature']}, seed={spec['seed']}, threads={spec['threads']}, "
+            f"{args.rounds} round(s) per framework"
             + (" (each row: the round with the lowest median s/step)" if args.rounds > 1 else "")
             + f". Load: {loads}.",
             "",
@@ -1157,8 +1182,8 @@ def main(argv=None) -> None:
             "Warm-up (the first "
             + str(args.warmup)
             + " steps of the first round, left out of the medians; with "
-            "model.compile=true they include compiling from an empty compile cache, later rounds reuse that cache; a "
-            "recompile for a new batch shape later falls in the timed steps): "
+            "model.compile=true they include compiling from an empty compile cache, later rounds reuse that "
+            "cache; a recompile for a new batch shape later falls in the timed steps): "
             + ", ".join(
                 f"{results[fw]['framework']} ({results[fw]['engine']}) {per_round[fw][0]['warmup_s']:.1f} s"
                 for fw in runs
@@ -1169,10 +1194,11 @@ def main(argv=None) -> None:
             "",
             *[f"- {results[fw]['shapes']}" for fw in runs],
             "",
-            f"Roofline (peak {peak / 1e9:.1f} GFLOP/s on {args.threads} thread(s), the best fp32 matmul rate measured before and "
-            f"after each run so far): training phase 6 x {counts['non_embedding'] / 1e6:.2f}M x the real tokens run "
-            "through the model (grpokit: each distinct prompt once + the completions; TRL: every prompt + completion) x mu "
-            "/ train s; rollout 2 x non-embedding params x generated tokens / rollout s.",
+            f"Roofline (peak {peak / 1e9:.1f} GFLOP/s on {args.threads} thread(s), the best fp32 matmul rate "
+            "measured before and after each run so far): training phase 6 x "
+            f"{counts['non_embedding'] / 1e6:.2f}M x the real tokens run through the model (grpokit: each "
+            "distinct prompt once + the completions; TRL: every prompt + completion) x mu / train s; rollout "
+            "2 x non-embedding params x generated tokens / rollout s.",
             "",
             "| | train GFLOP/s | % of peak | rollout GFLOP/s | % of peak |",
             "|---|---:|---:|---:|---:|",
@@ -1182,7 +1208,10 @@ def main(argv=None) -> None:
                 f"| {label} | {s['train_flops'] / 1e9:.2f} | {100 * s['train_flops'] / peak:.1f}% | "
                 f"{s['rollout_flops'] / 1e9:.2f} | {100 * s['rollout_flops'] / peak:.1f}% |"
             )
-        first = lambda r: [round(s.get("reward", float("nan")), 3) for s in r["steps"][:10]]  # noqa: E731
+
+        def first(r):
+            return [round(s.get("reward", float("nan")), 3) for s in r["steps"][:10]]
+
         md += [
             "",
             f"Reward, first steps: grpokit {first(results['grpokit'])}; TRL {first(results['trl'])}.",

@@ -1,6 +1,7 @@
 """Peak memory and time of one training pass of the log-probs at a real vocabulary: plain against fused.
 
-    .venv/bin/python benchmarks/fused_logprobs.py                      # -> benchmarks/results/fused_logprobs.md
+    .venv/bin/python benchmarks/fused_logprobs.py                      # ->
+                                                                       # benchmarks/results/fused_logprobs.md
     .venv/bin/python benchmarks/fused_logprobs.py --lengths 256 --rows 4
 
 One pass = grpokit.policy.completion_logprobs on N rows (one prompt of 16 tokens, completions of T tokens)
@@ -18,7 +19,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,8 +34,9 @@ rows, T, V, mode = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.arg
 fused = mode.startswith("fused")
 torch.manual_seed(0)
 torch.set_num_threads(int(sys.argv[5]))
-cfg = LlamaConfig(vocab_size=V, hidden_size=256, intermediate_size=688, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=4, max_position_embeddings=T + 64, tie_word_embeddings=False)
+cfg = LlamaConfig(vocab_size=V, hidden_size=256, intermediate_size=688, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=T + 64,
+                  tie_word_embeddings=False)
 model = LlamaForCausalLM(cfg).train()
 if mode.endswith("bf16"):  # model.autocast=bfloat16: fp32 weights, bf16 matmuls
     from grpokit.policy import enable_autocast
@@ -78,7 +79,7 @@ def main() -> None:
     args = ap.parse_args()
     command = "  .venv/bin/python benchmarks/fused_logprobs.py " + " ".join(sys.argv[1:])
     lines = [
-        "# Log-probs at V = %d: plain against fused, one training pass" % args.vocab,
+        f"# Log-probs at V = {args.vocab}: plain against fused, one training pass",
         "",
         command.strip(),
         "",

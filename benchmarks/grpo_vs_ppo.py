@@ -1,7 +1,9 @@
-"""GRPO vs PPO (learned critic, GAE) on the same task, budget and SFT warm start: held-out accuracy and memory.
+"""GRPO vs PPO (learned critic, GAE) on the same task, budget and SFT warm start: held-out accuracy and
+memory.
 
     python benchmarks/grpo_vs_ppo.py --model runs/demo/sft --steps 40    # any countdown-SFT'd model folder
-    python benchmarks/grpo_vs_ppo.py --make-sft runs/sft_countdown        # or build a small warm start, ~12 min
+    python benchmarks/grpo_vs_ppo.py --make-sft runs/sft_countdown        # or build a small warm start, ~12
+                                                                          # min
 
 GRPO's claim (DeepSeekMath §4.1): it needs no critic, so it saves the critic's memory and compute.
 Both arms get the same model folder (--model), the same task (data.task=countdown unless --set
@@ -81,7 +83,8 @@ def run_arm(args) -> None:
     overrides = [
         f"model.name_or_path={args.model}",
         "data.task=countdown",
-        "data.task_train_size=10000",  # the default (20000) is more than countdown's ~16,400 distinct train problems
+        # the default (20000) is more than countdown's ~16,400 distinct train problems
+        "data.task_train_size=10000",
         f"data.eval_size={args.eval_size}",
         f"output_dir={Path(args.out) / args.arm}",
         f"seed={args.seed}",
@@ -107,9 +110,8 @@ def run_arm(args) -> None:
     trainer = Trainer(cfg)
     trainer.train()
     wall = time.perf_counter() - t
-    rows = [
-        json.loads(l) for l in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines() if l.strip()
-    ]
+    lines = (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()
+    rows = [json.loads(ln) for ln in lines if ln.strip()]
     evals = [r for r in rows if r.get("eval/pass@1") is not None]
     rewards = [r["reward/mean"] for r in rows if r.get("reward/mean") is not None]
     result = {
@@ -134,13 +136,12 @@ def _mean(xs):
 
 
 def make_sft(out: str, *, size: str, rows: int, epochs: float, lr: float, seed: int, threads: int) -> None:
+    from grpokit.config import DataConfig
+    from grpokit.data import build_datasets
     from grpokit.sft import train_sft
     from grpokit.tasks import get_task
     from grpokit.tasks.tiny_model import build_tiny_llama
     from grpokit.tasks.tokenizer import build_tokenizer
-
-    from grpokit.config import DataConfig
-    from grpokit.data import build_datasets
 
     torch.set_num_threads(threads)
     task = get_task("countdown")
@@ -166,7 +167,8 @@ def print_table(command: str, args, results: dict[str, dict]) -> None:
     print(
         f"countdown, warm start {args.model}; {args.steps} steps x {args.prompts} prompts x G={args.G}, "
         f"policy lr {args.lr}, beta {args.beta}, PPO critic lr {args.critic_lr}; "
-        f"held-out greedy pass@1 on {next(iter(results.values()))['eval_prompts']} problems; MiB = 2^20 bytes\n"
+        f"held-out greedy pass@1 on {next(iter(results.values()))['eval_prompts']} problems; MiB = 2^20 "
+        "bytes\n"
     )
     cols = [
         ("arm", lambda r: r["arm"].upper()),
@@ -186,13 +188,18 @@ def print_table(command: str, args, results: dict[str, dict]) -> None:
     table = [[name for name, _ in cols]] + [[f(r) for _, f in cols] for r in results.values()]
     widths = [max(len(row[i]) for row in table) for i in range(len(cols))]
     for j, row in enumerate(table):
-        print(" | ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))))
+        print(
+            " | ".join(
+                c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))
+            )
+        )
         if j == 0:
             print("-+-".join("-" * w for w in widths))
     if "grpo" in results and "ppo" in results:
         g, p = results["grpo"]["bytes"]["total"], results["ppo"]["bytes"]["total"]
         print(
-            f"\nPPO keeps {p / g:.2f}x GRPO's model state ({mb(p - g)} MiB more: the critic, its gradients and AdamW moments)."
+            f"\nPPO keeps {p / g:.2f}x GRPO's model state ({mb(p - g)} MiB more: the critic, its gradients "
+            "and AdamW moments)."
         )
         ev = results["ppo"].get("explained_variance_last5")
         if ev is not None:

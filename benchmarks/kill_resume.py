@@ -1,15 +1,16 @@
 """Kill a `grpokit train` run with SIGKILL at random moments, resume it with the same command each time.
 
-    .venv/bin/python benchmarks/kill_resume.py [--kills 20] [--max-steps 80] [--seed 0] [--out runs/kill_resume]
+    .venv/bin/python benchmarks/kill_resume.py [--kills 20] [--max-steps 80] [--seed 0] \\
+        [--out runs/kill_resume]
 
 Builds a tiny Llama and a prompt file (no download), writes one config, then `--kills` times:
 start `grpokit train CONFIG` (the same command every time), wait until it has resumed (it prints
 "resuming from checkpoint step N"), and kill -9 it at a random moment: 0-2 steps later plus a
 random fraction of a step ("random"), or 0-40 ms after the temporary folder of the checkpoint of
 step N+1..N+3 appears ("save": during a checkpoint write, at a random point of it; a kill that
-lands after the save finished is reported as such). After each kill every step-N checkpoint must hold COMPLETE, load with
-AutoModelForCausalLM.from_pretrained, and have a trainer_state.pt that torch.load reads; the next
-start must resume from the newest of them. Finally the command runs to the end: it must reach
+lands after the save finished is reported as such). After each kill every step-N checkpoint must hold
+COMPLETE, load with AutoModelForCausalLM.from_pretrained, and have a trainer_state.pt that torch.load reads;
+the next start must resume from the newest of them. Finally the command runs to the end: it must reach
 max_steps, log each step once, and (unless --no-reference) end with the same weights, bit for bit,
 as a run that was never killed. Prints a table of the kills and the command behind it; exits 1 if
 any check failed. Tested in small by tests/test_crash.py.
@@ -168,7 +169,10 @@ def main() -> int:
         log = out / f"attempt-{i:02d}.log"
         with open(log, "w") as f:
             proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
-        resumed_line = lambda: re.search(r"resuming from checkpoint step (\d+)", log.read_text())  # noqa: E731
+
+        def resumed_line(log=log):
+            return re.search(r"resuming from checkpoint step (\d+)", log.read_text())
+
         if before:
             started = wait_until(resumed_line, proc, 300, 0.01)
         else:  # a fresh start: wait for it to train
@@ -187,7 +191,7 @@ def main() -> int:
         t0, base = time.monotonic(), resumed_from or 0
         if mode == "random":  # k more steps, then a random fraction of a step
             k = rng.randint(0, 2)
-            wait_until(lambda: len(logged_steps(run)) >= base + k, proc, 300, 0.01)
+            wait_until(lambda base=base, k=k: len(logged_steps(run)) >= base + k, proc, 300, 0.01)
             delay = rng.uniform(0.0, step_seconds(run))
             time.sleep(delay)
             moment = f"step {base + k} + {delay:.2f} s"
@@ -195,16 +199,20 @@ def main() -> int:
         else:  # as soon as the checkpoint of step base + 1 + k is being written
             k = rng.randint(0, 2)
             target = base + 1 + k
-            writing = lambda: any(
-                int(p.name.split("-")[2]) >= target for p in (run / "checkpoints").glob(".tmp-step-*")
-            )  # noqa: E731
+
+            def writing(target=target):
+                return any(
+                    int(p.name.split("-")[2]) >= target for p in (run / "checkpoints").glob(".tmp-step-*")
+                )
+
             caught = wait_until(writing, proc, 300, 0.0002)
             delay = rng.uniform(0.0, 0.04)
             time.sleep(delay)
             moment = f"save of step {target} + {1000 * delay:.0f} ms"
         if proc.poll() is not None:
             failures.append(
-                f"attempt {i}: the run ended by itself (exit {proc.returncode}) before the kill; raise --max-steps"
+                f"attempt {i}: the run ended by itself (exit {proc.returncode}) before the kill; raise "
+                "--max-steps"
             )
             break
         proc.send_signal(signal.SIGKILL)
@@ -281,12 +289,14 @@ def main() -> int:
         f"save_every=1, keep_last=2, seed={args.seed})\n"
     )
     print(
-        "| # | mode | killed at | last logged step | during a save? (temporary folder [contents]) | checkpoints after | resumed from |"
+        "| # | mode | killed at | last logged step | during a save? (temporary folder [contents]) | "
+        "checkpoints after | resumed from |"
     )
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         print(
-            f"| {r['n']} | {r['mode']} | {r['at']} | {r['step']} | {r['during']} | {r['ckpts']} | {r['resumed']} |"
+            f"| {r['n']} | {r['mode']} | {r['at']} | {r['step']} | {r['during']} | {r['ckpts']} | "
+            f"{r['resumed']} |"
         )
     # A resume succeeded when the next start loaded the newest checkpoint the kill left (none: started fresh).
     resumes = sum(r["ok"] and r["resumed"] == (r["ckpts"][-1] if r["ckpts"] else None) for r in rows)
@@ -301,8 +311,8 @@ def main() -> int:
         f"{steps == list(range(1, args.max_steps + 1))}; weights equal to an uninterrupted run: {same}"
     )
     print(
-        f"wall time {elapsed:.0f} s; command: .venv/bin/python benchmarks/kill_resume.py --kills {args.kills} "
-        f"--max-steps {args.max_steps} --seed {args.seed}"
+        f"wall time {elapsed:.0f} s; command: .venv/bin/python benchmarks/kill_resume.py --kills "
+        f"{args.kills} --max-steps {args.max_steps} --seed {args.seed}"
     )
     for f in failures:
         print("FAIL:", f)

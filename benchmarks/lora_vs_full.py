@@ -1,14 +1,16 @@
-"""LoRA against the full fine-tune on the demo task: held-out accuracy before / after and peak memory (docs/lora.md).
+"""LoRA against the full fine-tune on the demo task: held-out accuracy before / after and peak memory
+(docs/lora.md).
 
     .venv/bin/python benchmarks/lora_vs_full.py --out runs/lora_vs_full [--steps 100] [--sft runs/demo/sft]
 
-1. the demo's SFT warm-start (grpokit.demo.FULL: the demo-size tiny Llama, 900 SFT steps), saved to OUT/sft once
-   (a second call reuses it); --sft DIR takes one that `grpokit demo --seed 0` wrote (its OUT/sft) instead;
+1. the demo's SFT warm-start (grpokit.demo.FULL: the demo-size tiny Llama, 900 SFT steps), saved to OUT/sft
+   once (a second call reuses it); --sft DIR takes one that `grpokit demo --seed 0` wrote (its OUT/sft)
+   instead;
 2. `grpokit train` on it twice, each in its own process so that perf/peak_rss_mb (the process's peak resident
-   memory, ru_maxrss) is the run's own: the demo's GRPO settings (beta raised to 0.04 so that pi_ref is in memory),
-   shortened to --steps, once as a full fine-tune and once with model.lora;
-3. prints a table: held-out greedy pass@1 and sampled mean@8 before and after, the mean reward of the first and
-   last 10 steps, and the peak RSS.
+   memory, ru_maxrss) is the run's own: the demo's GRPO settings (beta raised to 0.04 so that pi_ref is in
+   memory), shortened to --steps, once as a full fine-tune and once with model.lora;
+3. prints a table: held-out greedy pass@1 and sampled mean@8 before and after, the mean reward of the first
+   and last 10 steps, and the peak RSS.
 
     .venv/bin/python benchmarks/lora_vs_full.py --out runs/lora_vs_full --memory [--hidden 1024 --layers 8]
 
@@ -194,12 +196,14 @@ def main() -> None:
             )
         )
     print(
-        "\n| run | pass@1 before | pass@1 after | mean@8 before | mean@8 after | reward, first 10 steps | reward, last 10 steps | peak RSS MB |"
+        "\n| run | pass@1 before | pass@1 after | mean@8 before | mean@8 after | reward, first 10 steps | "
+        "reward, last 10 steps | peak RSS MB |"
     )
     print("|---|---|---|---|---|---|---|---|")
     for name, p0, p1, m0, m1, r0, r1, peak in rows:
         print(
-            f"| {name} | {100 * p0:.1f}% | {100 * p1:.1f}% | {100 * m0:.1f}% | {100 * m1:.1f}% | {r0:.3f} | {r1:.3f} | {peak:.0f} |"
+            f"| {name} | {100 * p0:.1f}% | {100 * p1:.1f}% | {100 * m0:.1f}% | {100 * m1:.1f}% | {r0:.3f} | "
+            f"{r1:.3f} | {peak:.0f} |"
         )
 
 

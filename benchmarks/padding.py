@@ -4,12 +4,13 @@
     .venv/bin/python benchmarks/padding.py --steps 10
 
 From a countdown warm start (--model; benchmarks/precision.py builds runs/precision/sft), two GRPO runs that
-differ only in optim.group_by_length, in alternating step order inside one process (benchmarks/profile_step.py's
-A/B trainers would do too; here two Trainers step by step), with optim.micro_batch_size splitting each
-minibatch and a --temperature high enough that some completions ramble to --max-len while most stop early
-(long-tailed lengths). Reported: completion lengths (mean, p50, max), perf/padding_frac (the fraction of the
-completion positions the training micro-batches computed that were padding), and the medians of
-perf/train_time and perf/ref_time (the pi_old / pi_ref passes use the same micro-batches).
+differ only in optim.group_by_length, in alternating step order inside one process
+(benchmarks/profile_step.py's A/B trainers would do too; here two Trainers step by step), with
+optim.micro_batch_size splitting each minibatch and a --temperature high enough that some completions ramble
+to --max-len while most stop early (long-tailed lengths). Reported: completion lengths (mean, p50, max),
+perf/padding_frac (the fraction of the completion positions the training micro-batches computed that were
+padding), and the medians of perf/train_time and perf/ref_time (the pi_old / pi_ref passes use the same
+micro-batches).
 """
 
 from __future__ import annotations
@@ -85,7 +86,10 @@ def main() -> None:
                 rows[grouped].append(metrics)
                 if grouped:
                     lengths += batch.tokens.completion_mask.sum(1).tolist()
-    med = lambda key, g: statistics.median(r[key] for r in rows[g])  # noqa: E731
+
+    def med(key, g):
+        return statistics.median(r[key] for r in rows[g])
+
     lengths.sort()
     command = "    .venv/bin/python benchmarks/padding.py " + " ".join(sys.argv[1:])
     lines = [
@@ -94,11 +98,12 @@ def main() -> None:
         command.rstrip(),
         "",
         f"warm start {args.model}; {args.steps} steps of 16 prompts x G=8 at temperature {args.temperature}, "
-        f"completions <= {args.max_len} tokens, micro_batch_size {args.micro_batch_size} (8 micro-batches per "
-        f"step); load average {os.getloadavg()[0]:.2f}; {args.threads} thread(s)",
+        f"completions <= {args.max_len} tokens, micro_batch_size {args.micro_batch_size} (8 micro-batches "
+        f"per step); load average {os.getloadavg()[0]:.2f}; {args.threads} thread(s)",
         "",
-        f"completion lengths (grouped run): mean {statistics.mean(lengths):.1f}, median {lengths[len(lengths) // 2]}, "
-        f"90th percentile {lengths[int(0.9 * len(lengths))]}, max {lengths[-1]}",
+        f"completion lengths (grouped run): mean {statistics.mean(lengths):.1f}, median "
+        f"{lengths[len(lengths) // 2]}, 90th percentile {lengths[int(0.9 * len(lengths))]}, "
+        f"max {lengths[-1]}",
         "",
         "| group_by_length | padding_frac (mean) | train s (median) | ref + old s (median) |",
         "|---|---|---|---|",

@@ -26,8 +26,8 @@ from unittest import mock
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from arms import arm_parser, parse_arm_args  # noqa: E402
-from presets import K, config_overrides, load_avg  # noqa: E402
+from arms import arm_parser, parse_arm_args  # noqa: E402 (after sys.path gets benchmarks/)
+from presets import K, config_overrides, load_avg  # noqa: E402 (after sys.path gets benchmarks/)
 
 ARMS = {"fp32": "none", "bf16": "bfloat16"}
 
@@ -82,8 +82,8 @@ def main() -> None:
             results.append(run_arm(args, arm, seed, eval_rows))
             r = results[-1]
             print(
-                f"{arm} seed {seed}: mean@{K} {r['before'][f'eval/mean@{K}']:.3f} -> {r['after'][f'eval/mean@{K}']:.3f}, "
-                f"{r['s_step']:.3f} s/step",
+                f"{arm} seed {seed}: mean@{K} {r['before'][f'eval/mean@{K}']:.3f} -> "
+                f"{r['after'][f'eval/mean@{K}']:.3f}, {r['s_step']:.3f} s/step",
                 flush=True,
             )
     command = "    .venv/bin/python benchmarks/precision.py " + " ".join(sys.argv[1:])
@@ -95,15 +95,20 @@ def main() -> None:
         f"warm start {args.model}; {args.steps} GRPO steps of {args.prompts} prompts x G={args.G}; "
         f"{args.eval_size} held-out problems; {args.threads} thread(s); {os.cpu_count()} cores",
         "",
-        f"| arm | seed | mean@{K} before | mean@{K} after | pass@1 before | pass@1 after | s/step (median) | wall s | load |",
+        f"| arm | seed | mean@{K} before | mean@{K} after | pass@1 before | pass@1 after | s/step (median) | "
+        "wall s | load |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    pct = lambda x: f"{100 * x:.1f}"  # noqa: E731
+
+    def pct(x):
+        return f"{100 * x:.1f}"
+
     for r in sorted(results, key=lambda r: (r["arm"], r["seed"])):
         b, a = r["before"], r["after"]
         lines.append(
             f"| {r['arm']} | {r['seed']} | {pct(b[f'eval/mean@{K}'])} | {pct(a[f'eval/mean@{K}'])} | "
-            f"{pct(b['eval/pass@1'])} | {pct(a['eval/pass@1'])} | {r['s_step']:.3f} | {r['wall']:.0f} | {r['load']} |"
+            f"{pct(b['eval/pass@1'])} | {pct(a['eval/pass@1'])} | {r['s_step']:.3f} | {r['wall']:.0f} | "
+            f"{r['load']} |"
         )
     for arm in ARMS:
         mine = [r for r in results if r["arm"] == arm]

@@ -1,6 +1,8 @@
-"""Every algorithm preset on countdown from the same SFT warm start, budget and seeds: held-out accuracy per step.
+"""Every algorithm preset on countdown from the same SFT warm start, budget and seeds: held-out accuracy per
+step.
 
-    python benchmarks/presets.py                        # warm start runs/demo/sft (make demo); 10 runs, ~30 min on 1 CPU thread
+    python benchmarks/presets.py                        # warm start runs/demo/sft (make demo); 10 runs, ~30
+                                                        # min on 1 CPU thread
     python benchmarks/presets.py --model runs/demo/sft --steps 50 --presets grpo,dapo --seeds 0
     python benchmarks/presets.py --report-only          # redraw the report from runs/presets/runs.json
 
@@ -53,7 +55,8 @@ def config_overrides(args, preset: str, seed: int) -> list[str]:
     return [
         f"model.name_or_path={args.model}",
         "data.task=countdown",
-        "data.task_train_size=10000",  # the default (20000) is more than countdown's ~16,400 distinct train problems
+        # the default (20000) is more than countdown's ~16,400 distinct train problems
+        "data.task_train_size=10000",
         f"data.eval_size={args.eval_size}",
         f"output_dir={Path(args.out) / f'{preset}-seed{seed}'}",
         f"seed={seed}",
@@ -130,7 +133,8 @@ def pct(x: float | None) -> str:
 
 
 def reach_cells(runs: list[dict], grpo_final: dict[int, dict]) -> dict[tuple[str, int], dict | None]:
-    """(preset, seed) -> {metric: first step at grpo's final value, or None}; None when no grpo run has that seed."""
+    """(preset, seed) -> {metric: first step at grpo's final value, or None}; None when no grpo run has that
+    seed."""
     out = {}
     for r in runs:
         ref = grpo_final.get(r["seed"])
@@ -187,9 +191,11 @@ def summary_table(runs: list[dict], reach: dict) -> list[str]:
     for preset in dict.fromkeys(r["preset"] for r in runs):
         group = [r for r in runs if r["preset"] == preset]
         n = len(group)
-        mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
 
-        def reached(key):
+        def mean(xs):
+            return sum(xs) / len(xs)
+
+        def reached(key, preset=preset, group=group, n=n, mean=mean):
             hits = [reach[preset, r["seed"]] for r in group]
             if all(h is None for h in hits):
                 return "—"
@@ -223,11 +229,15 @@ def eval_noise(runs: list[dict]) -> str:
         starts = [r["curve"][0]["mean@k"] for r in runs if r["preset"] == preset]
         if len(starts) > 1:
             parts.append(
-                f"The warm start's mean@{K} measured with {preset}'s {len(starts)} seeds' sampling seeds (same weights, "
-                f"same problems): {', '.join(pct(x) for x in starts)}."
+                f"The warm start's mean@{K} measured with {preset}'s {len(starts)} seeds' sampling seeds "
+                f"(same weights, same problems): {', '.join(pct(x) for x in starts)}."
             )
             break
-    drops = [(a["mean@k"] - b["mean@k"], r, a, b) for r in runs for a, b in zip(r["curve"], r["curve"][1:])]
+    drops = [
+        (a["mean@k"] - b["mean@k"], r, a, b)
+        for r in runs
+        for a, b in zip(r["curve"], r["curve"][1:], strict=False)
+    ]
     if drops:
         d, r, a, b = max(drops, key=lambda x: x[0])
         parts.append(
@@ -256,7 +266,10 @@ def verdict(runs: list[dict], reach: dict) -> str:
         f"**Claim (mean@{K}): DAPO reached plain GRPO's final held-out mean@{K} in fewer optimizer steps in "
         f"{len(sooner)} of {len(pairs)} seeds**"
     )
-    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+
+    def mean(xs):
+        return sum(xs) / len(xs)
+
     seeds = [s for s, _, _ in pairs]
     finals = {
         p: mean([r["curve"][-1]["mean@k"] for r in runs if r["preset"] == p and r["seed"] in seeds])
@@ -267,7 +280,8 @@ def verdict(runs: list[dict], reach: dict) -> str:
         + (
             ""
             if any(d is None for _, d, _ in pairs)
-            else f" Steps to grpo's final, mean over seeds: dapo {mean([d for _, d, _ in pairs]):.0f}, grpo {mean([g for _, _, g in pairs]):.0f}."
+            else f" Steps to grpo's final, mean over seeds: dapo {mean([d for _, d, _ in pairs]):.0f}, grpo "
+            f"{mean([g for _, _, g in pairs]):.0f}."
         )
     )
     return f"{head} ({'; '.join(parts)}; steps are multiples of the eval interval). {tail}"
@@ -289,7 +303,7 @@ def plot(runs: list[dict], path: Path, title: str) -> None:
             [("step", "optimizer steps"), ("train_s", "training seconds (eval excluded)")]
         ):
             ax = axes[row][col]
-            for i, r in enumerate(runs):
+            for r in runs:
                 seeds = [x["seed"] for x in runs if x["preset"] == r["preset"]]
                 ax.plot(
                     [p[xkey] for p in r["curve"]],
@@ -313,7 +327,7 @@ def plot(runs: list[dict], path: Path, title: str) -> None:
 def cpu_name() -> str:
     try:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
-        return next(l.split(":", 1)[1].strip() for l in lines if l.startswith("model name"))
+        return next(ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name"))
     except (OSError, StopIteration):
         return platform.processor() or platform.machine()
 
@@ -341,14 +355,16 @@ def write_report(
     grpo_final = {r["seed"]: r["curve"][-1] for r in runs if r["preset"] == "grpo"}
     reach = reach_cells(runs, grpo_final)
     budget = (
-        f"{args.steps} steps x {args.prompts} prompts x G={args.G}, completions <= {args.max_completion_length} "
-        f"tokens, T=1.0, lr {args.lr} (constant), mu=1, 1 minibatch (1 optimizer step per step)"
+        f"{args.steps} steps x {args.prompts} prompts x G={args.G}, completions <= "
+        f"{args.max_completion_length} tokens, T=1.0, lr {args.lr} (constant), mu=1, 1 minibatch (1 "
+        "optimizer step per step)"
     )
     png = results / "presets.png"
     plot(
         runs,
         png,
-        f"countdown, every preset from the warm start {args.model}, held-out {args.eval_size} problems\n{budget}",
+        f"countdown, every preset from the warm start {args.model}, held-out {args.eval_size} "
+        f"problems\n{budget}",
     )
     md = [
         "# Algorithm presets on countdown, same warm start and budget",
@@ -356,26 +372,28 @@ def write_report(
         f"`{command}`",
         "",
         f"Machine: {os.cpu_count()} CPU cores ({cpu_name()}), torch {torch.__version__}, "
-        f"{args.threads} thread(s), shared with other jobs; load average (1, 5, 15 min) {load_start} at the start; "
-        f"started {started}, {total_s / 60:.1f} min in all; grpokit commit {commit} at the start.",
+        f"{args.threads} thread(s), shared with other jobs; load average (1, 5, 15 min) {load_start} at the "
+        f"start; started {started}, {total_s / 60:.1f} min in all; grpokit commit {commit} at the start.",
         "",
-        f"Warm start `{args.model}` (every run starts from it). Budget of every run: {budget}. Held-out: the same "
-        f"{args.eval_size} countdown test problems for every run, evaluated at step 0, every {args.eval_every} steps and "
-        f"at the end. Each run sets only `algorithm.preset` (docs/algorithm.md §9); every other key is equal "
-        f"(`config_overrides` in benchmarks/presets.py).",
+        f"Warm start `{args.model}` (every run starts from it). Budget of every run: {budget}. Held-out: the "
+        f"same {args.eval_size} countdown test problems for every run, evaluated at step 0, every "
+        f"{args.eval_every} steps and at the end. Each run sets only `algorithm.preset` (docs/algorithm.md "
+        "§9); every other key is equal (`config_overrides` in benchmarks/presets.py).",
         "",
-        f"**Which metric.** On this tiny model GRPO raises *sampled* accuracy but barely moves, or lowers, *greedy* "
-        f"pass@1, so the step comparison is made on **mean@{K}**: the mean correctness of {K} samples per problem at "
-        f"T=1 (the unbiased estimate of sampled pass@1; DAPO's avg@k). Greedy pass@1 is shown as well, with the "
-        f"same comparison. \"Reaches grpo's final\" is the first evaluated step at which a run's accuracy is at "
-        f"least the grpo run's (same seed) accuracy at its last step; it is resolved to the eval interval "
-        f"({args.eval_every} steps), and grpo itself may reach its own final value before the end. With "
-        f"{args.eval_size} problems one problem is {100 / args.eval_size:.1f} points of pass@1 and mean@{K} "
-        f"moves in steps of {100 / (args.eval_size * K):.3f} points.",
+        "**Which metric.** On this tiny model GRPO raises *sampled* accuracy but barely moves, or lowers, "
+        f"*greedy* pass@1, so the step comparison is made on **mean@{K}**: the mean correctness of {K} "
+        "samples per problem at T=1 (the unbiased estimate of sampled pass@1; DAPO's avg@k). Greedy pass@1 "
+        'is shown as well, with the same comparison. "Reaches grpo\'s final" is the first evaluated step at '
+        "which a "
+        "run's accuracy is at least the grpo run's (same seed) accuracy at its last step; it is resolved to "
+        f"the eval interval ({args.eval_every} steps), and grpo itself may reach its own final value before "
+        f"the end. With {args.eval_size} problems one problem is {100 / args.eval_size:.1f} points of pass@1 "
+        f"and mean@{K} moves in steps of {100 / (args.eval_size * K):.3f} points.",
         "",
         verdict(runs, reach),
         "",
-        f"**Noise.** {eval_noise(runs)} A difference of a few points between two runs, or a step of the eval interval "
+        f"**Noise.** {eval_noise(runs)} A difference of a few points between two runs, or a step of the eval "
+        "interval "
         f'in "reaches", is within what one run does from one evaluation to the next.',
         "",
         "## Summary (mean over seeds)",
@@ -392,9 +410,9 @@ def write_report(
         "",
         f"![held-out accuracy against steps and training seconds]({png.name})",
         "",
-        "Training seconds: the sum of `perf/step_time` (rollout, rewards, updates; evaluation excluded); wall s: the "
-        "whole run with evaluations. DAPO's dynamic sampling generates extra rounds when groups are all-correct or "
-        "all-wrong, so its steps cost more. Load average per run (before -> after): "
+        "Training seconds: the sum of `perf/step_time` (rollout, rewards, updates; evaluation excluded); "
+        "wall s: the whole run with evaluations. DAPO's dynamic sampling generates extra rounds when groups "
+        "are all-correct or all-wrong, so its steps cost more. Load average per run (before -> after): "
         + "; ".join(f"{r['preset']} s{r['seed']}: {r['load']}" for r in runs)
         + ".",
         "",
@@ -469,7 +487,8 @@ def main(argv: list[str] | None = None) -> Path:
         )
         print(f"wrote {path} and {path.with_suffix('.png')} from {saved}")
         return path
-    # One held-out set for every run and seed (the trainer would otherwise draw the test split with the run's seed).
+    # One held-out set for every run and seed (the trainer would otherwise draw the test split with the run's
+    # seed).
     eval_rows = get_task("countdown").make_rows("test", args.eval_size, 0)
     started, load_start, commit, t0 = (
         time.strftime("%Y-%m-%d %H:%M %Z"),

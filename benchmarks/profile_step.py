@@ -9,9 +9,10 @@
 of each (compile time is reported as B's warm-up minus A's), then alternates A and B step by step, so that
 load from other processes on a shared machine hits both alike; it prints medians per phase and B / A.
 
-Needs the workload's model and prompts, built by compare_trl.py in runs/compare_trl (it builds them if missing).
-Phases are the trainer's own perf/* timings: rollout (generation), reward, ref (pi_ref / pi_old log-prob
-passes), train (update + weight sync), and the rest of the rollout phase (packing, advantages, metrics).
+Needs the workload's model and prompts, built by compare_trl.py in runs/compare_trl (it builds them if
+missing). Phases are the trainer's own perf/* timings: rollout (generation), reward, ref (pi_ref / pi_old
+log-prob passes), train (update + weight sync), and the rest of the rollout phase (packing, advantages,
+metrics).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ sys.path.insert(0, str(HERE))
 
 def make_config(workload: str, steps: int, out_dir: str, overrides: list[str]):
     import compare_trl as ct
+
     from grpokit.config import load_config
 
     wl = ct.WORKLOADS[workload]
@@ -120,7 +122,10 @@ def main() -> None:
     if prof is not None:
         prof.disable()
     timed = recs[args.warmup :]
-    med = lambda k: statistics.median(m[k] for m in timed)  # noqa: E731
+
+    def med(k):
+        return statistics.median(m[k] for m in timed)
+
     rest = statistics.median(
         m["perf/prep_time"] - m["perf/rollout_time"] - m["perf/reward_time"] - m["perf/ref_time"]
         for m in timed
@@ -130,8 +135,8 @@ def main() -> None:
     )
     print(f"  step   {med('perf/step_time'):.4f} s")
     print(
-        f"  rollout {med('perf/rollout_time'):.4f}  reward {med('perf/reward_time'):.4f}  ref {med('perf/ref_time'):.4f}  "
-        f"other-prep {rest:.4f}  train {med('perf/train_time'):.4f}"
+        f"  rollout {med('perf/rollout_time'):.4f}  reward {med('perf/reward_time'):.4f}  ref "
+        f"{med('perf/ref_time'):.4f}  other-prep {rest:.4f}  train {med('perf/train_time'):.4f}"
     )
     if prof is not None:
         pstats.Stats(prof).sort_stats("cumulative").print_stats(args.cprofile)
@@ -184,8 +189,8 @@ def ab(args) -> None:
             recs[name].append(one_step(trainers[name]))
     med = {n: {k: statistics.median(r[k] for r in rs) for k in PHASES} for n, rs in recs.items()}
     print(
-        f"{args.workload}, {args.threads} thread(s), {args.steps} interleaved steps after {args.warmup} warm-up steps each; "
-        f"A: {' '.join(args.set) or 'defaults'}; B: A + {' '.join(args.ab)}"
+        f"{args.workload}, {args.threads} thread(s), {args.steps} interleaved steps after {args.warmup} "
+        f"warm-up steps each; A: {' '.join(args.set) or 'defaults'}; B: A + {' '.join(args.ab)}"
     )
     print(f"warm-up: A {warm['A']:.1f}s, B {warm['B']:.1f}s")
     print("| | " + " | ".join(f"{k} s" for k in PHASES) + " |")

@@ -71,13 +71,17 @@ def main() -> None:
 
     print("$ python " + " ".join(shlex.quote(a) for a in sys.argv))
     print(
-        f"torch {torch.__version__}, device {args.device}, {args.threads} threads, temperature {args.temperature}\n",
+        f"torch {torch.__version__}, device {args.device}, {args.threads} threads, temperature "
+        f"{args.temperature}\n",
         flush=True,
     )
     task = get_task("countdown")
     tok = build_tokenizer(task)
     prompts_all = [tok(r["prompt"])["input_ids"] for r in task.make_rows("train", 64, seed=args.seed)]
-    header = f"| {'case':<5} | {'params':>6} | {'prompts x G':>11} | {'max new':>7} | {'mean len':>8} | {'hf tok/s':>9} | {'fast tok/s':>10} | {'fast/hf':>7} |"
+    header = (
+        f"| {'case':<5} | {'params':>6} | {'prompts x G':>11} | {'max new':>7} | {'mean len':>8} | "
+        f"{'hf tok/s':>9} | {'fast tok/s':>10} | {'fast/hf':>7} |"
+    )
     print(header)
     print("|" + "|".join("-" * (len(c)) for c in header.split("|")[1:-1]) + "|")
     for name in args.cases:
@@ -90,8 +94,8 @@ def main() -> None:
         res = time_engines(engines, prompts, G, sampling, args.runs, args.seed)
         (hf_rate, _), (fast_rate, mean_len) = res["hf"], res["fast"]
         print(
-            f"| {name:<5} | {params / 1e6:>5.1f}M | {f'{n_prompts} x {G}':>11} | {max_tokens:>7} | {mean_len:>8.1f} "
-            f"| {hf_rate:>9.0f} | {fast_rate:>10.0f} | {fast_rate / hf_rate:>6.2f}x |",
+            f"| {name:<5} | {params / 1e6:>5.1f}M | {f'{n_prompts} x {G}':>11} | {max_tokens:>7} | "
+            f"{mean_len:>8.1f} | {hf_rate:>9.0f} | {fast_rate:>10.0f} | {fast_rate / hf_rate:>6.2f}x |",
             flush=True,
         )
 

@@ -43,7 +43,7 @@ def machine_load() -> str:
     try:
         out = subprocess.run(["uptime"], capture_output=True, text=True, timeout=5).stdout.strip()
         return out[out.index("load average") :] if "load average" in out else out
-    except Exception:  # noqa: BLE001 - the load is a note, never a reason to fail
+    except Exception:  # the load is a note, never a reason to fail
         return "load average: unknown"
 
 
@@ -102,6 +102,7 @@ def interleaved_medians(fns: dict, repeats: int) -> dict[str, float]:
 def synthetic_batch(tokenizer, n_seqs: int, completion_len: int, seed: int = 0):
     """A PackedBatch of countdown prompts and random completion tokens (no EOS, none shorter)."""
     from compare_trl import countdown_task  # the comparison's pinned countdown problems
+
     from grpokit.batch import pack_sequences
 
     rows = countdown_task().make_rows("train", n_seqs, seed)
@@ -217,7 +218,7 @@ def breakdown(
             full_step(m=compiled)
             compile_s = time.perf_counter() - t0
             variants["torch.compile (inductor), after compiling"] = lambda: full_step(m=compiled)
-        except Exception as exc:  # noqa: BLE001 - report, don't fail the benchmark
+        except Exception as exc:  # report, don't fail the benchmark
             print(f"torch.compile failed: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
     measured = interleaved_medians({**pieces, **variants}, repeats)
     r = {k: measured[k] for k in pieces}
@@ -265,13 +266,13 @@ def report(res: dict, peak: float, command: str, load: str, threads: int) -> str
     lines = [
         f"`{command}`",
         "",
-        f"Machine load at start: {load}. {threads} thread(s); peak fp32 matmul on {threads} thread(s): {peak / 1e9:.1f} GFLOP/s. "
-        f"Matmuls (aten::mm/addmm/bmm) take {100 * res['mm_share']:.0f}% of the profiled step and run at "
-        f"{flops / max(res['mm_s'], 1e-9) / 1e9:.1f} GFLOP/s = {100 * flops / max(res['mm_s'], 1e-9) / peak:.0f}% of peak "
-        "(6N x tokens over their time alone).",
+        f"Machine load at start: {load}. {threads} thread(s); peak fp32 matmul on {threads} thread(s): "
+        f"{peak / 1e9:.1f} GFLOP/s. Matmuls (aten::mm/addmm/bmm) take {100 * res['mm_share']:.0f}% of the "
+        f"profiled step and run at {flops / max(res['mm_s'], 1e-9) / 1e9:.1f} GFLOP/s = "
+        f"{100 * flops / max(res['mm_s'], 1e-9) / peak:.0f}% of peak (6N x tokens over their time alone).",
         "",
-        f"Batch: {N} sequences x {W} positions ({T} completion tokens each, {res['real_tokens']} real tokens), "
-        f"{n / 1e6:.2f}M non-embedding parameters. One full optimizer step = 6 x N x real tokens = "
+        f"Batch: {N} sequences x {W} positions ({T} completion tokens each, {res['real_tokens']} real "
+        f"tokens), {n / 1e6:.2f}M non-embedding parameters. One full optimizer step = 6 x N x real tokens = "
         f"{flops / 1e9:.1f} GFLOP (attention scores would add {100 * res['attention_share']:.1f}%): "
         f"**{flops / step / 1e9:.1f} GFLOP/s = {100 * flops / step / peak:.0f}% of peak**.",
         "",

@@ -35,8 +35,8 @@ def run(*cmd: str) -> subprocess.CompletedProcess:
 
 
 def settle(below: float = 0.3, at_most: float = 150.0) -> float:
-    """Wait until the 1-minute load average falls below `below` (the previous cell's load decays slowly), at most
-    `at_most` seconds; returns the load average then."""
+    """Wait until the 1-minute load average falls below `below` (the previous cell's load decays slowly), at
+    most `at_most` seconds; returns the load average then."""
     t0 = time.monotonic()
     while os.getloadavg()[0] >= below and time.monotonic() - t0 < at_most:
         time.sleep(5)
@@ -117,19 +117,23 @@ def main() -> None:
     lines = [
         "# Threads: seconds per step of the README example",
         "",
-        f"`.venv/bin/python benchmarks/threads.py --steps {args.steps} --sft-steps {args.sft_steps}` on {os.cpu_count()} cores, "
-        f"load average {load:.2f} at the start; each cell waits (up to 150 s) for the load average to fall below 0.3 "
-        f"first; in the busy cells the spinning process then runs until the load average reaches 0.9 (as a job that has been running a while) before the cell starts. GRPO: median `perf/step_time` of steps 3-{args.steps} of "
-        f"`grpokit train examples/config.yaml` (8 prompts x G=8, 6 tokens, 0.2M-parameter Llama). SFT: seconds of "
-        f"`grpokit sft examples/sft.yaml sft.max_steps={args.sft_steps}` (batch 32), loading included.",
+        f"`.venv/bin/python benchmarks/threads.py --steps {args.steps} --sft-steps {args.sft_steps}` on "
+        f"{os.cpu_count()} cores, load average {load:.2f} at the start; each cell waits (up to 150 s) for "
+        "the load average to fall below 0.3 first; in the busy cells the spinning process then runs until "
+        "the load average reaches 0.9 (as a job that has been running a while) before the cell starts. GRPO: "
+        f"median `perf/step_time` of steps 3-{args.steps} of `grpokit train examples/config.yaml` (8 prompts "
+        "x G=8, 6 tokens, 0.2M-parameter Llama). SFT: seconds of `grpokit sft examples/sft.yaml "
+        f"sft.max_steps={args.sft_steps}` (batch 32), loading included.",
         "",
-        "| other busy process | load average before the cell | threads= | threads used (what the run printed) | GRPO s/step | SFT s |",
+        "| other busy process | load average before the cell | threads= | threads used (what the run "
+        "printed) | GRPO s/step | SFT s |",
         "|---|---|---|---|---|---|",
     ]
     for r in results:
         asked = "0 (auto)" if r["threads"] == 0 else str(r["threads"])
         lines.append(
-            f"| {'yes' if r['busy'] else 'no'} | {r['load']:.2f} | {asked} | `{r['used']}` | {r['step_s']:.3f} | {r['sft_s']:.1f} |"
+            f"| {'yes' if r['busy'] else 'no'} | {r['load']:.2f} | {asked} | `{r['used']}` | "
+            f"{r['step_s']:.3f} | {r['sft_s']:.1f} |"
         )
     text = "\n".join(lines) + "\n"
     args.out.parent.mkdir(parents=True, exist_ok=True)

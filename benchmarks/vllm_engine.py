@@ -24,7 +24,7 @@ def main() -> None:
     model = build_tiny_llama(tok, size="demo", num_heads=3, seed=0).eval()
     print(f"parameters {sum(p.numel() for p in model.parameters()):,}")
     t = time.perf_counter()
-    import vllm  # noqa: F401
+    import vllm  # noqa: F401 (only whether it imports)
 
     from grpokit.rollout.vllm import VLLMEngine
 

@@ -1,11 +1,12 @@
-"""Server mode's own costs against the colocated engine, on the demo-shaped model (benchmarks/vllm_engine.py's):
-the server's start, a weight push through /dev/shm (with and without its check), and one rollout of 16 prompts
-x 8 samples x up to 16 tokens over HTTP.
+"""Server mode's own costs against the colocated engine, on the demo-shaped model
+(benchmarks/vllm_engine.py's): the server's start, a weight push through /dev/shm (with and without its
+check), and one rollout of 16 prompts x 8 samples x up to 16 tokens over HTTP.
 
     .venv/bin/python benchmarks/vllm_server.py
 
-`grpokit serve` runs as a subprocess with 1 thread; this process (the trainer's side, and the colocated engine)
-uses 1 thread too. Rollouts alternate server / colocated, 5 calls each, twice; pushes 5 each; medians are printed.
+`grpokit serve` runs as a subprocess with 1 thread; this process (the trainer's side, and the colocated
+engine) uses 1 thread too. Rollouts alternate server / colocated, 5 calls each, twice; pushes 5 each; medians
+are printed.
 """
 
 import re
@@ -89,7 +90,8 @@ def main() -> None:
             ("colocated", colocated),
         ):
             print(
-                f"{name}: 16 prompts x 8 x <= 16 tokens, median {median_time(lambda: e.generate(prompts, 8, sampling)):.3f} s"
+                f"{name}: 16 prompts x 8 x <= 16 tokens, median "
+                f"{median_time(lambda e=e: e.generate(prompts, 8, sampling)):.3f} s"
             )
 
         def push(e):
@@ -102,7 +104,8 @@ def main() -> None:
             for name, e in (("server", server), ("colocated", colocated)):
                 e.verify = verify
                 print(
-                    f"{name}: push {'with' if verify else 'without'} its check, median {median_time(lambda: push(e)):.3f} s"
+                    f"{name}: push {'with' if verify else 'without'} its check, median "
+                    f"{median_time(lambda e=e: push(e)):.3f} s"
                 )
         server.verify = True
         push(server)

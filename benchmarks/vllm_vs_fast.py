@@ -4,15 +4,15 @@
     .venv/bin/python benchmarks/vllm_vs_fast.py --steps 20 --seeds 0   # a quick look
 
 vLLM's CPU attention kernel takes head sizes 32, 64, 80, ...; the demo's Llama has 4 heads of 48. So the warm
-start here (--model; built into runs/vllm_vs_fast/sft when missing) is the demo's Llama with 3 heads of 64: the
-same hidden size 192, 4 layers, MLP 512 and so the same 1.78M parameters (q, k, v, o are 192 x 192 whatever the
-head count), SFT'd as `grpokit demo` does (20,000 countdown solutions, 900 steps of 64, lr 1e-3). Each seed then
-runs GRPO twice with one config (benchmarks/presets.py's: 16 prompts x G=8, 16-token completions, T=1, lr 1e-4)
-that differs only in rollout.engine; the two arms of a seed run back to back in alternating order, so a change
-of the machine's load hits both. Reported per run: held-out eval/mean@8 and greedy eval/pass@1 on the same
---eval-size test problems before step 1 and after the last step (evaluation runs on the run's engine too), the
-median perf/step_time and perf/rollout_time (steps after the first two), and vLLM's mismatch to the trainer
-(max over steps of rollout/logp_diff_max).
+start here (--model; built into runs/vllm_vs_fast/sft when missing) is the demo's Llama with 3 heads of 64:
+the same hidden size 192, 4 layers, MLP 512 and so the same 1.78M parameters (q, k, v, o are 192 x 192
+whatever the head count), SFT'd as `grpokit demo` does (20,000 countdown solutions, 900 steps of 64, lr 1e-3).
+Each seed then runs GRPO twice with one config (benchmarks/presets.py's: 16 prompts x G=8, 16-token
+completions, T=1, lr 1e-4) that differs only in rollout.engine; the two arms of a seed run back to back in
+alternating order, so a change of the machine's load hits both. Reported per run: held-out eval/mean@8 and
+greedy eval/pass@1 on the same --eval-size test problems before step 1 and after the last step (evaluation
+runs on the run's engine too), the median perf/step_time and perf/rollout_time (steps after the first two),
+and vLLM's mismatch to the trainer (max over steps of rollout/logp_diff_max).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from arms import arm_parser, parse_arm_args, run_all  # noqa: E402
+from arms import arm_parser, parse_arm_args, run_all  # noqa: E402 (after sys.path gets benchmarks/)
 
 ENGINES = ("fast", "vllm")
 
@@ -64,8 +64,8 @@ def main() -> None:
         make_sft_hd64(args.model, args.threads)
         print(f"warm start built in {time.perf_counter() - t:.0f}s: {args.model}", flush=True)
     setup = (
-        f"warm start {args.model} (demo Llama, 3 heads of 64); {args.steps} GRPO steps of {args.prompts} prompts x "
-        f"G={args.G}; {args.eval_size} held-out problems; {args.threads} thread(s)"
+        f"warm start {args.model} (demo Llama, 3 heads of 64); {args.steps} GRPO steps of {args.prompts} "
+        f"prompts x G={args.G}; {args.eval_size} held-out problems; {args.threads} thread(s)"
     )
     run_all(
         args,

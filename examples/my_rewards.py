@@ -7,7 +7,7 @@ dataset column (here `answer`), and expects one float (or None) per completion.
 
 def exact_answer(completions, answer, **kwargs):
     """1.0 when the completion is the expected answer, else 0.0."""
-    return [1.0 if c.strip() == str(a) else 0.0 for c, a in zip(completions, answer)]
+    return [1.0 if c.strip() == str(a) else 0.0 for c, a in zip(completions, answer, strict=True)]
 
 
 def is_a_number(completions, **kwargs):

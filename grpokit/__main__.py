@@ -1,4 +1,5 @@
-"""`python -m grpokit ...` is the `grpokit` command; torchrun launches it as `torchrun ... -m grpokit train cfg.yaml`."""
+"""`python -m grpokit ...` is the `grpokit` command; torchrun launches it as `torchrun ... -m grpokit train
+cfg.yaml`."""
 
 from grpokit.cli import main
 

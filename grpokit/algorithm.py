@@ -11,7 +11,8 @@ The math itself is in grpokit/algo/ (no config there); docs/algorithm.md has the
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor

@@ -3,7 +3,8 @@
     import grpokit
 
     last = grpokit.train("examples/config.yaml", ["optim.max_steps=50"])       # the last step's metrics
-    scores = grpokit.evaluate("runs/example/final", "examples/config.yaml")    # held-out metrics of a model folder
+    scores = grpokit.evaluate("runs/example/final", "examples/config.yaml")    # held-out metrics of a model
+                                                                               # folder
     stats = grpokit.sft("examples/sft.yaml", ["sft.max_steps=200"])             # the SFT warm start
     page = grpokit.report("runs/example")                                       # runs/example/report.html
 
@@ -65,8 +66,8 @@ def train(
 def evaluate(
     model: str | Path, config: ConfigLike = None, overrides: list[str] | None = None
 ) -> dict[str, float]:
-    """`grpokit eval MODEL -c CONFIG`: the held-out metrics (eval/pass@1, eval/pass@k, ...) of a model folder with the
-    config's data, rewards and eval sections."""
+    """`grpokit eval MODEL -c CONFIG`: the held-out metrics (eval/pass@1, eval/pass@k, ...) of a model folder
+    with the config's data, rewards and eval sections."""
     from grpokit.trainer import Trainer
 
     cfg = _config(config, [*(overrides or []), f"model.name_or_path={model}"], Config)
@@ -93,7 +94,8 @@ def sft(config: ConfigLike = None, overrides: list[str] | None = None) -> dict[s
 
 
 def report(run_dir: str | Path, out: str | Path | None = None) -> Path:
-    """`grpokit report`: one self-contained HTML page of a run; returns its path (RUN_DIR/report.html by default)."""
+    """`grpokit report`: one self-contained HTML page of a run; returns its path (RUN_DIR/report.html by
+    default)."""
     from grpokit.records.report import write_html_report
 
     return Path(write_html_report(run_dir, out))

@@ -1,6 +1,7 @@
 """The step's data: packed token sequences, groups of scored completions, and the rollout batch.
 
-    tokens = pack_sequences(prompt_ids, completion_ids, pad_id)    # [N, P + T]: left-padded prompts, right-padded completions
+    tokens = pack_sequences(prompt_ids, completion_ids, pad_id)    # [N, P + T]: left-padded prompts,
+                                                                   # right-padded completions
     groups = Groups(rows, completions, scored)                     # B prompts x G completions, scored
     groups = Groups.take([(groups, 0), (more, 3)], G)              # DAPO dynamic sampling keeps some groups
     step_rewards, step_ends = process_rewards(scored, texts, token_ids, tokenizer)  # DeepSeekMath §4.1.3
@@ -36,7 +37,7 @@ class PackedBatch:
     def completion_width(self) -> int:
         return self.completion_ids.shape[1]
 
-    def rows(self, idx: Tensor | slice) -> "PackedBatch":
+    def rows(self, idx: Tensor | slice) -> PackedBatch:
         b = PackedBatch(
             *(
                 t[idx]
@@ -51,7 +52,7 @@ class PackedBatch:
         )
         return b.trimmed()
 
-    def trimmed(self) -> "PackedBatch":
+    def trimmed(self) -> PackedBatch:
         """Drop columns that are padding in every row (left of the prompts, right of the completions)."""
         left = int(self.attention_mask.sum(0).nonzero()[0]) if self.attention_mask.any() else 0
         T = int(self.completion_mask.sum(1).max()) if self.completion_mask.numel() else 0
@@ -76,7 +77,7 @@ def pack_sequences(prompt_ids: list[list[int]], completion_ids: list[list[int]],
     input_ids = torch.full((N, P + T), pad_id, dtype=torch.long)
     attn = torch.zeros((N, P + T), dtype=torch.long)
     cmask = torch.zeros((N, T), dtype=torch.long)
-    for i, (p, c) in enumerate(zip(prompt_ids, completion_ids)):
+    for i, (p, c) in enumerate(zip(prompt_ids, completion_ids, strict=True)):
         input_ids[i, P - len(p) : P] = torch.tensor(p, dtype=torch.long)
         attn[i, P - len(p) : P] = 1
         if c:
@@ -96,7 +97,7 @@ class Groups:
     scored: RewardOutput  # total / per_function [B * G]
 
     @staticmethod
-    def take(chosen: list[tuple["Groups", int]], G: int) -> "Groups":
+    def take(chosen: list[tuple[Groups, int]], G: int) -> Groups:
         """The groups (source, index) in `chosen`, concatenated in that order."""
         spans = [(src, slice(g * G, (g + 1) * G)) for src, g in chosen]
 
@@ -130,7 +131,8 @@ class Groups:
 
 
 def repeat_rows(rows: list[PromptRow], G: int) -> tuple[list[Any], dict[str, list[Any]]]:
-    """Prompts and dataset columns repeated G times, aligned with the completions (reward function arguments)."""
+    """Prompts and dataset columns repeated G times, aligned with the completions (reward function
+    arguments)."""
     prompts = [r.prompt for r in rows for _ in range(G)]
     columns = {c: [r.columns[c] for r in rows for _ in range(G)] for c in rows[0].columns}
     return prompts, columns
@@ -150,7 +152,8 @@ def micro_batches(idx: Tensor, tokens: PackedBatch, size: int, by_length: bool) 
     least half its rows counted once, as completion_logprobs runs it):
       rows:   longest completion first: the least padding, but a prompt's G rows may split up;
       groups: whole groups (rows with one prompt), the group with the longest completion first.
-    The micro-batch losses add up to the same minibatch loss: the gradient is the same up to the order of sums."""
+    The micro-batch losses add up to the same minibatch loss: the gradient is the same up to the order of
+    sums."""
     if not by_length or len(idx) <= size:
         return list(idx.split(size))
     P = tokens.input_ids.shape[1] - tokens.completion_width
@@ -184,12 +187,13 @@ class RolloutBatch:
     loss_mask: Tensor  # [N, T] completion_mask, minus truncated rows when they are masked (DAPO)
     truncated: Tensor  # [N] bool: hit max_completion_length without EOS
     rewards: Tensor  # [N] weighted total reward
-    advantages: Tensor  # [N] one per completion, broadcast over its tokens; or [N, T] per token (process rewards, PPO's GAE)
+    # [N] one per completion, broadcast over its tokens; or [N, T] per token (process rewards, PPO's GAE)
+    advantages: Tensor
     old_logp: Tensor | None  # [N, T] pi_old; None when it equals pi_theta (mu = 1, one minibatch)
     ref_logp: Tensor | None  # [N, T] pi_ref; None when beta = 0
     value_targets: ValueTargets | None  # the critic's V_old and returns [N, T] (PPO); None for GRPO
-    # [N, T] the rollout engine's log-probs of the sampled tokens (rollout/mismatch.py), None when it gives none (hf).
-    # The one field with a default: batches built without an engine (tests, benchmarks) have none.
+    # [N, T] the rollout engine's log-probs of the sampled tokens (rollout/mismatch.py), None when it gives
+    # none (hf). The one field with a default: batches built without an engine (tests, benchmarks) have none.
     sampler_logp: Tensor | None = None
 
 
@@ -217,7 +221,9 @@ def token_char_ends(tokenizer: Any, token_ids: list[int]) -> list[int]:
         if full.startswith(t):  # the usual case, checked in C
             n = len(t)
         else:
-            n = next((j for j, (a, b) in enumerate(zip(t, full)) if a != b), min(len(t), len(full)))
+            n = next(
+                (j for j, (a, b) in enumerate(zip(t, full, strict=False)) if a != b), min(len(t), len(full))
+            )
         best = max(best, n)
         out.append(best)
     return out
@@ -261,7 +267,7 @@ def process_rewards(
                 continue
             if token_ends is None:
                 token_ends = token_char_ends(tokenizer, ids)
-            for tok, s in zip(step_token_ends(item.ends, token_ends, len(text)), item.scores):
+            for tok, s in zip(step_token_ends(item.ends, token_ends, len(text)), item.scores, strict=True):
                 at[tok] = at.get(tok, 0.0) + w * float(s)
         order = sorted(at)
         out_rewards.append(torch.tensor([at[t] for t in order], dtype=torch.float32))

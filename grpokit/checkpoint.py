@@ -44,7 +44,8 @@ class CheckpointError(RuntimeError):
 
 
 def seed_everything(seed: int) -> None:
-    """Seed Python's, NumPy's and torch's global generators (what rng_state saves and set_rng_state restores)."""
+    """Seed Python's, NumPy's and torch's global generators (what rng_state saves and set_rng_state
+    restores)."""
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
@@ -77,8 +78,8 @@ def ensure_writable_dir(path: str | Path) -> Path:
         probe.unlink()
     except OSError as exc:
         raise CheckpointError(
-            f"output_dir {str(path)!r} is not a writable folder ({exc.strerror or exc}: {exc.filename or path}); "
-            "set output_dir to a folder you can write to"
+            f"output_dir {str(path)!r} is not a writable folder ({exc.strerror or exc}: "
+            f"{exc.filename or path}); set output_dir to a folder you can write to"
         ) from None
     return path
 
@@ -133,9 +134,9 @@ def save_pretrained_atomic(model, tokenizer, dest: Path, extra_state: dict | Non
 
 
 def save_final(model, tokenizer, dest: Path, *, merge: bool = False) -> Path:
-    """out_dir/final: the model (a LoRA policy: its adapter) and tokenizer; merge (model.lora.merge_on_save): also
-    dest/merged, the base weights with the adapter merged in (peft's merge_and_unload on a copy: the run's model
-    keeps its adapter), a plain checkpoint that from_pretrained loads without peft."""
+    """out_dir/final: the model (a LoRA policy: its adapter) and tokenizer; merge (model.lora.merge_on_save):
+    also dest/merged, the base weights with the adapter merged in (peft's merge_and_unload on a copy: the
+    run's model keeps its adapter), a plain checkpoint that from_pretrained loads without peft."""
     dest = save_pretrained_atomic(model, tokenizer, dest)
     if merge and hasattr(model, "merge_and_unload"):
         import copy
@@ -147,8 +148,9 @@ def save_final(model, tokenizer, dest: Path, *, merge: bool = False) -> Path:
 
 
 def _untie_adapted_head(peft_model):
-    """An LM head with an adapter that shares its weight with the input embeddings (tie_word_embeddings) gets a weight
-    of its own before the merge: merging into the shared tensor would change the embeddings too (peft issue 2777)."""
+    """An LM head with an adapter that shares its weight with the input embeddings (tie_word_embeddings) gets
+    a weight of its own before the merge: merging into the shared tensor would change the embeddings too (peft
+    issue 2777)."""
     base = peft_model.get_base_model()
     head, embed = base.get_output_embeddings(), base.get_input_embeddings()
     inner = getattr(head, "base_layer", None)  # a peft LoRA layer wraps the original Linear
@@ -242,14 +244,16 @@ def load_weights(path: Path, model) -> None:
     really_missing = [k for k in missing if k not in tied and not k.endswith("lm_head.weight")]
     if really_missing or unexpected:
         raise CheckpointError(
-            f"checkpoint {str(path)!r} does not match the model: missing {really_missing[:3]}, unexpected {unexpected[:3]}; {refit}"
+            f"checkpoint {str(path)!r} does not match the model: missing {really_missing[:3]}, unexpected "
+            f"{unexpected[:3]}; {refit}"
         )
     if hasattr(model, "tie_weights"):
         model.tie_weights()
 
 
 def _load_adapter(path: Path, model) -> None:
-    """A LoRA checkpoint's adapter weights into the peft model (the base weights came from model.name_or_path)."""
+    """A LoRA checkpoint's adapter weights into the peft model (the base weights came from
+    model.name_or_path)."""
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
 
@@ -329,14 +333,22 @@ def _defaults() -> dict[str, Any]:
 def config_changes(saved: dict, now: dict, allowed: list[str]) -> tuple[list[str], list[str]]:
     """(refused, allowed) differences between a checkpoint's config and this run's, as "key: old -> new";
     keys under FREE_ON_RESUME are not compared, `allowed` keys (or sections) may change. A key missing
-    from the checkpoint's config (saved by an older grpokit) counts only when this run sets it off its default."""
+    from the checkpoint's config (saved by an older grpokit) counts only when this run sets it off its
+    default."""
     old, new, defaults = _flat(saved), _flat(now), _defaults()
-    under = lambda key, names: any(key == n or key.startswith(n + ".") for n in names)  # noqa: E731
+
+    def under(key, names):
+        return any(key == n or key.startswith(n + ".") for n in names)
+
     diffs = [(k, old.get(k), new.get(k)) for k in sorted(old.keys() | new.keys()) if old.get(k) != new.get(k)]
-    # A key the checkpoint's grpokit did not have yet, left at its default, is the behaviour of then: no change.
+    # A key the checkpoint's grpokit did not have yet, left at its default, is the behaviour of then: no
+    # change.
     diffs = [(k, a, b) for k, a, b in diffs if k in old or k not in defaults or b != defaults[k]]
     diffs = [(k, a, b) for k, a, b in diffs if not under(k, FREE_ON_RESUME)]
-    text = lambda d: f"{d[0]}: {d[1]!r} -> {d[2]!r}"  # noqa: E731
+
+    def text(d):
+        return f"{d[0]}: {d[1]!r} -> {d[2]!r}"
+
     return [text(d) for d in diffs if not under(d[0], allowed)], [
         text(d) for d in diffs if under(d[0], allowed)
     ]
@@ -363,8 +375,9 @@ def resume(
     if refused:
         keys = ",".join(r.split(":")[0] for r in refused)
         raise CheckpointError(
-            f"{str(path)!r} was saved with another config ({'; '.join(refused)}); resume with the same config, "
-            f"give this run a new output_dir, or let them change with checkpoint.allow_changes=[{keys}]"
+            f"{str(path)!r} was saved with another config ({'; '.join(refused)}); resume with the same "
+            "config, give this run a new output_dir, or let them change with "
+            f"checkpoint.allow_changes=[{keys}]"
         )
     if changed:
         print(f"resuming with changes allowed by checkpoint.allow_changes: {'; '.join(changed)}")
@@ -372,7 +385,8 @@ def resume(
         load(path, state)
     elif is_sharded_checkpoint(path):
         raise CheckpointError(
-            f"{str(path)!r} holds sharded weights (torch.distributed.checkpoint); resume it with `grpokit train`"
+            f"{str(path)!r} holds sharded weights (torch.distributed.checkpoint); resume it with `grpokit "
+            "train`"
         )
     else:
         load_weights(path, model)
@@ -438,7 +452,7 @@ class StopSignals:
             print(f"{self._again} again during {what}: it finished; stopping now", flush=True)
             raise KeyboardInterrupt
 
-    def __enter__(self) -> "StopSignals":
+    def __enter__(self) -> StopSignals:
         self.received = self._again = None
         self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
         return self
@@ -463,7 +477,7 @@ class RunLock:
         self.out = Path(out_dir)
         self._fd: int | None = None
 
-    def __enter__(self) -> "RunLock":
+    def __enter__(self) -> RunLock:
         import fcntl
         import socket
         import time
@@ -479,13 +493,15 @@ class RunLock:
             )
             os.close(fd)
             raise CheckpointError(
-                f"output_dir {str(self.out)!r} is in use by another run ({holder}); wait for it to finish, stop it, "
-                "or give this run another output_dir"
+                f"output_dir {str(self.out)!r} is in use by another run ({holder}); wait for it to finish, "
+                "stop it, or give this run another output_dir"
             ) from None
         os.ftruncate(fd, 0)
         os.write(
             fd,
-            f"pid {os.getpid()} on {socket.gethostname()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(),
+            (
+                f"pid {os.getpid()} on {socket.gethostname()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
+            ).encode(),
         )
         self._fd = fd
         return self

@@ -75,8 +75,8 @@ def save_sharded(
     ref=None,
 ) -> Path:
     """Write the checkpoint of `step` from every rank (a collective: all ranks call it with the same step).
-    `state` is rank 0's trainer state without the optimizer's moments (those go into the DCP shards); `ref`: pi_ref,
-    when it is no longer the initial weights (ref_policy=reset), saved with them."""
+    `state` is rank 0's trainer state without the optimizer's moments (those go into the DCP shards); `ref`:
+    pi_ref, when it is no longer the initial weights (ref_policy=reset), saved with them."""
     dest, root = checkpoint_dir(out_dir, step), Path(out_dir) / "checkpoints"
     tmp = root / f".tmp-{dest.name}-sharded"
     try:
@@ -116,8 +116,8 @@ def save_sharded(
         if world.is_main:
             shutil.rmtree(tmp, ignore_errors=True)
         raise CheckpointError(
-            f"could not save to {str(dest)!r} on rank {world.rank}: {_save_failure(exc)} (free disk space or make "
-            "output_dir writable; earlier checkpoints are untouched)"
+            f"could not save to {str(dest)!r} on rank {world.rank}: {_save_failure(exc)} (free disk space or "
+            "make output_dir writable; earlier checkpoints are untouched)"
         ) from exc
     _barrier(world)  # every rank returns once the checkpoint is in place
     return dest
@@ -126,9 +126,9 @@ def save_sharded(
 def load_sharded(
     path: Path, model, adamw: torch.optim.Optimizer | None, *, rank: int, seed: int, step: int, ref=None
 ) -> None:
-    """Load a sharded checkpoint's weights (and, given adamw, its moments; given ref, pi_ref when the checkpoint holds
-    one) into this rank's modules, whatever the world size that wrote it; restore this rank's generators (or seed
-    them when the writer had fewer ranks)."""
+    """Load a sharded checkpoint's weights (and, given adamw, its moments; given ref, pi_ref when the
+    checkpoint holds one) into this rank's modules, whatever the world size that wrote it; restore this rank's
+    generators (or seed them when the writer had fewer ranks)."""
     reader = dcp.FileSystemReader(Path(path) / DCP_DIR)
     try:
         saved = {
@@ -148,8 +148,8 @@ def load_sharded(
             dcp.load(shards, storage_reader=reader)  # DCP reshards: each rank reads its part of every tensor
     except Exception as exc:
         raise CheckpointError(
-            f"checkpoint {str(path)!r} cannot be read ({_why(exc)}); resume with the model it was trained from, "
-            "or delete it to resume from the one before"
+            f"checkpoint {str(path)!r} cannot be read ({_why(exc)}); resume with the model it was trained "
+            "from, or delete it to resume from the one before"
         ) from None
     set_model_state_dict(model, shards["model"])
     if adamw is not None:

@@ -1,16 +1,21 @@
 """The `grpokit` command line.
 
     grpokit train config.yaml [section.key=value ...]     train (resumes when output_dir holds a checkpoint)
-    torchrun --nproc_per_node N -m grpokit train ...      the same on N processes (FSDP2 / DDP, docs/scaling.md)
+    torchrun --nproc_per_node N -m grpokit train ...      the same on N processes (FSDP2 / DDP,
+                                                          docs/scaling.md)
     grpokit eval MODEL_DIR --config config.yaml            held-out pass@1 / pass@k / maj@k
     grpokit sft sft.yaml [section.key=value ...]           supervised warm-start on prompt / completion pairs
     grpokit demo [--quick] [--out DIR] [--task tools]      the whole pipeline on a tiny model, no downloads
     grpokit serve MODEL_DIR [--port 8000]                  a vLLM rollout server for rollout.vllm_mode=server
-    grpokit doctor RUN_DIR                                 what looks wrong in a run, with step ranges and fixes
-    grpokit show RUN_DIR [--step N] [--worst K]            a step's recorded completions, rewards and advantages as a table
-    grpokit report RUN_DIR [--out FILE]                    one self-contained HTML page of the run (RUN_DIR/report.html)
+    grpokit doctor RUN_DIR                                 what looks wrong in a run, with step ranges and
+                                                           fixes
+    grpokit show RUN_DIR [--step N] [--worst K]            a step's recorded completions, rewards and
+                                                           advantages as a table
+    grpokit report RUN_DIR [--out FILE]                    one self-contained HTML page of the run
+                                                           (RUN_DIR/report.html)
     grpokit config                                         every config key with its default and meaning
-    grpokit config-reference [--out FILE]                  write that list as Markdown (docs/reference/config.md)
+    grpokit config-reference [--out FILE]                  write that list as Markdown
+                                                           (docs/reference/config.md)
 
 Every command takes --threads N (0 = auto, the default: docs/threads.md) and prints the count it uses.
 User mistakes (bad config, missing data, unloadable model) print one line and exit with status 2.
@@ -22,7 +27,6 @@ from __future__ import annotations
 
 import signal
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -37,7 +41,6 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from grpokit.data import DataError
     from grpokit.optim import TrainingError
     from grpokit.policy import ModelLoadError
-
     from grpokit.rollout.server import ServerError
 
     return (ConfigError, ModelLoadError, CheckpointError, TrainingError, DataError, ServerError)
@@ -48,7 +51,10 @@ def _fail(msg: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
-THREADS_HELP = "CPU threads for torch; 0 = auto: OMP_NUM_THREADS, else a resumed run's count, else the cores not busy (docs/threads.md)"
+THREADS_HELP = (
+    "CPU threads for torch; 0 = auto: OMP_NUM_THREADS, else a resumed run's count, else the cores "
+    "not busy (docs/threads.md)"
+)
 
 
 def _threads(requested: int, resumed: int = 0) -> int:
@@ -77,10 +83,11 @@ def _run(fn):
 @app.command()
 def train(
     config: Path = typer.Argument(..., help="YAML config file"),
-    overrides: Optional[list[str]] = typer.Argument(None, help="section.key=value overrides"),
-    threads: Optional[int] = typer.Option(None, "--threads", min=0, help=THREADS_HELP),
+    overrides: list[str] | None = typer.Argument(None, help="section.key=value overrides"),
+    threads: int | None = typer.Option(None, "--threads", min=0, help=THREADS_HELP),
 ):
-    """Train a causal LM with GRPO as the config says (PPO with a critic when algorithm.advantage_estimator=gae)."""
+    """Train a causal LM with GRPO as the config says (PPO with a critic when
+    algorithm.advantage_estimator=gae)."""
     from grpokit.config import load_config
 
     def go():
@@ -111,11 +118,11 @@ def train(
 @app.command("eval")
 def eval_cmd(
     model: Path = typer.Argument(..., help="model folder (from_pretrained), e.g. runs/x/final"),
-    config: Optional[Path] = typer.Option(
+    config: Path | None = typer.Option(
         None, "--config", "-c", help="config with data / rewards / eval sections"
     ),
-    overrides: Optional[list[str]] = typer.Argument(None, help="section.key=value overrides"),
-    threads: Optional[int] = typer.Option(None, "--threads", min=0, help=THREADS_HELP),
+    overrides: list[str] | None = typer.Argument(None, help="section.key=value overrides"),
+    threads: int | None = typer.Option(None, "--threads", min=0, help=THREADS_HELP),
 ):
     """Evaluate a model on the held-out set with fixed decoding."""
     from grpokit.config import load_config
@@ -151,15 +158,16 @@ def eval_cmd(
 
 @app.command()
 def sft(
-    config: Optional[Path] = typer.Argument(
+    config: Path | None = typer.Argument(
         None, help="YAML config file (model, data, sft, output_dir sections); optional"
     ),
-    overrides: Optional[list[str]] = typer.Argument(
+    overrides: list[str] | None = typer.Argument(
         None, help="section.key=value overrides, e.g. sft.learning_rate=1e-3"
     ),
-    threads: Optional[int] = typer.Option(None, "--threads", min=0, help=THREADS_HELP),
+    threads: int | None = typer.Option(None, "--threads", min=0, help=THREADS_HELP),
 ):
-    """Supervised fine-tuning on completion tokens only (the usual warm-start before RL). `grpokit config --sft` lists the keys."""
+    """Supervised fine-tuning on completion tokens only (the usual warm-start before RL). `grpokit config
+    --sft` lists the keys."""
     from grpokit.config import SFTConfig, load_config
 
     def go():
@@ -174,7 +182,8 @@ def sft(
 
         run_sft(cfg, console=Console())
         typer.echo(
-            f"done: model in {Path(cfg.output_dir) / 'final'}; metrics in {Path(cfg.output_dir) / 'metrics.jsonl'}"
+            f"done: model in {Path(cfg.output_dir) / 'final'}; metrics in "
+            f"{Path(cfg.output_dir) / 'metrics.jsonl'}"
         )
 
     _run(go)
@@ -193,7 +202,8 @@ def demo(
         False, "--process-only", help="--task tools: pay GRPO with the process rewards alone"
     ),
 ):
-    """Tiny model, SFT warm-start, GRPO on countdown (or --task tools), before / after table and plots. No GPU, no downloads."""
+    """Tiny model, SFT warm-start, GRPO on countdown (or --task tools), before / after table and plots. No
+    GPU, no downloads."""
     from grpokit.demo import run_demo
     from grpokit.demo_tools import run_tools_demo
 
@@ -216,10 +226,10 @@ def serve(
     dtype: str = typer.Option(
         "float32", "--dtype", help="weights dtype: the trainer's model.dtype (float32, bfloat16, float16)"
     ),
-    tokenizer: Optional[str] = typer.Option(
+    tokenizer: str | None = typer.Option(
         None, "--tokenizer", help="tokenizer folder or id (its EOS ids end completions); default the model's"
     ),
-    max_model_len: Optional[int] = typer.Option(
+    max_model_len: int | None = typer.Option(
         None, "--max-model-len", min=1, help="longest prompt + completion; default the model's context"
     ),
     max_num_seqs: int = typer.Option(
@@ -236,7 +246,8 @@ def serve(
     ),
     threads: int = typer.Option(0, "--threads", min=0, help=THREADS_HELP),
 ):
-    """A vLLM rollout server (its own process) that `grpokit train ... rollout.engine=vllm rollout.vllm_mode=server` samples from (docs/rollout.md)."""
+    """A vLLM rollout server (its own process) that `grpokit train ... rollout.engine=vllm
+    rollout.vllm_mode=server` samples from (docs/rollout.md)."""
     from grpokit.policy import DTYPES
 
     if dtype not in DTYPES:
@@ -270,14 +281,13 @@ def doctor(run_dir: Path = typer.Argument(..., help="a run's output_dir (or its 
 @app.command()
 def show(
     run_dir: Path = typer.Argument(..., help="a run's output_dir"),
-    step: Optional[int] = typer.Option(
-        None, "--step", help="the recorded step to show; default the last one"
-    ),
-    worst: Optional[int] = typer.Option(
+    step: int | None = typer.Option(None, "--step", help="the recorded step to show; default the last one"),
+    worst: int | None = typer.Option(
         None, "--worst", min=1, help="only the K completions with the lowest reward"
     ),
 ):
-    """Print a step's recorded completions (completions.parquet) with each function's reward, the advantage and the length."""
+    """Print a step's recorded completions (completions.parquet) with each function's reward, the advantage
+    and the length."""
     from grpokit.records.table import RunFolderError, print_table
 
     try:
@@ -289,11 +299,12 @@ def show(
 @app.command()
 def report(
     run_dir: Path = typer.Argument(..., help="a run's output_dir"),
-    out: Optional[Path] = typer.Option(
+    out: Path | None = typer.Option(
         None, "--out", help="the HTML file to write; default RUN_DIR/report.html"
     ),
 ):
-    """Write one self-contained HTML page of a run: plots, held-out accuracy, the doctor's findings, sample completions."""
+    """Write one self-contained HTML page of a run: plots, held-out accuracy, the doctor's findings, sample
+    completions."""
     from grpokit.records.report import write_html_report
     from grpokit.records.table import RunFolderError
 

@@ -13,8 +13,9 @@ from __future__ import annotations
 import difflib
 import math
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Literal, TypeVar, overload
+from typing import Any, Literal, TypeVar, overload
 
 import yaml
 from pydantic import (
@@ -39,8 +40,9 @@ class Section(BaseModel):
 
 
 class LoraConfig(Section):
-    """`model.lora`: train LoRA adapters (peft) instead of every weight; pi_ref is the base model with the adapter
-    off, so no second copy of the weights is held (docs/lora.md). Needs `pip install grpokit[lora]`."""
+    """`model.lora`: train LoRA adapters (peft) instead of every weight; pi_ref is the base model with the
+    adapter off, so no second copy of the weights is held (docs/lora.md). Needs `pip install
+    grpokit[lora]`."""
 
     r: int = Field(8, ge=1)
     """Rank of each adapter's A (r x in) and B (out x r) matrices."""
@@ -49,9 +51,11 @@ class LoraConfig(Section):
     dropout: float = Field(0.0, ge=0, lt=1)
     """Dropout on the adapters' input in training passes (0: pi_theta and pi_old see the same network)."""
     target_modules: list[str] | Literal["all-linear"] = "all-linear"
-    """Module names (suffixes, e.g. [q_proj, v_proj]) that get adapters; all-linear = every Linear but the LM head."""
+    """Module names (suffixes, e.g. [q_proj, v_proj]) that get adapters; all-linear = every Linear but the LM
+    head."""
     merge_on_save: bool = False
-    """Also write final/merged/: the base weights with the adapter merged in, a plain model for from_pretrained."""
+    """Also write final/merged/: the base weights with the adapter merged in, a plain model for
+    from_pretrained."""
 
 
 class ModelConfig(Section):
@@ -62,9 +66,9 @@ class ModelConfig(Section):
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Weights dtype of the trained policy (the reference copy uses the same)."""
     autocast: Literal["none", "bfloat16"] = "none"
-    """Mixed precision: every forward of the policy and pi_ref (rollout, log-probs, training) under torch.autocast
-    in this dtype, so matmuls run in bf16 while the weights, their gradients and AdamW's state stay in model.dtype
-    (fp32 master weights, as HF Trainer's bf16=True). Use with dtype=float32."""
+    """Mixed precision: every forward of the policy and pi_ref (rollout, log-probs, training) under
+    torch.autocast in this dtype, so matmuls run in bf16 while the weights, their gradients and AdamW's state
+    stay in model.dtype (fp32 master weights, as HF Trainer's bf16=True). Use with dtype=float32."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass: less memory, ~30% more compute."""
     attn_implementation: str | None = None
@@ -72,12 +76,15 @@ class ModelConfig(Section):
     trust_remote_code: bool = False
     """Allow model code from the hub folder (only for models you trust)."""
     disable_dropout: bool = True
-    """Set every dropout probability to 0, so pi_theta, pi_old and pi_ref see the same network (as verl / OpenRLHF)."""
+    """Set every dropout probability to 0, so pi_theta, pi_old and pi_ref see the same network (as verl /
+    OpenRLHF)."""
     compile: bool = False
-    """torch.compile the log-prob passes (training forward/backward, pi_ref and pi_old) and the fast engine's forward.
-    Costs a compile at the first steps and a recompile for each new batch shape (docs/performance.md)."""
+    """torch.compile the log-prob passes (training forward/backward, pi_ref and pi_old) and the fast engine's
+    forward. Costs a compile at the first steps and a recompile for each new batch shape
+    (docs/performance.md)."""
     lora: LoraConfig | None = None
-    """LoRA adapters (peft) on the policy: {r, alpha, dropout, target_modules, merge_on_save}; None = full fine-tune."""
+    """LoRA adapters (peft) on the policy: {r, alpha, dropout, target_modules, merge_on_save}; None = full
+    fine-tune."""
 
 
 class DataConfig(Section):
@@ -88,7 +95,8 @@ class DataConfig(Section):
     task_train_size: int = Field(20000, ge=1)
     """Rows generated for a built-in task's train split."""
     eval_path: str | None = None
-    """Held-out prompts for evaluation; None = hold out `eval_size` rows of the train data (or the task's test split)."""
+    """Held-out prompts for evaluation; None = hold out `eval_size` rows of the train data (or the task's test
+    split)."""
     eval_size: int = Field(0, ge=0)
     """Held-out rows for evaluation (0 = no held-out evaluation unless eval_path or a task is given)."""
     prompt_column: str = "prompt"
@@ -96,7 +104,8 @@ class DataConfig(Section):
     max_prompt_length: int = Field(512, ge=1)
     """Prompts longer than this many tokens are an error or are truncated (see overlong_prompts)."""
     overlong_prompts: Literal["error", "truncate"] = "error"
-    """What to do with a prompt longer than max_prompt_length: stop naming the file line, or keep its tail and count it."""
+    """What to do with a prompt longer than max_prompt_length: stop naming the file line, or keep its tail and
+    count it."""
     system_prompt: str | None = None
     """Prepended to every prompt (as a system message for chat prompts)."""
     shuffle: bool = True
@@ -105,7 +114,8 @@ class DataConfig(Section):
 
 class RolloutConfig(Section):
     engine: Literal["hf", "fast", "vllm"] = "hf"
-    """Generation engine for rollouts: hf (transformers generate), fast (built-in KV-cache engine, CPU / small GPUs) or vllm (vLLM in this process, or a `grpokit serve` process: vllm_mode; docs/rollout.md)."""
+    """Generation engine for rollouts: hf (transformers generate), fast (built-in KV-cache engine, CPU / small
+    GPUs) or vllm (vLLM in this process, or a `grpokit serve` process: vllm_mode; docs/rollout.md)."""
     num_generations: int = Field(8, ge=2)
     """G: completions sampled per prompt; the group its advantages are relative to (DeepSeekMath §4.1.2)."""
     prompts_per_step: int = Field(8, ge=1)
@@ -121,64 +131,77 @@ class RolloutConfig(Section):
     generation_batch_size: int = Field(0, ge=0)
     """Max sequences per generate call; 0 = the whole rollout batch at once."""
     max_turns: int = Field(4, ge=1)
-    """With tools (the `tools` section): model turns per episode at most; a tool call in the last turn is not run
-    (docs/agentic.md). max_completion_length bounds the whole episode, tool results included."""
+    """With tools (the `tools` section): model turns per episode at most; a tool call in the last turn is not
+    run (docs/agentic.md). max_completion_length bounds the whole episode, tool results included."""
     importance_correction: Literal[
         "none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"
     ] = "none"
-    """Truncated importance sampling against the sampler-trainer mismatch (TRL 1.16's vllm_importance_sampling_mode): each token's loss times rho = pi_old / pi_sampler, per token or per sequence, clamped to (truncate) or zeroed outside (mask) [importance_c_min, importance_c_max]. Needs an engine that returns log-probs (fast, vllm); docs/rollout.md."""
+    """Truncated importance sampling against the sampler-trainer mismatch (TRL 1.16's
+    vllm_importance_sampling_mode): each token's loss times rho = pi_old / pi_sampler, per token or per
+    sequence, clamped to (truncate) or zeroed outside (mask) [importance_c_min, importance_c_max]. Needs an
+    engine that returns log-probs (fast, vllm); docs/rollout.md."""
     importance_c_min: float | None = Field(None, ge=0)
     """C_min of importance_correction (TRL's vllm_importance_sampling_clip_min); None = no lower bound."""
     importance_c_max: float | None = Field(3.0, gt=0)
     """C_max of importance_correction (TRL's vllm_importance_sampling_clip_max); None = no upper bound."""
     max_policy_lag: int = Field(0, ge=0)
-    """Asynchronous rollouts: k > 0 generates the batch of step b + k with the weights of step b while step b trains,
-    in a background thread (samples exactly k versions old once the run is k steps in). pi_old is then the sampler's
-    log-probs, or with importance_correction the trainer's own with that correction (decoupled PPO); 0 = the
-    synchronous loop. Needs an engine that returns log-probs (fast, vllm); docs/rollout.md."""
+    """Asynchronous rollouts: k > 0 generates the batch of step b + k with the weights of step b while step b
+    trains, in a background thread (samples exactly k versions old once the run is k steps in). pi_old is then
+    the sampler's log-probs, or with importance_correction the trainer's own with that correction (decoupled
+    PPO); 0 = the synchronous loop. Needs an engine that returns log-probs (fast, vllm); docs/rollout.md."""
     async_sampler: Literal["thread", "process"] = "thread"
-    """With max_policy_lag > 0: where the fast engine samples. thread: a thread of the trainer's process (overlaps
-    training when ops are large: GPUs, real models); process: a CPU process of its own (grpokit/rollout/process.py),
-    which a small model on a CPU needs to overlap at all (Python's GIL). vllm overlaps with vllm_mode=server."""
+    """With max_policy_lag > 0: where the fast engine samples. thread: a thread of the trainer's process
+    (overlaps training when ops are large: GPUs, real models); process: a CPU process of its own
+    (grpokit/rollout/process.py), which a small model on a CPU needs to overlap at all (Python's GIL). vllm
+    overlaps with vllm_mode=server."""
     vllm_kv_cache_mb: int = Field(0, ge=0)
-    """rollout.engine=vllm on CPU: MiB of KV cache; 0 = room for the rollout batch at the model's context length (at least 256)."""
+    """rollout.engine=vllm on CPU: MiB of KV cache; 0 = room for the rollout batch at the model's context
+    length (at least 256)."""
     vllm_gpu_memory_utilization: float = Field(0.3, gt=0, le=1)
-    """rollout.engine=vllm on GPU: the fraction of GPU memory vLLM takes (weights and KV cache); the rest is the trainer's."""
+    """rollout.engine=vllm on GPU: the fraction of GPU memory vLLM takes (weights and KV cache); the rest is
+    the trainer's."""
     vllm_mode: Literal["colocate", "server"] = "colocate"
-    """rollout.engine=vllm: colocate (vLLM in the trainer's process) or server (a `grpokit serve` process at vllm_server_url, on this machine; weights reach it through /dev/shm). TRL's vllm_mode; docs/rollout.md."""
+    """rollout.engine=vllm: colocate (vLLM in the trainer's process) or server (a `grpokit serve` process at
+    vllm_server_url, on this machine; weights reach it through /dev/shm). TRL's vllm_mode; docs/rollout.md."""
     vllm_server_url: str = "http://127.0.0.1:8000"
     """vllm_mode=server: the URL `grpokit serve` prints (TRL's vllm_server_base_url)."""
     vllm_server_timeout: float = Field(240.0, gt=0)
-    """vllm_mode=server: seconds to wait for the server to come up at the start, and for each reply (a generate of the whole rollout batch included). TRL's vllm_server_timeout."""
+    """vllm_mode=server: seconds to wait for the server to come up at the start, and for each reply (a
+    generate of the whole rollout batch included). TRL's vllm_server_timeout."""
 
     @model_validator(mode="after")
-    def _check_importance_correction(self) -> "RolloutConfig":
+    def _check_importance_correction(self) -> RolloutConfig:
         lo, hi = self.importance_c_min, self.importance_c_max
         if lo is not None and hi is not None and not lo < hi:
             raise ValueError(f"rollout.importance_c_min={lo} must be below rollout.importance_c_max={hi}")
         if self.vllm_mode == "server" and self.engine != "vllm":
             raise ValueError(
-                f"rollout.vllm_mode=server samples from a vLLM server; set rollout.engine=vllm (it is {self.engine}) or drop vllm_mode"
+                "rollout.vllm_mode=server samples from a vLLM server; set rollout.engine=vllm (it is "
+                f"{self.engine}) or drop vllm_mode"
             )
         if not re.fullmatch(r"https?://[^/\s]+/?", self.vllm_server_url):
             raise ValueError(
-                f"rollout.vllm_server_url={self.vllm_server_url!r} must be http://HOST:PORT, as `grpokit serve` prints it"
+                f"rollout.vllm_server_url={self.vllm_server_url!r} must be http://HOST:PORT, as `grpokit "
+                "serve` prints it"
             )
         if self.importance_correction != "none" and self.engine == "hf":
             raise ValueError(
-                f"rollout.importance_correction={self.importance_correction} needs the sampler's log-probs, which "
-                "rollout.engine=hf does not return; use rollout.engine=fast or vllm, or importance_correction=none"
+                f"rollout.importance_correction={self.importance_correction} needs the sampler's log-probs, "
+                "which rollout.engine=hf does not return; use rollout.engine=fast or vllm, or "
+                "importance_correction=none"
             )
         if self.async_sampler == "process" and (self.engine != "fast" or not self.max_policy_lag):
             raise ValueError(
-                f"rollout.async_sampler=process runs the fast engine in a process of its own for asynchronous rollouts; "
-                f"set rollout.engine=fast (it is {self.engine}) and rollout.max_policy_lag >= 1 (it is {self.max_policy_lag}), "
-                "or async_sampler=thread (vllm: vllm_mode=server is its own process)"
+                "rollout.async_sampler=process runs the fast engine in a process of its own for "
+                f"asynchronous rollouts; set rollout.engine=fast (it is {self.engine}) and "
+                f"rollout.max_policy_lag >= 1 (it is {self.max_policy_lag}), or async_sampler=thread (vllm: "
+                "vllm_mode=server is its own process)"
             )
         if self.max_policy_lag and self.engine == "hf":
             raise ValueError(
-                f"rollout.max_policy_lag={self.max_policy_lag} needs the sampler's log-probs (pi_old of samples from "
-                "older weights), which rollout.engine=hf does not return; use rollout.engine=fast or vllm, or max_policy_lag=0"
+                f"rollout.max_policy_lag={self.max_policy_lag} needs the sampler's log-probs (pi_old of "
+                "samples from older weights), which rollout.engine=hf does not return; use "
+                "rollout.engine=fast or vllm, or max_policy_lag=0"
             )
         return self
 
@@ -201,9 +224,13 @@ class AlgorithmConfig(Section):
     importance_sampling_level: Literal["token", "sequence"] = "token"
     """Ratio level: token (GRPO) or sequence (GSPO)."""
     scale_rewards: Literal["group", "batch", "batch_centered", "none"] = "group"
-    """Advantage scale: group std (DeepSeekMath), batch std of the rewards (TRL), batch_centered (REINFORCE++-baseline: mean and std of the group-centered values over the batch), or none (Dr. GRPO). Step rewards (a reward function returning StepScores) switch the advantages to DeepSeekMath §4.1.3 process supervision, which needs group (docs/algorithm.md)."""
+    """Advantage scale: group std (DeepSeekMath), batch std of the rewards (TRL), batch_centered
+    (REINFORCE++-baseline: mean and std of the group-centered values over the batch), or none (Dr. GRPO). Step
+    rewards (a reward function returning StepScores) switch the advantages to DeepSeekMath §4.1.3 process
+    supervision, which needs group (docs/algorithm.md)."""
     advantage_estimator: Literal["grpo", "rloo", "gae"] = "grpo"
-    """Baseline: group mean (grpo), leave-one-out mean (rloo), or a learned critic with GAE (gae: the PPO baseline)."""
+    """Baseline: group mean (grpo), leave-one-out mean (rloo), or a learned critic with GAE (gae: the PPO
+    baseline)."""
     std_eps: float = Field(1e-6, gt=0)
     """delta in (r - mean) / (std + delta), guarding a group whose rewards are all equal."""
     num_iterations: int = Field(1, ge=1)
@@ -211,19 +238,24 @@ class AlgorithmConfig(Section):
     mask_truncated_completions: bool = False
     """DAPO overlong filtering: truncated completions get no loss."""
     overlong_buffer_frac: float = Field(0.0, ge=0, lt=1)
-    """DAPO soft overlong punishment (eq. 13): the last this fraction of max_completion_length is penalized linearly; 0 = off."""
+    """DAPO soft overlong punishment (eq. 13): the last this fraction of max_completion_length is penalized
+    linearly; 0 = off."""
     dynamic_sampling: bool = False
-    """DAPO dynamic sampling: drop groups whose rewards are all equal, draw more prompts until the batch is full."""
+    """DAPO dynamic sampling: drop groups whose rewards are all equal, draw more prompts until the batch is
+    full."""
     max_sampling_rounds: int = Field(4, ge=1)
-    """Cap on generation rounds per step with dynamic sampling; a batch still short is topped up with dropped groups."""
+    """Cap on generation rounds per step with dynamic sampling; a batch still short is topped up with dropped
+    groups."""
     ref_policy: Literal["frozen", "reset", "none"] = "frozen"
-    """pi_ref: the frozen initial policy, reset to the current one every ref_reset_every steps (DeepSeekMath 4.1.4), or none (needs beta = 0)."""
+    """pi_ref: the frozen initial policy, reset to the current one every ref_reset_every steps (DeepSeekMath
+    4.1.4), or none (needs beta = 0)."""
     ref_reset_every: int = Field(0, ge=0)
     """With ref_policy=reset: copy the current policy into pi_ref every this many steps."""
 
 
 class PPOConfig(Section):
-    """Settings of the PPO baseline (`grpokit/critic.py`, algorithm.advantage_estimator=gae); unused by GRPO."""
+    """Settings of the PPO baseline (`grpokit/critic.py`, algorithm.advantage_estimator=gae); unused by
+    GRPO."""
 
     gamma: float = Field(1.0, ge=0, le=1)
     """Discount over completion tokens (1.0: the usual choice for LLM RL)."""
@@ -264,8 +296,9 @@ class OptimConfig(Section):
     """Sequences per forward/backward (gradient accumulation); 0 = a whole minibatch at once."""
     group_by_length: bool = True
     """Micro-batches (of training and of the pi_old / pi_ref passes) of rows with similar completion lengths,
-    longest first, so a long-tailed batch does not pad every row to its longest (HF Trainer's group_by_length).
-    Same gradient up to the order of float sums; matters only when micro_batch_size splits a minibatch."""
+    longest first, so a long-tailed batch does not pad every row to its longest (HF Trainer's
+    group_by_length). Same gradient up to the order of float sums; matters only when micro_batch_size splits a
+    minibatch."""
     max_consecutive_skips: int = Field(10, ge=1)
     """Stop after this many optimizer steps in a row were skipped for a non-finite loss or gradient."""
 
@@ -295,20 +328,25 @@ class LoggingConfig(Section):
     sample_every: int = Field(10, ge=0)
     """Print and save a few sample completions every this many steps (0 = never)."""
     num_samples: int = Field(3, ge=0)
-    """How many prompts to record at a sample step: all G completions of each (samples.jsonl, completions.parquet); the first of each is printed."""
+    """How many prompts to record at a sample step: all G completions of each (samples.jsonl,
+    completions.parquet); the first of each is printed."""
     tensorboard: bool | None = None
     """TensorBoard event files; None = when tensorboard is installed."""
     wandb: bool = False
     """Log to Weights & Biases (pip install grpokit[wandb])."""
     mlflow: bool = False
-    """Log to MLflow (pip install grpokit[mlflow]); the store is MLFLOW_TRACKING_URI's, else MLflow's default."""
+    """Log to MLflow (pip install grpokit[mlflow]); the store is MLFLOW_TRACKING_URI's, else MLflow's
+    default."""
     trackio: bool = False
-    """Log to trackio (pip install grpokit[trackio]); local, in TRACKIO_DIR (default ~/.cache/huggingface/trackio)."""
+    """Log to trackio (pip install grpokit[trackio]); local, in TRACKIO_DIR (default
+    ~/.cache/huggingface/trackio)."""
     project: str | None = None
-    """W&B project, MLflow experiment and trackio project; None = WANDB_PROJECT / MLFLOW_EXPERIMENT_NAME when set, else grpokit."""
+    """W&B project, MLflow experiment and trackio project; None = WANDB_PROJECT / MLFLOW_EXPERIMENT_NAME when
+    set, else grpokit."""
 
     def trackers(self) -> dict[str, Any]:
-        """The MetricLogger keyword arguments that choose the trackers: MetricLogger(out, **cfg.logging.trackers())."""
+        """The MetricLogger keyword arguments that choose the trackers: MetricLogger(out,
+        **cfg.logging.trackers())."""
         return {
             "tensorboard": self.tensorboard,
             "wandb": self.wandb,
@@ -331,33 +369,39 @@ class CheckpointConfig(Section):
 
 
 class DistributedConfig(Section):
-    """Several processes under torchrun (grpokit/distributed.py, docs/scaling.md); one process ignores this section."""
+    """Several processes under torchrun (grpokit/distributed.py, docs/scaling.md); one process ignores this
+    section."""
 
     strategy: Literal["fsdp2", "ddp", "none"] = "fsdp2"
-    """With WORLD_SIZE > 1: fsdp2 (torch.distributed.fsdp.fully_shard on each decoder layer, then the root: parameters,
-    gradients and AdamW state sharded over the ranks) or ddp (a full replica per rank, gradients all-reduced); none
-    is for one process only."""
+    """With WORLD_SIZE > 1: fsdp2 (torch.distributed.fsdp.fully_shard on each decoder layer, then the root:
+    parameters, gradients and AdamW state sharded over the ranks) or ddp (a full replica per rank, gradients
+    all-reduced); none is for one process only."""
     mixed_precision: Literal["none", "bf16"] = "none"
-    """fsdp2 only: bf16 parameters and compute, fp32 gradient reduction and fp32 sharded master weights and AdamW state
-    (FSDP2's MixedPrecisionPolicy), for the policy and pi_ref. For one process or ddp use model.autocast=bfloat16."""
+    """fsdp2 only: bf16 parameters and compute, fp32 gradient reduction and fp32 sharded master weights and
+    AdamW state (FSDP2's MixedPrecisionPolicy), for the policy and pi_ref. For one process or ddp use
+    model.autocast=bfloat16."""
 
 
 class ToolsConfig(Section):
-    """Multi-turn rollouts with tool calls (grpokit/rollout/episodes.py, docs/agentic.md); off while no tool is set."""
+    """Multi-turn rollouts with tool calls (grpokit/rollout/episodes.py, docs/agentic.md); off while no tool
+    is set."""
 
     builtin: list[Literal["calculator", "python"]] = Field(default_factory=list)
     """Built-in tools: calculator (exact arithmetic) and python (runs in the code_tests sandbox)."""
     functions: list[str | Callable[..., Any]] = Field(default_factory=list)
-    """More tools, TRL's `tools=`: functions with type hints and Google-style docstrings, as package.module:function,
-    path/to/file.py:function, or (from Python) the callables."""
+    """More tools, TRL's `tools=`: functions with type hints and Google-style docstrings, as
+    package.module:function, path/to/file.py:function, or (from Python) the callables."""
     environment: str | Callable[..., Any] | None = None
-    """TRL's `environment_factory`: a class (or factory) whose public methods are tools, with reset(**row) and an
-    optional get_reward() (then a reward named after the class); package.module:Class, path/to/file.py:Class or the class."""
+    """TRL's `environment_factory`: a class (or factory) whose public methods are tools, with reset(**row) and
+    an optional get_reward() (then a reward named after the class); package.module:Class,
+    path/to/file.py:Class or the class."""
     format: Literal["plain", "chat_template"] = "plain"
-    """How calls and results are written: plain (<tool>name(args)</tool> and <result>...</result>, for tiny and base
-    models) or chat_template (the tokenizer's chat template: <tool_call>{json}</tool_call> and tool messages)."""
+    """How calls and results are written: plain (<tool>name(args)</tool> and <result>...</result>, for tiny
+    and base models) or chat_template (the tokenizer's chat template: <tool_call>{json}</tool_call> and tool
+    messages)."""
     timeout: float = Field(10.0, gt=0)
-    """Seconds one tool call may take; past it the model reads an error (rollout/tools/timeouts counts them)."""
+    """Seconds one tool call may take; past it the model reads an error (rollout/tools/timeouts counts
+    them)."""
     max_result_chars: int = Field(1000, ge=1)
     """A tool result longer than this many characters is cut."""
     max_workers: int = Field(4, ge=1)
@@ -380,7 +424,8 @@ ON_TIMEOUT_CHOICES = ("skip", "skip_group", "raise")
 
 
 def check_on_timeout(value: Any) -> str | float | None:
-    """A valid reward_on_timeout / on_timeout value (None = unset), or the error that lists the allowed ones."""
+    """A valid reward_on_timeout / on_timeout value (None = unset), or the error that lists the allowed
+    ones."""
     if value is None or (isinstance(value, str) and value in ON_TIMEOUT_CHOICES):
         return value
     if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
@@ -397,11 +442,12 @@ class RewardSpec(Section):
     where the function may come first: RewardSpec("math"), RewardSpec(my_fn, weight=0.5)."""
 
     function: str | Callable[..., Any] | None = None
-    """Built-in name (math, format, overlong, length, code_tests; countdown, countdown_steps from the built-in tasks), package.module:function, path/to/file.py:function, or (from Python) the callable itself."""
+    """Built-in name (math, format, overlong, length, code_tests; countdown, countdown_steps from the built-in
+    tasks), package.module:function, path/to/file.py:function, or (from Python) the callable itself."""
     model: str | None = None
-    """Instead of `function`: a reward model, a Hugging Face id or folder of an AutoModelForSequenceClassification with one
-    label; it scores (prompt, completion) through its own chat template when it has one (grpokit/rewards/model.py).
-    Its kwargs: batch_size, max_length, device."""
+    """Instead of `function`: a reward model, a Hugging Face id or folder of an
+    AutoModelForSequenceClassification with one label; it scores (prompt, completion) through its own chat
+    template when it has one (grpokit/rewards/model.py). Its kwargs: batch_size, max_length, device."""
     weight: float = 1.0
     """Weight in the total reward."""
     kwargs: dict[str, Any] = Field(default_factory=dict)
@@ -411,8 +457,8 @@ class RewardSpec(Section):
     timeout: float | None = Field(None, ge=0)
     """Seconds one call of this function may take; default the config's reward_timeout; 0 = no limit."""
     on_timeout: str | float | None = None
-    """What a call of this function that times out scores: skip, skip_group, raise or a number (reward_on_timeout);
-    default the config's reward_on_timeout."""
+    """What a call of this function that times out scores: skip, skip_group, raise or a number
+    (reward_on_timeout); default the config's reward_on_timeout."""
 
     def __init__(self, function: Any = None, weight: Any = None, /, **data: Any) -> None:
         for key, value in (("function", function), ("weight", weight)):
@@ -424,8 +470,8 @@ class RewardSpec(Section):
 
     @model_serializer(mode="wrap")
     def _without_default_timeout(self, handler: Any) -> dict[str, Any]:
-        # Unset, `timeout`, `on_timeout` and `model` (and `function` of a reward model) are left out: a checkpoint saved before
-        # they existed still matches on resume.
+        # Unset, `timeout`, `on_timeout` and `model` (and `function` of a reward model) are left out: a
+        # checkpoint saved before they existed still matches on resume.
         data: dict[str, Any] = handler(self)
         for key in ("timeout", "on_timeout", "model", "function"):
             if data.get(key) is None:
@@ -433,11 +479,12 @@ class RewardSpec(Section):
         return data
 
     @model_validator(mode="after")
-    def _function_or_model(self) -> "RewardSpec":
+    def _function_or_model(self) -> RewardSpec:
         if (self.function is None) == (self.model is None):
             both = "both" if self.function is not None else "neither"
             raise ValueError(
-                f"a reward needs exactly one of `function` (a reward function) and `model` (a reward model); this one has {both}"
+                "a reward needs exactly one of `function` (a reward function) and `model` (a reward model); "
+                f"this one has {both}"
             )
         return self
 
@@ -497,26 +544,43 @@ class Config(Section):
     tools: ToolsConfig = Field(default_factory=ToolsConfig)
     """Tools the model may call in multi-turn episodes (agentic RL); off while no tool is set."""
     rewards: list[RewardSpec] = Field(default_factory=list)
-    """Reward functions, summed with their weights: each {function, weight, kwargs, name, timeout, on_timeout} (RewardSpec)."""
+    """Reward functions, summed with their weights: each {function, weight, kwargs, name, timeout, on_timeout}
+    (RewardSpec)."""
     reward_errors: Literal["skip", "raise"] = "skip"
-    """A reward function that raises, times out (unless reward_on_timeout says otherwise) or returns bad values: skip (the samples get no reward from it, counted in reward/errors/<fn>) or raise."""
+    """A reward function that raises, times out (unless reward_on_timeout says otherwise) or returns bad
+    values: skip (the samples get no reward from it, counted in reward/errors/<fn>) or raise."""
     reward_timeout: float = Field(300.0, ge=0)
-    """Seconds one call of a reward function (one rollout batch) may take; 0 = no limit; a reward's `timeout` overrides it. A call that runs longer is scored as reward_on_timeout says (counted in reward/timeouts/<fn>). A sync function's call is left running in a background thread (Python cannot stop one), and the function is skipped until the call returns; an `async def` function's is cancelled. Functions that need the main thread (signal.alarm: the built-in math, math-verify's timeouts) run there, without this limit."""
+    """Seconds one call of a reward function (one rollout batch) may take; 0 = no limit; a reward's `timeout`
+    overrides it. A call that runs longer is scored as reward_on_timeout says (counted in
+    reward/timeouts/<fn>). A sync function's call is left running in a background thread (Python cannot stop
+    one), and the function is skipped until the call returns; an `async def` function's is cancelled.
+    Functions that need the main thread (signal.alarm: the built-in math, math-verify's timeouts) run there,
+    without this limit."""
     reward_on_timeout: str | float | None = None
-    """What a reward call that times out scores (a reward's own `on_timeout` overrides it): skip (its samples get no reward from that function), skip_group (the same, and every group of the call, which is the whole rollout batch, is dropped from the loss: its advantages are 0, reward/skipped_frac), raise (stop the run with an error), or a number (the score each of its samples gets from that function). Unset: as reward_errors says (skip or raise). The call's samples are counted in reward/errors/<fn> whatever the choice."""
+    """What a reward call that times out scores (a reward's own `on_timeout` overrides it): skip (its samples
+    get no reward from that function), skip_group (the same, and every group of the call, which is the whole
+    rollout batch, is dropped from the loss: its advantages are 0, reward/skipped_frac), raise (stop the run
+    with an error), or a number (the score each of its samples gets from that function). Unset: as
+    reward_errors says (skip or raise). The call's samples are counted in reward/errors/<fn> whatever the
+    choice."""
     reward_slow_warning: float = Field(60.0, ge=0)
-    """A reward call slower than this many seconds logs a warning with the function's name and time; 0 = never."""
+    """A reward call slower than this many seconds logs a warning with the function's name and time; 0 =
+    never."""
     reward_error_fraction: float = Field(0.5, ge=0, le=1)
-    """A step where one reward function fails (raises, times out, returns bad values) on more than this fraction of the completions logs a warning and is a bad step (stop_after_bad_steps); 1 = never."""
+    """A step where one reward function fails (raises, times out, returns bad values) on more than this
+    fraction of the completions logs a warning and is a bad step (stop_after_bad_steps); 1 = never."""
     stop_after_bad_steps: int = Field(20, ge=0)
-    """Stop the run after this many bad steps in a row: a reward function over reward_error_fraction, or no learning signal (every group's G rewards equal, so every advantage is 0); 0 = never stop (the warnings stay)."""
+    """Stop the run after this many bad steps in a row: a reward function over reward_error_fraction, or no
+    learning signal (every group's G rewards equal, so every advantage is 0); 0 = never stop (the warnings
+    stay)."""
 
     @model_validator(mode="after")
-    def _check_batch_shapes(self) -> "Config":
+    def _check_batch_shapes(self) -> Config:
         alg = self.algorithm
         if alg.ref_policy == "none" and alg.beta > 0:
             raise ValueError(
-                f"algorithm.ref_policy=none needs algorithm.beta=0 (got beta={alg.beta}): the KL term needs pi_ref"
+                f"algorithm.ref_policy=none needs algorithm.beta=0 (got beta={alg.beta}): the KL term needs "
+                "pi_ref"
             )
         if alg.ref_policy == "reset" and not alg.ref_reset_every:
             raise ValueError(
@@ -533,8 +597,9 @@ class Config(Section):
                     "set algorithm.epsilon_high >= algorithm.epsilon or leave it unset (= epsilon)",
                 )
             raise ValueError(
-                f"algorithm.epsilon_high={alg.epsilon_high}{source} is below algorithm.epsilon={alg.epsilon}: "
-                f"clip-higher (DAPO) raises the upper clip bound above the lower one; {fix}"
+                f"algorithm.epsilon_high={alg.epsilon_high}{source} is below "
+                f"algorithm.epsilon={alg.epsilon}: clip-higher (DAPO) raises the upper clip bound above the "
+                f"lower one; {fix}"
             )
         n = self.rollout.prompts_per_step * self.rollout.num_generations
         if n % self.optim.num_minibatches:
@@ -555,7 +620,7 @@ class Config(Section):
         return check_on_timeout(value)
 
     @model_validator(mode="after")
-    def _check_skip_group(self) -> "Config":
+    def _check_skip_group(self) -> Config:
         keys = [
             k
             for k, v in [("reward_on_timeout", self.reward_on_timeout)]
@@ -564,13 +629,14 @@ class Config(Section):
         ]
         if keys and self.algorithm.advantage_estimator == "gae":
             raise ValueError(
-                f"{keys[0]}=skip_group drops a prompt's group of completions from the loss, which needs a group "
-                "baseline (algorithm.advantage_estimator grpo or rloo, not gae); use skip, raise or a number"
+                f"{keys[0]}=skip_group drops a prompt's group of completions from the loss, which needs a "
+                "group baseline (algorithm.advantage_estimator grpo or rloo, not gae); use skip, raise or a "
+                "number"
             )
         return self
 
     @model_validator(mode="after")
-    def _check_lora(self) -> "Config":
+    def _check_lora(self) -> Config:
         if self.model.lora is None:
             return self
         refused = {
@@ -584,7 +650,8 @@ class Config(Section):
         if bad := [k for k, v in refused.items() if v]:
             raise ValueError(
                 f"model.lora does not work with {bad[0]} yet; drop model.lora or change that key "
-                "(LoRA runs with ref_policy frozen or none, the grpo / rloo estimators, rollout.engine hf or fast)"
+                "(LoRA runs with ref_policy frozen or none, the grpo / rloo estimators, rollout.engine hf or "
+                "fast)"
             )
         return self
 
@@ -655,10 +722,11 @@ class SFTConfig(Section):
     """Metrics and experiment trackers (the same section as in training)."""
 
     @model_validator(mode="after")
-    def _no_lora(self) -> "SFTConfig":
+    def _no_lora(self) -> SFTConfig:
         if self.model.lora is not None:
             raise ValueError(
-                "model.lora is for `grpokit train`; `grpokit sft` trains every weight: drop model.lora from the SFT config"
+                "model.lora is for `grpokit train`; `grpokit sft` trains every weight: drop model.lora from "
+                "the SFT config"
             )
         return self
 
@@ -712,7 +780,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         scale_rewards="group",
         advantage_estimator="grpo",
     ),
-    # RLOO (2402.14740): leave-one-out baseline, no std scaling, REINFORCE-style token sum (constant normalizer).
+    # RLOO (2402.14740): leave-one-out baseline, no std scaling, REINFORCE-style token sum (constant
+    # normalizer).
     "rloo": dict(
         beta=0.0,
         advantage_estimator="rloo",
@@ -833,7 +902,8 @@ def load_config(
     base: dict[str, Any] | None = None,
     schema: type[BaseModel] | None = None,
 ) -> BaseModel:
-    """YAML file (optional) + dotted overrides -> validated Config (or `schema`, e.g. SFTConfig), or ConfigError with one line."""
+    """YAML file (optional) + dotted overrides -> validated Config (or `schema`, e.g. SFTConfig), or
+    ConfigError with one line."""
     schema = schema or Config
     tree: dict[str, Any] = dict(base or {})
     if path is not None:

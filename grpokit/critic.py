@@ -102,7 +102,8 @@ class Critic:
             name="critic",
             subject="value ",
             fix="lower ppo.critic_learning_rate or check the rewards for NaN/inf",
-            fused=False,  # torch's per-tensor AdamW, as the critic has always had: the PPO numbers in docs/ppo.md
+            # torch's per-tensor AdamW, as the critic has always had: the PPO numbers in docs/ppo.md
+            fused=False,
         )
 
     @property
@@ -137,7 +138,8 @@ class Critic:
         ref_logp: Tensor | None,
     ) -> tuple[Tensor, ValueTargets, dict[str, float]]:
         """Whitened GAE advantages [N, T], the critic's targets, and the critic's metrics.
-        rewards: [N] sequence scores; old_logp / ref_logp: [N, T], needed when the KL is shaped into the reward."""
+        rewards: [N] sequence scores; old_logp / ref_logp: [N, T], needed when the KL is shaped into the
+        reward."""
         t = time.perf_counter()
         mask = tokens.completion_mask  # [N, T] every sampled token is a step of the episode
         values = self.values(tokens)  # [N, T]

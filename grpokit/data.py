@@ -1,6 +1,7 @@
 """The data stage (config section `data`): load rows, render and tokenize prompts, sample prompts per step.
 
-    data = build_datasets(cfg.data, tokenizer, seed=cfg.seed)   # train / eval / sft / demo: rows -> split -> datasets
+    data = build_datasets(cfg.data, tokenizer, seed=cfg.seed)   # train / eval / sft / demo: rows -> split ->
+                                                                # datasets
     rows = load_rows("train.jsonl")                      # .jsonl .json .parquet .csv, or a datasets folder
     rows, where = load_located_rows("train.jsonl")       # ... and where each row is: "train.jsonl line 57"
     train, held_out = split_rows(rows, eval_size=100, seed=0)
@@ -28,9 +29,10 @@ import logging
 import math
 import os
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -64,7 +66,8 @@ def load_located_rows(path: str | os.PathLike) -> tuple[list[dict[str, Any]], li
     p = Path(path).expanduser()
     if not p.exists():
         raise DataError(
-            f"dataset not found: {str(path)!r} (resolved to {p.resolve()}); check data.train_path / data.eval_path"
+            f"dataset not found: {str(path)!r} (resolved to {p.resolve()}); check data.train_path / "
+            "data.eval_path"
         )
     if p.is_dir():
         rows, where = _read_datasets_folder(p)
@@ -169,9 +172,10 @@ def _read_csv(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
             continue
         if len(record) > len(names):
             raise DataError(
-                f"{path.name}: line {line} has more fields than the header {names}; quote fields that contain commas"
+                f"{path.name}: line {line} has more fields than the header {names}; quote fields that "
+                "contain commas"
             )
-        cells.append(dict(zip(names, record + [None] * (len(names) - len(record)))))
+        cells.append(dict(zip(names, record + [None] * (len(names) - len(record)), strict=True)))
         where.append(f"{path.name} line {line}")
     columns = {name: _infer_csv_column([row[name] for row in cells]) for name in names}
     return [{name: columns[name][i] for name in names} for i in range(len(cells))], where
@@ -364,22 +368,24 @@ class PromptDataset:
         if len(where) != len(rows):
             raise ValueError(f"where has {len(where)} labels for {len(rows)} rows")
         prompts: list[Any] = [row.get(prompt_column) for row in rows]  # Prompts once _render accepts them
-        texts = [self._render(w, p, tokenizer, system_prompt) for w, p in zip(where, prompts)]
+        texts = [self._render(w, p, tokenizer, system_prompt) for w, p in zip(where, prompts, strict=True)]
         ids = self._tokenize(texts, prompts, tokenizer)
 
         lengths = [len(x) for x in ids]
         if min(lengths) == 0:
             i = lengths.index(0)
             raise DataError(
-                f"{where[i]}: prompt {_short_repr(prompts[i])} renders to zero tokens; remove the row or fill in its prompt"
+                f"{where[i]}: prompt {_short_repr(prompts[i])} renders to zero tokens; remove the row or "
+                "fill in its prompt"
             )
         overlong_rows = [i for i, n in enumerate(lengths) if n > max_prompt_length]
         if overlong_rows and overlong == "error":
             i, more = overlong_rows[0], len(overlong_rows) - 1
             others = f" ({more} more rows are too)" if more else ""
             raise DataError(
-                f"{where[i]}: prompt is {lengths[i]} tokens, longer than data.max_prompt_length={max_prompt_length}{others}; "
-                "raise data.max_prompt_length or set data.overlong_prompts=truncate"
+                f"{where[i]}: prompt is {lengths[i]} tokens, longer than "
+                f"data.max_prompt_length={max_prompt_length}{others}; raise data.max_prompt_length or set "
+                "data.overlong_prompts=truncate"
             )
         for i in overlong_rows:
             ids[i] = ids[i][-max_prompt_length:]
@@ -387,8 +393,8 @@ class PromptDataset:
         self.num_truncated = len(overlong_rows)
         if overlong_rows:
             logger.warning(
-                "%d of %d prompts are longer than data.max_prompt_length=%d tokens; kept the last %d tokens of each "
-                "(data.overlong_prompts=truncate)",
+                "%d of %d prompts are longer than data.max_prompt_length=%d tokens; kept the last %d tokens "
+                "of each (data.overlong_prompts=truncate)",
                 len(overlong_rows),
                 len(ids),
                 max_prompt_length,
@@ -405,7 +411,8 @@ class PromptDataset:
     def _render(where: str, prompt: Any, tokenizer: Any, system_prompt: str | None) -> str:
         if not isinstance(prompt, str) and not _is_messages(prompt):
             raise DataError(
-                f"{where}: prompt {_short_repr(prompt)} ({type(prompt).__name__}) is not a string or a list of "
+                f"{where}: prompt {_short_repr(prompt)} ({type(prompt).__name__}) is not a string or a list "
+                "of "
                 '{"role", "content"} messages; fix that row or point data.prompt_column at the prompt column'
             )
         if _is_blank(prompt):  # it would train on the system prompt or BOS alone, silently
@@ -433,7 +440,7 @@ class PromptDataset:
             idx = [i for i, p in enumerate(prompts) if isinstance(p, str) == is_str]
             if idx:
                 enc = tokenizer([texts[i] for i in idx], add_special_tokens=is_str)["input_ids"]
-                for i, e in zip(idx, enc):
+                for i, e in zip(idx, enc, strict=True):
                     ids[i] = list(e)
         return ids
 
@@ -529,9 +536,10 @@ def check_context_length(data: Datasets, model_config: Any, max_completion_lengt
     T = max_completion_length
     if longest + T > limit:
         raise ConfigError(
-            f"the longest prompt ({longest} tokens) + rollout.max_completion_length={T} is {longest + T} tokens, "
-            f"more than the model's max_position_embeddings={limit}; lower rollout.max_completion_length to "
-            f"{max(limit - longest, 0)} or shorten the prompts (data.max_prompt_length, data.overlong_prompts=truncate)"
+            f"the longest prompt ({longest} tokens) + rollout.max_completion_length={T} is {longest + T} "
+            f"tokens, more than the model's max_position_embeddings={limit}; lower "
+            f"rollout.max_completion_length to {max(limit - longest, 0)} or shorten the prompts "
+            "(data.max_prompt_length, data.overlong_prompts=truncate)"
         )
 
 
@@ -555,8 +563,8 @@ class PromptSampler:
             raise DataError(f"rollout.prompts_per_step={prompts_per_step} must be >= 1")
         if prompts_per_step > num_rows:
             raise DataError(
-                f"rollout.prompts_per_step={prompts_per_step} is more than the {num_rows} rows in the dataset; "
-                "lower rollout.prompts_per_step or add rows"
+                f"rollout.prompts_per_step={prompts_per_step} is more than the {num_rows} rows in the "
+                "dataset; lower rollout.prompts_per_step or add rows"
             )
         self.num_rows = num_rows
         self.prompts_per_step = prompts_per_step

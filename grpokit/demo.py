@@ -170,7 +170,8 @@ def run_demo(out: Path, *, quick: bool = False, seed: int = 0, overrides: list[s
     tok.save_pretrained(out / "sft")
     sft_time = time.perf_counter() - t
     console.print(
-        f"[bold]2/3[/] SFT on {len(pairs)} solved problems: loss {stats.get('final_loss', float('nan')):.3f}, {sft_time:.0f}s"
+        f"[bold]2/3[/] SFT on {len(pairs)} solved problems: loss "
+        f"{stats.get('final_loss', float('nan')):.3f}, {sft_time:.0f}s"
     )
 
     cfg = load_config(
@@ -185,7 +186,8 @@ def run_demo(out: Path, *, quick: bool = False, seed: int = 0, overrides: list[s
         ],
     )
     console.print(
-        f"[bold]3/3[/] GRPO: {cfg.optim.max_steps} steps of {cfg.rollout.prompts_per_step} prompts x G={cfg.rollout.num_generations}"
+        f"[bold]3/3[/] GRPO: {cfg.optim.max_steps} steps of {cfg.rollout.prompts_per_step} prompts x "
+        f"G={cfg.rollout.num_generations}"
     )
     t = time.perf_counter()
     Trainer(cfg).train()
@@ -199,8 +201,9 @@ def run_demo(out: Path, *, quick: bool = False, seed: int = 0, overrides: list[s
     total = time.perf_counter() - t_start
     notes = (
         f"Model: tiny Llama, {n_params / 1e6:.2f}M parameters. SFT: {len(pairs)} problems, {sft_time:.0f}s. "
-        f"GRPO: {cfg.optim.max_steps} steps, {grpo_time:.0f}s. Total {total:.0f}s on {torch.get_num_threads()} threads.\n\n"
-        f"Reproduce: `grpokit demo{' --quick' if quick else ''} --seed {seed}`"
+        f"GRPO: {cfg.optim.max_steps} steps, {grpo_time:.0f}s. Total {total:.0f}s on "
+        f"{torch.get_num_threads()} threads.\n\nReproduce: `grpokit demo{' --quick' if quick else ''} --seed "
+        f"{seed}`"
     )
     report = write_report(
         out, title="grpokit demo: GRPO on countdown", summary_rows=rows, plots=plots, notes=notes
@@ -212,7 +215,8 @@ def run_demo(out: Path, *, quick: bool = False, seed: int = 0, overrides: list[s
         notes=notes.replace("`", ""),
     )
     console.print(
-        f"outputs in {out}: {page.name} (open it in a browser), {report.name}, plots, grpo/metrics.jsonl, final model grpo/final ({total:.0f}s)"
+        f"outputs in {out}: {page.name} (open it in a browser), {report.name}, plots, grpo/metrics.jsonl, "
+        f"final model grpo/final ({total:.0f}s)"
     )
     return {
         "before": before,

@@ -2,17 +2,19 @@
 
     grpokit demo --task tools                 # SFT warm start, GRPO with the calculator tool, before / after
     grpokit demo --task tools --quick         # a smoke test with the same outputs
-    grpokit demo --task tools --process-only  # the same GRPO paid by the process rewards alone: are they gamed?
+    grpokit demo --task tools --process-only  # the same GRPO paid by the process rewards alone: are they
+                                              # gamed?
 
 1. a character tokenizer and a tiny Llama (grpokit/tasks/tiny_model.py);
 2. SFT on 3-digit multiplications (grpokit/tasks/multiply.py) whose references call `calculator` in half of
    the problems (`<tool>calculator(482*917)</tool><result>441994</result>441994`) and answer directly in the
    other half (which a tiny model cannot compute);
-3. GRPO with multi-turn episodes (rollout.max_turns, tool results masked out of the loss), paid by task success
-   plus the process rewards `tool_result_used` (the answer is a verified tool result) and `step_cost` (a price
-   per call, on the call's tokens); --process-only drops the task reward and adds `tool_args_valid`;
-4. held-out task success with tools before and after (greedy episodes, `eval/pass@1`, judged by the task reward
-   alone, independent of the process rewards), with the valid-call rate and calls per episode of those episodes.
+3. GRPO with multi-turn episodes (rollout.max_turns, tool results masked out of the loss), paid by task
+   success plus the process rewards `tool_result_used` (the answer is a verified tool result) and `step_cost`
+   (a price per call, on the call's tokens); --process-only drops the task reward and adds `tool_args_valid`;
+4. held-out task success with tools before and after (greedy episodes, `eval/pass@1`, judged by the task
+   reward alone, independent of the process rewards), with the valid-call rate and calls per episode of those
+   episodes.
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ PROCESS_REWARDS = [
     "{function: tool_result_used, weight: 0.2}",
     "{function: step_cost, weight: 1.0, kwargs: {cost: 0.05}}",
 ]
-#: --process-only: those and a well-formed call (0.2 per call, on the call's tokens), the task reward's weight 0
+#: --process-only: those and a well-formed call (0.2 per call, on the call's tokens), the task reward's weight
+#: 0
 PROCESS_ONLY_REWARDS = ["{function: tool_args_valid, weight: 0.2}", *PROCESS_REWARDS]
 COMMON = [
     "data.task=multiply",
@@ -52,8 +55,8 @@ COMMON = [
     "eval.reward=multiply",
     "eval.k=1",
 ]
-# The "test" model (~0.2M parameters) learns to copy the tool's result in ~900 SFT steps (held-out success ~0.6 after
-# SFT, greedy); the 1.8M "demo" model needs longer than the 15-minute budget allows on 2 cores.
+# The "test" model (~0.2M parameters) learns to copy the tool's result in ~900 SFT steps (held-out success
+# ~0.6 after SFT, greedy); the 1.8M "demo" model needs longer than the 15-minute budget allows on 2 cores.
 FULL: DemoSettings = {
     "model_size": "test",
     "sft": dict(rows=8000, steps=900, batch_size=32, lr=3e-3),
@@ -181,7 +184,8 @@ def run_tools_demo(
     what = "process rewards only (task reward weight 0)" if process_only else "task success + process rewards"
     console.print(
         f"[bold]3/3[/] GRPO with the calculator, {what}: {cfg.optim.max_steps} steps of "
-        f"{cfg.rollout.prompts_per_step} prompts x G={cfg.rollout.num_generations}, up to {cfg.rollout.max_turns} turns"
+        f"{cfg.rollout.prompts_per_step} prompts x G={cfg.rollout.num_generations}, up to "
+        f"{cfg.rollout.max_turns} turns"
     )
     t = time.perf_counter()
     Trainer(cfg).train()
@@ -196,8 +200,8 @@ def run_tools_demo(
     flags = (" --quick" if quick else "") + (" --process-only" if process_only else "")
     notes = (
         f"Model: tiny Llama, {n_params / 1e6:.2f}M parameters. SFT: {len(pairs)} problems, {sft_time:.0f}s. "
-        f"GRPO ({what}): {cfg.optim.max_steps} steps, {grpo_time:.0f}s. Total {total:.0f}s on {torch.get_num_threads()} "
-        f"threads.\n\nReproduce: `grpokit demo --task tools{flags} --seed {seed}`"
+        f"GRPO ({what}): {cfg.optim.max_steps} steps, {grpo_time:.0f}s. Total {total:.0f}s on "
+        f"{torch.get_num_threads()} threads.\n\nReproduce: `grpokit demo --task tools{flags} --seed {seed}`"
     )
     write_report(
         out, title="grpokit demo: agentic GRPO with a calculator", summary_rows=rows, plots=plots, notes=notes

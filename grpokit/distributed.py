@@ -1,12 +1,18 @@
-"""torch.distributed for grpokit: launch from torchrun, FSDP2 or DDP, and the whole-batch reductions the math needs.
+"""torch.distributed for grpokit: launch from torchrun, FSDP2 or DDP, and the whole-batch reductions the math
+needs.
 
-    torchrun --nproc_per_node 2 -m grpokit train config.yaml           # one node, two processes (docs/scaling.md)
+    torchrun --nproc_per_node 2 -m grpokit train config.yaml   # one node, two processes (docs/scaling.md)
 
-    world = World.from_env(cfg)                # RANK / WORLD_SIZE / LOCAL_RANK from torchrun; unset or 1: one process
-    model, train_fn, rollout_model = world.wrap(model)    # FSDP2 fully_shard per decoder layer then the root, or DDP
-    rows = world.share(sampler.next())         # this rank's contiguous share of the step's prompts: whole groups
-    n_seq, n_tok = world.sum(len(idx), tokens) # all_reduce SUM: the normalizers of the global minibatch's loss
-    world.backward(loss)                       # DDP / FSDP2 average gradients over ranks; the loss is scaled by W
+    # RANK / WORLD_SIZE / LOCAL_RANK from torchrun; unset or 1: one process
+    world = World.from_env(cfg)
+    # FSDP2 fully_shard per decoder layer then the root, or DDP
+    model, train_fn, rollout_model = world.wrap(model)
+    # this rank's contiguous share of the step's prompts: whole groups
+    rows = world.share(sampler.next())
+    # all_reduce SUM: the normalizers of the global minibatch's loss
+    n_seq, n_tok = world.sum(len(idx), tokens)
+    # DDP / FSDP2 average gradients over ranks; the loss is scaled by W
+    world.backward(loss)
     world.teardown()
 
 Every rank rolls out and scores whole groups of its share of the prompts, so a group never straddles
@@ -25,8 +31,9 @@ from __future__ import annotations
 
 import copy
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.distributed as dist
@@ -67,25 +74,27 @@ def check_config(cfg: Config, world_size: int) -> None:
         raise ConfigError(f"distributed.strategy=none is for one process; {where} use fsdp2 or ddp")
     if cfg.distributed.mixed_precision != "none" and cfg.distributed.strategy != "fsdp2":
         raise ConfigError(
-            f"distributed.mixed_precision={cfg.distributed.mixed_precision} is FSDP2's MixedPrecisionPolicy; with "
-            f"distributed.strategy={cfg.distributed.strategy} use model.autocast=bfloat16 instead"
+            f"distributed.mixed_precision={cfg.distributed.mixed_precision} is FSDP2's MixedPrecisionPolicy; "
+            f"with distributed.strategy={cfg.distributed.strategy} use model.autocast=bfloat16 instead"
         )
     B, M = cfg.rollout.prompts_per_step, cfg.optim.num_minibatches
     if B % world_size:
         raise ConfigError(
-            f"rollout.prompts_per_step={B} is not a multiple of the world size {world_size}: every rank rolls out "
-            f"an equal share of whole groups; use a multiple of {world_size} (the global batch stays prompts_per_step x G)"
+            f"rollout.prompts_per_step={B} is not a multiple of the world size {world_size}: every rank "
+            f"rolls out an equal share of whole groups; use a multiple of {world_size} (the global batch "
+            "stays prompts_per_step x G)"
         )
     if cfg.minibatch_size % world_size:
         raise ConfigError(
-            f"the minibatch of {cfg.minibatch_size} completions (rollout batch / optim.num_minibatches={M}) does not "
-            f"split into {world_size} equal shares {where}; change optim.num_minibatches or rollout.prompts_per_step"
+            f"the minibatch of {cfg.minibatch_size} completions (rollout batch / optim.num_minibatches={M}) "
+            f"does not split into {world_size} equal shares {where}; change optim.num_minibatches or "
+            "rollout.prompts_per_step"
         )
     share = cfg.minibatch_size // world_size
     if cfg.optim.micro_batch_size and share % cfg.optim.micro_batch_size:
         raise ConfigError(
-            f"optim.micro_batch_size={cfg.optim.micro_batch_size} must divide each rank's share of a minibatch, {share} "
-            f"completions {where}"
+            f"optim.micro_batch_size={cfg.optim.micro_batch_size} must divide each rank's share of a "
+            f"minibatch, {share} completions {where}"
         )
     for what, on in (
         ("algorithm.advantage_estimator=gae (the PPO critic)", cfg.algorithm.advantage_estimator == "gae"),
@@ -97,8 +106,8 @@ def check_config(cfg: Config, world_size: int) -> None:
 
 
 def is_sharded(model) -> bool:
-    """An FSDP2 module: its parameters are shards and every forward all-gathers them, so every rank must run the
-    same sequence of forwards (grpokit/policy.py then takes the one-forward path)."""
+    """An FSDP2 module: its parameters are shards and every forward all-gathers them, so every rank must run
+    the same sequence of forwards (grpokit/policy.py then takes the one-forward path)."""
     if not dist.is_available():
         return False
     from torch.distributed.fsdp import FSDPModule
@@ -107,19 +116,20 @@ def is_sharded(model) -> bool:
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The transformer blocks, each an FSDP2 unit: the classes transformers marks as never split across devices
-    (`_no_split_modules`, e.g. LlamaDecoderLayer; what accelerate's FSDP auto-wrap uses too)."""
+    """The transformer blocks, each an FSDP2 unit: the classes transformers marks as never split across
+    devices (`_no_split_modules`, e.g. LlamaDecoderLayer; what accelerate's FSDP auto-wrap uses too)."""
     names = set(getattr(model, "_no_split_modules", None) or ())
     return [m for m in model.modules() if type(m).__name__ in names and m is not model]
 
 
 class _Silent:
-    """What a rank other than 0 gets instead of a logger, a progress bar or a lock: every call does nothing."""
+    """What a rank other than 0 gets instead of a logger, a progress bar or a lock: every call does
+    nothing."""
 
     def __getattr__(self, name: str) -> Callable[..., None]:
         return lambda *args, **kwargs: None
 
-    def __enter__(self) -> "_Silent":
+    def __enter__(self) -> _Silent:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -152,9 +162,9 @@ class World:
         self._ref: torch.nn.Module | None = None  # pi_ref (FSDP2: sharded as the policy is)
 
     @classmethod
-    def from_env(cls, cfg: Config) -> "World":
-        """The world torchrun describes (RANK, WORLD_SIZE, LOCAL_RANK; MASTER_ADDR / MASTER_PORT are read when the
-        process group starts, in wrap). WORLD_SIZE unset or 1: one process, no process group."""
+    def from_env(cls, cfg: Config) -> World:
+        """The world torchrun describes (RANK, WORLD_SIZE, LOCAL_RANK; MASTER_ADDR / MASTER_PORT are read when
+        the process group starts, in wrap). WORLD_SIZE unset or 1: one process, no process group."""
         size = int(os.environ.get("WORLD_SIZE") or 1)
         if size <= 1:
             return cls()
@@ -179,12 +189,13 @@ class World:
         rollout engine generates and evaluates with). One process: the model three times.
 
         The process group starts here, its backend following the policy's device: nccl on CUDA, gloo on CPU.
-        fsdp2: fully_shard on each decoder layer, then on the root (torchtitan's recipe), in place, with FSDP2's
-        MixedPrecisionPolicy under distributed.mixed_precision=bf16; pi_ref (`ref`, frozen) is sharded the same way
-        in place, so it costs 1/W of its weights per rank. The engine gets an unsharded copy of the policy,
-        refreshed by full_model() after each update, so that generation and rank 0's evaluation run no collective
-        whatever their lengths (it costs one full copy of the weights per rank).
-        ddp: the replica itself generates; only the training forward goes through DDP; pi_ref is a whole copy."""
+        fsdp2: fully_shard on each decoder layer, then on the root (torchtitan's recipe), in place, with
+        FSDP2's MixedPrecisionPolicy under distributed.mixed_precision=bf16; pi_ref (`ref`, frozen) is sharded
+        the same way in place, so it costs 1/W of its weights per rank. The engine gets an unsharded copy of
+        the policy, refreshed by full_model() after each update, so that generation and rank 0's evaluation
+        run no collective whatever their lengths (it costs one full copy of the weights per rank).
+        ddp: the replica itself generates; only the training forward goes through DDP; pi_ref is a whole
+        copy."""
         self._model, self._ref = model, ref
         if self.size == 1:
             return model, model, model
@@ -198,7 +209,8 @@ class World:
         if self.strategy == "ddp":
             from torch.nn.parallel import DistributedDataParallel
 
-            # forward_sync_buffers=False: the buffers are constants (RoPE frequencies), and no-grad passes need no collective
+            # forward_sync_buffers=False: the buffers are constants (RoPE frequencies), and no-grad passes
+            # need no collective
             return model, DistributedDataParallel(model, forward_sync_buffers=False), model
         self._full = copy.deepcopy(model)
         for module in (model, ref) if ref is not None else (model,):
@@ -206,8 +218,9 @@ class World:
         return model, model, self._full
 
     def _shard(self, model: torch.nn.Module) -> None:
-        """FSDP2 in place: each decoder layer a unit, then the root; bf16 all-gathers and compute, fp32 reductions
-        under distributed.mixed_precision=bf16 (the sharded parameters stay in their dtype: the master weights)."""
+        """FSDP2 in place: each decoder layer a unit, then the root; bf16 all-gathers and compute, fp32
+        reductions under distributed.mixed_precision=bf16 (the sharded parameters stay in their dtype: the
+        master weights)."""
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -225,7 +238,8 @@ class World:
         fully_shard(model, mesh=mesh, mp_policy=root_mp)
 
     def reset_reference(self) -> None:
-        """pi_ref <- pi_theta (algorithm.ref_policy=reset). FSDP2: shard by shard (the same layout), no all-gather."""
+        """pi_ref <- pi_theta (algorithm.ref_policy=reset). FSDP2: shard by shard (the same layout), no
+        all-gather."""
         model, ref = self._model, self._ref
         assert model is not None and ref is not None  # wrap(model, ref) came first
         with torch.no_grad():
@@ -233,15 +247,15 @@ class World:
                 ref.load_state_dict(model.state_dict())
                 return
             for module in (ref, model):  # sharded in place by _shard
-                cast(
-                    "FSDPModule", module
-                ).reshard()  # a no-grad forward leaves the root's parameters unsharded (plain tensors) until the next one
+                # a no-grad forward leaves the root's parameters unsharded (plain tensors) until the next
+                cast("FSDPModule", module).reshard()
             for r, p in zip(ref.parameters(), model.parameters(), strict=True):
                 r.copy_(p)
 
     def full_model(self) -> torch.nn.Module:
-        """The policy with whole weights, current: what the engine syncs to, rank 0 saves, pi_ref resets to. FSDP2:
-        the unsharded copy, refreshed from the shards (an all-gather per parameter; every rank calls this)."""
+        """The policy with whole weights, current: what the engine syncs to, rank 0 saves, pi_ref resets to.
+        FSDP2: the unsharded copy, refreshed from the shards (an all-gather per parameter; every rank calls
+        this)."""
         model = self._model
         assert model is not None  # wrap() came first
         if self._full is None:
@@ -260,15 +274,16 @@ class World:
 
     # ------------------------------------------------------------------ data
     def share(self, items: list) -> list:
-        """This rank's contiguous share of the step's global prompts (rank r: the r-th of W equal parts), so the
-        global batch, rank after rank, is what one process samples."""
+        """This rank's contiguous share of the step's global prompts (rank r: the r-th of W equal parts), so
+        the global batch, rank after rank, is what one process samples."""
         n = len(items) // self.size
         return items[self.rank * n : (self.rank + 1) * n]
 
     def minibatches(self, num_rows: int, num_minibatches: int) -> list[Tensor]:
-        """This rank's rows of each minibatch of a pass. One minibatch: the rank's own rows, unshuffled. Several: a
-        permutation of all num_rows rows of gather_batch (rank 0's draw, as one process draws it), each minibatch
-        cut into W equal shares, rank r taking the r-th; so the minibatches are those of one process."""
+        """This rank's rows of each minibatch of a pass. One minibatch: the rank's own rows, unshuffled.
+        Several: a permutation of all num_rows rows of gather_batch (rank 0's draw, as one process draws it),
+        each minibatch cut into W equal shares, rank r taking the r-th; so the minibatches are those of one
+        process."""
         if num_minibatches == 1:
             return [torch.arange(num_rows)]
         order = torch.randperm(num_rows)
@@ -296,11 +311,12 @@ class World:
         if self.size > 1:
             t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=self.device)
             dist.all_reduce(t)
-            values = tuple(type(v)(x) for v, x in zip(values, t.tolist()))
+            values = tuple(type(v)(x) for v, x in zip(values, t.tolist(), strict=True))
         return values[0] if len(values) == 1 else values
 
     def all(self, flag: bool) -> bool:
-        """True when `flag` holds on every rank: a decision all ranks must take together (they run the same collectives)."""
+        """True when `flag` holds on every rank: a decision all ranks must take together (they run the same
+        collectives)."""
         if self.size == 1:
             return bool(flag)
         t = torch.tensor([int(bool(flag))], device=self.device)
@@ -308,11 +324,13 @@ class World:
         return bool(t.item())
 
     def all_finite(self, loss: Tensor) -> bool:
-        """The loss is finite on every rank: otherwise every rank skips the backward (and the optimizer step) together."""
+        """The loss is finite on every rank: otherwise every rank skips the backward (and the optimizer step)
+        together."""
         return self.all(bool(torch.isfinite(loss)))
 
     def all_rows(self, x: Tensor) -> Tensor:
-        """[W * n, ...] every rank's [n, ...] rows (n the same on every rank), in rank order: the global batch's order."""
+        """[W * n, ...] every rank's [n, ...] rows (n the same on every rank), in rank order: the global
+        batch's order."""
         if self.size == 1:
             return x
         parts = [torch.empty_like(x, device=self.device) for _ in range(self.size)]
@@ -324,9 +342,9 @@ class World:
         return x.chunk(self.size)[self.rank]
 
     def cat_rows(self, *args: Any) -> tuple[Any, ...]:
-        """Per-row data of every rank concatenated in rank order: tensors [n, ...] (a second dimension right-padded
-        with zeros to the widest) and lists; anything else (a group size) as it is. For metrics, whose whole-batch
-        statistics (a std, a min) have no per-rank reduction. One all_gather_object."""
+        """Per-row data of every rank concatenated in rank order: tensors [n, ...] (a second dimension
+        right-padded with zeros to the widest) and lists; anything else (a group size) as it is. For metrics,
+        whose whole-batch statistics (a std, a min) have no per-rank reduction. One all_gather_object."""
         if self.size == 1:
             return args
         everyone = self.gather(args)
@@ -349,8 +367,9 @@ class World:
         )
 
     def reduce_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
-        """The run's metrics from every rank's: metrics.RANK_REDUCTIONS for per-rank times and counts, the mean for
-        the rest, which are whole-batch values already (the same everywhere) or one rank's (eval/ on rank 0)."""
+        """The run's metrics from every rank's: metrics.RANK_REDUCTIONS for per-rank times and counts, the
+        mean for the rest, which are whole-batch values already (the same everywhere) or one rank's (eval/ on
+        rank 0)."""
         if self.size == 1:
             return metrics
         everyone = self.gather(metrics)
@@ -359,18 +378,20 @@ class World:
 
     # ------------------------------------------------------------------ rank 0's duties, the end
     def on_main(self, make: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """make(*args, **kwargs) on rank 0 (files, the progress bar, the run lock); a do-nothing stand-in elsewhere."""
+        """make(*args, **kwargs) on rank 0 (files, the progress bar, the run lock); a do-nothing stand-in
+        elsewhere."""
         return make(*args, **kwargs) if self.is_main else _Silent()
 
     def stop_signals(self) -> StopSignals:
-        """SIGTERM / SIGINT finish the step, save and stop (checkpoint.StopSignals), on every rank: torchrun passes a
-        signal it gets on to every rank and waits 30 s for them (then SIGKILL); the loop stops when any rank got one
-        (World.signal_received), so that all ranks take part in the save."""
+        """SIGTERM / SIGINT finish the step, save and stop (checkpoint.StopSignals), on every rank: torchrun
+        passes a signal it gets on to every rank and waits 30 s for them (then SIGKILL); the loop stops when
+        any rank got one (World.signal_received), so that all ranks take part in the save."""
         return StopSignals()
 
     def signal_received(self, received: str | None) -> str | None:
-        """The stop signal some rank received (StopSignals.received: "SIGTERM", ...), on every rank alike, or None:
-        the loop's decision to save and stop, taken by all ranks together. One all_reduce; a gather when one came."""
+        """The stop signal some rank received (StopSignals.received: "SIGTERM", ...), on every rank alike, or
+        None: the loop's decision to save and stop, taken by all ranks together. One all_reduce; a gather when
+        one came."""
         if self.size == 1 or self.all(received is None):
             return received
         return next(name for name in self.gather(received) if name is not None)
@@ -379,9 +400,10 @@ class World:
     def save_checkpoint(
         self, out: Path, step: int, model, adamw, tokenizer, state: dict, keep_last: int
     ) -> Path:
-        """One process: checkpoint.save_checkpoint (model.safetensors + the trainer state). Several: every rank writes
-        its shards of the weights and AdamW's moments with torch.distributed.checkpoint (checkpoint_sharded.py); rank
-        0's `state` without the moments (state["optimizer"], per-rank DTensors) goes next to them."""
+        """One process: checkpoint.save_checkpoint (model.safetensors + the trainer state). Several: every
+        rank writes its shards of the weights and AdamW's moments with torch.distributed.checkpoint
+        (checkpoint_sharded.py); rank 0's `state` without the moments (state["optimizer"], per-rank DTensors)
+        goes next to them."""
         if self.size == 1:
             return save_checkpoint(out, step, model, tokenizer, state, keep_last)
         rest = {
@@ -400,10 +422,11 @@ class World:
         )
 
     def load_checkpoint(self, path: Path, state: dict, *, model, adamw, seed: int) -> None:
-        """A checkpoint into this world: weights, AdamW's moments, generators, and pi_ref when the checkpoint holds
-        one (ref_policy=reset). Written by ranks (torch.distributed.checkpoint): at any world size, one process
-        included. Written by one process (model.safetensors, the rest in `state`): as it is, or at several ranks
-        every rank reads the whole tensors and keeps its part (StateDictOptions(full_state_dict=True))."""
+        """A checkpoint into this world: weights, AdamW's moments, generators, and pi_ref when the checkpoint
+        holds one (ref_policy=reset). Written by ranks (torch.distributed.checkpoint): at any world size, one
+        process included. Written by one process (model.safetensors, the rest in `state`): as it is, or at
+        several ranks every rank reads the whole tensors and keeps its part
+        (StateDictOptions(full_state_dict=True))."""
         if is_sharded_checkpoint(path):
             load_sharded(path, model, adamw, rank=self.rank, seed=seed, step=state["step"], ref=self._ref)
         elif self.size == 1:
@@ -413,9 +436,10 @@ class World:
             self._load_whole(path, state, model, adamw, seed)
 
     def _load_whole(self, path: Path, state: dict, model, adamw, seed: int) -> None:
-        """A one-process checkpoint at several ranks. Its moments are keyed by the optimizer's parameter order,
-        which is the model's named_parameters (optim.Optimizer), and are set here by name; state["optimizer"] and
-        state["ref_model"] are consumed, so that the trainer's own loading skips them."""
+        """A one-process checkpoint at several ranks. Its moments are keyed by the optimizer's parameter
+        order, which is the model's named_parameters (optim.Optimizer), and are set here by name;
+        state["optimizer"] and state["ref_model"] are consumed, so that the trainer's own loading skips
+        them."""
         from safetensors.torch import load_file
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
@@ -435,8 +459,8 @@ class World:
         ]  # a tied head is saved once, as the embedding
         if missing:
             raise CheckpointError(
-                f"checkpoint {str(path)!r} does not hold {missing[:3]} of this model; resume it with one process, "
-                "with the model it was trained from"
+                f"checkpoint {str(path)!r} does not hold {missing[:3]} of this model; resume it with one "
+                "process, with the model it was trained from"
             )
         set_model_state_dict(model, weights, options=lenient)
         names = [n for n, p in model.named_parameters() if p.requires_grad]
@@ -492,10 +516,12 @@ def _cat_packed(parts: list[PackedBatch], pad_id: int) -> PackedBatch:
 
 
 def cat_batches(parts: list[RolloutBatch], pad_id: int) -> RolloutBatch:
-    """Rollout batches as one, in order (every rank's: the global batch). PPO's value targets are not carried."""
-    opt = lambda name: (
-        _cat([getattr(p, name) for p in parts]) if getattr(parts[0], name) is not None else None
-    )  # noqa: E731
+    """Rollout batches as one, in order (every rank's: the global batch). PPO's value targets are not
+    carried."""
+
+    def opt(name):
+        return _cat([getattr(p, name) for p in parts]) if getattr(parts[0], name) is not None else None
+
     return RolloutBatch(
         _cat_packed([p.tokens for p in parts], pad_id),
         _cat([p.loss_mask for p in parts]),

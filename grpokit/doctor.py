@@ -22,14 +22,14 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Literal, NamedTuple, Sequence
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
 from grpokit.metrics import (
-    ADVANTAGE_ABS_MEAN,
     ADVANTAGE_MEAN,
     EVAL_PASS_AT_1,
     METRICS_FILE,
@@ -310,8 +310,8 @@ def check_reward_none(run: Run) -> list[Finding]:
             "reward_none",
             "error",
             none_frac.span(st.first, st.last),
-            f"reward/none_frac median {_percent(float(np.median(st.smoothed)))}: no reward function returned a value "
-            f"for most completions, so their reward is 0 by convention and carries no information",
+            f"reward/none_frac median {_percent(float(np.median(st.smoothed)))}: no reward function returned "
+            "a value for most completions, so their reward is 0 by convention and carries no information",
             "check that the dataset columns match the reward functions' arguments (e.g. `answer`) and "
             "that each function recognizes this task's completions; run them on a few samples by hand",
         )
@@ -350,12 +350,14 @@ def check_reward_errors(run: Run) -> list[Finding]:
             "reward_errors",
             "error" if len(flagged) > ERROR_FRAC_ERROR_STEPS * len(error_frac) else "warning",
             error_frac.span(int(flagged[0]), int(flagged[-1])),
-            f"at {len(flagged)} of {len(error_frac)} logged steps a reward function failed (raised, timed out or returned "
-            f"bad values) on more than {_percent(limit)} of the completions: {names or 'reward/error_frac'}{slow}; "
-            "those completions got 0 from it in the total, not a score",
-            "read the function's first error in the training log (logger grpokit.rewards, once, with its traceback) and run "
-            f"it by hand on completions from samples.jsonl; one that times out: make it faster or raise reward_timeout"
-            f"{run.current('reward_timeout')} (or its own `timeout`); reward_errors=raise stops at the first failure",
+            f"at {len(flagged)} of {len(error_frac)} logged steps a reward function failed (raised, timed "
+            f"out or returned bad values) on more than {_percent(limit)} of the completions: "
+            f"{names or 'reward/error_frac'}{slow}; those completions got 0 from it in the total, "
+            "not a score",
+            "read the function's first error in the training log (logger grpokit.rewards, once, with its "
+            "traceback) and run it by hand on completions from samples.jsonl; one that times out: make it "
+            f"faster or raise reward_timeout{run.current('reward_timeout')} (or its own `timeout`); "
+            "reward_errors=raise stops at the first failure",
         )
     ]
 
@@ -373,12 +375,14 @@ def check_no_signal(run: Run) -> list[Finding]:
             "no_signal",
             "error",
             (steps[first], steps[last]),
-            f"no learning signal at {_how_many(first, last, len(steps))}: in every group all G completions got the same "
-            "reward (reward/zero_std_frac = 1), so every advantage was 0 and the policy had no gradient",
+            f"no learning signal at {_how_many(first, last, len(steps))}: in every group all G completions "
+            "got the same reward (reward/zero_std_frac = 1), so every advantage was 0 and the policy had no "
+            "gradient",
             f"raise rollout.temperature{run.current('rollout.temperature')} or rollout.num_generations"
-            f"{run.current('rollout.num_generations')}; train on prompts the policy solves sometimes, not always or never "
-            "(an SFT warm start, easier data); give the reward partial credit; algorithm.dynamic_sampling=true draws other "
-            f"groups; the trainer stops such a run after stop_after_bad_steps{run.current('stop_after_bad_steps')} steps in a row",
+            f"{run.current('rollout.num_generations')}; train on prompts the policy solves sometimes, not "
+            "always or never (an SFT warm start, easier data); give the reward partial credit; "
+            "algorithm.dynamic_sampling=true draws other groups; the trainer stops such a run after "
+            f"stop_after_bad_steps{run.current('stop_after_bad_steps')} steps in a row",
         )
         for first, last in true_stretches(mask, min(NO_SIGNAL_MIN_STEPS, len(steps)))
     ]
@@ -407,12 +411,13 @@ def check_reward_flat(run: Run) -> list[Finding]:
             "reward_flat",
             "warning",
             (reward.step(0), reward.step(len(reward) - 1)),
-            f"reward/mean {_rounded(block_means[0])} over the first {block} steps, {_rounded(block_means[-1])} over the last {block}; "
-            f"trend t = {_rounded(trend_t)}, best stretch {_rounded(best_rise)} above the start (noise ±{_rounded(sigma)} per step; "
-            f"a rise needs {FLAT_Z:g} standard errors = {_rounded(FLAT_Z * stderr)})",
+            f"reward/mean {_rounded(block_means[0])} over the first {block} steps, "
+            f"{_rounded(block_means[-1])} over the last {block}; trend t = {_rounded(trend_t)}, best stretch "
+            f"{_rounded(best_rise)} above the start (noise ±{_rounded(sigma)} per step; a rise needs "
+            f"{FLAT_Z:g} standard errors = {_rounded(FLAT_Z * stderr)})",
             "read samples.jsonl and score known-good completions with the reward function (is it "
-            f"ever > 0?); raise rollout.temperature{run.current('rollout.temperature')}; easier prompts or an SFT "
-            f"warm-start (`grpokit sft`) so some completions succeed; try optim.learning_rate"
+            f"ever > 0?); raise rollout.temperature{run.current('rollout.temperature')}; easier prompts or "
+            "an SFT warm-start (`grpokit sft`) so some completions succeed; try optim.learning_rate"
             f"{run.current('optim.learning_rate')} a few times larger",
         )
     ]
@@ -435,12 +440,12 @@ def check_reward_drop(run: Run) -> list[Finding]:
             "reward_drop",
             "error",
             (reward.step(peak_first), reward.step(len(reward) - 1)),
-            f"reward/mean fell from {_rounded(peak)} (mean of steps {reward.step(peak_first)}-{reward.step(peak_last)}) "
-            f"to {_rounded(last)} (last {block} steps), {_rounded(drop / stderr) if stderr > 0 else 'inf'} standard errors: "
-            "training became unstable",
-            f"lower optim.learning_rate{run.current('optim.learning_rate')}; raise algorithm.beta{run.current('algorithm.beta')}; "
-            "look at policy/kl, clip_frac, entropy and grad_norm around the peak; resume from the "
-            "checkpoint before the fall",
+            f"reward/mean fell from {_rounded(peak)} (mean of steps "
+            f"{reward.step(peak_first)}-{reward.step(peak_last)}) to {_rounded(last)} (last {block} steps), "
+            f"{_rounded(drop / stderr) if stderr > 0 else 'inf'} standard errors: training became unstable",
+            f"lower optim.learning_rate{run.current('optim.learning_rate')}; raise "
+            f"algorithm.beta{run.current('algorithm.beta')}; look at policy/kl, clip_frac, entropy and "
+            "grad_norm around the peak; resume from the checkpoint before the fall",
         )
     ]
 
@@ -455,7 +460,10 @@ def check_zero_std(run: Run) -> list[Finding]:
             f"{run.current('algorithm.max_sampling_rounds')}"
         )
     else:
-        sampling = "DAPO dynamic sampling drops such groups: algorithm.dynamic_sampling=true (or algorithm.preset=dapo)"
+        sampling = (
+            "DAPO dynamic sampling drops such groups: algorithm.dynamic_sampling=true (or "
+            "algorithm.preset=dapo)"
+        )
     out = []
     for st in _sustained(zero_std, above=ZERO_STD_MAX):
         raw = zero_std.values[st.first : st.last + 1]
@@ -465,12 +473,12 @@ def check_zero_std(run: Run) -> list[Finding]:
                 "zero_std",
                 "error" if median > ZERO_STD_ERROR else "warning",
                 zero_std.span(st.first, st.last),
-                f"reward/zero_std_frac median {_percent(median)} (max {_percent(float(raw.max()))}): that share of "
-                "groups got all-equal rewards, so advantage 0 and no policy gradient; the prompts are "
-                "too easy or too hard for the policy",
-                f"raise rollout.num_generations{run.current('rollout.num_generations')} or rollout.temperature"
-                f"{run.current('rollout.temperature')}; keep prompts of medium difficulty (filter by the current "
-                f"pass rate); {sampling}",
+                f"reward/zero_std_frac median {_percent(median)} (max {_percent(float(raw.max()))}): that "
+                "share of groups got all-equal rewards, so advantage 0 and no policy gradient; the prompts "
+                "are too easy or too hard for the policy",
+                f"raise rollout.num_generations{run.current('rollout.num_generations')} or "
+                f"rollout.temperature{run.current('rollout.temperature')}; keep prompts of medium difficulty "
+                f"(filter by the current pass rate); {sampling}",
             )
         )
     return out
@@ -485,8 +493,9 @@ def check_ratio(run: Run) -> list[Finding]:
             "ratio_mismatch",
             "warning",
             ratio.span(st.first, st.last),
-            f"policy/ratio_mean {_rounded(float(np.median(st.smoothed)))} (should stay near 1: the mean importance ratio over "
-            f"sampled tokens is 1 in expectation): the trainer's policy and the sampler's disagree",
+            f"policy/ratio_mean {_rounded(float(np.median(st.smoothed)))} (should stay near 1: the mean "
+            "importance ratio over sampled tokens is 1 in expectation): the trainer's policy and the "
+            "sampler's disagree",
             "check that the rollout engine gets the new weights after every optimizer step and computes "
             "log-probs at the same temperature and dtype as the trainer; lower optim.learning_rate"
             f"{run.current('optim.learning_rate')}",
@@ -510,9 +519,10 @@ def check_clip(run: Run) -> list[Finding]:
                 clip.span(st.first, st.last),
                 f"policy/clip_frac median {_percent(median)} (max {_percent(float(raw.max()))}): the update "
                 "moves far past the trust region, so most of its gradient is clipped away",
-                f"lower optim.learning_rate{run.current('optim.learning_rate')}; fewer optimizer steps per rollout "
-                f"batch: algorithm.num_iterations{run.current('algorithm.num_iterations')} or optim.num_minibatches"
-                f"{run.current('optim.num_minibatches')} (each later step is further from pi_old)",
+                f"lower optim.learning_rate{run.current('optim.learning_rate')}; fewer optimizer steps per "
+                f"rollout batch: algorithm.num_iterations{run.current('algorithm.num_iterations')} or "
+                f"optim.num_minibatches{run.current('optim.num_minibatches')} (each later step is further "
+                "from pi_old)",
             )
         )
     return out
@@ -553,8 +563,9 @@ def check_kl_high(run: Run) -> list[Finding]:
             "error" if high.any() else "warning",
             kl.span(first, last),
             what + ": the policy drifts from pi_ref faster than the KL term holds it",
-            f"lower optim.learning_rate{run.current('optim.learning_rate')}; raise algorithm.beta{run.current('algorithm.beta')}; "
-            "check eval/* over the same steps: if they fall, resume from a checkpoint before the rise",
+            f"lower optim.learning_rate{run.current('optim.learning_rate')}; raise "
+            f"algorithm.beta{run.current('algorithm.beta')}; check eval/* over the same steps: if they fall, "
+            "resume from a checkpoint before the rise",
         )
     ]
 
@@ -583,7 +594,8 @@ def check_kl_zero(run: Run) -> list[Finding]:
             "error",
             (kl.step(w), kl.step(len(kl) - 1)),
             f"policy/kl stayed below {KL_ZERO:g} with algorithm.beta={beta:g} while the policy was updated "
-            f"(median policy/grad_norm {_rounded(float(np.median(grad_norm.values)))}): pi_ref moves with pi_theta, so the KL term does nothing",
+            f"(median policy/grad_norm {_rounded(float(np.median(grad_norm.values)))}): pi_ref moves with "
+            "pi_theta, so the KL term does nothing",
             "check that pi_ref is a separate frozen copy of the starting weights (not the trained model, not "
             "shared LoRA weights with the adapter on); or set algorithm.beta=0 on purpose",
         )
@@ -605,9 +617,10 @@ def check_entropy(run: Run) -> list[Finding]:
             f"policy/entropy fell from {_rounded(start)} to {_rounded(float(np.median(st.smoothed)))} "
             f"({_percent(float(np.median(st.smoothed)) / start)} "
             "of its start): the policy stopped exploring; expect eval/pass@k to sink toward eval/pass@1",
-            f"raise rollout.temperature{run.current('rollout.temperature')}; clip-higher: algorithm.epsilon_high=0.28"
-            f"{run.current('algorithm.epsilon_high')}; lower optim.learning_rate{run.current('optim.learning_rate')}; "
-            "check that samples are still diverse within a group",
+            f"raise rollout.temperature{run.current('rollout.temperature')}; clip-higher: "
+            f"algorithm.epsilon_high=0.28{run.current('algorithm.epsilon_high')}; lower "
+            f"optim.learning_rate{run.current('optim.learning_rate')}; check that samples are still diverse "
+            "within a group",
         )
         for st in _sustained(entropy, below=ENTROPY_COLLAPSE_FRAC * start)
     ]
@@ -644,10 +657,13 @@ def check_length(run: Run) -> list[Finding]:
                 length.span(st.first, st.last),
                 f"rollout/completion_len_mean grew from {_rounded(start)} to {_rounded(level)} tokens "
                 f"({_rounded(level / start)}x its start); fine if the answers got better, not if they repeat",
-                "read samples.jsonl for repetition; overlong shaping (algorithm.overlong_buffer_frac=0.2, DAPO's "
-                "soft punishment, or the overlong reward) and algorithm.mask_truncated_completions=true; algorithm.loss_type=dr_grpo or dapo"
-                f"{run.current('algorithm.loss_type')} (the grpo loss's 1/|o_i| penalizes long wrong answers less); raise "
-                f"rollout.max_completion_length{run.current('rollout.max_completion_length')} if long answers are right",
+                "read samples.jsonl for repetition; overlong shaping (algorithm.overlong_buffer_frac=0.2, "
+                "DAPO's soft punishment, or the overlong reward) and "
+                "algorithm.mask_truncated_completions=true; algorithm.loss_type=dr_grpo or "
+                f"dapo{run.current('algorithm.loss_type')} (the grpo loss's 1/|o_i| penalizes long wrong "
+                "answers less); raise "
+                f"rollout.max_completion_length{run.current('rollout.max_completion_length')} if long "
+                "answers are right",
             )
         )
     return out
@@ -667,11 +683,13 @@ def check_truncation(run: Run) -> list[Finding]:
                 truncated.span(st.first, st.last),
                 f"rollout/truncated_frac median {_percent(median)}: that share of completions hit "
                 "max_completion_length without EOS; they usually score 0 and bias the length",
-                f"raise rollout.max_completion_length{run.current('rollout.max_completion_length')}; overlong shaping "
-                f"(algorithm.overlong_buffer_frac=0.2{run.current('algorithm.overlong_buffer_frac')}, or the overlong reward); "
+                f"raise rollout.max_completion_length{run.current('rollout.max_completion_length')}; "
+                "overlong shaping "
+                f"(algorithm.overlong_buffer_frac=0.2{run.current('algorithm.overlong_buffer_frac')}, or the "
+                "overlong reward); "
                 "algorithm.mask_truncated_completions=true"
-                f"{run.current('algorithm.mask_truncated_completions')}; algorithm.loss_type=dr_grpo or dapo against "
-                "the grpo loss's length bias",
+                f"{run.current('algorithm.mask_truncated_completions')}; "
+                "algorithm.loss_type=dr_grpo or dapo against the grpo loss's length bias",
             )
         )
     return out
@@ -702,8 +720,9 @@ def check_grad_spikes(run: Run) -> list[Finding]:
             "grad_spikes",
             "warning",
             (grad_norm.step(spikes[0][0]), grad_norm.step(spikes[-1][0])),
-            f"{len(spikes)} step(s) with policy/grad_norm > {_rounded(math.exp(log_bar))}x the median of the previous "
-            f"{GRAD_HISTORY}; largest {_rounded(worst_ratio)}x at step {grad_norm.step(worst)} ({_rounded(float(norms[worst]))})",
+            f"{len(spikes)} step(s) with policy/grad_norm > {_rounded(math.exp(log_bar))}x the median of the "
+            f"previous {GRAD_HISTORY}; largest {_rounded(worst_ratio)}x at step {grad_norm.step(worst)} "
+            f"({_rounded(float(norms[worst]))})",
             f"lower optim.learning_rate{run.current('optim.learning_rate')}; keep optim.max_grad_norm"
             f"{run.current('optim.max_grad_norm')} at 1 or below; read samples.jsonl at those steps for "
             "degenerate completions; model.dtype=float32 if it is bf16/fp16",
@@ -749,8 +768,9 @@ def check_nonfinite(run: Run) -> list[Finding]:
             "error",
             (steps[0], steps[-1]),
             "; ".join(parts) + f", at {len(steps)} logged step(s)",
-            f"lower optim.learning_rate{run.current('optim.learning_rate')}; check the reward functions for NaN/inf "
-            f"(reward/errors/*); model.dtype=float32{run.current('model.dtype')}; optim.max_grad_norm=1",
+            f"lower optim.learning_rate{run.current('optim.learning_rate')}; check the reward functions for "
+            f"NaN/inf (reward/errors/*); model.dtype=float32{run.current('model.dtype')}; "
+            "optim.max_grad_norm=1",
         )
     ]
 
@@ -819,8 +839,8 @@ def check_tool_spam(run: Run) -> list[Finding]:
             "error" if eval_late - eval_early <= -HACK_EVAL_DROP else "warning",
             (calls.step(0), calls.step(len(calls) - 1)),
             f"tool calls per episode rose {_rounded(early)} -> {_rounded(late)} while eval/pass@1 went "
-            f"{_rounded(eval_early)} -> {_rounded(eval_late)} ({len(held_out)} evaluations): the policy is paid "
-            "for calling tools, not for solving the task",
+            f"{_rounded(eval_early)} -> {_rounded(eval_late)} ({len(held_out)} evaluations): the policy is "
+            "paid for calling tools, not for solving the task",
             "pay per call only for objective evidence and charge for it: a step_cost reward (kwargs.cost), "
             "tool_result_used instead of tool_call_valid, a task reward that dominates the process rewards; "
             "lower rollout.max_turns; read samples.jsonl for repeated calls (docs/agentic.md)",
@@ -895,7 +915,8 @@ def _load_config(path: Path) -> dict | None:
 
 def doctor_main(run_dir: str) -> int:
     """Print the report for the run in run_dir (an output_dir, or a metrics.jsonl itself).
-    Returns 0 when no check fires, 1 when some do, 2 (after one line on stderr) when there is no readable run."""
+    Returns 0 when no check fires, 1 when some do, 2 (after one line on stderr) when there is no readable
+    run."""
     path = Path(run_dir)
     metrics = path if path.is_file() else path / METRICS_FILE
     if not path.exists():
@@ -926,7 +947,8 @@ def _print_report(run: Run, findings: list[Finding], not_checked: list[str], nam
     )
     if len(steps) < MIN_STEPS:
         console.print(
-            f"only {len(steps)} logged steps: most checks need {MIN_STEPS} or more, so little can be judged yet"
+            f"only {len(steps)} logged steps: most checks need {MIN_STEPS} or more, so little can be judged "
+            "yet"
         )
     if not_checked:
         console.print(f"not checked (metrics not logged): {', '.join(not_checked)}")

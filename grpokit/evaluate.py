@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -39,7 +39,10 @@ def make_judge(reward_manager, *, reward_name: str | None = None, threshold: flo
 
     def judge(rows, comps: Completions):
         n = len(comps) // len(rows)
-        expand = lambda xs: [x for x in xs for _ in range(n)]  # noqa: E731
+
+        def expand(xs):
+            return [x for x in xs for _ in range(n)]
+
         columns = {c: expand([r.columns[c] for r in rows]) for c in rows[0].columns}
         out = reward_manager(
             prompts=expand([r.prompt for r in rows]),

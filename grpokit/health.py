@@ -2,26 +2,30 @@
 warning that says what to change; `stop_after_bad_steps` of them in a row stop the run with a TrainingError.
 
     health = StepHealth(cfg)
-    health.check(step, metrics)   # after the step is logged: warns (logger "grpokit.health") or raises TrainingError
+    health.check(step, metrics)   # after the step is logged: warns (logger "grpokit.health") or raises
+                                  # TrainingError
 
 A step is bad when
-- a reward function failed (raised, timed out, returned a bad value) on more than `reward_error_fraction` of the
-  step's completions (reward/errors/<fn>, reward/error_frac): they get 0 from it in the total, which is not a
-  score of the task but still moves the advantages; or
-- it had no learning signal: every group's G rewards were equal (reward/zero_std_frac = 1), so every advantage is
-  0 and so is the policy gradient; only the KL term moves the policy. E.g. rollout.temperature near 0 (G identical
-  completions), prompts the policy always or never solves, a reward that cannot tell completions apart.
+- a reward function failed (raised, timed out, returned a bad value) on more than `reward_error_fraction` of
+  the step's completions (reward/errors/<fn>, reward/error_frac): they get 0 from it in the total, which is
+  not a score of the task but still moves the advantages; or
+- it had no learning signal: every group's G rewards were equal (reward/zero_std_frac = 1), so every advantage
+  is 0 and so is the policy gradient; only the KL term moves the policy. E.g. rollout.temperature near 0 (G
+  identical completions), prompts the policy always or never solves, a reward that cannot tell completions
+  apart.
 
-A warning comes when a stretch of bad steps starts or its reasons change, not at every step. The stop comes after
-the step's metrics are logged and before its checkpoint: what is on disk is what was saved before (those weights
-are finite; the guard is about wasted compute, not broken weights). The last step of a run never stops it: the run
-ends there anyway, with its final save. `grpokit doctor` reports the same from metrics.jsonl (no_signal, reward_errors).
+A warning comes when a stretch of bad steps starts or its reasons change, not at every step. The stop comes
+after the step's metrics are logged and before its checkpoint: what is on disk is what was saved before (those
+weights are finite; the guard is about wasted compute, not broken weights). The last step of a run never stops
+it: the run ends there anyway, with its final save. `grpokit doctor` reports the same from metrics.jsonl
+(no_signal, reward_errors).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from grpokit.config import Config
 from grpokit.metrics import failed_fractions, no_learning_signal
@@ -39,29 +43,33 @@ class StepHealth:
         self._warned: frozenset[str] = frozenset()  # the reasons of the last warning in this stretch
 
     def reasons(self, metrics: Mapping[str, Any]) -> dict[str, str]:
-        """What makes this step bad, by kind ("no_signal", or a reward function's name), with what to change."""
+        """What makes this step bad, by kind ("no_signal", or a reward function's name), with what to
+        change."""
         cfg, out = self.cfg, {}
         for name, fraction in failed_fractions(metrics).items():
             if fraction > cfg.reward_error_fraction:
                 out[name] = (
-                    f"reward function {name!r} failed on {100 * fraction:.0f}% of the step's completions (more than "
-                    f"reward_error_fraction={cfg.reward_error_fraction:g}), which get 0 from it in the total instead of a score; "
-                    "its first error is logged above (logger grpokit.rewards): fix the function, give it more time if it "
-                    "timed out (reward_timeout, or its own `timeout` in rewards:), or remove it from rewards"
+                    f"reward function {name!r} failed on {100 * fraction:.0f}% of the step's completions "
+                    f"(more than reward_error_fraction={cfg.reward_error_fraction:g}), which get 0 from it "
+                    "in the total instead of a score; its first error is logged above (logger "
+                    "grpokit.rewards): fix the function, give it more time if it timed out (reward_timeout, "
+                    "or its own `timeout` in rewards:), or remove it from rewards"
                 )
         if no_learning_signal(metrics):
             r = cfg.rollout
             out["no_signal"] = (
-                f"no learning signal: in each of the {r.prompts_per_step} groups all {r.num_generations} completions got the "
-                "same reward (reward/zero_std_frac = 1), so every advantage is 0 and the policy does not learn; raise "
-                f"rollout.temperature (now {r.temperature:g}) or rollout.num_generations (now {r.num_generations}), train on "
-                "prompts the policy solves sometimes rather than always or never (an SFT warm start, easier data), give "
-                "the reward partial credit, or set algorithm.dynamic_sampling=true to draw other groups"
+                f"no learning signal: in each of the {r.prompts_per_step} groups all {r.num_generations} "
+                "completions got the same reward (reward/zero_std_frac = 1), so every advantage is 0 and the "
+                f"policy does not learn; raise rollout.temperature (now {r.temperature:g}) or "
+                f"rollout.num_generations (now {r.num_generations}), train on prompts the policy solves "
+                "sometimes rather than always or never (an SFT warm start, easier data), give the reward "
+                "partial credit, or set algorithm.dynamic_sampling=true to draw other groups"
             )
         return out
 
     def check(self, step: int, metrics: Mapping[str, Any]) -> None:
-        """Count the step (the one just done) as bad or not; warn, or raise TrainingError on the last bad step allowed."""
+        """Count the step (the one just done) as bad or not; warn, or raise TrainingError on the last bad step
+        allowed."""
         reasons = self.reasons(metrics)
         if not reasons:
             self.bad_steps, self._warned = [], frozenset()
@@ -70,8 +78,8 @@ class StepHealth:
         limit, text = self.cfg.stop_after_bad_steps, "; ".join(reasons.values())
         if limit and len(self.bad_steps) >= limit and step < self.cfg.optim.max_steps:
             raise TrainingError(
-                f"stopped at step {step} after {len(self.bad_steps)} bad steps in a row (steps {self.bad_steps[0]}-{step}; "
-                f"stop_after_bad_steps={limit}, 0 = never stop): {text}"
+                f"stopped at step {step} after {len(self.bad_steps)} bad steps in a row (steps "
+                f"{self.bad_steps[0]}-{step}; stop_after_bad_steps={limit}, 0 = never stop): {text}"
             )
         if set(reasons) != self._warned:
             self._warned = frozenset(reasons)

@@ -4,7 +4,8 @@ there is importable from here too, so `grpokit.metrics` stays the one import pat
 docs/metrics.md defines each name.
 
     from grpokit import metrics as M
-    rows = M.read_metrics("runs/x/metrics.jsonl")    # [{"step": 1, "time": 1.7e9, "reward/mean": 0.4, ...}, ...]
+    rows = M.read_metrics("runs/x/metrics.jsonl")    # [{"step": 1, "time": 1.7e9, "reward/mean": 0.4, ...},
+                                                     # ...]
     M.rollout_metrics(rewards, advantages, completion_mask, truncated, prompt_lengths, 8, prompts_truncated)
     acc = M.MeanAccumulator()
     acc.add({M.POLICY_KL: 0.01}, weight=37)          # weighted by the micro-batch's tokens
@@ -20,8 +21,9 @@ import json
 import math
 import os
 import resource
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -111,15 +113,16 @@ def as_number(value: Any) -> float | None:
 
 
 def no_learning_signal(record: Mapping[str, Any]) -> bool:
-    """The step had no learning signal: every group's G rewards were equal (reward/zero_std_frac = 1), so every
-    advantage was 0 (advantage/abs_mean = 0; PPO's critic and process rewards can still have some). The trainer's
-    bad-step guard (grpokit/health.py) and the doctor both ask this."""
+    """The step had no learning signal: every group's G rewards were equal (reward/zero_std_frac = 1), so
+    every advantage was 0 (advantage/abs_mean = 0; PPO's critic and process rewards can still have some). The
+    trainer's bad-step guard (grpokit/health.py) and the doctor both ask this."""
     return record.get(REWARD_ZERO_STD_FRAC) == 1.0 and record.get(ADVANTAGE_ABS_MEAN, 0.0) == 0.0
 
 
 def failed_fractions(record: Mapping[str, Any]) -> dict[str, float]:
     """Reward function name -> the fraction of the step's scored completions it failed on (raised, timed out,
-    returned a bad value), from reward/errors/<fn> and reward/error_frac (the largest); {} when none failed."""
+    returned a bad value), from reward/errors/<fn> and reward/error_frac (the largest); {} when none
+    failed."""
     worst = as_number(record.get(REWARD_ERROR_FRAC))
     read = {
         k[len(REWARD_ERRORS_PREFIX) :]: as_number(v)
@@ -155,8 +158,9 @@ class MeanAccumulator:
         return {k: self.sums[k] / self.weights[k] for k in self.sums if self.weights[k] > 0}
 
     @staticmethod
-    def merge(parts: list[tuple[dict[str, float], dict[str, float]]]) -> "MeanAccumulator":
-        """One accumulator from several (sums, weights): every rank's micro-batches (grpokit/distributed.py)."""
+    def merge(parts: list[tuple[dict[str, float], dict[str, float]]]) -> MeanAccumulator:
+        """One accumulator from several (sums, weights): every rank's micro-batches
+        (grpokit/distributed.py)."""
         out = MeanAccumulator()
         for sums, weights in parts:
             for k, v in sums.items():

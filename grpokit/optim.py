@@ -12,7 +12,7 @@ with a TrainingError that says what was non-finite, where, and what to change.
 from __future__ import annotations
 
 import math
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import Tensor
@@ -138,12 +138,14 @@ class Optimizer:
             where = f", {where}" if where else ""
             kind = "optimizer" if self.name == "optimizer" else f"{self.name} optimizer"
             raise TrainingError(
-                f"the {self.subject}{what} was non-finite in {limit} {kind} steps in a row (last at step {at_step}{where}); "
-                f"no checkpoint with these weights was written. {self.fix[0].upper() + self.fix[1:]}"
+                f"the {self.subject}{what} was non-finite in {limit} {kind} steps in a row (last at step "
+                f"{at_step}{where}); no checkpoint with these weights was written. "
+                f"{self.fix[0].upper() + self.fix[1:]}"
             )
 
     def state_dict(self, prefix: str = "") -> dict:
-        """AdamW moments, schedule position and skip count, under `prefix` (one trainer state holds several)."""
+        """AdamW moments, schedule position and skip count, under `prefix` (one trainer state holds
+        several)."""
         return {
             f"{prefix}optimizer": self.adamw.state_dict(),
             f"{prefix}scheduler": self.scheduler.state_dict(),
@@ -152,7 +154,8 @@ class Optimizer:
 
     def load_state_dict(self, state: dict, prefix: str = "") -> None:
         """Moments, schedule position and skips from `state`; the hyperparameters (learning rate, betas, eps,
-        weight decay) stay this config's, so that a change allowed on resume is applied, not silently undone."""
+        weight decay) stay this config's, so that a change allowed on resume is applied, not silently
+        undone."""
         if (
             f"{prefix}optimizer" in state
         ):  # a sharded checkpoint's moments came with its shards (checkpoint_sharded.py)
@@ -160,7 +163,7 @@ class Optimizer:
         self.scheduler.load_state_dict(state[f"{prefix}scheduler"])
         self.skipped = state.get(f"{prefix}skipped_updates", 0)
         cfg, step = self.cfg, self.scheduler.last_epoch
-        for group, factor in zip(self.adamw.param_groups, self.scheduler.lr_lambdas):
+        for group, factor in zip(self.adamw.param_groups, self.scheduler.lr_lambdas, strict=True):
             group.update(
                 betas=(cfg.adam_beta1, cfg.adam_beta2),
                 eps=cfg.adam_epsilon,

@@ -1,11 +1,12 @@
 """The policy: model / tokenizer loading (policy, reference, critic backbone, SFT), and per-token log-probs.
 
-    model, tokenizer = load_policy(cfg.model)                     # AutoModelForCausalLM + tokenizer, train mode
-    ref = build_reference(model, cfg.algorithm)                   # frozen copy of pi_theta, or None (beta = 0);
-                                                                  # with model.lora: AdapterOff(model), no copy
-    backbone = load_model(path, head="backbone")                  # the critic's body (AutoModel)
+    model, tokenizer = load_policy(cfg.model)     # AutoModelForCausalLM + tokenizer, train mode
+    ref = build_reference(model, cfg.algorithm)   # frozen copy of pi_theta, or None (beta = 0);
+                                                  # with model.lora: AdapterOff(model), no copy
+    backbone = load_model(path, head="backbone")  # the critic's body (AutoModel)
     logp, entropy = completion_logprobs(model, packed, temperature=1.0, with_entropy=True)   # [N, T] each
-    # at large vocabularies from the hidden states and the LM head in chunks, never [N, T, V] (fused=None: auto)
+    # at large vocabularies from the hidden states and the LM head in chunks, never [N, T, V]
+    # (fused=None: auto)
 
 `packed` is a grpokit.batch.PackedBatch (pack_sequences: left-padded prompts, right-padded completions).
 """
@@ -60,13 +61,15 @@ def load_tokenizer(name_or_path: str, *, trust_remote_code: bool = False):
         tok = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as exc:
         raise ModelLoadError(
-            f"could not load a tokenizer from {name_or_path!r} (model.tokenizer / model.name_or_path): {str(exc).splitlines()[0]}"
+            f"could not load a tokenizer from {name_or_path!r} (model.tokenizer / model.name_or_path): "
+            f"{str(exc).splitlines()[0]}"
         ) from None
     if tok.pad_token_id is None:
         # Common for base models. Masks, not pad ids, decide what is padding, so EOS is a safe pad.
         if tok.eos_token is None:
             raise ModelLoadError(
-                f"tokenizer {name_or_path!r} has neither a pad nor an EOS token; add one to its special tokens"
+                f"tokenizer {name_or_path!r} has neither a pad nor an EOS token; add one to its special "
+                "tokens"
             )
         tok.pad_token = tok.eos_token
         logger.warning(
@@ -87,8 +90,9 @@ def load_model(
     trust_remote_code: bool = False,
     head: str = "causal_lm",
 ):
-    """from_pretrained with the config's dtype / attention / remote-code settings, for every model grpokit loads:
-    head="causal_lm" (the policy, SFT) or "backbone" (the body without its LM head: the PPO critic's)."""
+    """from_pretrained with the config's dtype / attention / remote-code settings, for every model grpokit
+    loads: head="causal_lm" (the policy, SFT) or "backbone" (the body without its LM head: the PPO
+    critic's)."""
     import transformers
 
     auto = getattr(transformers, AUTO_CLASSES[head])
@@ -137,7 +141,8 @@ def load_policy(model_cfg):
 
 
 def load_model_from_config(model_cfg, *, head: str = "causal_lm"):
-    """load_model with model.* settings: the policy (causal_lm) or the critic's body (backbone) from one folder."""
+    """load_model with model.* settings: the policy (causal_lm) or the critic's body (backbone) from one
+    folder."""
     return load_model(
         model_cfg.name_or_path,
         dtype=model_cfg.dtype,
@@ -149,7 +154,8 @@ def load_model_from_config(model_cfg, *, head: str = "causal_lm"):
 
 def prepare(model, model_cfg):
     """model.* training settings on a loaded model: dropout off (model.disable_dropout), gradient
-    checkpointing (model.gradient_checkpointing), mixed precision (model.autocast); returns it in train mode."""
+    checkpointing (model.gradient_checkpointing), mixed precision (model.autocast); returns it in train
+    mode."""
     if model_cfg.autocast != "none":
         enable_autocast(model, DTYPES[model_cfg.autocast])
     if model_cfg.disable_dropout:
@@ -189,7 +195,8 @@ def autocast_of(model):
 
 def apply_lora(model, lora_cfg, *, gradient_checkpointing: bool = False):
     """The model with LoRA adapters (peft's get_peft_model) as model.lora says: only the adapters train, the
-    base weights are frozen. A peft PeftModelForCausalLM: forward, generate and save_pretrained (the adapter) as usual."""
+    base weights are frozen. A peft PeftModelForCausalLM: forward, generate and save_pretrained (the adapter)
+    as usual."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise ModelLoadError(
             "model.lora runs in one process for now; drop model.lora or run without torchrun"
@@ -224,8 +231,9 @@ def is_lora(model) -> bool:
 
 
 class AdapterOff:
-    """pi_ref of a LoRA policy: the policy itself with its adapter disabled (peft's disable_adapter) during each
-    pass, i.e. the frozen base weights, shared with pi_theta: no second copy in memory. batched_logprobs takes it."""
+    """pi_ref of a LoRA policy: the policy itself with its adapter disabled (peft's disable_adapter) during
+    each pass, i.e. the frozen base weights, shared with pi_theta: no second copy in memory. batched_logprobs
+    takes it."""
 
     def __init__(self, policy):
         self.policy = policy
@@ -233,8 +241,8 @@ class AdapterOff:
 
 def build_reference(model, alg) -> torch.nn.Module | AdapterOff | None:
     """pi_ref as algorithm.* says: None when beta = 0 or ref_policy=none (no KL term, no second copy in
-    memory); with LoRA the base model under the policy (AdapterOff); else a frozen copy of the policy as it is now
-    (ref_policy=reset later copies the policy into it)."""
+    memory); with LoRA the base model under the policy (AdapterOff); else a frozen copy of the policy as it is
+    now (ref_policy=reset later copies the policy into it)."""
     if alg.beta == 0 or alg.ref_policy == "none":
         return None
     return AdapterOff(model) if is_lora(model) else frozen_copy(model)
@@ -321,7 +329,8 @@ def _vocab_size(model) -> int:
 
 
 def _backbone(model):
-    """The transformer body under the LM head (a peft model's base_model is peft's LoraModel: the body is below it)."""
+    """The transformer body under the LM head (a peft model's base_model is peft's LoraModel: the body is
+    below it)."""
     return model.get_base_model().base_model if is_lora(model) else getattr(model, "base_model", model)
 
 
@@ -373,8 +382,8 @@ def _logp_entropy(
 
 
 def _can_share(model) -> bool:
-    # Gradient checkpointing turns the KV cache off in training mode; the plain pass then does the work. So does
-    # FSDP2, where every forward is a collective: the shared pass runs one or two, depending on the rows.
+    # Gradient checkpointing turns the KV cache off in training mode; the plain pass then does the work. So
+    # does FSDP2, where every forward is a collective: the shared pass runs one or two, depending on the rows.
     if is_sharded(model):
         return False
     checkpointing = getattr(model, "is_activation_checkpointing", None)  # transformers >= 5.x's name

@@ -30,8 +30,9 @@ import json
 import math
 import random
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -131,7 +132,8 @@ def _optimizer(model: Any, lr: float, weight_decay: float, schedule: Callable[[i
     """AdamW with no weight decay on norms and biases, and its LambdaLR schedule."""
     decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
-    # The per-tensor AdamW (fused=False) keeps the demo's SFT warm start bit for bit what it was measured with.
+    # The per-tensor AdamW (fused=False) keeps the demo's SFT warm start bit for bit what it was measured
+    # with.
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     optimizer = adamw(groups, lr=lr, fused=False)
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
@@ -164,7 +166,8 @@ def evaluate_sft(
     batch_size: int = 32,
 ) -> dict[str, float]:
     """Held-out eval/loss (completion cross-entropy per token) and eval/exact_match (the greedy completion,
-    stripped, equals the reference): the two numbers that say whether SFT has taught the format and the task."""
+    stripped, equals the reference): the two numbers that say whether SFT has taught the format and the
+    task."""
     from grpokit.rollout import SamplingParams, make_engine
 
     examples, _ = _examples(tokenizer, pairs, max_length, column)
@@ -182,7 +185,7 @@ def evaluate_sft(
     engine = make_engine("hf", model, tokenizer, batch_size=batch_size)
     comps = engine.generate([r.prompt_ids for r in rows], 1, SamplingParams(max_tokens=longest, greedy=True))
     model.train(was_training)
-    exact = sum(text.strip() == ref for text, ref in zip(comps.texts, references)) / len(rows)
+    exact = sum(text.strip() == ref for text, ref in zip(comps.texts, references, strict=True)) / len(rows)
     return {EVAL_LOSS: loss_sum / max(tokens, 1), EVAL_EXACT_MATCH: exact}
 
 
@@ -207,9 +210,9 @@ def train_sft(
     settings: grpokit.config.SFTSection's keys (epochs, max_steps, batch_size, learning_rate, lr_scheduler,
     warmup_ratio, warmup_steps, weight_decay, max_grad_norm, max_length, completion_column, log_every,
     eval_every), with its defaults; a bad value is a ValueError that names the key.
-    eval_pairs: held-out pairs, evaluated (evaluate_sft) before training, every eval_every steps and at the end.
-    on_step(step, metrics): after every step; metrics hold sft/* (and eval/*) on log (and eval) steps, else {};
-    and with step 0 and the held-out metrics before training.
+    eval_pairs: held-out pairs, evaluated (evaluate_sft) before training, every eval_every steps and at the
+    end. on_step(step, metrics): after every step; metrics hold sft/* (and eval/*) on log (and eval) steps,
+    else {}; and with step 0 and the held-out metrics before training.
     """
     cfg = SFTSection(**settings)
     if tokenizer.eos_token_id is None:
@@ -225,18 +228,21 @@ def train_sft(
         if eval_pairs is not None and len(eval_pairs)
         else None
     )
-    evaluate = lambda: (
-        evaluate_sft(
-            model,
-            tokenizer,
-            held_out,
-            column=cfg.completion_column,
-            max_length=cfg.max_length,
-            batch_size=cfg.batch_size,
+
+    def evaluate():
+        return (
+            evaluate_sft(
+                model,
+                tokenizer,
+                held_out,
+                column=cfg.completion_column,
+                max_length=cfg.max_length,
+                batch_size=cfg.batch_size,
+            )
+            if held_out
+            else {}
         )
-        if held_out
-        else {}
-    )  # noqa: E731
+
     total = sft_steps(cfg, len(examples))
     torch.manual_seed(seed)  # dropout, if the model has any
     order_rng = random.Random(seed)
@@ -299,10 +305,11 @@ def train_sft(
 
 
 def run_sft(cfg: SFTConfig, *, console: Any = None) -> dict[str, Any]:
-    """`grpokit sft`: load model.name_or_path, read the data as training does (build_datasets: data.train_path,
-    held-out data.eval_path / data.eval_size), train with a progress bar, write metrics.jsonl (and the enabled
-    trackers) to output_dir, the model + tokenizer to output_dir/final and the stats to output_dir/sft_stats.json.
-    Returns the stats (train_sft's); `console` (rich) prints the end-of-run table."""
+    """`grpokit sft`: load model.name_or_path, read the data as training does (build_datasets:
+    data.train_path, held-out data.eval_path / data.eval_size), train with a progress bar, write metrics.jsonl
+    (and the enabled trackers) to output_dir, the model + tokenizer to output_dir/final and the stats to
+    output_dir/sft_stats.json. Returns the stats (train_sft's); `console` (rich) prints the end-of-run
+    table."""
     out = ensure_writable_dir(cfg.output_dir)
     with RunLock(out):  # one run per output_dir
         return _run_sft(cfg, out, console)

@@ -20,3 +20,18 @@ def tiny_model_dir(tmp_path_factory):
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return path
+
+
+@pytest.fixture(scope="module")
+def vllm_model_dir(tmp_path_factory):
+    """A tiny Llama with head size 64 (vLLM's CPU attention has no 24) and the same tokenizer, on disk; one
+    per test module, as the vLLM and server tests build their engines on it."""
+    from grpokit.tasks import get_task
+    from grpokit.tasks.tiny_model import build_tiny_llama
+    from grpokit.tasks.tokenizer import build_tokenizer
+
+    path = tmp_path_factory.mktemp("tiny_llama_hd64")
+    tok = build_tokenizer(get_task("countdown"), path)
+    build_tiny_llama(tok, size="test", seed=0, config={"head_dim": 64}).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path

@@ -50,7 +50,8 @@ CASES: dict[str, list[str]] = {
         "optim.num_minibatches=2",
         "algorithm.mask_truncated_completions=true",
     ],
-    # half the prompts (even targets) give groups of equal rewards: dropped, more rounds drawn, the batch topped up
+    # half the prompts (even targets) give groups of equal rewards: dropped, more rounds drawn, the batch
+    # topped up
     "dapo-dynamic_sampling": [
         "algorithm.loss_type=dapo",
         "algorithm.dynamic_sampling=true",
@@ -87,7 +88,8 @@ SAME_METRICS = (
 
 
 class FixedEngine:
-    """Completions decided by (prompt, index in the group): 1 to max_tokens characters of digits, some without EOS."""
+    """Completions decided by (prompt, index in the group): 1 to max_tokens characters of digits, some without
+    EOS."""
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
@@ -126,10 +128,11 @@ def config(model_dir, out, strategy: str, case: list[str]):
             "optim.learning_rate=1e-3",
             "checkpoint.save_every=0",
             "eval.at_start=false",
-            # AdamW's first steps move each parameter by about lr x g / (|g| + eps): at eps = 1e-8 an element whose gradient
-            # is float rounding (a sum that cancels) moves by up to +-lr whichever way the rounding falls, so any change of
-            # summation order (one process with another micro-batch size too) parts the weights by ~5e-6 relative. At 1e-4
-            # the update is smooth in g and the weights show what the gradients show (which are compared as well).
+            # AdamW's first steps move each parameter by about lr x g / (|g| + eps): at eps = 1e-8 an element
+            # whose gradient is float rounding (a sum that cancels) moves by up to +-lr whichever way the
+            # rounding falls, so any change of summation order (one process with another micro-batch size too)
+            # parts the weights by ~5e-6 relative. At 1e-4 the update is smooth in g and the weights show what
+            # the gradients show (which are compared as well).
             "optim.adam_epsilon=1e-4",
             "logging.sample_every=0",
             f"output_dir={out}",
@@ -168,8 +171,8 @@ def one_step(model_dir, out, strategy: str, case: list[str]) -> dict:
     }
 
 
-#: the case of the checkpoint test: beta > 0 with pi_ref reset to the policy after every step (so the checkpoint holds
-#: pi_ref), mu = 2 and 2 minibatches (rank 0's generator draws the split)
+#: the case of the checkpoint test: beta > 0 with pi_ref reset to the policy after every step (so the
+#: checkpoint holds pi_ref), mu = 2 and 2 minibatches (rank 0's generator draws the split)
 RESUME_CASE = [*CASES["dr_grpo-batch-beta-mu2"], "algorithm.ref_policy=reset", "algorithm.ref_reset_every=1"]
 #: FSDP2's memory switches, against one process without them: activation checkpointing (the same math) and
 #: bf16 parameters and compute with fp32 reductions (MixedPrecisionPolicy; one process runs fp32)
@@ -180,8 +183,8 @@ FSDP2_CASES: dict[str, list[str]] = {
 
 
 def train(model_dir, out, strategy: str, case: list[str], *extra: str) -> dict:
-    """Trainer.train() to optim.max_steps=2 with a checkpoint after every step (resuming from `out` when it holds one):
-    the whole parameters at the end, and the world."""
+    """Trainer.train() to optim.max_steps=2 with a checkpoint after every step (resuming from `out` when it
+    holds one): the whole parameters at the end, and the world."""
     trainer = Trainer(
         config(
             model_dir,
@@ -199,10 +202,11 @@ def train(model_dir, out, strategy: str, case: list[str], *extra: str) -> dict:
 
 
 def checkpoints(model_dir: str, out_dir: str) -> None:
-    """Per strategy, at world size 2: a run of 2 steps (checkpoints at steps 1 and 2), then a copy of it cut back to
-    step 1 and resumed to step 2; and the step-1 checkpoint of a one-process run (OUT_DIR/one-whole, written by
-    tests/test_distributed.py before this launch) resumed to step 2. Rank 0 saves the final parameters of the
-    three; tests/test_distributed.py resumes the first run's step-1 checkpoint in one process."""
+    """Per strategy, at world size 2: a run of 2 steps (checkpoints at steps 1 and 2), then a copy of it cut
+    back to step 1 and resumed to step 2; and the step-1 checkpoint of a one-process run (OUT_DIR/one-whole,
+    written by tests/test_distributed.py before this launch) resumed to step 2. Rank 0 saves the final
+    parameters of the three; tests/test_distributed.py resumes the first run's step-1 checkpoint in one
+    process."""
     import shutil
 
     import torch.distributed as dist

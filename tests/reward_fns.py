@@ -8,15 +8,15 @@ def count_sevens(completions, **kwargs):
 
 def even_target_constant(completions, target, **kwargs):
     """Constant 1.0 within groups of even targets (no signal), length parity otherwise."""
-    return [1.0 if t % 2 == 0 else float(len(c) % 2) for c, t in zip(completions, target)]
+    return [1.0 if t % 2 == 0 else float(len(c) % 2) for c, t in zip(completions, target, strict=True)]
 
 
 _calls = {"n": 0}
 
 
 def fails_on_rank_1(completions, **kwargs):
-    """count_sevens, except that on rank 1 (torchrun's RANK) the second call raises; the time of the raise goes to
-    the file named by GRPOKIT_TEST_FAILED_AT."""
+    """count_sevens, except that on rank 1 (torchrun's RANK) the second call raises; the time of the raise
+    goes to the file named by GRPOKIT_TEST_FAILED_AT."""
     import os
     import time
 

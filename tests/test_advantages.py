@@ -216,13 +216,13 @@ def ref_step_advantages(step_rewards, step_ends, G, T, eps):
         for i in idx:
             norm = [(x - mean) / (std + eps) if std > 0 else 0.0 for x in step_rewards[i]]
             for t in range(T):
-                out[i][t] = sum(n for n, end in zip(norm, step_ends[i]) if end >= t)
+                out[i][t] = sum(n for n, end in zip(norm, step_ends[i], strict=True) if end >= t)
     return out
 
 
 def test_step_advantages_worked_example():
-    # Completion 0: steps ending at tokens 1 and 3 with rewards 1, 0. Completion 1: one step ending at 2, reward 1.
-    # All step rewards [1, 0, 1]: mean 2/3, std sqrt(2)/3 -> normalized [0.707, -1.414, 0.707].
+    # Completion 0: steps ending at tokens 1 and 3 with rewards 1, 0. Completion 1: one step ending at 2,
+    # reward 1. All step rewards [1, 0, 1]: mean 2/3, std sqrt(2)/3 -> normalized [0.707, -1.414, 0.707].
     rewards = [torch.tensor([1.0, 0.0]), torch.tensor([1.0])]
     ends = [torch.tensor([1, 3]), torch.tensor([2])]
     got = step_advantages(rewards, ends, group_size=2, num_tokens=5, eps=0.0)
@@ -235,7 +235,7 @@ def test_step_advantages_match_reference_on_random_steps():
     g = torch.Generator().manual_seed(20)
     G, B, T = 3, 4, 12
     rewards, ends = [], []
-    for i in range(G * B):
+    for _ in range(G * B):
         K = int(torch.randint(0, 5, (1,), generator=g))
         # Increasing step ends, sometimes running past T (truncated to the tensor width).
         e = torch.randperm(T + 3, generator=g)[:K].sort().values

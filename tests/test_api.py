@@ -1,4 +1,5 @@
-"""The Python API (grpokit/api.py): docs/api.md's example runs as written, and bad input is the CLI's one-line error."""
+"""The Python API (grpokit/api.py): docs/api.md's example runs as written, and bad input is the CLI's one-line
+error."""
 
 from __future__ import annotations
 
@@ -39,11 +40,12 @@ def test_the_documented_example_runs(tmp_path):
 
 
 def test_the_api_is_the_package_namespace():
-    """grpokit.evaluate and grpokit.sft are the calls, also after their modules of the same name have loaded."""
+    """grpokit.evaluate and grpokit.sft are the calls, also after their modules of the same name have
+    loaded."""
     import sys
 
-    import grpokit.evaluate  # noqa: F401  (the modules; the import system sets package attributes for them)
-    import grpokit.sft  # noqa: F401
+    import grpokit.evaluate  # the modules; the import system sets package attributes for them
+    import grpokit.sft
     from grpokit import api
 
     assert (grpokit.train, grpokit.evaluate, grpokit.sft, grpokit.report) == (
@@ -56,7 +58,7 @@ def test_the_api_is_the_package_namespace():
         sys.modules["grpokit.sft"], "train_sft"
     )
     with pytest.raises(AttributeError, match="trian"):
-        grpokit.trian  # noqa: B018
+        grpokit.trian  # noqa: B018 (the attribute access is what raises)
 
 
 def test_config_in_every_form_and_its_errors(tmp_path):

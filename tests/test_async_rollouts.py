@@ -1,6 +1,6 @@
-"""Asynchronous rollouts (rollout.max_policy_lag, grpokit/rollout/pipeline.py) on a tiny real model: every batch
-is sampled by exactly the weights its version names, the run learns, the same seed gives the same weights, the
-metrics say what happened, and a resume draws no prompt twice and skips none."""
+"""Asynchronous rollouts (rollout.max_policy_lag, grpokit/rollout/pipeline.py) on a tiny real model: every
+batch is sampled by exactly the weights its version names, the run learns, the same seed gives the same
+weights, the metrics say what happened, and a resume draws no prompt twice and skips none."""
 
 import contextlib
 import copy
@@ -15,7 +15,6 @@ from grpokit.rollout import make_engine
 from grpokit.rollout.pipeline import RolloutPipeline
 from grpokit.trainer import Trainer
 from tests.helpers import require
-from tests.test_rollout_vllm import model_dir as vllm_model_dir  # noqa: F401  (a fixture: a tiny Llama with head size 64)
 from tests.test_trainer import Crash, _crash_at, config, read_metrics
 
 LAG = ["rollout.engine=fast", "rollout.max_policy_lag=1"]
@@ -36,14 +35,15 @@ def _logp(model, rows, comps, pad_id):
 
 
 def _max_diff(a, b_lists):
-    return max((x - torch.tensor(y)).abs().max().item() for x, y in zip(a, b_lists))
+    return max((x - torch.tensor(y)).abs().max().item() for x, y in zip(a, b_lists, strict=True))
 
 
 @pytest.mark.parametrize("sampler", ["thread", "process"])
 def test_each_batch_is_sampled_by_the_version_it_names(tiny_model_dir, sampler):
-    """Lag 1: batch b is generated with the weights of version max(0, b - 1), whatever the timing. The sampler's
-    log-probs equal those weights' own (float noise) and differ from the newer ones' (so the test can fail).
-    process: the fast engine in a child process (rollout.async_sampler=process), the weights through shared memory."""
+    """Lag 1: batch b is generated with the weights of version max(0, b - 1), whatever the timing. The
+    sampler's log-probs equal those weights' own (float noise) and differ from the newer ones' (so the test
+    can fail). process: the fast engine in a child process (rollout.async_sampler=process), the weights
+    through shared memory."""
     model, tok = load_policy(load_config(None, [f"model.name_or_path={tiny_model_dir}"]).model)
     rollout = load_config(
         None,
@@ -95,7 +95,8 @@ def test_lag_one_learns_and_logs_its_lag(tiny_model_dir, tmp_path, sampler):
     assert [r["rollout/version_lag"] for r in rows[:3]] == [0.0, 1.0, 1.0]
     assert all(r["rollout/version_lag_max"] == 1.0 for r in rows[1:])
     assert all(r["perf/weights_wait_time"] >= 0 and r["perf/rollout_wait_time"] >= 0 for r in rows)
-    # pi_old is the sampler (no correction): the lag shows as a difference to the policy being trained, from step 2
+    # pi_old is the sampler (no correction): the lag shows as a difference to the policy being trained, from
+    # step 2
     assert rows[0]["rollout/logp_diff_max"] < 1e-4 < min(r["rollout/logp_diff_max"] for r in rows[1:])
     rewards = [r["reward/mean"] for r in rows]
     first, last = sum(rewards[:8]) / 8, sum(rewards[-8:]) / 8
@@ -176,7 +177,8 @@ def test_lag_needs_an_engine_with_log_probs(tiny_model_dir, tmp_path):
 
 @pytest.mark.slow
 def test_lag_one_on_vllm_pushes_each_version_from_the_sampler_thread(vllm_model_dir, tmp_path):
-    """vLLM in the background thread: each version is pushed (and checked against the sampler's copy) there."""
+    """vLLM in the background thread: each version is pushed (and checked against the sampler's copy)
+    there."""
     require("vllm")
     from tests.test_rollout_vllm import grpo_config
 
@@ -220,7 +222,9 @@ def test_an_engine_without_log_probs_is_refused_at_lag(tiny_model_dir):
     try:
         with pytest.raises(
             ValueError,
-            match="rollout.max_policy_lag=1 needs the engine's sampling log-probs, and HFEngine returned none",
+            match=(
+                "rollout.max_policy_lag=1 needs the engine's sampling log-probs, and HFEngine returned none"
+            ),
         ):
             pipe.batch(0, lambda i: [_Row(tok("1 2>3=")["input_ids"])], 2)
     finally:

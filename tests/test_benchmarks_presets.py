@@ -1,4 +1,5 @@
-"""benchmarks/presets.py end to end on the tiny test model: 2 presets, 1 seed, 2 steps, a tiny held-out set."""
+"""benchmarks/presets.py end to end on the tiny test model: 2 presets, 1 seed, 2 steps, a tiny held-out
+set."""
 
 import importlib.util
 import re
@@ -49,11 +50,11 @@ def test_presets_benchmark_writes_a_row_per_run(tiny_model_dir, tmp_path):
     # Per-step tables: one row per run, evaluated at steps 0, 1, 2; and one summary row per preset.
     for table in ("mean@8 (%)", "pass@1 (%)"):
         section = text.split(table, 1)[1].split("\n## ", 1)[0]
-        rows = [l for l in section.splitlines() if re.match(r"\| (grpo|dapo) \| 0 \|", l)]
+        rows = [ln for ln in section.splitlines() if re.match(r"\| (grpo|dapo) \| 0 \|", ln)]
         assert len(rows) == 2, section
         assert "step 0 | step 1 | step 2" in section
     summary = text.split("## Summary", 1)[1].split("\n## ", 1)[0]
-    assert len([l for l in summary.splitlines() if re.match(r"\| (grpo|dapo) \| 0 \|", l)]) == 2
+    assert len([ln for ln in summary.splitlines() if re.match(r"\| (grpo|dapo) \| 0 \|", ln)]) == 2
     assert "Claim (mean@8)" in text
     # --report-only redraws the same report from the saved runs, without training.
     md.unlink()

@@ -1,13 +1,12 @@
-"""Conversational data as TRL has it: `prompt` a list of messages, rendered once with the tokenizer's chat template;
-reward functions then get each completion as a list of messages ([{"role": "assistant", "content": ...}]), so a
-reward function written for TRL on chat data runs unchanged.
+"""Conversational data as TRL has it: `prompt` a list of messages, rendered once with the tokenizer's chat
+template; reward functions then get each completion as a list of messages ([{"role": "assistant", "content":
+...}]), so a reward function written for TRL on chat data runs unchanged.
 
 Run: .venv/bin/python -m pytest tests/test_chat_data.py
 """
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 from transformers import AutoTokenizer
@@ -16,15 +15,15 @@ from grpokit.config import load_config
 from grpokit.data import PromptDataset
 from grpokit.rewards import RewardManager
 from grpokit.trainer import Trainer
+from tests.helpers import read_metrics
 
-# A small Jinja chat template in the tiny tokenizer's characters: the system turn, then "(" user ")" per user turn,
-# an assistant turn as its text followed by ",", and "=" as the generation prompt.
+# A small Jinja chat template in the tiny tokenizer's characters: the system turn, then "(" user ")" per user
+# turn, an assistant turn as its text followed by ",", and "=" as the generation prompt.
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'system' %}{{ m['content'] }}>"
     "{% elif m['role'] == 'user' %}({{ m['content'] }}){% else %}{{ m['content'] }},{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}={% endif %}"
 )
-from tests.helpers import read_metrics
 
 REWARD_FILE = '''
 import re

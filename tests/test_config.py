@@ -99,7 +99,7 @@ def test_cli_unknown_key_one_line_exit_2(tmp_path):
     p = write(tmp_path, "model:\n  name_or_path: x\nalgorithm:\n  betaa: 0.1\n")
     r = subprocess.run([sys.executable, "-m", "grpokit.cli", "train", str(p)], capture_output=True, text=True)
     assert r.returncode == 2
-    lines = [l for l in r.stderr.splitlines() if l.strip()]
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "algorithm.betaa" in lines[0] and "Traceback" not in r.stderr
 
 

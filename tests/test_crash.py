@@ -144,7 +144,8 @@ def logged_steps(out: Path) -> int:
 
 
 def hidden(out: Path, prefix: str, pid: int | None = None) -> list[Path]:
-    """Folders under checkpoints/ named prefix... (and written by process pid: .tmp-step-N-PID, .old-step-N-PID)."""
+    """Folders under checkpoints/ named prefix... (and written by process pid: .tmp-step-N-PID,
+    .old-step-N-PID)."""
     root = out / "checkpoints"
     found = [p for p in root.iterdir() if p.name.startswith(prefix)] if root.is_dir() else []
     return [p for p in found if p.name.endswith(f"-{pid}")] if pid is not None else found
@@ -189,14 +190,22 @@ def test_sigkill_anywhere_then_resume_is_exact(setup):
         start = logged_steps(out)
         pid = fork_train(args, log, stall)
         if stall is None:
-            wait_for(lambda: logged_steps(out) >= start + 2, pid)  # between steps, or inside a save
+            wait_for(
+                lambda start=start: logged_steps(out) >= start + 2, pid
+            )  # between steps, or inside a save
         elif stall == "save":
             wait_for(
-                lambda: any((p / "model.safetensors").exists() for p in hidden(out, ".tmp-step-", pid)), pid
+                lambda pid=pid: any(
+                    (p / "model.safetensors").exists() for p in hidden(out, ".tmp-step-", pid)
+                ),
+                pid,
             )
         else:
             wait_for(
-                lambda: any(not list(p.glob("*.safetensors")) for p in hidden(out, ".old-step-", pid)), pid
+                lambda pid=pid: any(
+                    not list(p.glob("*.safetensors")) for p in hidden(out, ".old-step-", pid)
+                ),
+                pid,
             )
         kill9(pid)
         if before:
@@ -359,7 +368,10 @@ def test_a_second_run_on_the_same_output_dir_stops_naming_the_first(tmp_path):
 
 
 def test_a_killed_run_leaves_no_lock_behind(tmp_path):
-    code = f"from grpokit.checkpoint import RunLock; import time; RunLock({str(tmp_path)!r}).__enter__(); print('locked', flush=True); time.sleep(60)"
+    code = (
+        f"from grpokit.checkpoint import RunLock; import time; RunLock({str(tmp_path)!r}).__enter__(); "
+        "print('locked', flush=True); time.sleep(60)"
+    )
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "locked"
@@ -393,7 +405,7 @@ def test_train_refuses_a_folder_in_use_and_a_fresh_run_never_appends_to_an_old_l
         steps == sorted(steps)
         and steps[-1] == 2
         and 9.0
-        not in [json.loads(l).get("reward/mean") for l in (run / "metrics.jsonl").read_text().splitlines()]
+        not in [json.loads(ln).get("reward/mean") for ln in (run / "metrics.jsonl").read_text().splitlines()]
     )
 
 
@@ -454,7 +466,7 @@ def test_resume_with_a_changed_config_stops_and_lists_every_difference(setup):
         "seed=1",
     )
     assert r.exit_code == 2, r.output
-    line = [l for l in r.stderr.splitlines() if l.strip()]
+    line = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(line) == 1 and "was saved with another config (" in line[0]
     for diff in (
         "optim.learning_rate: 0.003 -> 0.001",
@@ -486,8 +498,8 @@ def test_allowed_changes_are_applied_logged_and_recorded(setup):
     )
     assert r.exit_code == 0, r.output
     assert (
-        "resuming with changes allowed by checkpoint.allow_changes: optim.learning_rate: 0.003 -> 0.001; optim.max_steps: 2 -> 3"
-        in r.output
+        "resuming with changes allowed by checkpoint.allow_changes: optim.learning_rate: 0.003 -> 0.001; "
+        "optim.max_steps: 2 -> 3" in r.output
     )
     rows = read_metrics(tmp_path / "run")
     assert [row["policy/lr"] for row in rows] == [
@@ -499,7 +511,8 @@ def test_allowed_changes_are_applied_logged_and_recorded(setup):
 
 
 def test_a_full_disk_reported_by_torch_save_says_no_space_left(setup, monkeypatch):
-    """torch.save on a full disk raises "[enforce fail at inline_container.cc:...] unexpected pos", not ENOSPC."""
+    """torch.save on a full disk raises "[enforce fail at inline_container.cc:...] unexpected pos", not
+    ENOSPC."""
     model_dir, tmp_path = setup
     real_save, calls = torch.save, []
 
@@ -512,7 +525,7 @@ def test_a_full_disk_reported_by_torch_save_says_no_space_left(setup, monkeypatc
     monkeypatch.setattr(torch, "save", full_disk)
     r = _train_cli(tmp_path, model_dir)
     assert r.exit_code == 2, r.output
-    line = [l for l in r.stderr.splitlines() if l.strip()]
+    line = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert (
         len(line) == 1
         and "could not save to" in line[0]

@@ -172,7 +172,7 @@ def test_non_utf8_bytes_name_the_line_and_column(tmp_path):
     (tmp_path / "d.json").write_bytes(b'[\n  {"prompt": "a"},\n  {"prompt": "\xe9t\xe9"}\n]')
     with pytest.raises(DataError, match=r"^d.json: line 3 is not valid UTF-8 \(byte 0xe9 at column 15\)"):
         load_rows(tmp_path / "d.json")
-    (tmp_path / "d.csv").write_bytes("prompt,answer\nq,1\n".encode() + "caf\u00e9,2\n".encode("cp1252"))
+    (tmp_path / "d.csv").write_bytes(b"prompt,answer\nq,1\n" + "caf\u00e9,2\n".encode("cp1252"))
     with pytest.raises(DataError, match=r"^d.csv: line 3 is not valid UTF-8 \(byte 0xe9 at column 4\)"):
         load_rows(tmp_path / "d.csv")
     (tmp_path / "bom.jsonl").write_bytes(b'\xef\xbb\xbf{"prompt": "a"}\n')  # a BOM is UTF-8, not an error
@@ -441,7 +441,10 @@ def test_split_rows_never_overlaps(prompts, frac, seed):
     train, held = split_rows(rows, n_eval, seed=seed)
     train_i, held_i = {r["i"] for r in train}, {r["i"] for r in held}
     assert not train_i & held_i
-    key = lambda r: json.dumps(r["prompt"])  # noqa: E731
+
+    def key(r):
+        return json.dumps(r["prompt"])
+
     held_keys = {key(r) for r in held}
     assert not {key(r) for r in train} & held_keys
     assert len(held) == len(held_keys) == n_eval
@@ -501,7 +504,10 @@ def test_sampler_resume_is_exact(steps_before):
 
 
 def test_sampler_errors():
-    msg = "rollout.prompts_per_step=8 is more than the 5 rows in the dataset; lower rollout.prompts_per_step or add rows"
+    msg = (
+        "rollout.prompts_per_step=8 is more than the 5 rows in the dataset; lower rollout.prompts_per_step "
+        "or add rows"
+    )
     with pytest.raises(DataError, match=msg):
         PromptSampler(5, 8, seed=0)
     with pytest.raises(DataError, match="state is for 5 rows but the dataset has 6"):

@@ -34,7 +34,8 @@ def test_demo_quick_outputs(tmp_path):
 
 @pytest.mark.slow
 def test_tools_demo_quick_outputs(tmp_path):
-    """`grpokit demo --task tools --quick`: SFT, GRPO with the calculator, held-out success with tools before and after."""
+    """`grpokit demo --task tools --quick`: SFT, GRPO with the calculator, held-out success with tools before
+    and after."""
     out = tmp_path / "tools"
     r = subprocess.run(
         [GRPOKIT, "demo", "--task", "tools", "--quick", "--out", str(out)], capture_output=True, text=True

@@ -1,4 +1,5 @@
-"""Two processes on torch.distributed (gloo, CPU) train as one process does (grpokit/distributed.py, docs/scaling.md).
+"""Two processes on torch.distributed (gloo, CPU) train as one process does (grpokit/distributed.py,
+docs/scaling.md).
 
 Real process groups launched by torchrun (`python -m torch.distributed.run --standalone`), real FSDP2 and DDP;
 no mocks of torch.distributed. One torchrun launch runs every case for both strategies (tests/dist_cases.py).
@@ -16,13 +17,12 @@ import pytest
 import torch
 
 from grpokit.batch import RolloutBatch, pack_sequences
-from grpokit.checkpoint import CheckpointError
 from grpokit.config import ConfigError, load_config
 from grpokit.distributed import World, cat_batches
 from tests.helpers import read_metrics
 
 sys.path.insert(0, str(Path(__file__).parent))
-import dist_cases  # noqa: E402  (tests/ is not a package; torchrun runs the same file as a script)
+import dist_cases  # tests/ is not a package; torchrun runs the same file as a script
 
 TESTS = Path(__file__).parent
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
@@ -40,9 +40,12 @@ def _env() -> dict[str, str]:
 
 def _output(proc: subprocess.CompletedProcess) -> str:
     """The launcher's and the ranks' output without transformers' progress bars, for a failure message."""
-    keep = lambda text: "\n".join(
-        l for l in text.splitlines() if "Loading weights" not in l and "model shards" not in l
-    )  # noqa: E731
+
+    def keep(text):
+        return "\n".join(
+            ln for ln in text.splitlines() if "Loading weights" not in ln and "model shards" not in ln
+        )
+
     return keep(proc.stdout)[-3000:] + "\n" + keep(proc.stderr)[-8000:]
 
 
@@ -82,7 +85,8 @@ def two_processes(tiny_model_dir, tmp_path_factory):
 @pytest.mark.parametrize("strategy", dist_cases.STRATEGIES)
 def test_one_step_on_two_ranks_equals_one_process(strategy, one_process, two_processes):
     """Same global batch (prompts_per_step x G = 4 x 4), one GRPO step: every loss type, scale_rewards group /
-    batch / batch_centered, beta > 0, mu = 2 with 2 minibatches (rows of both ranks in each), micro-batches."""
+    batch / batch_centered, beta > 0, mu = 2 with 2 minibatches (rows of both ranks in each),
+    micro-batches."""
     for name in dist_cases.CASES:
         want, got = one_process[name], two_processes[f"{strategy}-{name}"]
         grads = _rel(got["grads"], want["grads"])  # the first optimizer step's gradient: the global loss's
@@ -104,9 +108,10 @@ def test_one_step_on_two_ranks_equals_one_process(strategy, one_process, two_pro
 
 @pytest.mark.slow
 def test_fsdp2_activation_checkpointing_and_bf16(one_process, two_processes):
-    """model.gradient_checkpointing under FSDP2 gives one process's step (recomputing activations changes no number
-    that matters); distributed.mixed_precision=bf16 (bf16 all-gathers and compute, fp32 reductions and master
-    weights) gives one fp32 process's gradient and weights up to bf16's rounding, and its weights stay fp32."""
+    """model.gradient_checkpointing under FSDP2 gives one process's step (recomputing activations changes no
+    number that matters); distributed.mixed_precision=bf16 (bf16 all-gathers and compute, fp32 reductions and
+    master weights) gives one fp32 process's gradient and weights up to bf16's rounding, and its weights stay
+    fp32."""
     want, got = (
         one_process["grpo-activation_checkpointing"],
         two_processes["fsdp2-grpo-activation_checkpointing"],
@@ -116,7 +121,8 @@ def test_fsdp2_activation_checkpointing_and_bf16(one_process, two_processes):
     want, got = one_process["grpo-bf16"], two_processes["fsdp2-grpo-bf16"]
     grads, params = _rel(got["grads"], want["grads"]), _rel(got["params"], want["params"])
     print(
-        f"bf16 against fp32: gradient {max(grads.values()):.2e}, weights {max(params.values()):.2e} (max relative, per tensor)"
+        f"bf16 against fp32: gradient {max(grads.values()):.2e}, weights {max(params.values()):.2e} (max "
+        "relative, per tensor)"
     )
     assert (
         1e-6 < max(grads.values()) < 5e-2
@@ -128,15 +134,17 @@ def test_fsdp2_activation_checkpointing_and_bf16(one_process, two_processes):
 @pytest.mark.slow
 @pytest.mark.parametrize("lag", [0, 1])
 def test_torchrun_trains_end_to_end(tiny_model_dir, tmp_path, lag):
-    """`torchrun --nproc_per_node 2 -m grpokit train`: 2 steps (FSDP2, DAPO dynamic sampling); rank 0 logs each step
-    once, evaluates, writes the final model; the ranks save the end state as one sharded checkpoint. lag=1: each
-    rank's background sampler generates step 2's batch with step 1's weights (rollout.max_policy_lag)."""
+    """`torchrun --nproc_per_node 2 -m grpokit train`: 2 steps (FSDP2, DAPO dynamic sampling); rank 0 logs
+    each step once, evaluates, writes the final model; the ranks save the end state as one sharded checkpoint.
+    lag=1: each rank's background sampler generates step 2's batch with step 1's weights
+    (rollout.max_policy_lag)."""
     reward = f"{TESTS / 'reward_fns.py'}:count_sevens"
     (tmp_path / "config.yaml").write_text(f"""
 model: {{name_or_path: "{tiny_model_dir}"}}
 data: {{task: countdown, task_train_size: 64}}
 rewards: [{{function: "{reward}"}}]
-rollout: {{engine: fast, prompts_per_step: 4, num_generations: 4, max_completion_length: 6, max_policy_lag: {lag}}}
+rollout: {{engine: fast, prompts_per_step: 4, num_generations: 4, max_completion_length: 6, \
+max_policy_lag: {lag}}}
 algorithm: {{beta: 0.04, dynamic_sampling: true, max_sampling_rounds: 2}}
 optim: {{max_steps: 2, learning_rate: 1.0e-3}}
 eval: {{max_samples: 4, k: 1}}
@@ -158,7 +166,8 @@ output_dir: "{tmp_path / "run"}"
     assert [r["step"] for r in rows] == [0, 1, 2]  # eval at start, then each step once: rank 0 alone writes
     assert "eval/pass@1" in rows[0] and "eval/pass@1" in rows[2]
     assert rows[1]["rollout/groups_drawn"] >= 4 and rows[1]["rollout/tokens"] > 0
-    # step 2's first round comes from step 1's weights at lag 1 (dynamic sampling's extra rounds from the current ones)
+    # step 2's first round comes from step 1's weights at lag 1 (dynamic sampling's extra rounds from the
+    # current ones)
     assert rows[1]["rollout/version_lag"] == 0 and (
         0 < rows[2]["rollout/version_lag"] <= 1 if lag else rows[2]["rollout/version_lag"] == 0
     )
@@ -193,7 +202,8 @@ output_dir: "{tmp_path / "run"}"
 @pytest.mark.slow
 def test_an_exception_on_one_rank_stops_every_rank_with_its_message(tiny_model_dir, tmp_path):
     """Rank 1's reward function raises in step 2 (reward_errors=raise) while rank 0 goes on into the step's
-    collectives: the launcher exits non-zero within 60 s of the raise, and its output carries rank 1's message."""
+    collectives: the launcher exits non-zero within 60 s of the raise, and its output carries rank 1's
+    message."""
     import time
 
     cfg = _train_yaml(tmp_path, tiny_model_dir, "fails_on_rank_1", max_steps=5, extra="reward_errors: raise")
@@ -249,8 +259,9 @@ def test_sigterm_to_the_launcher_saves_a_sharded_checkpoint_that_resumes(tiny_mo
     step, path = found
     assert step >= 1 and is_sharded_checkpoint(path), path
     assert f"SIGTERM: saved step {step} to {path}" in out, out[-3000:] + err[-5000:]
-    from grpokit.cli import app
     from typer.testing import CliRunner
+
+    from grpokit.cli import app
 
     resumed = CliRunner().invoke(
         app, ["train", str(cfg), f"optim.max_steps={step + 1}", "checkpoint.allow_changes=[optim.max_steps]"]
@@ -285,7 +296,8 @@ def _config(tmp_path, *extra):
         ),
         (
             ["optim.num_minibatches=16"],
-            "the minibatch of 1 completions (rollout batch / optim.num_minibatches=16) does not split into 2 equal",
+            "the minibatch of 1 completions (rollout batch / optim.num_minibatches=16) does not split into 2 "
+            "equal",
         ),
         (
             ["optim.num_minibatches=2", "optim.micro_batch_size=8"],
@@ -328,9 +340,9 @@ def checkpoint_runs(tiny_model_dir, tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", dist_cases.STRATEGIES)
 def test_saved_by_one_process_resumed_at_two_ranks(strategy, checkpoint_runs):
-    """A one-process run's step-1 checkpoint (model.safetensors; AdamW's moments by parameter index, pi_ref after a
-    reset, in trainer_state.pt) resumed at world size 2: every rank reads the whole tensors and keeps its part, and
-    the step-2 weights are the one-process run's."""
+    """A one-process run's step-1 checkpoint (model.safetensors; AdamW's moments by parameter index, pi_ref
+    after a reset, in trainer_state.pt) resumed at world size 2: every rank reads the whole tensors and keeps
+    its part, and the step-2 weights are the one-process run's."""
     runs, one = torch.load(checkpoint_runs / f"{strategy}.pt"), torch.load(checkpoint_runs / "one-whole.pt")
     rel = _rel(runs["from_one"], one)
     print(f"{strategy}: one-process checkpoint resumed at 2 ranks {max(rel.values()):.2e}")
@@ -342,10 +354,11 @@ def test_saved_by_one_process_resumed_at_two_ranks(strategy, checkpoint_runs):
 def test_saved_at_two_ranks_resumed_at_one_and_at_two(
     strategy, checkpoint_runs, tiny_model_dir, tmp_path, monkeypatch
 ):
-    """A run of 2 steps at world size 2 writes sharded checkpoints (torch.distributed.checkpoint) after steps 1 and 2.
-    Its step-1 checkpoint, resumed at world size 2 and, in this process, at world size 1, trains to the same step-2
-    weights as the uninterrupted run: the weights, AdamW's moments, the schedule, the data position and rank 0's
-    generator (it draws the minibatch split) all came back. Without the moments the second AdamW step differs."""
+    """A run of 2 steps at world size 2 writes sharded checkpoints (torch.distributed.checkpoint) after steps
+    1 and 2. Its step-1 checkpoint, resumed at world size 2 and, in this process, at world size 1, trains to
+    the same step-2 weights as the uninterrupted run: the weights, AdamW's moments, the schedule, the data
+    position and rank 0's generator (it draws the minibatch split) all came back. Without the moments the
+    second AdamW step differs."""
     import shutil
 
     from grpokit.checkpoint import MARKER, STATE_FILE, checkpoint_dir, is_sharded_checkpoint
@@ -363,11 +376,13 @@ def test_saved_at_two_ranks_resumed_at_one_and_at_two(
     assert one.pop("world").size == 1
     rel = _rel(one["params"], runs["whole"])
     print(
-        f"{strategy}: resumed at 2 ranks {max(_rel(runs['resumed'], runs['whole']).values()):.2e}, at 1 {max(rel.values()):.2e}"
+        f"{strategy}: resumed at 2 ranks {max(_rel(runs['resumed'], runs['whole']).values()):.2e}, at 1 "
+        f"{max(rel.values()):.2e}"
     )
     assert max(rel.values()) < 1e-6, max(rel.items(), key=lambda kv: kv[1])
 
-    # the control: the same resume without AdamW's moments (weights, schedule, data and generators only) parts from it
+    # the control: the same resume without AdamW's moments (weights, schedule, data and generators only) parts
+    # from it
     from grpokit import checkpoint_sharded
 
     load = checkpoint_sharded.load_sharded
@@ -404,7 +419,8 @@ def test_one_process_is_left_alone(tmp_path, monkeypatch):
 
 
 def test_every_ranks_rows_repacked_as_one_batch():
-    """cat_batches (what gather_batch does with every rank's batch) lays rows out as pack_sequences lays out the whole."""
+    """cat_batches (what gather_batch does with every rank's batch) lays rows out as pack_sequences lays out
+    the whole."""
     prompts = [[3, 4], [3, 4], [5, 6, 7], [5, 6, 7]]
     completions = [[1], [1, 2, 9], [2, 2], [9]]
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import yaml
 
-from grpokit.doctor import CHECKS, Finding, diagnose, doctor_main
+from grpokit.doctor import CHECKS, diagnose, doctor_main
 
 N = 200  # logged steps 1..200
 CONFIG = {
@@ -187,8 +187,8 @@ def test_zero_std_groups(level, severity):
 
 
 def test_no_learning_signal():
-    """A run where every group's rewards were tied (e.g. rollout.temperature=1e-4): "no problems" before, now an error,
-    however short the run (the trainer stops one after stop_after_bad_steps such steps in a row)."""
+    """A run where every group's rewards were tied (e.g. rollout.temperature=1e-4): "no problems" before, now
+    an error, however short the run (the trainer stops one after stop_after_bad_steps such steps in a row)."""
     m, _ = healthy(20, n=10)
     m["reward/zero_std_frac"][:] = 1.0
     m["advantage/abs_mean"] = np.zeros(10)

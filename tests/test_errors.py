@@ -246,7 +246,8 @@ def test_vllm_server_not_reachable(env):
     url = f"http://127.0.0.1:{port}"
     user_error(
         train(env, *SERVER, f"rollout.vllm_server_url={url}"),
-        f"no rollout server answers at {url} (rollout.vllm_server_url) after 1 s (rollout.vllm_server_timeout)",
+        f"no rollout server answers at {url} (rollout.vllm_server_url) after 1 s "
+        "(rollout.vllm_server_timeout)",
         f"start one with `grpokit serve MODEL_DIR --port {port}`, or use rollout.vllm_mode=colocate",
     )
 
@@ -258,7 +259,8 @@ def test_vllm_server_does_not_answer(env):
         url = f"http://127.0.0.1:{s.getsockname()[1]}"
         user_error(
             train(env, *SERVER, f"rollout.vllm_server_url={url}"),
-            f"the rollout server at {url} did not answer GET /health within 1 s (rollout.vllm_server_timeout)",
+            f"the rollout server at {url} did not answer GET /health within 1 s "
+            "(rollout.vllm_server_timeout)",
             "raise rollout.vllm_server_timeout, or see the server's output",
         )
 
@@ -505,7 +507,8 @@ def test_empty_prompt(env):
 def test_resume_with_a_different_dataset(env):
     assert train(env).exit_code == 0
     more = write_jsonl(env[0] / "more.jsonl", PROMPTS + [{"prompt": "4 4 4>12=", "target": 12}])
-    # A changed data.train_path alone stops the resume (tests/test_crash.py); allowed, the data must still fit.
+    # A changed data.train_path alone stops the resume (tests/test_crash.py); allowed, the data must still
+    # fit.
     user_error(
         train(
             env,
@@ -754,7 +757,8 @@ def test_reward_failing_on_most_of_a_step_warns(env, caplog):
 
 
 def test_no_learning_signal_warns_then_stops_after_bad_steps_in_a_row(env, caplog):
-    """rollout.temperature 1e-4: the G completions of a prompt are the same, so are their rewards: no gradient."""
+    """rollout.temperature 1e-4: the G completions of a prompt are the same, so are their rewards: no
+    gradient."""
     with caplog.at_level(logging.WARNING, logger="grpokit.health"):
         msg = user_error(
             train(
@@ -764,8 +768,8 @@ def test_no_learning_signal_warns_then_stops_after_bad_steps_in_a_row(env, caplo
                 "optim.max_steps=5",
                 "checkpoint.save_every=1",
             ),
-            "stopped at step 2 after 2 bad steps in a row (steps 1-2; stop_after_bad_steps=2, 0 = never stop): "
-            "no learning signal: in each of the 2 groups all 4 completions got the same reward",
+            "stopped at step 2 after 2 bad steps in a row (steps 1-2; stop_after_bad_steps=2, 0 = never "
+            "stop): no learning signal: in each of the 2 groups all 4 completions got the same reward",
         )
     assert "raise rollout.temperature (now 0.0001) or rollout.num_generations (now 4)" in msg
     assert [rec.getMessage()[:28] for rec in caplog.records if rec.name == "grpokit.health"] == [
@@ -849,7 +853,7 @@ def test_disk_full_during_a_save(env, monkeypatch):
     assert [row["step"] for row in metrics(env)] == [1, 2, 3]
 
 
-# ----------------------------------------------------------------------------- reading a run: grpokit show, grpokit report
+# ---------------------------------------------------------------- reading a run: grpokit show, grpokit report
 
 
 def test_show_or_report_a_run_that_does_not_exist(tmp_path):
@@ -898,7 +902,7 @@ def test_report_a_folder_without_metrics(tmp_path):
     assert not (tmp_path / "report.html").exists()
 
 
-# ----------------------------------------------------------------------------- the console script and the table
+# --------------------------------------------------------------------------- the console script and the table
 
 
 def test_console_script_one_line(env):
@@ -973,8 +977,8 @@ def test_tool_environment_without_reset(env):
 def test_tool_reward_without_tools(env):
     user_error(
         train(env, "rewards=[{function: tool_call_valid}]"),
-        "reward 'tool_call_valid' (tool_call_valid) needs argument 'episodes', which only multi-turn rollouts with tools pass: "
-        "add a tools section",
+        "reward 'tool_call_valid' (tool_call_valid) needs argument 'episodes', which only multi-turn "
+        "rollouts with tools pass: add a tools section",
     )
 
 
@@ -985,7 +989,7 @@ def test_unknown_builtin_tool(env):
     )
 
 
-# ----------------------------------------------------------------------------- LoRA, reward models (docs/lora.md, docs/rewards.md)
+# -------------------------------------------------------- LoRA, reward models (docs/lora.md, docs/rewards.md)
 
 
 @pytest.mark.parametrize(
@@ -1045,7 +1049,8 @@ def test_lora_resume_without_the_adapter(env):
     [
         (
             "{weight: 1.0}",
-            "a reward needs exactly one of `function` (a reward function) and `model` (a reward model); this one has neither",
+            "a reward needs exactly one of `function` (a reward function) and `model` (a reward model); this "
+            "one has neither",
         ),
         ("{function: math, model: x}", "this one has both"),
     ],
@@ -1084,5 +1089,6 @@ def test_reward_model_with_several_labels(env):
     )
     user_error(
         train(env, f"rewards=[{{model: '{rm}', kwargs: {{batch: 4}}}}]"),
-        "rewards[0].kwargs: ['batch'] are not settings of a reward model; allowed: batch_size, max_length, device",
+        "rewards[0].kwargs: ['batch'] are not settings of a reward model; allowed: batch_size, max_length, "
+        "device",
     )

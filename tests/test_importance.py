@@ -1,4 +1,5 @@
-"""Sampler-trainer mismatch and truncated importance sampling (grpokit/algo/importance.py), with worked numbers.
+"""Sampler-trainer mismatch and truncated importance sampling (grpokit/algo/importance.py), with worked
+numbers.
 
 The batch used throughout: two completions, d = log pi_old - log pi_sampler per token,
     row 0: d = [ln 4, ln 1, ln 0.5]             (3 tokens)

@@ -41,7 +41,10 @@ def test_kl_values_match_formulas(kind):
     got = kl_penalty(logp, ref, kind=kind)
     assert got.shape == logp.shape
     want = torch.tensor(
-        [[_kl_ref(kind, a, b) for a, b in zip(ra, rb)] for ra, rb in zip(logp.tolist(), ref.tolist())],
+        [
+            [_kl_ref(kind, a, b) for a, b in zip(ra, rb, strict=True)]
+            for ra, rb in zip(logp.tolist(), ref.tolist(), strict=True)
+        ],
         dtype=torch.float64,
     )
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)

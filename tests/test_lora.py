@@ -11,13 +11,13 @@ from tests.helpers import read_metrics, require, tiny_config
 
 require("peft")  # in the test extra: make test installs it
 
-from peft import PeftModel  # noqa: E402
-from transformers import AutoModelForCausalLM  # noqa: E402
+from peft import PeftModel  # noqa: E402 (after require("peft"))
+from transformers import AutoModelForCausalLM  # noqa: E402 (after require("peft"))
 
-from grpokit.batch import pack_sequences  # noqa: E402
-from grpokit.checkpoint import list_checkpoints  # noqa: E402
-from grpokit.policy import AdapterOff, batched_logprobs, build_reference, load_policy  # noqa: E402
-from grpokit.trainer import Trainer  # noqa: E402
+from grpokit.batch import pack_sequences  # noqa: E402 (after require("peft"))
+from grpokit.checkpoint import list_checkpoints  # noqa: E402 (after require("peft"))
+from grpokit.policy import AdapterOff, batched_logprobs, build_reference, load_policy  # noqa: E402 (after require("peft"))
+from grpokit.trainer import Trainer  # noqa: E402 (after require("peft"))
 
 # The LM head among the targets: a random tiny model learns count_sevens in a few steps through it; all-linear
 # (every Linear but the head) learns it too, more slowly (docs/lora.md).

@@ -221,7 +221,8 @@ def test_seed_numbers_in_one_batch_and_clip_higher_and_dual_clip():
     assert loss == pytest.approx(-1.28, abs=1e-12)
     # eps_high=None means eps_low.
     assert _one_token(1.5, 1.0, eps_low=0.1)[0] == pytest.approx(-1.1, abs=1e-12)
-    # Dual clip c = 3: A = -1, ratio = 5 -> min(-5, -1.2) = -5, floored at -3 (no gradient); ratio 2 is untouched.
+    # Dual clip c = 3: A = -1, ratio = 5 -> min(-5, -1.2) = -5, floored at -3 (no gradient); ratio 2 is
+    # untouched.
     loss, dj, _ = _one_token(5.0, -1.0, dual_clip=3.0)
     assert loss == pytest.approx(3.0, abs=1e-12) and dj == 0.0
     loss, dj, _ = _one_token(2.0, -1.0, dual_clip=3.0)
@@ -287,7 +288,10 @@ def test_loss_type_normalizers_worked_example():
     logp = torch.zeros(2, 4, dtype=torch.float64)
     mask = torch.tensor([[1, 0, 0, 0], [1, 1, 1, 0]])
     adv = torch.tensor([2.0, 1.0], dtype=torch.float64)
-    loss = lambda **kw: policy_loss(logp, logp, adv, mask, **kw)[0].item()  # noqa: E731
+
+    def loss(**kw):
+        return policy_loss(logp, logp, adv, mask, **kw)[0].item()
+
     assert loss(loss_type="grpo") == pytest.approx(-(2 / 1 + 3 / 3) / 2)  # 1/N sum_i 1/|o_i| sum_t
     assert loss(loss_type="dapo") == pytest.approx(-5 / 4)  # 1/sum|o_i|
     assert loss(loss_type="bnpo") == pytest.approx(-5 / 4)
@@ -347,7 +351,7 @@ def test_token_mean_without_whole_batch_count_is_not_the_full_batch_loss():
     assert sum(parts) != pytest.approx(full.item(), rel=1e-3)
 
 
-# --------------------------------------------------------------------------- DeepSeekMath gradient coefficient
+# -------------------------------------------------------------------------- DeepSeekMath gradient coefficient
 
 
 @pytest.mark.parametrize("ratio_level", RATIO_LEVELS)
@@ -424,7 +428,7 @@ def test_garbage_in_padding_changes_nothing(loss_type, ratio_level):
     clean, m_clean = policy_loss(lp, old, adv, mask, ref_logp=ref, **kw)
     (g_clean,) = torch.autograd.grad(clean, lp)
     bad = [t.clone() for t in (logp, old, ref)]
-    for t, v in zip(bad, [float("-inf"), float("nan"), 1e4]):
+    for t, v in zip(bad, [float("-inf"), float("nan"), 1e4], strict=True):
         t[~mask] = v
     bad[0][~mask & (torch.arange(7) % 2 == 0)] = -1e4  # ref - logp = 2e4 where both are garbage
     lp = bad[0].requires_grad_(True)

@@ -28,9 +28,9 @@ import grpokit.algorithm
 from grpokit.algo import group_advantages, policy_loss
 from grpokit.checkpoint import list_checkpoints
 from grpokit.config import load_config
+from grpokit.optim import TrainingError
 from grpokit.rewards import RewardManager
 from grpokit.rewards.manager import RewardSpec
-from grpokit.optim import TrainingError
 from grpokit.trainer import Trainer
 from tests.helpers import read_metrics
 
@@ -97,7 +97,9 @@ def test_nan_loss_steps_are_skipped_counted_and_the_run_goes_on(tiny_model_dir, 
     rows = read_metrics(tmp_path / "run")
     assert [r["policy/skipped_updates"] for r in rows] == [1, 1, 2]
     assert ["policy/grad_norm" in r for r in rows] == [False, True, False]
-    assert any(not torch.equal(p, q) for p, q in zip(trainer.model.parameters(), before))  # step 2 trained
+    assert any(
+        not torch.equal(p, q) for p, q in zip(trainer.model.parameters(), before, strict=True)
+    )  # step 2 trained
     assert [s for s, _ in list_checkpoints(tmp_path / "run")] == [3]
 
 
@@ -135,11 +137,13 @@ def test_non_finite_gradient_stops_with_the_parameter_named(tiny_model_dir, tmp_
         trainer.train()
     msg = str(exc.value)
     assert (
-        "the gradient norm was non-finite in 2 optimizer steps in a row (last at step 2, pass 1, minibatch 1: first in model."
-        in msg
+        "the gradient norm was non-finite in 2 optimizer steps in a row (last at step 2, pass 1, minibatch "
+        "1: first in model." in msg
     )
     assert "\n" not in msg
-    assert all(torch.equal(p, q) for p, q in zip(trainer.model.parameters(), before))  # no step was taken
+    assert all(
+        torch.equal(p, q) for p, q in zip(trainer.model.parameters(), before, strict=True)
+    )  # no step was taken
     assert [s for s, _ in list_checkpoints(tmp_path / "run")] == [1]
 
 
@@ -155,7 +159,7 @@ def test_save_refuses_non_finite_weights(tiny_model_dir, tmp_path):
     assert list_checkpoints(tmp_path / "run") == [] and not (tmp_path / "run" / "checkpoints").exists()
 
 
-# ----------------------------------------------------------------------------- fuzzing: rewards -> advantages -> loss
+# --------------------------------------------------------------------- fuzzing: rewards -> advantages -> loss
 
 # What reward functions return: numbers, None ("not applicable"), NaN, inf, junk; sometimes they raise
 # or return the wrong number of values.
@@ -205,7 +209,10 @@ def test_fuzz_reward_manager_output_gives_finite_advantages(data, G, B, K, scale
     ]
     weights = [data.draw(st.floats(-5, 5)) for _ in range(K)]
     manager = RewardManager(
-        [RewardSpec(_const(o, f"f{i}"), weight=w) for i, (o, w) in enumerate(zip(outputs, weights))]
+        [
+            RewardSpec(_const(o, f"f{i}"), weight=w)
+            for i, (o, w) in enumerate(zip(outputs, weights, strict=True))
+        ]
     )
     logging.getLogger("grpokit.rewards").disabled = True
     try:
@@ -251,7 +258,8 @@ def test_fuzz_reward_manager_output_gives_finite_advantages(data, G, B, K, scale
     data=st.data(),
 )
 def test_fuzz_non_finite_padding_never_leaks(seed, N, T, pad, junk, loss_type, ratio_level, kl, data):
-    """NaN / inf where the mask is 0 (padding, masked truncated rows) changes neither the loss nor any gradient."""
+    """NaN / inf where the mask is 0 (padding, masked truncated rows) changes neither the loss nor any
+    gradient."""
     lengths = data.draw(st.lists(st.integers(0, T), min_size=N, max_size=N))
     g = torch.Generator().manual_seed(seed)
     old = -torch.rand(N, T + pad, generator=g, dtype=torch.float64) * 5

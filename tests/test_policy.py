@@ -42,7 +42,7 @@ def test_padded_logprobs_equal_unpadded():
     model = tiny_llama()
     batch = pack_sequences(PROMPTS, COMPS, pad_id=0)
     logp, ent = completion_logprobs(model, batch, with_entropy=True)
-    for i, (p, c) in enumerate(zip(PROMPTS, COMPS)):
+    for i, (p, c) in enumerate(zip(PROMPTS, COMPS, strict=True)):
         # Reference: the sequence alone, no padding, full log-softmax.
         ids = torch.tensor([p + c])
         logits = model(input_ids=ids).logits[0, len(p) - 1 : -1]
@@ -171,7 +171,7 @@ def test_linear_logprobs_equal_the_plain_log_softmax(temperature, bias):
         rtol=1e-5,
         atol=1e-5,
     )
-    for got, want in zip(grads, ref_grads):
+    for got, want in zip(grads, ref_grads, strict=True):
         torch.testing.assert_close(got, want.to(got.dtype), rtol=1e-5, atol=1e-6)
 
 
@@ -260,7 +260,7 @@ def test_autocast_runs_matmuls_in_bf16_and_keeps_fp32_weights_and_grads():
     mask = batch.completion_mask.bool()
     assert all(
         p.dtype == torch.float32 and g.dtype == torch.float32
-        for p, g in zip(model.parameters(), plain[2].values())
+        for p, g in zip(model.parameters(), plain[2].values(), strict=False)
     )
     torch.testing.assert_close(fused[0][mask], plain[0][mask], rtol=0.05, atol=0.05)  # bf16 both ways
     fp32 = _logp_and_grads(tiny_llama().train(), batch, share=False, fused=False)

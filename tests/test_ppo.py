@@ -1,12 +1,13 @@
 """The PPO baseline: GAE / value-loss math against loop references and worked numbers, the critic's
-positions, and the trainer with its critic (advantage_estimator=gae) end to end on the tiny model (learning, exact resume of the critic)."""
+positions, and the trainer with its critic (advantage_estimator=gae) end to end on the tiny model (learning,
+exact resume of the critic)."""
 
 import pytest
 import torch
 
 from grpokit.algo import explained_variance, gae_advantages, masked_whiten, token_rewards, value_loss
-from grpokit.checkpoint import list_checkpoints
 from grpokit.batch import pack_sequences
+from grpokit.checkpoint import list_checkpoints
 from tests.helpers import read_metrics, tiny_config
 
 
@@ -286,10 +287,12 @@ def test_ppo_resume_restores_the_critic_exactly(tiny_model_dir, tmp_path):
     resumed.train()
     assert resumed.step == 3
     # Bit for bit the same policy and critic as the uninterrupted run.
-    for (n, p), (_, q) in zip(straight.model.named_parameters(), resumed.model.named_parameters()):
+    for (n, p), (_, q) in zip(
+        straight.model.named_parameters(), resumed.model.named_parameters(), strict=True
+    ):
         assert torch.equal(p, q), n
     for (n, p), (_, q) in zip(
-        straight.critic.model.named_parameters(), resumed.critic.model.named_parameters()
+        straight.critic.model.named_parameters(), resumed.critic.model.named_parameters(), strict=True
     ):
         assert torch.equal(p, q), n
 

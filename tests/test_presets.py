@@ -3,12 +3,15 @@ loss (grpokit.trainer.outcome_advantages / make_loss_mask / algorithm_loss, the 
 Trainer.rollout and Trainer.update call) gives the value and the gradient of the paper's
 objective, written here again with explicit loops over sequences and tokens.
 
-    grpo          DeepSeekMath eq. 3 / 21: (r - mean) / (std + eps), token ratio clip 0.2, 1/G sum_i 1/|o_i| sum_t, beta = 0.04 k3 KL
-    dapo          DAPO eq. 8: clip 0.2 / 0.28, 1 / sum_i |o_i| sum_i sum_t, no KL, truncated completions masked
+    grpo          DeepSeekMath eq. 3 / 21: (r - mean) / (std + eps), token ratio clip 0.2,
+                  1/G sum_i 1/|o_i| sum_t, beta = 0.04 k3 KL
+    dapo          DAPO eq. 8: clip 0.2 / 0.28, 1 / sum_i |o_i| sum_i sum_t, no KL, truncated completions
+                  masked
     dr_grpo       Dr. GRPO: r - mean, sum over tokens / (N x max_completion_length), no KL
     gspo          GSPO eq. 5-7: sequence ratio exp(mean_t log ratio), clip 3e-4 / 4e-4, one term per sequence
     rloo          RLOO: r_i - mean of the other G - 1, REINFORCE token sum / (N x L)
-    reinforce_pp  REINFORCE++-baseline: r - group mean, whitened over the batch, token mean, beta = 0.001 k2 KL
+    reinforce_pp  REINFORCE++-baseline: r - group mean, whitened over the batch, token mean,
+                  beta = 0.001 k2 KL
 """
 
 import math
@@ -16,8 +19,8 @@ import math
 import pytest
 import torch
 
-from grpokit.config import PRESETS, load_config
 from grpokit.algorithm import algorithm_loss, make_loss_mask, outcome_advantages
+from grpokit.config import PRESETS, load_config
 
 G, B, T, L = 4, 3, 7, 10  # group size, prompts, padded width, max_completion_length
 EPS = 1e-6  # algorithm.std_eps
@@ -84,7 +87,8 @@ def tokens_of(mask, i):
 
 
 def ref_token_level(adv, logp, old, ref, mask, *, lo, hi, beta, kl, norm):
-    """-J of a token-ratio objective; norm: 'seq' (1/N sum_i 1/|o_i|), 'tok' (1/sum|o_i|) or 'const' (1/(N L))."""
+    """-J of a token-ratio objective; norm: 'seq' (1/N sum_i 1/|o_i|), 'tok' (1/sum|o_i|)
+    or 'const' (1/(N L))."""
     N = logp.shape[0]
     total_tokens = sum(len(tokens_of(mask, i)) for i in range(N))
     J = torch.zeros((), dtype=logp.dtype)

@@ -63,7 +63,7 @@ def test_countdown_steps_is_a_builtin_and_the_task_solutions_score_full():
     out = countdown_steps(
         [r["completion"] for r in rows], [r["numbers"] for r in rows], [r["target"] for r in rows]
     )
-    for r, s in zip(rows, out):
+    for r, s in zip(rows, out, strict=True):
         assert s.outcome == 1.0 and s.scores == [1.0] * (len(s.scores) - 1) + [2.0], r
         assert s.ends[-1] == len(r["completion"])
 
@@ -159,7 +159,7 @@ def test_bpe_tokenizer_step_ends(text):
         full = ids + [tok.eos_token_id] if with_eos else ids
         char_ends = list(range(len(text) + 1))  # a step ending at every possible offset
         got = step_token_ends(char_ends, token_char_ends(tok, full), len(text))
-        for e, k in zip(char_ends, got):
+        for e, k in zip(char_ends, got, strict=True):
             if e == len(text):
                 assert k == len(full) - 1  # the final step owns the last token (EOS included)
                 continue
@@ -225,7 +225,7 @@ def reference_advantages(weights, eps):
             last = len(text) + stop - 1
             at = {}
             (steps,) = countdown_steps([text], [r["numbers"]], [r["target"]])
-            for score, end in zip(steps.scores, steps.ends):
+            for score, end in zip(steps.scores, steps.ends, strict=True):
                 k = last if end == len(text) else end - 1
                 at[k] = at.get(k, 0.0) + weights[0] * score
             if len(weights) > 1:

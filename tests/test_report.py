@@ -35,8 +35,8 @@ def _install_chromium() -> str:
         return found
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
         skip_or_fail(
-            "the report test needs headless Chromium: `chromium` is not on PATH, and without root and apt-get "
-            "it cannot be installed here; run `apt-get install -y chromium` (Debian / Ubuntu)"
+            "the report test needs headless Chromium: `chromium` is not on PATH, and without root and "
+            "apt-get it cannot be installed here; run `apt-get install -y chromium` (Debian / Ubuntu)"
         )
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     install = ["apt-get", "install", "-y", "chromium"]

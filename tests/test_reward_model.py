@@ -1,10 +1,9 @@
-"""Reward models (rewards: [{model: PATH}], grpokit/rewards/model.py): a tiny real LlamaForSequenceClassification
-built here, its weights set by hand so that its score is the share of '7's in the text, drives a GRPO run.
+"""Reward models (rewards: [{model: PATH}], grpokit/rewards/model.py): a tiny real
+LlamaForSequenceClassification built here, its weights set by hand so that its score is the share of '7's in
+the text, drives a GRPO run.
 
 Run: .venv/bin/python -m pytest tests/test_reward_model.py
 """
-
-from pathlib import Path
 
 import pytest
 import torch
@@ -75,7 +74,7 @@ def test_the_reward_model_scores_sevens_in_batches(sevens_rm):
     assert scores == sorted(scores) and scores[0] == pytest.approx(0.0, abs=1e-6) and scores[-1] > 1.0, scores
     alone = [
         RewardModel(str(sevens_rm), batch_size=1)(prompts=[p], completions=[c])[0]
-        for p, c in zip(prompts, ["1+2", "77+7"])
+        for p, c in zip(prompts, ["1+2", "77+7"], strict=False)
     ]
     assert alone == pytest.approx([scores[0], scores[2]], abs=1e-5)  # right padding does not change a score
     assert rm.model.dtype == torch.float32 and not any(

@@ -58,7 +58,7 @@ def test_trl_signature_gets_columns_and_call_args_as_keywords():
 
     def exact(completions, answer, **kwargs):
         seen.update(kwargs, answer=answer)
-        return [float(c == a) for c, a in zip(completions, answer)]
+        return [float(c == a) for c, a in zip(completions, answer, strict=True)]
 
     out = call(
         RewardManager([exact]),
@@ -78,7 +78,7 @@ def test_trl_signature_gets_columns_and_call_args_as_keywords():
 
 def test_function_without_kwargs_gets_only_what_it_declares():
     def by_length(completion_ids, prompts):
-        return [len(ids) / len(p) for ids, p in zip(completion_ids, prompts)]
+        return [len(ids) / len(p) for ids, p in zip(completion_ids, prompts, strict=True)]
 
     out = call(
         RewardManager([by_length]),
@@ -144,8 +144,8 @@ def test_resolve_builtins_modules_and_files(tmp_path, monkeypatch):
 
     (tmp_path / "my_rewards.py").write_text(
         "def shout(completions, **kwargs):\n    return [float(c.isupper()) for c in completions]\n"
-        "class Scorer:\n    @staticmethod\n    def score(completions, **kwargs):\n        return [1.0] * len(completions)\n"
-        "NOT_CALLABLE = 3\n"
+        "class Scorer:\n    @staticmethod\n    def score(completions, **kwargs):\n        return [1.0] * "
+        "len(completions)\nNOT_CALLABLE = 3\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     assert resolve_reward("my_rewards:shout")(completions=["HI", "hi"]) == [1.0, 0.0]
@@ -305,7 +305,10 @@ def test_fuzz_total_is_finite_and_equals_reference_nansum(data):
     outputs = [data.draw(st.lists(entry, min_size=n, max_size=n)) for _ in range(k)]
     weights = [data.draw(st.floats(-5, 5)) for _ in range(k)]
     manager = RewardManager(
-        [RewardSpec(const(o, f"f{i}"), weight=w) for i, (o, w) in enumerate(zip(outputs, weights))]
+        [
+            RewardSpec(const(o, f"f{i}"), weight=w)
+            for i, (o, w) in enumerate(zip(outputs, weights, strict=True))
+        ]
     )
     logging.getLogger("grpokit.rewards").disabled = True
     try:
@@ -317,7 +320,7 @@ def test_fuzz_total_is_finite_and_equals_reference_nansum(data):
         return isinstance(v, (int, float)) and math.isfinite(v)
 
     reference = [
-        math.fsum(w * float(np.float32(o[i])) for o, w in zip(outputs, weights) if valid(o[i]))
+        math.fsum(w * float(np.float32(o[i])) for o, w in zip(outputs, weights, strict=True) if valid(o[i]))
         for i in range(n)
     ]
     assert torch.isfinite(out.total).all()
@@ -596,14 +599,15 @@ def test_a_slow_call_logs_a_warning_with_its_time(caplog):
     assert out.errors == {"slowish": 0, "quick": 0}
     (line,) = [r.getMessage() for r in caplog.records]
     assert re.search(
-        r"reward function 'slowish' \(.*\) took 0\.[23] s for 3 completions, more than reward_slow_warning=0.1 s "
-        r"\(its timeout is 10 s\)",
+        r"reward function 'slowish' \(.*\) took 0\.[23] s for 3 completions, more than "
+        r"reward_slow_warning=0.1 s \(its timeout is 10 s\)",
         line,
     ), line
 
 
 def test_functions_that_need_the_main_thread_run_there(caplog):
-    """signal.signal works only in the main thread: math-verify's timeouts (the built-in math, TRL's accuracy_reward)."""
+    """signal.signal works only in the main thread: math-verify's timeouts (the built-in math, TRL's
+    accuracy_reward)."""
     import signal
 
     threads = []

@@ -1,5 +1,5 @@
-"""Slow reward functions: `async def` ones run at once, every call is bounded, and a timed-out call scores as the
-config says (reward_on_timeout, rewards[i].on_timeout). docs/rewards.md, "Slow reward functions".
+"""Slow reward functions: `async def` ones run at once, every call is bounded, and a timed-out call scores as
+the config says (reward_on_timeout, rewards[i].on_timeout). docs/rewards.md, "Slow reward functions".
 
 Run: .venv/bin/python -m pytest tests/test_rewards_async.py
 
@@ -83,7 +83,7 @@ def test_async_functions_are_called_as_trl_calls_them_once_per_batch_with_lists(
 
     async def judge(prompts, completions, completion_ids, answer, **kwargs):
         calls.append((prompts, completions, completion_ids, answer))
-        return [float(c == f"c{a}") for c, a in zip(completions, answer)]
+        return [float(c == f"c{a}") for c, a in zip(completions, answer, strict=True)]
 
     out = call(RewardManager([judge]))
     assert calls == [
@@ -123,7 +123,8 @@ def test_scoring_works_from_another_thread_and_under_a_running_event_loop():
     worker.start()
     worker.join()
 
-    async def notebook_cell():  # Jupyter: an event loop runs in this thread already, where asyncio.run would refuse
+    # Jupyter: an event loop runs in this thread already, where asyncio.run would refuse
+    async def notebook_cell():
         return call(manager)
 
     results.append(asyncio.run(notebook_cell()))

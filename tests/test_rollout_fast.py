@@ -33,7 +33,8 @@ TEXTS = ["1 2>3=", "45 6 7>99=", "8>8=", "12 34 5 6>100=", "7", "3 3 3 3 3 3 3 3
 
 @pytest.fixture(scope="module", autouse=True)
 def one_thread():
-    """A 64-wide model gains nothing from intra-op threads, and on a loaded machine their barriers cost 10x."""
+    """A 64-wide model gains nothing from intra-op threads, and on a loaded machine their barriers cost
+    10x."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -142,7 +143,8 @@ def test_train_mode_restored(model_and_tok, prompts):
 
 @pytest.mark.parametrize("top_k,top_p", [(0, 1.0), (5, 1.0), (0, 0.7), (3, 0.5), (50, 0.95)])
 def test_process_logits_matches_transformers_warpers(top_k, top_p):
-    """Temperature -> top-k -> top-p, with transformers' tie and boundary rules (ties at the k-th value kept)."""
+    """Temperature -> top-k -> top-p, with transformers' tie and boundary rules (ties at the k-th value
+    kept)."""
     torch.manual_seed(0)
     logits = torch.randn(64, 23)
     logits[:8] = torch.randint(-2, 3, (8, 23)).float()  # many exact ties
@@ -187,13 +189,14 @@ def test_first_token_frequencies_match_processed_distribution(model_and_tok, pro
 
 
 def test_eos_and_length(model_and_tok, prompts):
-    """A stopped completion ends with its only EOS ("stop"); otherwise it has max_tokens tokens and no EOS ("length")."""
+    """A stopped completion ends with its only EOS ("stop"); otherwise it has max_tokens tokens and no EOS
+    ("length")."""
     model, tok = model_and_tok
     torch.manual_seed(0)
     out = FastEngine(model, tok).generate(prompts, 8, SamplingParams(max_tokens=10, temperature=1.0))
     eos = tok.eos_token_id
     assert len(out) == len(prompts) * 8
-    for ids, why, lp, text in zip(out.token_ids, out.finish_reasons, out.logprobs, out.texts):
+    for ids, why, lp, text in zip(out.token_ids, out.finish_reasons, out.logprobs, out.texts, strict=True):
         assert len(lp) == len(ids)
         assert text == tok.decode(ids, skip_special_tokens=True)
         if why == "stop":

@@ -26,10 +26,9 @@ from tests.test_rollout_vllm import (
     assert_learned_and_every_push_took,
     grpo_config,
     load,
-    logprobs_differ_before_a_push_and_match_after,  # noqa: F401
-    model_dir,
+    logprobs_differ_before_a_push_and_match_after,
     prompts,
-)  # model_dir: the fixture
+)
 
 START_TIMEOUT_S = 300  # vLLM's start on a busy 2-core machine: 20-50 s
 
@@ -41,8 +40,9 @@ def _die_with_parent():
 
 
 @pytest.fixture(scope="module")
-def server(model_dir, tmp_path_factory):
-    """(url, log path) of a `grpokit serve` subprocess on model_dir, listening on a free port; terminated at the end."""
+def server(vllm_model_dir, tmp_path_factory):
+    """(url, log path) of a `grpokit serve` subprocess on vllm_model_dir, listening on a free port; terminated
+    at the end."""
     require("vllm")
     log = tmp_path_factory.mktemp("serve") / "serve.log"
     with open(log, "w") as out:
@@ -52,7 +52,7 @@ def server(model_dir, tmp_path_factory):
                 "-m",
                 "grpokit",
                 "serve",
-                str(model_dir),
+                str(vllm_model_dir),
                 "--port",
                 "0",
                 "--threads",
@@ -86,8 +86,8 @@ def connect(server, model, tok):
 
 
 @pytest.mark.slow
-def test_sampling_logprobs_match_the_trainer_after_a_push_and_differ_before(server, model_dir):
-    model, tok = load(model_dir)
+def test_sampling_logprobs_match_the_trainer_after_a_push_and_differ_before(server, vllm_model_dir):
+    model, tok = load(vllm_model_dir)
     engine = connect(
         server, model, tok
     )  # waits for the server's "ready", checks its model, pushes the trainer's weights
@@ -101,8 +101,8 @@ def test_sampling_logprobs_match_the_trainer_after_a_push_and_differ_before(serv
 
 
 @pytest.mark.slow
-def test_each_sample_carries_the_version_of_the_push_before_it(server, model_dir):
-    model, tok = load(model_dir)
+def test_each_sample_carries_the_version_of_the_push_before_it(server, vllm_model_dir):
+    model, tok = load(vllm_model_dir)
     engine = connect(server, model, tok)  # the trainer's first push is version 0
     p, sampling = prompts(tok), SamplingParams(max_tokens=4)
     assert engine.generate(p, 2, sampling).versions == [0] * 4
@@ -115,8 +115,8 @@ def test_each_sample_carries_the_version_of_the_push_before_it(server, model_dir
 
 
 @pytest.mark.slow
-def test_the_runs_generator_decides_the_samples_as_in_the_colocated_engine(server, model_dir):
-    model, tok = load(model_dir)
+def test_the_runs_generator_decides_the_samples_as_in_the_colocated_engine(server, vllm_model_dir):
+    model, tok = load(vllm_model_dir)
     engine = connect(server, model, tok)
     p, sampling = prompts(tok), SamplingParams(max_tokens=12)
     torch.manual_seed(7)
@@ -129,7 +129,10 @@ def test_the_runs_generator_decides_the_samples_as_in_the_colocated_engine(serve
     assert (
         len({tuple(x) for x in a.token_ids[:4]}) > 1
     )  # the n samples of a prompt are not copies of each other
-    own = lambda: SamplingParams(max_tokens=12, generator=torch.Generator().manual_seed(7))  # noqa: E731
+
+    def own():
+        return SamplingParams(max_tokens=12, generator=torch.Generator().manual_seed(7))
+
     state = torch.random.get_rng_state()
     assert engine.generate(p, 4, own()).token_ids == engine.generate(p, 4, own()).token_ids
     assert torch.equal(
@@ -142,14 +145,21 @@ def test_the_runs_generator_decides_the_samples_as_in_the_colocated_engine(serve
     finally:
         colocated.close()
     assert here.token_ids == a.token_ids and here.finish_reasons == a.finish_reasons
-    assert max(abs(x - y) for u, v in zip(here.logprobs, a.logprobs) for x, y in zip(u, v)) < 1e-5
+    assert (
+        max(
+            abs(x - y)
+            for u, v in zip(here.logprobs, a.logprobs, strict=True)
+            for x, y in zip(u, v, strict=True)
+        )
+        < 1e-5
+    )
 
 
 @pytest.mark.slow
-def test_greedy_and_stop_sequences_mean_what_they_mean_in_the_colocated_engine(server, model_dir):
+def test_greedy_and_stop_sequences_mean_what_they_mean_in_the_colocated_engine(server, vllm_model_dir):
     from grpokit.rollout.fast import FastEngine
 
-    model, tok = load(model_dir)
+    model, tok = load(vllm_model_dir)
     engine = connect(server, model, tok)
     p, greedy = prompts(tok), SamplingParams(max_tokens=12, greedy=True)
     fast = FastEngine(model, tok).generate(p, 2, greedy)
@@ -161,8 +171,8 @@ def test_greedy_and_stop_sequences_mean_what_they_mean_in_the_colocated_engine(s
 
 
 @pytest.mark.slow
-def test_a_push_that_did_not_take_is_caught(server, model_dir):
-    model, tok = load(model_dir)
+def test_a_push_that_did_not_take_is_caught(server, vllm_model_dir):
+    model, tok = load(vllm_model_dir)
     engine = connect(server, model, tok)
     other = build_tiny_llama(tok, size="test", seed=1, config={"head_dim": 64})
     # Only some tensors of another model reach the server: it now runs neither model.
@@ -175,7 +185,8 @@ def test_a_push_that_did_not_take_is_caught(server, model_dir):
 
 @pytest.mark.slow
 def test_a_server_on_another_model_is_a_clear_error(server, tiny_model_dir, tmp_path):
-    """`grpokit train` on the tests' tiny model (4 heads of 24) against the server's (4 heads of 64): one line, before any push."""
+    """`grpokit train` on the tests' tiny model (4 heads of 24) against the server's (4 heads of 64): one
+    line, before any push."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # as grpokit.cli.main does; the test runner skips main()
@@ -202,21 +213,22 @@ def test_a_server_on_another_model_is_a_clear_error(server, tiny_model_dir, tmp_
     assert "\n" not in line and "Traceback" not in result.output, result.output
     assert line.startswith(f"error: the rollout server at {server[0]} serves another model"), line
     assert re.search(
-        r"tensor model\.layers\.0\.self_attn\.q_proj\.weight is \[256, 96\] there, \[96, 96\] here \(and \d+ more\)",
+        r"tensor model\.layers\.0\.self_attn\.q_proj\.weight is \[256, 96\] there, \[96, 96\] here \(and \d+ "
+        r"more\)",
         line,
     ), line
     assert f"`grpokit serve {tiny_model_dir}`" in line, line
 
 
 @pytest.mark.slow
-def test_grpo_on_a_vllm_server_learns_and_every_push_takes(server, model_dir, tmp_path):
-    """The loop with rollout.vllm_mode=server, as test_grpo_on_vllm_learns_and_every_push_takes runs it colocated:
-    the reward rises, and the mismatch stays at float noise at every step (each step's samples came from the weights
-    pushed after the step before)."""
+def test_grpo_on_a_vllm_server_learns_and_every_push_takes(server, vllm_model_dir, tmp_path):
+    """The loop with rollout.vllm_mode=server, as test_grpo_on_vllm_learns_and_every_push_takes runs it
+    colocated: the reward rises, and the mismatch stays at float noise at every step (each step's samples came
+    from the weights pushed after the step before)."""
     from grpokit.trainer import Trainer
 
     cfg = grpo_config(
-        model_dir,
+        vllm_model_dir,
         tmp_path / "run",
         "optim.max_steps=30",
         "rollout.engine=vllm",
@@ -230,8 +242,9 @@ def test_grpo_on_a_vllm_server_learns_and_every_push_takes(server, model_dir, tm
 
 
 def test_a_run_resumes_against_a_server_at_another_url():
-    """A server restarted after a crash may listen elsewhere (--port 0): its URL and the timeout are plumbing, not the
-    run's settings, so a resume does not refuse them (the model check and the first push guard the rest)."""
+    """A server restarted after a crash may listen elsewhere (--port 0): its URL and the timeout are plumbing,
+    not the run's settings, so a resume does not refuse them (the model check and the first push guard the
+    rest)."""
     from grpokit.checkpoint import config_changes
     from grpokit.config import load_config
 

@@ -19,9 +19,7 @@ from grpokit.rollout import SamplingParams
 from grpokit.rollout.fast import FastEngine
 from grpokit.rollout.vllm import RolloutError, VLLMEngine
 from grpokit.rollout.weights import model_prompt_logprobs
-from grpokit.tasks import get_task
 from grpokit.tasks.tiny_model import build_tiny_llama
-from grpokit.tasks.tokenizer import build_tokenizer
 from tests.helpers import read_metrics, require, tiny_config
 
 pytestmark = pytest.mark.slow  # every test here starts vLLM (20-50 s on a busy 2-core machine)
@@ -32,15 +30,6 @@ def _vllm():
     require("vllm")  # make test installs it: skipped without it, failed without it under CI=true
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny_llama_hd64")
-    tok = build_tokenizer(get_task("countdown"), path)
-    build_tiny_llama(tok, size="test", seed=0, config={"head_dim": 64}).save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
-
-
 def load(path):
     from transformers import AutoTokenizer
 
@@ -48,8 +37,8 @@ def load(path):
 
 
 @pytest.fixture(scope="module")
-def engine_and_model(model_dir):
-    model, tok = load(model_dir)
+def engine_and_model(vllm_model_dir):
+    model, tok = load(vllm_model_dir)
     engine = VLLMEngine(model, tok, max_model_len=256, max_seqs=32)
     yield engine, model, tok
     engine.close()
@@ -87,8 +76,8 @@ def one_optimizer_step(model, tok):
     model.eval()
 
 
-def test_sampling_logprobs_match_the_trainer_after_a_push_and_differ_before(model_dir):
-    model, tok = load(model_dir)
+def test_sampling_logprobs_match_the_trainer_after_a_push_and_differ_before(vllm_model_dir):
+    model, tok = load(vllm_model_dir)
     engine = VLLMEngine(model, tok, max_model_len=256, max_seqs=32)
     try:
         logprobs_differ_before_a_push_and_match_after(engine, model, tok)
@@ -97,9 +86,9 @@ def test_sampling_logprobs_match_the_trainer_after_a_push_and_differ_before(mode
 
 
 def logprobs_differ_before_a_push_and_match_after(engine, model, tok):
-    """The must-show on an engine that runs model's weights (its constructor pushed them): sampling log-probs equal
-    the trainer's; after a real update they differ (> 0.05) until sync_weights, then equal again (< 1e-3, fp32).
-    Returns the completions sampled before and after the push."""
+    """The must-show on an engine that runs model's weights (its constructor pushed them): sampling log-probs
+    equal the trainer's; after a real update they differ (> 0.05) until sync_weights, then equal again (<
+    1e-3, fp32). Returns the completions sampled before and after the push."""
     p, n, sampling = prompts(tok), 8, SamplingParams(max_tokens=16)
     assert max_diff(model, p, engine.generate(p, n, sampling), n) < 1e-3  # the first push, in the constructor
     one_optimizer_step(model, tok)
@@ -132,7 +121,7 @@ def test_temperature_logprobs_greedy_and_stopping_mean_what_they_mean_for_fast(e
     assert engine.generate(p, 2, SamplingParams(max_tokens=12, top_p=1e-6)).token_ids == fast.token_ids
     # EOS ends a completion and is kept ("stop"); without it the completion has max_tokens tokens ("length")
     comps = engine.generate(p, 16, SamplingParams(max_tokens=12))
-    for ids, why, text in zip(comps.token_ids, comps.finish_reasons, comps.texts):
+    for ids, why, text in zip(comps.token_ids, comps.finish_reasons, comps.texts, strict=True):
         assert (why == "stop") == (bool(ids) and ids[-1] in engine.eos_ids)
         assert why == "stop" or len(ids) == 12
         assert not any(t in engine.eos_ids for t in ids[:-1])
@@ -141,8 +130,9 @@ def test_temperature_logprobs_greedy_and_stopping_mean_what_they_mean_for_fast(e
 
 
 def test_stop_token_sequences_end_a_completion_as_in_fast(engine_and_model):
-    """SamplingParams.stop_token_ids (multi-turn episodes stop a turn at a tool call's close): a one-token and a
-    two-token sequence taken from the middle of greedy completions end them there, kept, as the fast engine does."""
+    """SamplingParams.stop_token_ids (multi-turn episodes stop a turn at a tool call's close): a one-token and
+    a two-token sequence taken from the middle of greedy completions end them there, kept, as the fast engine
+    does."""
     engine, model, tok = engine_and_model
     p, greedy = prompts(tok), SamplingParams(max_tokens=12, greedy=True)
     free = FastEngine(model, tok).generate(p, 1, greedy).token_ids
@@ -152,8 +142,10 @@ def test_stop_token_sequences_end_a_completion_as_in_fast(engine_and_model):
         sampling = SamplingParams(max_tokens=12, greedy=True, stop_token_ids=(stop,))
         ours, fast = engine.generate(p, 1, sampling), FastEngine(model, tok).generate(p, 1, sampling)
         assert ours.token_ids == fast.token_ids and ours.finish_reasons == fast.finish_reasons
-        assert any(len(ids) < len(f) for ids, f in zip(ours.token_ids, free))  # the stop cut something
-        assert all(len(lp) == len(ids) for lp, ids in zip(ours.logprobs, ours.token_ids))
+        assert any(
+            len(ids) < len(f) for ids, f in zip(ours.token_ids, free, strict=True)
+        )  # the stop cut something
+        assert all(len(lp) == len(ids) for lp, ids in zip(ours.logprobs, ours.token_ids, strict=True))
 
 
 def test_the_runs_generator_decides_the_samples(engine_and_model):
@@ -170,7 +162,7 @@ def test_the_runs_generator_decides_the_samples(engine_and_model):
     assert len({tuple(x) for x in a[:4]}) > 1  # the n samples of a prompt are not copies of each other
 
 
-def test_a_push_that_did_not_take_is_caught(engine_and_model, model_dir):
+def test_a_push_that_did_not_take_is_caught(engine_and_model, vllm_model_dir):
     engine, model, tok = engine_and_model
     other = build_tiny_llama(tok, size="test", seed=1, config={"head_dim": 64})
     # Only some tensors of another model reach vLLM: the engine now runs neither model.
@@ -183,7 +175,8 @@ def test_a_push_that_did_not_take_is_caught(engine_and_model, model_dir):
 
 
 def test_sleep_and_wake_up_do_nothing_on_cpu(engine_and_model):
-    """vLLM's CPU backend has no sleep mode: the loop may call both around every update, and nothing changes."""
+    """vLLM's CPU backend has no sleep mode: the loop may call both around every update, and nothing
+    changes."""
     engine, _, tok = engine_and_model
     greedy = SamplingParams(max_tokens=12, greedy=True)
     before = engine.generate(prompts(tok), 2, greedy).token_ids
@@ -196,10 +189,10 @@ def test_sleep_and_wake_up_do_nothing_on_cpu(engine_and_model):
 @pytest.mark.skipif(
     not torch.cuda.is_available(), reason="vLLM's sleep mode needs CUDA (the CPU backend has none)"
 )
-def test_sleep_frees_gpu_memory_and_wake_up_brings_the_same_engine_back(model_dir):
-    """On CUDA: sleep() (level 1) frees the KV cache and moves the weights to CPU memory; a push while asleep wakes
-    the engine; after wake_up the engine samples what it sampled before, and pushes still take."""
-    model, tok = load(model_dir)
+def test_sleep_frees_gpu_memory_and_wake_up_brings_the_same_engine_back(vllm_model_dir):
+    """On CUDA: sleep() (level 1) frees the KV cache and moves the weights to CPU memory; a push while asleep
+    wakes the engine; after wake_up the engine samples what it sampled before, and pushes still take."""
+    model, tok = load(vllm_model_dir)
     model = model.cuda()
     engine = VLLMEngine(model, tok, max_model_len=256, max_seqs=32, gpu_memory_utilization=0.2)
     try:
@@ -221,7 +214,7 @@ def test_sleep_frees_gpu_memory_and_wake_up_brings_the_same_engine_back(model_di
         assert not engine.asleep and engine.last_push_error < 1e-3
         comps = engine.generate(p, 4, SamplingParams(max_tokens=12))
         for prompt, ids, lp in zip(
-            [q for q in p for _ in range(4)], comps.token_ids, comps.logprobs
+            [q for q in p for _ in range(4)], comps.token_ids, comps.logprobs, strict=True
         ):  # ids: never empty (>= EOS)
             ours = model_prompt_logprobs(model, prompt + ids)[len(prompt) - 1 :]  # teacher-forced, on the GPU
             assert (ours - torch.tensor(lp, dtype=torch.float64)).abs().max().item() < 1e-3
@@ -229,8 +222,8 @@ def test_sleep_frees_gpu_memory_and_wake_up_brings_the_same_engine_back(model_di
         engine.close()
 
 
-def test_starting_vllm_leaves_the_process_as_it_was(model_dir):
-    model, tok = load(model_dir)
+def test_starting_vllm_leaves_the_process_as_it_was(vllm_model_dir):
+    model, tok = load(vllm_model_dir)
     torch.set_num_threads(1)
     random.seed(3)
     np.random.seed(3)
@@ -258,18 +251,19 @@ def test_a_head_size_vllm_cpu_cannot_run_is_a_clear_error(tiny_model_dir):
         VLLMEngine(model, tok)
 
 
-def grpo_config(model_dir, out, *extra):
-    return tiny_config(model_dir, out, "checkpoint.save_every=0", *extra)
+def grpo_config(vllm_model_dir, out, *extra):
+    return tiny_config(vllm_model_dir, out, "checkpoint.save_every=0", *extra)
 
 
-def test_grpo_on_vllm_learns_and_every_push_takes(model_dir, tmp_path):
-    """The loop with rollout.engine=vllm: the reward rises as with the other engines (tests/test_trainer.py), and
-    the mismatch logged at every step stays at float noise: each step's samples came from the weights of the
-    step before (a push that did not take would show the previous policy's log-probs, as in the must-show test)."""
+def test_grpo_on_vllm_learns_and_every_push_takes(vllm_model_dir, tmp_path):
+    """The loop with rollout.engine=vllm: the reward rises as with the other engines (tests/test_trainer.py),
+    and the mismatch logged at every step stays at float noise: each step's samples came from the weights of
+    the step before (a push that did not take would show the previous policy's log-probs, as in the must-show
+    test)."""
     from grpokit.trainer import Trainer
 
     cfg = grpo_config(
-        model_dir,
+        vllm_model_dir,
         tmp_path / "run",
         "optim.max_steps=30",
         "rollout.engine=vllm",
@@ -284,7 +278,8 @@ def test_grpo_on_vllm_learns_and_every_push_takes(model_dir, tmp_path):
 
 
 def assert_learned_and_every_push_took(run_dir, steps_run: int) -> None:
-    """The reward rose, and the sampler-trainer mismatch stayed at fp32 noise at every step of the run's metrics."""
+    """The reward rose, and the sampler-trainer mismatch stayed at fp32 noise at every step of the run's
+    metrics."""
     rows = read_metrics(run_dir)
     steps = [r for r in rows if "reward/mean" in r]
     assert len(steps) == steps_run

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import os
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -292,13 +292,18 @@ def test_the_harness_resists_simple_reward_hacks():
 
 # Ordinary tests, across the judge / candidate split: each feature once, a right and a wrong solution.
 ORDINARY_TESTS = [
-    "try:\n    root(-1)\n    raised = False\nexcept ValueError:\n    raised = True\nassert raised",  # expects an error
-    "import math\nassert math.isclose(area(2), 12.566, rel_tol=1e-3) and abs(area(1) - 3.14159) < 1e-4",  # floats
-    "def check(candidate):\n    assert candidate([1, 2, 3]) == 6\n    assert candidate([]) == 0\ncheck(total)",  # HumanEval
+    # expects an error
+    "try:\n    root(-1)\n    raised = False\nexcept ValueError:\n    raised = True\nassert raised",
+    # floats
+    "import math\nassert math.isclose(area(2), 12.566, rel_tol=1e-3) and abs(area(1) - 3.14159) < 1e-4",
+    # HumanEval
+    "def check(candidate):\n    assert candidate([1, 2, 3]) == 6\n    assert candidate([]) == 0\n"
+    "check(total)",
     "s = Stack()\ns.push(1)\ns.push(2)\nassert s.pop() == 2 and len(s) == 1 and s",  # objects and methods
     "assert list(squares(3)) == [0, 1, 4] and [x for x in squares(2)] == [0, 1]",  # generators
     "x = [3, 1, 2]\nsort_in_place(x)\nassert x == [1, 2, 3]",  # changes its argument in place
-    "try:\n    parse('x')\nexcept ParseError as e:\n    caught = 'bad' in str(e)\nassert caught",  # its own error
+    # its own error
+    "try:\n    parse('x')\nexcept ParseError as e:\n    caught = 'bad' in str(e)\nassert caught",
     "assert stats([1, 2]) == {'n': 2, 'items': (1, 2), 'set': {1, 2}, 'none': None, 'raw': b'ab', 'z': 1j}",
     "assert LIMIT == 10 and isinstance(LIMIT, int)",  # a constant
 ]
@@ -621,10 +626,10 @@ def hostile(namespaces, tmp_path_factory):
     finally:
         del os.environ["GRPOKIT_TEST_SECRET"]
     connected = accepted_a_connection(server)
-    results = dict(zip(cases, code_tests.last_results))
+    results = dict(zip(cases, code_tests.last_results, strict=True))
     yield {
         "cases": cases,
-        "scores": dict(zip(cases, scores)),
+        "scores": dict(zip(cases, scores, strict=True)),
         "results": results,
         "outside": outside,
         "victim": victim,

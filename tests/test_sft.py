@@ -32,7 +32,7 @@ def exact_match(model, tok, pairs):
         **enc, max_new_tokens=4, do_sample=False, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id
     )
     texts = tok.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
-    return sum(t == p["completion"] for t, p in zip(texts, pairs)) / len(pairs)
+    return sum(t == p["completion"] for t, p in zip(texts, pairs, strict=True)) / len(pairs)
 
 
 def prompt_ids(tok, prompt):

@@ -48,10 +48,13 @@ LONG_FUNCTION_ALLOWLIST: dict[str, str] = {
     "grpokit.demo:run_demo": "to split: the demo's stages inline",
     "grpokit.trainer:Trainer.rollout": "to split: scoring, packing and log-prob passes inline",
     "grpokit.rewards.manager:RewardManager.__call__": "to split: batching, timeouts and reductions inline",
-    "grpokit.rollout.fast:FastEngine._generate_batch": "one decode loop over a static KV cache, kept whole to read",
+    "grpokit.rollout.fast:FastEngine._generate_batch": "one decode loop over a static KV cache, kept whole "
+    "to read",
     "grpokit.trainer:Trainer.__init__": "to split: component wiring belongs to its owners",
-    "grpokit.tasks.countdown:parse_expression": "a recursive-descent parser, one function to read top to bottom",
-    "grpokit.algo.losses:policy_loss": "the clipped surrogate with its loss-type branches, kept beside the formulas",
+    "grpokit.tasks.countdown:parse_expression": "a recursive-descent parser, one function to read top to "
+    "bottom",
+    "grpokit.algo.losses:policy_loss": "the clipped surrogate with its loss-type branches, kept beside the "
+    "formulas",
     "grpokit.rewards.manager:_Reward.build": "to split: spec validation and loading inline",
     "grpokit.trainer:Trainer._train": "to split: the loop's bookkeeping inline",
     "grpokit.data:PromptDataset.__init__": "to split: column checks and tokenization inline",
@@ -289,7 +292,7 @@ def find_dynamic_package_imports(root: Path, package: str) -> list[str]:
         return text is not None and (text == package or text.startswith(package + "."))
 
     found = []
-    for module, path in discover_modules(root, package).items():
+    for path in discover_modules(root, package).values():
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
         for node in ast.walk(tree):
             if not isinstance(node, ast.Call):
@@ -618,7 +621,8 @@ def test_long_function_finder(tmp_path):
         tmp_path,
         {
             "a/__init__.py": f"class C:\n    def m(self):\n{textwrap.indent(body, '    ')}\n",
-            "a/f.py": f"def short():\n    pass\n\ndef outer():\n    def inner():\n{textwrap.indent(body, '    ')}\n",
+            "a/f.py": "def short():\n    pass\n\ndef outer():\n    def "
+            f"inner():\n{textwrap.indent(body, '    ')}\n",
         },
     )
     assert find_long_functions(root, "a", 5) == {"a:C.m": 6, "a.f:outer": 7, "a.f:outer.<locals>.inner": 6}

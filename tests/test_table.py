@@ -1,5 +1,6 @@
-"""The completion table (grpokit/records/table.py): a real run records whole groups with each function's reward,
-the advantage and the lengths in completions.parquet; `grpokit show` prints a step, or its worst completions."""
+"""The completion table (grpokit/records/table.py): a real run records whole groups with each function's
+reward, the advantage and the lengths in completions.parquet; `grpokit show` prints a step, or its worst
+completions."""
 
 import json
 from pathlib import Path
@@ -31,7 +32,8 @@ def run_dir(tiny_model_dir, tmp_path_factory):
             "data.task=countdown",
             "data.task_train_size=200",
             "data.eval_size=0",
-            f"rewards=[{{function: '{TESTS / 'reward_fns.py'}:count_sevens'}}, {{function: countdown, weight: 2.0}}]",
+            f"rewards=[{{function: '{TESTS / 'reward_fns.py'}:count_sevens'}}, {{function: countdown, "
+            "weight: 2.0}]",
             "rollout.prompts_per_step=4",
             f"rollout.num_generations={G}",
             f"rollout.max_completion_length={T}",

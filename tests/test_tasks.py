@@ -214,8 +214,8 @@ def test_reward_registry_adds_the_task_rewards_to_the_builtins():
     with pytest.raises(ValueError) as e:
         resolve_reward("mth", registry)
     assert str(e.value) == (
-        "reward 'mth' is not a built-in (math, format, countdown, countdown_steps, multiply, overlong, length, code_tests, "
-        "tool_call_valid, tool_args_valid, tool_result_used, step_cost); "
+        "reward 'mth' is not a built-in (math, format, countdown, countdown_steps, multiply, overlong, "
+        "length, code_tests, tool_call_valid, tool_args_valid, tool_result_used, step_cost); "
         "did you mean 'math'? use 'package.module:function' or 'path/to/file.py:function'"
     )
 

@@ -226,8 +226,8 @@ def example_model(tmp_path_factory):
 @pytest.mark.slow
 def test_two_runs_at_the_same_thread_count_end_bit_identical(example_model, tmp_path):
     """docs/threads.md, 'Reproducing a run exactly': two uninterrupted `grpokit train` processes with the same
-    config and seed, default threads, at the same count (here 3, from OMP_NUM_THREADS as auto reads it: a count
-    at which the shared-prompt pass used to race) end with torch.equal weights."""
+    config and seed, default threads, at the same count (here 3, from OMP_NUM_THREADS as auto reads it: a
+    count at which the shared-prompt pass used to race) end with torch.equal weights."""
     out_a, a = _train(example_model, tmp_path / "a", env_threads=3)
     out_b, b = _train(example_model, tmp_path / "b", env_threads=3)
     assert "threads: 3 (OMP_NUM_THREADS" in out_a and "threads: 3 (OMP_NUM_THREADS" in out_b
@@ -250,9 +250,9 @@ def test_auto_takes_the_count_of_the_run_being_resumed():
 
 @pytest.mark.slow
 def test_a_resume_under_auto_runs_at_the_count_the_run_started_with(example_model, tmp_path):
-    """config.yaml records the count a run used; `grpokit train` resumed with threads=0 (auto) takes it from there
-    whatever OMP_NUM_THREADS and the load say now, so the resumed run ends bit for bit where an uninterrupted run
-    does. 3 threads at the start: auto alone picks 3 only with 3 free cores."""
+    """config.yaml records the count a run used; `grpokit train` resumed with threads=0 (auto) takes it from
+    there whatever OMP_NUM_THREADS and the load say now, so the resumed run ends bit for bit where an
+    uninterrupted run does. 3 threads at the start: auto alone picks 3 only with 3 free cores."""
     import shutil
 
     import yaml

@@ -16,30 +16,29 @@ import pytest
 import torch
 
 from grpokit.algo import policy_loss, token_logprobs
+from grpokit.algorithm import make_loss_mask
 from grpokit.batch import pack_sequences, process_rewards
 from grpokit.config import AlgorithmConfig, ConfigError, load_config
-from grpokit.algorithm import make_loss_mask
 from grpokit.policy import completion_logprobs
 from grpokit.rewards import RewardManager, RewardSpec, StepScores
 from grpokit.rollout import SamplingParams, make_engine
 from grpokit.rollout.base import Completions
-from grpokit.rollout.episodes import ToolRollout, generate_groups
+from grpokit.rollout.episodes import ToolRollout
 from grpokit.tasks import reward_registry
 from grpokit.tasks.tiny_model import build_tiny_llama
 from grpokit.tasks.tokenizer import build_tokenizer
-from grpokit.tools.formats import ParsedCall
 from grpokit.tools import (
     ChatTemplateFormat,
-    Episode,
+    Episode,  # noqa: F401 (loaded by name below: tools.environment={__name__}:Episode)
     PlainFormat,
     ToolBox,
-    ToolCall,
     as_tool,
     calculator,
     check_arguments,
     episode_metrics,
     function_schema,
 )
+from grpokit.tools.formats import ParsedCall
 from grpokit.tools.rewards import step_cost, tool_args_valid, tool_call_valid, tool_result_used
 from grpokit.tools.setup import environment_reward_spec, load_tools
 from tests.helpers import ScriptedEngine
@@ -216,9 +215,9 @@ def test_plain_format_parses_calls(tok):
 
 QWEN_LIKE = (
     "{% for m in messages %}"
-    "{% if m.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m.content }}\n</tool_response><|im_end|>\n"
-    "{% else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    "{% if m.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m.content "
+    "}}\n</tool_response><|im_end|>\n{% else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif "
+    "%}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
 
@@ -253,7 +252,8 @@ def test_chat_template_format_renders_tool_messages_with_the_template():
 
 
 class Scripted(ScriptedEngine):
-    """Plays the model: turn k of every episode is texts[k] (then EOS unless it ends with a call), log-prob -0.5 each."""
+    """Plays the model: turn k of every episode is texts[k] (then EOS unless it ends with a call), log-prob
+    -0.5 each."""
 
     def __init__(self, tok, texts, eos=True):
         self.tok, self.texts, self.k, self.eos = tok, texts, 0, eos
@@ -317,7 +317,8 @@ def test_errors_go_back_to_the_model_and_episodes_stop_at_max_turns_or_the_budge
     assert (ep.turns, ep.cut, [c.error for c in ep.tool_calls]) == (3, "max_turns", ["unknown_tool"] * 3)
     assert episode_metrics([ep])["rollout/tools/errors"] == 3.0 and comps.finish_reasons == ["stop"]
 
-    # budget 30: the call (20 tokens) fits, its result (19) would leave no room: cut before it, finish "length"
+    # budget 30: the call (20 tokens) fits, its result (19) would leave no room: cut before it, finish
+    # "length"
     comps = ToolRollout(
         Scripted(tok, ["<tool>calculator(1)</tool>"]),
         tok,
@@ -347,9 +348,10 @@ def _episode(tok, texts, max_tokens=64):
 
 
 def test_tool_result_tokens_get_exactly_zero_gradient_and_are_never_counted(tok, model):
-    """Worked numbers: row 0 = 30 model tokens (call), 20 tool tokens (result), 5 model tokens (=408 + EOS); row 1 has
-    no call (6 model tokens). dapo (token mean) with pi_theta = pi_old: d loss / d logp_t = -A_i / (30 + 5 + 6) on model
-    tokens, exactly 0 on tool tokens; the normalizer counts 41 tokens, not 61."""
+    """Worked numbers: row 0 = 30 model tokens (call), 20 tool tokens (result), 5 model tokens (=408 + EOS);
+    row 1 has no call (6 model tokens). dapo (token mean) with pi_theta = pi_old: d loss / d logp_t = -A_i /
+    (30 + 5 +
+    6) on model tokens, exactly 0 on tool tokens; the normalizer counts 41 tokens, not 61."""
     with_call = _episode(tok, ["<tool>calculator(12*34)</tool>", "=408"])
     without = _episode(tok, ["=9999"])
     ids = with_call.token_ids + without.token_ids
@@ -420,7 +422,7 @@ def test_sampled_episodes_score_like_one_pass_on_the_whole_sequence(engine_name)
     assert (
         sum(len(e.tool_calls) for e in eps) >= 4 and max(e.turns for e in eps) >= 2
     )  # multi-turn did happen
-    for ids, mask, ep in zip(comps.token_ids, comps.model_mask, eps):
+    for ids, mask, ep in zip(comps.token_ids, comps.model_mask, eps, strict=True):
         assert len(ids) == len(mask) <= 48
         ran = [c for c in ep.tool_calls if c.error != "not_run"][
             : ep.turns - 1
@@ -435,7 +437,7 @@ def test_sampled_episodes_score_like_one_pass_on_the_whole_sequence(engine_name)
     tokens = pack_sequences([p for p in prompts for _ in range(8)], comps.token_ids, tok.pad_token_id)
     with torch.no_grad():
         logp, _ = completion_logprobs(model, tokens)  # one pass over prompt + every turn + every result
-    for i, (mask, lps) in enumerate(zip(comps.model_mask, comps.logprobs)):
+    for i, (mask, lps) in enumerate(zip(comps.model_mask, comps.logprobs, strict=True)):
         on = torch.tensor(mask, dtype=torch.bool)
         torch.testing.assert_close(logp[i, : len(mask)][on], torch.tensor(lps)[on], atol=2e-5, rtol=0)
 
@@ -471,7 +473,8 @@ def test_process_rewards_on_calls_land_on_each_calls_tokens(tok):
         "step_cost"
     ].tolist() == [-0.5, -1.0, 0.0]
     rewards, ends = process_rewards(out, comps.texts, comps.token_ids, tok)
-    # episode 0: +1 (valid) - 0.5 (cost) at the call's last token (29, its '>'); episode 1: two calls, each 0 - 0.5
+    # episode 0: +1 (valid) - 0.5 (cost) at the call's last token (29, its '>'); episode 1: two calls, each 0
+    # - 0.5
     assert ends[0].tolist() == [29] and rewards[0].tolist() == [0.5]
     second = episodes[1].tool_calls[1].end - 1
     assert ends[1].tolist() == [19, second] and rewards[1].tolist() == [-0.5, -0.5]
@@ -606,7 +609,7 @@ def test_tools_config_is_validated(tmp_path):
         load_tools(load_config(None, [f"tools.environment={__name__}:Episode"]).tools)
 
 
-# -- the python tool under attack: the code_tests hostile programs (tests/test_sandbox.py), sent as tool calls ----
+# -- the python tool under attack: the code_tests hostile programs (tests/test_sandbox.py), sent as tool calls
 
 
 def _sandbox_tests():
@@ -621,7 +624,8 @@ def _sandbox_tests():
     return module
 
 
-#: what the python tool answers each hostile program: the sandbox's reason ("ok" for a program that ran to its end)
+#: what the python tool answers each hostile program: the sandbox's reason ("ok" for a program that ran to its
+#: end)
 PYTHON_TOOL_REASONS = {
     "fork_bomb": {"timeout", "cpu_limit"},
     "infinite_loop": {"timeout", "cpu_limit"},
@@ -702,7 +706,7 @@ def test_hostile_python_tool_calls_are_contained_as_code_tests_programs_are(tmp_
     finally:
         del os.environ["GRPOKIT_TEST_SECRET"]
     connected = sb.accepted_a_connection(server)
-    for name, ep in zip(cases, comps.episodes):
+    for name, ep in zip(cases, comps.episodes, strict=True):
         (call,) = ep.tool_calls
         assert call.name == "python" and call.arguments == {"code": cases[name][0]}
         reason = (
@@ -712,7 +716,7 @@ def test_hostile_python_tool_calls_are_contained_as_code_tests_programs_are(tmp_
         )
         assert call.error in (None, "raised") and reason in PYTHON_TOOL_REASONS[name], (name, call.result)
         assert ep.final == "done"  # the episode went on after the attack
-    results = {name: ep.tool_calls[0].result for name, ep in zip(cases, comps.episodes)}
+    results = {name: ep.tool_calls[0].result for name, ep in zip(cases, comps.episodes, strict=True)}
     assert any(w in results["write_outside"] for w in ("FileNotFoundError", "PermissionError"))
     assert "ENETUNREACH" in results["connect_loopback"] or "unreachable" in results["connect_loopback"]
     home = os.path.expanduser("~")  # read_home, printing what it found: not the host's home
@@ -730,7 +734,7 @@ def test_hostile_python_tool_calls_are_contained_as_code_tests_programs_are(tmp_
     os.kill(os.getpid(), 0)
 
 
-# -- end to end: the trainer with tools learns what the episode's reward pays for ------------------------------
+# -- end to end: the trainer with tools learns what the episode's reward pays for ----------------------------
 
 
 def made_a_call(completions, episodes, **kwargs):

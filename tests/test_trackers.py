@@ -280,7 +280,9 @@ def test_trackio_local_store_reads_back(tmp_path, hermetic, repo, monkeypatch):
     script = f"""
         from grpokit.records import MetricLogger
         import tests.test_trackers as t
-        with MetricLogger({str(tmp_path / "run")!r}, tensorboard=False, trackio=True, run_name="r1", config=t.CONFIG) as log:
+        with MetricLogger(
+            {str(tmp_path / "run")!r}, tensorboard=False, trackio=True, run_name="r1", config=t.CONFIG
+        ) as log:
             t._log_three_steps(log)
     """
     env = {
@@ -323,7 +325,8 @@ def test_logging_config_chooses_the_trackers():
     assert LoggingConfig().trackers()["trackio"] is False
     with pytest.raises(
         ConfigError,
-        match=r"unknown config key 'logging.trackoi'; did you mean 'trackio'\?.*allowed here: .*wandb, mlflow, trackio",
+        match=r"unknown config key 'logging.trackoi'; did you mean 'trackio'\?.*allowed here: .*wandb, "
+        r"mlflow, trackio",
     ):
         load_config(None, ["logging.trackoi=true"])
 
@@ -331,7 +334,10 @@ def test_logging_config_chooses_the_trackers():
 @pytest.mark.parametrize("key", ["wandb", "mlflow", "trackio"])
 def test_tracker_not_installed_names_the_key_and_the_extra(tmp_path, monkeypatch, key):
     monkeypatch.setitem(sys.modules, key, None)  # `import key` now fails as if it were not installed
-    message = f"logging.{key}=true but {key} is not installed; pip install 'grpokit[{key}]' or set logging.{key}=false"
+    message = (
+        f"logging.{key}=true but {key} is not installed; pip install 'grpokit[{key}]' or set "
+        f"logging.{key}=false"
+    )
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")) as e:
         MetricLogger(tmp_path, tensorboard=False, **{key: True})
     assert isinstance(e.value, ImportError)
@@ -343,7 +349,8 @@ def test_tensorboard_requested_but_missing_names_the_extra(tmp_path, monkeypatch
     )
     with pytest.raises(
         ConfigError,
-        match=r"logging.tensorboard=true but tensorboard is not installed; pip install 'grpokit\[tensorboard\]'",
+        match=r"logging.tensorboard=true but tensorboard is not installed; pip install "
+        r"'grpokit\[tensorboard\]'",
     ):
         MetricLogger(tmp_path, tensorboard=True)
 

@@ -5,10 +5,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from grpokit.batch import pack_sequences
 from grpokit.checkpoint import list_checkpoints
 from grpokit.policy import batched_logprobs
 from grpokit.rewards.build import reward_specs
-from grpokit.batch import pack_sequences
 from grpokit.trainer import Trainer
 from tests.helpers import read_metrics
 from tests.helpers import tiny_config as config
@@ -77,7 +77,9 @@ def test_resume_continues_exactly(tiny_model_dir, tmp_path, extra):
     resumed.train()
     assert resumed.step == 5
     # Bit for bit the same parameters as the uninterrupted run.
-    for (n, p), (_, q) in zip(straight.model.named_parameters(), resumed.model.named_parameters()):
+    for (n, p), (_, q) in zip(
+        straight.model.named_parameters(), resumed.model.named_parameters(), strict=True
+    ):
         assert torch.equal(p, q), n
     # metrics.jsonl has each step once.
     steps_logged = [r["step"] for r in read_metrics(tmp_path / "b")]
@@ -149,9 +151,9 @@ def test_ref_policy_reset_copies_the_policy(tiny_model_dir, tmp_path):
     trainer = Trainer(cfg)
     before = [p.clone() for p in trainer.ref.parameters()]
     trainer.train()
-    for p, q, b in zip(trainer.model.parameters(), trainer.ref.parameters(), before):
+    for p, q in zip(trainer.model.parameters(), trainer.ref.parameters(), strict=True):
         assert torch.equal(p, q)
-    assert any(not torch.equal(q, b) for q, b in zip(trainer.ref.parameters(), before))
+    assert any(not torch.equal(q, b) for q, b in zip(trainer.ref.parameters(), before, strict=True))
 
 
 def _compile_works() -> bool:
@@ -163,8 +165,8 @@ def _compile_works() -> bool:
 @pytest.mark.slow
 @pytest.mark.skipif(not _compile_works(), reason="torch.compile needs inductor and a C++ compiler")
 def test_compile_gives_the_eager_numbers(tiny_model_dir, tmp_path):
-    """model.compile=true: the rollout engine, the pi_ref pass and the update run through torch.compile and give
-    the eager trainer's tokens, log-probs, loss and gradients (up to float reassociation)."""
+    """model.compile=true: the rollout engine, the pi_ref pass and the update run through torch.compile and
+    give the eager trainer's tokens, log-probs, loss and gradients (up to float reassociation)."""
     from grpokit.rollout import SamplingParams
 
     extra = ["optim.max_steps=2", "algorithm.beta=0.04", "checkpoint.save_every=0", "rollout.engine=fast"]

@@ -9,7 +9,7 @@ See docs/algorithm.md for the formulas and where each comes from.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -159,6 +159,6 @@ def step_advantages(
             # Suffix sums over steps: step k's tokens get sum_{j>=k} norm_j.
             suffix = norm.flip(0).cumsum(0).flip(0)  # [K]
             starts = torch.cat([ends.new_zeros(1), ends[:-1] + 1])
-            for s, e, v in zip(starts.tolist(), ends.tolist(), suffix.tolist()):
+            for s, e, v in zip(starts.tolist(), ends.tolist(), suffix.tolist(), strict=True):
                 out[i, s : min(e + 1, num_tokens)] = v
     return out

@@ -55,7 +55,8 @@ def gae_advantages(
     """
     if rewards.shape != values.shape or rewards.shape != mask.shape:
         raise ValueError(
-            f"rewards {tuple(rewards.shape)}, values {tuple(values.shape)} and mask {tuple(mask.shape)} must match"
+            f"rewards {tuple(rewards.shape)}, values {tuple(values.shape)} and mask {tuple(mask.shape)} must "
+            "match"
         )
     on = mask.bool()
     r = torch.where(on, rewards.float(), torch.zeros_like(rewards, dtype=torch.float32))
@@ -90,7 +91,8 @@ def masked_whiten(x: Tensor, mask: Tensor, *, eps: float = 1e-8) -> Tensor:
 
 
 def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> float:
-    """1 - Var(R - V) / Var(R) over masked tokens: 1 = the critic predicts the returns, <= 0 = no better than a constant."""
+    """1 - Var(R - V) / Var(R) over masked tokens: 1 = the critic predicts the returns, <= 0 = no better than
+    a constant."""
     err = returns - values
     var_r = masked_mean((returns - masked_mean(returns, mask)) ** 2, mask)
     var_e = masked_mean((err - masked_mean(err, mask)) ** 2, mask)
@@ -118,8 +120,8 @@ def value_loss(
     """
     if values.shape != old_values.shape or values.shape != returns.shape or values.shape != mask.shape:
         raise ValueError(
-            f"values {tuple(values.shape)}, old_values {tuple(old_values.shape)}, returns {tuple(returns.shape)} "
-            f"and mask {tuple(mask.shape)} must match"
+            f"values {tuple(values.shape)}, old_values {tuple(old_values.shape)}, returns "
+            f"{tuple(returns.shape)} and mask {tuple(mask.shape)} must match"
         )
     v = values.float()
     old = old_values.detach().float()

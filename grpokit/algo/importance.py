@@ -25,7 +25,7 @@ carries no gradient. NaN sampler log-probs (none from our engines) count as d = 
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -78,7 +78,8 @@ def importance_weights(
 ) -> Tensor:
     """[N, T] detached weights rho (see the module docstring); 1 on tokens outside the mask.
 
-    old_logp: the trainer's log pi_old [N, T]; sampler_logp: the engine's [N, T]; mask: completion tokens [N, T].
+    old_logp: the trainer's log pi_old [N, T]; sampler_logp: the engine's [N, T]; mask: completion tokens [N,
+    T].
     mode: one of MODES. c_min / c_max: the bounds (None: that side unbounded); c_min < c_max."""
     if mode not in MODES:
         raise ValueError(f"unknown importance correction mode {mode!r}; allowed: {', '.join(MODES)}")
@@ -86,7 +87,8 @@ def importance_weights(
         raise ValueError(f"importance weight bounds need c_min < c_max, got c_min={c_min}, c_max={c_max}")
     if old_logp.shape != sampler_logp.shape or old_logp.shape != mask.shape:
         raise ValueError(
-            f"old_logp {tuple(old_logp.shape)}, sampler_logp {tuple(sampler_logp.shape)} and mask {tuple(mask.shape)} must match"
+            f"old_logp {tuple(old_logp.shape)}, sampler_logp {tuple(sampler_logp.shape)} and mask "
+            f"{tuple(mask.shape)} must match"
         )
     level, bound = mode.split("_")
     with torch.no_grad():
@@ -97,8 +99,9 @@ def importance_weights(
 def sampler_mismatch(old_logp: Tensor, sampler_logp: Tensor, mask: Tensor) -> dict[str, float]:
     """How far the sampler is from the trainer on the sampled tokens (masked), as python floats:
     abs_diff_mean = mean |log pi_old - log pi_sampler|, abs_diff_max = its max, and
-    kl_k3 = mean of k3 = rho - 1 - log rho with rho = pi_old / pi_sampler: an unbiased, non-negative estimate of
-    KL(pi_sampler || pi_old) from samples of pi_sampler (Schulman's k3; 0 iff the two agree on every token)."""
+    kl_k3 = mean of k3 = rho - 1 - log rho with rho = pi_old / pi_sampler: an unbiased, non-negative estimate
+    of KL(pi_sampler || pi_old) from samples of pi_sampler (Schulman's k3; 0 iff the two agree on every
+    token)."""
     on = mask.bool()
     with torch.no_grad():
         d = _log_diff(old_logp, sampler_logp, mask)  # [N, T]
@@ -113,8 +116,8 @@ def sampler_mismatch(old_logp: Tensor, sampler_logp: Tensor, mask: Tensor) -> di
 def weight_stats(
     weights: Tensor, raw_ratio_mode: str, old_logp: Tensor, sampler_logp: Tensor, mask: Tensor
 ) -> dict[str, float]:
-    """Of the importance weights actually applied: their mean over masked tokens, and clip_frac, the fraction of
-    masked tokens whose weight differs from the raw ratio rho (truncated or masked out)."""
+    """Of the importance weights actually applied: their mean over masked tokens, and clip_frac, the fraction
+    of masked tokens whose weight differs from the raw ratio rho (truncated or masked out)."""
     level = raw_ratio_mode.split("_")[0]
     with torch.no_grad():
         raw = LEVELS[level](_log_diff(old_logp, sampler_logp, mask))

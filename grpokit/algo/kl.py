@@ -8,7 +8,7 @@ With log_ratio = ref_logp - logp (tokens sampled from pi_theta, or pi_old close 
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import Tensor

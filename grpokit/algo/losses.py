@@ -16,7 +16,7 @@ do not change the math).
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -114,12 +114,13 @@ def policy_loss(
     eps_high None means eps_low. dual_clip: the lower bound c > 1 on the objective of A < 0 tokens.
     num_sequences, num_tokens: the whole batch's counts when this call sees a minibatch of it.
     is_weights: [N, T] importance weights against the sampler-trainer mismatch (grpokit.algo.importance, TRL's
-    vllm_importance_sampling_*): they multiply each token's surrogate loss, after clipping, before the KL term.
-    Returns the scalar loss and metrics (python floats): clip fractions, ratio, KL, per-token loss.
+    vllm_importance_sampling_*): they multiply each token's surrogate loss, after clipping, before the KL
+    term. Returns the scalar loss and metrics (python floats): clip fractions, ratio, KL, per-token loss.
     """
     if logp.shape != old_logp.shape or logp.shape != mask.shape:
         raise ValueError(
-            f"logp {tuple(logp.shape)}, old_logp {tuple(old_logp.shape)} and mask {tuple(mask.shape)} must match"
+            f"logp {tuple(logp.shape)}, old_logp {tuple(old_logp.shape)} and mask {tuple(mask.shape)} must "
+            "match"
         )
     if beta != 0.0 and ref_logp is None:
         raise ValueError("beta > 0 needs ref_logp (log-probs of the reference policy)")
@@ -173,8 +174,8 @@ def _loss_metrics(
     kl: Tensor | None,
     per_token: Tensor,
 ) -> dict[str, float]:
-    """policy_loss's metrics (python floats): clip fractions (low: ratio < 1 - eps_low where A < 0; high: ratio >
-    1 + eps_high where A > 0), mean ratio, mean KL and mean per-token loss over the masked tokens."""
+    """policy_loss's metrics (python floats): clip fractions (low: ratio < 1 - eps_low where A < 0; high:
+    ratio > 1 + eps_high where A > 0), mean ratio, mean KL and mean per-token loss over the masked tokens."""
     r = ratio.detach()
     a = adv.expand_as(r)
     low = (r < 1.0 - eps_low) & (a < 0)

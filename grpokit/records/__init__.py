@@ -9,7 +9,8 @@
             log.log(step, metrics)
             prog.update(step, metrics)
     log.close()
-    plot_metrics("runs/x/metrics.jsonl", "runs/x")         # reward.png, eval.png, kl.png, clip.png, lengths.png
+    plot_metrics("runs/x/metrics.jsonl", "runs/x")         # reward.png, eval.png, kl.png, clip.png,
+                                                           # lengths.png
 
 sinks.py     MetricLogger: metrics.jsonl, samples.jsonl and the trackers; resume truncation
 trackers.py  TensorBoard, W&B, MLflow, trackio (one class each), run_info (versions, git commit)

@@ -3,7 +3,8 @@
     paths = plot_metrics("runs/x/metrics.jsonl", "runs/x/plots")   # reward.png, eval.png, kl.png, ...
     write_report("runs/x", title="countdown, Qwen2.5-0.5B", summary_rows=[("metric", "before", "after"),
                  ("eval/pass@1", "0.12", "0.41")], plots=paths)
-    steps, values = series(read_metrics("runs/x/metrics.jsonl"), "reward/mean")   # grpokit.metrics.read_metrics
+    # read_metrics: grpokit.metrics.read_metrics
+    steps, values = series(read_metrics("runs/x/metrics.jsonl"), "reward/mean")
 
 A plot whose metrics are all absent is skipped; missing keys and null values are gaps, never errors.
 Figures are drawn on matplotlib's Agg canvas directly: no pyplot, no global backend switch, no display.
@@ -15,9 +16,10 @@ from __future__ import annotations
 import math
 import os
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from grpokit.metrics import (
     EVAL_PASS_AT_1,
@@ -217,8 +219,8 @@ def plot_metrics(metrics_jsonl: str | os.PathLike, out_dir: str | os.PathLike) -
 
 
 def plot_run(run_dir: str | os.PathLike) -> list[Path]:
-    """plot_metrics of a finished run into its folder, best effort: plots are a convenience, and a failure to draw
-    them is a warning, never a lost run (the trainer's last call)."""
+    """plot_metrics of a finished run into its folder, best effort: plots are a convenience, and a failure to
+    draw them is a warning, never a lost run (the trainer's last call)."""
     try:
         return plot_metrics(Path(run_dir) / METRICS_FILE, run_dir)
     except Exception as exc:

@@ -15,7 +15,8 @@ from __future__ import annotations
 import math
 import sys
 import time
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from grpokit.metrics import EVAL_PASS_AT_1, POLICY_KL, REWARD_MEAN, REWARD_PREFIX, as_number, reward_fn
 
@@ -46,7 +47,8 @@ def _clip_text(text: Any, limit: int) -> str:
 
 
 def print_samples(step: int, samples: Sequence[Mapping[str, Any]], *, width: int = 300) -> None:
-    """A small rich table of sample completions: prompt (its end), completion, reward, per-function rewards."""
+    """A small rich table of sample completions: prompt (its end), completion, reward, per-function
+    rewards."""
     from rich.table import Table
     from rich.text import Text  # model output is not rich markup: "[/b]" or "[1, 2]" must print as is
 

@@ -18,8 +18,9 @@ import io
 import os
 import re
 import statistics
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from grpokit.metrics import (
     EVAL_PASS_AT_1,
@@ -84,21 +85,26 @@ CONFIG_KEYS = (
 )
 
 CSS = """
-body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; color: #1d2433; background: #f6f7f9; margin: 0; }
+body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; color: #1d2433; background: #f6f7f9;
+       margin: 0; }
 main { max-width: 1480px; margin: 0 auto; padding: 20px 28px 40px; }
-h1 { font-size: 24px; margin: 4px 0 6px; } h2 { font-size: 19px; margin: 28px 0 10px; border-bottom: 1px solid #d5d9e0; padding-bottom: 4px; }
+h1 { font-size: 24px; margin: 4px 0 6px; }
+h2 { font-size: 19px; margin: 28px 0 10px; border-bottom: 1px solid #d5d9e0; padding-bottom: 4px; }
 h3 { font-size: 15px; margin: 18px 0 6px; }
 .muted { color: #5b6475; } .notes { white-space: pre-wrap; }
 table { border-collapse: collapse; background: #fff; margin: 6px 0 10px; }
 th, td { border: 1px solid #d5d9e0; padding: 4px 8px; text-align: left; vertical-align: top; }
-th { background: #eef1f5; } td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+th { background: #eef1f5; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
 .cards { display: flex; flex-wrap: wrap; gap: 18px; align-items: flex-start; }
 .grid { display: grid; grid-template-columns: repeat(auto-fill, minmax(520px, 1fr)); gap: 14px; }
 figure.plot { margin: 0; background: #fff; border: 1px solid #d5d9e0; border-radius: 6px; padding: 8px; }
 figure.plot svg { display: block; width: 100%; height: auto; }
 figcaption { font-size: 12px; color: #5b6475; margin-top: 4px; }
-.error { color: #b42318; font-weight: 600; } .warning { color: #b54708; font-weight: 600; } .ok { color: #067647; font-weight: 600; }
-td.text { white-space: pre-wrap; word-break: break-word; font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: 12.5px; max-width: 560px; }
+.error { color: #b42318; font-weight: 600; } .warning { color: #b54708; font-weight: 600; }
+.ok { color: #067647; font-weight: 600; }
+td.text { white-space: pre-wrap; word-break: break-word;
+          font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: 12.5px; max-width: 560px; }
 tr.best td.reward { background: #e7f6ec; } tr.worst td.reward { background: #fdecea; }
 """
 
@@ -164,7 +170,8 @@ def _read_metrics(run: Path, run_dir: str | os.PathLike) -> list[dict[str, Any]]
     metrics = run / METRICS_FILE
     if not metrics.is_file():
         raise RunFolderError(
-            f"{run_dir} has no {METRICS_FILE}; give a run's output_dir (grpokit train writes {METRICS_FILE} there)"
+            f"{run_dir} has no {METRICS_FILE}; give a run's output_dir (grpokit train writes {METRICS_FILE} "
+            "there)"
         )
     rows = [r for r in read_metrics(metrics) if isinstance(r.get(STEP), (int, float))]
     if not rows:
@@ -206,9 +213,10 @@ def _summary(rows: list[dict[str, Any]], config: dict | None) -> str:
     if train:
         n = max(1, len(train) // 10)
         keys = _by_name["reward"].keys(metric_keys(train))  # reward/mean and each reward/<fn>
-        mean = lambda part, k: (
-            statistics.fmean(v) if (v := [r[k] for r in part if r.get(k) is not None]) else None
-        )  # noqa: E731
+
+        def mean(part, k):
+            return statistics.fmean(v) if (v := [r[k] for r in part if r.get(k) is not None]) else None
+
         body = [(k, mean(train[:n], k), mean(train[-n:], k)) for k in keys]
         header = ["training reward", f"first {n} logged step(s)", f"last {n}"]
         cards.append(f"<div><h3>Reward</h3>{_table(header, body)}</div>")
@@ -263,7 +271,8 @@ def _doctor(rows: list[dict[str, Any]], config: dict | None) -> str:
     n_steps = len({int(r[STEP]) for r in rows})
     if n_steps < MIN_STEPS:
         parts.append(
-            f"<p>Only {n_steps} logged steps: most checks need {MIN_STEPS} or more, so little can be judged yet.</p>"
+            f"<p>Only {n_steps} logged steps: most checks need {MIN_STEPS} or more, so little can be judged "
+            "yet.</p>"
         )
     if not_checked:
         parts.append(f'<p class="muted">Not checked (metrics not logged): {_e(", ".join(not_checked))}.</p>')
@@ -271,13 +280,14 @@ def _doctor(rows: list[dict[str, Any]], config: dict | None) -> str:
         parts.append('<p class="ok">No problems found.</p>')
     else:
         body = "".join(
-            f'<tr><td><span class="{f.severity}">{_e(f.check)}</span><br>{_e(f.severity)}</td><td class="num">{f.steps[0]}-{f.steps[1]}</td>'
+            f'<tr><td><span class="{f.severity}">{_e(f.check)}</span><br>{_e(f.severity)}</td><td '
+            f'class="num">{f.steps[0]}-{f.steps[1]}</td>'
             f"<td>{_e(f.message)}</td><td>{_e(f.fix)}</td></tr>"
             for f in findings
         )
         parts.append(
-            f"<table><thead><tr><th>check</th><th>steps</th><th>what was seen</th><th>suggested fix</th></tr></thead>"
-            f"<tbody>{body}</tbody></table>"
+            "<table><thead><tr><th>check</th><th>steps</th><th>what was seen</th><th>suggested "
+            f"fix</th></tr></thead><tbody>{body}</tbody></table>"
         )
     return "".join(parts) + "</section>"
 
@@ -319,12 +329,16 @@ def _sample_table(step: int, rows: list[dict[str, Any]]) -> str:
         ]
         body.append(f'<tr class="{cls}">' + "".join(cells) + "</tr>")
     more = (
-        f'<p class="muted">{len(rows) - SAMPLE_ROWS} more at this step: grpokit show RUN_DIR --step {step}</p>'
+        f'<p class="muted">{len(rows) - SAMPLE_ROWS} more at this step: grpokit show RUN_DIR --step '
+        f"{step}</p>"
         if len(rows) > SAMPLE_ROWS
         else ""
     )
     head = "".join(f"<th>{_e(h)}</th>" for h in header)
-    return f"<h3>Step {step}</h3><table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>{more}"
+    return (
+        "<h3>Step "
+        f"{step}</h3><table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>{more}"
+    )
 
 
 def _samples(run: Path) -> str:
@@ -335,7 +349,8 @@ def _samples(run: Path) -> str:
         return "".join(parts) + f'<p class="muted">{_e(exc)}</p></section>'
     steps = sorted({int(r[STEP]) for r in rows})
     parts.append(
-        f'<p class="muted">Recorded at {len(steps)} step(s); the first and the last are shown (highest reward green, '
+        f'<p class="muted">Recorded at {len(steps)} step(s); the first and the last are shown (highest '
+        "reward green, "
         "lowest red). Every recorded step: <code>grpokit show RUN_DIR --step N</code>.</p>"
     )
     for step in dict.fromkeys([steps[0], steps[-1]]) if steps else []:

@@ -19,8 +19,9 @@ import math
 import os
 import tempfile
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from grpokit.metrics import (
     METRICS_FILE,
@@ -33,7 +34,7 @@ from grpokit.metrics import (
     record_step,
 )
 from grpokit.records.progress import print_samples
-from grpokit.records.trackers import RUN_INFO, TENSORBOARD_DIR, TRACKERS, Tracker, run_info, tensorboard_error
+from grpokit.records.trackers import RUN_INFO, TRACKERS, Tracker, run_info, tensorboard_error
 
 _log = logging.getLogger("grpokit")
 
@@ -179,7 +180,8 @@ class MetricLogger:
         every: int,
         samples_every: int,
     ) -> None:
-        """A training step's metrics every `every` steps and at the `last` one; its samples every `samples_every` (0: never)."""
+        """A training step's metrics every `every` steps and at the `last` one; its samples every
+        `samples_every` (0: never)."""
         if step % every == 0 or last:
             self.log(step, metrics)
         if samples_every and step % samples_every == 0 and samples:

@@ -19,8 +19,9 @@ import json
 import math
 import os
 import tempfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from grpokit.metrics import (
     COMPLETIONS_FILE,
@@ -182,7 +183,8 @@ def read_table(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
         return _read_samples_jsonl(path / SAMPLES_FILE)
     raise RunFolderError(
         f"{run_dir} has no {COMPLETIONS_FILE}: the run recorded no completions; "
-        "record them with logging.sample_every=N (every N steps) and logging.num_samples=K (K prompts, G completions each)"
+        "record them with logging.sample_every=N (every N steps) and logging.num_samples=K (K prompts, G "
+        "completions each)"
     )
 
 
@@ -201,17 +203,22 @@ def select(
     steps = sorted({int(r[STEP]) for r in rows})
     if not steps:
         raise RunFolderError(
-            "the completion table has no rows; record completions with logging.sample_every=N and logging.num_samples=K"
+            "the completion table has no rows; record completions with logging.sample_every=N and "
+            "logging.num_samples=K"
         )
     if step is None:
         step = steps[-1]
     if step not in steps:
         raise RunFolderError(
-            f"step {step} has no recorded completions; recorded steps: {_steps_text(steps)} (pick one with --step)"
+            f"step {step} has no recorded completions; recorded steps: {_steps_text(steps)} (pick one with "
+            "--step)"
         )
     chosen = [r for r in rows if r[STEP] == step]
     if worst is not None:
-        key = lambda r: (r.get(REWARD) is None, r.get(REWARD) if r.get(REWARD) is not None else 0.0)  # noqa: E731
+
+        def key(r):
+            return (r.get(REWARD) is None, r.get(REWARD) if r.get(REWARD) is not None else 0.0)
+
         chosen = sorted(chosen, key=key)[:worst]
     return step, chosen
 

@@ -4,7 +4,8 @@ MetricLogger (sinks.py) opens the ones the config turns on (`logging.tensorboard
 `logging.mlflow`, `logging.trackio`) and hands each the same scalars. One class per tracker, behind
 one small interface:
 
-    tracker = TRACKERS["mlflow"](out_dir, run_name, project, record)  # opens its run; record = config + run_info
+    tracker = TRACKERS["mlflow"](out_dir, run_name, project, record)  # opens its run; record = config +
+                                                                      # run_info
     tracker.log(step, {"reward/mean": 0.4})                   # finite or not; each tracker decides
     tracker.log_samples(step, samples)                        # where the tracker has tables (W&B)
     tracker.truncate_after(step)                              # on resume (TensorBoard purges)
@@ -26,14 +27,16 @@ import os
 import subprocess
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import Any, ClassVar
 
 from grpokit.config import ConfigError
 
 TENSORBOARD_DIR = "tensorboard"
 RUN_INFO = "run_info"
-PROJECT = "grpokit"  # W&B project, MLflow experiment and trackio project when neither logging.project nor an env var names one
+# W&B project, MLflow experiment and trackio project when neither logging.project nor an env var names one
+PROJECT = "grpokit"
 
 
 class TrackerNotInstalled(ConfigError, ImportError):
@@ -115,10 +118,10 @@ class Tracker(ABC):
     @abstractmethod
     def log(self, step: int, scalars: Mapping[str, float]) -> None: ...
 
-    def log_samples(self, step: int, samples: Sequence[Mapping[str, Any]]) -> None:
+    def log_samples(self, step: int, samples: Sequence[Mapping[str, Any]]) -> None:  # noqa: B027 (optional: a no-op by default)
         """Only W&B shows tables of samples; the others keep scalars (samples.jsonl has them all)."""
 
-    def truncate_after(self, step: int) -> None:
+    def truncate_after(self, step: int) -> None:  # noqa: B027 (optional: a no-op by default)
         """Resume from `step`: a tracker that appends to the previous run's store forgets later steps.
         W&B, MLflow and trackio start a new run of the same name instead."""
 
@@ -142,7 +145,7 @@ def tensorboard_error() -> Exception | None:
     if importlib.util.find_spec("tensorboard") is None:
         return ModuleNotFoundError("No module named 'tensorboard'")
     try:
-        from torch.utils.tensorboard import SummaryWriter  # noqa: F401
+        from torch.utils.tensorboard import SummaryWriter  # noqa: F401 (only whether it imports)
     except Exception as e:  # a broken install (e.g. a protobuf clash) is "not available", not a crash
         return e
     return None
@@ -207,8 +210,8 @@ def _markdown_json(value: Any) -> str:
 
 
 class WandbTracker(Tracker):
-    """A wandb run (project: logging.project, else $WANDB_PROJECT, else grpokit) whose config is `record`; the samples
-    go to a `samples` table. Offline runs: `wandb sync OUT/wandb/offline-run-*` uploads them later."""
+    """A wandb run (project: logging.project, else $WANDB_PROJECT, else grpokit) whose config is `record`; the
+    samples go to a `samples` table. Offline runs: `wandb sync OUT/wandb/offline-run-*` uploads them later."""
 
     key = "wandb"
 

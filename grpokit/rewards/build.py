@@ -1,6 +1,8 @@
-"""The run's reward functions from its config: `rewards:`, the built-in task's reward, DAPO's overlong shaping.
+"""The run's reward functions from its config: `rewards:`, the built-in task's reward, DAPO's overlong
+shaping.
 
-    rewards = build_rewards(cfg, dataset.column_names, registry=grpokit.rewards.reward_registry(), task=data.task)
+    registry = grpokit.rewards.reward_registry()
+    rewards = build_rewards(cfg, dataset.column_names, registry=registry, task=data.task)
 
 Everything a config can get wrong about rewards is found here, before the first rollout: an unknown
 function, a bad kwarg, a dataset column a function needs, eval.reward naming no configured reward.
@@ -8,7 +10,8 @@ function, a bad kwarg, a dataset column a function needs, eval.reward naming no 
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from grpokit.config import Config, ConfigError, RewardSpec
 from grpokit.rewards.manager import RewardManager
@@ -16,8 +19,8 @@ from grpokit.rewards.model import reward_model_spec
 
 
 def reward_specs(cfg: Config, task: Any | None) -> list[RewardSpec]:
-    """The configured reward functions (a reward model loaded as one: grpokit/rewards/model.py); the built-in task's
-    reward (by its name) when none is configured;
+    """The configured reward functions (a reward model loaded as one: grpokit/rewards/model.py); the built-in
+    task's reward (by its name) when none is configured;
     DAPO's soft overlong punishment (eq. 13) when algorithm.overlong_buffer_frac > 0."""
     specs = list(cfg.rewards) or ([RewardSpec(function=task.name)] if task else [])
     specs = [

@@ -2,11 +2,14 @@
 returns one `float | None` per completion (None: "not applicable to this sample").
 
     name       reads                         settings (spec kwargs)               value
-    math       completions, answer           timeout_seconds=5                    1.0 / 0.0, None: gold unparsable
+    math       completions, answer           timeout_seconds=5                    1.0 / 0.0, None: gold
+                                                                                  unparsable
     format     completions                   pattern, search=False, dotall=True   1.0 / 0.0
     overlong   completion_ids                max_completion_length, cache_length  DAPO eq. 13, in [-1, 0]
-    length     completion_ids                max_completion_length, coef=1.0      -coef * L / max_completion_length
-    code_tests completions, tests            partial=True, sandbox limits         passed / total (grpokit/rewards/code.py)
+    length     completion_ids                max_completion_length, coef=1.0      -coef * L /
+                                                                                  max_completion_length
+    code_tests completions, tests            partial=True, sandbox limits         passed / total
+                                                                                  (grpokit/rewards/code.py)
 
 These are the task-agnostic built-ins. A built-in task's rewards (countdown, countdown_steps) live
 with the task (grpokit/tasks/); `grpokit.rewards.reward_registry()` is this table plus them, the
@@ -24,7 +27,8 @@ import logging
 import os
 import re
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from grpokit.rewards.code import code_tests
 from grpokit.rewards.text import completion_text

@@ -1,8 +1,8 @@
 """The `code_tests` reward: run the completion's Python against the row's tests, sandboxed.
 
-    name        reads               settings (spec kwargs)                                 value
-    code_tests  completions, tests  partial=True, max_workers, isolation, Limits fields    passed / total
-                                    (wall_time, cpu_time, memory_mb, ...)                  (1/0 if not partial)
+    name        reads               settings (spec kwargs)                               value
+    code_tests  completions, tests  partial=True, max_workers, isolation, Limits fields  passed / total
+                                    (wall_time, cpu_time, memory_mb, ...)                (1/0 if not partial)
 
     reward:
       - function: code_tests
@@ -34,12 +34,13 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import logging
 import json
+import logging
 import re
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from grpokit.rewards.text import completion_text
 from grpokit.sandbox import HARNESS, Isolation, Limits, SandboxResult, run_many
@@ -59,8 +60,8 @@ class CodeResult:
     """"passed", "failed", "syntax_error", "exception:<Type>" (the solution's top level raised;
     the tests still ran; OSErrors add the errno name, e.g. "exception:OSError:EFBIG"),
     "candidate_exited" (it ended before the tests did), "no_code", "no_summary" (no verdict: the
-    judge was killed), "cpu_limit" / "killed:<SIGNAL>" (the candidate was), a sandbox reason (timeout, cpu_limit,
-    memory_limit, output_limit, killed:SIGKILL, error, ...), or for None scores "no_tests",
+    judge was killed), "cpu_limit" / "killed:<SIGNAL>" (the candidate was), a sandbox reason (timeout,
+    cpu_limit, memory_limit, output_limit, killed:SIGKILL, error, ...), or for None scores "no_tests",
     "bad_tests: ...", "sandbox_error", "network_isolation_unavailable"."""
     passed: int = 0
     total: int = 0
@@ -130,7 +131,7 @@ def parse_stdio(tests: Mapping) -> list[tuple[str, str]]:
         raise ValueError("'inputs' and 'outputs' must be lists of the same length")
     if not all(isinstance(x, str) for x in [*inputs, *outputs]):
         raise ValueError("every input and output must be a string")
-    return list(zip(inputs, outputs))
+    return list(zip(inputs, outputs, strict=True))
 
 
 def same_output(got: str, expected: str) -> bool:
@@ -216,7 +217,7 @@ def evaluate_code(
     # (index, program, stdin, files, expected stdout or None for Python tests)
     jobs: list[tuple[int, str, str, dict[str, str] | None, str | None]] = []
     totals = {}
-    for i, (completion, row_tests) in enumerate(zip(completions, tests)):
+    for i, (completion, row_tests) in enumerate(zip(completions, tests, strict=True)):
         if row_tests is None:
             results[i] = CodeResult(None, "no_tests")
             continue
@@ -248,7 +249,7 @@ def evaluate_code(
         isolation=isolation,
     )
     cases: dict[int, list[tuple[SandboxResult, str]]] = {}
-    for (i, _, _, _, expected), out in zip(jobs, outs):
+    for (i, _, _, _, expected), out in zip(jobs, outs, strict=True):
         if expected is None:
             results[i] = _score(out, totals[i], partial)
         else:

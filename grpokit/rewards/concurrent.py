@@ -1,26 +1,29 @@
-"""`async def` reward functions: all those of a batch run at once on one event loop, each under its time limit.
+"""`async def` reward functions: all those of a batch run at once on one event loop, each under its time
+limit.
 
     loop = LoopThread("grpokit-rewards")              # one per RewardManager; its thread starts on first use
     limit = RewardLimit(label, timeout, slow, loop=loop, is_async=is_async(fn))
-    pending = limit.start(fn, kwargs)                 # async: awaited on the loop from now on, under asyncio.wait_for
-    ...                                               # the caller goes on: the sync reward functions run meanwhile
+    pending = limit.start(fn, kwargs)                 # async: awaited on the loop from now on, under
+                                                      # asyncio.wait_for
+    ...                                               # the caller goes on: the sync reward functions run
+                                                      # meanwhile
     out = limit.call(fn, kwargs, n, pending)          # its result (or its exception), or TimedOut
 
 As TRL's GRPOTrainer does with its async reward functions (`asyncio.iscoroutinefunction`, gathered with
-`asyncio.gather` on an event loop of their own in a daemon thread), an async function is called like a sync one,
-once per batch with keyword lists, and the manager collects the results of all of them together. A thread of its
-own for the loop, rather than asyncio.run: the scoring may run in a thread that is not the main one, or under an
-event loop that is running already (Jupyter), where asyncio.run refuses to start; and a loop that lives as long as
-the manager lets a function keep a client (an httpx.AsyncClient, an aiohttp session) bound to it from call to call.
-A sync callable that returns an awaitable (a lambda around an async function) is found at its first call and
-treated as async from then on.
+`asyncio.gather` on an event loop of their own in a daemon thread), an async function is called like a sync
+one, once per batch with keyword lists, and the manager collects the results of all of them together. A thread
+of its own for the loop, rather than asyncio.run: the scoring may run in a thread that is not the main one, or
+under an event loop that is running already (Jupyter), where asyncio.run refuses to start; and a loop that
+lives as long as the manager lets a function keep a client (an httpx.AsyncClient, an aiohttp session) bound to
+it from call to call. A sync callable that returns an awaitable (a lambda around an async function) is found
+at its first call and treated as async from then on.
 
-Unlike a thread, a coroutine can be stopped: at its timeout wait_for cancels it, and the function is free for the
-next call. Two ways a coroutine defeats that: it blocks the loop (time.sleep or requests inside async def: nothing
-else on the loop runs, timers included), or it swallows the cancellation. The caller waits for the loop at most
-GRACE seconds past the timeout; then the call counts as timed out, the function as busy until the coroutine ends
-(its later calls are not started, as for a sync function), and a blocked loop is left to finish on its own:
-the next call gets a new one.
+Unlike a thread, a coroutine can be stopped: at its timeout wait_for cancels it, and the function is free for
+the next call. Two ways a coroutine defeats that: it blocks the loop (time.sleep or requests inside async def:
+nothing else on the loop runs, timers included), or it swallows the cancellation. The caller waits for the
+loop at most GRACE seconds past the timeout; then the call counts as timed out, the function as busy until the
+coroutine ends (its later calls are not started, as for a sync function), and a blocked loop is left to finish
+on its own: the next call gets a new one.
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ import logging
 import threading
 import time
 import weakref
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import torch
 
@@ -48,7 +52,7 @@ PING = 0.1
 
 def is_async(fn: Callable[..., Any]) -> bool:
     """`async def` functions, partials of them and objects with an `async def __call__`."""
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+    return inspect.iscoroutinefunction(fn) or (callable(fn) and inspect.iscoroutinefunction(fn.__call__))
 
 
 class Pending:
@@ -59,7 +63,7 @@ class Pending:
         future: concurrent.futures.Future,
         finished: threading.Event,
         timeout: float | None,
-        owner: "LoopThread | None" = None,
+        owner: LoopThread | None = None,
         loop: asyncio.AbstractEventLoop | None = None,
         tasks: list | None = None,
     ):
@@ -75,7 +79,7 @@ class Pending:
         self.released = False  # cut off by another function that blocked the loop: not busy itself
 
     @classmethod
-    def failed(cls, exc: BaseException) -> "Pending":
+    def failed(cls, exc: BaseException) -> Pending:
         future: concurrent.futures.Future = concurrent.futures.Future()
         future.set_exception(exc)
         finished = threading.Event()
@@ -83,7 +87,8 @@ class Pending:
         return cls(future, finished, None)
 
     def busy(self) -> bool:
-        """Whether the call still runs (after it timed out without stopping): the function's next call is not started."""
+        """Whether the call still runs (after it timed out without stopping): the function's next call is not
+        started."""
         return not self.finished.is_set() and not self.released
 
     def result(self) -> tuple[Any, float]:
@@ -107,13 +112,15 @@ class Pending:
         if blocker is not UNKNOWN and blocker not in self.tasks:
             self.released = True
             raise TimedOut(
-                f"did not return within {self.timeout:g} s: another async reward function blocked the event loop"
+                f"did not return within {self.timeout:g} s: another async reward function blocked the event "
+                "loop"
             )
         who = "it" if blocker in self.tasks else "it, or another async reward function,"
         raise TimedOut(
-            f"did not return within {self.timeout:g} s, and {who} blocks the event loop (a blocking call such as "
-            "time.sleep or requests inside `async def`: await asyncio.sleep, use an async client, or make it a "
-            "plain `def`); a new loop serves the next calls, and the function is skipped until the blocked call returns"
+            f"did not return within {self.timeout:g} s, and {who} blocks the event loop (a blocking call "
+            "such as time.sleep or requests inside `async def`: await asyncio.sleep, use an async client, or "
+            "make it a plain `def`); a new loop serves the next calls, and the function is skipped until the "
+            "blocked call returns"
         )
 
 
@@ -144,8 +151,9 @@ class LoopThread:
         return Pending(asyncio.run_coroutine_threadsafe(coro, loop), finished, timeout, self, loop, tasks)
 
     def blocker(self, loop: asyncio.AbstractEventLoop) -> Any:
-        """None while `loop` runs callbacks (within PING seconds); else the task that blocks it (UNKNOWN when none
-        does), and the loop is given up: it stops, and its thread ends, once the blocking call returns."""
+        """None while `loop` runs callbacks (within PING seconds); else the task that blocks it (UNKNOWN when
+        none does), and the loop is given up: it stops, and its thread ends, once the blocking call
+        returns."""
         with self._lock:
             if loop in self._blocked:  # given up already, at an earlier call's deadline
                 return self._blocked[loop]
@@ -160,8 +168,8 @@ class LoopThread:
             if self._loop is loop:
                 self._loop = None
         logger.warning(
-            "an async reward function blocks the event loop of the async reward functions; it is left to finish "
-            "in its thread, and a new loop runs the next calls"
+            "an async reward function blocks the event loop of the async reward functions; it is left to "
+            "finish in its thread, and a new loop runs the next calls"
         )
         _stop(loop)
         return self._blocked[loop]
@@ -222,8 +230,8 @@ async def _bounded(
 
 
 class RewardLimit(CallLimit):
-    """CallLimit (a time limit, a slow-call warning) for sync and async reward functions alike: a sync one runs as
-    CallLimit runs it; an async one on `loop`, cancelled at its timeout."""
+    """CallLimit (a time limit, a slow-call warning) for sync and async reward functions alike: a sync one
+    runs as CallLimit runs it; an async one on `loop`, cancelled at its timeout."""
 
     def __init__(
         self,
@@ -240,15 +248,15 @@ class RewardLimit(CallLimit):
         self._running: Pending | None = None  # the last async call: busy until it has finished
 
     def start(self, fn: Callable[..., Any], kwargs: dict[str, Any]) -> Pending:
-        """An async function's call, under way on the loop from now on (or a TimedOut at once while the function is still
-        busy with a call that defeated its timeout)."""
+        """An async function's call, under way on the loop from now on (or a TimedOut at once while the
+        function is still busy with a call that defeated its timeout)."""
         return self._await(lambda: fn(**kwargs))
 
     def call(
         self, fn: Callable[..., Any], kwargs: dict[str, Any], n: int, pending: Pending | None = None
     ) -> Any:
-        """fn(**kwargs) on n completions: its result, or its exception; TimedOut when time ran out first. pending: the call
-        started already (start), for an async function."""
+        """fn(**kwargs) on n completions: its result, or its exception; TimedOut when time ran out first.
+        pending: the call started already (start), for an async function."""
         if not self.is_async:
             out = super().call(fn, kwargs, n)
             if not inspect.isawaitable(out):

@@ -10,8 +10,8 @@
     out.metrics()      # reward/... scalars, listed in RewardOutput.metrics
 
 Calling convention (TRL's, so TRL reward functions work unchanged): keyword arguments only,
-`fn(prompts=, completions=, completion_ids=, **columns, **spec.kwargs)` (chat prompts: each completion a list of
-messages, [{"role": "assistant", "content": ...}], as TRL passes them), returning one
+`fn(prompts=, completions=, completion_ids=, **columns, **spec.kwargs)` (chat prompts: each completion a list
+of messages, [{"role": "assistant", "content": ...}], as TRL passes them), returning one
 `float | None` per completion, or a `StepScores` (per-step scores with the character offsets
 where the steps end: process rewards, grpokit/rewards/steps.py). A StepScores counts as its
 `value` (its outcome, default the sum of its scores) wherever one number is needed, and is kept
@@ -27,16 +27,17 @@ voids only that element. Either way the samples are counted in `errors`, the fir
 each function is logged once with its traceback (logger "grpokit.rewards"), later ones only
 counted. strict=True raises RewardError (a RuntimeError) instead.
 
-`async def` functions (grpokit/rewards/concurrent.py) are called the same way, once per batch, and all those of a
-batch run at once on one event loop in a thread of the manager's, while the sync ones run one after the other.
+`async def` functions (grpokit/rewards/concurrent.py) are called the same way, once per batch, and all those
+of a batch run at once on one event loop in a thread of the manager's, while the sync ones run one after the
+other.
 
 Time limits (grpokit/rewards/timeouts.py): a call of a function with a timeout (its spec's `timeout`, else the
-manager's `timeout`: config reward_timeout; None or 0 = none) runs in a worker thread (an async one is cancelled at
-its timeout); one that does not return in time is counted in `errors` and `timeouts`, is not retried on parts, and
-scores as its spec's `on_timeout` says, else the manager's `on_timeout` (config reward_on_timeout), else as `strict`
-says: skip (no reward from it), skip_group (the same, and the call's samples are `skipped`: total 0, so their groups'
-advantages are 0), raise (RewardError) or a number (each sample's value). A call slower than `slow_warning` seconds
-logs a warning with its time.
+manager's `timeout`: config reward_timeout; None or 0 = none) runs in a worker thread (an async one is
+cancelled at its timeout); one that does not return in time is counted in `errors` and `timeouts`, is not
+retried on parts, and scores as its spec's `on_timeout` says, else the manager's `on_timeout` (config
+reward_on_timeout), else as `strict` says: skip (no reward from it), skip_group (the same, and the call's
+samples are `skipped`: total 0, so their groups' advantages are 0), raise (RewardError) or a number (each
+sample's value). A call slower than `slow_warning` seconds logs a warning with its time.
 """
 
 from __future__ import annotations
@@ -52,10 +53,10 @@ import numbers
 import os
 import pkgutil
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -73,7 +74,8 @@ logger = logging.getLogger("grpokit.rewards")
 
 #: arguments every reward function may receive besides the dataset columns
 CALL_ARGS = ("prompts", "completions", "completion_ids")
-#: and, in multi-turn rollouts with tools, the episodes (grpokit.tools.Episode) and their environments (TRL's name)
+#: and, in multi-turn rollouts with tools, the episodes (grpokit.tools.Episode) and their environments (TRL's
+#: name)
 EPISODE_ARGS = ("episodes", "environments")
 #: names a reward may not take: they would collide with the summary metrics
 _RESERVED_NAMES = RESERVED_REWARD_NAMES  # reward/<name> of these is another metric (grpokit/metrics.py)
@@ -117,7 +119,8 @@ def _load_file(path_text: str, spec: str) -> Any:
     path = Path(path_text).expanduser().resolve()
     if not path.is_file():
         raise ValueError(
-            f"reward {spec!r}: file {path_text!r} not found (looked at {path}); {_close_files(path_text, path)}fix the path"
+            f"reward {spec!r}: file {path_text!r} not found (looked at {path}); "
+            f"{_close_files(path_text, path)}fix the path"
         )
     # A stable, unique module name, registered before running the file so dataclasses and
     # pickling inside it find their module.
@@ -146,8 +149,8 @@ def _load_module(module_name: str, spec: str) -> Any:
         parts = module_name.split(".")
         if e.name in {".".join(parts[: i + 1]) for i in range(len(parts))}:
             raise ValueError(
-                f"reward {spec!r}: module {e.name!r} not found; {_close_modules(e.name)}install it, add its folder to "
-                "PYTHONPATH, or give a file path ('path/to/file.py:function')"
+                f"reward {spec!r}: module {e.name!r} not found; {_close_modules(e.name)}install it, add its "
+                "folder to PYTHONPATH, or give a file path ('path/to/file.py:function')"
             ) from e
         raise ValueError(f"reward {spec!r}: importing {module_name!r} failed: {e}") from e
     except Exception as e:
@@ -183,7 +186,8 @@ def resolve_reward(
         if not hasattr(obj, attr):
             public = [name for name in dir(obj) if not name.startswith("_") or attr.startswith("_")]
             raise ValueError(
-                f"reward {spec!r}: {target!r} has no attribute {attr!r}; {_did_you_mean(attr, public)}check the name after ':'"
+                f"reward {spec!r}: {target!r} has no attribute {attr!r}; {_did_you_mean(attr, public)}check "
+                "the name after ':'"
             )
         obj = getattr(obj, attr)
     if not callable(obj):
@@ -222,7 +226,7 @@ class _Reward:
     """what the spec's own timed-out calls score (OnTimeout); None = the manager's"""
 
     @classmethod
-    def build(cls, spec: Any, registry: Registry) -> "_Reward":
+    def build(cls, spec: Any, registry: Registry) -> _Reward:
         if isinstance(spec, (str, RewardSpec)) or callable(spec):
             spec = spec if isinstance(spec, RewardSpec) else RewardSpec(function=spec)
         get = spec.get if isinstance(spec, Mapping) else (lambda k, d=None: getattr(spec, k, d))
@@ -243,7 +247,8 @@ class _Reward:
             why = (
                 "contains '/'"
                 if "/" in name
-                else f"is reserved (reward/{name} is another metric; reserved: {', '.join(sorted(_RESERVED_NAMES))})"
+                else f"is reserved (reward/{name} is another metric; reserved: "
+                f"{', '.join(sorted(_RESERVED_NAMES))})"
             )
             raise ValueError(f"reward {label!r}: name {name!r} {why}; set another `name`")
         weight = get("weight", 1.0)
@@ -286,7 +291,8 @@ class _Reward:
                 or math.isnan(timeout)
             ):
                 raise ValueError(
-                    f"reward {name!r}: timeout must be a number of seconds >= 0 (0 = no limit), got {timeout!r}"
+                    f"reward {name!r}: timeout must be a number of seconds >= 0 (0 = no limit), got "
+                    f"{timeout!r}"
                 )
             timeout = float(timeout) if math.isfinite(timeout) else 0.0  # inf: no limit
         try:
@@ -302,13 +308,15 @@ class _Reward:
         if missing := [a for a in self.required if a not in available]:
             if missing[0] in EPISODE_ARGS:
                 raise ValueError(
-                    f"reward {self.name!r} ({self.spec}) needs argument {missing[0]!r}, which only multi-turn rollouts "
-                    "with tools pass: add a tools section (tools.builtin, tools.functions or tools.environment)"
+                    f"reward {self.name!r} ({self.spec}) needs argument {missing[0]!r}, which only "
+                    "multi-turn rollouts with tools pass: add a tools section (tools.builtin, "
+                    "tools.functions or tools.environment)"
                 )
             raise ValueError(
                 f"reward {self.name!r} ({self.spec}) needs argument {missing[0]!r}, which is not "
-                f"one of {list(CALL_ARGS)} (nor, with tools, {list(EPISODE_ARGS)}), not in the spec's kwargs, and not a dataset column; "
-                f"dataset columns: {sorted(columns)}. Add the column to the dataset or set it in kwargs"
+                f"one of {list(CALL_ARGS)} (nor, with tools, {list(EPISODE_ARGS)}), not in the spec's "
+                f"kwargs, and not a dataset column; dataset columns: {sorted(columns)}. Add the column to "
+                "the dataset or set it in kwargs"
             )
         if self.accepts_any:
             return available
@@ -350,8 +358,8 @@ class RewardError(RuntimeError):
 
 
 class RewardManager:
-    """Calls each reward function once per batch (the sync ones one after the other, the async ones all at once)
-    and combines them.
+    """Calls each reward function once per batch (the sync ones one after the other, the async ones all at
+    once) and combines them.
 
     specs: RewardSpec objects (grpokit.config.RewardSpec), or anything with attributes (or keys)
     function, weight, kwargs, name, timeout; a bare string or callable is a spec with weight 1.
@@ -359,10 +367,12 @@ class RewardManager:
     registry: the names a spec's `function` may use; None = BUILTIN_REWARDS (the task-agnostic
     built-ins). The trainer passes grpokit.rewards.reward_registry(), the built-ins plus the
     built-in tasks' rewards (countdown, countdown_steps): rewards never import tasks.
-    timeout: seconds a call may take when its spec sets no `timeout` (config reward_timeout); None or 0 = no limit.
-    slow_warning: a call slower than this many seconds logs a warning (config reward_slow_warning); None or 0 = never.
-    on_timeout: what a timed-out call scores when its spec sets no `on_timeout` (config reward_on_timeout): "skip",
-    "skip_group", "raise" or a number; None = as `strict` says ("raise" when strict, else "skip").
+    timeout: seconds a call may take when its spec sets no `timeout` (config reward_timeout); None or 0 = no
+    limit.
+    slow_warning: a call slower than this many seconds logs a warning (config reward_slow_warning); None or 0
+    = never.
+    on_timeout: what a timed-out call scores when its spec sets no `on_timeout` (config reward_on_timeout):
+    "skip", "skip_group", "raise" or a number; None = as `strict` says ("raise" when strict, else "skip").
     """
 
     def __init__(
@@ -426,7 +436,8 @@ class RewardManager:
     ) -> RewardOutput:
         """episodes: [N] grpokit.tools.Episode of multi-turn rollouts with tools; then functions may also take
         `episodes` and `environments` (each episode's environment instance or None, as TRL passes them).
-        Conversational prompts (chat messages): string completions are passed on as messages (text.as_messages)."""
+        Conversational prompts (chat messages): string completions are passed on as messages
+        (text.as_messages)."""
         columns = dict(columns or {})
         n = len(completions)
         self._texts = [completion_text(c) for c in completions]  # what StepScores' offsets count in, before:
@@ -495,7 +506,8 @@ class RewardManager:
         )
 
     def _timed_out(self, reward: _Reward, exc: TimedOut, n: int) -> Tensor:
-        """[n] what the samples of a call that timed out get from the function, as its OnTimeout says (or RewardError)."""
+        """[n] what the samples of a call that timed out get from the function, as its OnTimeout says (or
+        RewardError)."""
         rule = self._on_timeout[reward.name]
         advice = timeout_advice(reward.timeout, self.timeout)
         if rule.choice == "raise":
@@ -534,9 +546,15 @@ class RewardManager:
                 return torch.full((n,), math.nan), n, None
             items, failed = self._isolate(reward, call_args, columns, n)
             if 0 < len(failed) < n:
-                problem = f"{problem} (on {len(failed)} of {n} samples, first at index {failed[0]}: the others keep their scores)"
+                problem = (
+                    f"{problem} (on {len(failed)} of {n} samples, first at index {failed[0]}: the "
+                    "others keep their scores)"
+                )
             elif not failed:
-                problem = f"{problem} on the whole batch, but not on its parts (retried): every sample has its score"
+                problem = (
+                    f"{problem} on the whole batch, but not on its parts (retried): every sample has "
+                    "its score"
+                )
             self._report(reward, problem, e)
 
         steps: list[StepScores | None] | None = None
@@ -563,8 +581,8 @@ class RewardManager:
             why = f": {step_problems[i]}" if i in step_problems else ""
             self._report(
                 reward,
-                f"returned {len(invalid)} invalid reward(s) of {n}, e.g. {_short(items[i])} at index {i}{why} "
-                "(rewards must be finite floats, StepScores or None)",
+                f"returned {len(invalid)} invalid reward(s) of {n}, e.g. {_short(items[i])} at index "
+                f"{i}{why} (rewards must be finite floats, StepScores or None)",
                 None,
             )
         if bad:
@@ -603,7 +621,7 @@ class RewardManager:
                 except Exception:
                     failing.append(part)
                     continue
-                for i, v in zip(part, out):
+                for i, v in zip(part, out, strict=True):
                     items[i] = v
             if len(failing) == len(parts) and len(parts) >= 4 or all(len(p) == 1 for p in failing):
                 return items, sorted(i for part in failing for i in part)
@@ -619,7 +637,8 @@ class RewardManager:
         outcome: str = "the affected samples get no reward from it (NaN in per_function)",
         stop: bool | None = None,
     ) -> None:
-        """Logs a function's first failure of a kind (key), or raises RewardError when `stop` (default: strict)."""
+        """Logs a function's first failure of a kind (key), or raises RewardError when `stop` (default:
+        strict)."""
         message = f"reward function {reward.name!r} ({reward.spec}) {problem}"
         if self.strict if stop is None else stop:
             raise RewardError(message) from exc

@@ -1,15 +1,18 @@
-"""Reward models: a sequence-classification model as one more reward function (`rewards: [{model: PATH_OR_ID}]`).
+"""Reward models: a sequence-classification model as one more reward function (`rewards: [{model:
+PATH_OR_ID}]`).
 
-    rm = RewardModel("path/to/rm", batch_size=16)                   # AutoModelForSequenceClassification, num_labels=1
+    rm = RewardModel("path/to/rm", batch_size=16)                   # AutoModelForSequenceClassification,
+                                                                    # num_labels=1
     rm(prompts=["2+2="], completions=["4"])                          # -> [score], one float per completion
     reward_model_spec(RewardSpec(model="path/to/rm"), index=0)       # the RewardSpec the RewardManager calls
 
-As TRL scores with a reward model (GRPOTrainer._calculate_rewards): each (prompt, completion) becomes one text, the
-reward model's chat template applied to the conversation [user prompt, assistant completion] when its tokenizer has
-one (a conversational prompt keeps its messages), else prompt + completion as plain text; the texts are padded on
-the right and the score is the head's logit at the last token (logits[:, 0]). Scores run in inference mode, in
-batches of `batch_size`, in the model's own dtype (from_pretrained(dtype="auto")). The scores then go through
-the RewardManager like any function's: weight, reward/<name> metrics, errors and timeouts.
+As TRL scores with a reward model (GRPOTrainer._calculate_rewards): each (prompt, completion) becomes one
+text, the reward model's chat template applied to the conversation [user prompt, assistant completion] when
+its tokenizer has one (a conversational prompt keeps its messages), else prompt + completion as plain text;
+the texts are padded on the right and the score is the head's logit at the last token (logits[:, 0]). Scores
+run in inference mode, in batches of `batch_size`, in the model's own dtype (from_pretrained(dtype="auto")).
+The scores then go through the RewardManager like any function's: weight, reward/<name> metrics, errors and
+timeouts.
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ MODEL_KWARGS = {
 
 
 class RewardModel:
-    """A sequence-classification reward model, called as a TRL reward function: fn(prompts=, completions=) -> floats."""
+    """A sequence-classification reward model, called as a TRL reward function: fn(prompts=, completions=) ->
+    floats."""
 
     def __init__(
         self,
@@ -73,8 +77,9 @@ class RewardModel:
         self.chat = bool(getattr(self.tokenizer, "chat_template", None))
 
     def render(self, prompts: list[Any], completions: list[Any]) -> list[str]:
-        """The texts the model scores: the chat template on [prompt messages..., assistant completion] when the
-        tokenizer has one, else prompt + completion as plain text (a conversational prompt: its contents, one a line)."""
+        """The texts the model scores: the chat template on [prompt messages..., assistant completion] when
+        the tokenizer has one, else prompt + completion as plain text (a conversational prompt: its contents,
+        one a line)."""
         texts = []
         for prompt, completion in zip(prompts, completions, strict=True):
             if self.chat:
@@ -110,8 +115,9 @@ class RewardModel:
 
 
 def reward_model_spec(spec, *, index: int):
-    """The RewardSpec the RewardManager calls for a `{model: ...}` entry of `rewards`: its function a RewardModel
-    (loaded now), its name by default the model's folder name; kwargs configure the model (MODEL_KWARGS)."""
+    """The RewardSpec the RewardManager calls for a `{model: ...}` entry of `rewards`: its function a
+    RewardModel (loaded now), its name by default the model's folder name; kwargs configure the model
+    (MODEL_KWARGS)."""
     from grpokit.config import RewardSpec
 
     key = f"rewards[{index}]"

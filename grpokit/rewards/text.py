@@ -1,8 +1,10 @@
-"""The text a reward scores: one rule for the built-ins, the tasks' rewards and the manager's check of step offsets.
+"""The text a reward scores: one rule for the built-ins, the tasks' rewards and the manager's check of step
+offsets.
 
     completion_text("3*7+2")                                        # -> "3*7+2"
     completion_text([{"role": "assistant", "content": "3*7+2"}])    # -> "3*7+2"
-    as_messages(prompts, texts, episodes)   # chat prompts: each completion as TRL passes it, a list of messages
+    as_messages(prompts, texts, episodes)   # chat prompts: each completion as TRL passes it, a list of
+                                            # messages
 
 A leaf module (no grpokit imports), so any reward or task module can import it at the top.
 """
@@ -29,9 +31,10 @@ def is_conversation(prompt: Any) -> bool:
 
 
 def as_messages(prompts: list[Any], completions: list[Any], episodes: list[Any] | None = None) -> list[Any]:
-    """TRL's convention (GRPOTrainer._generate_and_score_completions): when the prompts are conversational, each
-    completion reaches the reward functions as a list of messages, [{"role": "assistant", "content": text}] (an
-    episode with tools: its assistant and tool messages, Episode.messages); plain-text prompts keep their strings."""
+    """TRL's convention (GRPOTrainer._generate_and_score_completions): when the prompts are conversational,
+    each completion reaches the reward functions as a list of messages, [{"role": "assistant", "content":
+    text}] (an episode with tools: its assistant and tool messages, Episode.messages); plain-text prompts keep
+    their strings."""
     if not prompts or not is_conversation(prompts[0]):
         return completions
     out = []

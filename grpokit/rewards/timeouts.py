@@ -1,7 +1,9 @@
-"""Reward calls with a time limit (config `reward_timeout`, a reward's own `timeout`) and a warning for slow ones.
+"""Reward calls with a time limit (config `reward_timeout`, a reward's own `timeout`) and a warning for slow
+ones.
 
     limit = CallLimit("reward function 'judge' (my_rewards:judge)", timeout=300.0, slow=60.0)
-    out = limit.call(fn, kwargs, n)   # fn(**kwargs), or TimedOut once `timeout` seconds pass without an answer
+    out = limit.call(fn, kwargs, n)   # fn(**kwargs), or TimedOut once `timeout` seconds pass without an
+                                      # answer
 
 Python cannot stop a thread. With a time limit the call runs in a daemon worker thread and the caller stops
 waiting when the time is up: the abandoned call may go on in the background (its result is dropped; a daemon
@@ -10,15 +12,16 @@ started (abandoned threads would pile up) and is a TimedOut at once. A timed-out
 of the batch, as a call that raises is: that would multiply the wait.
 
 signal.alarm works only in the main thread, and math-verify's own per-expression timeouts use it (so do the
-built-in `math` reward and TRL's accuracy_reward, through math-verify). A function marked `fn.main_thread = True`
-runs in the caller's thread, without the time limit (its own timeouts bound it); a function that fails in the
-worker with "signal only works in main thread" is marked so, with a warning, and called again in the caller's.
-`async def` functions are cancelled at their timeout instead (grpokit/rewards/concurrent.py).
+built-in `math` reward and TRL's accuracy_reward, through math-verify). A function marked `fn.main_thread =
+True` runs in the caller's thread, without the time limit (its own timeouts bound it); a function that fails
+in the worker with "signal only works in main thread" is marked so, with a warning, and called again in the
+caller's. `async def` functions are cancelled at their timeout instead (grpokit/rewards/concurrent.py).
 
 What a timed-out call scores (config reward_on_timeout, a reward's own on_timeout) is an OnTimeout:
 
     rule = OnTimeout.pick(own="skip_group", default=None, strict=False)
-    rule.scores(n)        # [N] the function's values for the call's samples: NaN (skip, skip_group) or the number
+    rule.scores(n)        # [N] the function's values for the call's samples: NaN (skip, skip_group) or the
+                          # number
     rule.drops_groups     # skip_group: the call's groups get no advantage (RewardOutput.skipped)
 """
 
@@ -28,8 +31,9 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -42,30 +46,35 @@ _MAIN_THREAD_ONLY = (
 
 
 class TimedOut(Exception):
-    """A call that did not return within its time limit, or was not started because an earlier one still runs."""
+    """A call that did not return within its time limit, or was not started because an earlier one still
+    runs."""
 
 
 def timeout_advice(own: float | None, default: float | None) -> str:
-    """The keys that set a function's time limit, for the message of a call that ran past it. own: the reward's own
-    `timeout` (None = unset: the manager's `default`, config reward_timeout)."""
+    """The keys that set a function's time limit, for the message of a call that ran past it. own: the
+    reward's own `timeout` (None = unset: the manager's `default`, config reward_timeout)."""
     if own is not None:
         return f"its own timeout={own:g} s in rewards:; raise it, or make the function faster"
-    return f"reward_timeout={default or 0:g} s; raise it, give this reward its own `timeout` in rewards:, or make the function faster"
+    return (
+        f"reward_timeout={default or 0:g} s; raise it, give this reward its own `timeout` in rewards:, or "
+        "make the function faster"
+    )
 
 
 @dataclass(frozen=True)
 class OnTimeout:
     """What a call that timed out scores. choice: "skip" (its samples get no reward from the function, NaN, as
-    reward_errors=skip), "skip_group" (the same, and every group of the call is dropped from the loss), "raise"
-    (RewardError) or a number (each of its samples scores that). key: the setting that chose it, for messages
-    ("reward_on_timeout", "its own on_timeout"; "" when it follows reward_errors)."""
+    reward_errors=skip), "skip_group" (the same, and every group of the call is dropped from the loss),
+    "raise" (RewardError) or a number (each of its samples scores that). key: the setting that chose it, for
+    messages ("reward_on_timeout", "its own on_timeout"; "" when it follows reward_errors)."""
 
     choice: str | float
     key: str = ""
 
     @classmethod
-    def pick(cls, own: str | float | None, default: str | float | None, strict: bool) -> "OnTimeout":
-        """A reward's own on_timeout, else the manager's (config reward_on_timeout), else as reward_errors says."""
+    def pick(cls, own: str | float | None, default: str | float | None, strict: bool) -> OnTimeout:
+        """A reward's own on_timeout, else the manager's (config reward_on_timeout), else as reward_errors
+        says."""
         if own is not None:
             return cls(own, "its own on_timeout")
         if default is not None:
@@ -84,15 +93,16 @@ class OnTimeout:
         """What happened to the call's samples, for the log."""
         if self.drops_groups:
             return (
-                "the affected samples get no reward from it, and their groups are dropped from the loss (skip_group: "
-                "their advantages are 0; reward/skipped_frac counts them)"
+                "the affected samples get no reward from it, and their groups are dropped from the loss "
+                "(skip_group: their advantages are 0; reward/skipped_frac counts them)"
             )
         if isinstance(self.choice, str):
             return "the affected samples get no reward from it (NaN in per_function)"
         return f"each affected sample scores {self.choice:g} from it ({self.key}={self.choice:g})"
 
     def stop_hint(self) -> str:
-        """How to go on instead of stopping, when the run stops at a timeout ("" when reward_errors=raise stopped it)."""
+        """How to go on instead of stopping, when the run stops at a timeout ("" when reward_errors=raise
+        stopped it)."""
         return f"; {self.key}=raise stops the run: skip, skip_group or a score goes on" if self.key else ""
 
 
@@ -120,7 +130,8 @@ class CallLimit:
         self._busy_started = 0.0
 
     def call(self, fn: Callable[..., Any], kwargs: dict[str, Any], n: int) -> Any:
-        """fn(**kwargs) on a batch of n completions: its result, or its exception; TimedOut when time ran out first."""
+        """fn(**kwargs) on a batch of n completions: its result, or its exception; TimedOut when time ran out
+        first."""
         start = time.monotonic()
         if self.timeout is None or self.main_thread:
             out = fn(**kwargs)
@@ -149,8 +160,8 @@ class CallLimit:
     def _in_worker(self, fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
         if self._busy is not None and self._busy.is_alive():
             raise TimedOut(
-                f"is still busy with a call that timed out (started {time.monotonic() - self._busy_started:.0f} s ago): "
-                "this call was not started"
+                "is still busy with a call that timed out (started "
+                f"{time.monotonic() - self._busy_started:.0f} s ago): this call was not started"
             )
         self._busy = None
         result: dict[str, Any] = {}
@@ -170,8 +181,8 @@ class CallLimit:
         if worker.is_alive():
             self._busy, self._busy_started = worker, started
             raise TimedOut(
-                f"did not return within {self.timeout:g} s: the call was left running in a background thread (Python "
-                "cannot stop one), and the function is skipped until it returns"
+                f"did not return within {self.timeout:g} s: the call was left running in a background thread "
+                "(Python cannot stop one), and the function is skipped until it returns"
             )
         if "error" not in result:
             return result["value"]
@@ -179,8 +190,8 @@ class CallLimit:
             raise result.pop("error")
         self.main_thread = True
         logger.warning(
-            "%s uses signals (signal.alarm, e.g. math-verify's own timeouts), which work only in the main thread: "
-            "it runs there from now on, where the reward timeout cannot stop it",
+            "%s uses signals (signal.alarm, e.g. math-verify's own timeouts), which work only in the main "
+            "thread: it runs there from now on, where the reward timeout cannot stop it",
             self.label,
         )
         return fn(**kwargs)

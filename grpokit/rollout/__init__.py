@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from grpokit.rollout.base import Completions, RolloutEngine, SamplingParams
-from grpokit.rollout.mismatch import SamplerCorrection, sampler_logprobs
 from grpokit.rollout.episodes import ToolRollout, generate_groups, with_tools
+from grpokit.rollout.mismatch import SamplerCorrection, sampler_logprobs
 
 
 def make_engine(

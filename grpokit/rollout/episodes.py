@@ -1,16 +1,21 @@
-"""Multi-turn rollouts with tools, on any engine: the rollout stage's business, so the update sees masks, not tools.
+"""Multi-turn rollouts with tools, on any engine: the rollout stage's business, so the update sees masks, not
+tools.
 
-    engine = ToolRollout(make_engine("fast", model, tok), tok, [as_tool(calculator)], fmt=make_format("plain"), max_turns=4)
+    engine = ToolRollout(
+        make_engine("fast", model, tok), tok, [as_tool(calculator)], fmt=make_format("plain"), max_turns=4
+    )
     comps = engine.generate(prompt_ids, G, SamplingParams(max_tokens=64), columns=[row.columns, ...])
     comps.token_ids[i]    # the model's turns interleaved with tool results, after the prompt
     comps.model_mask[i]   # 1 on the model's tokens, 0 on tool-result / template tokens
     comps.episodes[i]     # grpokit.tools.Episode: messages, calls, results, turns
 
 Each turn, every unfinished episode of the batch goes through the engine in one call (the first turn of the G
-episodes of a prompt as n=G samples of it, sharing its prefill; later turns as n=1 continuations of each episode's
-own context, prompt + everything so far), so the G episodes of a prompt run independently. After a turn:
+episodes of a prompt as n=G samples of it, sharing its prefill; later turns as n=1 continuations of each
+episode's own context, prompt + everything so far), so the G episodes of a prompt run independently. After a
+turn:
   - no tool call: the episode ends ("stop" at EOS, "length" when it ran out of tokens);
-  - a tool call at turn rollout.max_turns: the episode ends there, the call not run (Episode.cut = "max_turns");
+  - a tool call at turn rollout.max_turns: the episode ends there, the call not run
+    (Episode.cut = "max_turns");
   - otherwise the calls run (a thread pool across the batch; each under tools.timeout) and their results are
     appended as context; if the results would leave no token of the budget rollout.max_completion_length
     (which counts model and tool tokens alike, as TRL's max_completion_length does), the episode ends before
@@ -20,9 +25,10 @@ Log-probs: the engine's for the model's tokens (0.0 on tool tokens) when it retu
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from grpokit.rollout.base import Completions, RolloutEngine, SamplingParams
 from grpokit.rollout.hf import eos_token_ids
@@ -106,7 +112,8 @@ class ToolRollout:
         sampling: SamplingParams,
         columns: Sequence[dict[str, Any]] | None = None,
     ) -> Completions:
-        """G = n episodes per prompt, prompt-major. columns: each prompt's dataset row, for the environment's reset."""
+        """G = n episodes per prompt, prompt-major. columns: each prompt's dataset row, for the environment's
+        reset."""
         runs = self._start(prompt_token_ids, n, columns)
         self._logprobs = True  # every turn's engine call returned log-probs
         for turn in range(1, self.max_turns + 1):
@@ -237,9 +244,9 @@ class ToolRollout:
 
     def _completions(self, runs: list[_Run]) -> Completions:
         texts = self.tokenizer.batch_decode([r.ids for r in runs], skip_special_tokens=True)
-        for run, text in zip(runs, texts):
+        for run, text in zip(runs, texts, strict=True):
             last = 0
-            for call, tokens, back in zip(run.episode.tool_calls, run.call_ends, run.call_chars):
+            for call, tokens, back in zip(run.episode.tool_calls, run.call_ends, run.call_chars, strict=True):
                 end = len(self.tokenizer.decode(run.ids[:tokens], skip_special_tokens=True)) + back
                 call.end = last = min(len(text), max(end, last + 1))  # strictly increasing (StepScores.ends)
         episodes = [r.episode for r in runs]
@@ -258,8 +265,8 @@ class ToolRollout:
 def generate_groups(
     engine: RolloutEngine, rows: Sequence[Any], G: int, sampling: SamplingParams, metrics: dict[str, float]
 ) -> Completions:
-    """G completions of each row's prompt: episodes with tools when the engine is a ToolRollout (their rollout/tools/
-    metrics go into `metrics`), else the engine's one-turn completions."""
+    """G completions of each row's prompt: episodes with tools when the engine is a ToolRollout (their
+    rollout/tools/ metrics go into `metrics`), else the engine's one-turn completions."""
     if not isinstance(engine, ToolRollout):
         return engine.generate([r.prompt_ids for r in rows], G, sampling)
     comps = engine.generate([r.prompt_ids for r in rows], G, sampling, columns=[r.columns for r in rows])
@@ -268,7 +275,8 @@ def generate_groups(
 
 
 def with_tools(engine: RolloutEngine, cfg: Any, tokenizer: Any) -> RolloutEngine:
-    """The engine itself, or (a `tools:` section with a tool in it) a ToolRollout around it that runs episodes."""
+    """The engine itself, or (a `tools:` section with a tool in it) a ToolRollout around it that runs
+    episodes."""
     if not cfg.tools.enabled:
         return engine
     from grpokit.tools.formats import make_format

@@ -16,9 +16,10 @@ first-token frequencies against the exact processed distribution); what it does 
   are more than COMPACT_FRACTION of the batch: each compaction copies the whole cache, and doing
   it at every EOS measured slower (benchmarks/rollout_engines.py); so at most 1/8 of a step's rows
   are finished rows still riding along, their tokens discarded;
-- sampling is temperature -> top-k -> top-p -> softmax -> a categorical draw (inverse CDF), the order and the tie rules
-  of transformers' TemperatureLogitsWarper / TopKLogitsWarper / TopPLogitsWarper (min_tokens_to_keep=1);
-  top_k=0 and top_p=1 are off (generate would silently fill a None top_k with its default 50);
+- sampling is temperature -> top-k -> top-p -> softmax -> a categorical draw (inverse CDF), the order and the
+  tie rules of transformers' TemperatureLogitsWarper / TopKLogitsWarper / TopPLogitsWarper
+  (min_tokens_to_keep=1); top_k=0 and top_p=1 are off (generate would silently fill a None top_k with its
+  default 50);
 - it returns log-probs of the chosen tokens (see below).
 
 Not here: beam search, repetition penalties, stop strings, min_p; architectures whose cache is not
@@ -41,7 +42,6 @@ from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from grpokit.rollout.base import Completions, SamplingParams, cache_kwarg
 from grpokit.rollout.hf import eos_token_ids, left_pad
-
 
 #: Finished rows leave the batch once they are more than this fraction of it (0: at every EOS).
 #: 0, 1/8 and 1/4 measured within noise of each other, 0 a little slower; never compacting is much
@@ -143,7 +143,8 @@ def make_cache(config, capacity: int) -> DynamicCache:
 
 
 def process_logits(logits: Tensor, sampling: SamplingParams) -> Tensor:
-    """Temperature, then top-k, then top-p, as transformers' logits warpers do: [B, V] -> [B, V] (-inf = removed)."""
+    """Temperature, then top-k, then top-p, as transformers' logits warpers do: [B, V] -> [B, V] (-inf =
+    removed)."""
     scores = logits / sampling.temperature if sampling.temperature != 1.0 else logits
     if sampling.top_k > 0:
         k = min(sampling.top_k, scores.shape[-1])
@@ -162,7 +163,8 @@ def process_logits(logits: Tensor, sampling: SamplingParams) -> Tensor:
 
 
 class FastEngine:
-    """Generates with the training model (no copy); `batch_size` caps the sequences per batch, like HFEngine."""
+    """Generates with the training model (no copy); `batch_size` caps the sequences per batch, like
+    HFEngine."""
 
     def __init__(self, model, tokenizer, *, batch_size: int = 0, compile: bool = False):
         self.tokenizer = tokenizer
@@ -197,7 +199,7 @@ class FastEngine:
             with torch.no_grad():
                 for start in range(0, len(prompt_token_ids), per_call):
                     ids, lps = self._generate_batch(prompt_token_ids[start : start + per_call], n, sampling)
-                    for row, lp in zip(ids, lps):
+                    for row, lp in zip(ids, lps, strict=True):
                         stopped = bool(row) and row[-1] in self.eos_ids
                         token_ids.append(row)
                         logprobs.append(lp)

@@ -1,17 +1,17 @@
 """The sampler-trainer mismatch in the loop: metrics for every engine that returns log-probs, and
 rollout.importance_correction's weights (the math: grpokit/algo/importance.py).
 
-    batch = RolloutBatch(..., sampler_logp=sampler_logprobs(comps, tokens))         # [N, T] or None (hf)
+    batch = RolloutBatch(..., sampler_logp=sampler_logprobs(comps, tokens))   # [N, T] or None (hf)
     correction = SamplerCorrection(cfg.rollout)
-    is_weights = correction(batch, rows, logp, mask, acc, first_pass)                 # per micro-batch; None = off
-    metrics = correction.pop_metrics()                                                # the max |diff|, once per step
+    is_weights = correction(batch, rows, logp, mask, acc, first_pass)   # per micro-batch; None = off
+    metrics = correction.pop_metrics()                                  # the max |diff|, once per step
 
 pi_old is what the ratio of the loss divides by: the trainer's log-probs of the batch before any update
 (batch.old_logp when the loop computed them, else the first pass's own log-probs, which are pi_old then).
 The mismatch is measured against those on the first pass over the batch (every row once), on the loss mask.
 With rollout.max_policy_lag > 0 and no correction, pi_old is the sampler's own log-probs (batch.old_logp holds
-batch.sampler_logp); the mismatch is then measured against the first pass's log-probs, the policy being trained:
-the policy lag and the engine's differences together.
+batch.sampler_logp); the mismatch is then measured against the first pass's log-probs, the policy being
+trained: the policy lag and the engine's differences together.
 Metrics: rollout/logp_diff_mean, rollout/logp_diff_max, rollout/sampler_kl (k3), and with a correction on
 rollout/is_weight_mean, rollout/is_clip_frac (docs/metrics.md).
 """
@@ -44,20 +44,22 @@ def sampler_logprobs(comps, tokens) -> Tensor | None:
 
 
 class SamplerCorrection:
-    """Per micro-batch: the mismatch metrics (first pass) and the importance weights (rollout.importance_correction)."""
+    """Per micro-batch: the mismatch metrics (first pass) and the importance weights
+    (rollout.importance_correction)."""
 
     def __init__(self, rollout_cfg) -> None:
         self.mode = rollout_cfg.importance_correction
         self.c_min, self.c_max = rollout_cfg.importance_c_min, rollout_cfg.importance_c_max
-        # pi_old is the sampler itself with rollout.max_policy_lag and no correction: measure against the policy trained.
+        # pi_old is the sampler itself with rollout.max_policy_lag and no correction: measure against the
+        # policy trained.
         self.old_is_sampler = rollout_cfg.max_policy_lag > 0 and self.mode == "none"
         self._max: float | None = None
 
     def __call__(
         self, b, rows: Tensor, logp: Tensor, mask: Tensor, acc: MeanAccumulator, first_pass: bool
     ) -> Tensor | None:
-        """[n, T] weights for the micro-batch `rows` of batch b (None: no correction). logp: pi_theta's [n, T],
-        which is pi_old when the batch has no old_logp; mask: the micro-batch's loss mask [n, T]."""
+        """[n, T] weights for the micro-batch `rows` of batch b (None: no correction). logp: pi_theta's [n,
+        T], which is pi_old when the batch has no old_logp; mask: the micro-batch's loss mask [n, T]."""
         if b.sampler_logp is None:
             return None
         T = logp.shape[1]
@@ -78,7 +80,8 @@ class SamplerCorrection:
         return weights
 
     def pop_metrics(self) -> dict[str, float]:
-        """rollout/logp_diff_max of the step (a max, which a weighted mean over micro-batches cannot give); resets."""
+        """rollout/logp_diff_max of the step (a max, which a weighted mean over micro-batches cannot give);
+        resets."""
         out = {} if self._max is None else {ROLLOUT_LOGP_DIFF_MAX: self._max}
         self._max = None
         return out

@@ -1,7 +1,10 @@
-"""The `fast` engine in a process of its own: the sampler of asynchronous rollouts on a CPU (rollout.async_sampler).
+"""The `fast` engine in a process of its own: the sampler of asynchronous rollouts on a CPU
+(rollout.async_sampler).
 
-    engine = ProcessEngine(model, tokenizer, batch_size=0, threads=1)   # spawns the child; it copies the model
-    comps = engine.generate(prompt_ids, n=8, sampling=sampling)         # the child generates; texts decoded here
+    engine = ProcessEngine(model, tokenizer, batch_size=0, threads=1)   # spawns the child; it copies the
+                                                                        # model
+    comps = engine.generate(prompt_ids, n=8, sampling=sampling)         # the child generates; texts decoded
+                                                                        # here
     engine.sync_weights(model, version=3)                               # the weights cross in shared memory
 
 Why: a sampler thread overlaps training only when torch's ops are large enough to run without Python's GIL; a
@@ -9,12 +12,13 @@ small model on a CPU is thousands of tiny ops, and a thread then mostly takes tu
 (docs/rollout.md has the numbers). A process has its own interpreter, so generation and training really run
 side by side, as with a `grpokit serve` server for vLLM.
 
-What crosses the pipe: requests (prompt ids, n, sampling parameters, a seed) and replies (token ids, log-probs,
-finish reasons) as plain lists; weights as tensors, which torch.multiprocessing moves through shared memory
-(each push is one copy of the state dict). Seeds: each generate call draws one seed from sampling.generator (or
-torch's global generator) and the child samples with a generator seeded with it, so the run's seed decides the
-samples. The child is started with spawn, holds its own copy of the model, runs `threads` torch threads, and
-stops when this object is closed or garbage-collected (its end of the pipe closes) or the parent dies (daemon).
+What crosses the pipe: requests (prompt ids, n, sampling parameters, a seed) and replies (token ids,
+log-probs, finish reasons) as plain lists; weights as tensors, which torch.multiprocessing moves through
+shared memory (each push is one copy of the state dict). Seeds: each generate call draws one seed from
+sampling.generator (or torch's global generator) and the child samples with a generator seeded with it, so the
+run's seed decides the samples. The child is started with spawn, holds its own copy of the model, runs
+`threads` torch threads, and stops when this object is closed or garbage-collected (its end of the pipe
+closes) or the parent dies (daemon).
 """
 
 from __future__ import annotations
@@ -33,7 +37,8 @@ from grpokit.rollout.vllm import draw_seed
 
 
 def _child(conn, model, tokenizer, batch_size: int, threads: int) -> None:
-    """The child's loop: ("sync", state) | ("generate", prompt_ids, n, sampling, seed) | ("stop",) -> replies."""
+    """The child's loop: ("sync", state) | ("generate", prompt_ids, n, sampling, seed) | ("stop",) ->
+    replies."""
     from grpokit.rollout.fast import FastEngine
 
     torch.set_num_threads(threads)

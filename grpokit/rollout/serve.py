@@ -7,10 +7,13 @@ It hosts one VLLMEngine, the colocated engine's class (grpokit/rollout/vllm.py),
 (the client is grpokit/rollout/server.py; docs/rollout.md, "Server mode"):
 
     GET  /health          {"status": "loading" | "ok", "version"}
-    GET  /info            the served model (tensor names and shapes, dtype, EOS ids, architecture, vocab), version
-    POST /generate        {prompt_token_ids, n, sampling, seed} -> {token_ids, logprobs, finish_reasons, versions}
+    GET  /info            the served model (tensor names and shapes, dtype, EOS ids, architecture, vocab),
+                          version
+    POST /generate        {prompt_token_ids, n, sampling, seed} -> {token_ids, logprobs, finish_reasons,
+                          versions}
     POST /update_weights  {path, aliases, version} -> {version}: loads the safetensors file the client wrote
-    POST /score           {token_ids} -> {logprobs, version}: prompt log-probs, the client's check of each push
+    POST /score           {token_ids} -> {logprobs, version}: prompt log-probs, the client's check of each
+                          push
 
 The policy version starts at 0 (MODEL_DIR's weights); each push sets it to the version the request names, or
 adds one. The main thread owns the engine and runs the requests one at a time, in order of arrival; the HTTP
@@ -85,9 +88,9 @@ class _Served:
 
 
 class _Handler(BaseHTTPRequestHandler):
-    server: "_Server"
+    server: _Server
 
-    def do_GET(self):  # noqa: N802 (http.server's name)
+    def do_GET(self):  # http.server's name
         if self.path == "/health":
             served = self.server.served
             return self._reply(
@@ -97,7 +100,7 @@ class _Handler(BaseHTTPRequestHandler):
             return self._run(lambda s, _: {**s.info, "version": s.version}, None)
         self._reply(404, {"error": f"no GET {self.path}; GET /health, /info"})
 
-    def do_POST(self):  # noqa: N802
+    def do_POST(self):  # http.server's name
         routes = {
             "/generate": _Served.generate,
             "/update_weights": _Served.update_weights,
@@ -154,8 +157,8 @@ def serve(
     echo=_say,
     **engine_kwargs,
 ) -> None:
-    """Listen at host:port (0 = a free port), start vLLM on MODEL_DIR, then run requests until SIGTERM / Ctrl-C.
-    engine_kwargs: VLLMEngine's (max_model_len, max_seqs, kv_cache_mb, gpu_memory_utilization)."""
+    """Listen at host:port (0 = a free port), start vLLM on MODEL_DIR, then run requests until SIGTERM /
+    Ctrl-C. engine_kwargs: VLLMEngine's (max_model_len, max_seqs, kv_cache_mb, gpu_memory_utilization)."""
     try:
         httpd = _Server((host, port), _Handler)
     except OSError as exc:
@@ -173,14 +176,16 @@ def serve(
     def stop(signum, _frame):
         if httpd.served is None:  # still loading: stop there
             raise SystemExit(128 + signum)
-        stopping.set()  # after the request that runs now (an exception raised inside vLLM could be swallowed there)
+        # after the request that runs now (an exception raised inside vLLM could be swallowed there)
+        stopping.set()
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, stop)
     try:
         httpd.served = _Served(model_dir, tokenizer, dtype, **engine_kwargs)
         echo(
-            f"grpokit serve: ready on {url}: train with rollout.engine=vllm rollout.vllm_mode=server rollout.vllm_server_url={url}"
+            f"grpokit serve: ready on {url}: train with rollout.engine=vllm rollout.vllm_mode=server "
+            f"rollout.vllm_server_url={url}"
         )
         while not stopping.is_set():
             try:

@@ -1,11 +1,15 @@
-"""rollout.vllm_mode=server: the trainer's side of a `grpokit serve` rollout server (grpokit/rollout/serve.py).
+"""rollout.vllm_mode=server: the trainer's side of a `grpokit serve` rollout server
+(grpokit/rollout/serve.py).
 
     grpokit serve MODEL_DIR --port 8000                                        # a terminal of its own
     grpokit train cfg.yaml rollout.engine=vllm rollout.vllm_mode=server rollout.vllm_server_url=http://127.0.0.1:8000
 
-    engine = VLLMServerEngine(model, tokenizer, url="http://127.0.0.1:8000")   # waits for the server, checks its model
-    comps = engine.generate(prompt_ids, n=8, sampling=SamplingParams(max_tokens=16))   # comps.versions from the server
-    engine.sync_weights(model, version=step)                                   # push through /dev/shm, checked
+    # waits for the server, checks its model
+    engine = VLLMServerEngine(model, tokenizer, url="http://127.0.0.1:8000")
+    # comps.versions from the server
+    comps = engine.generate(prompt_ids, n=8, sampling=SamplingParams(max_tokens=16))
+    # push through /dev/shm, checked
+    engine.sync_weights(model, version=step)
 
 The same contract as the colocated engine (grpokit/rollout/vllm.py), whose class the server hosts:
 - Samples: the client draws the base seed from sampling.generator or torch's global generator (draw_seed) and
@@ -13,12 +17,14 @@ The same contract as the colocated engine (grpokit/rollout/vllm.py), whose class
 - Weights: the trainable tensors (tied names included: weights.trainable_tensors) are written to a safetensors
   file in /dev/shm (memory, not disk); /update_weights names it and the server loads it through the colocated
   engine's reload path; the client deletes the file. The server must therefore share this machine's /dev/shm.
-- Every push is checked: the server scores a probe sequence (/score) and the client compares with the trainer's
-  own log-probs (weights.check_push, max |diff| <= PUSH_TOLERANCE); a push that did not take is a RolloutError.
-- Versions: the server counts the pushes it took (or records the version a push names) and returns it with every
-  sample (Completions.versions).
-Errors a user can fix (no server at the URL, a server on another model, a request past rollout.vllm_server_timeout)
-are ServerError, one line naming the fix. HTTP goes straight to the server, never through an http_proxy.
+- Every push is checked: the server scores a probe sequence (/score) and the client compares with the
+  trainer's own log-probs (weights.check_push, max |diff| <= PUSH_TOLERANCE); a push that did not take is a
+  RolloutError.
+- Versions: the server counts the pushes it took (or records the version a push names) and returns it with
+  every sample (Completions.versions).
+Errors a user can fix (no server at the URL, a server on another model, a request past
+rollout.vllm_server_timeout) are ServerError, one line naming the fix. HTTP goes straight to the server, never
+through an http_proxy.
 """
 
 from __future__ import annotations
@@ -51,7 +57,8 @@ from grpokit.rollout.weights import (
 
 
 class ServerError(RolloutError):
-    """The rollout server cannot be reached, serves another model, or did not answer in time (a user's fix)."""
+    """The rollout server cannot be reached, serves another model, or did not answer in time (a user's
+    fix)."""
 
 
 class ServerDown(ServerError):
@@ -75,8 +82,9 @@ def sampling_from_wire(d: dict) -> SamplingParams:
 
 
 def model_info(model, tokenizer) -> dict:
-    """What the client and the server compare before the first push: the tensors a push sends and their shapes,
-    the weights' dtype, the EOS ids (they decide finish reasons), the architecture and the vocabulary size."""
+    """What the client and the server compare before the first push: the tensors a push sends and their
+    shapes, the weights' dtype, the EOS ids (they decide finish reasons), the architecture and the vocabulary
+    size."""
     cfg = base_model(model).config
     return {
         "architectures": list(getattr(cfg, "architectures", None) or [type(base_model(model)).__name__]),
@@ -90,7 +98,10 @@ def model_info(model, tokenizer) -> dict:
 def model_difference(theirs: dict, ours: dict) -> str | None:
     """The first way the server's model_info differs from the trainer's, in words; None when they agree."""
     if theirs["architectures"] != ours["architectures"]:
-        return f"it serves {'/'.join(theirs['architectures'])}, the trainer trains {'/'.join(ours['architectures'])}"
+        return (
+            f"it serves {'/'.join(theirs['architectures'])}, the trainer trains "
+            f"{'/'.join(ours['architectures'])}"
+        )
     if theirs["vocab_size"] != ours["vocab_size"]:
         return f"its vocabulary has {theirs['vocab_size']} tokens, the trainer's {ours['vocab_size']}"
     names = [n for n in ours["tensors"] if theirs["tensors"].get(n) != ours["tensors"][n]]
@@ -132,7 +143,8 @@ class VLLMServerEngine:
 
     # ------------------------------------------------------------------ HTTP
     def _request(self, path: str, body: dict | None = None) -> dict:
-        """GET (no body) or POST JSON; the reply's JSON. Every failure is one line naming the server and the fix."""
+        """GET (no body) or POST JSON; the reply's JSON. Every failure is one line naming the server and the
+        fix."""
         method = "GET" if body is None else "POST"
         req = urllib.request.Request(
             self.url + path,
@@ -151,7 +163,7 @@ class VLLMServerEngine:
             raise RolloutError(
                 f"the rollout server at {self.url} failed on {method} {path}: {what}"
             ) from None
-        except (TimeoutError, socket.timeout) as exc:
+        except TimeoutError as exc:
             raise self._timed_out(method, path) from exc
         except urllib.error.URLError as exc:
             if isinstance(exc.reason, (TimeoutError, socket.timeout)):
@@ -177,8 +189,8 @@ class VLLMServerEngine:
         )
 
     def _wait_until_up(self) -> dict:
-        """The server's /info, once /health says it is ready (a server just started loads for a while): retried
-        until rollout.vllm_server_timeout."""
+        """The server's /info, once /health says it is ready (a server just started loads for a while):
+        retried until rollout.vllm_server_timeout."""
         deadline, status = time.monotonic() + self.timeout, None
         while True:
             try:
@@ -202,7 +214,8 @@ class VLLMServerEngine:
         fix = f"start it on the trainer's model: `grpokit serve {name}`"
         if (why := model_difference(info, ours)) is not None:
             raise ServerError(
-                f"the rollout server at {self.url} serves another model ({info['model']}) than the trainer's: {why}; {fix}"
+                f"the rollout server at {self.url} serves another model ({info['model']}) than the "
+                f"trainer's: {why}; {fix}"
             )
         if info["dtype"] != ours["dtype"]:
             raise ServerError(
@@ -217,14 +230,15 @@ class VLLMServerEngine:
 
     # ------------------------------------------------------------------ weights
     def sync_weights(self, model, version: int | None = None) -> None:
-        """Push the trainable tensors of `model` to the server and check them. version: the policy version these
-        weights are (the trainer's step); None = one more than the server's last."""
+        """Push the trainable tensors of `model` to the server and check them. version: the policy version
+        these weights are (the trainer's step); None = one more than the server's last."""
         self.push(trainable_tensors(model, everything=self.pushes == 0), version=version)
         if self.verify:
             self.verify_push(base_model(model))
 
     def push(self, named, version: int | None = None) -> int:
-        """Write (name, tensor) pairs to a file in /dev/shm, have the server load it; returns the server's version."""
+        """Write (name, tensor) pairs to a file in /dev/shm, have the server load it; returns the server's
+        version."""
         path, aliases = write_push(list(named), push_dir())
         try:
             reply = self._request("/update_weights", {"path": path, "aliases": aliases, "version": version})
@@ -235,7 +249,8 @@ class VLLMServerEngine:
         return self.version
 
     def verify_push(self, model) -> float:
-        """max |the server's prompt log-probs - model's| on a probe fixed per push; RolloutError above PUSH_TOLERANCE."""
+        """max |the server's prompt log-probs - model's| on a probe fixed per push; RolloutError above
+        PUSH_TOLERANCE."""
         ids = probe_ids(model, self.pushes)
         self.last_push_error = push_error(self._request("/score", {"token_ids": ids})["logprobs"], model, ids)
         return check_push(

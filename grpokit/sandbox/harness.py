@@ -39,7 +39,7 @@ def encode(value, make_ref, depth=0):
     """JSON-able form of `value` with exact types; objects that are not plain data go through
     make_ref(obj) -> {"ref": ...}. Subclasses (a str with its own __eq__) are not plain data."""
     if depth > MAX_DEPTH:
-        raise ValueError("value nested more than %d deep" % MAX_DEPTH)
+        raise ValueError(f"value nested more than {MAX_DEPTH} deep")
     kind = type(value)
     if value is None or kind is bool or kind is int or kind is str:
         return value
@@ -66,7 +66,7 @@ def encode(value, make_ref, depth=0):
 def decode(data, from_ref, depth=0):
     """The value `encode` wrote, built from builtins only; {"ref": ...} goes through from_ref."""
     if depth > MAX_DEPTH:
-        raise ValueError("value nested more than %d deep" % MAX_DEPTH)
+        raise ValueError(f"value nested more than {MAX_DEPTH} deep")
     if data is None or type(data) in (bool, int, float, str):
         return data
     if type(data) is not dict:
@@ -88,13 +88,13 @@ def decode(data, from_ref, depth=0):
         return (bytes if tag == "bytes" else bytearray).fromhex(body)
     if tag == "complex":
         return complex(body[0], body[1])
-    raise ValueError("unknown tag %r" % tag)
+    raise ValueError(f"unknown tag {tag!r}")
 
 
 def send(fd, message, limit):
     data = json.dumps(message).encode()
     if len(data) > limit:
-        data = json.dumps({"raise": ["ValueError"], "message": "answer over %d bytes" % limit}).encode()
+        data = json.dumps({"raise": ["ValueError"], "message": f"answer over {limit} bytes"}).encode()
     data = _HEADER.pack(len(data)) + data
     while data:
         data = data[os.write(fd, data) :]
@@ -190,7 +190,7 @@ def serve(request, namespace, objects, make_ref):
         elif op == "getitem":
             result = target[args[0]]
         else:
-            raise ValueError("unknown request %r" % op)
+            raise ValueError(f"unknown request {op!r}")
     except BaseException as e:
         return {"raise": [c.__name__ for c in type(e).__mro__], "message": str(e)[:500]}
     after = {
@@ -248,7 +248,7 @@ class Remote:
         return self._ask("getitem", key)
 
     def __repr__(self):
-        return "<solution %s object>" % self._type
+        return f"<solution {self._type} object>"
 
 
 class Link:
@@ -278,7 +278,7 @@ class Link:
             send(self.requests, request, self.limit)
         except OSError:
             self.gone = True
-            raise CandidateGone()
+            raise CandidateGone() from None
         answer = self.receive()
         if type(answer.get("raise")) is list:
             raise self.exception(answer["raise"], str(answer.get("message", "")))
@@ -293,7 +293,7 @@ class Link:
                     original.update(new)
         except (KeyError, IndexError, TypeError, ValueError, AttributeError):  # not our protocol
             self.gone = True
-            raise CandidateGone()
+            raise CandidateGone() from None
         return result
 
     def decode(self, data):
@@ -316,7 +316,7 @@ class Link:
     def _ref_out(obj):
         if type(obj) is Remote:
             return {"ref": obj._ref}
-        raise TypeError("cannot pass a %s to the solution" % type(obj).__name__)
+        raise TypeError(f"cannot pass a {type(obj).__name__} to the solution")
 
     @staticmethod
     def _builtin_exception(names):
@@ -402,7 +402,7 @@ def end(pid):
     elif os.WIFSIGNALED(status):
         how = "signal:" + signal.Signals(os.WTERMSIG(status)).name
     else:
-        how = "exit:%d" % os.WEXITSTATUS(status)
+        how = f"exit:{os.WEXITSTATUS(status)}"
     return how
 
 

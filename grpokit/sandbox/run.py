@@ -46,9 +46,10 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Iterable, Literal, Mapping
+from typing import Literal
 
 from grpokit.sandbox.cgroup import MemoryGroup, machine_memory_mb, memory_pool
 
@@ -886,6 +887,6 @@ def run_many(
     with ThreadPoolExecutor(max_workers=min(workers, len(items)), thread_name_prefix="sandbox") as pool:
         futures = [
             pool.submit(run_python, code, stdin=stdin, limits=limits, files=fs, isolation=isolation)
-            for (code, stdin), fs in zip(items, file_sets)
+            for (code, stdin), fs in zip(items, file_sets, strict=True)
         ]
         return [f.result() for f in futures]

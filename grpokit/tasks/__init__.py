@@ -17,7 +17,7 @@ them when nothing imported this package.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import grpokit.tools.rewards  # noqa: F401 (importing it registers the process rewards on tool use)
 from grpokit.rewards.registry import TASK, register_reward, reward_registry

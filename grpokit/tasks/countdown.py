@@ -6,8 +6,8 @@
 Reward (`CountdownTask.reward`, TRL style): 1.0 when the expression uses each given number
 exactly once and evaluates exactly to the target; `partial_reward` (0.1) when it is well formed
 and uses the numbers correctly but misses the target; 0.0 otherwise. `countdown_reward` below (the
-config's reward "countdown") builds the task from the spec's kwargs and calls its reward. Model text is never passed to eval():
-a small recursive-descent parser reads it, with a length bound, and evaluates it with exact
+config's reward "countdown") builds the task from the spec's kwargs and calls its reward. Model text is never
+passed to eval(): a small recursive-descent parser reads it, with a length bound, and evaluates it with exact
 fractions (so "/" -- off by default, `ops="+-*/"` turns it on -- means exact division).
 `countdown_steps` (the config's reward "countdown_steps") is the process reward of step-by-step
 solutions: one score per step (grpokit.rewards.StepScores).

@@ -13,13 +13,16 @@ Decoding joins the characters with nothing in between, so decode(encode(text), s
 To reproduce a given character vocabulary: `special_tokens` (which roles, which strings, in which id
 order; leave out unk_token for none), `sort=False` (characters keep the order given), `add_bos=False`.
 
-    tok = build_tokenizer("abc+=", special_tokens={"pad_token": "[PAD]", "eos_token": "[EOS]"}, sort=False, add_bos=False)
+    tok = build_tokenizer(
+        "abc+=", special_tokens={"pad_token": "[PAD]", "eos_token": "[EOS]"}, sort=False, add_bos=False
+    )
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast

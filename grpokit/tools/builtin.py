@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import ast
 import operator
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from grpokit.sandbox import Isolation, Limits, run_python
 

@@ -1,6 +1,7 @@
 """What one multi-turn episode did: its messages, tool calls and their results; and the step's tool metrics.
 
-    ep.tool_calls[0].name, .arguments, .valid, .result, .error, .end    # end: character offset in the completion text
+    ep.tool_calls[0].name, .arguments, .valid, .result, .error, .end    # end: character offset in the
+                                                                        # completion text
     ep.turns, ep.cut, ep.final                                          # cut: None | "max_turns" | "budget"
     episode_metrics(episodes, prefix="rollout/tools/")                  # docs/metrics.md
 
@@ -27,7 +28,8 @@ class ToolCall:
     arguments: Any  # the parsed arguments (a dict when well formed)
     result: str = ""  # what the model was shown
     error: str | None = (
-        None  # None | "parse" | "unknown_tool" | "bad_args" | "raised" | "timeout"; "not_run": at the last turn
+        # None | "parse" | "unknown_tool" | "bad_args" | "raised" | "timeout"; "not_run": at the last turn
+        None
     )
     seconds: float = 0.0
     turn: int = 0  # 1-based turn whose model text holds the call
@@ -83,9 +85,9 @@ def _mean(xs: list[float]) -> float:
 
 
 def episode_metrics(episodes: list[Episode], prefix: str = ROLLOUT_TOOLS_PREFIX) -> dict[str, float]:
-    """The step's tool-use statistics, prefix + each of TOOL_METRICS (docs/metrics.md, rollout/tools/ and eval/tools/).
-    errors: calls that did not parse, named no tool, had bad arguments or raised (a call at the last turn, not run,
-    counts only when it was malformed); timeouts: calls past tools.timeout."""
+    """The step's tool-use statistics, prefix + each of TOOL_METRICS (docs/metrics.md, rollout/tools/ and
+    eval/tools/). errors: calls that did not parse, named no tool, had bad arguments or raised (a call at the
+    last turn, not run, counts only when it was malformed); timeouts: calls past tools.timeout."""
     calls = [c for e in episodes for c in e.tool_calls]
     n = max(len(episodes), 1)
     values = {

@@ -4,7 +4,8 @@ plain (tools.format=plain), for tiny models and base models without a chat templ
 
     the model writes   <tool>calculator(123*456)</tool>         one call per turn; the turn ends at </tool>
     grpokit appends    <result>56088</result>                  tool tokens: context, never trained on
-    the model goes on  56088</s>                               ... or calls again, up to rollout.max_turns turns
+    the model goes on  56088</s>                               ... or calls again, up to rollout.max_turns
+                                                               turns
 
   Arguments are Python call syntax: keyword literals `name(a=1, b="x")`, positional literals in the order of
   the tool's parameters, or, for a tool with one string parameter, the raw text between the parentheses
@@ -13,8 +14,9 @@ plain (tools.format=plain), for tiny models and base models without a chat templ
 
 chat_template (tools.format=chat_template), for chat models trained on tool calls (Qwen2.5 / Qwen3, Hermes):
 
-    the model writes   <tool_call>{"name": "calculator", "arguments": {"expression": "123*456"}}</tool_call><|im_end|>
-                       (several calls in one turn are allowed; the turn ends at the model's EOS)
+    the model writes   <tool_call>{"name": "calculator", "arguments": {"expression":
+                       "123*456"}}</tool_call><|im_end|> (several calls in one turn are allowed; the turn ends
+                       at the model's EOS)
     grpokit appends    the chat template's rendering of the tool messages {"role": "tool", "name", "content"}
                        up to the next assistant generation prompt (e.g. `\\n<|im_start|>user\\n<tool_response>
                        \\n56088\\n</tool_response><|im_end|>\\n<|im_start|>assistant\\n` for Qwen), found by
@@ -101,7 +103,7 @@ class PlainFormat:
                 return ParsedCall(
                     raw, name, None, f"{name} takes {len(params)} argument(s), got {len(positional)}"
                 )
-            return ParsedCall(raw, name, {**dict(zip(params, positional)), **keyword})
+            return ParsedCall(raw, name, {**dict(zip(params, positional, strict=False)), **keyword})
         one_string = (
             tool is not None
             and len(params) == 1
@@ -159,7 +161,8 @@ class ChatTemplateFormat:
                 "the chat template renders the conversation differently once tool messages follow; "
                 "grpokit cannot find the tool messages' tokens: use tools.format=plain"
             )
-        # The model's turn ended at its EOS token; what the template puts after that EOS belongs to the suffix.
+        # The model's turn ended at its EOS token; what the template puts after that EOS belongs to the
+        # suffix.
         eos = tokenizer.eos_token or ""
         tail = head[head.rfind(eos) + len(eos) :] if eos and eos in head else ""
         return tokenizer.encode(tail + full[len(head) :], add_special_tokens=False)

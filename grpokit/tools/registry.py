@@ -1,8 +1,9 @@
 """Tools from plain Python functions and TRL-style environments, and how one call runs.
 
-    tool = as_tool(calculator)                         # name, schema (type hints + Google docstring), sync or async
-    box = ToolBox([tool], timeout=10.0)                # the tools of one episode
-    box = ToolBox.for_episode(tools, env_factory, timeout=10.0, columns={"answer": "42"})   # + a fresh environment
+    tool = as_tool(calculator)            # name, schema (type hints + Google docstring), sync or async
+    box = ToolBox([tool], timeout=10.0)   # the tools of one episode
+    # + a fresh environment
+    box = ToolBox.for_episode(tools, env_factory, timeout=10.0, columns={"answer": "42"})
     outcome = box.call("calculator", {"expression": "2*3"})   # CallOutcome(text="6", error=None, seconds=...)
 
 Conventions (TRL 1.16's GRPOTrainer `tools=` / `environment_factory`, so code written for it runs unchanged):
@@ -13,9 +14,9 @@ environment's own reward, logged as reward/<ClassName>). One environment instanc
 
 A call never raises: a tool that raises, runs past `timeout` seconds, is unknown or gets arguments that do not
 match its signature returns an error text to the model (`error: ...`), and CallOutcome.error says which
-("raised", "timeout", "unknown_tool", "bad_args") for the metrics. Python cannot stop a thread: a sync tool that
-times out is left running in a daemon thread (as reward timeouts are, grpokit/rewards/timeouts.py); an async
-tool is cancelled. Results are str(result) (JSON for dicts and lists), cut to `max_result_chars`.
+("raised", "timeout", "unknown_tool", "bad_args") for the metrics. Python cannot stop a thread: a sync tool
+that times out is left running in a daemon thread (as reward timeouts are, grpokit/rewards/timeouts.py); an
+async tool is cancelled. Results are str(result) (JSON for dicts and lists), cut to `max_result_chars`.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ import inspect
 import json
 import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from grpokit.tools.schema import check_arguments, function_schema
 
@@ -111,15 +113,17 @@ class ToolBox:
         columns: dict[str, Any] | None = None,
         timeout: float = 10.0,
         max_result_chars: int = 1000,
-    ) -> tuple["ToolBox", str | None]:
-        """A toolbox with a fresh environment (reset with the row's columns); returns it and reset's observation."""
+    ) -> tuple[ToolBox, str | None]:
+        """A toolbox with a fresh environment (reset with the row's columns); returns it and reset's
+        observation."""
         env, observation = None, None
         if env_factory is not None:
             env = env_factory()
             observation = env.reset(**(columns or {}))
             if observation is not None and not isinstance(observation, str):
                 raise ValueError(
-                    f"{type(env).__name__}.reset returned {type(observation).__name__}; it must return None or a string"
+                    f"{type(env).__name__}.reset returned {type(observation).__name__}; it must return None "
+                    "or a string"
                 )
             tools = list(tools) + environment_tools(env)
         return cls(tools, timeout=timeout, max_result_chars=max_result_chars, environment=env), observation

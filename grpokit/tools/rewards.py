@@ -3,16 +3,17 @@ and the tools' own results say, never "more steps". Each is a TRL-style reward t
 rollouts with tools); a per-call score is a StepScores whose step ends at the call's last character, so the
 process-reward path (DeepSeekMath §4.1.3, grpokit/batch.py) credits the tokens of that call.
 
-    name              per call (StepScores, step = one call)                  outcome (reward/<name>)    no call
-    tool_call_valid   1 if it parsed and named an existing tool, else 0       fraction valid             None
-    tool_args_valid   1 if its arguments matched the signature, else 0        fraction valid             None
-    tool_result_used  -                                                       1 if the final answer      None
-                                                                              is a result, else 0
-    step_cost         -cost (kwargs: cost=0.1)                                -cost x calls              0.0
+    name              per call (StepScores, step = one call)              outcome (reward/<name>)    no call
+    tool_call_valid   1 if it parsed and named an existing tool, else 0   fraction valid             None
+    tool_args_valid   1 if its arguments matched the signature, else 0    fraction valid             None
+    tool_result_used  -                                                   1 if the final answer      None
+                                                                          is a result, else 0
+    step_cost         -cost (kwargs: cost=0.1)                            -cost x calls              0.0
 
-None is "not applicable" (0 in the total). These rewards can be gamed on their own (a model paid for valid calls
-learns to make more of them): pair them with a task reward, and watch held-out task success (the independent
-check; docs/agentic.md has the run with process rewards only). step_cost is the counterweight to tool spam.
+None is "not applicable" (0 in the total). These rewards can be gamed on their own (a model paid for valid
+calls learns to make more of them): pair them with a task reward, and watch held-out task success (the
+independent check; docs/agentic.md has the run with process rewards only). step_cost is the counterweight to
+tool spam.
 """
 
 from __future__ import annotations
@@ -56,9 +57,10 @@ _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
 
 def result_used(ep: Episode) -> bool | None:
-    """Whether the final answer is the result of a successful call: the answer's text, or its last number, equals a
-    result (None: no successful call). Not "contains", which an answer passes by padding a result with other
-    digits ("408408" for 408): a loophole a policy paid for containment could learn (docs/agentic.md)."""
+    """Whether the final answer is the result of a successful call: the answer's text, or its last number,
+    equals a result (None: no successful call). Not "contains", which an answer passes by padding a result
+    with other digits ("408408" for 408): a loophole a policy paid for containment could learn
+    (docs/agentic.md)."""
     results = [c.result.strip() for c in ep.tool_calls if c.ok and c.result.strip()]
     if not results or ep.cut is not None:
         return None if not results else False
@@ -68,8 +70,9 @@ def result_used(ep: Episode) -> bool | None:
 
 
 def tool_result_used(completions: list[Any], episodes: list[Episode], **kwargs: Any) -> list[float | None]:
-    """1.0 when the final answer is a successful tool result (its text, or its last number: a verified result was
-    used), 0.0 when calls succeeded but the answer is none of them (or the episode was cut), None without one."""
+    """1.0 when the final answer is a successful tool result (its text, or its last number: a verified result
+    was used), 0.0 when calls succeeded but the answer is none of them (or the episode was cut), None without
+    one."""
     out: list[float | None] = []
     for ep in episodes:
         used = result_used(ep)

@@ -1,12 +1,15 @@
 """A tool's JSON schema from a plain Python function, and the check of a call's arguments against it.
 
-    schema = function_schema(fn)          # {"type": "function", "function": {"name", "description", "parameters"}}
-    args, problem = check_arguments(fn, {"a": 3})   # (the arguments to call with, None) or (None, "what is wrong")
+    schema = function_schema(fn)          # {"type": "function", "function": {"name", "description",
+                                          # "parameters"}}
+    args, problem = check_arguments(fn, {"a": 3})   # (the arguments to call with, None) or (None, "what is
+                                                    # wrong")
 
-The schema is the one chat templates render for `tools=` (transformers' `get_json_schema` convention, which TRL's
-`tools=` relies on): the description is the docstring's text before its sections, each parameter's type comes from
-its type hint and its description from the Google-style `Args:` section. Every parameter needs a type hint (the
-model has to know what to send); a missing one is a ValueError naming the function and the parameter.
+The schema is the one chat templates render for `tools=` (transformers' `get_json_schema` convention, which
+TRL's `tools=` relies on): the description is the docstring's text before its sections, each parameter's type
+comes from its type hint and its description from the Google-style `Args:` section. Every parameter needs a
+type hint (the model has to know what to send); a missing one is a ValueError naming the function and the
+parameter.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ import inspect
 import re
 import types
 import typing
-from typing import Any, Callable, Literal, Union
+from collections.abc import Callable
+from typing import Any, Literal, Union
 
 _JSON_TYPES = {
     int: "integer",
@@ -55,7 +59,8 @@ def _type_schema(hint: Any, where: str) -> dict[str, Any]:
     if origin is dict:
         return {"type": "object"}
     raise ValueError(
-        f"{where}: type hint {hint!r} has no JSON schema type; use int, float, str, bool, list, dict, Literal or X | None"
+        f"{where}: type hint {hint!r} has no JSON schema type; use int, float, str, bool, list, dict, "
+        "Literal or X | None"
     )
 
 

@@ -14,8 +14,9 @@ import importlib.util
 import inspect
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from grpokit.config import ConfigError, RewardSpec, ToolsConfig
 from grpokit.tools.builtin import BUILTIN_TOOLS
@@ -23,7 +24,8 @@ from grpokit.tools.registry import Tool, ToolBox, as_tool, check_environment_cla
 
 
 def resolve_callable(spec: str | Callable[..., Any], key: str) -> Callable[..., Any]:
-    """package.module:name or path/to/file.py:name (a dotted attribute path works) -> the object; a callable as is."""
+    """package.module:name or path/to/file.py:name (a dotted attribute path works) -> the object; a callable
+    as is."""
     if callable(spec):
         return spec
     target, _, attr_path = str(spec).strip().rpartition(":")
@@ -83,8 +85,8 @@ def load_tools(cfg: ToolsConfig) -> tuple[list[Tool], Callable[[], Any] | None]:
 
 
 def environment_reward_spec(factory: Callable[[], Any] | None) -> RewardSpec | None:
-    """TRL's convention: an environment with get_reward() owns a reward, weight 1, named after its class; it is
-    called once per finished episode on that episode's environment (None for an episode without one)."""
+    """TRL's convention: an environment with get_reward() owns a reward, weight 1, named after its class; it
+    is called once per finished episode on that episode's environment (None for an episode without one)."""
     cls: type[Any] | None = factory if inspect.isclass(factory) else None
     if cls is None or not callable(getattr(cls, "get_reward", None)):
         return None
