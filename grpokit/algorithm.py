@@ -11,7 +11,8 @@ The math itself is in grpokit/algo/ (no config there); docs/algorithm.md has the
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -34,17 +35,43 @@ if TYPE_CHECKING:
 BATCH_SCALES = ("batch", "batch_centered")
 
 
+class _OneProcess:
+    """The world of a caller that passes none: one rank, whose collectives return what it has (World's at size 1)."""
+
+    size, rank = 1, 0
+
+    def sum(self, value: Any) -> Any:
+        return value
+
+    def gather(self, obj: Any) -> list[Any]:
+        return [obj]
+
+    def all_rows(self, x: Tensor) -> Tensor:
+        return x
+
+    def my_rows(self, x: Tensor) -> Tensor:
+        return x
+
+
+ONE_PROCESS = _OneProcess()
+
+
 def outcome_advantages(
     alg: AlgorithmConfig, rewards: Tensor, group_size: int, world: World | None = None
 ) -> Tensor:
     """[N] advantages of [N] outcome rewards (groups contiguous), as algorithm.* says. world: with several ranks
     (grpokit/distributed.py) a batch scale's mean and std are those of every rank's rewards (one all_gather of
     [N] floats), so each rank gets its rows of what one process computes on the global batch."""
-    if world is None or world.size == 1 or alg.scale_rewards not in BATCH_SCALES:
-        return group_advantages(
-            rewards, group_size, scale=alg.scale_rewards, estimator=alg.advantage_estimator, eps=alg.std_eps
-        )
-    return world.my_rows(outcome_advantages(alg, world.all_rows(rewards), group_size))
+    if world is None or alg.scale_rewards not in BATCH_SCALES:  # per group: each rank has its whole groups
+        world = ONE_PROCESS
+    advantages = group_advantages(
+        world.all_rows(rewards),
+        group_size,
+        scale=alg.scale_rewards,
+        estimator=alg.advantage_estimator,
+        eps=alg.std_eps,
+    )
+    return world.my_rows(advantages)
 
 
 def process_advantages(
@@ -137,7 +164,8 @@ def dynamic_sampling(
     then every rank's groups are gathered in global order (round by round, rank after rank: the order one process
     draws them in), the first W x want (kept, then dropped) are the step's batch, and each rank takes its r-th
     share. So the batch is the one one process keeps, whatever the world size; rollout/groups_* are summed."""
-    W = world.size if world is not None else 1
+    world = world or ONE_PROCESS
+    W = world.size
     rounds: list[tuple[Groups, list[int], list[int]]] = []  # this rank's (groups, kept, dropped) per round
     cur, drawn, kept_total = first, 0, 0
     while True:
@@ -148,15 +176,13 @@ def dynamic_sampling(
             (cur, [g for g, d in enumerate(differ) if d], [g for g, d in enumerate(differ) if not d])
         )
         kept_total += sum(differ)
-        global_kept = world.sum(kept_total) if W > 1 else kept_total
-        if global_kept >= W * want or len(rounds) >= max_rounds:
+        if world.sum(kept_total) >= W * want or len(rounds) >= max_rounds:
             break
         cur = draw()
-    everyone = world.gather(rounds) if W > 1 else [rounds]  # [rank][round]
+    everyone = world.gather(rounds)  # [rank][round]
     in_order = [(rank[k], kept) for kept in (True, False) for k in range(len(rounds)) for rank in everyone]
     chosen = [(src, g, kept) for (src, ks, ds), kept in in_order for g in (ks if kept else ds)][: W * want]
-    r = world.rank if world is not None else 0
-    mine = chosen[r * want : (r + 1) * want]
+    mine = chosen[world.rank * want : (world.rank + 1) * want]
     metrics = {
         ROLLOUT_SAMPLING_ROUNDS: float(len(rounds)),
         ROLLOUT_GROUPS_DRAWN: float(drawn),  # this rank's counts: summed over the ranks in the logs

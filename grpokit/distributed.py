@@ -3,7 +3,7 @@
     torchrun --nproc_per_node 2 -m grpokit train config.yaml           # one node, two processes (docs/scaling.md)
 
     world = World.from_env(cfg)                # RANK / WORLD_SIZE / LOCAL_RANK from torchrun; unset or 1: one process
-    model, train_fn, rollout_model = world.wrap(model)    # FSDP2 fully_shard per decoder layer then the root, or DDP
+    policy = world.wrap(model, ref)            # FSDP2 fully_shard per decoder layer then the root, or DDP
     rows = world.share(sampler.next())         # this rank's contiguous share of the step's prompts: whole groups
     n_seq, n_tok = world.sum(len(idx), tokens) # all_reduce SUM: the normalizers of the global minibatch's loss
     world.backward(loss)                       # DDP / FSDP2 average gradients over ranks; the loss is scaled by W
@@ -45,6 +45,7 @@ from grpokit.checkpoint import (
 from grpokit.checkpoint_sharded import load_sharded, save_sharded
 from grpokit.config import Config, ConfigError
 from grpokit.metrics import RANK_REDUCTIONS, MeanAccumulator
+from grpokit.policy_handle import PolicyHandle
 from grpokit.rewards import RewardOutput
 
 REDUCE: dict[str, Callable[[list[float]], float]] = {
@@ -169,11 +170,10 @@ class World:
         return self.rank == 0
 
     # ------------------------------------------------------------------ the model
-    def wrap(
-        self, model: torch.nn.Module, ref: torch.nn.Module | None = None
-    ) -> tuple[torch.nn.Module, torch.nn.Module, torch.nn.Module]:
-        """(the module whose parameters the optimizer steps, what the training forward calls, the module the
-        rollout engine generates and evaluates with). One process: the model three times.
+    def wrap(self, model: torch.nn.Module, ref: torch.nn.Module | None = None) -> PolicyHandle:
+        """The policy's one handle (grpokit/policy_handle.py): the module whose parameters the optimizer steps,
+        what the training forward calls, pi_ref, and the module the rollout engine generates and evaluates with
+        (full() refreshes it). One process: the model itself for all three.
 
         The process group starts here, its backend following the policy's device: nccl on CUDA, gloo on CPU.
         fsdp2: fully_shard on each decoder layer, then on the root (torchtitan's recipe), in place, with FSDP2's
@@ -184,7 +184,7 @@ class World:
         ddp: the replica itself generates; only the training forward goes through DDP; pi_ref is a whole copy."""
         self._model, self._ref = model, ref
         if self.size == 1:
-            return model, model, model
+            return self._handle(model, model)
         self.device = next(model.parameters()).device
         if not dist.is_initialized():
             if self.device.type == "cuda":
@@ -196,11 +196,22 @@ class World:
             from torch.nn.parallel import DistributedDataParallel
 
             # forward_sync_buffers=False: the buffers are constants (RoPE frequencies), and no-grad passes need no collective
-            return model, DistributedDataParallel(model, forward_sync_buffers=False), model
+            return self._handle(DistributedDataParallel(model, forward_sync_buffers=False), model)
         self._full = copy.deepcopy(model)
         for module in (model, ref) if ref is not None else (model,):
             self._shard(module)
-        return model, model, self._full
+        return self._handle(model, self._full)
+
+    def _handle(self, forward: Any, whole: torch.nn.Module) -> PolicyHandle:
+        assert self._model is not None
+        return PolicyHandle(
+            self._model,
+            forward,
+            self._ref,
+            whole=whole,
+            full=self.full_model,
+            reset_reference=self.reset_reference,
+        )
 
     def _shard(self, model: torch.nn.Module) -> None:
         """FSDP2 in place: each decoder layer a unit, then the root; bf16 all-gathers and compute, fp32 reductions

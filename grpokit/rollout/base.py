@@ -5,13 +5,18 @@
 Output order is prompt-major: completions [i*n, (i+1)*n) belong to prompt i, so groups are
 contiguous as group_advantages expects. The engine plays pi_old: `sync_weights(model)` is called
 after every optimizer step that precedes a rollout.
+
+An engine class says what it can do in `caps` (an EngineCaps), read without building it: the start-up check
+(grpokit/rollout/engines.py) compares the config against it, and docs/rollout.md's engine table is made from
+it. `close()`, `sleep()` and `wake_up()` are part of the interface; an engine that subclasses RolloutEngine
+inherits them as no-ops. The pipeline that owns an engine closes it (grpokit/rollout/pipeline.py).
 """
 
 from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 import torch
 
@@ -62,7 +67,33 @@ class Completions:
         return [r == "length" for r in self.finish_reasons]
 
 
+@dataclass(frozen=True)
+class EngineCaps:
+    """What an engine can do: a typed declaration on its class (`caps`), read without building the engine."""
+
+    sampling_logprobs: bool = False
+    """Returns the sampler's log-probs (Completions.logprobs): importance correction and asynchronous rollouts
+    (pi_old of samples from older weights) need them."""
+    several_ranks: bool = True
+    """Runs under torchrun, one engine per rank."""
+    lora: bool = True
+    """Samples from a policy with LoRA adapters (model.lora)."""
+    stop_sequences: bool = False
+    """Stops a row at SamplingParams.stop_token_ids itself (else the caller cuts the completion there)."""
+    sleep: bool = False
+    """sleep() frees accelerator memory while the trainer updates, and wake_up() brings it back."""
+    own_process: bool = False
+    """Samples in a process of its own (a server, or a child process) rather than in the trainer's."""
+    compiles: bool = False
+    """Puts its forward through torch.compile when model.compile is set."""
+
+
 class RolloutEngine(Protocol):
+    """The interface of every engine. Subclassing it (a Protocol used as a base class) gives the no-op close,
+    sleep and wake_up; `caps` says what the engine can do."""
+
+    caps: ClassVar[EngineCaps] = EngineCaps()
+
     def generate(
         self, prompt_token_ids: list[list[int]], n: int, sampling: SamplingParams
     ) -> Completions: ...
@@ -70,6 +101,18 @@ class RolloutEngine(Protocol):
     def sync_weights(self, model: torch.nn.Module, version: int | None = None) -> None:
         """The engine samples from `model`'s weights from now on; `version`: which policy version they are (optimizer
         steps), for an engine that reports it per sample (the server); the others ignore it."""
+
+    def close(self) -> None:
+        """Free what the engine holds (a process, a server connection, vLLM's state); nothing by default."""
+        return None
+
+    def sleep(self) -> None:
+        """Free accelerator memory until wake_up() (caps.sleep); nothing by default."""
+        return None
+
+    def wake_up(self) -> None:
+        """Undo sleep(); nothing by default."""
+        return None
 
 
 def cut_at_eos(ids: list[int], eos_ids: set[int], max_tokens: int) -> tuple[list[int], str]:

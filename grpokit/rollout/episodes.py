@@ -96,8 +96,21 @@ class ToolRollout:
         self.last_metrics: dict[str, float] = {}
         ToolBox(self.tools)  # distinct names, checked now
 
+    @property
+    def caps(self):  # what the engine underneath can do
+        return self.engine.caps
+
     def sync_weights(self, model, version: int | None = None) -> None:
         self.engine.sync_weights(model, version=version)
+
+    def close(self) -> None:
+        self.engine.close()
+
+    def sleep(self) -> None:
+        self.engine.sleep()
+
+    def wake_up(self) -> None:
+        self.engine.wake_up()
 
     def generate(
         self,

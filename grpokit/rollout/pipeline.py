@@ -88,7 +88,7 @@ class RolloutPipeline:
             rollout_cfg.num_generations,
         )
         self.version = version  # the trainer's: weights published so far
-        self._sleeps = max_lag == 0 and callable(getattr(engine, "sleep", None))
+        self._closed = False
         if max_lag == 0:
             return
         device = next(model.parameters()).device
@@ -104,7 +104,6 @@ class RolloutPipeline:
         self._results: dict[int, Any] = {}
         self._done = threading.Condition()
         self._next: int | None = None  # the next batch to hand the sampler, from the first batch() on
-        self._closed = False
         self._threads = (
             torch.get_num_threads()
         )  # the run's: OpenMP's count is per thread, and a new one gets the default
@@ -155,15 +154,14 @@ class RolloutPipeline:
 
     def idle(self) -> None:
         """The rollouts of this step are done: a colocated engine that can sleep frees its GPU memory (k = 0)."""
-        if self._sleeps:
+        if self.max_lag == 0:
             self.engine.sleep()
 
     def publish(self, version: int, model: torch.nn.Module) -> None:
         """The trainer's weights after `version` optimizer steps: into the engine (k = 0) or the sampler's queue."""
         self.version = version
         if self.max_lag == 0:
-            if self._sleeps:
-                self.engine.wake_up()
+            self.engine.wake_up()
             self._sync(model, version)
             return
         self._snapshots[version] = _snapshot(model)
@@ -181,12 +179,18 @@ class RolloutPipeline:
             yield self.engine
 
     def close(self, timeout: float = 60.0) -> None:
-        """Stop the sampler after the generation under way (batches asked for and not taken are dropped). A sampler
-        that does not stop within `timeout` seconds is left behind with a warning (a daemon thread: it never keeps
-        the process from exiting, and a run that failed keeps its own error)."""
-        if self.max_lag == 0 or self._closed:
+        """Stop the sampler after the generation under way (batches asked for and not taken are dropped), then
+        close the engine (the pipeline owns it). A sampler that does not stop within `timeout` seconds is left
+        behind with a warning, and its engine open (a daemon thread: it never keeps the process from exiting, and
+        a run that failed keeps its own error). Closing twice does nothing."""
+        if self._closed:
             return
         self._closed = True
+        if self.max_lag == 0 or self._stop_sampler(timeout):
+            self.engine.close()
+
+    def _stop_sampler(self, timeout: float) -> bool:
+        """Whether the sampler thread stopped (or never started)."""
         self._requests.put(None)
         if self._thread.is_alive():
             self._thread.join(timeout)
@@ -195,6 +199,8 @@ class RolloutPipeline:
                     "the rollout sampler thread did not stop within %g s of the end of training; left running",
                     timeout,
                 )
+                return False
+        return True
 
     # ------------------------------------------------------------------ the sampler's side (k > 0)
     def _sampler(self) -> None:
