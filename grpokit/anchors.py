@@ -1,13 +1,13 @@
 """The log-probs a rollout batch is trained against: pi_old (the ratio's anchor) and pi_ref (the KL's).
 
-    old, ref, kl_old = anchor_logprobs(cfg, policy, tokens, sampler_logp, kl_shaping=critic_kl)   # [N, T] or None
+    old, ref, kl_old = anchor_logprobs(cfg, policy, tokens, sampler_logp, kl_shaping=kl)  # [N, T] or None
 
 pi_old is what sampled the batch. It is pi_theta itself (no pass: the loss uses pi_theta detached) when no
-optimizer step falls inside the batch's updates and the samples are on-policy. It must be recomputed by the
-trainer when one does (algorithm.num_iterations > 1 or optim.num_minibatches > 1), or with asynchronous rollouts
-under importance correction (decoupled PPO: our own log-probs anchor the ratio, corrected by pi_old /
-pi_sampler). With asynchronous rollouts and no correction it is the engine's own sampling log-probs (the
-behaviour policy). docs/rollout.md has the table.
+optimizer step falls inside the batch's updates and the samples are on-policy. The trainer recomputes it when
+one does (algorithm.num_iterations > 1 or optim.num_minibatches > 1), or with asynchronous rollouts under
+importance correction (decoupled PPO: our own log-probs anchor the ratio, corrected by pi_old / pi_sampler).
+With asynchronous rollouts and no correction it is the engine's own sampling log-probs (the behaviour
+policy). docs/rollout.md has the table.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from grpokit.policy_handle import PolicyHandle
 
 
 def pi_old_source(cfg: Config) -> Literal["sampler", "policy", "none"]:
-    """Where pi_old's log-probs come from: the engine's ("sampler"), a pass of the policy ("policy"), or nowhere
-    ("none": pi_old = pi_theta)."""
+    """Where pi_old's log-probs come from: the engine's ("sampler"), a pass of the policy ("policy"), or
+    nowhere ("none": pi_old = pi_theta)."""
     lagged, correct = cfg.rollout.max_policy_lag > 0, cfg.rollout.importance_correction != "none"
     if lagged and not correct:
         return "sampler"

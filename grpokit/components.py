@@ -1,6 +1,6 @@
 """The parts of a training run, built once from the config, in the order the run's random stream expects.
 
-    parts = build_components(cfg, world)    # policy handle, data, rewards, rollout pipeline, optimizer, critic
+    parts = build_components(cfg, world)   # the policy handle, data, rewards, pipeline, optimizer, critic
 
 grpokit/trainer.py runs the loop over them; each part is its module's (data.py, rewards/, rollout/,
 optim.py, critic.py). The order matters: loading the model, the critic's value head and the engine draw from

@@ -111,19 +111,6 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [m for m in model.modules() if type(m).__name__ in names and m is not model]
 
 
-class _Silent:
-    """What a rank other than 0 gets instead of a logger, a progress bar or a lock: every call does nothing."""
-
-    def __getattr__(self, name: str) -> Callable[..., None]:
-        return lambda *args, **kwargs: None
-
-    def __enter__(self) -> "_Silent":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        return None
-
-
 class World:
     """This process's place among the ranks, and the collectives the loop needs (see the module docstring)."""
 
@@ -170,7 +157,7 @@ class World:
         return self.rank == 0
 
     # ------------------------------------------------------------------ the model
-    def wrap(self, model: torch.nn.Module, ref: torch.nn.Module | None = None) -> PolicyHandle:
+    def wrap(self, model: torch.nn.Module, ref: Any = None) -> PolicyHandle:
         """The policy's one handle (grpokit/policy_handle.py): the module whose parameters the optimizer steps,
         what the training forward calls, pi_ref, and the module the rollout engine generates and evaluates with
         (full() refreshes it). One process: the model itself for all three.
@@ -359,11 +346,7 @@ class World:
         keys = dict.fromkeys(k for m in everyone for k in m)
         return {k: REDUCE[RANK_REDUCTIONS.get(k, "mean")]([m[k] for m in everyone if k in m]) for k in keys}
 
-    # ------------------------------------------------------------------ rank 0's duties, the end
-    def on_main(self, make: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """make(*args, **kwargs) on rank 0 (files, the progress bar, the run lock); a do-nothing stand-in elsewhere."""
-        return make(*args, **kwargs) if self.is_main else _Silent()
-
+    # ------------------------------------------------------------------ stop signals
     def stop_signals(self) -> StopSignals:
         """SIGTERM / SIGINT finish the step, save and stop (checkpoint.StopSignals), on every rank: torchrun passes a
         signal it gets on to every rank and waits 30 s for them (then SIGKILL); the loop stops when any rank got one

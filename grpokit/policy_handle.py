@@ -1,11 +1,11 @@
 """The policy, one handle: what the optimizer steps, what the log-prob passes call, pi_ref, the whole weights.
 
     policy = world.wrap(model, ref)     # grpokit/distributed.py: FSDP2 / DDP under torchrun; the model alone
-    policy.compile()                    # model.compile: the training and pi_ref forwards through torch.compile
+    policy.compile()                    # model.compile: the training and pi_ref forwards, compiled
     policy.module                       # the parameters the optimizer steps (FSDP2: sharded in place)
-    policy.forward                      # what the training forward and the pi_old pass call (DDP: the wrapper)
+    policy.forward                      # what the training and pi_old passes call (DDP: the wrapper)
     policy.ref, policy.ref_forward      # pi_ref (frozen; None when the run has no KL term)
-    policy.full()                       # the whole weights, current: the engine syncs to them, rank 0 saves them
+    policy.full()                       # the whole weights, current: the engine's, and what rank 0 saves
     policy.reset_reference()            # pi_ref <- pi_theta (algorithm.ref_policy=reset)
 
 One process: module, forward and full() are the model itself.
@@ -46,7 +46,7 @@ class PolicyHandle:
             self.ref_forward = torch.compile(self.ref)
 
     def full(self) -> torch.nn.Module:
-        """The policy with whole weights, current (FSDP2: refreshed from the shards; every rank calls this)."""
+        """The policy with whole weights, current (FSDP2: refreshed from the shards; every rank calls it)."""
         return self._full()
 
     def reset_reference(self) -> None:

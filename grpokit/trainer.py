@@ -6,8 +6,9 @@ One step, as in DeepSeekMath Algorithm 1 and the seed (Q3), each stage a call in
     updates on the clipped surrogate minus beta * KL(pi_theta || pi_ref) (algo/losses, optim.py)
     -> sync pi_old -> log (metrics.py, records/) -> eval / checkpoint (evaluate.py, checkpoint.py).
 
-Departures from the textbook, each a config switch: the loss normalization (algorithm.loss_type), clip-higher
-(epsilon_high), sequence-level ratios (GSPO), the advantage scale (Dr. GRPO), masking truncated completions (DAPO).
+Departures from the textbook, each a config switch: the loss normalization (algorithm.loss_type),
+clip-higher (epsilon_high), sequence-level ratios (GSPO), the advantage scale (Dr. GRPO), masking truncated
+completions (DAPO).
 Process supervision (DeepSeekMath §4.1.3) needs no switch: when a reward function returns StepScores, the
 advantages are per token. docs/algorithm.md has the formulas. Under torchrun every rank runs this loop on its
 share of the prompts; distributed.py wraps the model (FSDP2 / DDP) and makes whole-batch quantities global.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -107,7 +109,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ rollout -> rewards -> advantages
     def _draw(self, b: int | None = None) -> list:
-        """The rows of the next prompts (of batch b for the pipeline; dynamic sampling's further rounds: None)."""
+        """The rows of the next prompts: batch b for the pipeline, or (None) dynamic sampling's next round."""
         if b is not None:
             self._drawn = {i: s for i, s in self._drawn.items() if i >= self.step}
             self._drawn[b] = self.sampler.state_dict()
@@ -140,7 +142,7 @@ class Trainer:
         return self._score(rows, self.pipeline.extra(rows, metrics), metrics)
 
     def _groups(self, rows) -> tuple[Groups, dict[str, float]]:
-        """This step's scored groups (dynamic sampling: those whose rewards differ) and the rollout's timings."""
+        """This step's scored groups (dynamic sampling: the groups whose rewards differ), and timings."""
         if rows is None:
             rows, comps, metrics = self.pipeline.batch(self.step, self._draw, self.cfg.optim.max_steps)
         else:
@@ -161,7 +163,7 @@ class Trainer:
         return groups, metrics
 
     def rollout(self, rows=None) -> tuple[RolloutBatch, dict[str, float], list]:
-        """This step's batch from the pipeline (or completions of `rows` now), scored, with advantages and log-probs."""
+        """This step's batch from the pipeline (or of `rows`, now): scored, with advantages and log-probs."""
         cfg, alg, G = self.cfg, self.cfg.algorithm, self.cfg.rollout.num_generations
         groups, metrics = self._groups(rows)
         rows, comps, scored = groups.rows, groups.comps, groups.scored
@@ -180,16 +182,15 @@ class Trainer:
         )
         metrics[PERF_REF_TIME] = time.perf_counter() - t
 
-        value_targets, critic_metrics = None, {}
+        value_targets = None
+        critic_metrics: dict[str, float] = {}
         if self.critic is not None:  # PPO: whitened GAE from the critic's values [N, T]
             advantages, value_targets, critic_metrics = self.critic.advantages(
                 rewards, tokens, loss_mask, old_logp=kl_old, ref_logp=ref_logp
             )
-        elif scored.steps:  # process rewards: one advantage per token (DeepSeekMath §4.1.3)
+        elif scored.steps:  # process rewards: one advantage per token [N, T] (DeepSeekMath §4.1.3)
             step_rewards, step_ends = process_rewards(scored, comps.texts, comps.token_ids, self.tokenizer)
-            advantages = process_advantages(
-                alg, step_rewards, step_ends, G, tokens.completion_width
-            )  # [N, T]
+            advantages = process_advantages(alg, step_rewards, step_ends, G, tokens.completion_width)
         else:  # [N]; a batch std over every rank's rewards
             advantages = outcome_advantages(alg, rewards, G, self.world)
 
@@ -225,28 +226,23 @@ class Trainer:
             for name, x in (("weighted total reward", b.rewards), ("advantage", b.advantages))
             if (p := non_finite(x, b.rewards.numel()))
         ]
-        if not self.world.all(
-            not bad
-        ):  # e.g. weighted rewards that overflow float32 (on any rank): skip every optimizer step of this batch
-            for _ in range(self.cfg.algorithm.num_iterations * self.cfg.optim.num_minibatches):
-                self.optimizer.skip(
-                    *(bad[0] if bad else ("weighted total reward or advantage", "on another rank")),
-                    self.step + 1,
-                )
-            stats = {POLICY_SKIPPED_UPDATES: float(self.optimizer.skipped)}
-        else:
+        if self.world.all(not bad):
             stats = self._policy_passes(b)
-        if self.critic is not None:
+        else:  # e.g. weighted rewards that overflow float32 (on any rank): skip each optimizer step of it
+            what, where = bad[0] if bad else ("weighted total reward or advantage", "on another rank")
+            for _ in range(self.cfg.algorithm.num_iterations * self.cfg.optim.num_minibatches):
+                self.optimizer.skip(what, where, self.step + 1)
+            stats = {POLICY_SKIPPED_UPDATES: float(self.optimizer.skipped)}
+        if self.critic is not None and b.value_targets is not None:  # PPO: the critic's update
             stats.update(self.critic.update(b.tokens, b.loss_mask, b.value_targets, at_step=self.step + 1))
         return stats
 
     def _policy_passes(self, b: RolloutBatch) -> dict[str, float]:
         cfg, M, acc = self.cfg, self.cfg.optim.num_minibatches, MeanAccumulator()
-        b = (
-            self.world.gather_batch(b, self.tokenizer.pad_token_id) if M > 1 else b
-        )  # minibatches mix every rank's rows
+        if M > 1:  # minibatches mix every rank's rows
+            b = self.world.gather_batch(b, self.tokenizer.pad_token_id)
         for it in range(cfg.algorithm.num_iterations):
-            # A fresh minibatch split each pass (this rank's share of each); a single minibatch needs no shuffle.
+            # A fresh minibatch split each pass (this rank's share of each); one minibatch needs no shuffle.
             for m, idx in enumerate(self.world.minibatches(b.rewards.numel(), M)):
                 self.optimizer.zero_grad()
                 loss, why = self._accumulate_gradient(b, idx, first_pass=it == 0, acc=acc)
@@ -255,7 +251,7 @@ class Trainer:
                     where=f"pass {it + 1}, minibatch {m + 1}{why}",
                     at_step=self.step + 1,
                 )
-                if done is not None:
+                if done is not None and loss is not None:  # a step was taken: its loss was finite
                     acc.add(
                         {POLICY_LOSS: self.world.sum(loss), **{policy_name(k): v for k, v in done.items()}}
                     )
@@ -271,7 +267,7 @@ class Trainer:
     ) -> tuple[float | None, str]:
         """Backward of one minibatch's loss over its micro-batches: (the minibatch's loss, "") or, when a
         micro-batch's loss is non-finite, (None, what was seen)."""
-        # Normalizers of the whole minibatch, over every rank's share: accumulation and ranks give the same gradient.
+        # Normalizers of the whole minibatch, over every rank's share: accumulation and ranks agree.
         cfg, (num_sequences, num_tokens) = self.cfg, self.world.sum(len(idx), b.loss_mask[idx].sum().item())
         minibatch_loss = 0.0
         for sub_idx in micro_batches(idx, b.tokens, cfg.micro_batch_size, cfg.optim.group_by_length):
@@ -315,7 +311,10 @@ class Trainer:
     def evaluate(self) -> dict[str, float]:
         """Held-out metrics (eval/) of the current weights, on rank 0 (the others: {}); the background sampler
         paused."""
-        ev, held_out = self.cfg.eval, (self.eval_data or []) if self.world.is_main else []
+        ev = self.cfg.eval
+        held_out: Any = self.eval_data or []  # a PromptDataset
+        if not self.world.is_main:  # rank 0 evaluates
+            held_out = []
         rows = [held_out[i] for i in range(min(ev.max_samples or len(held_out), len(held_out)))]
         with self.pipeline.exclusive(self.policy.full) as engine:
             if not rows:
@@ -349,8 +348,8 @@ class Trainer:
             )
 
     def maybe_resume(self) -> int | None:
-        """Continue from the newest checkpoint in output_dir (train_state.TrainState.resume). Returns its step,
-        or None."""
+        """Continue from the newest checkpoint in output_dir (train_state.TrainState.resume); its step, or
+        None."""
         found = self.state.resume(self.out)
         if found is None:
             return None
@@ -360,7 +359,8 @@ class Trainer:
 
     # ------------------------------------------------------------------ the loop
     def train(self, *, on_log=None) -> dict[str, float]:
-        """Steps up to optim.max_steps (from the newest checkpoint when there is one); the last step's metrics."""
+        """Steps up to optim.max_steps (from the newest checkpoint when there is one); the last step's
+        metrics."""
         records = RunRecords(self.out, self.cfg, main=self.world.is_main, plot=plot_run)  # rank 0's duties
         try:
             with records.locked():  # one run per output_dir: a second one stops here, naming this one
@@ -403,7 +403,8 @@ class Trainer:
         return metrics
 
     def _step(self) -> tuple[dict[str, float], list[dict]]:
-        """One GRPO step: rollout -> rewards -> advantages -> update -> sync pi_old (-> pi_ref reset, eval)."""
+        """One GRPO step: rollout -> rewards -> advantages -> update -> sync pi_old (-> pi_ref reset,
+        eval)."""
         cfg, t0 = self.cfg, time.perf_counter()
         batch, metrics, samples = self.rollout()
         t1 = time.perf_counter()

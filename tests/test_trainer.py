@@ -212,7 +212,9 @@ def test_compile_gives_the_eager_numbers(tiny_model_dir, tmp_path):
 
     torch.manual_seed(0)
     batch, _, _ = eager.rollout(rows)
-    ref = batched_logprobs(compiled.policy.ref_forward, batch.tokens, micro_batch_size=compiled.cfg.micro_batch_size)
+    ref = batched_logprobs(
+        compiled.policy.ref_forward, batch.tokens, micro_batch_size=compiled.cfg.micro_batch_size
+    )
     mask = batch.tokens.completion_mask.bool()
     torch.testing.assert_close(ref[mask], batch.ref_logp[mask], rtol=1e-4, atol=1e-5)
 

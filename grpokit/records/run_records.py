@@ -1,5 +1,5 @@
 """Rank 0's duties in a training run, in one object made once: the run lock, config.yaml, the metric log (and
-the trackers), the progress bar, the final model and the plots. On the other ranks (torchrun) each does nothing.
+the trackers), the progress bar, the final model and the plots. On other ranks (torchrun) each does nothing.
 
     records = RunRecords(out, cfg, main=world.is_main)
     with records.locked():                             # one run per output_dir
@@ -44,8 +44,8 @@ class RunRecords:
 
     @contextlib.contextmanager
     def open(self, step: int, resumed: int | None) -> Iterator[None]:
-        """The metric log from `step` on (a fresh run never appends to an old log) and the progress bar; a resumed
-        run says where from. Closed on the way out, whatever happens."""
+        """The metric log from `step` on (a fresh run never appends to an old log) and the progress bar; a
+        resumed run says where from. Closed on the way out, whatever happens."""
         if not self.main:
             yield
             return

@@ -32,12 +32,14 @@ class SamplingParams:
     greedy: bool = False
     """Argmax decoding (temperature, top_p and top_k are ignored)."""
     stop_token_ids: tuple[tuple[int, ...], ...] = ()
-    """Token sequences that end a completion as EOS does (kept in it): the fast engine stops a row there; an engine
-    without them (hf) generates on and the caller cuts (multi-turn episodes stop a turn at a tool call this way)."""
+    """Token sequences that end a completion as EOS does (kept in it): the fast engine stops a row there; an
+    engine without them (hf) generates on and the caller cuts (multi-turn episodes stop a turn at a tool call
+    this way)."""
     generator: torch.Generator | None = None
-    """The random stream that draws the samples; None = torch's global generator (the run's, which a resume restores).
-    Asynchronous rollouts give their background sampler one of its own, so that the trainer's draws in the other
-    thread never interleave with it (the same seed then gives the same samples). The hf engine has none."""
+    """The random stream that draws the samples; None = torch's global generator (the run's, which a resume
+    restores). Asynchronous rollouts give their background sampler one of its own, so that the trainer's draws
+    in the other thread never interleave with it (the same seed then gives the same samples). The hf engine
+    has none."""
 
 
 @dataclass
@@ -45,18 +47,21 @@ class Completions:
     token_ids: list[list[int]]  # [N][len_i] completion tokens, EOS included when the model stopped
     texts: list[str]  # [N] decoded without special tokens
     finish_reasons: list[str]  # [N] "stop" (EOS) | "length" (hit max_tokens: truncated)
-    # [N][len_i] sampler log-probs (after temperature), if the engine has them (fast, vllm: yes; hf: no). The loop
-    # measures the sampler-trainer mismatch with them and, with rollout.importance_correction, corrects for it
-    # (rollout/mismatch.py, docs/rollout.md); tests: test_rollout_fast.py, test_rollout_vllm.py, test_importance.py.
+    # [N][len_i] sampler log-probs (after temperature), if the engine has them (fast, vllm: yes; hf: no). The
+    # loop measures the sampler-trainer mismatch with them and, with rollout.importance_correction, corrects
+    # for it (rollout/mismatch.py, docs/rollout.md); tests: test_rollout_fast.py, test_rollout_vllm.py,
+    # test_importance.py.
     logprobs: list[list[float]] | None = None
-    # Multi-turn episodes with tools (grpokit/rollout/episodes.py); None for one-turn completions. token_ids then
-    # interleave the model's turns with tool results: model_mask [N][len_i] is 1 on tokens the model sampled and
-    # 0 on tool-result / template tokens, which are context only (never trained on, never counted in a normalizer).
+    # Multi-turn episodes with tools (grpokit/rollout/episodes.py); None for one-turn completions. token_ids
+    # then interleave the model's turns with tool results: model_mask [N][len_i] is 1 on tokens the model
+    # sampled and 0 on tool-result / template tokens, which are context only (never trained on, never counted
+    # in a normalizer).
     model_mask: list[list[int]] | None = None
     episodes: list | None = None  # [N] grpokit.tools.Episode: messages, tool calls and results, turns
-    # [N] the policy version (optimizer steps taken) whose weights sampled each completion; None when the engine
-    # does not say (the loop then knows it: synchronous rollouts are always the current version). The server
-    # engine reports it per sample; asynchronous rollouts (rollout.max_policy_lag) fill it and log the lag.
+    # [N] the policy version (optimizer steps taken) whose weights sampled each completion; None when the
+    # engine does not say (the loop then knows it: synchronous rollouts are always the current version). The
+    # server engine reports it per sample; asynchronous rollouts (rollout.max_policy_lag) fill it and log the
+    # lag.
     versions: list[int] | None = None
 
     def __len__(self) -> int:
@@ -99,8 +104,8 @@ class RolloutEngine(Protocol):
     ) -> Completions: ...
 
     def sync_weights(self, model: torch.nn.Module, version: int | None = None) -> None:
-        """The engine samples from `model`'s weights from now on; `version`: which policy version they are (optimizer
-        steps), for an engine that reports it per sample (the server); the others ignore it."""
+        """The engine samples from `model`'s weights from now on; `version`: which policy version they are
+        (optimizer steps), for an engine that reports it per sample (the server); the others ignore it."""
 
     def close(self) -> None:
         """Free what the engine holds (a process, a server connection, vLLM's state); nothing by default."""
@@ -124,7 +129,8 @@ def cut_at_eos(ids: list[int], eos_ids: set[int], max_tokens: int) -> tuple[list
 
 
 def cache_kwarg(model) -> str:
-    """The name of the cache argument of the model's forward: `cache` in recent transformers, `past_key_values` before."""
+    """The name of the cache argument of the model's forward: `cache` in recent transformers,
+    `past_key_values` before."""
     for m in (model, getattr(model, "get_base_model", lambda: None)()):
         if m is None:
             continue

@@ -11,8 +11,8 @@ ENGINES entry, and docs/rollout.md's table regenerated from capability_table().
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from grpokit.config import Config, ConfigError
@@ -90,8 +90,9 @@ def select(rollout: RolloutConfig) -> EngineSpec:
     if rollout.async_sampler == "process" and (rollout.engine != "fast" or not rollout.max_policy_lag):
         raise ConfigError(
             "rollout.async_sampler=process runs the fast engine in a process of its own for asynchronous "
-            f"rollouts; set rollout.engine=fast (it is {rollout.engine}) and rollout.max_policy_lag >= 1 (it is "
-            f"{rollout.max_policy_lag}), or async_sampler=thread (vllm: vllm_mode=server is its own process)"
+            f"rollouts; set rollout.engine=fast (it is {rollout.engine}) and rollout.max_policy_lag >= 1 "
+            f"(it is {rollout.max_policy_lag}), or async_sampler=thread (vllm: vllm_mode=server is its own "
+            "process)"
         )
     return _spec(rollout.engine, rollout)
 
@@ -128,8 +129,8 @@ def _importance(cfg: Config, engine: EngineSpec, use: str) -> str:
 
 def _lag(cfg: Config, engine: EngineSpec, use: str) -> str:
     return (
-        f"rollout.max_policy_lag={cfg.rollout.max_policy_lag} needs the sampler's log-probs (pi_old of samples "
-        f"from older weights), which {engine.setting} does not return; use {use}, or max_policy_lag=0"
+        f"rollout.max_policy_lag={cfg.rollout.max_policy_lag} needs the sampler's log-probs (pi_old of "
+        f"samples from older weights), which {engine.setting} does not return; use {use}, or max_policy_lag=0"
     )
 
 
@@ -188,8 +189,8 @@ def make_engine(
 ) -> RolloutEngine:
     """The engine named in rollout.engine, generating with `model` (pi_old); compile: the fast engine's
     forward through torch.compile (the hf engine ignores it); rollout: the RolloutConfig, for the variant it
-    picks (async_sampler=process; vllm_mode=server: a client of the `grpokit serve` process at vllm_server_url)
-    and vllm's settings."""
+    picks (async_sampler=process; vllm_mode=server: a client of the `grpokit serve` process at
+    vllm_server_url) and vllm's settings."""
     if name not in {s.name for s in ENGINES}:
         raise ValueError(f"unknown rollout.engine {name!r}; allowed: hf, fast, vllm")
     cls: Any = _spec(name, rollout).load()

@@ -2,8 +2,9 @@
 
     pipeline = RolloutPipeline(engine, rollout_cfg, max_lag=k, version=step, model=policy, seed=seed)
     rows, comps, timings = pipeline.batch(step, draw)   # draw(b) -> rows of batch b; comps.versions set
-    pipeline.publish(step + 1, policy)                  # after the update: pi_old <- pi_theta (version step + 1)
+    pipeline.publish(step + 1, policy)                  # after the update: pi_old <- pi_theta (version b + 1)
     with pipeline.exclusive(policy): evaluate(...)      # the engine on the trainer's current weights
+    pipeline.close()                                    # the sampler, then the engine (the pipeline owns it)
 
 The policy version is the number of optimizer steps (trainer steps) behind a set of weights. Batch b trains at
 version b and is sampled, with k = max_policy_lag, at version max(v0, b - k) (v0: the version the run started
@@ -26,10 +27,12 @@ Torch ops release the GIL while they compute: the threads overlap when ops are l
 forward is mostly Python holding it: docs/rollout.md has the numbers; a server sampler overlaps). Metrics:
 rollout/version_lag (mean over the batch's samples of trainer version - sample version) and its max,
 perf/rollout_wait_time (the trainer waiting for its batch), perf/weights_wait_time (the sampler idle, waiting
-for the step that publishes the version of its next batch). What pi_old means at k > 0 is the loop's (trainer.py, docs/rollout.md).
+for the step that publishes the version of its next batch). What pi_old means at k > 0 is the loop's
+(trainer.py, docs/rollout.md).
 
 GPU memory: at k = 0 a colocated engine that can sleep (vLLM on CUDA) is put to sleep before the update
-(`sleep()`) and woken before the next push (`wake_up()`); at k > 0 it generates during the update and stays awake.
+(`sleep()`) and woken before the next push (`wake_up()`); at k > 0 it generates during the update and stays
+awake.
 """
 
 from __future__ import annotations
@@ -40,8 +43,9 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -92,8 +96,8 @@ class RolloutPipeline:
         if max_lag == 0:
             return
         device = next(model.parameters()).device
-        # The sampler's weights, a version behind. requires_grad stays as the policy's: engines that push weights
-        # (vllm) send the trainable tensors only.
+        # The sampler's weights, a version behind. requires_grad stays as the policy's: engines that push
+        # weights (vllm) send the trainable tensors only.
         self._copy = copy.deepcopy(model).eval()
         self._gen = torch.Generator(device).manual_seed(seed + _SAMPLER_SEED)
         self._extra_gen = torch.Generator(device).manual_seed(seed + _EXTRA_SEED)
@@ -113,10 +117,10 @@ class RolloutPipeline:
     def batch(
         self, b: int, draw: Callable[[int], Sequence[Any]], end: int
     ) -> tuple[Sequence[Any], Completions, dict[str, float]]:
-        """Rows, completions (comps.versions set) and timings of batch b; draw(i) gives the rows of batch i; batches
-        from `end` on (the run's max_steps) are never asked for."""
+        """Rows, completions (comps.versions set) and timings of batch b; draw(i) gives the rows of batch i;
+        batches from `end` on (the run's max_steps) are never asked for."""
         if self.max_lag == 0:
-            rows, timings = draw(b), {}
+            rows, timings = draw(b), dict[str, float]()  # timings: as the sampler's
             comps = self._generate(rows, self.version, sampling_params(self.cfg), timings)
             timings[PERF_ROLLOUT_WAIT] = timings[PERF_ROLLOUT_TIME]
             return rows, comps, timings
@@ -153,12 +157,12 @@ class RolloutPipeline:
             return self._generate(rows, self.version, sampling_params(self.cfg, self._extra_gen), timings)
 
     def idle(self) -> None:
-        """The rollouts of this step are done: a colocated engine that can sleep frees its GPU memory (k = 0)."""
+        """This step's rollouts are done: a colocated engine that can sleep frees its GPU memory (k = 0)."""
         if self.max_lag == 0:
             self.engine.sleep()
 
     def publish(self, version: int, model: torch.nn.Module) -> None:
-        """The trainer's weights after `version` optimizer steps: into the engine (k = 0) or the sampler's queue."""
+        """The trainer's weights after `version` optimizer steps: into the engine (k = 0) or the sampler."""
         self.version = version
         if self.max_lag == 0:
             self.engine.wake_up()
@@ -168,7 +172,8 @@ class RolloutPipeline:
 
     @contextlib.contextmanager
     def exclusive(self, current_model: Callable[[], torch.nn.Module]):
-        """The engine on the trainer's current weights (current_model() gives them), the sampler paused (held-out evaluation)."""
+        """The engine on the trainer's current weights (current_model() gives them), the sampler paused
+        (held-out evaluation)."""
         if self.max_lag == 0:
             yield self.engine
             return
@@ -181,8 +186,8 @@ class RolloutPipeline:
     def close(self, timeout: float = 60.0) -> None:
         """Stop the sampler after the generation under way (batches asked for and not taken are dropped), then
         close the engine (the pipeline owns it). A sampler that does not stop within `timeout` seconds is left
-        behind with a warning, and its engine open (a daemon thread: it never keeps the process from exiting, and
-        a run that failed keeps its own error). Closing twice does nothing."""
+        behind with a warning, and its engine open (a daemon thread: it never keeps the process from exiting,
+        and a run that failed keeps its own error). Closing twice does nothing."""
         if self._closed:
             return
         self._closed = True
@@ -196,7 +201,7 @@ class RolloutPipeline:
             self._thread.join(timeout)
             if self._thread.is_alive():
                 logger.warning(
-                    "the rollout sampler thread did not stop within %g s of the end of training; left running",
+                    "the rollout sampler thread did not stop within %g s after training; left running",
                     timeout,
                 )
                 return False
