@@ -64,10 +64,16 @@ def build_components(
     check_context_length(data, getattr(model, "config", None), cfg.rollout.max_completion_length)
     pipeline = build_pipeline(cfg, policy, tokenizer, seed=cfg.seed + world.rank)
     total = cfg.optim.max_steps * cfg.algorithm.num_iterations * cfg.optim.num_minibatches
-    optimizer = Optimizer(model.named_parameters(), cfg.optim, lr=cfg.optim.learning_rate, total_steps=total)
-    critic = None
-    if cfg.algorithm.advantage_estimator == "gae":  # PPO
-        critic = Critic(cfg, model, has_ref=policy.ref is not None, total_steps=total)
+    try:
+        optimizer = Optimizer(
+            model.named_parameters(), cfg.optim, lr=cfg.optim.learning_rate, total_steps=total
+        )
+        critic = None
+        if cfg.algorithm.advantage_estimator == "gae":  # PPO
+            critic = Critic(cfg, model, has_ref=policy.ref is not None, total_steps=total)
+    except BaseException:
+        pipeline.close()  # a run that cannot start leaves no engine running
+        raise
     return Components(
         policy,
         tokenizer,

@@ -66,9 +66,8 @@ from grpokit.train_state import TrainState
 class Trainer:
     def __init__(self, cfg: Config, *, model=None, tokenizer=None, train_rows=None, eval_rows=None):
         self.cfg, self.out = cfg, Path(cfg.output_dir)
-        if (
-            cfg.threads
-        ):  # the command line also resolves threads=0 (auto); the Python API leaves torch's alone
+        # The command line also resolves threads=0 (auto); the Python API leaves torch's setting alone.
+        if cfg.threads:
             torch.set_num_threads(cfg.threads)
         self.world = World.from_env(cfg)  # torchrun's ranks (distributed.py); one process without it
         check_engine(cfg, self.world.size)  # what the run asks of the engine, against what it can do
@@ -88,9 +87,7 @@ class Trainer:
         shapes_kl = self.critic is not None and self.critic.shapes_kl_into_reward
         self.loss_beta = 0.0 if shapes_kl else cfg.algorithm.beta
         self.step = 0
-        self.signals = (
-            self.world.stop_signals()
-        )  # SIGTERM / SIGINT during train(): finish the step, save, stop
+        self.signals = self.world.stop_signals()  # SIGTERM / SIGINT in train(): finish the step, save, stop
         self.interrupted: str | None = None  # the signal (SIGTERM / SIGINT) that made train() stop early
 
     @property
@@ -390,7 +387,9 @@ class Trainer:
                     saved_step = self.step
                 signal = self.world.signal_received(stop.received)  # any rank's: all save
                 if signal and self.step < cfg.optim.max_steps:
-                    path = self.save() if saved_step != self.step else checkpoint_dir(self.out, self.step)
+                    path = checkpoint_dir(self.out, self.step)
+                    if saved_step != self.step:
+                        self.save()
                     records.print(
                         f"{signal}: saved step {self.step} to {path}; run the same command to resume"
                     )
