@@ -48,7 +48,8 @@ def build_components(
 ) -> Components:
     """model / tokenizer: an already loaded policy instead of model.name_or_path; train_rows / eval_rows: rows
     instead of data.*."""
-    model, tokenizer = (model, tokenizer) if model is not None else load_policy(cfg.model)
+    if model is None:
+        model, tokenizer = load_policy(cfg.model)
     # pi_ref: the policy as loaded, before any resume replaces the weights
     policy = world.wrap(model, build_reference(model, cfg.algorithm))
     if cfg.model.compile:
@@ -57,10 +58,8 @@ def build_components(
     sampler = PromptSampler(len(data.train), cfg.rollout.prompts_per_step, cfg.seed, shuffle=cfg.data.shuffle)
     rewards = build_rewards(cfg, data.train.column_names, registry=reward_registry(), task=data.task)
     judge = make_judge(rewards, reward_name=cfg.eval.reward, threshold=cfg.eval.correct_threshold)
-    health, correction = (
-        StepHealth(cfg),
-        SamplerCorrection(cfg.rollout),
-    )  # bad steps; sampler-trainer mismatch
+    health = StepHealth(cfg)  # bad steps in a row stop the run
+    correction = SamplerCorrection(cfg.rollout)  # the sampler-trainer mismatch: metrics, importance weights
     check_context_length(data, getattr(model, "config", None), cfg.rollout.max_completion_length)
     pipeline = build_pipeline(cfg, policy, tokenizer, seed=cfg.seed + world.rank)
     total = cfg.optim.max_steps * cfg.algorithm.num_iterations * cfg.optim.num_minibatches

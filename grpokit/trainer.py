@@ -123,9 +123,7 @@ class Trainer:
                 columns=columns,
                 episodes=comps.episodes,
             )
-        except (
-            RewardError
-        ) as exc:  # reward_errors=raise, or a timeout with on_timeout=raise (its message says so)
+        except RewardError as exc:  # reward_errors=raise, or a timeout with on_timeout=raise
             hint = " (reward_errors=raise; reward_errors=skip counts it and goes on)"
             raise TrainingError(
                 f"step {self.step + 1}: {exc}" + (hint if self.cfg.reward_errors == "raise" else "")
@@ -168,9 +166,8 @@ class Trainer:
         prompt_ids = [r.prompt_ids for r in rows for _ in range(G)]
         tokens = pack_sequences(prompt_ids, comps.token_ids, self.tokenizer.pad_token_id)
         truncated = torch.tensor(comps.truncated, dtype=torch.bool)  # [N]
-        loss_mask = make_loss_mask(
-            alg, tokens.completion_mask, truncated, comps.model_mask
-        )  # [N, T]; tool results: 0
+        # [N, T]: the completion tokens a loss reaches (tool results and, under DAPO, truncated rows: none)
+        loss_mask = make_loss_mask(alg, tokens.completion_mask, truncated, comps.model_mask)
 
         t, sampler_logp = time.perf_counter(), sampler_logprobs(comps, tokens)  # the engine's [N, T], or None
         kl_shaping = self.critic is not None and bool(self.critic.kl_coef)
@@ -274,10 +271,13 @@ class Trainer:
                 self.policy.forward, tokens, temperature=cfg.rollout.temperature, with_entropy=first_pass
             )
             mask = b.loss_mask[sub_idx, :T]
+            old_logp = logp.detach()  # no pi_old pass (anchors.pi_old_source: "none"): pi_old = pi_theta
+            if b.old_logp is not None:
+                old_logp = b.old_logp[sub_idx, :T]
             loss, stats = algorithm_loss(
                 cfg.algorithm,
                 logp,
-                b.old_logp[sub_idx, :T] if b.old_logp is not None else logp.detach(),
+                old_logp,
                 b.advantages[sub_idx] if b.advantages.dim() == 1 else b.advantages[sub_idx, :T],
                 mask,
                 ref_logp=b.ref_logp[sub_idx, :T] if b.ref_logp is not None else None,

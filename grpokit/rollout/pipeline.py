@@ -85,12 +85,8 @@ class RolloutPipeline:
         model: torch.nn.Module,
         seed: int,
     ):
-        self.engine, self.cfg, self.max_lag, self.G = (
-            engine,
-            rollout_cfg,
-            max_lag,
-            rollout_cfg.num_generations,
-        )
+        self.engine = engine  # the pipeline's: close() closes it
+        self.cfg, self.max_lag, self.G = rollout_cfg, max_lag, rollout_cfg.num_generations
         self.version = version  # the trainer's: weights published so far
         self._closed = False
         if max_lag == 0:
@@ -108,9 +104,8 @@ class RolloutPipeline:
         self._results: dict[int, Any] = {}
         self._done = threading.Condition()
         self._next: int | None = None  # the next batch to hand the sampler, from the first batch() on
-        self._threads = (
-            torch.get_num_threads()
-        )  # the run's: OpenMP's count is per thread, and a new one gets the default
+        # The run's thread count: OpenMP's count is per thread, and a new thread gets the default.
+        self._threads = torch.get_num_threads()
         self._thread = threading.Thread(target=self._sampler, name="grpokit-sampler", daemon=True)
 
     # ------------------------------------------------------------------ the trainer's side
@@ -124,17 +119,12 @@ class RolloutPipeline:
             comps = self._generate(rows, self.version, sampling_params(self.cfg), timings)
             timings[PERF_ROLLOUT_WAIT] = timings[PERF_ROLLOUT_TIME]
             return rows, comps, timings
-        if (
-            self._next is None
-        ):  # the first batch of the run, or of a resume: the sampler starts at this version
+        if self._next is None:  # the first batch of the run, or of a resume: the sampler starts here
             self._next = b
             self._thread.start()
-        while self._next <= min(
-            b + self.max_lag, end - 1
-        ):  # in order, in this thread: the data order does not depend on timing
-            self._requests.put(
-                (self._next, draw(self._next), self.version)
-            )  # batch b + k: this step's weights
+        # In order, in this thread: the data order does not depend on timing. Batch b + k: this step's weights
+        while self._next <= min(b + self.max_lag, end - 1):
+            self._requests.put((self._next, draw(self._next), self.version))
             self._next += 1
         t = time.perf_counter()
         with self._done:
@@ -209,9 +199,7 @@ class RolloutPipeline:
 
     # ------------------------------------------------------------------ the sampler's side (k > 0)
     def _sampler(self) -> None:
-        torch.set_num_threads(
-            self._threads
-        )  # vLLM's CPU attention checks that its metadata and kernel agree on it
+        torch.set_num_threads(self._threads)  # vLLM's CPU attention checks that its metadata and kernel agree
         while True:
             t = time.perf_counter()
             # Batch b + k is asked for once version b is published: until then the sampler waits for weights.
@@ -255,13 +243,9 @@ class RolloutPipeline:
         self, rows, version: int, sampling: SamplingParams, timings: dict[str, float]
     ) -> Completions:
         t = time.perf_counter()
-        comps = generate_groups(
-            self.engine, rows, self.G, sampling, timings
-        )  # with tools: episodes (rollout/tools/ metrics)
+        comps = generate_groups(self.engine, rows, self.G, sampling, timings)  # tools: rollout/tools/ metrics
         timings[PERF_ROLLOUT_TIME] = timings.get(PERF_ROLLOUT_TIME, 0.0) + time.perf_counter() - t
-        if (
-            self.max_lag and comps.logprobs is None
-        ):  # pi_old of lagged samples is the sampler's: without it, no ratio
+        if self.max_lag and comps.logprobs is None:  # pi_old of lagged samples is the sampler's: no ratio
             raise ValueError(
                 f"rollout.max_policy_lag={self.max_lag} needs the engine's sampling log-probs, and "
                 f"{type(self.engine).__name__} returned none; use rollout.engine=fast or vllm"
@@ -275,8 +259,6 @@ def _snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def lag_metrics(comps: Completions, version: int) -> dict[str, float]:
     lags = [version - v for v in comps.versions or []]
-    return (
-        {ROLLOUT_VERSION_LAG: sum(lags) / len(lags), ROLLOUT_VERSION_LAG_MAX: float(max(lags))}
-        if lags
-        else {}
-    )
+    if not lags:
+        return {}
+    return {ROLLOUT_VERSION_LAG: sum(lags) / len(lags), ROLLOUT_VERSION_LAG_MAX: float(max(lags))}
