@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import ClassVar, Protocol
+from typing import Protocol
 
 import torch
 
@@ -97,7 +97,10 @@ class RolloutEngine(Protocol):
     """The interface of every engine. Subclassing it (a Protocol used as a base class) gives the no-op close,
     sleep and wake_up; `caps` says what the engine can do."""
 
-    caps: ClassVar[EngineCaps] = EngineCaps()
+    @property
+    def caps(self) -> EngineCaps:
+        """What the engine can do; an engine class sets it as a class attribute (read without an instance)."""
+        return EngineCaps()
 
     def generate(
         self, prompt_token_ids: list[list[int]], n: int, sampling: SamplingParams

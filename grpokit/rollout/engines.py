@@ -68,7 +68,10 @@ class EngineSpec:
 
     @property
     def caps(self) -> EngineCaps:
-        return self.load().caps
+        caps = self.load().caps  # a class attribute: read without building the engine
+        if not isinstance(caps, EngineCaps):
+            raise TypeError(f"{self.load().__name__} sets no class attribute caps = EngineCaps(...)")
+        return caps
 
 
 ENGINES = (

@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
-from grpokit.rollout.base import Completions, RolloutEngine, SamplingParams
+from grpokit.rollout.base import Completions, EngineCaps, RolloutEngine, SamplingParams
 from grpokit.rollout.hf import eos_token_ids
 from grpokit.tools.episode import Episode, ToolCall, episode_metrics
 from grpokit.tools.formats import ChatTemplateFormat, ParsedCall, PlainFormat
@@ -97,7 +97,7 @@ class ToolRollout:
         ToolBox(self.tools)  # distinct names, checked now
 
     @property
-    def caps(self):  # what the engine underneath can do
+    def caps(self) -> EngineCaps:  # what the engine underneath can do
         return self.engine.caps
 
     def sync_weights(self, model, version: int | None = None) -> None:
