@@ -68,9 +68,7 @@ def run_arm(
     with mock.patch("grpokit.trainer.plot_run", lambda *a, **k: []):
         trainer = Trainer(cfg, eval_rows=eval_rows)
         start = time.perf_counter() - t
-        trainer.train()
-    if hasattr(trainer.pipeline.engine, "close"):
-        trainer.pipeline.engine.close()
+        trainer.train()  # closes its engine at the end
     wall = time.perf_counter() - t
     rows = read_metrics(Path(cfg.output_dir) / "metrics.jsonl")
     evals = [r for r in rows if r.get("eval/pass@1") is not None]

@@ -2,7 +2,7 @@
 
     advantages = outcome_advantages(cfg.algorithm, rewards, G)                       # [N]
     loss_mask = make_loss_mask(cfg.algorithm, completion_mask, truncated)            # [N, T]
-    loss, stats = algorithm_loss(cfg.algorithm, logp, old_logp, advantages, loss_mask, ref_logp=ref, max_completion_length=L)
+    loss, stats = algorithm_loss(cfg.algorithm, logp, old_logp, advantages, loss_mask, ref_logp=ref, ...)
 
 The loop (grpokit/trainer.py) goes from rewards and log-probs to the loss only through these, so
 that tests/test_presets.py checks each preset against its paper on tensors, without a model.
@@ -12,7 +12,7 @@ The math itself is in grpokit/algo/ (no config there); docs/algorithm.md has the
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -27,25 +27,63 @@ from grpokit.metrics import (
     ROLLOUT_SAMPLING_ROUNDS,
 )
 
-if TYPE_CHECKING:
-    from grpokit.distributed import World
-
-
 #: advantage scales whose statistics are over the whole batch (the others are per group: local to a rank)
 BATCH_SCALES = ("batch", "batch_centered")
 
 
+class Ranks(Protocol):
+    """What these functions ask of the ranks (grpokit.distributed.World has it all)."""
+
+    size: int
+    rank: int
+
+    def sum(self, value: Any) -> Any: ...
+
+    def gather(self, obj: Any) -> list[Any]: ...
+
+    def all_rows(self, x: Tensor) -> Tensor: ...
+
+    def my_rows(self, x: Tensor) -> Tensor: ...
+
+
+class _OneProcess:
+    """The ranks of a caller that passes none: one, whose collectives return what it has (as World's at 1)."""
+
+    size, rank = 1, 0
+
+    def sum(self, value: Any) -> Any:
+        return value
+
+    def gather(self, obj: Any) -> list[Any]:
+        return [obj]
+
+    def all_rows(self, x: Tensor) -> Tensor:
+        return x
+
+    def my_rows(self, x: Tensor) -> Tensor:
+        return x
+
+
+ONE_PROCESS = _OneProcess()
+
+
 def outcome_advantages(
-    alg: AlgorithmConfig, rewards: Tensor, group_size: int, world: World | None = None
+    alg: AlgorithmConfig, rewards: Tensor, group_size: int, world: Ranks | None = None
 ) -> Tensor:
-    """[N] advantages of [N] outcome rewards (groups contiguous), as algorithm.* says. world: with several ranks
-    (grpokit/distributed.py) a batch scale's mean and std are those of every rank's rewards (one all_gather of
-    [N] floats), so each rank gets its rows of what one process computes on the global batch."""
-    if world is None or world.size == 1 or alg.scale_rewards not in BATCH_SCALES:
-        return group_advantages(
-            rewards, group_size, scale=alg.scale_rewards, estimator=alg.advantage_estimator, eps=alg.std_eps
-        )
-    return world.my_rows(outcome_advantages(alg, world.all_rows(rewards), group_size))
+    """[N] advantages of [N] outcome rewards (groups contiguous), as algorithm.* says. world: with several
+    ranks (grpokit/distributed.py) a batch scale's mean and std are those of every rank's rewards (one
+    all_gather of [N] floats), so each rank gets its rows of what one process computes on the global batch."""
+    ranks: Ranks = world or ONE_PROCESS
+    if alg.scale_rewards not in BATCH_SCALES:  # per group: each rank has its whole groups
+        ranks = ONE_PROCESS
+    advantages = group_advantages(
+        ranks.all_rows(rewards),
+        group_size,
+        scale=alg.scale_rewards,
+        estimator=alg.advantage_estimator,
+        eps=alg.std_eps,
+    )
+    return ranks.my_rows(advantages)
 
 
 def process_advantages(
@@ -74,9 +112,10 @@ def make_loss_mask(
     truncated: Tensor,
     model_mask: list[list[int]] | None = None,
 ) -> Tensor:
-    """[N, T] tokens that get a loss: the completion tokens, minus truncated rows under DAPO's overlong filtering,
-    minus (multi-turn episodes with tools) the tool-result and template tokens, model_mask [N][len_i] = 0: they
-    are context, so they get no gradient and the token normalizers (which count this mask) never count them."""
+    """[N, T] tokens that get a loss: the completion tokens, minus truncated rows under DAPO's overlong
+    filtering, minus (multi-turn episodes with tools) the tool-result and template tokens, model_mask
+    [N][len_i] = 0: they are context, so they get no gradient and the token normalizers (which count this
+    mask) never count them."""
     loss_mask = completion_mask.clone()
     if model_mask is not None:
         for i, m in enumerate(model_mask):
@@ -127,18 +166,20 @@ def algorithm_loss(
 
 
 def dynamic_sampling(
-    first: Groups, draw: Callable[[], Groups], want: int, G: int, max_rounds: int, world: World | None = None
+    first: Groups, draw: Callable[[], Groups], want: int, G: int, max_rounds: int, world: Ranks | None = None
 ) -> tuple[Groups, dict[str, float]]:
     """DAPO §3.2: keep groups whose rewards differ; draw() more prompts' groups until `want` are kept.
     After max_rounds rounds a short batch is topped up with dropped groups (they carry no policy
     gradient, only the KL term), so every step has the same shape.
 
     world: with W ranks, `want` is this rank's share and every round is each rank's share of the same global
-    prompts. The rounds go on until the kept groups of every rank add up to W x want (one all_reduce per round);
-    then every rank's groups are gathered in global order (round by round, rank after rank: the order one process
-    draws them in), the first W x want (kept, then dropped) are the step's batch, and each rank takes its r-th
-    share. So the batch is the one one process keeps, whatever the world size; rollout/groups_* are summed."""
-    W = world.size if world is not None else 1
+    prompts. The rounds go on until the kept groups of every rank add up to W x want (one all_reduce per
+    round); then every rank's groups are gathered in global order (round by round, rank after rank: the order
+    one process draws them in), the first W x want (kept, then dropped) are the step's batch, and each rank
+    takes its r-th share. So the batch is the one one process keeps, whatever the world size; rollout/groups_*
+    are summed."""
+    ranks: Ranks = world or ONE_PROCESS
+    W = ranks.size
     rounds: list[tuple[Groups, list[int], list[int]]] = []  # this rank's (groups, kept, dropped) per round
     cur, drawn, kept_total = first, 0, 0
     while True:
@@ -149,15 +190,13 @@ def dynamic_sampling(
             (cur, [g for g, d in enumerate(differ) if d], [g for g, d in enumerate(differ) if not d])
         )
         kept_total += sum(differ)
-        global_kept = world.sum(kept_total) if W > 1 else kept_total
-        if global_kept >= W * want or len(rounds) >= max_rounds:
+        if ranks.sum(kept_total) >= W * want or len(rounds) >= max_rounds:
             break
         cur = draw()
-    everyone = world.gather(rounds) if W > 1 else [rounds]  # [rank][round]
+    everyone = ranks.gather(rounds)  # [rank][round]
     in_order = [(rank[k], kept) for kept in (True, False) for k in range(len(rounds)) for rank in everyone]
     chosen = [(src, g, kept) for (src, ks, ds), kept in in_order for g in (ks if kept else ds)][: W * want]
-    r = world.rank if world is not None else 0
-    mine = chosen[r * want : (r + 1) * want]
+    mine = chosen[ranks.rank * want : (ranks.rank + 1) * want]
     metrics = {
         ROLLOUT_SAMPLING_ROUNDS: float(len(rounds)),
         ROLLOUT_GROUPS_DRAWN: float(drawn),  # this rank's counts: summed over the ranks in the logs

@@ -79,7 +79,10 @@ def evaluate(
             }
         )
     )
-    metrics = trainer.evaluate()
+    try:
+        metrics = trainer.evaluate()
+    finally:
+        trainer.close()  # its rollout engine
     if not metrics:
         raise ConfigError("no held-out data: set data.eval_path, data.eval_size or data.task")
     return metrics

@@ -140,7 +140,10 @@ def eval_cmd(
                 }
             )
         )
-        metrics = trainer.evaluate()
+        try:
+            metrics = trainer.evaluate()
+        finally:
+            trainer.close()  # its rollout engine
         if not metrics:
             _fail("no held-out data: set data.eval_path, data.eval_size or data.task")
         from rich.console import Console

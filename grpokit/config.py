@@ -174,35 +174,13 @@ class RolloutConfig(Section):
         lo, hi = self.importance_c_min, self.importance_c_max
         if lo is not None and hi is not None and not lo < hi:
             raise ValueError(f"rollout.importance_c_min={lo} must be below rollout.importance_c_max={hi}")
-        if self.vllm_mode == "server" and self.engine != "vllm":
-            raise ValueError(
-                "rollout.vllm_mode=server samples from a vLLM server; set rollout.engine=vllm (it is "
-                f"{self.engine}) or drop vllm_mode"
-            )
         if not re.fullmatch(r"https?://[^/\s]+/?", self.vllm_server_url):
             raise ValueError(
                 f"rollout.vllm_server_url={self.vllm_server_url!r} must be http://HOST:PORT, as `grpokit "
                 "serve` prints it"
             )
-        if self.importance_correction != "none" and self.engine == "hf":
-            raise ValueError(
-                f"rollout.importance_correction={self.importance_correction} needs the sampler's log-probs, "
-                "which rollout.engine=hf does not return; use rollout.engine=fast or vllm, or "
-                "importance_correction=none"
-            )
-        if self.async_sampler == "process" and (self.engine != "fast" or not self.max_policy_lag):
-            raise ValueError(
-                "rollout.async_sampler=process runs the fast engine in a process of its own for "
-                f"asynchronous rollouts; set rollout.engine=fast (it is {self.engine}) and "
-                f"rollout.max_policy_lag >= 1 (it is {self.max_policy_lag}), or async_sampler=thread (vllm: "
-                "vllm_mode=server is its own process)"
-            )
-        if self.max_policy_lag and self.engine == "hf":
-            raise ValueError(
-                f"rollout.max_policy_lag={self.max_policy_lag} needs the sampler's log-probs (pi_old of "
-                "samples from older weights), which rollout.engine=hf does not return; use "
-                "rollout.engine=fast or vllm, or max_policy_lag=0"
-            )
+        # What the engine can do (log-probs, a sampler process, a server) is checked against its capabilities
+        # when the run starts: grpokit/rollout/engines.py.
         return self
 
 
@@ -645,8 +623,7 @@ class Config(Section):
             "algorithm.advantage_estimator=gae": self.algorithm.advantage_estimator
             == "gae",  # the critic copies the body
             "model.compile=true": self.model.compile,
-            "rollout.engine=vllm": self.rollout.engine == "vllm",
-        }
+        }  # rollout.engine: its capabilities, checked when the run starts (grpokit/rollout/engines.py)
         if bad := [k for k, v in refused.items() if v]:
             raise ValueError(
                 f"model.lora does not work with {bad[0]} yet; drop model.lora or change that key "

@@ -6,7 +6,7 @@ needs.
     # RANK / WORLD_SIZE / LOCAL_RANK from torchrun; unset or 1: one process
     world = World.from_env(cfg)
     # FSDP2 fully_shard per decoder layer then the root, or DDP
-    model, train_fn, rollout_model = world.wrap(model)
+    policy = world.wrap(model, ref)
     # this rank's contiguous share of the step's prompts: whole groups
     rows = world.share(sampler.next())
     # all_reduce SUM: the normalizers of the global minibatch's loss
@@ -52,6 +52,7 @@ from grpokit.checkpoint import (
 from grpokit.checkpoint_sharded import load_sharded, save_sharded
 from grpokit.config import Config, ConfigError
 from grpokit.metrics import RANK_REDUCTIONS, MeanAccumulator
+from grpokit.policy_handle import PolicyHandle
 from grpokit.types import RewardOutput
 
 if TYPE_CHECKING:
@@ -122,20 +123,6 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [m for m in model.modules() if type(m).__name__ in names and m is not model]
 
 
-class _Silent:
-    """What a rank other than 0 gets instead of a logger, a progress bar or a lock: every call does
-    nothing."""
-
-    def __getattr__(self, name: str) -> Callable[..., None]:
-        return lambda *args, **kwargs: None
-
-    def __enter__(self) -> _Silent:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        return None
-
-
 class World:
     """This process's place among the ranks, and the collectives the loop needs (see the module docstring)."""
 
@@ -182,11 +169,10 @@ class World:
         return self.rank == 0
 
     # ------------------------------------------------------------------ the model
-    def wrap(
-        self, model: torch.nn.Module, ref: torch.nn.Module | None = None
-    ) -> tuple[torch.nn.Module, torch.nn.Module, torch.nn.Module]:
-        """(the module whose parameters the optimizer steps, what the training forward calls, the module the
-        rollout engine generates and evaluates with). One process: the model three times.
+    def wrap(self, model: torch.nn.Module, ref: Any = None) -> PolicyHandle:
+        """The policy's one handle (grpokit/policy_handle.py): the module whose parameters the optimizer
+        steps, what the training forward calls, pi_ref, and the module the rollout engine generates and
+        evaluates with (full() refreshes it). One process: the model itself for all three.
 
         The process group starts here, its backend following the policy's device: nccl on CUDA, gloo on CPU.
         fsdp2: fully_shard on each decoder layer, then on the root (torchtitan's recipe), in place, with
@@ -198,7 +184,7 @@ class World:
         copy."""
         self._model, self._ref = model, ref
         if self.size == 1:
-            return model, model, model
+            return self._handle(model, model)
         self.device = next(model.parameters()).device
         if not dist.is_initialized():
             if self.device.type == "cuda":
@@ -211,11 +197,22 @@ class World:
 
             # forward_sync_buffers=False: the buffers are constants (RoPE frequencies), and no-grad passes
             # need no collective
-            return model, DistributedDataParallel(model, forward_sync_buffers=False), model
+            return self._handle(DistributedDataParallel(model, forward_sync_buffers=False), model)
         self._full = copy.deepcopy(model)
         for module in (model, ref) if ref is not None else (model,):
             self._shard(module)
-        return model, model, self._full
+        return self._handle(model, self._full)
+
+    def _handle(self, forward: Any, whole: torch.nn.Module) -> PolicyHandle:
+        assert self._model is not None
+        return PolicyHandle(
+            self._model,
+            forward,
+            self._ref,
+            whole=whole,
+            full=self.full_model,
+            reset_reference=self.reset_reference,
+        )
 
     def _shard(self, model: torch.nn.Module) -> None:
         """FSDP2 in place: each decoder layer a unit, then the root; bf16 all-gathers and compute, fp32
@@ -376,12 +373,7 @@ class World:
         keys = dict.fromkeys(k for m in everyone for k in m)
         return {k: REDUCE[RANK_REDUCTIONS.get(k, "mean")]([m[k] for m in everyone if k in m]) for k in keys}
 
-    # ------------------------------------------------------------------ rank 0's duties, the end
-    def on_main(self, make: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """make(*args, **kwargs) on rank 0 (files, the progress bar, the run lock); a do-nothing stand-in
-        elsewhere."""
-        return make(*args, **kwargs) if self.is_main else _Silent()
-
+    # ------------------------------------------------------------------ stop signals
     def stop_signals(self) -> StopSignals:
         """SIGTERM / SIGINT finish the step, save and stop (checkpoint.StopSignals), on every rank: torchrun
         passes a signal it gets on to every rank and waits 30 s for them (then SIGKILL); the loop stops when

@@ -91,7 +91,7 @@ class Completions:
     # sampled and 0 on tool-result / template tokens, which are context only (never trained on, never counted
     # in a normalizer).
     model_mask: list[list[int]] | None = None
-    episodes: list | None = None  # [N] grpokit.tools.Episode: messages, tool calls and results, turns
+    episodes: list[Any] | None = None  # [N] grpokit.tools.Episode: messages, tool calls and results, turns
     # [N] the policy version (optimizer steps taken) whose weights sampled each completion; None when the
     # engine does not say (the loop then knows it: synchronous rollouts are always the current version). The
     # server engine reports it per sample; asynchronous rollouts (rollout.max_policy_lag) fill it and log the

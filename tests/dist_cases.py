@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from grpokit.config import load_config
-from grpokit.rollout import Completions
+from grpokit.rollout import Completions, RolloutEngine
 from grpokit.trainer import Trainer
 
 REWARD = f"{Path(__file__).parent / 'reward_fns.py'}:count_sevens"
@@ -87,7 +87,7 @@ SAME_METRICS = (
 )
 
 
-class FixedEngine:
+class FixedEngine(RolloutEngine):
     """Completions decided by (prompt, index in the group): 1 to max_tokens characters of digits, some without
     EOS."""
 

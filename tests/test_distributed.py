@@ -403,7 +403,9 @@ def test_one_process_is_left_alone(tmp_path, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "1")
     world = World.from_env(_config(tmp_path, "checkpoint.save_every=50", "rollout.prompts_per_step=3"))
     model = torch.nn.Linear(2, 2)
-    assert world.wrap(model) == (model, model, model) and world.full_model() is model
+    policy = world.wrap(model)
+    assert policy.module is model and policy.forward is model and policy.full() is model
+    assert world.full_model() is model
     assert not torch.distributed.is_initialized()
     assert world.share([5, 6, 7]) == [5, 6, 7] and world.sum(3, 7.5) == (3, 7.5) and world.sum(4) == 4
     x = torch.arange(6.0)

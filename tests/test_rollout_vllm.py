@@ -105,6 +105,110 @@ def logprobs_differ_before_a_push_and_match_after(engine, model, tok):
     return stale, comps
 
 
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="vLLM's sleep mode needs CUDA (the CPU backend has none)"
+)
+def test_sleep_frees_gpu_memory_and_wake_up_brings_the_same_engine_back(vllm_model_dir):
+    """On CUDA: sleep() (level 1) frees the KV cache and moves the weights to CPU memory; a push while asleep
+    wakes the engine; after wake_up the engine samples what it sampled before, and pushes still take."""
+    model, tok = load(vllm_model_dir)
+    model = model.cuda()
+    engine = VLLMEngine(model, tok, max_model_len=256, max_seqs=32, gpu_memory_utilization=0.2)
+    try:
+        p, greedy = prompts(tok), SamplingParams(max_tokens=12, greedy=True)
+        before = engine.generate(p, 2, greedy).token_ids
+        torch.cuda.synchronize()
+        free_awake = torch.cuda.mem_get_info()[0]
+        engine.sleep()
+        assert engine.asleep
+        freed = torch.cuda.mem_get_info()[0] - free_awake
+        assert freed > 100 << 20, (
+            freed
+        )  # 0.2 of the GPU minus what stays: the KV cache alone is far more than this
+        engine.wake_up()
+        assert not engine.asleep and engine.generate(p, 2, greedy).token_ids == before
+        engine.sleep()
+        one_optimizer_step(model, tok)
+        engine.sync_weights(model)  # wakes it: the reload needs resident weights
+        assert not engine.asleep and engine.last_push_error < 1e-3
+        comps = engine.generate(p, 4, SamplingParams(max_tokens=12))
+        for prompt, ids, lp in zip(
+            [q for q in p for _ in range(4)], comps.token_ids, comps.logprobs, strict=True
+        ):  # ids: never empty (>= EOS)
+            ours = model_prompt_logprobs(model, prompt + ids)[len(prompt) - 1 :]  # teacher-forced, on the GPU
+            assert (ours - torch.tensor(lp, dtype=torch.float64)).abs().max().item() < 1e-3
+    finally:
+        engine.close()
+
+
+def test_starting_vllm_leaves_the_process_as_it_was(vllm_model_dir):
+    model, tok = load(vllm_model_dir)
+    torch.set_num_threads(1)
+    random.seed(3)
+    np.random.seed(3)
+    torch.manual_seed(3)
+    expected = random.random(), np.random.rand(), torch.rand(1).item()
+    random.seed(3)
+    np.random.seed(3)
+    torch.manual_seed(3)
+    engine = VLLMEngine(
+        model, tok, max_model_len=256, max_seqs=8
+    )  # the only vLLM engine of the process at this point (vLLM runs one)
+    try:
+        assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected  # vLLM seeded all three
+        assert torch.get_num_threads() == 1
+        torch.set_num_threads(2)  # vLLM's CPU worker replaces set_num_threads with a no-op; it is back
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(1)
+        engine.close()
+
+
+def test_a_head_size_vllm_cpu_cannot_run_is_a_clear_error(tiny_model_dir):
+    model, tok = load(tiny_model_dir)  # head size 96 / 4 = 24
+    with pytest.raises(ConfigError, match=r"head size in \[32, 64.*this model's is 24"):
+        VLLMEngine(model, tok)
+
+
+def grpo_config(vllm_model_dir, out, *extra):
+    return tiny_config(vllm_model_dir, out, "checkpoint.save_every=0", *extra)
+
+
+def test_grpo_on_vllm_learns_and_every_push_takes(vllm_model_dir, tmp_path):
+    """The loop with rollout.engine=vllm: the reward rises as with the other engines (tests/test_trainer.py),
+    and the mismatch logged at every step stays at float noise: each step's samples came from the weights of
+    the step before (a push that did not take would show the previous policy's log-probs, as in the must-show
+    test)."""
+    from grpokit.trainer import Trainer
+
+    cfg = grpo_config(
+        vllm_model_dir,
+        tmp_path / "run",
+        "optim.max_steps=30",
+        "rollout.engine=vllm",
+        "rollout.importance_correction=token_truncate",
+    )
+    Trainer(cfg).train()  # closes its engine at the end
+    assert_learned_and_every_push_took(tmp_path / "run", 30)
+
+
+def assert_learned_and_every_push_took(run_dir, steps_run: int) -> None:
+    """The reward rose, and the sampler-trainer mismatch stayed at fp32 noise at every step of the run's
+    metrics."""
+    rows = read_metrics(run_dir)
+    steps = [r for r in rows if "reward/mean" in r]
+    assert len(steps) == steps_run
+    rewards = [r["reward/mean"] for r in steps]
+    assert sum(rewards[-8:]) / 8 > sum(rewards[:8]) / 8 + 0.15, rewards
+    assert all(r["rollout/logp_diff_max"] < 1e-3 for r in steps), [r["rollout/logp_diff_max"] for r in steps]
+    assert all(0 <= r["rollout/sampler_kl"] < 1e-6 for r in steps)
+    assert all(
+        r["rollout/is_clip_frac"] == 0.0 and abs(r["rollout/is_weight_mean"] - 1) < 1e-3 for r in steps
+    )
+
+
+# The tests below share the module's engine (engine_and_model), which lives until the end of the module:
+# vLLM runs one engine per process, so the tests above, which start their own, come first.
 def test_temperature_logprobs_greedy_and_stopping_mean_what_they_mean_for_fast(engine_and_model):
     engine, model, tok = engine_and_model
     p = prompts(tok)
@@ -184,109 +288,3 @@ def test_sleep_and_wake_up_do_nothing_on_cpu(engine_and_model):
     assert not engine.asleep
     engine.wake_up()
     assert engine.generate(prompts(tok), 2, greedy).token_ids == before
-
-
-@pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="vLLM's sleep mode needs CUDA (the CPU backend has none)"
-)
-def test_sleep_frees_gpu_memory_and_wake_up_brings_the_same_engine_back(vllm_model_dir):
-    """On CUDA: sleep() (level 1) frees the KV cache and moves the weights to CPU memory; a push while asleep
-    wakes the engine; after wake_up the engine samples what it sampled before, and pushes still take."""
-    model, tok = load(vllm_model_dir)
-    model = model.cuda()
-    engine = VLLMEngine(model, tok, max_model_len=256, max_seqs=32, gpu_memory_utilization=0.2)
-    try:
-        p, greedy = prompts(tok), SamplingParams(max_tokens=12, greedy=True)
-        before = engine.generate(p, 2, greedy).token_ids
-        torch.cuda.synchronize()
-        free_awake = torch.cuda.mem_get_info()[0]
-        engine.sleep()
-        assert engine.asleep
-        freed = torch.cuda.mem_get_info()[0] - free_awake
-        assert freed > 100 << 20, (
-            freed
-        )  # 0.2 of the GPU minus what stays: the KV cache alone is far more than this
-        engine.wake_up()
-        assert not engine.asleep and engine.generate(p, 2, greedy).token_ids == before
-        engine.sleep()
-        one_optimizer_step(model, tok)
-        engine.sync_weights(model)  # wakes it: the reload needs resident weights
-        assert not engine.asleep and engine.last_push_error < 1e-3
-        comps = engine.generate(p, 4, SamplingParams(max_tokens=12))
-        for prompt, ids, lp in zip(
-            [q for q in p for _ in range(4)], comps.token_ids, comps.logprobs, strict=True
-        ):  # ids: never empty (>= EOS)
-            ours = model_prompt_logprobs(model, prompt + ids)[len(prompt) - 1 :]  # teacher-forced, on the GPU
-            assert (ours - torch.tensor(lp, dtype=torch.float64)).abs().max().item() < 1e-3
-    finally:
-        engine.close()
-
-
-def test_starting_vllm_leaves_the_process_as_it_was(vllm_model_dir):
-    model, tok = load(vllm_model_dir)
-    torch.set_num_threads(1)
-    random.seed(3)
-    np.random.seed(3)
-    torch.manual_seed(3)
-    expected = random.random(), np.random.rand(), torch.rand(1).item()
-    random.seed(3)
-    np.random.seed(3)
-    torch.manual_seed(3)
-    engine = VLLMEngine(
-        model, tok, max_model_len=256, max_seqs=8
-    )  # closes the module's engine: one per process
-    try:
-        assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected  # vLLM seeded all three
-        assert torch.get_num_threads() == 1
-        torch.set_num_threads(2)  # vLLM's CPU worker replaces set_num_threads with a no-op; it is back
-        assert torch.get_num_threads() == 2
-    finally:
-        torch.set_num_threads(1)
-        engine.close()
-
-
-def test_a_head_size_vllm_cpu_cannot_run_is_a_clear_error(tiny_model_dir):
-    model, tok = load(tiny_model_dir)  # head size 96 / 4 = 24
-    with pytest.raises(ConfigError, match=r"head size in \[32, 64.*this model's is 24"):
-        VLLMEngine(model, tok)
-
-
-def grpo_config(vllm_model_dir, out, *extra):
-    return tiny_config(vllm_model_dir, out, "checkpoint.save_every=0", *extra)
-
-
-def test_grpo_on_vllm_learns_and_every_push_takes(vllm_model_dir, tmp_path):
-    """The loop with rollout.engine=vllm: the reward rises as with the other engines (tests/test_trainer.py),
-    and the mismatch logged at every step stays at float noise: each step's samples came from the weights of
-    the step before (a push that did not take would show the previous policy's log-probs, as in the must-show
-    test)."""
-    from grpokit.trainer import Trainer
-
-    cfg = grpo_config(
-        vllm_model_dir,
-        tmp_path / "run",
-        "optim.max_steps=30",
-        "rollout.engine=vllm",
-        "rollout.importance_correction=token_truncate",
-    )
-    trainer = Trainer(cfg)
-    try:
-        trainer.train()
-    finally:
-        trainer.pipeline.engine.close()
-    assert_learned_and_every_push_took(tmp_path / "run", 30)
-
-
-def assert_learned_and_every_push_took(run_dir, steps_run: int) -> None:
-    """The reward rose, and the sampler-trainer mismatch stayed at fp32 noise at every step of the run's
-    metrics."""
-    rows = read_metrics(run_dir)
-    steps = [r for r in rows if "reward/mean" in r]
-    assert len(steps) == steps_run
-    rewards = [r["reward/mean"] for r in steps]
-    assert sum(rewards[-8:]) / 8 > sum(rewards[:8]) / 8 + 0.15, rewards
-    assert all(r["rollout/logp_diff_max"] < 1e-3 for r in steps), [r["rollout/logp_diff_max"] for r in steps]
-    assert all(0 <= r["rollout/sampler_kl"] < 1e-6 for r in steps)
-    assert all(
-        r["rollout/is_clip_frac"] == 0.0 and abs(r["rollout/is_weight_mean"] - 1) < 1e-3 for r in steps
-    )

@@ -172,7 +172,7 @@ def test_compile_gives_the_eager_numbers(tiny_model_dir, tmp_path):
     extra = ["optim.max_steps=2", "algorithm.beta=0.04", "checkpoint.save_every=0", "rollout.engine=fast"]
     eager = Trainer(config(tiny_model_dir, tmp_path / "a", *extra))
     compiled = Trainer(config(tiny_model_dir, tmp_path / "b", *extra, "model.compile=true"))
-    assert compiled.policy_fn is not compiled.model and eager.policy_fn is eager.model
+    assert compiled.policy.forward is not compiled.model and eager.policy.forward is eager.model
     rows = [eager.train_data[i] for i in range(4)]
     prompts = [r.prompt_ids for r in rows]
 
@@ -188,7 +188,9 @@ def test_compile_gives_the_eager_numbers(tiny_model_dir, tmp_path):
 
     torch.manual_seed(0)
     batch, _, _ = eager.rollout(rows)
-    ref = batched_logprobs(compiled.ref_fn, batch.tokens, micro_batch_size=compiled.cfg.micro_batch_size)
+    ref = batched_logprobs(
+        compiled.policy.ref_forward, batch.tokens, micro_batch_size=compiled.cfg.micro_batch_size
+    )
     mask = batch.tokens.completion_mask.bool()
     torch.testing.assert_close(ref[mask], batch.ref_logp[mask], rtol=1e-4, atol=1e-5)
 

@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from grpokit.rollout.base import Completions, RolloutEngine, SamplingParams
+from grpokit.rollout.base import Completions, EngineCaps, RolloutEngine, SamplingParams
 from grpokit.rollout.hf import eos_token_ids
 from grpokit.tools.episode import Episode, ToolCall, episode_metrics
 from grpokit.tools.formats import ChatTemplateFormat, ParsedCall, PlainFormat
@@ -102,8 +102,21 @@ class ToolRollout:
         self.last_metrics: dict[str, float] = {}
         ToolBox(self.tools)  # distinct names, checked now
 
+    @property
+    def caps(self) -> EngineCaps:  # what the engine underneath can do
+        return self.engine.caps
+
     def sync_weights(self, model, version: int | None = None) -> None:
         self.engine.sync_weights(model, version=version)
+
+    def close(self) -> None:
+        self.engine.close()
+
+    def sleep(self) -> None:
+        self.engine.sleep()
+
+    def wake_up(self) -> None:
+        self.engine.wake_up()
 
     def generate(
         self,

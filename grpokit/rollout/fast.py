@@ -40,7 +40,7 @@ import torch
 from torch import Tensor
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
-from grpokit.rollout.base import Completions, SamplingParams, cache_kwarg
+from grpokit.rollout.base import Completions, EngineCaps, RolloutEngine, SamplingParams, cache_kwarg
 from grpokit.rollout.hf import eos_token_ids, left_pad
 
 #: Finished rows leave the batch once they are more than this fraction of it (0: at every EOS).
@@ -162,9 +162,16 @@ def process_logits(logits: Tensor, sampling: SamplingParams) -> Tensor:
     return scores
 
 
-class FastEngine:
+class FastEngine(RolloutEngine):
     """Generates with the training model (no copy); `batch_size` caps the sequences per batch, like
     HFEngine."""
+
+    caps = EngineCaps(sampling_logprobs=True, stop_sequences=True, compiles=True)
+
+    @classmethod
+    def from_config(cls, model, tokenizer, *, batch_size: int = 0, compile: bool = False, rollout=None):
+        """The engine of a run (grpokit/rollout/engines.py: make_engine)."""
+        return cls(model, tokenizer, batch_size=batch_size, compile=compile)
 
     def __init__(self, model, tokenizer, *, batch_size: int = 0, compile: bool = False):
         self.tokenizer = tokenizer

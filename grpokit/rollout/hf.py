@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import GenerationConfig
 
-from grpokit.rollout.base import Completions, SamplingParams, cut_at_eos
+from grpokit.rollout.base import Completions, EngineCaps, RolloutEngine, SamplingParams, cut_at_eos
 
 
 def eos_token_ids(model, tokenizer) -> set[int]:
@@ -29,8 +29,15 @@ def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
     return ids, mask
 
 
-class HFEngine:
+class HFEngine(RolloutEngine):
     """Generates with the training model; `batch_size` caps the sequences per generate call."""
+
+    caps = EngineCaps()  # transformers' generate: no sampling log-probs, no stop sequences
+
+    @classmethod
+    def from_config(cls, model, tokenizer, *, batch_size: int = 0, compile: bool = False, rollout=None):
+        """The engine of a run (grpokit/rollout/engines.py: make_engine)."""
+        return cls(model, tokenizer, batch_size=batch_size)
 
     def __init__(self, model, tokenizer, *, batch_size: int = 0):
         self.model, self.tokenizer = model, tokenizer

@@ -2,8 +2,9 @@
 
     pipeline = RolloutPipeline(engine, rollout_cfg, max_lag=k, version=step, model=policy, seed=seed)
     rows, comps, timings = pipeline.batch(step, draw)   # draw(b) -> rows of batch b; comps.versions set
-    pipeline.publish(step + 1, policy)                  # after the update: pi_old <- pi_theta (version step + 1)
+    pipeline.publish(step + 1, policy)                  # after the update: pi_old <- pi_theta (version b + 1)
     with pipeline.exclusive(policy): evaluate(...)      # the engine on the trainer's current weights
+    pipeline.close()                                    # the sampler, then the engine (the pipeline owns it)
 
 The policy version is the number of optimizer steps (trainer steps) behind a set of weights. Batch b trains at
 version b and is sampled, with k = max_policy_lag, at version max(v0, b - k) (v0: the version the run started
@@ -26,10 +27,12 @@ Torch ops release the GIL while they compute: the threads overlap when ops are l
 forward is mostly Python holding it: docs/rollout.md has the numbers; a server sampler overlaps). Metrics:
 rollout/version_lag (mean over the batch's samples of trainer version - sample version) and its max,
 perf/rollout_wait_time (the trainer waiting for its batch), perf/weights_wait_time (the sampler idle, waiting
-for the step that publishes the version of its next batch). What pi_old means at k > 0 is the loop's (trainer.py, docs/rollout.md).
+for the step that publishes the version of its next batch). What pi_old means at k > 0 is the loop's
+(trainer.py, docs/rollout.md).
 
 GPU memory: at k = 0 a colocated engine that can sleep (vLLM on CUDA) is put to sleep before the update
-(`sleep()`) and woken before the next push (`wake_up()`); at k > 0 it generates during the update and stays awake.
+(`sleep()`) and woken before the next push (`wake_up()`); at k > 0 it generates during the update and stays
+awake.
 """
 
 from __future__ import annotations
@@ -82,19 +85,15 @@ class RolloutPipeline:
         model: torch.nn.Module,
         seed: int,
     ):
-        self.engine, self.cfg, self.max_lag, self.G = (
-            engine,
-            rollout_cfg,
-            max_lag,
-            rollout_cfg.num_generations,
-        )
+        self.engine = engine  # the pipeline's: close() closes it
+        self.cfg, self.max_lag, self.G = rollout_cfg, max_lag, rollout_cfg.num_generations
         self.version = version  # the trainer's: weights published so far
-        self._sleeps = max_lag == 0 and callable(getattr(engine, "sleep", None))
+        self._closed = False
         if max_lag == 0:
             return
         device = next(model.parameters()).device
-        # The sampler's weights, a version behind. requires_grad stays as the policy's: engines that push weights
-        # (vllm) send the trainable tensors only.
+        # The sampler's weights, a version behind. requires_grad stays as the policy's: engines that push
+        # weights (vllm) send the trainable tensors only.
         self._copy = copy.deepcopy(model).eval()
         self._gen = torch.Generator(device).manual_seed(seed + _SAMPLER_SEED)
         self._extra_gen = torch.Generator(device).manual_seed(seed + _EXTRA_SEED)
@@ -105,34 +104,27 @@ class RolloutPipeline:
         self._results: dict[int, Any] = {}
         self._done = threading.Condition()
         self._next: int | None = None  # the next batch to hand the sampler, from the first batch() on
-        self._closed = False
-        self._threads = (
-            torch.get_num_threads()
-        )  # the run's: OpenMP's count is per thread, and a new one gets the default
+        # The run's thread count: OpenMP's count is per thread, and a new thread gets the default.
+        self._threads = torch.get_num_threads()
         self._thread = threading.Thread(target=self._sampler, name="grpokit-sampler", daemon=True)
 
     # ------------------------------------------------------------------ the trainer's side
     def batch(
         self, b: int, draw: Callable[[int], Sequence[Any]], end: int
     ) -> tuple[Sequence[Any], Completions, dict[str, float]]:
-        """Rows, completions (comps.versions set) and timings of batch b; draw(i) gives the rows of batch i; batches
-        from `end` on (the run's max_steps) are never asked for."""
+        """Rows, completions (comps.versions set) and timings of batch b; draw(i) gives the rows of batch i;
+        batches from `end` on (the run's max_steps) are never asked for."""
         if self.max_lag == 0:
-            rows, timings = draw(b), {}
+            rows, timings = draw(b), dict[str, float]()  # timings: as the sampler's
             comps = self._generate(rows, self.version, sampling_params(self.cfg), timings)
             timings[PERF_ROLLOUT_WAIT] = timings[PERF_ROLLOUT_TIME]
             return rows, comps, timings
-        if (
-            self._next is None
-        ):  # the first batch of the run, or of a resume: the sampler starts at this version
+        if self._next is None:  # the first batch of the run, or of a resume: the sampler starts here
             self._next = b
             self._thread.start()
-        while self._next <= min(
-            b + self.max_lag, end - 1
-        ):  # in order, in this thread: the data order does not depend on timing
-            self._requests.put(
-                (self._next, draw(self._next), self.version)
-            )  # batch b + k: this step's weights
+        # In order, in this thread: the data order does not depend on timing. Batch b + k: this step's weights
+        while self._next <= min(b + self.max_lag, end - 1):
+            self._requests.put((self._next, draw(self._next), self.version))
             self._next += 1
         t = time.perf_counter()
         with self._done:
@@ -155,23 +147,23 @@ class RolloutPipeline:
             return self._generate(rows, self.version, sampling_params(self.cfg, self._extra_gen), timings)
 
     def idle(self) -> None:
-        """The rollouts of this step are done: a colocated engine that can sleep frees its GPU memory (k = 0)."""
-        if self._sleeps:
+        """This step's rollouts are done: a colocated engine that can sleep frees its GPU memory (k = 0)."""
+        if self.max_lag == 0:
             self.engine.sleep()
 
     def publish(self, version: int, model: torch.nn.Module) -> None:
-        """The trainer's weights after `version` optimizer steps: into the engine (k = 0) or the sampler's queue."""
+        """The trainer's weights after `version` optimizer steps: into the engine (k = 0) or the sampler."""
         self.version = version
         if self.max_lag == 0:
-            if self._sleeps:
-                self.engine.wake_up()
+            self.engine.wake_up()
             self._sync(model, version)
             return
         self._snapshots[version] = _snapshot(model)
 
     @contextlib.contextmanager
     def exclusive(self, current_model: Callable[[], torch.nn.Module]):
-        """The engine on the trainer's current weights (current_model() gives them), the sampler paused (held-out evaluation)."""
+        """The engine on the trainer's current weights (current_model() gives them), the sampler paused
+        (held-out evaluation)."""
         if self.max_lag == 0:
             yield self.engine
             return
@@ -182,26 +174,32 @@ class RolloutPipeline:
             yield self.engine
 
     def close(self, timeout: float = 60.0) -> None:
-        """Stop the sampler after the generation under way (batches asked for and not taken are dropped). A sampler
-        that does not stop within `timeout` seconds is left behind with a warning (a daemon thread: it never keeps
-        the process from exiting, and a run that failed keeps its own error)."""
-        if self.max_lag == 0 or self._closed:
+        """Stop the sampler after the generation under way (batches asked for and not taken are dropped), then
+        close the engine (the pipeline owns it). A sampler that does not stop within `timeout` seconds is left
+        behind with a warning, and its engine open (a daemon thread: it never keeps the process from exiting,
+        and a run that failed keeps its own error). Closing twice does nothing."""
+        if self._closed:
             return
         self._closed = True
+        if self.max_lag == 0 or self._stop_sampler(timeout):
+            self.engine.close()
+
+    def _stop_sampler(self, timeout: float) -> bool:
+        """Whether the sampler thread stopped (or never started)."""
         self._requests.put(None)
         if self._thread.is_alive():
             self._thread.join(timeout)
             if self._thread.is_alive():
                 logger.warning(
-                    "the rollout sampler thread did not stop within %g s of the end of training; left running",
+                    "the rollout sampler thread did not stop within %g s after training; left running",
                     timeout,
                 )
+                return False
+        return True
 
     # ------------------------------------------------------------------ the sampler's side (k > 0)
     def _sampler(self) -> None:
-        torch.set_num_threads(
-            self._threads
-        )  # vLLM's CPU attention checks that its metadata and kernel agree on it
+        torch.set_num_threads(self._threads)  # vLLM's CPU attention checks that its metadata and kernel agree
         while True:
             t = time.perf_counter()
             # Batch b + k is asked for once version b is published: until then the sampler waits for weights.
@@ -245,13 +243,9 @@ class RolloutPipeline:
         self, rows, version: int, sampling: SamplingParams, timings: dict[str, float]
     ) -> Completions:
         t = time.perf_counter()
-        comps = generate_groups(
-            self.engine, rows, self.G, sampling, timings
-        )  # with tools: episodes (rollout/tools/ metrics)
+        comps = generate_groups(self.engine, rows, self.G, sampling, timings)  # tools: rollout/tools/ metrics
         timings[PERF_ROLLOUT_TIME] = timings.get(PERF_ROLLOUT_TIME, 0.0) + time.perf_counter() - t
-        if (
-            self.max_lag and comps.logprobs is None
-        ):  # pi_old of lagged samples is the sampler's: without it, no ratio
+        if self.max_lag and comps.logprobs is None:  # pi_old of lagged samples is the sampler's: no ratio
             raise ValueError(
                 f"rollout.max_policy_lag={self.max_lag} needs the engine's sampling log-probs, and "
                 f"{type(self.engine).__name__} returned none; use rollout.engine=fast or vllm"
@@ -265,8 +259,6 @@ def _snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def lag_metrics(comps: Completions, version: int) -> dict[str, float]:
     lags = [version - v for v in comps.versions or []]
-    return (
-        {ROLLOUT_VERSION_LAG: sum(lags) / len(lags), ROLLOUT_VERSION_LAG_MAX: float(max(lags))}
-        if lags
-        else {}
-    )
+    if not lags:
+        return {}
+    return {ROLLOUT_VERSION_LAG: sum(lags) / len(lags), ROLLOUT_VERSION_LAG_MAX: float(max(lags))}

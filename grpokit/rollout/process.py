@@ -31,7 +31,7 @@ from dataclasses import replace
 import torch
 import torch.multiprocessing as mp
 
-from grpokit.rollout.base import Completions, SamplingParams
+from grpokit.rollout.base import Completions, EngineCaps, RolloutEngine, SamplingParams
 from grpokit.rollout.hf import eos_token_ids
 from grpokit.rollout.vllm import draw_seed
 
@@ -65,8 +65,15 @@ def _child(conn, model, tokenizer, batch_size: int, threads: int) -> None:
             conn.send(("error", traceback.format_exc()))
 
 
-class ProcessEngine:
+class ProcessEngine(RolloutEngine):
     """A FastEngine in a child process, behind the engine interface (generate, sync_weights)."""
+
+    caps = EngineCaps(sampling_logprobs=True, stop_sequences=True, own_process=True)
+
+    @classmethod
+    def from_config(cls, model, tokenizer, *, batch_size: int = 0, compile: bool = False, rollout=None):
+        """The engine of a run (grpokit/rollout/engines.py: make_engine)."""
+        return cls(model, tokenizer, batch_size=batch_size, threads=torch.get_num_threads())
 
     def __init__(self, model, tokenizer, *, batch_size: int = 0, threads: int = 1):
         self.tokenizer = tokenizer
@@ -97,6 +104,7 @@ class ProcessEngine:
         self._ask(("sync", state))
 
     def close(self) -> None:
+        """Stop the child process (also done when the engine is garbage-collected)."""
         self._closer()
 
     def _ask(self, msg):

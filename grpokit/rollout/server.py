@@ -40,8 +40,7 @@ import urllib.request
 
 import torch
 
-from grpokit.config import ConfigError
-from grpokit.rollout.base import Completions, SamplingParams
+from grpokit.rollout.base import Completions, EngineCaps, RolloutEngine, SamplingParams
 from grpokit.rollout.hf import eos_token_ids
 from grpokit.rollout.vllm import draw_seed
 from grpokit.rollout.weights import (
@@ -113,15 +112,20 @@ def model_difference(theirs: dict, ours: dict) -> str | None:
     return None
 
 
-class VLLMServerEngine:
+class VLLMServerEngine(RolloutEngine):
     """rollout.engine=vllm with rollout.vllm_mode=server: generates on a `grpokit serve` process over HTTP."""
 
+    # One trainer process: each rank would push its own weights. The server's vLLM has no LoRA here.
+    caps = EngineCaps(
+        sampling_logprobs=True, several_ranks=False, lora=False, stop_sequences=True, own_process=True
+    )
+
+    @classmethod
+    def from_config(cls, model, tokenizer, *, batch_size: int = 0, compile: bool = False, rollout=None):
+        """The engine of a run (grpokit/rollout/engines.py: make_engine)."""
+        return cls(model, tokenizer, url=rollout.vllm_server_url, timeout=rollout.vllm_server_timeout)
+
     def __init__(self, model, tokenizer, *, url: str, timeout: float = 240.0, verify: bool = True):
-        if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
-            raise ConfigError(
-                "rollout.vllm_mode=server takes one trainer process (each rank would push its own weights); "
-                "under torchrun use rollout.engine=fast or hf"
-            )
         self.url, self.timeout, self.tokenizer, self.verify = url.rstrip("/"), timeout, tokenizer, verify
         self.eos_ids = eos_token_ids(model, tokenizer)
         self.pushes = 0  # weight pushes so far

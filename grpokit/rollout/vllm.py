@@ -64,7 +64,7 @@ from typing import Any
 import torch
 
 from grpokit.config import ConfigError
-from grpokit.rollout.base import Completions, SamplingParams
+from grpokit.rollout.base import Completions, EngineCaps, RolloutEngine, SamplingParams
 from grpokit.rollout.hf import eos_token_ids
 from grpokit.rollout.weights import (
     RolloutError as RolloutError,  # raised here, and imported from here by callers
@@ -78,9 +78,6 @@ from grpokit.rollout.weights import (
 )
 
 DEFAULT_KV_CACHE_MB = 256
-#: the engine alive in this process: vLLM's in-process state (its torch.distributed group) allows one at a
-#: time
-_LIVE: list[VLLMEngine] = []
 
 
 class _ExpectedWarnings(logging.Filter):
@@ -204,8 +201,36 @@ def chosen_logprobs(
     return out
 
 
-class VLLMEngine:
+def check_none_running() -> None:
+    """vLLM's in-process state (its torch.distributed group) allows one engine per process: say so, naming the
+    fix, when another is running (vLLM's own record of it, not ours)."""
+    from vllm.distributed.parallel_state import model_parallel_is_initialized
+
+    if model_parallel_is_initialized():
+        raise RolloutError(
+            "a vLLM engine is already running in this process (vLLM allows one); close() it first "
+            "(a Trainer closes its own at the end of train(), or with close())"
+        )
+
+
+class VLLMEngine(RolloutEngine):
     """rollout.engine=vllm: generates with vLLM in this process; sync_weights pushes the policy's tensors."""
+
+    # One process (torchrun: each rank would start its own vLLM); no LoRA adapters yet; sleep on CUDA only.
+    caps = EngineCaps(
+        sampling_logprobs=True, several_ranks=False, lora=False, stop_sequences=True, sleep=True
+    )
+
+    @classmethod
+    def from_config(cls, model, tokenizer, *, batch_size: int = 0, compile: bool = False, rollout=None):
+        """The engine of a run (grpokit/rollout/engines.py: make_engine)."""
+        return cls(
+            model,
+            tokenizer,
+            max_seqs=(batch_size or rollout.prompts_per_step * rollout.num_generations) if rollout else 256,
+            kv_cache_mb=rollout.vllm_kv_cache_mb if rollout is not None else 0,
+            gpu_memory_utilization=rollout.vllm_gpu_memory_utilization if rollout is not None else 0.3,
+        )
 
     def __init__(
         self,
@@ -218,13 +243,8 @@ class VLLMEngine:
         gpu_memory_utilization: float = 0.3,
         verify: bool = True,
     ):
-        if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
-            raise ConfigError(
-                "rollout.engine=vllm runs in one process; under torchrun use rollout.engine=fast or hf"
-            )
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = (
-            "0"  # engine core in this process (read when the LLM starts)
-        )
+        # the engine core in this process (read when the LLM starts)
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         try:
             from vllm import LLM
@@ -244,8 +264,11 @@ class VLLMEngine:
         self.sleeps, self.asleep = on_gpu, False  # sleep() / wake_up() act on CUDA only (vLLM's sleep mode)
         if not on_gpu:
             check_head_size(model)
-        while _LIVE:  # a previous engine of this process (an earlier Trainer, a test) that was not closed
-            _LIVE[0].close()
+        check_none_running()
+        # CUDA: a share of the GPU; CPU: a KV cache sized from the model (vLLM's CPU backend has no share)
+        memory: dict[str, Any] = {"gpu_memory_utilization": gpu_memory_utilization}
+        if not on_gpu:
+            memory = {"kv_cache_memory_bytes": kv_cache_bytes(model, max_model_len, max_seqs, kv_cache_mb)}
         for name in _EXPECTED_WARNINGS.loggers:
             logging.getLogger(name).addFilter(_EXPECTED_WARNINGS)
         with preserved_process_state():
@@ -265,15 +288,8 @@ class VLLMEngine:
                 enable_prefix_caching=False,
                 # CUDA's memory pools that sleep() frees; vLLM's CPU backend has none
                 enable_sleep_mode=on_gpu,
-                **(
-                    {"gpu_memory_utilization": gpu_memory_utilization}
-                    if on_gpu
-                    else {
-                        "kv_cache_memory_bytes": kv_cache_bytes(model, max_model_len, max_seqs, kv_cache_mb)
-                    }
-                ),
+                **memory,
             )
-        _LIVE.append(self)
         self.sync_weights(model)
 
     # ------------------------------------------------------------------ weights
@@ -391,8 +407,6 @@ class VLLMEngine:
         from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 
         llm, self.llm = getattr(self, "llm", None), None  # type: ignore[assignment, unused-ignore]  # closed: no LLM
-        if self in _LIVE:
-            _LIVE.remove(self)
         if llm is not None:
             llm.llm_engine.engine_core.shutdown()
             del llm

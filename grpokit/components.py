@@ -1,0 +1,110 @@
+"""The parts of a training run, built once from the config, in the order the run's random stream expects.
+
+    parts = build_components(cfg, world)   # the policy handle, data, rewards, pipeline, optimizer, critic
+
+grpokit/trainer.py runs the loop over them; each part is its module's (data.py, rewards/, rollout/,
+optim.py, critic.py). The order matters: loading the model, the critic's value head and the engine draw from
+the run's seeded random stream, and an exact resume expects the same draws.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from grpokit.config import Config
+from grpokit.critic import Critic
+from grpokit.data import PromptDataset, PromptSampler, build_datasets, check_context_length
+from grpokit.distributed import World
+from grpokit.evaluate import make_judge
+from grpokit.health import StepHealth
+from grpokit.optim import Optimizer
+from grpokit.policy import build_reference, load_policy
+from grpokit.policy_handle import PolicyHandle
+from grpokit.rewards import RewardManager, build_rewards, reward_registry
+from grpokit.rollout import SamplerCorrection, make_engine
+from grpokit.rollout.episodes import with_tools
+from grpokit.rollout.pipeline import RolloutPipeline
+
+
+@dataclass
+class Components:
+    policy: PolicyHandle
+    tokenizer: Any
+    train_data: PromptDataset
+    eval_data: PromptDataset | None
+    sampler: PromptSampler
+    rewards: RewardManager
+    judge: Any
+    health: StepHealth
+    correction: SamplerCorrection
+    pipeline: RolloutPipeline
+    optimizer: Optimizer
+    critic: Critic | None
+
+
+def build_components(
+    cfg: Config, world: World, *, model=None, tokenizer=None, train_rows=None, eval_rows=None
+) -> Components:
+    """model / tokenizer: an already loaded policy instead of model.name_or_path; train_rows / eval_rows: rows
+    instead of data.*."""
+    if model is None:
+        model, tokenizer = load_policy(cfg.model)
+    # pi_ref: the policy as loaded, before any resume replaces the weights
+    policy = world.wrap(model, build_reference(model, cfg.algorithm))
+    if cfg.model.compile:
+        policy.compile()
+    data = build_datasets(cfg.data, tokenizer, seed=cfg.seed, train_rows=train_rows, eval_rows=eval_rows)
+    sampler = PromptSampler(len(data.train), cfg.rollout.prompts_per_step, cfg.seed, shuffle=cfg.data.shuffle)
+    rewards = build_rewards(cfg, data.train.column_names, registry=reward_registry(), task=data.task)
+    judge = make_judge(rewards, reward_name=cfg.eval.reward, threshold=cfg.eval.correct_threshold)
+    health = StepHealth(cfg)  # bad steps in a row stop the run
+    correction = SamplerCorrection(cfg.rollout)  # the sampler-trainer mismatch: metrics, importance weights
+    check_context_length(data, getattr(model, "config", None), cfg.rollout.max_completion_length)
+    pipeline = build_pipeline(cfg, policy, tokenizer, seed=cfg.seed + world.rank)
+    total = cfg.optim.max_steps * cfg.algorithm.num_iterations * cfg.optim.num_minibatches
+    try:
+        optimizer = Optimizer(
+            model.named_parameters(), cfg.optim, lr=cfg.optim.learning_rate, total_steps=total
+        )
+        critic = None
+        if cfg.algorithm.advantage_estimator == "gae":  # PPO
+            critic = Critic(cfg, model, has_ref=policy.ref is not None, total_steps=total)
+    except BaseException:
+        pipeline.close()  # a run that cannot start leaves no engine running
+        raise
+    return Components(
+        policy,
+        tokenizer,
+        data.train,
+        data.eval,
+        sampler,
+        rewards,
+        judge,
+        health,
+        correction,
+        pipeline,
+        optimizer,
+        critic,
+    )
+
+
+def build_pipeline(cfg: Config, policy: PolicyHandle, tokenizer: Any, *, seed: int) -> RolloutPipeline:
+    """The engine the config names (with tools: episodes around it), playing pi_old: synchronous, or
+    rollout.max_policy_lag steps ahead in a background thread. The pipeline owns the engine and closes it."""
+    engine = make_engine(
+        cfg.rollout.engine,
+        policy.whole,
+        tokenizer,
+        batch_size=cfg.rollout.generation_batch_size,
+        compile=cfg.model.compile,
+        rollout=cfg.rollout,
+    )
+    return RolloutPipeline(
+        with_tools(engine, cfg, tokenizer),
+        cfg.rollout,
+        max_lag=cfg.rollout.max_policy_lag,
+        version=0,
+        model=policy.whole,
+        seed=seed,
+    )

@@ -1,0 +1,54 @@
+"""The policy, one handle: what the optimizer steps, what the log-prob passes call, pi_ref, the whole weights.
+
+    policy = world.wrap(model, ref)     # grpokit/distributed.py: FSDP2 / DDP under torchrun; the model alone
+    policy.compile()                    # model.compile: the training and pi_ref forwards, compiled
+    policy.module                       # the parameters the optimizer steps (FSDP2: sharded in place)
+    policy.forward                      # what the training and pi_old passes call (DDP: the wrapper)
+    policy.ref, policy.ref_forward      # pi_ref (frozen; None when the run has no KL term)
+    policy.full()                       # the whole weights, current: the engine's, and what rank 0 saves
+    policy.reset_reference()            # pi_ref <- pi_theta (algorithm.ref_policy=reset)
+
+One process: module, forward and full() are the model itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+
+class PolicyHandle:
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        forward: Callable[..., Any],
+        ref: Any,  # a frozen Module, policy.AdapterOff (LoRA: the adapter-off base), or None
+        *,
+        whole: torch.nn.Module,
+        full: Callable[[], torch.nn.Module],
+        reset_reference: Callable[[], None],
+    ):
+        self.module, self.forward, self.ref = module, forward, ref
+        self.ref_forward: Callable[..., Any] | None = ref
+        self.whole = (
+            whole  # the module with whole weights that the engine generates with (full() refreshes it)
+        )
+        self._full, self._reset = full, reset_reference
+
+    def compile(self) -> None:
+        """The training forward and pi_ref's through torch.compile (model.compile)."""
+        # Several graphs of one forward (rollout, pi_ref, training); dynamo's default limit is 8.
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 32)
+        self.forward = torch.compile(self.forward)
+        if self.ref is not None:
+            self.ref_forward = torch.compile(self.ref)
+
+    def full(self) -> torch.nn.Module:
+        """The policy with whole weights, current (FSDP2: refreshed from the shards; every rank calls it)."""
+        return self._full()
+
+    def reset_reference(self) -> None:
+        """pi_ref <- pi_theta (DeepSeekMath §4.1.4 iterative RL)."""
+        self._reset()

@@ -1,0 +1,96 @@
+"""Rank 0's duties in a training run, in one object made once: the run lock, config.yaml, the metric log (and
+the trackers), the progress bar, the final model and the plots. On other ranks (torchrun) each does nothing.
+
+    records = RunRecords(out, cfg, main=world.is_main)
+    with records.locked():                             # one run per output_dir
+        records.write_config()
+        with records.open(step, resumed):              # metrics.jsonl (+ trackers) and the progress bar
+            records.log_step(step, metrics, samples)   # as logging.* says; the progress bar follows
+        records.save_final(full_model, tokenizer)      # output_dir/final
+    records.plot()                                     # output_dir/plots
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from grpokit.checkpoint import RunLock, save_final
+from grpokit.config import Config
+from grpokit.records.plots import plot_run
+from grpokit.records.progress import TrainProgress
+from grpokit.records.sinks import MetricLogger
+
+
+class RunRecords:
+    def __init__(self, out: Path, cfg: Config, *, main: bool, plot: Callable[[Path], Any] = plot_run) -> None:
+        self.out, self.cfg, self.main, self._plot = Path(out), cfg, main, plot
+        self._log: MetricLogger | None = None
+        self._progress: TrainProgress | None = None
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """One run per output_dir: a second one stops here, naming this one (checkpoint.RunLock)."""
+        with RunLock(self.out) if self.main else contextlib.nullcontext():
+            yield
+
+    def write_config(self) -> None:
+        if self.main:
+            (self.out / "config.yaml").write_text(yaml.safe_dump(self.cfg.model_dump(), sort_keys=False))
+
+    @contextlib.contextmanager
+    def open(self, step: int, resumed: int | None) -> Iterator[None]:
+        """The metric log from `step` on (a fresh run never appends to an old log) and the progress bar; a
+        resumed run says where from. Closed on the way out, whatever happens."""
+        if not self.main:
+            yield
+            return
+        cfg = self.cfg
+        self._log = MetricLogger(self.out, **cfg.logging.trackers(), config=cfg.model_dump())
+        try:
+            with TrainProgress(cfg.optim.max_steps, start_step=step) as self._progress:
+                self._log.truncate_after(step if resumed is not None else -1)
+                if resumed is not None:
+                    self.print(f"resuming from checkpoint step {resumed} in {self.out / 'checkpoints'}")
+                yield
+        finally:
+            self._progress = None
+            self._log.close()
+
+    def log(self, step: int, metrics: Mapping[str, float]) -> None:
+        """Metrics outside a training step (the evaluation at step 0)."""
+        if self._log is not None and self._progress is not None:
+            self._log.log(step, metrics)
+            self._progress.update(step, metrics)
+
+    def log_step(self, step: int, metrics: Mapping[str, float], samples: Sequence[Mapping[str, Any]]) -> None:
+        if self._log is None or self._progress is None:
+            return
+        logging = self.cfg.logging
+        self._log.log_step(
+            step,
+            metrics,
+            samples,
+            last=step == self.cfg.optim.max_steps,
+            every=logging.log_every,
+            samples_every=logging.sample_every,
+        )
+        self._progress.update(step, metrics)
+
+    def print(self, message: str) -> None:
+        if self._progress is not None:
+            self._progress.print(message)
+
+    def save_final(self, model: Any, tokenizer: Any) -> None:
+        """output_dir/final (and final/merged under model.lora.merge_on_save)."""
+        if self.main:
+            lora = self.cfg.model.lora
+            save_final(model, tokenizer, self.out / "final", merge=bool(lora and lora.merge_on_save))
+
+    def plot(self) -> None:
+        if self.main:
+            self._plot(self.out)
