@@ -20,7 +20,7 @@ import json
 import torch
 
 import grpokit
-from grpokit.rollout import Completions, SamplingParams
+from grpokit.rollout import Completions, EngineCaps, RolloutEngine, SamplingParams
 from grpokit.rollout.episodes import ToolRollout
 from grpokit.tools import ToolBox, as_tool, make_format
 
@@ -59,9 +59,11 @@ def total(a: int, b: int) -> int:
 # ---------------------------------------------------------------- a rollout engine
 
 
-class PlainSampler:
+class PlainSampler(RolloutEngine):
     """The rollout interface (grpokit.rollout.RolloutEngine) in a few lines: ancestral sampling with the
     model's forward, no KV cache. Slow, but complete: it returns the sampling log-probs too."""
+
+    caps = EngineCaps(sampling_logprobs=True)
 
     def __init__(self, model: torch.nn.Module, tokenizer) -> None:
         self.model, self.tokenizer = model, tokenizer
