@@ -52,7 +52,6 @@ LONG_FUNCTION_ALLOWLIST: dict[str, str] = {
     "formulas",
     "grpokit.rewards.manager:_Reward.build": "to split: spec validation and loading inline",
     "grpokit.data:PromptDataset.__init__": "to split: column checks and tokenization inline",
-    "grpokit.rewards.code:evaluate_code": "to split: harness set-up and result parsing inline",
     "grpokit.rewards.manager:RewardManager._call": "to split: per-call error handling inline",
 }
 
