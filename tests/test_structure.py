@@ -46,8 +46,6 @@ LONG_FUNCTION_ALLOWLIST: dict[str, str] = {
     "grpokit.rewards.manager:RewardManager.__call__": "to split: batching, timeouts and reductions inline",
     "grpokit.rollout.fast:FastEngine._generate_batch": "one decode loop over a static KV cache, kept whole "
     "to read",
-    "grpokit.tasks.countdown:parse_expression": "a recursive-descent parser, one function to read top to "
-    "bottom",
     "grpokit.algo.losses:policy_loss": "the clipped surrogate with its loss-type branches, kept beside the "
     "formulas",
     "grpokit.rewards.manager:_Reward.build": "to split: spec validation and loading inline",
