@@ -16,7 +16,7 @@ from __future__ import annotations
 import shutil
 import time
 from pathlib import Path
-from typing import TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 import torch
 
@@ -30,6 +30,9 @@ from grpokit.metrics import (
     eval_pass_at,
     read_metrics,
 )
+
+if TYPE_CHECKING:
+    from grpokit.config import Config
 
 
 class SFTSettings(TypedDict):
@@ -89,7 +92,7 @@ QUICK: DemoSettings = {
 }
 
 
-def _eval_rows(metrics_path: Path) -> list[dict]:
+def eval_rows(metrics_path: Path) -> list[dict]:
     return [r for r in read_metrics(metrics_path) if r.get(EVAL_PASS_AT_1) is not None]
 
 
@@ -122,38 +125,39 @@ def _before_after(console, before: dict, after: dict, k: int, seed: int) -> list
     return rows
 
 
-def run_demo(out: Path, *, quick: bool = False, seed: int = 0, overrides: list[str] | None = None) -> dict:
-    from rich.console import Console
+def start_fresh(out: Path) -> Path:
+    """The output folder, created; a demo always starts fresh, and only its own folders are removed."""
+    out = Path(out)
+    for owned in ("sft", "grpo"):
+        shutil.rmtree(out / owned, ignore_errors=True)
+    out.mkdir(parents=True, exist_ok=True)
+    return out
 
-    from grpokit.config import DataConfig, load_config
-    from grpokit.data import build_datasets
-    from grpokit.records import plot_metrics, write_report
-    from grpokit.records.report import write_html_report
-    from grpokit.sft import train_sft
+
+def tiny_model(task_name: str, out: Path, settings: DemoSettings, seed: int, console) -> tuple:
+    """Stage 1: the task, its character tokenizer (saved to out/sft) and a tiny Llama; (task, tokenizer,
+    model, parameter count)."""
     from grpokit.tasks import get_task
     from grpokit.tasks.tiny_model import build_tiny_llama
     from grpokit.tasks.tokenizer import build_tokenizer
-    from grpokit.trainer import Trainer
 
-    console = Console()
-    settings = QUICK if quick else FULL
-    out = Path(out)
-    for owned in ("sft", "grpo"):  # a demo always starts fresh; only its own folders are removed
-        shutil.rmtree(out / owned, ignore_errors=True)
-    out.mkdir(parents=True, exist_ok=True)
-    t_start = time.perf_counter()
-
-    task = get_task("countdown")
+    task = get_task(task_name)
     tok = build_tokenizer(task, out / "sft")
     model = build_tiny_llama(tok, size=settings["model_size"], seed=seed)
     n_params = sum(p.numel() for p in model.parameters())
     console.print(
         f"[bold]1/3[/] tiny Llama: {n_params / 1e6:.2f}M parameters, vocabulary {len(tok)} characters"
     )
+    return task, tok, model, n_params
 
-    sft = settings[
-        "sft"
-    ]  # the task's train split, read as training reads it; "completion" is its reference solution
+
+def warm_start(model, tok, task, sft: SFTSettings, seed: int, max_length: int, out: Path) -> tuple:
+    """Stage 2: SFT on the task's train split, read as training reads it ("completion" is its reference
+    solution); the model and tokenizer saved to out/sft. (pairs, train_sft's stats, seconds)."""
+    from grpokit.config import DataConfig
+    from grpokit.data import build_datasets
+    from grpokit.sft import train_sft
+
     pairs = build_datasets(DataConfig(task=task.name, task_train_size=sft["rows"]), tok, seed=seed).train
     t = time.perf_counter()
     stats = train_sft(
@@ -163,18 +167,29 @@ def run_demo(out: Path, *, quick: bool = False, seed: int = 0, overrides: list[s
         max_steps=sft["steps"],
         batch_size=sft["batch_size"],
         learning_rate=sft["lr"],
-        max_length=256,
+        max_length=max_length,
         seed=seed,
     )
     model.save_pretrained(out / "sft")
     tok.save_pretrained(out / "sft")
-    sft_time = time.perf_counter() - t
-    console.print(
-        f"[bold]2/3[/] SFT on {len(pairs)} solved problems: loss "
-        f"{stats.get('final_loss', float('nan')):.3f}, {sft_time:.0f}s"
-    )
+    return pairs, stats, time.perf_counter() - t
 
-    cfg = load_config(
+
+def train_grpo(cfg: Config) -> float:
+    """Stage 3: GRPO from the warm start; its seconds."""
+    from grpokit.trainer import Trainer
+
+    t = time.perf_counter()
+    Trainer(cfg).train()
+    return time.perf_counter() - t
+
+
+def _grpo_config(out: Path, seed: int, settings: DemoSettings, overrides: list[str] | None) -> Config:
+    """The GRPO stage's config: from the warm start in out/sft to out/grpo, the settings' overrides, then
+    the user's."""
+    from grpokit.config import load_config
+
+    return load_config(
         None,
         [
             f"model.name_or_path={out / 'sft'}",
@@ -185,26 +200,24 @@ def run_demo(out: Path, *, quick: bool = False, seed: int = 0, overrides: list[s
             *(overrides or []),
         ],
     )
-    console.print(
-        f"[bold]3/3[/] GRPO: {cfg.optim.max_steps} steps of {cfg.rollout.prompts_per_step} prompts x "
-        f"G={cfg.rollout.num_generations}"
-    )
-    t = time.perf_counter()
-    Trainer(cfg).train()
-    grpo_time = time.perf_counter() - t
 
-    evals = _eval_rows(out / "grpo" / "metrics.jsonl")
-    before, after = evals[0], evals[-1]
-    rows = _before_after(console, before, after, cfg.eval.k, seed)
 
-    plots = plot_metrics(out / "grpo" / "metrics.jsonl", out)
-    total = time.perf_counter() - t_start
-    notes = (
-        f"Model: tiny Llama, {n_params / 1e6:.2f}M parameters. SFT: {len(pairs)} problems, {sft_time:.0f}s. "
-        f"GRPO: {cfg.optim.max_steps} steps, {grpo_time:.0f}s. Total {total:.0f}s on "
-        f"{torch.get_num_threads()} threads.\n\nReproduce: `grpokit demo{' --quick' if quick else ''} --seed "
-        f"{seed}`"
-    )
+def demo_result(before: dict, after: dict, sft_time: float, grpo_time: float, total: float) -> dict:
+    """What run_demo and run_tools_demo return."""
+    return {
+        "before": before,
+        "after": after,
+        "sft_time": sft_time,
+        "grpo_time": grpo_time,
+        "total_time": total,
+    }
+
+
+def _write_reports(out: Path, rows: list[tuple[str, ...]], plots, notes: str) -> tuple[Path, Path]:
+    """report.md (the before / after table, the plots, the notes) and report.html (grpokit report's page)."""
+    from grpokit.records import write_report
+    from grpokit.records.report import write_html_report
+
     report = write_report(
         out, title="grpokit demo: GRPO on countdown", summary_rows=rows, plots=plots, notes=notes
     )
@@ -214,14 +227,47 @@ def run_demo(out: Path, *, quick: bool = False, seed: int = 0, overrides: list[s
         title="grpokit demo: GRPO on countdown",
         notes=notes.replace("`", ""),
     )
+    return report, page
+
+
+def run_demo(out: Path, *, quick: bool = False, seed: int = 0, overrides: list[str] | None = None) -> dict:
+    """`grpokit demo`: the three stages on countdown, then the before / after table, plots and reports."""
+    from rich.console import Console
+
+    from grpokit.records import plot_metrics
+
+    console = Console()
+    settings = QUICK if quick else FULL
+    out = start_fresh(out)
+    t_start = time.perf_counter()
+    task, tok, model, n_params = tiny_model("countdown", out, settings, seed, console)
+    pairs, stats, sft_time = warm_start(model, tok, task, settings["sft"], seed, 256, out)
+    console.print(
+        f"[bold]2/3[/] SFT on {len(pairs)} solved problems: loss "
+        f"{stats.get('final_loss', float('nan')):.3f}, {sft_time:.0f}s"
+    )
+
+    cfg = _grpo_config(out, seed, settings, overrides)
+    console.print(
+        f"[bold]3/3[/] GRPO: {cfg.optim.max_steps} steps of {cfg.rollout.prompts_per_step} prompts x "
+        f"G={cfg.rollout.num_generations}"
+    )
+    grpo_time = train_grpo(cfg)
+
+    evals = eval_rows(out / "grpo" / "metrics.jsonl")
+    before, after = evals[0], evals[-1]
+    rows = _before_after(console, before, after, cfg.eval.k, seed)
+    plots = plot_metrics(out / "grpo" / "metrics.jsonl", out)
+    total = time.perf_counter() - t_start
+    notes = (
+        f"Model: tiny Llama, {n_params / 1e6:.2f}M parameters. SFT: {len(pairs)} problems, {sft_time:.0f}s. "
+        f"GRPO: {cfg.optim.max_steps} steps, {grpo_time:.0f}s. Total {total:.0f}s on "
+        f"{torch.get_num_threads()} threads.\n\nReproduce: `grpokit demo{' --quick' if quick else ''} --seed "
+        f"{seed}`"
+    )
+    report, page = _write_reports(out, rows, plots, notes)
     console.print(
         f"outputs in {out}: {page.name} (open it in a browser), {report.name}, plots, grpo/metrics.jsonl, "
         f"final model grpo/final ({total:.0f}s)"
     )
-    return {
-        "before": before,
-        "after": after,
-        "sft_time": sft_time,
-        "grpo_time": grpo_time,
-        "total_time": total,
-    }
+    return demo_result(before, after, sft_time, grpo_time, total)

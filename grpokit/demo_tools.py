@@ -19,21 +19,31 @@
 
 from __future__ import annotations
 
-import shutil
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
-from grpokit.demo import DemoSettings
+from grpokit.demo import (
+    DemoSettings,
+    demo_result,
+    eval_rows,
+    start_fresh,
+    tiny_model,
+    train_grpo,
+    warm_start,
+)
 from grpokit.metrics import (
     EVAL_NUM_PROMPTS,
     EVAL_PASS_AT_1,
     EVAL_TOOLS_CALLS_PER_EPISODE,
     EVAL_TOOLS_CUT_BY_BUDGET,
     EVAL_TOOLS_VALID_CALL_RATE,
-    read_metrics,
 )
+
+if TYPE_CHECKING:
+    from grpokit.config import Config
 
 TASK_REWARD = "{function: multiply, weight: 1.0}"
 #: with the task reward: the answer is a verified tool result (0.2), and a price per call (0.05)
@@ -112,6 +122,34 @@ def _table(console, before: dict, after: dict, title: str) -> list[tuple[str, ..
     return rows
 
 
+def _rewards(process_only: bool) -> list[str]:
+    """The reward specs of the GRPO stage: task success and the process rewards, or (--process-only) the
+    process rewards alone with the task reward at weight 0."""
+    if process_only:
+        return [TASK_REWARD.replace("1.0", "0.0"), *PROCESS_ONLY_REWARDS]
+    return [TASK_REWARD, *PROCESS_REWARDS]
+
+
+def _grpo_config(
+    out: Path, seed: int, settings: DemoSettings, process_only: bool, overrides: list[str] | None
+) -> Config:
+    """The GRPO stage's config: from the warm start in out/sft to out/grpo with the calculator demo's
+    rewards, the settings' overrides, then the user's."""
+    from grpokit.config import load_config
+
+    return load_config(
+        None,
+        [
+            f"model.name_or_path={out / 'sft'}",
+            f"output_dir={out / 'grpo'}",
+            f"seed={seed}",
+            f"rewards=[{', '.join(_rewards(process_only))}]",
+            *settings["grpo"],
+            *(overrides or []),
+        ],
+    )
+
+
 def run_tools_demo(
     out: Path,
     *,
@@ -120,78 +158,32 @@ def run_tools_demo(
     process_only: bool = False,
     overrides: list[str] | None = None,
 ) -> dict:
+    """`grpokit demo --task tools`: the three stages on multiply with the calculator, then the before / after
+    table, plots and report.md."""
     from rich.console import Console
 
-    from grpokit.config import DataConfig, load_config
-    from grpokit.data import build_datasets
     from grpokit.records import plot_metrics, write_report
-    from grpokit.sft import train_sft
-    from grpokit.tasks import get_task
-    from grpokit.tasks.tiny_model import build_tiny_llama
-    from grpokit.tasks.tokenizer import build_tokenizer
-    from grpokit.trainer import Trainer
 
-    console, settings, out = Console(), QUICK if quick else FULL, Path(out)
-    for owned in ("sft", "grpo"):  # a demo always starts fresh; only its own folders are removed
-        shutil.rmtree(out / owned, ignore_errors=True)
-    out.mkdir(parents=True, exist_ok=True)
+    console, settings = Console(), QUICK if quick else FULL
+    out = start_fresh(out)
     t_start = time.perf_counter()
-    task = get_task("multiply")
-    tok = build_tokenizer(task, out / "sft")
-    model = build_tiny_llama(tok, size=settings["model_size"], seed=seed)
-    n_params = sum(p.numel() for p in model.parameters())
-    console.print(
-        f"[bold]1/3[/] tiny Llama: {n_params / 1e6:.2f}M parameters, vocabulary {len(tok)} characters"
-    )
-
-    sft = settings["sft"]
-    pairs = build_datasets(DataConfig(task=task.name, task_train_size=sft["rows"]), tok, seed=seed).train
-    t = time.perf_counter()
-    stats = train_sft(
-        model,
-        tok,
-        pairs,
-        max_steps=sft["steps"],
-        batch_size=sft["batch_size"],
-        learning_rate=sft["lr"],
-        max_length=128,
-        seed=seed,
-    )
-    model.save_pretrained(out / "sft")
-    tok.save_pretrained(out / "sft")
-    sft_time = time.perf_counter() - t
+    task, tok, model, n_params = tiny_model("multiply", out, settings, seed, console)
+    pairs, stats, sft_time = warm_start(model, tok, task, settings["sft"], seed, 128, out)
     console.print(
         f"[bold]2/3[/] SFT on {len(pairs)} problems (half with a calculator call): "
         f"loss {stats.get('final_loss', float('nan')):.3f}, {sft_time:.0f}s"
     )
 
-    rewards = (
-        [TASK_REWARD.replace("1.0", "0.0"), *PROCESS_ONLY_REWARDS]
-        if process_only
-        else [TASK_REWARD, *PROCESS_REWARDS]
-    )
-    cfg = load_config(
-        None,
-        [
-            f"model.name_or_path={out / 'sft'}",
-            f"output_dir={out / 'grpo'}",
-            f"seed={seed}",
-            f"rewards=[{', '.join(rewards)}]",
-            *settings["grpo"],
-            *(overrides or []),
-        ],
-    )
+    cfg = _grpo_config(out, seed, settings, process_only, overrides)
     what = "process rewards only (task reward weight 0)" if process_only else "task success + process rewards"
     console.print(
         f"[bold]3/3[/] GRPO with the calculator, {what}: {cfg.optim.max_steps} steps of "
         f"{cfg.rollout.prompts_per_step} prompts x G={cfg.rollout.num_generations}, up to "
         f"{cfg.rollout.max_turns} turns"
     )
-    t = time.perf_counter()
-    Trainer(cfg).train()
-    grpo_time = time.perf_counter() - t
+    grpo_time = train_grpo(cfg)
 
-    evals = [r for r in read_metrics(out / "grpo" / "metrics.jsonl") if r.get(EVAL_PASS_AT_1) is not None]
+    evals = eval_rows(out / "grpo" / "metrics.jsonl")
     before, after = evals[0], evals[-1]
     title = f"held-out multiply with the calculator, {int(before[EVAL_NUM_PROMPTS])} problems (seed {seed})"
     rows = _table(console, before, after, title)
@@ -209,10 +201,4 @@ def run_tools_demo(
     console.print(
         f"outputs in {out}: report.md, plots, grpo/metrics.jsonl, final model grpo/final ({total:.0f}s)"
     )
-    return {
-        "before": before,
-        "after": after,
-        "sft_time": sft_time,
-        "grpo_time": grpo_time,
-        "total_time": total,
-    }
+    return demo_result(before, after, sft_time, grpo_time, total)

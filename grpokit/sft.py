@@ -26,11 +26,13 @@ deterministic for a given seed on a given machine.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -194,6 +196,129 @@ def sft_steps(cfg: SFTSection, num_pairs: int) -> int:
     return cfg.max_steps or max(1, round(cfg.epochs * math.ceil(num_pairs / cfg.batch_size)))
 
 
+def _training_data(
+    tokenizer: Any,
+    pairs: Sequence[dict[str, Any]] | PromptDataset,
+    eval_pairs: Sequence[dict[str, Any]] | PromptDataset | None,
+    cfg: SFTSection,
+) -> tuple[list, int, PromptDataset | None]:
+    """The encoded training examples, how many were cut at sft.max_length, and the held-out pairs (None
+    without any); a ValueError when the tokenizer has no EOS or there are no training pairs."""
+    if tokenizer.eos_token_id is None:
+        raise ValueError("the tokenizer has no EOS token; SFT appends EOS to every completion")
+    if not len(pairs):
+        raise ValueError("no training pairs")
+    examples, n_truncated = _examples(
+        tokenizer, _as_dataset(pairs, tokenizer, cfg.max_length), cfg.max_length, cfg.completion_column
+    )
+    held_out = (
+        _as_dataset(eval_pairs, tokenizer, cfg.max_length)
+        if eval_pairs is not None and len(eval_pairs)
+        else None
+    )
+    return examples, n_truncated, held_out
+
+
+def _evaluate_held_out(
+    model: Any, tokenizer: Any, held_out: PromptDataset | None, cfg: SFTSection
+) -> dict[str, float]:
+    """evaluate_sft on the held-out pairs with the run's settings; {} without held-out pairs."""
+    if not held_out:
+        return {}
+    return evaluate_sft(
+        model,
+        tokenizer,
+        held_out,
+        column=cfg.completion_column,
+        max_length=cfg.max_length,
+        batch_size=cfg.batch_size,
+    )
+
+
+def _epoch_batches(num_examples: int, batch_size: int, rng: random.Random) -> Iterator[list[int]]:
+    """Indices of the examples of each batch, endlessly: every epoch reshuffled by `rng`, and a batch never
+    mixes two epochs (an epoch's last partial batch is dropped)."""
+    order: list[int] = []
+    while True:
+        if len(order) < batch_size:
+            order = list(range(num_examples))
+            rng.shuffle(order)
+        idx, order = order[:batch_size], order[batch_size:]
+        yield idx
+
+
+@dataclass
+class _LogWindow:
+    """Sums over the steps since the last log step: completion loss x tokens, completion tokens, and all
+    tokens (prompt included, for the throughput)."""
+
+    start: float
+    loss: float = 0.0
+    tokens: int = 0
+    all_tokens: int = 0
+
+    def add(self, loss: float, n_tokens: int, n_all: int) -> None:
+        self.loss, self.tokens = self.loss + loss * n_tokens, self.tokens + n_tokens
+        self.all_tokens += n_all
+
+    def flush(self, scheduler: Any, grad_norm: torch.Tensor, epoch: float) -> dict[str, float]:
+        """The sft/* metrics of a log step (the window's mean loss and throughput); starts a new window."""
+        now = time.perf_counter()
+        metrics = {
+            SFT_LOSS: self.loss / max(self.tokens, 1),
+            SFT_LR: scheduler.get_last_lr()[0],
+            SFT_GRAD_NORM: float(grad_norm),
+            SFT_EPOCH: epoch,
+            PERF_TRAIN_TOKENS_PER_S: self.all_tokens / max(now - self.start, 1e-9),
+        }
+        self.start, self.loss, self.tokens, self.all_tokens = now, 0.0, 0, 0
+        return metrics
+
+
+@dataclass
+class _LoopResult:
+    losses: list[float]  # per step
+    completion_tokens: int
+    last_metrics: dict[str, float]  # of the last step (a log and eval step)
+
+
+def _train_loop(
+    model: Any,
+    optimizer: Any,
+    scheduler: Any,
+    examples: list,
+    pad_id: int,
+    cfg: SFTSection,
+    total: int,
+    order_rng: random.Random,
+    evaluate: Callable[[], dict[str, float]],
+    on_step: Callable[[int, dict[str, float]], None] | None,
+) -> _LoopResult:
+    """The `total` optimizer steps, with logging every log_every steps and held-out evaluation every
+    eval_every steps and at the end."""
+    batches = _epoch_batches(len(examples), cfg.batch_size, order_rng)
+    window = _LogWindow(start=time.perf_counter())
+    result = _LoopResult(losses=[], completion_tokens=0, last_metrics={})
+    for step in range(1, total + 1):
+        batch = {
+            k: v.to(_device(model)) for k, v in collate([examples[i] for i in next(batches)], pad_id).items()
+        }
+        loss, n_tokens, grad_norm = _update(model, optimizer, scheduler, batch, cfg.max_grad_norm)
+        result.losses.append(loss.item())
+        result.completion_tokens += n_tokens
+        window.add(loss.item(), n_tokens, int(batch["attention_mask"].sum()))
+        metrics: dict[str, float] = {}
+        if step % cfg.log_every == 0 or step == total:
+            metrics = window.flush(scheduler, grad_norm, step * cfg.batch_size / len(examples))
+        if step == total or (cfg.eval_every and step % cfg.eval_every == 0):
+            metrics.update(evaluate())
+            model.train()
+        if on_step is not None:
+            on_step(step, metrics)
+        result.last_metrics = metrics
+    return result
+
+
 def train_sft(
     model: Any,
     tokenizer: Any,
@@ -215,34 +340,9 @@ def train_sft(
     else {}; and with step 0 and the held-out metrics before training.
     """
     cfg = SFTSection(**settings)
-    if tokenizer.eos_token_id is None:
-        raise ValueError("the tokenizer has no EOS token; SFT appends EOS to every completion")
-    if not len(pairs):
-        raise ValueError("no training pairs")
+    examples, n_truncated, held_out = _training_data(tokenizer, pairs, eval_pairs, cfg)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    examples, n_truncated = _examples(
-        tokenizer, _as_dataset(pairs, tokenizer, cfg.max_length), cfg.max_length, cfg.completion_column
-    )
-    held_out = (
-        _as_dataset(eval_pairs, tokenizer, cfg.max_length)
-        if eval_pairs is not None and len(eval_pairs)
-        else None
-    )
-
-    def evaluate():
-        return (
-            evaluate_sft(
-                model,
-                tokenizer,
-                held_out,
-                column=cfg.completion_column,
-                max_length=cfg.max_length,
-                batch_size=cfg.batch_size,
-            )
-            if held_out
-            else {}
-        )
-
+    evaluate = functools.partial(_evaluate_held_out, model, tokenizer, held_out, cfg)
     total = sft_steps(cfg, len(examples))
     torch.manual_seed(seed)  # dropout, if the model has any
     order_rng = random.Random(seed)
@@ -254,53 +354,23 @@ def train_sft(
     if on_step is not None and first_eval:
         on_step(0, first_eval)
     model.train()
-    start, window_start = time.perf_counter(), time.perf_counter()
-    order: list[int] = []
-    losses: list[float] = []
-    window_loss, window_tokens, window_all, total_tokens = 0.0, 0, 0, 0
-    for step in range(1, total + 1):
-        if len(order) < cfg.batch_size:  # next epoch, reshuffled; a batch never mixes two epochs
-            order = list(range(len(examples)))
-            order_rng.shuffle(order)
-        idx, order = order[: cfg.batch_size], order[cfg.batch_size :]
-        batch = {k: v.to(_device(model)) for k, v in collate([examples[i] for i in idx], pad_id).items()}
-        loss, n_tokens, grad_norm = _update(model, optimizer, scheduler, batch, cfg.max_grad_norm)
-        losses.append(loss.item())
-        window_loss, window_tokens, total_tokens = (
-            window_loss + loss.item() * n_tokens,
-            window_tokens + n_tokens,
-            total_tokens + n_tokens,
-        )
-        window_all += int(batch["attention_mask"].sum())
-        metrics: dict[str, float] = {}
-        if step % cfg.log_every == 0 or step == total:
-            now = time.perf_counter()
-            metrics = {
-                SFT_LOSS: window_loss / max(window_tokens, 1),
-                SFT_LR: scheduler.get_last_lr()[0],
-                SFT_GRAD_NORM: float(grad_norm),
-                SFT_EPOCH: step * cfg.batch_size / len(examples),
-                PERF_TRAIN_TOKENS_PER_S: window_all / max(now - window_start, 1e-9),
-            }
-            window_loss, window_tokens, window_all, window_start = 0.0, 0, 0, now
-        if step == total or (cfg.eval_every and step % cfg.eval_every == 0):
-            metrics.update(evaluate())
-            model.train()
-        if on_step is not None:
-            on_step(step, metrics)
+    start = time.perf_counter()
+    loop = _train_loop(
+        model, optimizer, scheduler, examples, pad_id, cfg, total, order_rng, evaluate, on_step
+    )
     model.train(was_training)
-    tail = losses[-max(1, len(losses) // 10) :]  # the last 10% of steps
+    tail = loop.losses[-max(1, len(loop.losses) // 10) :]  # the last 10% of steps
     return {
         "steps": total,
         "epochs": total * cfg.batch_size / len(examples),
         "examples": len(examples),
         "truncated": n_truncated,
-        "completion_tokens": total_tokens,
-        "first_loss": losses[0],
+        "completion_tokens": loop.completion_tokens,
+        "first_loss": loop.losses[0],
         "final_loss": sum(tail) / len(tail),
         "time_s": time.perf_counter() - start,
         "eval_before": first_eval,
-        "eval_after": metrics if held_out else {},
+        "eval_after": loop.last_metrics if held_out else {},
     }
 
 

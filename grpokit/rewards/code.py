@@ -201,6 +201,66 @@ def _score(result: SandboxResult, total: int, partial: bool) -> CodeResult:
     return CodeResult(score, reason, passed, total, result)
 
 
+#: one sandbox run: (completion index, program, stdin, files, expected stdout or None for Python tests)
+_Job = tuple[int, str, str, dict[str, str] | None, str | None]
+
+
+def _plan_row(
+    index: int, completion: Any, row_tests: Any, output_bytes: int
+) -> CodeResult | tuple[int, list[_Job]]:
+    """One completion's number of tests and its sandbox runs (one per stdin/stdout case, or one for its
+    Python tests), or its result when there is nothing to run: no tests, bad tests, no code."""
+    if row_tests is None:
+        return CodeResult(None, "no_tests")
+    try:
+        stdio = parse_stdio(row_tests) if isinstance(row_tests, Mapping) else None
+        parsed = parse_tests(row_tests) if stdio is None else []
+    except ValueError as e:
+        return CodeResult(None, f"bad_tests: {e}")
+    total = sum(counted for _, counted in parsed) if stdio is None else len(stdio)
+    if total == 0:
+        return CodeResult(None, "no_tests")
+    code = extract_code(completion_text(completion))
+    if not code.strip():
+        return CodeResult(0.0, "no_code", 0, total)
+    if stdio is not None:  # a run per case; the parent compares the output
+        return total, [(index, code, stdin, None, expected) for stdin, expected in stdio]
+    program, files = build_files(code, parsed, output_bytes)
+    return total, [(index, program, "", files, None)]
+
+
+def _score_runs(
+    jobs: list[_Job], outs: list[SandboxResult], totals: dict[int, int], partial: bool
+) -> dict[int, CodeResult]:
+    """The result of every completion that was run: its Python tests' verdict, or its stdin/stdout cases'
+    outputs compared with the expected ones."""
+    results: dict[int, CodeResult] = {}
+    cases: dict[int, list[tuple[SandboxResult, str]]] = {}
+    for (i, _, _, _, expected), out in zip(jobs, outs, strict=True):
+        if expected is None:
+            results[i] = _score(out, totals[i], partial)
+        else:
+            cases.setdefault(i, []).append((out, expected))
+    for i, runs in cases.items():
+        results[i] = _score_stdio(runs, partial)
+    return results
+
+
+def _log_not_evaluated(scored: list[CodeResult]) -> None:
+    """One error per sandbox failure that says nothing about the programs (_NOT_THE_PROGRAM), with the
+    sandbox's stderr."""
+    for reason in _NOT_THE_PROGRAM:
+        if failed := [r for r in scored if r.reason == reason]:
+            sandbox = failed[0].sandbox
+            logger.error(
+                "code_tests: %d of %d samples not evaluated (%s): %s",
+                len(failed),
+                len(scored),
+                reason,
+                ((sandbox.stderr.strip() if sandbox is not None else "") or "-")[-500:],
+            )
+
+
 def evaluate_code(
     completions: list[Any],
     tests: list[Any],
@@ -214,32 +274,15 @@ def evaluate_code(
     if len(completions) != len(tests):
         raise ValueError(f"{len(completions)} completions but {len(tests)} rows of tests")
     results: list[CodeResult | None] = [None] * len(completions)
-    # (index, program, stdin, files, expected stdout or None for Python tests)
-    jobs: list[tuple[int, str, str, dict[str, str] | None, str | None]] = []
-    totals = {}
+    jobs: list[_Job] = []
+    totals: dict[int, int] = {}
     for i, (completion, row_tests) in enumerate(zip(completions, tests, strict=True)):
-        if row_tests is None:
-            results[i] = CodeResult(None, "no_tests")
-            continue
-        try:
-            stdio = parse_stdio(row_tests) if isinstance(row_tests, Mapping) else None
-            parsed = parse_tests(row_tests) if stdio is None else []
-        except ValueError as e:
-            results[i] = CodeResult(None, f"bad_tests: {e}")
-            continue
-        totals[i] = sum(counted for _, counted in parsed) if stdio is None else len(stdio)
-        if totals[i] == 0:
-            results[i] = CodeResult(None, "no_tests")
-            continue
-        code = extract_code(completion_text(completion))
-        if not code.strip():
-            results[i] = CodeResult(0.0, "no_code", 0, totals[i])
-            continue
-        if stdio is not None:  # a run per case; the parent compares the output
-            jobs += [(i, code, stdin, None, expected) for stdin, expected in stdio]
+        planned = _plan_row(i, completion, row_tests, limits.output_bytes)
+        if isinstance(planned, CodeResult):
+            results[i] = planned
         else:
-            program, files = build_files(code, parsed, limits.output_bytes)
-            jobs.append((i, program, "", files, None))
+            totals[i], row_jobs = planned
+            jobs += row_jobs
 
     outs = run_many(
         [(program, stdin) for _, program, stdin, _, _ in jobs],
@@ -248,26 +291,11 @@ def evaluate_code(
         files=[files for _, _, _, files, _ in jobs],
         isolation=isolation,
     )
-    cases: dict[int, list[tuple[SandboxResult, str]]] = {}
-    for (i, _, _, _, expected), out in zip(jobs, outs, strict=True):
-        if expected is None:
-            results[i] = _score(out, totals[i], partial)
-        else:
-            cases.setdefault(i, []).append((out, expected))
-    for i, runs in cases.items():
-        results[i] = _score_stdio(runs, partial)
+    for i, result in _score_runs(jobs, outs, totals, partial).items():
+        results[i] = result
     scored = [r for r in results if r is not None]
     assert len(scored) == len(results)  # every completion has its result by now
-    for reason in _NOT_THE_PROGRAM:
-        if failed := [r for r in scored if r.reason == reason]:
-            sandbox = failed[0].sandbox
-            logger.error(
-                "code_tests: %d of %d samples not evaluated (%s): %s",
-                len(failed),
-                len(scored),
-                reason,
-                ((sandbox.stderr.strip() if sandbox is not None else "") or "-")[-500:],
-            )
+    _log_not_evaluated(scored)
     return scored
 
 

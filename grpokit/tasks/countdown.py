@@ -43,12 +43,9 @@ class _ParseError(ValueError):
     pass
 
 
-def parse_expression(text: str, ops: str = "+-*/") -> tuple[Fraction, list[int]]:
-    """Value (exact) and the numbers used, in order, of an arithmetic expression over
-    non-negative integers with the operators in `ops` and parentheses. Raises ValueError on
-    anything else (unknown characters, unary minus, division by zero, too long or too deep)."""
-    if len(text) > MAX_EXPRESSION_CHARS:
-        raise _ParseError("expression too long")
+def _tokenize(text: str, ops: str) -> list[str]:
+    """The tokens of an expression: numbers (runs of digits), the operators in `ops` and parentheses;
+    whitespace skipped, any other character a ValueError."""
     tokens: list[str] = []
     i = 0
     while i < len(text):
@@ -66,6 +63,16 @@ def parse_expression(text: str, ops: str = "+-*/") -> tuple[Fraction, list[int]]
             i += 1
         else:
             raise _ParseError(f"unexpected character {c!r}")
+    return tokens
+
+
+def parse_expression(text: str, ops: str = "+-*/") -> tuple[Fraction, list[int]]:
+    """Value (exact) and the numbers used, in order, of an arithmetic expression over
+    non-negative integers with the operators in `ops` and parentheses. Raises ValueError on
+    anything else (unknown characters, unary minus, division by zero, too long or too deep)."""
+    if len(text) > MAX_EXPRESSION_CHARS:
+        raise _ParseError("expression too long")
+    tokens = _tokenize(text, ops)
     numbers: list[int] = []
     pos = 0
 
