@@ -47,6 +47,7 @@ LAYERS: dict[str, int] = {
     # 1: core
     "grpokit.config": CORE,
     "grpokit.registry": CORE,
+    "grpokit.imports": CORE,
     "grpokit.batch": CORE,
     "grpokit.algo": CORE,
     "grpokit.algo.advantages": CORE,
