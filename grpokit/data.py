@@ -39,6 +39,7 @@ import numpy as np
 from grpokit.config import ConfigError
 from grpokit.task_registry import get_task
 from grpokit.types import Prompt, PromptRow
+from grpokit.values import short_repr
 
 SUPPORTED_FILES = (".jsonl", ".json", ".parquet", ".csv")
 OVERLONG_CHOICES = ("error", "truncate")
@@ -325,11 +326,6 @@ def _is_blank(prompt: Prompt) -> bool:
     return all(_is_blank(m["content"]) if isinstance(m["content"], str) else not m["content"] for m in prompt)
 
 
-def _short_repr(value: Any, limit: int = 60) -> str:
-    r = repr(value).replace("\n", "\\n")
-    return r if len(r) <= limit else r[: limit - 3] + "..."
-
-
 class PromptDataset:
     """Rows with their prompts rendered and tokenized once, at construction.
 
@@ -375,7 +371,7 @@ class PromptDataset:
         if min(lengths) == 0:
             i = lengths.index(0)
             raise DataError(
-                f"{where[i]}: prompt {_short_repr(prompts[i])} renders to zero tokens; remove the row or "
+                f"{where[i]}: prompt {short_repr(prompts[i])} renders to zero tokens; remove the row or "
                 "fill in its prompt"
             )
         overlong_rows = [i for i, n in enumerate(lengths) if n > max_prompt_length]
@@ -411,13 +407,13 @@ class PromptDataset:
     def _render(where: str, prompt: Any, tokenizer: Any, system_prompt: str | None) -> str:
         if not isinstance(prompt, str) and not _is_messages(prompt):
             raise DataError(
-                f"{where}: prompt {_short_repr(prompt)} ({type(prompt).__name__}) is not a string or a list "
+                f"{where}: prompt {short_repr(prompt)} ({type(prompt).__name__}) is not a string or a list "
                 "of "
                 '{"role", "content"} messages; fix that row or point data.prompt_column at the prompt column'
             )
         if _is_blank(prompt):  # it would train on the system prompt or BOS alone, silently
             raise DataError(
-                f"{where}: prompt {_short_repr(prompt)} is empty; remove the row or fill in its prompt"
+                f"{where}: prompt {short_repr(prompt)} is empty; remove the row or fill in its prompt"
             )
         if isinstance(prompt, str):
             return prompt if system_prompt is None else system_prompt + "\n" + prompt

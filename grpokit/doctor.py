@@ -55,6 +55,7 @@ from grpokit.metrics import (
     record_step,
     reward_timeouts,
 )
+from grpokit.values import finite_number
 
 CONFIG_FILE = "config.yaml"
 
@@ -150,13 +151,6 @@ class Series:
         return (self.step(first), self.step(last))
 
 
-def _finite(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    x = float(value)
-    return x if math.isfinite(x) else None
-
-
 def _step(row: dict) -> int:
     """The step of a row the Run kept (record_step is not None for those)."""
     step = record_step(row)
@@ -183,7 +177,7 @@ class Run:
         if key not in self._cache:
             by_step: dict[int, float] = {}
             for r in self.rows:
-                x = _finite(r.get(key))
+                x = finite_number(r.get(key))
                 if x is not None:
                     by_step[_step(r)] = x  # a later line for the same step wins
             if by_step:
@@ -337,7 +331,7 @@ def check_reward_errors(run: Run) -> list[Finding]:
         if _step(r) in steps:
             for name, fraction in failed_fractions(r).items():
                 worst[name] = max(worst.get(name, 0.0), fraction)
-                if (_finite(r.get(reward_timeouts(name))) or 0) > 0:
+                if (finite_number(r.get(reward_timeouts(name))) or 0) > 0:
                     timed_out.add(name)
     names = ", ".join(
         f"{name!r} (up to {_percent(f)})"
@@ -366,7 +360,9 @@ def check_no_signal(run: Run) -> list[Finding]:
     if run.series(REWARD_ZERO_STD_FRAC) is None:  # notes the metric as absent for the report
         return []
     by_step = {
-        _step(r): no_learning_signal(r) for r in run.rows if _finite(r.get(REWARD_ZERO_STD_FRAC)) is not None
+        _step(r): no_learning_signal(r)
+        for r in run.rows
+        if finite_number(r.get(REWARD_ZERO_STD_FRAC)) is not None
     }
     steps = sorted(by_step)
     mask = np.array([by_step[s] for s in steps])
@@ -529,7 +525,7 @@ def check_clip(run: Run) -> list[Finding]:
 
 
 def _beta(run: Run) -> float | None:
-    return _finite(run.setting("algorithm.beta"))
+    return finite_number(run.setting("algorithm.beta"))
 
 
 def check_kl_high(run: Run) -> list[Finding]:
@@ -750,7 +746,7 @@ def check_nonfinite(run: Run) -> list[Finding]:
         skipped = int(new[new > 0].sum())
     null_keys: set[str] = set()
     for r in run.rows:
-        bad = [k for k in NONFINITE_KEYS if k in r and _finite(r[k]) is None]
+        bad = [k for k in NONFINITE_KEYS if k in r and finite_number(r[k]) is None]
         if bad:
             problems_at.setdefault(_step(r), []).extend(bad)
             null_keys.update(bad)

@@ -44,6 +44,7 @@ LAYERS: dict[str, int] = {
     # 0: base types; nothing here imports above it
     "grpokit.types": BASE,
     "grpokit.metric_names": BASE,
+    "grpokit.values": BASE,
     # 1: core
     "grpokit.config": CORE,
     "grpokit.registry": CORE,

@@ -62,6 +62,7 @@ from grpokit.rewards.steps import StepScores
 from grpokit.rewards.text import as_messages, completion_text
 from grpokit.rewards.timeouts import OnTimeout, TimedOut, timeout_advice
 from grpokit.types import RewardOutput
+from grpokit.values import real_number, short_repr
 
 logger = logging.getLogger("grpokit.rewards")
 
@@ -257,11 +258,8 @@ def _as_float(v: Any) -> float | None:
     """The element as a float, NaN for None ("not applicable"), None if it is not a number."""
     if v is None:
         return math.nan
-    if hasattr(v, "item") and getattr(v, "ndim", None) == 0:  # 0-d tensor or numpy scalar
-        v = v.item()
-    if isinstance(v, numbers.Real):
-        return float(v)
-    return None
+    # grpokit/values.py's rules, but a bool counts as 0 or 1, as in TRL's float32 reward tensor
+    return float(v) if isinstance(v, bool) else real_number(v)
 
 
 class RewardError(RuntimeError):
@@ -492,7 +490,7 @@ class RewardManager:
             why = f": {step_problems[i]}" if i in step_problems else ""
             self._report(
                 reward,
-                f"returned {len(invalid)} invalid reward(s) of {n}, e.g. {_short(items[i])} at index "
+                f"returned {len(invalid)} invalid reward(s) of {n}, e.g. {short_repr(items[i])} at index "
                 f"{i}{why} (rewards must be finite floats, StepScores or None)",
                 None,
             )
@@ -563,8 +561,3 @@ class RewardManager:
             else f"reward/errors/{reward.name} and reward/timeouts/{reward.name}"
         )
         logger.error("%s; %s. Reported once: later %s", message, outcome, later, exc_info=exc)
-
-
-def _short(value: Any, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
