@@ -64,6 +64,11 @@ LAYERS: dict[str, int] = {
     "grpokit.sandbox.run": CORE,
     # 2: stages and services
     "grpokit.data": SERVICES,
+    "grpokit.data.build": SERVICES,
+    "grpokit.data.files": SERVICES,
+    "grpokit.data.prompts": SERVICES,
+    "grpokit.data.sampler": SERVICES,
+    "grpokit.data.split": SERVICES,
     "grpokit.task_registry": SERVICES,
     "grpokit.metrics": SERVICES,
     "grpokit.policy": SERVICES,

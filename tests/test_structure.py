@@ -57,7 +57,7 @@ LONG_FUNCTION_ALLOWLIST: dict[str, str] = {
     "formulas",
     "grpokit.rewards.manager:_Reward.build": "to split: spec validation and loading inline",
     "grpokit.trainer:Trainer._train": "to split: the loop's bookkeeping inline",
-    "grpokit.data:PromptDataset.__init__": "to split: column checks and tokenization inline",
+    "grpokit.data.prompts:PromptDataset.__init__": "to split: column checks and tokenization inline",
     "grpokit.rewards.code:evaluate_code": "to split: harness set-up and result parsing inline",
     "grpokit.rollout.vllm:VLLMEngine.__init__": "to split: vLLM's arguments and warm-up inline",
     "grpokit.rewards.manager:RewardManager._call": "to split: per-call error handling inline",
