@@ -37,21 +37,18 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from grpokit.checkpoint import (
+from grpokit.checkpoint.resume import _why
+from grpokit.checkpoint.save import (
     DCP_DIR,
     MARKER,
     STATE_FILE,
-    CheckpointError,
     _fsync_tree,
     _remove,
     _save_failure,
-    _why,
     checkpoint_dir,
     list_checkpoints,
-    rng_state,
-    seed_everything,
-    set_rng_state,
 )
+from grpokit.run import CheckpointError, rng_state, seed_everything, set_rng_state
 
 
 def _rng_file(path: Path, rank: int) -> Path:
