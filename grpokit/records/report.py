@@ -6,7 +6,7 @@
 The page: a summary (the config's main keys, logged steps, time, held-out accuracy first and last, reward at
 the start and the end, throughput), the plots (reward per function, held-out accuracy, KL, clip fractions,
 entropy, lengths, zero-std fraction, throughput; drawn by records/plots.py as inline SVG), the findings of
-`grpokit doctor` (grpokit/doctor.py's checks), and the recorded completions with their rewards and advantages
+`grpokit doctor` (grpokit/doctor/'s checks), and the recorded completions with their rewards and advantages
 at the first and last recorded steps (records/table.py). Nothing is fetched when the page is viewed: no
 script, no stylesheet or font from elsewhere (the SVG draws its text as paths). docs/report.md.
 """
