@@ -13,7 +13,7 @@ resumable on another world size.
 The weights and moments are saved by parameter name (torch.distributed.checkpoint.state_dict), as
 DTensor shards under FSDP2 and whole tensors under DDP or in one process, so a checkpoint written by W
 ranks loads at W' ranks: DCP reads each rank's part of every tensor, whatever the layout that wrote it.
-The save is atomic as checkpoint.py's: every rank writes into one temporary folder (on a filesystem
+The save is atomic as checkpoint/save.py's: every rank writes into one temporary folder (on a filesystem
 that every node sees), rank 0 fsyncs it, writes COMPLETE and renames it into place; a folder without
 COMPLETE is never loaded. A rank that resumes without its own generators' file (more ranks than
 wrote the checkpoint) seeds them from (seed, rank, step).
@@ -37,21 +37,18 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from grpokit.checkpoint import (
+from grpokit.checkpoint.resume import _why
+from grpokit.checkpoint.save import (
     DCP_DIR,
     MARKER,
     STATE_FILE,
-    CheckpointError,
     _fsync_tree,
     _remove,
     _save_failure,
-    _why,
     checkpoint_dir,
     list_checkpoints,
-    rng_state,
-    seed_everything,
-    set_rng_state,
 )
+from grpokit.run import CheckpointError, rng_state, seed_everything, set_rng_state
 
 
 def _rng_file(path: Path, rank: int) -> Path:

@@ -10,6 +10,7 @@ is allowed.
 
 from __future__ import annotations
 
+import copy
 import difflib
 import math
 import re
@@ -249,25 +250,53 @@ class PPOConfig(Section):
     """Per-token -beta * KL(pi || pi_ref) shaped into the reward (InstructGPT-style) instead of the loss."""
 
 
-class OptimConfig(Section):
+class OptimizerSettings(Section):
+    """AdamW and its learning-rate schedule: the fields `optim` (training) and `sft` share. Their defaults
+    here are training's; SFTSection states where its own differ (SFT_OPTIMIZER_DEFAULTS)."""
+
+    learning_rate: float = Field(1e-6, gt=0)
+    """AdamW peak learning rate. Training: TRL's default, tiny models want ~1e-4; SFT: pretrained models
+    want 1e-5..1e-4, tiny models from scratch ~1e-3."""
+    lr_scheduler: Literal["constant", "linear", "cosine"] = "constant"
+    """Learning-rate schedule after warm-up, over all optimizer steps (linear and cosine decay to 0 at the
+    last step)."""
+    warmup_ratio: float = Field(0.0, ge=0, lt=1)
+    """Linear warm-up over this fraction of the optimizer steps (when warmup_steps is 0)."""
+    warmup_steps: int = Field(0, ge=0)
+    """Linear warm-up, in optimizer steps; 0 = warmup_ratio."""
+    weight_decay: float = Field(0.0, ge=0)
+    """AdamW weight decay (SFT: not on norms and biases)."""
+    max_grad_norm: float = Field(1.0, ge=0)
+    """Gradient clipping by global norm; 0 = off."""
+
+
+_S = TypeVar("_S", bound=BaseModel)
+
+
+def _with_defaults(**defaults: Any) -> Callable[[type[_S]], type[_S]]:
+    """Class decorator: the inherited fields named take these defaults, their type, bounds and docstring
+    unchanged (the one place a section states how its defaults differ from its base's)."""
+
+    def apply(cls: type[_S]) -> type[_S]:
+        for name, value in defaults.items():
+            field = copy.copy(cls.__pydantic_fields__[name])
+            field.default = value
+            cls.__pydantic_fields__[name] = field
+        cls.model_rebuild(force=True)
+        return cls
+
+    return apply
+
+
+class OptimConfig(OptimizerSettings):
     max_steps: int = Field(100, ge=1)
     """Training steps; each is one rollout batch and num_iterations x num_minibatches optimizer steps."""
-    learning_rate: float = Field(1e-6, gt=0)
-    """AdamW peak learning rate (TRL's default; tiny models want ~1e-4)."""
-    weight_decay: float = Field(0.0, ge=0)
-    """AdamW weight decay."""
     adam_beta1: float = Field(0.9, ge=0, lt=1)
     """AdamW beta1."""
     adam_beta2: float = Field(0.999, ge=0, lt=1)
     """AdamW beta2."""
     adam_epsilon: float = Field(1e-8, gt=0)
     """AdamW epsilon."""
-    max_grad_norm: float = Field(1.0, ge=0)
-    """Gradient clipping by global norm; 0 = off."""
-    lr_scheduler: Literal["constant", "linear", "cosine"] = "constant"
-    """Learning-rate schedule after warmup, over all optimizer steps."""
-    warmup_steps: int = Field(0, ge=0)
-    """Linear warmup, in optimizer steps."""
     num_minibatches: int = Field(1, ge=1)
     """Optimizer steps per pass over a rollout batch (TRL: steps_per_generation)."""
     micro_batch_size: int = Field(0, ge=0)
@@ -649,9 +678,19 @@ class Config(Section):
 # ---------------------------------------------------------------- SFT
 
 
-class SFTSection(Section):
+#: where SFT's optimizer defaults differ from training's: a larger learning rate (SFT starts from the
+#: data, not from a policy to keep close), a cosine schedule with 5% warm-up, a little weight decay
+SFT_OPTIMIZER_DEFAULTS: dict[str, Any] = dict(
+    learning_rate=1e-4, lr_scheduler="cosine", warmup_ratio=0.05, weight_decay=0.01
+)
+
+
+@_with_defaults(**SFT_OPTIMIZER_DEFAULTS)
+class SFTSection(OptimizerSettings):
     """`grpokit sft`: supervised warm-start on (prompt, completion) pairs (grpokit/sft.py). These are the
-    defaults of `grpokit sft` and of grpokit.sft.train_sft alike."""
+    defaults of `grpokit sft` and of grpokit.sft.train_sft alike. The optimizer fields are the same as
+    `optim`'s, with SFT's own defaults: learning rate 1e-4, a cosine schedule, 5% warm-up, weight decay
+    0.01."""
 
     epochs: float = Field(1.0, gt=0)
     """Passes over the training pairs (may be fractional); used when max_steps is 0."""
@@ -659,18 +698,6 @@ class SFTSection(Section):
     """Optimizer steps of batch_size pairs; 0 = as many as `epochs` takes."""
     batch_size: int = Field(32, ge=1)
     """Pairs per optimizer step."""
-    learning_rate: float = Field(1e-4, gt=0)
-    """AdamW peak learning rate (tiny models from scratch want ~1e-3; pretrained ones 1e-5..1e-4)."""
-    lr_scheduler: Literal["constant", "linear", "cosine"] = "cosine"
-    """Learning-rate schedule after warm-up (decay to 0 at the last step)."""
-    warmup_ratio: float = Field(0.05, ge=0, lt=1)
-    """Linear warm-up over this fraction of the steps (when warmup_steps is 0)."""
-    warmup_steps: int = Field(0, ge=0)
-    """Linear warm-up in optimizer steps; 0 = warmup_ratio."""
-    weight_decay: float = Field(0.01, ge=0)
-    """AdamW weight decay (not on norms and biases)."""
-    max_grad_norm: float = Field(1.0, ge=0)
-    """Gradient clipping by global norm; 0 = off (as optim.max_grad_norm)."""
     max_length: int = Field(1024, ge=2)
     """Prompt + completion tokens per example; longer examples are cut (and counted)."""
     completion_column: str = "completion"

@@ -104,7 +104,12 @@ class Optimizer:
             fused=fused,
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.adamw, lr_lambda(optim_cfg.lr_scheduler, optim_cfg.warmup_steps, total_steps)
+            self.adamw,
+            lr_lambda(
+                optim_cfg.lr_scheduler,
+                optim_cfg.warmup_steps or int(optim_cfg.warmup_ratio * total_steps),
+                total_steps,
+            ),
         )
         self.skipped = 0  # optimizer steps skipped over the whole run (checkpointed)
         self.consecutive_skips = 0

@@ -1,4 +1,4 @@
-"""The tasks data.task may name: grpokit/data.py builds a run's rows from one, and its reward is the
+"""The tasks data.task may name: grpokit/data/build.py builds a run's rows from one, and its reward is the
 run's default. The data layer owns this registry; grpokit.tasks (the built-in tasks) registers into it
 when imported, and pyproject.toml names them as "grpokit.tasks" entry points, so that a config naming
 one finds it when nothing imported grpokit.tasks (grpokit/registry.py). Another package adds its tasks

@@ -2,7 +2,7 @@
 grpokit module but the metric names), so that the batch, the rollout engines, the rewards and the data
 can all use them without importing one another.
 
-    PromptRow        one prompt of the dataset, tokenized (grpokit/data.py makes them)
+    PromptRow        one prompt of the dataset, tokenized (grpokit/data/prompts.py makes them)
     SamplingParams   how an engine samples (grpokit/rollout/base.py: the engine interface)
     Completions      what an engine returns: G completions per prompt, prompt-major
     StepScores       a process reward's per-step scores (grpokit/rewards/steps.py)

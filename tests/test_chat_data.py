@@ -129,7 +129,7 @@ def test_a_trl_chat_reward_function_runs_unchanged_and_drives_learning(chat_mode
     trainer.train()
     import sys
 
-    module = next(m for name, m in sys.modules.items() if name.startswith("grpokit_reward_trl_rewards"))
+    module = next(m for name, m in sys.modules.items() if name.startswith("grpokit_user_trl_rewards"))
     prompt, completion = module.SEEN[0]
     assert isinstance(prompt, list) and prompt[0] == {"role": "system", "content": "1"}
     assert isinstance(completion, list) and len(completion) == 1 and completion[0]["role"] == "assistant"

@@ -91,6 +91,23 @@ def test_lr_schedule_warmup_then_decay_to_zero():
     assert [lin(0), lin(5), lin(10)] == [1.0, 0.5, 0.0]
 
 
+def test_training_and_sft_share_the_optimizer_fields_with_their_own_defaults():
+    """One set of optimizer fields (OptimizerSettings); SFT's defaults differ only where stated."""
+    from grpokit.config import SFT_OPTIMIZER_DEFAULTS, OptimConfig, OptimizerSettings, SFTSection
+    from grpokit.optim import Optimizer
+
+    shared = set(OptimizerSettings.model_fields)
+    assert shared <= set(OptimConfig.model_fields) and shared <= set(SFTSection.model_fields)
+    for name in shared:
+        sft, optim = SFTSection.model_fields[name], OptimConfig.model_fields[name]
+        assert sft.metadata == optim.metadata and sft.description == optim.description
+        assert sft.default == SFT_OPTIMIZER_DEFAULTS.get(name, optim.default), name
+    # training reads warmup_ratio the way SFT does: warmup_steps, else that fraction of the steps
+    w = torch.nn.Parameter(torch.zeros(1))
+    opt = Optimizer([("w", w)], OptimConfig(warmup_ratio=0.5), lr=1.0, total_steps=10)
+    assert opt.scheduler.get_last_lr() == [pytest.approx(0.2)]  # step 0 of a 5-step warm-up
+
+
 @pytest.mark.slow
 def test_sft_lowers_the_loss_and_learns_a_toy_task(tok):
     torch.manual_seed(0)

@@ -13,7 +13,6 @@ The metric names are defined in docs/metrics.md and grpokit/metrics.py.
 
 from __future__ import annotations
 
-import math
 import os
 import re
 from collections.abc import Callable, Sequence
@@ -39,23 +38,14 @@ from grpokit.metrics import (
     STEP,
     read_metrics,
 )
-
-
-def _finite(value: Any) -> float | None:
-    if isinstance(value, bool) or value is None:
-        return None
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        return None
-    return x if math.isfinite(x) else None
+from grpokit.values import finite_number
 
 
 def series(rows: Sequence[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
     """(steps, values) of one metric over the rows that have a step and a finite value for it."""
     xs, ys = [], []
     for row in rows:
-        x, y = _finite(row.get(STEP)), _finite(row.get(key))
+        x, y = finite_number(row.get(STEP)), finite_number(row.get(key))
         if x is not None and y is not None:
             xs.append(x)
             ys.append(y)

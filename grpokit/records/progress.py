@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from grpokit.metrics import EVAL_PASS_AT_1, POLICY_KL, REWARD_MEAN, REWARD_PREFIX, as_number, reward_fn
+from grpokit.values import shorten
 
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
@@ -39,11 +40,6 @@ def _fmt(value: Any) -> str:
     if math.isfinite(x) and x == int(x) and abs(x) < 1e6:
         return str(int(x))
     return f"{x:.4g}"  # nan, inf and everything else
-
-
-def _clip_text(text: Any, limit: int) -> str:
-    text = str(text)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def print_samples(step: int, samples: Sequence[Mapping[str, Any]], *, width: int = 300) -> None:
@@ -77,7 +73,7 @@ def print_samples(step: int, samples: Sequence[Mapping[str, Any]], *, width: int
         cells = [s.get(k, per_fn.get(k.removeprefix(REWARD_PREFIX))) for k in extra]
         table.add_row(
             Text(prompt),
-            Text(_clip_text(s.get("completion", ""), width)),
+            Text(shorten(s.get("completion", ""), width)),
             _fmt(s.get("reward")),
             *(_fmt(c) for c in cells),
         )

@@ -6,7 +6,7 @@
 The page: a summary (the config's main keys, logged steps, time, held-out accuracy first and last, reward at
 the start and the end, throughput), the plots (reward per function, held-out accuracy, KL, clip fractions,
 entropy, lengths, zero-std fraction, throughput; drawn by records/plots.py as inline SVG), the findings of
-`grpokit doctor` (grpokit/doctor.py's checks), and the recorded completions with their rewards and advantages
+`grpokit doctor` (grpokit/doctor/'s checks), and the recorded completions with their rewards and advantages
 at the first and last recorded steps (records/table.py). Nothing is fetched when the page is viewed: no
 script, no stylesheet or font from elsewhere (the SVG draws its text as paths). docs/report.md.
 """
@@ -37,6 +37,7 @@ from grpokit.metrics import (
 )
 from grpokit.records.plots import PLOTS, PlotSpec, draw_plot, metric_keys, series
 from grpokit.records.table import GROUP, REWARD, RunFolderError, read_table, reward_columns, run_folder
+from grpokit.values import shorten
 
 REPORT_FILE = "report.html"
 CONFIG_FILE = "config.yaml"
@@ -292,13 +293,6 @@ def _doctor(rows: list[dict[str, Any]], config: dict | None) -> str:
     return "".join(parts) + "</section>"
 
 
-def _clip(text: Any, *, keep_end: bool = False) -> str:
-    text = "" if text is None else str(text)
-    if len(text) <= TEXT_WIDTH:
-        return text
-    return "…" + text[-(TEXT_WIDTH - 1) :] if keep_end else text[: TEXT_WIDTH - 1] + "…"
-
-
 def _sample_table(step: int, rows: list[dict[str, Any]]) -> str:
     fns = reward_columns(rows)
     rewards = [r[REWARD] for r in rows if isinstance(r.get(REWARD), (int, float))]
@@ -318,8 +312,8 @@ def _sample_table(step: int, rows: list[dict[str, Any]]) -> str:
         cls = "best" if r.get(REWARD) == best else "worst" if r.get(REWARD) == worst else ""
         cells = [
             f'<td class="num">{_e(_num(r.get(GROUP)))}</td>',
-            f'<td class="text">{_e(_clip(r.get("prompt"), keep_end=True))}</td>',
-            f'<td class="text">{_e(_clip(r.get("completion")))}</td>',
+            f'<td class="text">{_e(shorten(r.get("prompt"), TEXT_WIDTH, keep_end=True))}</td>',
+            f'<td class="text">{_e(shorten(r.get("completion"), TEXT_WIDTH))}</td>',
             f'<td class="num reward">{_e(_num(r.get(REWARD)))}</td>',
             *(f'<td class="num">{_e(_num(r.get(f)))}</td>' for f in fns),
             *(

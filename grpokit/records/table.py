@@ -33,6 +33,7 @@ from grpokit.metrics import (
     record_step,
     reward_fn,
 )
+from grpokit.values import shorten
 
 GROUP = "group"
 REWARD = "reward"
@@ -227,15 +228,6 @@ def select(
 # The terminal
 
 
-def _clipped(text: Any, width: int, *, keep_end: bool = False) -> str:
-    text = "" if text is None else str(text)
-    if len(text) <= width:
-        return text
-    return (
-        "…" + text[-(width - 1) :] if keep_end else text[: width - 1] + "…"
-    )  # the end of a prompt is the question
-
-
 def reward_columns(rows: list[dict[str, Any]]) -> list[str]:
     """The reward/<fn> columns present in rows, in first-seen order."""
     seen: dict[str, None] = {}
@@ -288,8 +280,8 @@ def print_table(
     for r in rows:
         table.add_row(
             _fmt(r.get(GROUP)),
-            Text(_clipped(r.get("prompt"), width, keep_end=True)),
-            Text(_clipped(r.get("completion"), width)),
+            Text(shorten(r.get("prompt"), width, keep_end=True)),
+            Text(shorten(r.get("completion"), width)),
             _fmt(r.get(REWARD)),
             *(_fmt(r.get(f)) for f in fns),
             _fmt(r.get("advantage")),

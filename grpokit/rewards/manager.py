@@ -42,26 +42,19 @@ sample's value). A call slower than `slow_warning` seconds logs a warning with i
 
 from __future__ import annotations
 
-import difflib
-import hashlib
-import importlib
-import importlib.util
 import inspect
 import logging
 import math
 import numbers
-import os
-import pkgutil
-import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from grpokit.config import RewardSpec, check_on_timeout
+from grpokit.imports import did_you_mean, load_object
 from grpokit.metrics import RESERVED_REWARD_NAMES
 from grpokit.rewards.builtins import BUILTIN_REWARDS
 from grpokit.rewards.concurrent import LoopThread, Pending, RewardLimit, is_async
@@ -69,6 +62,7 @@ from grpokit.rewards.steps import StepScores
 from grpokit.rewards.text import as_messages, completion_text
 from grpokit.rewards.timeouts import OnTimeout, TimedOut, timeout_advice
 from grpokit.types import RewardOutput
+from grpokit.values import real_number, short_repr
 
 logger = logging.getLogger("grpokit.rewards")
 
@@ -89,74 +83,6 @@ Registry = Mapping[str, Callable[..., Any]]
 # -- loading -----------------------------------------------------------------------------
 
 
-def _did_you_mean(name: str, candidates: Any) -> str:
-    """The hint `did you mean 'x'? ` naming the closest candidate (difflib), or "" when none is close."""
-    close = difflib.get_close_matches(name, list(candidates), n=1)
-    return f"did you mean {close[0]!r}? " if close else ""
-
-
-def _close_files(path_text: str, path: Path) -> str:
-    # The closest .py file in the folder the path names, written as the user wrote theirs.
-    if not path.parent.is_dir() or not path_text.endswith(path.name):
-        return ""
-    close = difflib.get_close_matches(path.name, sorted(p.name for p in path.parent.glob("*.py")), n=1)
-    return f"did you mean {path_text.removesuffix(path.name) + close[0]!r}? " if close else ""
-
-
-def _close_modules(module_name: str) -> str:
-    # A missing submodule: its siblings in the parent package; a missing top-level module: the
-    # modules and packages in the current folder (where `my_rewards:fn` is looked for).
-    parent, _, _ = module_name.rpartition(".")
-    try:
-        where = importlib.import_module(parent).__path__ if parent else [os.getcwd()]
-    except (ImportError, AttributeError):  # the parent is a plain module, or fails to import
-        return ""
-    prefix = parent + "." if parent else ""
-    return _did_you_mean(module_name, [prefix + m.name for m in pkgutil.iter_modules(where)])
-
-
-def _load_file(path_text: str, spec: str) -> Any:
-    path = Path(path_text).expanduser().resolve()
-    if not path.is_file():
-        raise ValueError(
-            f"reward {spec!r}: file {path_text!r} not found (looked at {path}); "
-            f"{_close_files(path_text, path)}fix the path"
-        )
-    # A stable, unique module name, registered before running the file so dataclasses and
-    # pickling inside it find their module.
-    name = f"grpokit_reward_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
-    if name in sys.modules:
-        return sys.modules[name]
-    module_spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(module_spec)  # type: ignore[arg-type]  # None: not loadable
-    sys.modules[name] = module
-    try:
-        module_spec.loader.exec_module(module)  # type: ignore[union-attr]  # a file spec has a loader
-    except Exception as e:
-        del sys.modules[name]
-        raise ValueError(f"reward {spec!r}: running {path} failed: {type(e).__name__}: {e}") from e
-    return module
-
-
-def _load_module(module_name: str, spec: str) -> Any:
-    # Like `python -m`, the current folder is importable: `my_rewards:fn` finds ./my_rewards.py
-    # even when grpokit runs as a console script (whose sys.path lacks the working directory).
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.append(os.getcwd())
-    try:
-        return importlib.import_module(module_name)
-    except ModuleNotFoundError as e:
-        parts = module_name.split(".")
-        if e.name in {".".join(parts[: i + 1]) for i in range(len(parts))}:
-            raise ValueError(
-                f"reward {spec!r}: module {e.name!r} not found; {_close_modules(e.name)}install it, add its "
-                "folder to PYTHONPATH, or give a file path ('path/to/file.py:function')"
-            ) from e
-        raise ValueError(f"reward {spec!r}: importing {module_name!r} failed: {e}") from e
-    except Exception as e:
-        raise ValueError(f"reward {spec!r}: importing {module_name!r} failed: {type(e).__name__}: {e}") from e
-
-
 def resolve_reward(
     spec_function: str | Callable[..., Any], registry: Registry = BUILTIN_REWARDS
 ) -> Callable[..., Any]:
@@ -174,28 +100,14 @@ def resolve_reward(
         return registry[spec]
     if ":" not in spec:
         raise ValueError(
-            f"reward {spec!r} is not a built-in ({', '.join(registry)}); {_did_you_mean(spec, registry)}"
+            f"reward {spec!r} is not a built-in ({', '.join(registry)}); {did_you_mean(spec, registry)}"
             "use 'package.module:function' or 'path/to/file.py:function'"
         )
-    target, attr_path = spec.rsplit(":", 1)
-    if not target or not attr_path:
-        raise ValueError(f"reward {spec!r}: expected 'package.module:function' or 'path/to/file.py:function'")
-    is_file = target.endswith(".py") or "/" in target or "\\" in target
-    obj = _load_file(target, spec) if is_file else _load_module(target, spec)
-    for attr in attr_path.split("."):
-        if not hasattr(obj, attr):
-            public = [name for name in dir(obj) if not name.startswith("_") or attr.startswith("_")]
-            raise ValueError(
-                f"reward {spec!r}: {target!r} has no attribute {attr!r}; {_did_you_mean(attr, public)}check "
-                "the name after ':'"
-            )
-        obj = getattr(obj, attr)
-    if not callable(obj):
-        raise ValueError(
-            f"reward {spec!r}: {attr_path!r} is a {type(obj).__name__}, not callable; "
-            "point at a function fn(completions, **kwargs) -> list[float | None]"
-        )
-    return obj
+    return load_object(
+        spec,
+        f"reward {spec!r}",
+        hint="point at a function fn(completions, **kwargs) -> list[float | None]",
+    )
 
 
 def _default_name(function: str | Callable[..., Any], fn: Callable[..., Any], registry: Registry) -> str:
@@ -346,11 +258,8 @@ def _as_float(v: Any) -> float | None:
     """The element as a float, NaN for None ("not applicable"), None if it is not a number."""
     if v is None:
         return math.nan
-    if hasattr(v, "item") and getattr(v, "ndim", None) == 0:  # 0-d tensor or numpy scalar
-        v = v.item()
-    if isinstance(v, numbers.Real):
-        return float(v)
-    return None
+    # grpokit/values.py's rules, but a bool counts as 0 or 1, as in TRL's float32 reward tensor
+    return float(v) if isinstance(v, bool) else real_number(v)
 
 
 class RewardError(RuntimeError):
@@ -581,7 +490,7 @@ class RewardManager:
             why = f": {step_problems[i]}" if i in step_problems else ""
             self._report(
                 reward,
-                f"returned {len(invalid)} invalid reward(s) of {n}, e.g. {_short(items[i])} at index "
+                f"returned {len(invalid)} invalid reward(s) of {n}, e.g. {short_repr(items[i])} at index "
                 f"{i}{why} (rewards must be finite floats, StepScores or None)",
                 None,
             )
@@ -652,8 +561,3 @@ class RewardManager:
             else f"reward/errors/{reward.name} and reward/timeouts/{reward.name}"
         )
         logger.error("%s; %s. Reported once: later %s", message, outcome, later, exc_info=exc)
-
-
-def _short(value: Any, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -9,55 +9,23 @@ ConfigError naming the key.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import inspect
-import os
-import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from grpokit.config import ConfigError, RewardSpec, ToolsConfig
+from grpokit.imports import load_object
 from grpokit.tools.builtin import BUILTIN_TOOLS
 from grpokit.tools.registry import Tool, ToolBox, as_tool, check_environment_class
 
 
 def resolve_callable(spec: str | Callable[..., Any], key: str) -> Callable[..., Any]:
-    """package.module:name or path/to/file.py:name (a dotted attribute path works) -> the object; a callable
-    as is."""
+    """package.module:name or path/to/file.py:name (a dotted attribute path works) -> the object
+    (grpokit/imports.py); a callable as is."""
     if callable(spec):
         return spec
-    target, _, attr_path = str(spec).strip().rpartition(":")
-    if not target or not attr_path:
-        raise ConfigError(f"{key}={spec!r}: expected 'package.module:name' or 'path/to/file.py:name'")
-    try:
-        if target.endswith(".py") or "/" in target:
-            path = Path(target).expanduser().resolve()
-            if not path.is_file():
-                raise ConfigError(f"{key}={spec!r}: file {target!r} not found (looked at {path})")
-            module_spec = importlib.util.spec_from_file_location(
-                f"grpokit_tools_{path.stem}_{abs(hash(str(path)))}", path
-            )
-            module = importlib.util.module_from_spec(module_spec)  # type: ignore[arg-type]  # None: not loadable
-            sys.modules[module.__name__] = module
-            module_spec.loader.exec_module(module)  # type: ignore[union-attr]  # a file spec has a loader
-        else:
-            if os.getcwd() not in sys.path:
-                sys.path.append(os.getcwd())
-            module = importlib.import_module(target)
-    except ConfigError:
-        raise
-    except Exception as exc:
-        raise ConfigError(f"{key}={spec!r}: loading {target!r} failed: {type(exc).__name__}: {exc}") from None
-    obj = module
-    for attr in attr_path.split("."):
-        if not hasattr(obj, attr):
-            raise ConfigError(f"{key}={spec!r}: {target!r} has no attribute {attr!r}")
-        obj = getattr(obj, attr)
-    if not callable(obj):
-        raise ConfigError(f"{key}={spec!r}: {attr_path!r} is not callable")
-    return obj
+    hint = "point at a class or a factory" if key == "tools.environment" else "point at a function"
+    return load_object(str(spec), f"{key}={spec!r}", noun="name", hint=hint, error=ConfigError)
 
 
 def load_tools(cfg: ToolsConfig) -> tuple[list[Tool], Callable[[], Any] | None]:

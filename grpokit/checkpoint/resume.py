@@ -1,0 +1,200 @@
+"""Resuming a run from its newest complete checkpoint: the config compared with the checkpoint's (what may
+change and what may not), the weights (or a LoRA adapter) loaded, the trainer state read, the generators
+restored."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from grpokit.checkpoint.save import STATE_FILE, is_sharded_checkpoint, latest_checkpoint
+from grpokit.run import CheckpointError, set_rng_state
+
+
+def load_weights(path: Path, model) -> None:
+    """Load a checkpoint's weights into model (in place)."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if hasattr(
+        model, "peft_config"
+    ):  # model.lora: the checkpoint holds the adapter (PeftModel.save_pretrained)
+        return _load_adapter(path, model)
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} has no safetensors weights; delete it to start from the one before"
+        )
+    weights = {}
+    try:
+        for f in files:
+            weights.update(load_file(f))
+    except Exception as exc:  # SafetensorError, OSError: a damaged file
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} cannot be read ({_why(exc)}); delete it to resume from the one before"
+        ) from None
+    refit = "resume with the model it was trained from, or set a new output_dir"
+    try:
+        missing, unexpected = model.load_state_dict(weights, strict=False)
+    except RuntimeError as exc:  # shape mismatches raise even with strict=False
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} does not match the model ({_why(exc)}); {refit}"
+        ) from None
+    # Tied weights (lm_head = embed_tokens) are saved once; anything else missing is an error.
+    tied = set(getattr(model, "_tied_weights_keys", None) or [])
+    really_missing = [k for k in missing if k not in tied and not k.endswith("lm_head.weight")]
+    if really_missing or unexpected:
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} does not match the model: missing {really_missing[:3]}, unexpected "
+            f"{unexpected[:3]}; {refit}"
+        )
+    if hasattr(model, "tie_weights"):
+        model.tie_weights()
+
+
+def _load_adapter(path: Path, model) -> None:
+    """A LoRA checkpoint's adapter weights into the peft model (the base weights came from
+    model.name_or_path)."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    file = path / "adapter_model.safetensors"
+    if not file.is_file():
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} has no adapter_model.safetensors, but model.lora is set; "
+            "resume with the config it was trained with, or set a new output_dir"
+        )
+    try:
+        weights = load_file(file)
+    except Exception as exc:
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} cannot be read ({_why(exc)}); delete it to resume from the one before"
+        ) from None
+    result = set_peft_model_state_dict(model, weights)
+    if unexpected := getattr(result, "unexpected_keys", None):
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} does not match the adapter: unexpected {unexpected[:3]}; "
+            "resume with the model and model.lora it was trained with, or set a new output_dir"
+        )
+
+
+def read_state(path: Path) -> dict:
+    """The trainer state saved with a checkpoint (optimizer, schedule, sampler, RNG, step, config)."""
+    try:
+        return torch.load(path / STATE_FILE, weights_only=False)
+    except Exception as exc:
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} cannot be read ({_why(exc)}); delete it to resume from the one before"
+        ) from None
+
+
+def _why(exc: BaseException) -> str:
+    """The telling line of an exception message (torch puts the size mismatch on the second line)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return next((line for line in lines if "mismatch" in line), lines[0] if lines else type(exc).__name__)
+
+
+#: Config keys that may change on resume without a word: they change neither the math nor the data stream
+#: (the reward time limit and the bad-step guard only decide when to stop waiting, warn or stop; the
+#: distributed strategy only how the same math is laid out over the ranks).
+FREE_ON_RESUME = (
+    "output_dir",
+    "threads",
+    "logging",
+    "eval",
+    "checkpoint",
+    "distributed",
+    "reward_timeout",
+    "reward_slow_warning",
+    "reward_error_fraction",
+    "stop_after_bad_steps",
+    "rollout.vllm_server_url",
+    "rollout.vllm_server_timeout",
+)
+
+
+def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(tree, dict):
+        return {k: v for key, sub in tree.items() for k, v in _flat(sub, f"{prefix}{key}.").items()}
+    return {prefix[:-1]: tree}
+
+
+def _defaults() -> dict[str, Any]:
+    from grpokit.config import Config, SFTConfig
+
+    return {**_flat(SFTConfig().model_dump()), **_flat(Config().model_dump())}
+
+
+def config_changes(saved: dict, now: dict, allowed: list[str]) -> tuple[list[str], list[str]]:
+    """(refused, allowed) differences between a checkpoint's config and this run's, as "key: old -> new";
+    keys under FREE_ON_RESUME are not compared, `allowed` keys (or sections) may change. A key missing
+    from the checkpoint's config (saved by an older grpokit) counts only when this run sets it off its
+    default."""
+    old, new, defaults = _flat(saved), _flat(now), _defaults()
+
+    def under(key, names):
+        return any(key == n or key.startswith(n + ".") for n in names)
+
+    diffs = [(k, old.get(k), new.get(k)) for k in sorted(old.keys() | new.keys()) if old.get(k) != new.get(k)]
+    # A key the checkpoint's grpokit did not have yet, left at its default, is the behaviour of then: no
+    # change.
+    diffs = [(k, a, b) for k, a, b in diffs if k in old or k not in defaults or b != defaults[k]]
+    diffs = [(k, a, b) for k, a, b in diffs if not under(k, FREE_ON_RESUME)]
+
+    def text(d):
+        return f"{d[0]}: {d[1]!r} -> {d[2]!r}"
+
+    return [text(d) for d in diffs if not under(d[0], allowed)], [
+        text(d) for d in diffs if under(d[0], allowed)
+    ]
+
+
+def resume(
+    out_dir: Path, model, config: dict, allowed: list[str], load=None
+) -> tuple[int, dict, list[str]] | None:
+    """Continue from the newest complete checkpoint: compare its config with this run's `config` (a
+    difference outside FREE_ON_RESUME and `allowed` is a CheckpointError listing every one), load its
+    weights into model and restore the RNGs. Returns (step, the trainer state, the allowed changes as
+    "key: old -> new"), or None when out_dir holds no checkpoint. load(path, state): how this process loads
+    the weights and generators (World.load_checkpoint: a checkpoint that ranks wrote, or one process's at
+    several ranks; the moments too); None: a one-process checkpoint into one process."""
+    found = latest_checkpoint(out_dir)
+    if found is None:
+        return None
+    step, path = found
+    state = read_state(path)
+    saved = state.get("config") or _recorded_config(
+        Path(out_dir)
+    )  # checkpoints before 0.1.x: the run's config.yaml
+    refused, changed = config_changes(saved, config, allowed) if saved is not None else ([], [])
+    if refused:
+        keys = ",".join(r.split(":")[0] for r in refused)
+        raise CheckpointError(
+            f"{str(path)!r} was saved with another config ({'; '.join(refused)}); resume with the same "
+            "config, give this run a new output_dir, or let them change with "
+            f"checkpoint.allow_changes=[{keys}]"
+        )
+    if changed:
+        print(f"resuming with changes allowed by checkpoint.allow_changes: {'; '.join(changed)}")
+    if load is not None:  # the trainer's World: weights, moments and generators, one process or several ranks
+        load(path, state)
+    elif is_sharded_checkpoint(path):
+        raise CheckpointError(
+            f"{str(path)!r} holds sharded weights (torch.distributed.checkpoint); resume it with `grpokit "
+            "train`"
+        )
+    else:
+        load_weights(path, model)
+        set_rng_state(state["rng"])
+    return step, state, changed
+
+
+def _recorded_config(out_dir: Path) -> dict | None:
+    import yaml
+
+    try:
+        return yaml.safe_load((out_dir / "config.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        return None

@@ -1,0 +1,77 @@
+"""Which prompts each step trains on: an endless, seeded, resumable stream of row indices."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from grpokit.data.files import DataError
+
+
+class PromptSampler:
+    """An endless stream of row indices, `prompts_per_step` at a time.
+
+    Epoch e visits every row once, in a permutation seeded by (seed, e); a batch that runs past
+    the end of an epoch continues into the next (so a batch may, rarely, hold a row twice).
+    `epoch` is the epoch the next index comes from, i.e. the number of completed passes.
+    The state is two ints, so resuming gives exactly the batches an uninterrupted run would.
+    """
+
+    def __init__(self, num_rows: int, prompts_per_step: int, seed: int, shuffle: bool = True):
+        if num_rows < 1:
+            raise DataError(f"cannot sample from {num_rows} rows; the dataset needs at least one prompt")
+        if prompts_per_step < 1:
+            raise DataError(f"rollout.prompts_per_step={prompts_per_step} must be >= 1")
+        if prompts_per_step > num_rows:
+            raise DataError(
+                f"rollout.prompts_per_step={prompts_per_step} is more than the {num_rows} rows in the "
+                "dataset; lower rollout.prompts_per_step or add rows"
+            )
+        self.num_rows = num_rows
+        self.prompts_per_step = prompts_per_step
+        self.seed = seed
+        self.shuffle = shuffle
+        self.epoch = 0
+        self.position = 0  # index into the current epoch's order
+        self._order = self._epoch_order(0)
+
+    def _epoch_order(self, epoch: int) -> list[int]:
+        if not self.shuffle:
+            return list(range(self.num_rows))
+        rng = np.random.default_rng([self.seed % 2**63, epoch])
+        return rng.permutation(self.num_rows).tolist()
+
+    def next(self) -> list[int]:
+        batch: list[int] = []
+        while len(batch) < self.prompts_per_step:
+            take = min(self.prompts_per_step - len(batch), self.num_rows - self.position)
+            batch += self._order[self.position : self.position + take]
+            self.position += take
+            if self.position == self.num_rows:
+                self.epoch += 1
+                self.position = 0
+                self._order = self._epoch_order(self.epoch)
+        return batch
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "num_rows": self.num_rows,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "epoch": self.epoch,
+            "position": self.position,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue the saved stream; seed and shuffle come from the state, prompts_per_step from self."""
+        if state["num_rows"] != self.num_rows:
+            raise DataError(
+                f"sampler state is for {state['num_rows']} rows but the dataset has {self.num_rows}; "
+                "resume with the same dataset and data split"
+            )
+        self.seed = state["seed"]
+        self.shuffle = state["shuffle"]
+        self.epoch = state["epoch"]
+        self.position = state["position"]
+        self._order = self._epoch_order(self.epoch)
