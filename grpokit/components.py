@@ -2,7 +2,7 @@
 
     parts = build_components(cfg, world)   # the policy handle, data, rewards, pipeline, optimizer, critic
 
-grpokit/trainer.py runs the loop over them; each part is its module's (data.py, rewards/, rollout/,
+grpokit/trainer.py runs the loop over them; each part is its module's (data/, rewards/, rollout/,
 optim.py, critic.py). The order matters: loading the model, the critic's value head and the engine draw from
 the run's seeded random stream, and an exact resume expects the same draws.
 """

@@ -4,7 +4,7 @@ One step, as in DeepSeekMath Algorithm 1 (iterative GRPO), each stage a call int
     sample prompts (data) -> G completions each from pi_old (rollout/) -> rewards (rewards/)
     -> advantages (algo/: group baseline; or the critic's GAE, critic.py) -> mu passes of minibatch
     updates on the clipped surrogate minus beta * KL(pi_theta || pi_ref) (algo/losses, optim.py)
-    -> sync pi_old -> log (metrics.py, records/) -> eval / checkpoint (evaluate.py, checkpoint.py).
+    -> sync pi_old -> log (metrics.py, records/) -> eval / checkpoint (evaluate.py, checkpoint/).
 
 Departures from the textbook, each a config switch: the loss normalization (algorithm.loss_type),
 clip-higher (epsilon_high), sequence-level ratios (GSPO), the advantage scale (Dr. GRPO), masking truncated
