@@ -47,6 +47,7 @@ LAYERS: dict[str, int] = {
     "grpokit.values": BASE,
     # 1: core
     "grpokit.config": CORE,
+    "grpokit.config.sections": CORE,
     "grpokit.registry": CORE,
     "grpokit.imports": CORE,
     "grpokit.batch": CORE,

@@ -1,0 +1,71 @@
+"""One typed config for a grpokit run: every default on one screen, a docstring per field.
+
+    cfg = load_config("config.yaml", ["algorithm.beta=0.0", "rollout.num_generations=16"])
+
+Names follow TRL's GRPOConfig where one exists (num_generations, beta, epsilon, epsilon_high,
+loss_type, scale_rewards, num_iterations, max_completion_length, importance_sampling_level).
+Unknown keys and bad values raise ConfigError with one line naming the key, the value and what
+is allowed.
+"""
+
+from grpokit.config.sections import (
+    ON_TIMEOUT_CHOICES,
+    PRESETS,
+    SFT_OPTIMIZER_DEFAULTS,
+    THREADS_DOC,
+    AlgorithmConfig,
+    CheckpointConfig,
+    Config,
+    ConfigError,
+    DataConfig,
+    DistributedConfig,
+    EvalConfig,
+    LoggingConfig,
+    LoraConfig,
+    ModelConfig,
+    OptimConfig,
+    OptimizerSettings,
+    PPOConfig,
+    RewardSpec,
+    RolloutConfig,
+    Schema,
+    Section,
+    SFTConfig,
+    SFTSection,
+    ToolsConfig,
+    check_on_timeout,
+    describe,
+    load_config,
+    parse_overrides,
+)
+
+__all__ = [
+    "ON_TIMEOUT_CHOICES",
+    "PRESETS",
+    "SFT_OPTIMIZER_DEFAULTS",
+    "THREADS_DOC",
+    "AlgorithmConfig",
+    "CheckpointConfig",
+    "Config",
+    "ConfigError",
+    "DataConfig",
+    "DistributedConfig",
+    "EvalConfig",
+    "LoggingConfig",
+    "LoraConfig",
+    "ModelConfig",
+    "OptimConfig",
+    "OptimizerSettings",
+    "PPOConfig",
+    "RewardSpec",
+    "RolloutConfig",
+    "SFTConfig",
+    "SFTSection",
+    "Schema",
+    "Section",
+    "ToolsConfig",
+    "check_on_timeout",
+    "describe",
+    "load_config",
+    "parse_overrides",
+]
