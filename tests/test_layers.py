@@ -47,7 +47,12 @@ LAYERS: dict[str, int] = {
     "grpokit.values": BASE,
     # 1: core
     "grpokit.config": CORE,
+    "grpokit.config.loading": CORE,
+    "grpokit.config.presets": CORE,
+    "grpokit.config.rewards": CORE,
+    "grpokit.config.schema": CORE,
     "grpokit.config.sections": CORE,
+    "grpokit.config.sft": CORE,
     "grpokit.registry": CORE,
     "grpokit.imports": CORE,
     "grpokit.batch": CORE,
