@@ -13,7 +13,7 @@ fewer optimizer steps (table, 3 seeds)". grpo and dapo run with --seeds (default
 preset with the first seed only.
 
 Every run gets the same config; only `algorithm.preset=<name>` differs (PRESETS in
-grpokit/config.py, docs/algorithm.md §9): the model folder (--model), data.task=countdown, 16 prompts
+grpokit/config/presets.py, docs/algorithm.md §9): the model folder (--model), data.task=countdown, 16 prompts
 x G=8 completions of at most 16 tokens at T=1.0, the same steps and learning rate, mu=1 and one
 minibatch (so one optimizer step per training step), the same seed. The held-out problems are the
 same for every run and seed (countdown's test split drawn with seed 0, --eval-size of them); the

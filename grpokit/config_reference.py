@@ -124,7 +124,7 @@ def _part(
 
 
 def render() -> str:
-    """docs/reference/config.md, from the field docstrings in grpokit/config.py."""
+    """docs/reference/config.md, from the field docstrings in grpokit/config/ (the section models)."""
     lines = [
         "# Config reference",
         "",

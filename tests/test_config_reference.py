@@ -13,7 +13,7 @@ def test_every_config_field_has_a_docstring():
     missing = missing_docstrings()
     assert not missing, (
         f"config fields without a docstring: {', '.join(missing)}; add one under each field in "
-        f"grpokit/config.py, then run `{COMMAND}`"
+        f"grpokit/config/, then run `{COMMAND}`"
     )
 
 
