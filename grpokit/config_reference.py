@@ -128,7 +128,7 @@ def render() -> str:
     lines = [
         "# Config reference",
         "",
-        "<!-- Generated from the field docstrings in grpokit/config.py; do not edit by hand.",
+        "<!-- Generated from the field docstrings in grpokit/config/; do not edit by hand.",
         f"     Regenerate with `{COMMAND}` (or `grpokit config-reference`). -->",
         "",
         "Every key of a grpokit config, with its type, its default and what it does. A config is a YAML",
