@@ -167,7 +167,8 @@ class RolloutConfig(Section):
 
 class AlgorithmConfig(Section):
     preset: Literal["grpo", "dapo", "dr_grpo", "gspo", "rloo", "reinforce_pp"] | None = None
-    """Expand one paper's settings (PRESETS in grpokit/config/presets.py, docs/algorithm.md); keys you set yourself win."""
+    """Expand one paper's settings (PRESETS in grpokit/config/presets.py, docs/algorithm.md); keys you set
+    yourself win."""
     beta: float = Field(0.04, ge=0)
     """KL coefficient against pi_ref (DeepSeekMath: 0.04). 0 = no reference model is loaded."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
