@@ -49,7 +49,6 @@ LONG_FUNCTION_ALLOWLIST: dict[str, str] = {
     "grpokit.algo.losses:policy_loss": "the clipped surrogate with its loss-type branches, kept beside the "
     "formulas",
     "grpokit.rewards.manager:_Reward.build": "to split: spec validation and loading inline",
-    "grpokit.data.prompts:PromptDataset.__init__": "to split: column checks and tokenization inline",
     "grpokit.rewards.manager:RewardManager._call": "to split: per-call error handling inline",
 }
 
