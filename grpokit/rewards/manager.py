@@ -121,6 +121,73 @@ def _default_name(function: str | Callable[..., Any], fn: Callable[..., Any], re
 # -- one reward function -----------------------------------------------------------------
 
 
+def _reward_label(function: str | Callable[..., Any], fn: Callable[..., Any]) -> str:
+    """How messages name the function: its spec's string, or module:qualname of a callable."""
+    if isinstance(function, str):
+        return function
+    inner = getattr(fn, "func", fn)  # functools.partial
+    return f"{getattr(inner, '__module__', '?')}:{getattr(inner, '__qualname__', type(inner).__name__)}"
+
+
+def _check_name(name: str, label: str) -> None:
+    """A reward's name becomes the metric reward/<name>: no '/', and none of the summary metrics' names."""
+    if name in _RESERVED_NAMES or "/" in name:
+        why = (
+            "contains '/'"
+            if "/" in name
+            else f"is reserved (reward/{name} is another metric; reserved: "
+            f"{', '.join(sorted(_RESERVED_NAMES))})"
+        )
+        raise ValueError(f"reward {label!r}: name {name!r} {why}; set another `name`")
+
+
+def _signature(
+    fn: Callable[..., Any], name: str, kwargs: dict[str, Any]
+) -> tuple[bool, frozenset[str], tuple[str, ...]]:
+    """(accepts_any, params, required) of a reward function; raises on positional-only parameters and on
+    spec kwargs the function does not take, and runs the function's own validate_kwargs."""
+    try:
+        parameters = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # some builtins and C extensions: trust them with everything
+        parameters = [inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD)]
+    P = inspect.Parameter
+    if positional_only := [
+        p.name for p in parameters if p.kind is P.POSITIONAL_ONLY and p.default is P.empty
+    ]:
+        raise ValueError(
+            f"reward {name!r}: parameters {positional_only} are positional-only, but reward "
+            "functions are called with keyword arguments only (TRL's convention)"
+        )
+    keyword = [p for p in parameters if p.kind in (P.POSITIONAL_OR_KEYWORD, P.KEYWORD_ONLY)]
+    accepts_any = any(p.kind is P.VAR_KEYWORD for p in parameters)
+    params = frozenset(p.name for p in keyword)
+    if not accepts_any and (unknown := sorted(set(kwargs) - params)):
+        raise ValueError(
+            f"reward {name!r}: kwargs {unknown} are not parameters of the function "
+            f"(it takes {sorted(params)} and no **kwargs)"
+        )
+    if validate := getattr(fn, "validate_kwargs", None):
+        validate(kwargs)
+    required = tuple(p.name for p in keyword if p.default is P.empty)
+    return accepts_any, params, required
+
+
+def _check_timeout(name: str, timeout: Any) -> float | None:
+    """A spec's timeout in seconds: None (the manager's), or a number >= 0 where 0 and inf mean no limit."""
+    if timeout is not None:
+        if (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, numbers.Real)
+            or timeout < 0
+            or math.isnan(timeout)
+        ):
+            raise ValueError(
+                f"reward {name!r}: timeout must be a number of seconds >= 0 (0 = no limit), got {timeout!r}"
+            )
+        timeout = float(timeout) if math.isfinite(timeout) else 0.0  # inf: no limit
+    return timeout
+
+
 @dataclass
 class _Reward:
     name: str
@@ -146,23 +213,9 @@ class _Reward:
         if function is None:
             raise ValueError(f"reward spec {spec!r} has no 'function'")
         fn = resolve_reward(function, registry)
-        inner = getattr(fn, "func", fn)  # functools.partial
-        label = (
-            function
-            if isinstance(function, str)
-            else (
-                f"{getattr(inner, '__module__', '?')}:{getattr(inner, '__qualname__', type(inner).__name__)}"
-            )
-        )
+        label = _reward_label(function, fn)
         name = get("name") or _default_name(function, fn, registry)
-        if name in _RESERVED_NAMES or "/" in name:
-            why = (
-                "contains '/'"
-                if "/" in name
-                else f"is reserved (reward/{name} is another metric; reserved: "
-                f"{', '.join(sorted(_RESERVED_NAMES))})"
-            )
-            raise ValueError(f"reward {label!r}: name {name!r} {why}; set another `name`")
+        _check_name(name, label)
         weight = get("weight", 1.0)
         weight = 1.0 if weight is None else weight
         if isinstance(weight, bool) or not isinstance(weight, numbers.Real) or not math.isfinite(weight):
@@ -170,43 +223,8 @@ class _Reward:
         kwargs = dict(get("kwargs") or {})
         if clash := sorted(set(kwargs) & set(CALL_ARGS + EPISODE_ARGS)):
             raise ValueError(f"reward {name!r}: kwargs may not set {clash}: the trainer passes them")
-
-        try:
-            parameters = list(inspect.signature(fn).parameters.values())
-        except (TypeError, ValueError):  # some builtins and C extensions: trust them with everything
-            parameters = [inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD)]
-        P = inspect.Parameter
-        if positional_only := [
-            p.name for p in parameters if p.kind is P.POSITIONAL_ONLY and p.default is P.empty
-        ]:
-            raise ValueError(
-                f"reward {name!r}: parameters {positional_only} are positional-only, but reward "
-                "functions are called with keyword arguments only (TRL's convention)"
-            )
-        keyword = [p for p in parameters if p.kind in (P.POSITIONAL_OR_KEYWORD, P.KEYWORD_ONLY)]
-        accepts_any = any(p.kind is P.VAR_KEYWORD for p in parameters)
-        params = frozenset(p.name for p in keyword)
-        if not accepts_any and (unknown := sorted(set(kwargs) - params)):
-            raise ValueError(
-                f"reward {name!r}: kwargs {unknown} are not parameters of the function "
-                f"(it takes {sorted(params)} and no **kwargs)"
-            )
-        if validate := getattr(fn, "validate_kwargs", None):
-            validate(kwargs)
-        required = tuple(p.name for p in keyword if p.default is P.empty)
-        timeout = get("timeout")
-        if timeout is not None:
-            if (
-                isinstance(timeout, bool)
-                or not isinstance(timeout, numbers.Real)
-                or timeout < 0
-                or math.isnan(timeout)
-            ):
-                raise ValueError(
-                    f"reward {name!r}: timeout must be a number of seconds >= 0 (0 = no limit), got "
-                    f"{timeout!r}"
-                )
-            timeout = float(timeout) if math.isfinite(timeout) else 0.0  # inf: no limit
+        accepts_any, params, required = _signature(fn, name, kwargs)
+        timeout = _check_timeout(name, get("timeout"))
         try:
             on_timeout = check_on_timeout(get("on_timeout"))
         except ValueError as e:  # pydantic's error, raised outside a model
