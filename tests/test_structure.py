@@ -48,7 +48,6 @@ LONG_FUNCTION_ALLOWLIST: dict[str, str] = {
     "to read",
     "grpokit.algo.losses:policy_loss": "the clipped surrogate with its loss-type branches, kept beside the "
     "formulas",
-    "grpokit.rewards.manager:RewardManager._call": "to split: per-call error handling inline",
 }
 
 IMPORT_TIMEOUT_S = 120

@@ -461,6 +461,24 @@ class RewardManager:
     ) -> tuple[Tensor, int, list[StepScores | None] | None]:
         """started: the call of an async function, under way since the batch began (RewardLimit.start)."""
         kwargs = reward.arguments(call_args, columns)  # a missing column raises: a setup error
+        called = self._outputs(reward, kwargs, call_args, columns, n, started)
+        if called is None:  # no reward to any sample this call
+            return torch.full((n,), math.nan), n, None
+        items, failed = called
+        steps, step_problems = self._take_steps(items, n)
+        return self._scores(reward, items, failed, steps, step_problems, n)
+
+    def _outputs(
+        self,
+        reward: _Reward,
+        kwargs: dict[str, Any],
+        call_args: dict[str, Any],
+        columns: dict[str, Any],
+        n: int,
+        started: Pending | None,
+    ) -> tuple[list[Any], list[int]] | None:
+        """The function's n outputs and the samples it raised on (when the batch call raised and was retried
+        on parts, _isolate), or None when the call failed as a whole (reported, or raised when strict)."""
         failed: list[int] = []  # samples the function raised on (when the batch call raised)
         try:
             items = _as_list(self._limits[reward.name].call(reward.fn, kwargs, n, started), n)
@@ -470,7 +488,7 @@ class RewardManager:
             problem = str(e) if isinstance(e, _Failure) else f"raised {type(e).__name__}: {e}"
             if self.strict or isinstance(e, _Failure) or n == 1:
                 self._report(reward, problem, e if not isinstance(e, _Failure) else None)
-                return torch.full((n,), math.nan), n, None
+                return None
             items, failed = self._isolate(reward, call_args, columns, n)
             if 0 < len(failed) < n:
                 problem = (
@@ -483,7 +501,11 @@ class RewardManager:
                     "its score"
                 )
             self._report(reward, problem, e)
+        return items, failed
 
+    def _take_steps(self, items: list[Any], n: int) -> tuple[list[StepScores | None] | None, dict[int, str]]:
+        """Replaces each valid StepScores in items by its value (in place); returns the per-sample StepScores
+        (None when the function returned none) and the problems of the invalid ones by index."""
         steps: list[StepScores | None] | None = None
         step_problems: dict[int, str] = {}
         if any(isinstance(v, StepScores) for v in items):
@@ -496,6 +518,19 @@ class RewardManager:
                     continue
                 steps[i] = v
                 items[i] = v.value
+        return steps, step_problems
+
+    def _scores(
+        self,
+        reward: _Reward,
+        items: list[Any],
+        failed: list[int],
+        steps: list[StepScores | None] | None,
+        step_problems: dict[int, str],
+        n: int,
+    ) -> tuple[Tensor, int, list[StepScores | None] | None]:
+        """[n] the rewards (NaN where None, failed or invalid), the number of failed and invalid samples, and
+        the StepScores (None where invalid); the first invalid value is reported."""
         values = [_as_float(v) for v in items]
         bad = [i for i, v in enumerate(values) if v is None]
         rewards = torch.tensor([math.nan if v is None else v for v in values], dtype=torch.float32)  # [N]
