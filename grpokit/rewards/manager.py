@@ -280,6 +280,15 @@ def _as_float(v: Any) -> float | None:
     return float(v) if isinstance(v, bool) else real_number(v)
 
 
+def _check_batch(call_args: Mapping[str, list[Any]], columns: Mapping[str, list[Any]], n: int) -> None:
+    """Every argument and column has one entry per completion, and no column shadows an argument."""
+    for key, value in {**call_args, **columns}.items():
+        if len(value) != n:
+            raise ValueError(f"{key} has {len(value)} entries for {n} completions")
+    if clash := sorted(set(columns) & set(call_args)):
+        raise ValueError(f"dataset columns {clash} collide with the reward call's own arguments; rename them")
+
+
 class RewardError(RuntimeError):
     """A reward function failed (raised, timed out, returned bad values) and the manager is strict."""
 
@@ -367,61 +376,20 @@ class RewardManager:
         (text.as_messages)."""
         columns = dict(columns or {})
         n = len(completions)
-        self._texts = [completion_text(c) for c in completions]  # what StepScores' offsets count in, before:
-        completions = as_messages(
-            prompts, completions, episodes
-        )  # chat prompts: completions as messages (TRL)
+        # what StepScores' offsets count in, taken before chat prompts' completions become messages (TRL)
+        self._texts = [completion_text(c) for c in completions]
+        completions = as_messages(prompts, completions, episodes)
         call_args = {"prompts": prompts, "completions": completions, "completion_ids": completion_ids}
         if episodes is not None:
             call_args.update(
                 episodes=episodes, environments=[getattr(e, "environment", None) for e in episodes]
             )
-        for key, value in {**call_args, **columns}.items():
-            if len(value) != n:
-                raise ValueError(f"{key} has {len(value)} entries for {n} completions")
-        if clash := sorted(set(columns) & set(call_args)):
-            raise ValueError(
-                f"dataset columns {clash} collide with the reward call's own arguments; rename them"
-            )
-
-        per_function: dict[str, Tensor] = {}
-        errors: dict[str, int] = {}
-        steps: dict[str, list[StepScores | None]] = {}
-        timeouts: dict[str, int] = {}
-        skipped = torch.zeros(n, dtype=torch.bool)  # [N]
-        started = {
-            r.name: self._limits[r.name].start(
-                r.fn, r.arguments(call_args, columns)
-            )  # every async function at once
-            for r in self.rewards
-            if self._limits[r.name].is_async
-        }
-        try:
-            for reward in self.rewards:
-                try:
-                    per_function[reward.name], errors[reward.name], step_list = self._call(
-                        reward, call_args, columns, n, started.pop(reward.name, None)
-                    )
-                except (
-                    TimedOut
-                ) as exc:  # not retried on parts, as a call that raises is: that would multiply the wait
-                    per_function[reward.name], errors[reward.name], step_list = (
-                        self._timed_out(reward, exc, n),
-                        n,
-                        None,
-                    )
-                    timeouts[reward.name] = 1
-                    skipped |= self._on_timeout[reward.name].drops_groups
-                if step_list is not None:
-                    steps[reward.name] = step_list
-        finally:
-            for pending in started.values():  # left by a RewardError (reward_errors=raise): stop them
-                pending.future.cancel()
+        _check_batch(call_args, columns, n)
+        per_function, errors, steps, timeouts, skipped = self._call_all(call_args, columns, n)
         weighted = torch.stack([r.weight * per_function[r.name] for r in self.rewards])  # [K, N]
         total = torch.nansum(weighted, dim=0)  # [N]; nansum as TRL: None / failed count as 0
-        total[skipped] = (
-            0.0  # equal totals: the group's advantages are exactly 0 (grpokit/algo/advantages.py)
-        )
+        # equal totals: the group's advantages are exactly 0 (grpokit/algo/advantages.py)
+        total[skipped] = 0.0
         return RewardOutput(
             total=total,
             per_function=per_function,
@@ -431,6 +399,40 @@ class RewardManager:
             timeouts=timeouts,
             skipped=skipped,
         )
+
+    def _call_all(
+        self, call_args: dict[str, Any], columns: dict[str, Any], n: int
+    ) -> tuple[dict[str, Tensor], dict[str, int], dict[str, list[StepScores | None]], dict[str, int], Tensor]:
+        """Calls every function on the batch, the async ones started all at once first; returns per_function,
+        errors, steps, timeouts and skipped ([N] bool) as RewardOutput has them."""
+        per_function: dict[str, Tensor] = {}
+        errors: dict[str, int] = {}
+        steps: dict[str, list[StepScores | None]] = {}
+        timeouts: dict[str, int] = {}
+        skipped = torch.zeros(n, dtype=torch.bool)  # [N]
+        started = {  # every async function at once
+            r.name: self._limits[r.name].start(r.fn, r.arguments(call_args, columns))
+            for r in self.rewards
+            if self._limits[r.name].is_async
+        }
+        try:
+            for reward in self.rewards:
+                try:
+                    per_function[reward.name], errors[reward.name], step_list = self._call(
+                        reward, call_args, columns, n, started.pop(reward.name, None)
+                    )
+                except TimedOut as exc:
+                    # not retried on parts, as a call that raises is: that would multiply the wait
+                    per_function[reward.name] = self._timed_out(reward, exc, n)
+                    errors[reward.name], step_list = n, None
+                    timeouts[reward.name] = 1
+                    skipped |= self._on_timeout[reward.name].drops_groups
+                if step_list is not None:
+                    steps[reward.name] = step_list
+        finally:
+            for pending in started.values():  # left by a RewardError (reward_errors=raise): stop them
+                pending.future.cancel()
+        return per_function, errors, steps, timeouts, skipped
 
     def _timed_out(self, reward: _Reward, exc: TimedOut, n: int) -> Tensor:
         """[n] what the samples of a call that timed out get from the function, as its OnTimeout says (or
