@@ -50,6 +50,29 @@ class PromptDataset:
         system_prompt: str | None = None,
         where: Sequence[str] | None = None,
     ):
+        self._check_settings(rows, max_prompt_length, overlong)
+        self.column_names = column_names(rows)  # every column, prompt included, in first-seen order
+        check_prompt_column(self.column_names, prompt_column)
+        self.prompt_column = prompt_column
+        self.max_prompt_length = max_prompt_length
+
+        where = self._row_labels(rows, where)
+        prompts: list[Any] = [row.get(prompt_column) for row in rows]  # Prompts once _render accepts them
+        texts = [self._render(w, p, tokenizer, system_prompt) for w, p in zip(where, prompts, strict=True)]
+        ids = self._tokenize(texts, prompts, tokenizer)
+        overlong_rows = self._check_lengths(ids, prompts, where, max_prompt_length, overlong)
+        self._truncate(ids, texts, overlong_rows, tokenizer, max_prompt_length)
+        self.num_truncated = len(overlong_rows)
+
+        self._ids = ids
+        self._truncated = set(overlong_rows)
+        self._texts = texts
+        self._prompts = prompts
+        self._columns = [{c: row.get(c) for c in self.column_names if c != prompt_column} for row in rows]
+
+    @staticmethod
+    def _check_settings(rows: Sequence[dict[str, Any]], max_prompt_length: int, overlong: str) -> None:
+        """Rejects an unknown overlong choice, a max_prompt_length that is not a positive int, and no rows."""
         if overlong not in OVERLONG_CHOICES:
             raise DataError(f"data.overlong_prompts={overlong!r} is not one of {list(OVERLONG_CHOICES)}")
         if (
@@ -60,18 +83,21 @@ class PromptDataset:
             raise DataError(f"data.max_prompt_length={max_prompt_length!r} must be a positive int")
         if not rows:
             raise DataError("the dataset has no rows; point to a file with at least one prompt")
-        self.column_names = column_names(rows)  # every column, prompt included, in first-seen order
-        check_prompt_column(self.column_names, prompt_column)
-        self.prompt_column = prompt_column
-        self.max_prompt_length = max_prompt_length
 
-        where = [f"row {i}" for i in range(len(rows))] if where is None else list(where)
-        if len(where) != len(rows):
-            raise ValueError(f"where has {len(where)} labels for {len(rows)} rows")
-        prompts: list[Any] = [row.get(prompt_column) for row in rows]  # Prompts once _render accepts them
-        texts = [self._render(w, p, tokenizer, system_prompt) for w, p in zip(where, prompts, strict=True)]
-        ids = self._tokenize(texts, prompts, tokenizer)
+    @staticmethod
+    def _row_labels(rows: Sequence[dict[str, Any]], where: Sequence[str] | None) -> list[str]:
+        """Each row's place as errors name it: `where`, or "row i"."""
+        labels = [f"row {i}" for i in range(len(rows))] if where is None else list(where)
+        if len(labels) != len(rows):
+            raise ValueError(f"where has {len(labels)} labels for {len(rows)} rows")
+        return labels
 
+    @staticmethod
+    def _check_lengths(
+        ids: list[list[int]], prompts: list[Any], where: list[str], max_prompt_length: int, overlong: str
+    ) -> list[int]:
+        """The rows longer than max_prompt_length; raises on a prompt of zero tokens, and on an overlong one
+        unless overlong="truncate"."""
         lengths = [len(x) for x in ids]
         if min(lengths) == 0:
             i = lengths.index(0)
@@ -88,25 +114,25 @@ class PromptDataset:
                 f"data.max_prompt_length={max_prompt_length}{others}; raise data.max_prompt_length or set "
                 "data.overlong_prompts=truncate"
             )
-        for i in overlong_rows:
+        return overlong_rows
+
+    @staticmethod
+    def _truncate(
+        ids: list[list[int]], texts: list[str], rows: list[int], tokenizer: Any, max_prompt_length: int
+    ) -> None:
+        """Keeps the last max_prompt_length tokens of each of `rows` (in place, texts decoded again)."""
+        for i in rows:
             ids[i] = ids[i][-max_prompt_length:]
             texts[i] = tokenizer.decode(ids[i], skip_special_tokens=False)
-        self.num_truncated = len(overlong_rows)
-        if overlong_rows:
+        if rows:
             logger.warning(
                 "%d of %d prompts are longer than data.max_prompt_length=%d tokens; kept the last %d tokens "
                 "of each (data.overlong_prompts=truncate)",
-                len(overlong_rows),
+                len(rows),
                 len(ids),
                 max_prompt_length,
                 max_prompt_length,
             )
-
-        self._ids = ids
-        self._truncated = set(overlong_rows)
-        self._texts = texts
-        self._prompts = prompts
-        self._columns = [{c: row.get(c) for c in self.column_names if c != prompt_column} for row in rows]
 
     @staticmethod
     def _render(where: str, prompt: Any, tokenizer: Any, system_prompt: str | None) -> str:

@@ -121,6 +121,73 @@ def _default_name(function: str | Callable[..., Any], fn: Callable[..., Any], re
 # -- one reward function -----------------------------------------------------------------
 
 
+def _reward_label(function: str | Callable[..., Any], fn: Callable[..., Any]) -> str:
+    """How messages name the function: its spec's string, or module:qualname of a callable."""
+    if isinstance(function, str):
+        return function
+    inner = getattr(fn, "func", fn)  # functools.partial
+    return f"{getattr(inner, '__module__', '?')}:{getattr(inner, '__qualname__', type(inner).__name__)}"
+
+
+def _check_name(name: str, label: str) -> None:
+    """A reward's name becomes the metric reward/<name>: no '/', and none of the summary metrics' names."""
+    if name in _RESERVED_NAMES or "/" in name:
+        why = (
+            "contains '/'"
+            if "/" in name
+            else f"is reserved (reward/{name} is another metric; reserved: "
+            f"{', '.join(sorted(_RESERVED_NAMES))})"
+        )
+        raise ValueError(f"reward {label!r}: name {name!r} {why}; set another `name`")
+
+
+def _signature(
+    fn: Callable[..., Any], name: str, kwargs: dict[str, Any]
+) -> tuple[bool, frozenset[str], tuple[str, ...]]:
+    """(accepts_any, params, required) of a reward function; raises on positional-only parameters and on
+    spec kwargs the function does not take, and runs the function's own validate_kwargs."""
+    try:
+        parameters = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # some builtins and C extensions: trust them with everything
+        parameters = [inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD)]
+    P = inspect.Parameter
+    if positional_only := [
+        p.name for p in parameters if p.kind is P.POSITIONAL_ONLY and p.default is P.empty
+    ]:
+        raise ValueError(
+            f"reward {name!r}: parameters {positional_only} are positional-only, but reward "
+            "functions are called with keyword arguments only (TRL's convention)"
+        )
+    keyword = [p for p in parameters if p.kind in (P.POSITIONAL_OR_KEYWORD, P.KEYWORD_ONLY)]
+    accepts_any = any(p.kind is P.VAR_KEYWORD for p in parameters)
+    params = frozenset(p.name for p in keyword)
+    if not accepts_any and (unknown := sorted(set(kwargs) - params)):
+        raise ValueError(
+            f"reward {name!r}: kwargs {unknown} are not parameters of the function "
+            f"(it takes {sorted(params)} and no **kwargs)"
+        )
+    if validate := getattr(fn, "validate_kwargs", None):
+        validate(kwargs)
+    required = tuple(p.name for p in keyword if p.default is P.empty)
+    return accepts_any, params, required
+
+
+def _check_timeout(name: str, timeout: Any) -> float | None:
+    """A spec's timeout in seconds: None (the manager's), or a number >= 0 where 0 and inf mean no limit."""
+    if timeout is not None:
+        if (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, numbers.Real)
+            or timeout < 0
+            or math.isnan(timeout)
+        ):
+            raise ValueError(
+                f"reward {name!r}: timeout must be a number of seconds >= 0 (0 = no limit), got {timeout!r}"
+            )
+        timeout = float(timeout) if math.isfinite(timeout) else 0.0  # inf: no limit
+    return timeout
+
+
 @dataclass
 class _Reward:
     name: str
@@ -146,23 +213,9 @@ class _Reward:
         if function is None:
             raise ValueError(f"reward spec {spec!r} has no 'function'")
         fn = resolve_reward(function, registry)
-        inner = getattr(fn, "func", fn)  # functools.partial
-        label = (
-            function
-            if isinstance(function, str)
-            else (
-                f"{getattr(inner, '__module__', '?')}:{getattr(inner, '__qualname__', type(inner).__name__)}"
-            )
-        )
+        label = _reward_label(function, fn)
         name = get("name") or _default_name(function, fn, registry)
-        if name in _RESERVED_NAMES or "/" in name:
-            why = (
-                "contains '/'"
-                if "/" in name
-                else f"is reserved (reward/{name} is another metric; reserved: "
-                f"{', '.join(sorted(_RESERVED_NAMES))})"
-            )
-            raise ValueError(f"reward {label!r}: name {name!r} {why}; set another `name`")
+        _check_name(name, label)
         weight = get("weight", 1.0)
         weight = 1.0 if weight is None else weight
         if isinstance(weight, bool) or not isinstance(weight, numbers.Real) or not math.isfinite(weight):
@@ -170,43 +223,8 @@ class _Reward:
         kwargs = dict(get("kwargs") or {})
         if clash := sorted(set(kwargs) & set(CALL_ARGS + EPISODE_ARGS)):
             raise ValueError(f"reward {name!r}: kwargs may not set {clash}: the trainer passes them")
-
-        try:
-            parameters = list(inspect.signature(fn).parameters.values())
-        except (TypeError, ValueError):  # some builtins and C extensions: trust them with everything
-            parameters = [inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD)]
-        P = inspect.Parameter
-        if positional_only := [
-            p.name for p in parameters if p.kind is P.POSITIONAL_ONLY and p.default is P.empty
-        ]:
-            raise ValueError(
-                f"reward {name!r}: parameters {positional_only} are positional-only, but reward "
-                "functions are called with keyword arguments only (TRL's convention)"
-            )
-        keyword = [p for p in parameters if p.kind in (P.POSITIONAL_OR_KEYWORD, P.KEYWORD_ONLY)]
-        accepts_any = any(p.kind is P.VAR_KEYWORD for p in parameters)
-        params = frozenset(p.name for p in keyword)
-        if not accepts_any and (unknown := sorted(set(kwargs) - params)):
-            raise ValueError(
-                f"reward {name!r}: kwargs {unknown} are not parameters of the function "
-                f"(it takes {sorted(params)} and no **kwargs)"
-            )
-        if validate := getattr(fn, "validate_kwargs", None):
-            validate(kwargs)
-        required = tuple(p.name for p in keyword if p.default is P.empty)
-        timeout = get("timeout")
-        if timeout is not None:
-            if (
-                isinstance(timeout, bool)
-                or not isinstance(timeout, numbers.Real)
-                or timeout < 0
-                or math.isnan(timeout)
-            ):
-                raise ValueError(
-                    f"reward {name!r}: timeout must be a number of seconds >= 0 (0 = no limit), got "
-                    f"{timeout!r}"
-                )
-            timeout = float(timeout) if math.isfinite(timeout) else 0.0  # inf: no limit
+        accepts_any, params, required = _signature(fn, name, kwargs)
+        timeout = _check_timeout(name, get("timeout"))
         try:
             on_timeout = check_on_timeout(get("on_timeout"))
         except ValueError as e:  # pydantic's error, raised outside a model
@@ -260,6 +278,15 @@ def _as_float(v: Any) -> float | None:
         return math.nan
     # grpokit/values.py's rules, but a bool counts as 0 or 1, as in TRL's float32 reward tensor
     return float(v) if isinstance(v, bool) else real_number(v)
+
+
+def _check_batch(call_args: Mapping[str, list[Any]], columns: Mapping[str, list[Any]], n: int) -> None:
+    """Every argument and column has one entry per completion, and no column shadows an argument."""
+    for key, value in {**call_args, **columns}.items():
+        if len(value) != n:
+            raise ValueError(f"{key} has {len(value)} entries for {n} completions")
+    if clash := sorted(set(columns) & set(call_args)):
+        raise ValueError(f"dataset columns {clash} collide with the reward call's own arguments; rename them")
 
 
 class RewardError(RuntimeError):
@@ -349,61 +376,20 @@ class RewardManager:
         (text.as_messages)."""
         columns = dict(columns or {})
         n = len(completions)
-        self._texts = [completion_text(c) for c in completions]  # what StepScores' offsets count in, before:
-        completions = as_messages(
-            prompts, completions, episodes
-        )  # chat prompts: completions as messages (TRL)
+        # what StepScores' offsets count in, taken before chat prompts' completions become messages (TRL)
+        self._texts = [completion_text(c) for c in completions]
+        completions = as_messages(prompts, completions, episodes)
         call_args = {"prompts": prompts, "completions": completions, "completion_ids": completion_ids}
         if episodes is not None:
             call_args.update(
                 episodes=episodes, environments=[getattr(e, "environment", None) for e in episodes]
             )
-        for key, value in {**call_args, **columns}.items():
-            if len(value) != n:
-                raise ValueError(f"{key} has {len(value)} entries for {n} completions")
-        if clash := sorted(set(columns) & set(call_args)):
-            raise ValueError(
-                f"dataset columns {clash} collide with the reward call's own arguments; rename them"
-            )
-
-        per_function: dict[str, Tensor] = {}
-        errors: dict[str, int] = {}
-        steps: dict[str, list[StepScores | None]] = {}
-        timeouts: dict[str, int] = {}
-        skipped = torch.zeros(n, dtype=torch.bool)  # [N]
-        started = {
-            r.name: self._limits[r.name].start(
-                r.fn, r.arguments(call_args, columns)
-            )  # every async function at once
-            for r in self.rewards
-            if self._limits[r.name].is_async
-        }
-        try:
-            for reward in self.rewards:
-                try:
-                    per_function[reward.name], errors[reward.name], step_list = self._call(
-                        reward, call_args, columns, n, started.pop(reward.name, None)
-                    )
-                except (
-                    TimedOut
-                ) as exc:  # not retried on parts, as a call that raises is: that would multiply the wait
-                    per_function[reward.name], errors[reward.name], step_list = (
-                        self._timed_out(reward, exc, n),
-                        n,
-                        None,
-                    )
-                    timeouts[reward.name] = 1
-                    skipped |= self._on_timeout[reward.name].drops_groups
-                if step_list is not None:
-                    steps[reward.name] = step_list
-        finally:
-            for pending in started.values():  # left by a RewardError (reward_errors=raise): stop them
-                pending.future.cancel()
+        _check_batch(call_args, columns, n)
+        per_function, errors, steps, timeouts, skipped = self._call_all(call_args, columns, n)
         weighted = torch.stack([r.weight * per_function[r.name] for r in self.rewards])  # [K, N]
         total = torch.nansum(weighted, dim=0)  # [N]; nansum as TRL: None / failed count as 0
-        total[skipped] = (
-            0.0  # equal totals: the group's advantages are exactly 0 (grpokit/algo/advantages.py)
-        )
+        # equal totals: the group's advantages are exactly 0 (grpokit/algo/advantages.py)
+        total[skipped] = 0.0
         return RewardOutput(
             total=total,
             per_function=per_function,
@@ -413,6 +399,40 @@ class RewardManager:
             timeouts=timeouts,
             skipped=skipped,
         )
+
+    def _call_all(
+        self, call_args: dict[str, Any], columns: dict[str, Any], n: int
+    ) -> tuple[dict[str, Tensor], dict[str, int], dict[str, list[StepScores | None]], dict[str, int], Tensor]:
+        """Calls every function on the batch, the async ones started all at once first; returns per_function,
+        errors, steps, timeouts and skipped ([N] bool) as RewardOutput has them."""
+        per_function: dict[str, Tensor] = {}
+        errors: dict[str, int] = {}
+        steps: dict[str, list[StepScores | None]] = {}
+        timeouts: dict[str, int] = {}
+        skipped = torch.zeros(n, dtype=torch.bool)  # [N]
+        started = {  # every async function at once
+            r.name: self._limits[r.name].start(r.fn, r.arguments(call_args, columns))
+            for r in self.rewards
+            if self._limits[r.name].is_async
+        }
+        try:
+            for reward in self.rewards:
+                try:
+                    per_function[reward.name], errors[reward.name], step_list = self._call(
+                        reward, call_args, columns, n, started.pop(reward.name, None)
+                    )
+                except TimedOut as exc:
+                    # not retried on parts, as a call that raises is: that would multiply the wait
+                    per_function[reward.name] = self._timed_out(reward, exc, n)
+                    errors[reward.name], step_list = n, None
+                    timeouts[reward.name] = 1
+                    skipped |= self._on_timeout[reward.name].drops_groups
+                if step_list is not None:
+                    steps[reward.name] = step_list
+        finally:
+            for pending in started.values():  # left by a RewardError (reward_errors=raise): stop them
+                pending.future.cancel()
+        return per_function, errors, steps, timeouts, skipped
 
     def _timed_out(self, reward: _Reward, exc: TimedOut, n: int) -> Tensor:
         """[n] what the samples of a call that timed out get from the function, as its OnTimeout says (or
@@ -443,6 +463,24 @@ class RewardManager:
     ) -> tuple[Tensor, int, list[StepScores | None] | None]:
         """started: the call of an async function, under way since the batch began (RewardLimit.start)."""
         kwargs = reward.arguments(call_args, columns)  # a missing column raises: a setup error
+        called = self._outputs(reward, kwargs, call_args, columns, n, started)
+        if called is None:  # no reward to any sample this call
+            return torch.full((n,), math.nan), n, None
+        items, failed = called
+        steps, step_problems = self._take_steps(items, n)
+        return self._scores(reward, items, failed, steps, step_problems, n)
+
+    def _outputs(
+        self,
+        reward: _Reward,
+        kwargs: dict[str, Any],
+        call_args: dict[str, Any],
+        columns: dict[str, Any],
+        n: int,
+        started: Pending | None,
+    ) -> tuple[list[Any], list[int]] | None:
+        """The function's n outputs and the samples it raised on (when the batch call raised and was retried
+        on parts, _isolate), or None when the call failed as a whole (reported, or raised when strict)."""
         failed: list[int] = []  # samples the function raised on (when the batch call raised)
         try:
             items = _as_list(self._limits[reward.name].call(reward.fn, kwargs, n, started), n)
@@ -452,7 +490,7 @@ class RewardManager:
             problem = str(e) if isinstance(e, _Failure) else f"raised {type(e).__name__}: {e}"
             if self.strict or isinstance(e, _Failure) or n == 1:
                 self._report(reward, problem, e if not isinstance(e, _Failure) else None)
-                return torch.full((n,), math.nan), n, None
+                return None
             items, failed = self._isolate(reward, call_args, columns, n)
             if 0 < len(failed) < n:
                 problem = (
@@ -465,7 +503,11 @@ class RewardManager:
                     "its score"
                 )
             self._report(reward, problem, e)
+        return items, failed
 
+    def _take_steps(self, items: list[Any], n: int) -> tuple[list[StepScores | None] | None, dict[int, str]]:
+        """Replaces each valid StepScores in items by its value (in place); returns the per-sample StepScores
+        (None when the function returned none) and the problems of the invalid ones by index."""
         steps: list[StepScores | None] | None = None
         step_problems: dict[int, str] = {}
         if any(isinstance(v, StepScores) for v in items):
@@ -478,6 +520,19 @@ class RewardManager:
                     continue
                 steps[i] = v
                 items[i] = v.value
+        return steps, step_problems
+
+    def _scores(
+        self,
+        reward: _Reward,
+        items: list[Any],
+        failed: list[int],
+        steps: list[StepScores | None] | None,
+        step_problems: dict[int, str],
+        n: int,
+    ) -> tuple[Tensor, int, list[StepScores | None] | None]:
+        """[n] the rewards (NaN where None, failed or invalid), the number of failed and invalid samples, and
+        the StepScores (None where invalid); the first invalid value is reported."""
         values = [_as_float(v) for v in items]
         bad = [i for i, v in enumerate(values) if v is None]
         rewards = torch.tensor([math.nan if v is None else v for v in values], dtype=torch.float32)  # [N]
