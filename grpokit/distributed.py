@@ -108,7 +108,7 @@ def check_config(cfg: Config, world_size: int) -> None:
 
 def is_sharded(model) -> bool:
     """An FSDP2 module: its parameters are shards and every forward all-gathers them, so every rank must run
-    the same sequence of forwards (grpokit/policy.py then takes the one-forward path)."""
+    the same sequence of forwards (grpokit/policy/logprobs.py then takes the one-forward path)."""
     if not dist.is_available():
         return False
     from torch.distributed.fsdp import FSDPModule

@@ -72,6 +72,8 @@ LAYERS: dict[str, int] = {
     "grpokit.task_registry": SERVICES,
     "grpokit.metrics": SERVICES,
     "grpokit.policy": SERVICES,
+    "grpokit.policy.loading": SERVICES,
+    "grpokit.policy.logprobs": SERVICES,
     "grpokit.optim": SERVICES,
     "grpokit.distributed": SERVICES,
     "grpokit.checkpoint": SERVICES,
