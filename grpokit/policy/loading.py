@@ -69,7 +69,21 @@ def load_tokenizer(name_or_path: str, *, trust_remote_code: bool = False):
     return tok
 
 
-AUTO_CLASSES = {"causal_lm": "AutoModelForCausalLM", "backbone": "AutoModel"}
+AUTO_CLASSES = {
+    "causal_lm": "AutoModelForCausalLM",
+    "backbone": "AutoModel",
+    "sequence_classification": "AutoModelForSequenceClassification",
+}
+
+#: what load_model could not load, per head ({name}: the path or id, {key}: the config key that gave it)
+LOAD_FAILURES = {
+    "causal_lm": "could not load a causal LM from {name!r} ({key})",
+    "backbone": "could not load the critic's backbone from {name!r} ({key}) with AutoModel",
+    "sequence_classification": (
+        "{key}={name!r}: could not load a sequence-classification reward model "
+        "(AutoModelForSequenceClassification)"
+    ),
+}
 
 
 def load_model(
@@ -79,28 +93,26 @@ def load_model(
     attn_implementation: str | None = None,
     trust_remote_code: bool = False,
     head: str = "causal_lm",
+    key: str = "model.name_or_path",
+    device: str | torch.device | None = None,
 ):
     """from_pretrained with the config's dtype / attention / remote-code settings, for every model grpokit
-    loads: head="causal_lm" (the policy, SFT) or "backbone" (the body without its LM head: the PPO
-    critic's)."""
+    loads: head="causal_lm" (the policy, SFT), "backbone" (the body without its LM head: the PPO critic's) or
+    "sequence_classification" (a reward model). dtype is a DTYPES name or "auto" (the checkpoint's own);
+    key is the config key that named the model, for the errors; device, when given, is where it then goes."""
     import transformers
 
     auto = getattr(transformers, AUTO_CLASSES[head])
-    _check_local(name_or_path, "model.name_or_path")
-    kwargs = dict(dtype=DTYPES[dtype], trust_remote_code=trust_remote_code)
+    _check_local(name_or_path, key)
+    kwargs = dict(dtype="auto" if dtype == "auto" else DTYPES[dtype], trust_remote_code=trust_remote_code)
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
     try:
-        return auto.from_pretrained(name_or_path, **kwargs)
+        model = auto.from_pretrained(name_or_path, **kwargs)
     except (OSError, ValueError) as exc:
-        what = (
-            "a causal LM from {!r} (model.name_or_path)"
-            if head == "causal_lm"
-            else ("the critic's backbone from {!r} (model.name_or_path) with AutoModel")
-        )
-        raise ModelLoadError(
-            f"could not load {what.format(name_or_path)}: {str(exc).splitlines()[0]}"
-        ) from None
+        what = LOAD_FAILURES[head].format(name=name_or_path, key=key)
+        raise ModelLoadError(f"{what}: {str(exc).splitlines()[0]}") from None
+    return model if device is None else model.to(device)
 
 
 def disable_dropout(model) -> None:
