@@ -76,6 +76,8 @@ LAYERS: dict[str, int] = {
     "grpokit.policy.logprobs": SERVICES,
     "grpokit.optim": SERVICES,
     "grpokit.distributed": SERVICES,
+    "grpokit.distributed.parallel": SERVICES,
+    "grpokit.distributed.world": SERVICES,
     "grpokit.checkpoint": SERVICES,
     "grpokit.checkpoint.resume": SERVICES,
     "grpokit.checkpoint.save": SERVICES,
