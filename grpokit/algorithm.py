@@ -71,7 +71,7 @@ def outcome_advantages(
     alg: AlgorithmConfig, rewards: Tensor, group_size: int, world: Ranks | None = None
 ) -> Tensor:
     """[N] advantages of [N] outcome rewards (groups contiguous), as algorithm.* says. world: with several
-    ranks (grpokit/distributed.py) a batch scale's mean and std are those of every rank's rewards (one
+    ranks (grpokit/distributed/) a batch scale's mean and std are those of every rank's rewards (one
     all_gather of [N] floats), so each rank gets its rows of what one process computes on the global batch."""
     ranks: Ranks = world or ONE_PROCESS
     if alg.scale_rewards not in BATCH_SCALES:  # per group: each rank has its whole groups

@@ -102,7 +102,7 @@ def train(
 
         ensure_writable_dir(cfg.output_dir)  # before loading the model, so a bad path fails in a second
         trainer = Trainer(cfg)  # with a critic (grpokit/critic.py) when algorithm.advantage_estimator=gae
-        try:  # under torchrun, each rank runs this (grpokit/distributed.py, docs/scaling.md)
+        try:  # under torchrun, each rank runs this (grpokit/distributed/, docs/scaling.md)
             last = trainer.train()
         finally:
             trainer.world.teardown()

@@ -236,7 +236,7 @@ PERF_CRITIC_TRAIN_TIME = "perf/critic_train_time"
 PERF_ROLLOUT_WAIT = "perf/rollout_wait_time"
 PERF_WEIGHTS_WAIT = "perf/weights_wait_time"
 
-#: How one rank's value of a metric becomes the run's when several ranks train (grpokit/distributed.py,
+#: How one rank's value of a metric becomes the run's when several ranks train (grpokit/distributed/,
 #: World.reduce_metrics): the slowest rank's time and memory, the sum of throughputs and of group counts.
 #: Every other metric is computed over the whole batch already (the same on every rank: reward/, advantage/,
 #: rollout/ from every rank's rows, policy/ from every rank's micro-batches), or only rank 0 has it (eval/).

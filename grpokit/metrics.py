@@ -160,7 +160,7 @@ class MeanAccumulator:
     @staticmethod
     def merge(parts: list[tuple[dict[str, float], dict[str, float]]]) -> MeanAccumulator:
         """One accumulator from several (sums, weights): every rank's micro-batches
-        (grpokit/distributed.py)."""
+        (grpokit/distributed/)."""
         out = MeanAccumulator()
         for sums, weights in parts:
             for k, v in sums.items():

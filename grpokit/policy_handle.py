@@ -1,6 +1,6 @@
 """The policy, one handle: what the optimizer steps, what the log-prob passes call, pi_ref, the whole weights.
 
-    policy = world.wrap(model, ref)     # grpokit/distributed.py: FSDP2 / DDP under torchrun; the model alone
+    policy = world.wrap(model, ref)     # grpokit/distributed/: FSDP2 / DDP under torchrun; the model alone
     policy.compile()                    # model.compile: the training and pi_ref forwards, compiled
     policy.module                       # the parameters the optimizer steps (FSDP2: sharded in place)
     policy.forward                      # what the training and pi_old passes call (DDP: the wrapper)

@@ -11,7 +11,7 @@ clip-higher (epsilon_high), sequence-level ratios (GSPO), the advantage scale (D
 completions (DAPO).
 Process supervision (DeepSeekMath §4.1.3) needs no switch: when a reward function returns StepScores, the
 advantages are per token. docs/algorithm.md has the formulas. Under torchrun every rank runs this loop on its
-share of the prompts; distributed.py wraps the model (FSDP2 / DDP) and makes whole-batch quantities global.
+share of the prompts; distributed/ wraps the model (FSDP2 / DDP) and makes whole-batch quantities global.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ class Trainer:
         # The command line also resolves threads=0 (auto); the Python API leaves torch's setting alone.
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
-        self.world = World.from_env(cfg)  # torchrun's ranks (distributed.py); one process without it
+        self.world = World.from_env(cfg)  # torchrun's ranks (distributed/); one process without it
         check_engine(cfg, self.world.size)  # what the run asks of the engine, against what it can do
         seed_everything(cfg.seed + self.world.rank)  # each rank samples its own completions
         parts = build_components(

@@ -189,7 +189,7 @@ class RewardOutput:
     @staticmethod
     def take(spans: list[tuple[RewardOutput, slice]]) -> RewardOutput:
         """The samples `slice` of each output, concatenated in order: the groups dynamic sampling keeps
-        (grpokit/batch.py), every rank's batch (grpokit/distributed.py). Errors and timeouts, which count
+        (grpokit/batch.py), every rank's batch (grpokit/distributed/). Errors and timeouts, which count
         calls' failures, add up once per distinct output."""
         first = spans[0][0]
         sources = {id(src): src for src, _ in spans}.values()

@@ -306,11 +306,11 @@ def test_sigterm_console_script(setup):
 
 def test_sigint_saves_once_and_stops(setup, monkeypatch):
     model_dir, tmp_path = setup
-    import grpokit.distributed
+    import grpokit.distributed.parallel
 
-    real, saved = grpokit.distributed.save_checkpoint, []
+    real, saved = grpokit.distributed.parallel.save_checkpoint, []
     monkeypatch.setattr(
-        grpokit.distributed,
+        grpokit.distributed.parallel,
         "save_checkpoint",
         lambda out, step, *a, **k: saved.append(step) or real(out, step, *a, **k),
     )
@@ -412,10 +412,10 @@ def test_train_refuses_a_folder_in_use_and_a_fresh_run_never_appends_to_an_old_l
 def test_a_second_signal_during_a_save_lets_the_save_finish_and_says_so(setup, monkeypatch):
     """Two Ctrl-C / SIGTERMs during a checkpoint write used to exit 130 with no message and drop the save,
     leaving a temporary folder. Now the save finishes, a line says so, and the run stops (130)."""
-    import grpokit.distributed
+    import grpokit.distributed.parallel
 
     model_dir, tmp_path = setup
-    real = grpokit.distributed.save_checkpoint
+    real = grpokit.distributed.parallel.save_checkpoint
 
     def save_under_two_signals(out, step, *a, **k):
         if step == 2:
@@ -424,7 +424,7 @@ def test_a_second_signal_during_a_save_lets_the_save_finish_and_says_so(setup, m
             time.sleep(0.05)  # both handled here, inside the save
         return real(out, step, *a, **k)
 
-    monkeypatch.setattr(grpokit.distributed, "save_checkpoint", save_under_two_signals)
+    monkeypatch.setattr(grpokit.distributed.parallel, "save_checkpoint", save_under_two_signals)
     handler = signal.getsignal(signal.SIGINT)
     r = CliRunner().invoke(
         app,

@@ -387,7 +387,8 @@ def test_saved_at_two_ranks_resumed_at_one_and_at_two(
 
     load = checkpoint_sharded.load_sharded
     monkeypatch.setattr(
-        "grpokit.distributed.load_sharded", lambda path, model, adamw, **kw: load(path, model, None, **kw)
+        "grpokit.distributed.parallel.load_sharded",
+        lambda path, model, adamw, **kw: load(path, model, None, **kw),
     )
     shutil.copytree(step1, checkpoint_dir(tmp_path / "no_moments", 1))
     rel = _rel(

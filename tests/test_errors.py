@@ -358,7 +358,7 @@ def test_output_dir_not_writable(env, monkeypatch):
     # We run as root, so chmod would not stop us: a path under a regular file cannot be created by anyone.
     (env[0] / "file.txt").write_text("x")
     loaded = []
-    monkeypatch.setattr("grpokit.policy.load_model", lambda *a, **k: loaded.append(1))
+    monkeypatch.setattr("grpokit.policy.loading.load_model", lambda *a, **k: loaded.append(1))
     msg = user_error(
         train(env, f"output_dir={env[0] / 'file.txt' / 'run'}"),
         "output_dir",

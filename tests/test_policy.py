@@ -96,7 +96,7 @@ def _logp_and_grads(model, batch, share, fused=None, temperature=1.0):
 def test_shared_prompts_give_the_plain_pass_values_and_gradients(monkeypatch):
     """Each distinct prompt through the model once, its KV cache gathered to its G rows: same log-probs,
     entropies and parameter gradients as running every row's prompt + completion."""
-    import grpokit.policy as policy
+    import grpokit.policy.logprobs as policy  # the module whose names the kernels look up
 
     model = tiny_llama().train()
     batch = _grouped_batch()
@@ -211,7 +211,7 @@ class _ScaledLogits(LlamaForCausalLM):
 
 
 def test_fused_path_is_taken_only_where_it_gives_the_models_logits(monkeypatch):
-    import grpokit.policy as policy
+    import grpokit.policy.logprobs as policy  # the module whose names the kernels look up
 
     torch.manual_seed(0)
     cfg = LlamaConfig(

@@ -126,3 +126,12 @@ def test_a_reward_model_drives_learning(tiny_model_dir, sevens_rm, tmp_path):
     )
     first, last = sum(scores[:5]) / 5, sum(scores[-5:]) / 5
     assert last > 2 * first and last > first + 0.5, (first, last)  # the reward model's score rises
+
+
+def test_a_missing_reward_model_folder_gets_the_model_loaders_error(tmp_path):
+    """The reward model loads through the one model loader: a local path that does not exist is named with
+    its config key, as model.name_or_path's is, before transformers could take it for a hub id."""
+    from grpokit.policy import ModelLoadError
+
+    with pytest.raises(ModelLoadError, match=r"rewards\[1\]\.model='\./no/such/rm': no such folder"):
+        RewardModel("./no/such/rm", key="rewards[1].model")

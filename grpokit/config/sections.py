@@ -357,7 +357,7 @@ class CheckpointConfig(Section):
 
 
 class DistributedConfig(Section):
-    """Several processes under torchrun (grpokit/distributed.py, docs/scaling.md); one process ignores this
+    """Several processes under torchrun (grpokit/distributed/, docs/scaling.md); one process ignores this
     section."""
 
     strategy: Literal["fsdp2", "ddp", "none"] = "fsdp2"

@@ -10,7 +10,8 @@ As TRL scores with a reward model (GRPOTrainer._calculate_rewards): each (prompt
 text, the reward model's chat template applied to the conversation [user prompt, assistant completion] when
 its tokenizer has one (a conversational prompt keeps its messages), else prompt + completion as plain text;
 the texts are padded on the right and the score is the head's logit at the last token (logits[:, 0]). Scores
-run in inference mode, in batches of `batch_size`, in the model's own dtype (from_pretrained(dtype="auto")).
+run in inference mode, in batches of `batch_size`, in the model's own dtype (dtype="auto"). The model loads
+through the policy's one loader (grpokit.policy.loading.load_model), with its path check and its errors.
 The scores then go through the RewardManager like any function's: weight, reward/<name> metrics, errors and
 timeouts.
 """
@@ -45,16 +46,22 @@ class RewardModel:
         device: str | None = None,
         key: str = "rewards[0].model",
     ):
-        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+        from transformers import AutoTokenizer
+
+        from grpokit.policy.loading import ModelLoadError, load_model
 
         self.name_or_path = name_or_path
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        # The one model loader: its path check, dtype and remote-code settings and its errors, under `key`.
+        self.model = load_model(
+            name_or_path, dtype="auto", head="sequence_classification", key=key, device=self.device
+        )
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(name_or_path)
-            self.model = AutoModelForSequenceClassification.from_pretrained(name_or_path, dtype="auto")
         except (OSError, ValueError) as exc:
-            raise ValueError(
-                f"{key}={name_or_path!r}: could not load a sequence-classification reward model "
-                f"(AutoModelForSequenceClassification): {str(exc).splitlines()[0]}"
+            raise ModelLoadError(
+                f"{key}={name_or_path!r}: could not load the reward model's tokenizer: "
+                f"{str(exc).splitlines()[0]}"
             ) from None
         if self.model.config.num_labels != 1:
             raise ValueError(
@@ -71,8 +78,7 @@ class RewardModel:
             "right",
             "left",
         )  # keep the completion's end
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self.model.to(self.device).eval().requires_grad_(False)
+        self.model.eval().requires_grad_(False)
         self.batch_size, self.max_length = batch_size, max_length
         self.chat = bool(getattr(self.tokenizer, "chat_template", None))
 

@@ -1,0 +1,255 @@
+"""Parallelization: the policy over the ranks (FSDP2's fully_shard or DDP), its one handle, and the
+checkpoints that go with it (sharded with torch.distributed.checkpoint, or whole).
+
+    policy = world.wrap(model, ref)   # FSDP2 fully_shard per decoder layer then the root, or DDP; the handle
+    world.backward(loss)              # DDP / FSDP2 average gradients over ranks; the loss is scaled by W
+    world.save_checkpoint(out, step, model, adamw, tokenizer, state, keep_last)
+    is_sharded(model)                 # an FSDP2 module: every rank runs the same forwards
+
+Parallel is World's parallelization half (World in world.py derives from it): the ranks, the process group
+and the collectives are World's; what the model is and how it is saved are here.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from grpokit.checkpoint import (
+    CheckpointError,
+    is_sharded_checkpoint,
+    load_weights,
+    save_checkpoint,
+    seed_everything,
+    set_rng_state,
+)
+from grpokit.checkpoint_sharded import load_sharded, save_sharded
+from grpokit.policy_handle import PolicyHandle
+
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint.state_dict import OptimizerStateType, ValueType
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
+
+
+def is_sharded(model) -> bool:
+    """An FSDP2 module: its parameters are shards and every forward all-gathers them, so every rank must run
+    the same sequence of forwards (grpokit/policy/logprobs.py then takes the one-forward path)."""
+    if not dist.is_available():
+        return False
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The transformer blocks, each an FSDP2 unit: the classes transformers marks as never split across
+    devices (`_no_split_modules`, e.g. LlamaDecoderLayer; what accelerate's FSDP auto-wrap uses too)."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    return [m for m in model.modules() if type(m).__name__ in names and m is not model]
+
+
+class Parallel:
+    """World's parallelization half: wrapping the policy (wrap), its whole weights (full_model), pi_ref's
+    reset, the backward over ranks and the checkpoints. It reads the world's rank, size, device, strategy and
+    mixed_precision, and keeps the wrapped modules (World.__init__ sets them all)."""
+
+    rank: int
+    size: int
+    strategy: str
+    mixed_precision: str
+    device: torch.device
+    _model: torch.nn.Module | None
+    _full: torch.nn.Module | None
+    _ref: torch.nn.Module | None
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    # ------------------------------------------------------------------ the model
+    def wrap(self, model: torch.nn.Module, ref: Any = None) -> PolicyHandle:
+        """The policy's one handle (grpokit/policy_handle.py): the module whose parameters the optimizer
+        steps, what the training forward calls, pi_ref, and the module the rollout engine generates and
+        evaluates with (full() refreshes it). One process: the model itself for all three.
+
+        The process group starts here, its backend following the policy's device: nccl on CUDA, gloo on CPU.
+        fsdp2: fully_shard on each decoder layer, then on the root (torchtitan's recipe), in place, with
+        FSDP2's MixedPrecisionPolicy under distributed.mixed_precision=bf16; pi_ref (`ref`, frozen) is sharded
+        the same way in place, so it costs 1/W of its weights per rank. The engine gets an unsharded copy of
+        the policy, refreshed by full_model() after each update, so that generation and rank 0's evaluation
+        run no collective whatever their lengths (it costs one full copy of the weights per rank).
+        ddp: the replica itself generates; only the training forward goes through DDP; pi_ref is a whole
+        copy."""
+        self._model, self._ref = model, ref
+        if self.size == 1:
+            return self._handle(model, model)
+        self.device = next(model.parameters()).device
+        if not dist.is_initialized():
+            if self.device.type == "cuda":
+                torch.cuda.set_device(self.device)
+            dist.init_process_group(
+                "nccl" if self.device.type == "cuda" else "gloo"
+            )  # env://, as torchrun sets it
+        if self.strategy == "ddp":
+            from torch.nn.parallel import DistributedDataParallel
+
+            # forward_sync_buffers=False: the buffers are constants (RoPE frequencies), and no-grad passes
+            # need no collective
+            return self._handle(DistributedDataParallel(model, forward_sync_buffers=False), model)
+        self._full = copy.deepcopy(model)
+        for module in (model, ref) if ref is not None else (model,):
+            self._shard(module)
+        return self._handle(model, self._full)
+
+    def _handle(self, forward: Any, whole: torch.nn.Module) -> PolicyHandle:
+        assert self._model is not None
+        return PolicyHandle(
+            self._model,
+            forward,
+            self._ref,
+            whole=whole,
+            full=self.full_model,
+            reset_reference=self.reset_reference,
+        )
+
+    def _shard(self, model: torch.nn.Module) -> None:
+        """FSDP2 in place: each decoder layer a unit, then the root; bf16 all-gathers and compute, fp32
+        reductions under distributed.mixed_precision=bf16 (the sharded parameters stay in their dtype: the
+        master weights)."""
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        mesh = init_device_mesh(self.device.type, (self.size,))
+        layer_mp = root_mp = MixedPrecisionPolicy()  # FSDP2's default: the parameters' own dtype throughout
+        if (
+            self.mixed_precision == "bf16"
+        ):  # the layers pass bf16 on; the root's output (the logits) comes out fp32
+            layer_mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            root_mp = MixedPrecisionPolicy(
+                param_dtype=torch.bfloat16, reduce_dtype=torch.float32, output_dtype=torch.float32
+            )
+        for layer in decoder_layers(model):
+            fully_shard(layer, mesh=mesh, mp_policy=layer_mp)
+        fully_shard(model, mesh=mesh, mp_policy=root_mp)
+
+    def reset_reference(self) -> None:
+        """pi_ref <- pi_theta (algorithm.ref_policy=reset). FSDP2: shard by shard (the same layout), no
+        all-gather."""
+        model, ref = self._model, self._ref
+        assert model is not None and ref is not None  # wrap(model, ref) came first
+        with torch.no_grad():
+            if self._full is None:
+                ref.load_state_dict(model.state_dict())
+                return
+            for module in (ref, model):  # sharded in place by _shard
+                # a no-grad forward leaves the root's parameters unsharded (plain tensors) until the next
+                cast("FSDPModule", module).reshard()
+            for r, p in zip(ref.parameters(), model.parameters(), strict=True):
+                r.copy_(p)
+
+    def full_model(self) -> torch.nn.Module:
+        """The policy with whole weights, current: what the engine syncs to, rank 0 saves, pi_ref resets to.
+        FSDP2: the unsharded copy, refreshed from the shards (an all-gather per parameter; every rank calls
+        this)."""
+        model = self._model
+        assert model is not None  # wrap() came first
+        if self._full is None:
+            return model
+        full = dict(self._full.named_parameters())
+        cast("FSDPModule", model).reshard()  # the shards (DTensors), whatever the last forward left
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                full[name].copy_(cast("DTensor", p).full_tensor())
+        return self._full
+
+    def backward(self, loss: Tensor) -> None:
+        """loss.backward() for this rank's share of a loss that is a sum over every rank's rows. DDP and FSDP2
+        average gradients over the W ranks; the gradient of the global loss is their sum, hence W x loss."""
+        (loss * self.size if self.size > 1 else loss).backward()
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_checkpoint(
+        self, out: Path, step: int, model, adamw, tokenizer, state: dict, keep_last: int
+    ) -> Path:
+        """One process: checkpoint.save_checkpoint (model.safetensors + the trainer state). Several: every
+        rank writes its shards of the weights and AdamW's moments with torch.distributed.checkpoint
+        (checkpoint_sharded.py); rank 0's `state` without the moments (state["optimizer"], per-rank DTensors)
+        goes next to them."""
+        if self.size == 1:
+            return save_checkpoint(out, step, model, tokenizer, state, keep_last)
+        rest = {
+            k: v for k, v in state.items() if k not in ("optimizer", "ref_model")
+        }  # pi_ref after a reset: sharded too
+        return save_sharded(
+            out,
+            step,
+            model,
+            adamw,
+            tokenizer,
+            rest,
+            keep_last,
+            self,
+            ref=self._ref if "ref_model" in state else None,
+        )
+
+    def load_checkpoint(self, path: Path, state: dict, *, model, adamw, seed: int) -> None:
+        """A checkpoint into this world: weights, AdamW's moments, generators, and pi_ref when the checkpoint
+        holds one (ref_policy=reset). Written by ranks (torch.distributed.checkpoint): at any world size, one
+        process included. Written by one process (model.safetensors, the rest in `state`): as it is, or at
+        several ranks every rank reads the whole tensors and keeps its part
+        (StateDictOptions(full_state_dict=True))."""
+        if is_sharded_checkpoint(path):
+            load_sharded(path, model, adamw, rank=self.rank, seed=seed, step=state["step"], ref=self._ref)
+        elif self.size == 1:
+            load_weights(path, model)
+            set_rng_state(state["rng"])
+        else:
+            self._load_whole(path, state, model, adamw, seed)
+
+    def _load_whole(self, path: Path, state: dict, model, adamw, seed: int) -> None:
+        """A one-process checkpoint at several ranks. Its moments are keyed by the optimizer's parameter
+        order, which is the model's named_parameters (optim.Optimizer), and are set here by name;
+        state["optimizer"] and state["ref_model"] are consumed, so that the trainer's own loading skips
+        them."""
+        from safetensors.torch import load_file
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        whole, lenient = (
+            StateDictOptions(full_state_dict=True),
+            StateDictOptions(full_state_dict=True, strict=False),
+        )
+        weights: dict[str, ValueType] = {
+            k: v for f in sorted(Path(path).glob("*.safetensors")) for k, v in load_file(f).items()
+        }
+        missing = [
+            n for n, _ in model.named_parameters() if n not in weights
+        ]  # a tied head is saved once, as the embedding
+        if missing:
+            raise CheckpointError(
+                f"checkpoint {str(path)!r} does not hold {missing[:3]} of this model; resume it with one "
+                "process, with the model it was trained from"
+            )
+        set_model_state_dict(model, weights, options=lenient)
+        names = [n for n, p in model.named_parameters() if p.requires_grad]
+        saved = state.pop("optimizer")
+        by_name: OptimizerStateType = {
+            "state": {names[i]: v for i, v in saved["state"].items()},
+            "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in saved["param_groups"]],
+        }
+        set_optimizer_state_dict(model, adamw, by_name, options=whole)
+        if "ref_model" in state and self._ref is not None:
+            set_model_state_dict(self._ref, state.pop("ref_model"), options=lenient)
+        if self.is_main:
+            set_rng_state(state["rng"])
+        else:
+            seed_everything(hash((seed, self.rank, state["step"])) % 2**31)
