@@ -195,7 +195,8 @@ def chosen_logprobs(
     prompt_logprobs=0) holds the token's own entry at each."""
     assert positions is not None  # the request asked for them
     out = []
-    for d, t in zip(positions[first:], ids[first:], strict=True):
+    # not strict: a completion's ids may be cut at a stop sequence, shorter than the positions vLLM sampled
+    for d, t in zip(positions[first:], ids[first:], strict=False):
         assert d is not None  # only the prompt's first position has none
         out.append(d[t].logprob)
     return out
