@@ -12,6 +12,7 @@ import pytest
 
 import grpokit
 from grpokit.config import Config, ConfigError, SFTConfig
+from tests.helpers import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,11 +30,7 @@ def test_the_documented_example_runs(tmp_path):
     assert re.search(r"held-out pass@1: [0-9.]+", r.stdout), r.stdout[-2000:]
     assert (tmp_path / "runs/api/sft/final/model.safetensors").is_file()
     assert (tmp_path / "runs/api/grpo/final/model.safetensors").is_file()
-    steps = [
-        line
-        for line in (tmp_path / "runs/api/grpo/metrics.jsonl").read_text().splitlines()
-        if '"reward/mean"' in line
-    ]
+    steps = [row for row in read_metrics(tmp_path / "runs/api/grpo") if "reward/mean" in row]
     assert len(steps) == 4
     page = (tmp_path / "runs/api/grpo/report.html").read_text()
     assert page.startswith("<!DOCTYPE html>") or "<html" in page[:500]

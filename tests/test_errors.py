@@ -31,6 +31,7 @@ from grpokit.checkpoint import list_checkpoints
 from grpokit.cli import app
 from grpokit.doctor import diagnose
 from grpokit.metrics import read_metrics
+from tests.helpers import read_metrics as read_test_metrics
 from tests.helpers import require
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -156,7 +157,7 @@ def user_error(result, *words) -> str:
 
 
 def metrics(env) -> list[dict]:
-    return [json.loads(line) for line in (env[0] / "run" / "metrics.jsonl").read_text().splitlines()]
+    return read_test_metrics(env[0] / "run")
 
 
 # ----------------------------------------------------------------------------- config

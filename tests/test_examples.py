@@ -1,12 +1,13 @@
 """The README's copy-paste example and examples/extending.py work as written (with fewer steps)."""
 
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 GRPOKIT = str(Path(sys.executable).with_name("grpokit"))
@@ -79,7 +80,7 @@ def test_extending_example(tmp_path, tiny_model_dir):
     assert "examples/extending.py" in (ROOT / "docs" / "extending.md").read_text()
     out = tmp_path / "run"
     r = run(sys.executable, "examples/extending.py", "--model", str(tiny_model_dir), "--out", str(out))
-    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    metrics = read_metrics(out)
     steps = [m for m in metrics if "reward/correct_sum" in m]
     assert len(steps) == 2 and all("reward/used_a_tool" in m for m in steps)
     assert (out / "final" / "model.safetensors").is_file()

@@ -15,6 +15,7 @@ import torch
 
 from grpokit.algo import policy_loss
 from grpokit.algo.importance import MODES, importance_weights, sampler_mismatch, weight_stats
+from tests.helpers import read_metrics
 
 LN = math.log
 
@@ -129,7 +130,6 @@ def test_the_loop_logs_the_mismatch_for_engines_with_logprobs_and_corrects_only_
 ):
     """fast returns its log-probs: the mismatch is logged (float noise: the same model and code) and, with
     rollout.importance_correction on, the weights' stats; hf returns none: no mismatch metrics."""
-    import json
 
     from grpokit.config import load_config
     from grpokit.trainer import Trainer
@@ -157,11 +157,7 @@ def test_the_loop_logs_the_mismatch_for_engines_with_logprobs_and_corrects_only_
             ],
         )
         Trainer(cfg).train()
-        return [
-            json.loads(line)
-            for line in (out / "metrics.jsonl").read_text().splitlines()
-            if '"reward/mean"' in line
-        ]
+        return [row for row in read_metrics(out) if "reward/mean" in row]
 
     fast = run(
         "fast",
