@@ -9,10 +9,9 @@ import pytest
 import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForSequenceClassification
 
-from grpokit.config import load_config
 from grpokit.rewards.model import RewardModel
 from grpokit.trainer import Trainer
-from tests.helpers import read_metrics
+from tests.helpers import read_metrics, tiny_config
 
 CHAT = (
     "{% for m in messages %}<{{ m['role'][0] }}>{{ m['content'] }}{% endfor %}"
@@ -96,25 +95,12 @@ def test_the_reward_models_chat_template_renders_prompt_and_completion(sevens_rm
 @pytest.mark.slow
 def test_a_reward_model_drives_learning(tiny_model_dir, sevens_rm, tmp_path):
     out = tmp_path / "run"
-    cfg = load_config(
-        None,
-        [
-            f"model.name_or_path={tiny_model_dir}",
-            "data.task=countdown",
-            "data.task_train_size=500",
-            "data.eval_size=0",
-            f"rewards=[{{model: '{sevens_rm}', kwargs: {{batch_size: 8}}}}]",
-            "rollout.prompts_per_step=4",
-            "rollout.num_generations=8",
-            "rollout.max_completion_length=8",
-            "optim.learning_rate=3e-3",
-            "algorithm.beta=0.0",
-            "eval.at_start=false",
-            "logging.sample_every=0",
-            "optim.max_steps=30",
-            "checkpoint.save_every=0",
-            f"output_dir={out}",
-        ],
+    cfg = tiny_config(
+        tiny_model_dir,
+        out,
+        f"rewards=[{{model: '{sevens_rm}', kwargs: {{batch_size: 8}}}}]",
+        "optim.max_steps=30",
+        "checkpoint.save_every=0",
     )
     trainer = Trainer(cfg)
     assert trainer.rewards.names == [sevens_rm.name]
