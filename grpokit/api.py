@@ -63,26 +63,26 @@ def train(
         trainer.world.teardown()
 
 
+def held_out_metrics(cfg: Config) -> dict[str, float]:
+    """The eval/* metrics of cfg's model on cfg's held-out data ({} when it has none): a Trainer without
+    pi_ref or a critic, which evaluation needs neither of, closed with its rollout engine."""
+    from grpokit.trainer import Trainer
+
+    no_kl = cfg.algorithm.model_copy(update={"beta": 0.0, "advantage_estimator": "grpo"})
+    trainer = Trainer(cfg.model_copy(update={"algorithm": no_kl}))
+    try:
+        return trainer.evaluate()
+    finally:
+        trainer.close()
+
+
 def evaluate(
     model: str | Path, config: ConfigLike = None, overrides: list[str] | None = None
 ) -> dict[str, float]:
     """`grpokit eval MODEL -c CONFIG`: the held-out metrics (eval/pass@1, eval/pass@k, ...) of a model folder
     with the config's data, rewards and eval sections."""
-    from grpokit.trainer import Trainer
-
     cfg = _config(config, [*(overrides or []), f"model.name_or_path={model}"], Config)
-    # Evaluation needs neither pi_ref nor a critic.
-    trainer = Trainer(
-        cfg.model_copy(
-            update={
-                "algorithm": cfg.algorithm.model_copy(update={"beta": 0.0, "advantage_estimator": "grpo"})
-            }
-        )
-    )
-    try:
-        metrics = trainer.evaluate()
-    finally:
-        trainer.close()  # its rollout engine
+    metrics = held_out_metrics(cfg)
     if not metrics:
         raise ConfigError("no held-out data: set data.eval_path, data.eval_size or data.task")
     return metrics

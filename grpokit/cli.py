@@ -130,20 +130,9 @@ def eval_cmd(
     def go():
         cfg = load_config(config, [*_with_threads(overrides, threads), f"model.name_or_path={model}"])
         _threads(cfg.threads)
-        from grpokit.trainer import Trainer
+        from grpokit.api import held_out_metrics
 
-        # Evaluation needs neither pi_ref nor a critic.
-        trainer = Trainer(
-            cfg.model_copy(
-                update={
-                    "algorithm": cfg.algorithm.model_copy(update={"beta": 0.0, "advantage_estimator": "grpo"})
-                }
-            )
-        )
-        try:
-            metrics = trainer.evaluate()
-        finally:
-            trainer.close()  # its rollout engine
+        metrics = held_out_metrics(cfg)
         if not metrics:
             _fail("no held-out data: set data.eval_path, data.eval_size or data.task")
         from rich.console import Console

@@ -87,7 +87,7 @@ def save_final(model, tokenizer, dest: Path, *, merge: bool = False) -> Path:
 def _untie_adapted_head(peft_model):
     """An LM head with an adapter that shares its weight with the input embeddings (tie_word_embeddings) gets
     a weight of its own before the merge: merging into the shared tensor would change the embeddings too (peft
-    issue 2777)."""
+    warns of this when it adapts a tied layer without ensure_weight_tying)."""
     base = peft_model.get_base_model()
     head, embed = base.get_output_embeddings(), base.get_input_embeddings()
     inner = getattr(head, "base_layer", None)  # a peft LoRA layer wraps the original Linear
