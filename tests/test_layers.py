@@ -78,6 +78,7 @@ LAYERS: dict[str, int] = {
     "grpokit.task_registry": SERVICES,
     "grpokit.metrics": SERVICES,
     "grpokit.policy": SERVICES,
+    "grpokit.policy.gguf": SERVICES,
     "grpokit.policy.loading": SERVICES,
     "grpokit.policy.logprobs": SERVICES,
     "grpokit.optim": SERVICES,

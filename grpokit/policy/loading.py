@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from grpokit.policy.gguf import GGUFError, resolve
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 logger = logging.getLogger("grpokit.policy")
 
@@ -39,16 +41,28 @@ def _check_local(name_or_path: str, key: str) -> None:
     if local and not p.exists():
         where = "" if str(p.resolve()) == name_or_path else f" (resolved to {p.resolve()})"
         raise ModelLoadError(
-            f"{key}={name_or_path!r}: no such folder{where}; fix the path, or give a Hugging Face model id"
+            f"{key}={name_or_path!r}: no such folder or file{where}; fix the path, or give a Hugging Face "
+            "model id"
         )
+
+
+def model_folder(name_or_path: str, key: str) -> str:
+    """What from_pretrained loads for `name_or_path`: a local path must exist; a GGUF file (or a folder
+    holding one) becomes its converted folder in the cache (policy/gguf.py); a hub id or a model folder is
+    itself."""
+    _check_local(name_or_path, key)
+    try:
+        return resolve(name_or_path, key)
+    except GGUFError as exc:
+        raise ModelLoadError(str(exc)) from None
 
 
 def load_tokenizer(name_or_path: str, *, trust_remote_code: bool = False):
     from transformers import AutoTokenizer
 
-    _check_local(name_or_path, "model.tokenizer / model.name_or_path")
+    folder = model_folder(name_or_path, "model.tokenizer / model.name_or_path")
     try:
-        tok = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
+        tok = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as exc:
         raise ModelLoadError(
             f"could not load a tokenizer from {name_or_path!r} (model.tokenizer / model.name_or_path): "
@@ -103,12 +117,12 @@ def load_model(
     import transformers
 
     auto = getattr(transformers, AUTO_CLASSES[head])
-    _check_local(name_or_path, key)
+    folder = model_folder(name_or_path, key)
     kwargs = dict(dtype="auto" if dtype == "auto" else DTYPES[dtype], trust_remote_code=trust_remote_code)
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
     try:
-        model = auto.from_pretrained(name_or_path, **kwargs)
+        model = auto.from_pretrained(folder, **kwargs)
     except (OSError, ValueError) as exc:
         what = LOAD_FAILURES[head].format(name=name_or_path, key=key)
         raise ModelLoadError(f"{what}: {str(exc).splitlines()[0]}") from None

@@ -48,7 +48,7 @@ class RewardModel:
     ):
         from transformers import AutoTokenizer
 
-        from grpokit.policy.loading import ModelLoadError, load_model
+        from grpokit.policy.loading import ModelLoadError, load_model, model_folder
 
         self.name_or_path = name_or_path
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -57,7 +57,7 @@ class RewardModel:
             name_or_path, dtype="auto", head="sequence_classification", key=key, device=self.device
         )
         try:
-            self.tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+            self.tokenizer = AutoTokenizer.from_pretrained(model_folder(name_or_path, key))
         except (OSError, ValueError) as exc:
             raise ModelLoadError(
                 f"{key}={name_or_path!r}: could not load the reward model's tokenizer: "
