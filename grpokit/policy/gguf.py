@@ -43,11 +43,12 @@ def cache_root() -> Path:
 
 
 def gguf_file(name_or_path: str, key: str = "model.name_or_path") -> Path | None:
-    """The GGUF file that `name_or_path` names: the file itself, or the one .gguf in a folder without a
-    config.json; None for anything else (a Hugging Face folder or a hub id)."""
+    """The GGUF file that `name_or_path` names: the file itself (a .gguf name, or GGUF's magic bytes, as in an
+    Ollama blob), or the one .gguf in a folder without a config.json; None for anything else (a Hugging Face
+    folder or a hub id)."""
     path = Path(name_or_path).expanduser()
     if path.is_file():
-        return path if path.suffix.lower() == ".gguf" else None
+        return path if path.suffix.lower() == ".gguf" or is_gguf(path) else None
     if not path.is_dir() or (path / "config.json").exists():
         return None
     found = sorted(p for p in path.iterdir() if p.suffix.lower() == ".gguf")
@@ -55,6 +56,15 @@ def gguf_file(name_or_path: str, key: str = "model.name_or_path") -> Path | None
         names = ", ".join(p.name for p in found)
         raise GGUFError(f"{key}={name_or_path!r} holds {len(found)} GGUF files ({names}); name one of them")
     return found[0] if found else None
+
+
+def is_gguf(path: Path) -> bool:
+    """The file starts with GGUF's magic bytes: Ollama keeps its models as GGUF blobs named by their hash."""
+    try:
+        with path.open("rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError:
+        return False
 
 
 def file_sha256(path: Path) -> str:
