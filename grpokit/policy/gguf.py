@@ -131,7 +131,11 @@ def resolve(name_or_path: str, key: str = "model.name_or_path") -> str:
             )
             + "\n"
         )
-        tmp.chmod(0o755)  # mkdtemp's 0700 would hide a shared cache from other users
+        # mkdtemp's 0700, and the 0600 transformers gives the weights it writes, would hide a shared cache
+        # from other users
+        tmp.chmod(0o755)
+        for path in tmp.rglob("*"):
+            path.chmod(0o755 if path.is_dir() else 0o644)
         try:
             tmp.rename(folder)
         except OSError:  # another process converted the same file meanwhile: keep theirs

@@ -19,8 +19,8 @@ chat_template (tools.format=chat_template), for chat models trained on tool call
                        at the model's EOS)
     grpokit appends    the chat template's rendering of the tool messages {"role": "tool", "name", "content"}
                        up to the next assistant generation prompt (e.g. `\\n<|im_start|>user\\n<tool_response>
-                       \\n56088\\n</tool_response><|im_end|>\\n<|im_start|>assistant\\n` for Qwen), found by
-                       rendering a conversation with and without them.
+                       \\n56088\\n</tool_response><|im_end|>\\n<|im_start|>assistant\\n` for Qwen): what a
+                       rendered conversation holds after the model's turn and its EOS.
 """
 
 from __future__ import annotations
@@ -150,22 +150,28 @@ class ChatTemplateFormat:
             raise ValueError(
                 "tools.format=chat_template needs a tokenizer with a chat template; use tools.format=plain"
             )
-        before = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
+        # The assistant turn the tool messages follow, its content a marker to find in the rendering. Only
+        # what follows that turn is read: a template may render a turn differently once more messages follow
+        # it (Qwen3 drops the empty <think> block it gives the last assistant turn), so the conversation
+        # without the tool messages need not be a prefix of the one with them.
+        marker = "grpokit-model-turn"
+        before = [{"role": "user", "content": "x"}, {"role": "assistant", "content": marker}]
         tool_messages = [{"role": "tool", "name": name, "content": content} for name, content in results]
-        head = tokenizer.apply_chat_template(before, tokenize=False)
         full = tokenizer.apply_chat_template(
             before + tool_messages, tokenize=False, add_generation_prompt=True
         )
-        if not full.startswith(head):
+        at = full.rfind(marker)
+        if at < 0:
             raise ValueError(
-                "the chat template renders the conversation differently once tool messages follow; "
-                "grpokit cannot find the tool messages' tokens: use tools.format=plain"
+                "the chat template does not render an assistant message's content as it is; grpokit cannot "
+                "find the tool messages' tokens: use tools.format=plain"
             )
-        # The model's turn ended at its EOS token; what the template puts after that EOS belongs to the
-        # suffix.
+        rest = full[at + len(marker) :]
+        # The model's turn ended at its EOS token; what the template puts after that EOS is the suffix.
         eos = tokenizer.eos_token or ""
-        tail = head[head.rfind(eos) + len(eos) :] if eos and eos in head else ""
-        return tokenizer.encode(tail + full[len(head) :], add_special_tokens=False)
+        if eos and eos in rest:
+            rest = rest[rest.index(eos) + len(eos) :]
+        return tokenizer.encode(rest, add_special_tokens=False)
 
 
 FORMATS = {"plain": PlainFormat, "chat_template": ChatTemplateFormat}

@@ -1,0 +1,156 @@
+"""GGUF paths (grpokit/policy/gguf.py) without a real model: which path names a GGUF file, where the cache is,
+what resolve() returns, that a converted folder is reused, and the error when the gguf packages are missing.
+The real conversion and the model it gives are tests/test_real_model.py's."""
+
+import importlib.util
+import json
+import stat
+
+import pytest
+
+import grpokit.policy.gguf as gguf
+from grpokit.policy import ModelLoadError, load_model, load_tokenizer
+from grpokit.policy.gguf import SOURCE_FILE, GGUFError, cache_root, file_sha256, gguf_file, resolve
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """An empty GGUF cache of this test's own ($GRPOKIT_CACHE)."""
+    root = tmp_path / "cache"
+    monkeypatch.setenv("GRPOKIT_CACHE", str(root))
+    return root
+
+
+def fake_gguf(path, content=b"GGUF not a real model"):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(content)
+    return path
+
+
+def never_convert(gguf_path, out, *, key="model.name_or_path"):
+    raise AssertionError(f"converted {gguf_path} again")
+
+
+# --------------------------------------------------------------------------- gguf_file
+
+
+def test_a_gguf_file_is_itself_and_another_file_is_none(tmp_path):
+    model = fake_gguf(tmp_path / "SmolLM2.Q4_1.gguf")
+    upper = fake_gguf(tmp_path / "other" / "MODEL.GGUF")
+    (tmp_path / "weights.safetensors").write_bytes(b"x")
+    assert gguf_file(str(model)) == model
+    assert gguf_file(str(upper)) == upper
+    assert gguf_file(str(tmp_path / "weights.safetensors")) is None
+
+
+def test_a_folder_with_one_gguf_file_is_that_file(tmp_path):
+    model = fake_gguf(tmp_path / "m" / "SmolLM2.Q4_1.gguf")
+    (tmp_path / "m" / "README.md").write_text("a model")
+    assert gguf_file(str(tmp_path / "m")) == model
+
+
+def test_a_hugging_face_folder_a_folder_without_gguf_and_a_hub_id_are_none(tmp_path):
+    fake_gguf(tmp_path / "hf" / "model.gguf")
+    (tmp_path / "hf" / "config.json").write_text("{}")  # a model folder that also holds a GGUF file
+    (tmp_path / "empty").mkdir()
+    assert gguf_file(str(tmp_path / "hf")) is None
+    assert gguf_file(str(tmp_path / "empty")) is None
+    assert gguf_file("HuggingFaceTB/SmolLM2-135M-Instruct") is None
+
+
+def test_a_folder_with_two_gguf_files_names_both_and_asks_to_name_one(tmp_path):
+    fake_gguf(tmp_path / "m" / "a.Q4_1.gguf")
+    fake_gguf(tmp_path / "m" / "b.Q8_0.gguf")
+    with pytest.raises(GGUFError) as err:
+        gguf_file(str(tmp_path / "m"), key="reward_model.name_or_path")
+    message = str(err.value)
+    assert "reward_model.name_or_path=" in message
+    assert "a.Q4_1.gguf" in message and "b.Q8_0.gguf" in message
+    assert "name one of them" in message
+
+
+# --------------------------------------------------------------------------- cache_root
+
+
+def test_cache_root_is_grpokit_cache_then_xdg_cache_home_then_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("GRPOKIT_CACHE", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    assert cache_root() == tmp_path / "home" / ".cache" / "grpokit"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_root() == tmp_path / "xdg" / "grpokit"
+    monkeypatch.setenv("GRPOKIT_CACHE", str(tmp_path / "mine"))
+    assert cache_root() == tmp_path / "mine"
+    monkeypatch.setenv("GRPOKIT_CACHE", "")  # set but empty: as if unset
+    assert cache_root() == tmp_path / "xdg" / "grpokit"
+
+
+# --------------------------------------------------------------------------- resolve
+
+
+def test_resolve_returns_a_hub_id_and_a_hugging_face_folder_unchanged(tmp_path, cache, monkeypatch):
+    monkeypatch.setattr(gguf, "convert", never_convert)
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text("{}")
+    assert resolve("HuggingFaceTB/SmolLM2-135M-Instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert resolve(str(tmp_path / "hf")) == str(tmp_path / "hf")
+    assert not cache.exists()
+
+
+def test_resolve_reuses_a_converted_folder_without_converting_again(tmp_path, cache, monkeypatch):
+    model = fake_gguf(tmp_path / "m" / "model.gguf")
+    folder = cache / "gguf" / file_sha256(model)[:16]
+    folder.mkdir(parents=True)
+    (folder / SOURCE_FILE).write_text(json.dumps({"source": str(model)}) + "\n")
+    monkeypatch.setattr(gguf, "convert", never_convert)
+    assert resolve(str(model)) == str(folder)
+    assert resolve(str(tmp_path / "m")) == str(folder)  # the folder holding it: the same copy
+
+
+def test_resolve_converts_once_into_a_folder_keyed_by_the_hash_that_others_can_read(
+    tmp_path, cache, monkeypatch
+):
+    """The first resolve converts (into a temporary folder, renamed into place with its source record);
+    the second finds it. Another file (another hash) gets a folder of its own."""
+    calls = []
+
+    def fake_convert(gguf_path, out, *, key="model.name_or_path"):
+        calls.append(gguf_path)
+        (out / "config.json").write_text("{}")
+        weights = out / "model.safetensors"
+        weights.write_bytes(b"w")
+        weights.chmod(0o600)  # as transformers writes it (a temporary file renamed)
+
+    monkeypatch.setattr(gguf, "convert", fake_convert)
+    model = fake_gguf(tmp_path / "model.gguf")
+    sha = file_sha256(model)
+    folder = resolve(str(model))
+    assert folder == str(cache / "gguf" / sha[:16])
+    assert resolve(str(model)) == folder and calls == [model]
+    record = json.loads((cache / "gguf" / sha[:16] / SOURCE_FILE).read_text())
+    assert record["sha256"] == sha and record["source"] == str(model.resolve())
+    assert sorted(p.name for p in (cache / "gguf").iterdir()) == [sha[:16]]  # no temporary folder left
+    for path in [cache / "gguf" / sha[:16], *(cache / "gguf" / sha[:16]).iterdir()]:
+        assert path.stat().st_mode & stat.S_IROTH, path  # a shared cache: readable by every user
+
+    other = fake_gguf(tmp_path / "other.gguf", b"GGUF another model")
+    assert resolve(str(other)) == str(cache / "gguf" / file_sha256(other)[:16]) != folder
+    assert calls == [model, other]
+
+
+# --------------------------------------------------------------------------- missing packages
+
+
+def test_missing_gguf_package_is_a_model_load_error_naming_the_extra(tmp_path, cache, monkeypatch):
+    real_find_spec = importlib.util.find_spec
+
+    def without_gguf(name, *args, **kwargs):
+        return None if name == "gguf" else real_find_spec(name, *args, **kwargs)
+
+    monkeypatch.setattr(importlib.util, "find_spec", without_gguf)
+    monkeypatch.setattr(gguf, "convert", never_convert)
+    model = fake_gguf(tmp_path / "model.gguf")
+    for load in (load_model, load_tokenizer):
+        with pytest.raises(ModelLoadError) as err:
+            load(str(model))
+        assert "needs gguf: pip install 'grpokit[gguf]'" in str(err.value)  # only the missing one
