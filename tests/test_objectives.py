@@ -515,3 +515,13 @@ def test_argument_errors():
         policy_loss(x, x, torch.ones(1), torch.ones(1, 2), top_entropy_quantile=0.2)
     with pytest.raises(ValueError, match=r"\[K, N\]"):
         decoupled_advantages(torch.zeros(4), torch.ones(1), 2)
+
+
+def test_config_rejects_bounds_that_do_not_apply():
+    from grpokit.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="delta"):
+        load_config(None, ["algorithm.delta=1.1"])
+    with pytest.raises(ConfigError, match="bound the clipped objective"):
+        load_config(None, ["algorithm.preset=cispo", "algorithm.dual_clip=3"])
+    assert load_config(None, ["algorithm.preset=intellect2"]).algorithm.delta == 4.0

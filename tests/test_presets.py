@@ -378,7 +378,7 @@ OTHER = {
     "beta": 0.123,
     "kl_estimator": "k1",
     "epsilon": 1e-4,
-    "epsilon_high": [5.0, 0.31],
+    "epsilon_high": [2.5, 0.31],
     "loss_type": "bnpo",
     "scale_rewards": ["batch", "group"],
     "advantage_estimator": ["rloo", "grpo"],

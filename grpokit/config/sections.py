@@ -272,6 +272,23 @@ class AlgorithmConfig(Section):
     """With several reward functions: normalize the weighted sum of the rewards (GRPO), or GDPO's
     normalize_then_sum: each reward's group z-score, then their weighted sum normalized over the batch."""
 
+    @model_validator(mode="after")
+    def _check_objective_bounds(self) -> AlgorithmConfig:
+        high = self.epsilon if self.epsilon_high is None else self.epsilon_high
+        if self.delta is not None and self.delta <= 1.0 + high:
+            raise ValueError(
+                f"algorithm.delta={self.delta} must exceed 1 + the upper clip range ({1.0 + high}): it caps "
+                "the ratio of negative-advantage tokens above the clip (INTELLECT-2: 4)"
+            )
+        if self.loss_type in ("cispo", "sapo", "gmpo") and (
+            self.delta is not None or self.dual_clip is not None
+        ):
+            raise ValueError(
+                "algorithm.delta and algorithm.dual_clip bound the clipped objective; "
+                f"loss_type={self.loss_type} has none: unset them"
+            )
+        return self
+
 
 class PPOConfig(Section):
     """Settings of the PPO baseline (`grpokit/critic.py`, algorithm.advantage_estimator=gae); unused by
