@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from grpokit.algo import group_advantages, policy_loss, step_advantages
+from grpokit.algo import decoupled_advantages, group_advantages, policy_loss, step_advantages
 from grpokit.batch import Groups
 from grpokit.config import AlgorithmConfig, ConfigError
 from grpokit.metrics import (
@@ -68,12 +68,28 @@ ONE_PROCESS = _OneProcess()
 
 
 def outcome_advantages(
-    alg: AlgorithmConfig, rewards: Tensor, group_size: int, world: Ranks | None = None
+    alg: AlgorithmConfig,
+    rewards: Tensor,
+    group_size: int,
+    world: Ranks | None = None,
+    scored: Any = None,
 ) -> Tensor:
     """[N] advantages of [N] outcome rewards (groups contiguous), as algorithm.* says. world: with several
     ranks (grpokit/distributed/) a batch scale's mean and std are those of every rank's rewards (one
-    all_gather of [N] floats), so each rank gets its rows of what one process computes on the global batch."""
+    all_gather of [N] floats), so each rank gets its rows of what one process computes on the global batch.
+    scored: the batch's RewardOutput; with multi_objective_aggregation=normalize_then_sum, GDPO's decoupled
+    advantages of its per-function rewards."""
     ranks: Ranks = world or ONE_PROCESS
+    if alg.multi_objective_aggregation == "normalize_then_sum" and scored is not None:
+        names = list(scored.per_function)
+        rows = [ranks.all_rows(scored.per_function[k].to(rewards.dtype)) for k in names]
+        per_reward = torch.stack(rows)  # [K, N]
+        weights = torch.tensor([scored.weights[k] for k in names], dtype=per_reward.dtype)
+        return ranks.my_rows(
+            decoupled_advantages(
+                per_reward, weights, group_size, estimator=alg.advantage_estimator, eps=alg.std_eps
+            )
+        )
     if alg.scale_rewards not in BATCH_SCALES:  # per group: each rank has its whole groups
         ranks = ONE_PROCESS
     advantages = group_advantages(
@@ -138,13 +154,15 @@ def algorithm_loss(
     num_tokens: int | float | None = None,
     beta: float | None = None,
     is_weights: Tensor | None = None,
+    entropy: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """policy_loss with algorithm.*'s clip ranges, KL, loss type and ratio level (-J, to minimize).
 
     logp, old_logp, ref_logp, loss_mask: [N, T]; advantages: [N] or [N, T]. num_sequences / num_tokens:
     the whole minibatch's counts when this is a micro-batch of it (docs/algorithm.md §4). beta: None =
     algorithm.beta; the PPO critic passes 0 when it puts the KL into the reward instead. is_weights: [N, T]
-    rollout.importance_correction's weights (grpokit.algo.importance), or None."""
+    rollout.importance_correction's weights (grpokit.algo.importance), or None. entropy: [N, T] pi_theta's
+    entropy (pass_options says when the loss needs it; with entropy_coef it carries the gradient)."""
     return policy_loss(
         logp,
         old_logp,
@@ -162,7 +180,44 @@ def algorithm_loss(
         num_sequences=num_sequences,
         num_tokens=num_tokens,
         is_weights=is_weights,
+        entropy=entropy if needs_entropy(alg) else None,
+        **objective_options(alg),
     )
+
+
+def needs_entropy(alg: AlgorithmConfig) -> bool:
+    """Whether the loss itself takes pi_theta's entropy (the high-entropy token selection, the bonus)."""
+    return alg.top_entropy_quantile < 1.0 or alg.entropy_coef != 0.0
+
+
+def pass_options(cfg: Any, first_pass: bool) -> dict[str, Any]:
+    """completion_logprobs' options for a training pass of the policy (cfg: the Config): the rollout's
+    temperature, and the entropy for the metric (first pass) or for the loss (every pass), with its gradient
+    when the loss has an entropy bonus."""
+    alg = cfg.algorithm
+    return {
+        "temperature": cfg.rollout.temperature,
+        "with_entropy": first_pass or needs_entropy(alg),
+        "entropy_grad": alg.entropy_coef != 0.0,
+    }
+
+
+def objective_options(alg: AlgorithmConfig) -> dict[str, Any]:
+    """policy_loss's keyword arguments for the objectives of docs/algorithm.md §10, from algorithm.*."""
+    return {
+        "delta": alg.delta,
+        "sapo_temperature_pos": alg.sapo_temperature_pos,
+        "sapo_temperature_neg": alg.sapo_temperature_neg,
+        "top_entropy_quantile": alg.top_entropy_quantile,
+        "entropy_coef": alg.entropy_coef,
+        "clip_cov_ratio": alg.clip_cov_ratio,
+        "clip_cov_lb": alg.clip_cov_lb,
+        "clip_cov_ub": alg.clip_cov_ub,
+        "kl_cov_ratio": alg.kl_cov_ratio,
+        "kl_cov_coef": alg.kl_cov_coef,
+        "off_policy_mask_threshold": alg.off_policy_mask_threshold,
+        "use_bias_correction_kl": alg.use_bias_correction_kl,
+    }
 
 
 def dynamic_sampling(

@@ -29,6 +29,7 @@ from grpokit.algorithm import (
     dynamic_sampling,
     make_loss_mask,
     outcome_advantages,
+    pass_options,
     process_advantages,
 )
 from grpokit.anchors import anchor_logprobs
@@ -186,7 +187,7 @@ class Trainer:
             step_rewards, step_ends = process_rewards(scored, comps.texts, comps.token_ids, self.tokenizer)
             advantages = process_advantages(alg, step_rewards, step_ends, G, tokens.completion_width)
         else:  # [N]; a batch std over every rank's rewards
-            advantages = outcome_advantages(alg, rewards, G, self.world)
+            advantages = outcome_advantages(alg, rewards, G, self.world, scored)
 
         batch = RolloutBatch(
             tokens, loss_mask, truncated, rewards, advantages, old_logp, ref_logp, value_targets, sampler_logp
@@ -267,9 +268,7 @@ class Trainer:
         for sub_idx in micro_batches(idx, b.tokens, cfg.micro_batch_size, cfg.optim.group_by_length):
             tokens = b.tokens.rows(sub_idx)  # trimmed to this micro-batch's longest completion
             T = tokens.completion_width
-            logp, entropy = completion_logprobs(
-                self.policy.forward, tokens, temperature=cfg.rollout.temperature, with_entropy=first_pass
-            )
+            logp, entropy = completion_logprobs(self.policy.forward, tokens, **pass_options(cfg, first_pass))
             mask = b.loss_mask[sub_idx, :T]
             old_logp = logp.detach()  # no pi_old pass (anchors.pi_old_source: "none"): pi_old = pi_theta
             if b.old_logp is not None:
@@ -286,6 +285,7 @@ class Trainer:
                 max_completion_length=cfg.rollout.max_completion_length,
                 num_sequences=num_sequences,
                 is_weights=self.correction(b, sub_idx, logp, mask, acc, first_pass),
+                entropy=entropy,
             )
             if not self.world.all_finite(loss):  # every rank skips together
                 bad_logp = not torch.isfinite(logp.detach()[mask.bool()]).all()
@@ -297,7 +297,7 @@ class Trainer:
                 tokens.completion_mask.numel(),
             )
             minibatch_loss += loss.item()  # micro-batch losses add up to the minibatch's loss
-            if entropy is not None:
+            if entropy is not None and first_pass:
                 acc.add(
                     {POLICY_ENTROPY: masked_mean(entropy, tokens.completion_mask).item()},
                     tokens.completion_mask.sum().item(),

@@ -272,3 +272,53 @@ def test_autocast_runs_matmuls_in_bf16_and_keeps_fp32_weights_and_grads():
         ref.lm_head.weight.zero_()
     assert model(input_ids=batch.input_ids[:1]).logits.abs().sum() > 0
     assert ref(input_ids=batch.input_ids[:1]).logits.abs().sum() == 0
+
+
+# -- the entropy bonus's gradient and model.cast_lm_head_to_fp32 ------------------------------------
+
+
+def test_entropy_gradient_same_on_the_plain_and_the_fused_path():
+    """entropy_grad: d(sum H)/d params is the same through the plain log-softmax and through the fused
+    kernel's backward (-p (log p + H) per chunk); without it the entropy carries no gradient."""
+    batch = _grouped_batch()
+    mask = batch.completion_mask
+
+    def grads(fused, share):
+        model = tiny_llama().train()
+        logp, ent = completion_logprobs(
+            model, batch, with_entropy=True, entropy_grad=True, share_prompts=share, fused=fused
+        )
+        ((ent * mask).sum() + 0.5 * (logp * mask).sum()).backward()
+        return ent.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    plain, fused = grads(False, False), grads(True, True)
+    torch.testing.assert_close(fused[0][mask.bool()], plain[0][mask.bool()], rtol=1e-4, atol=1e-5)
+    for name, g in plain[1].items():
+        torch.testing.assert_close(fused[1][name], g, rtol=1e-3, atol=1e-5)
+    _, ent = completion_logprobs(tiny_llama().train(), batch, with_entropy=True, fused=True)
+    assert not ent.requires_grad
+
+
+def test_cast_lm_head_to_fp32_under_autocast():
+    """model.cast_lm_head_to_fp32 under autocast=bfloat16: the logits come out in float32, the plain and the
+    fused paths agree (both run the head in fp32), and the log-probs are closer to the all-fp32 model's than
+    with the head in bf16."""
+    from grpokit.policy import enable_autocast
+    from grpokit.policy.loading import cast_lm_head_to_fp32
+
+    batch = _grouped_batch()
+    mask = batch.completion_mask.bool()
+    bf16 = tiny_llama().train()
+    enable_autocast(bf16, torch.bfloat16)
+    head32 = tiny_llama().train()
+    enable_autocast(head32, torch.bfloat16)
+    cast_lm_head_to_fp32(head32)
+    assert head32(input_ids=batch.input_ids[:2]).logits.dtype == torch.float32
+    fp32 = _logp_and_grads(tiny_llama().train(), batch, share=False, fused=False)[0][mask]
+    plain = _logp_and_grads(head32, batch, share=False, fused=False)
+    fused = _logp_and_grads(head32, batch, share=True, fused=True)
+    torch.testing.assert_close(fused[0][mask], plain[0][mask], rtol=1e-3, atol=1e-3)
+    assert all(g.dtype == torch.float32 for g in plain[2].values())
+    err32 = (plain[0][mask] - fp32).abs().mean()
+    err16 = (_logp_and_grads(bf16, batch, share=False, fused=False)[0][mask] - fp32).abs().mean()
+    assert err32 < err16

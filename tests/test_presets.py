@@ -12,6 +12,8 @@ objective, written here again with explicit loops over sequences and tokens.
     rloo          RLOO: r_i - mean of the other G - 1, REINFORCE token sum / (N x L)
     reinforce_pp  REINFORCE++-baseline: r - group mean, whitened over the batch, token mean,
                   beta = 0.001 k2 KL
+    cispo, sapo, gmpo, intellect2, high_entropy, clip_cov, kl_cov, gdpo, deepseek_v32: the objectives of
+                  docs/algorithm.md §10, against tests/test_objectives.py's token-by-token reference
 """
 
 import math
@@ -19,8 +21,9 @@ import math
 import pytest
 import torch
 
-from grpokit.algorithm import algorithm_loss, make_loss_mask, outcome_advantages
+from grpokit.algorithm import algorithm_loss, make_loss_mask, needs_entropy, outcome_advantages
 from grpokit.config import PRESETS, load_config
+from tests.test_objectives import ref_loss
 
 G, B, T, L = 4, 3, 7, 10  # group size, prompts, padded width, max_completion_length
 EPS = 1e-6  # algorithm.std_eps
@@ -142,12 +145,30 @@ def make_batch(seed, *, ratio_scale=0.3):
     return rewards, logp, old, ref, mask, truncated
 
 
+def entropies(logp):  # the batch's per-token entropies (the trainer's come from the policy's logits)
+    g = torch.Generator().manual_seed(7)
+    return torch.rand(logp.shape, generator=g, dtype=torch.float64) * 3
+
+
+class Scored:
+    """Two reward functions for GDPO: the batch's rewards and a second one on a 100x scale."""
+
+    def __init__(self, rewards):
+        g = torch.Generator().manual_seed(11)
+        self.per_function = {
+            "a": rewards,
+            "b": 100 * torch.randint(0, 2, rewards.shape, generator=g).double(),
+        }
+        self.weights = {"a": 1.0, "b": 0.5}
+
+
 def grpokit_loss(cfg, rewards, logp, old, ref, mask, truncated):
     """The trainer's path: rewards -> advantages -> loss mask -> loss over the whole batch."""
     alg = cfg.algorithm
-    adv = outcome_advantages(alg, rewards, G)
+    adv = outcome_advantages(alg, rewards, G, scored=Scored(rewards))
     loss_mask = make_loss_mask(alg, mask, truncated)
     logp = logp.clone().requires_grad_(True)
+    torch.manual_seed(0)  # Clip-Cov's draw: the global generator, as in the trainer
     loss, _ = algorithm_loss(
         alg,
         logp,
@@ -158,9 +179,18 @@ def grpokit_loss(cfg, rewards, logp, old, ref, mask, truncated):
         max_completion_length=L,
         num_sequences=logp.shape[0],
         num_tokens=loss_mask.sum().item(),
+        entropy=entropies(logp) if needs_entropy(alg) else None,
     )
     loss.backward()
     return adv, loss.detach(), logp.grad
+
+
+def adv_gdpo(rewards):  # GDPO: each reward's group z-score, weighted sum, whitened over the batch
+    sc = Scored(rewards)
+    za, zb = (adv_group_zscore(sc.per_function[k].tolist()) for k in ("a", "b"))
+    summed = [1.0 * a + 0.5 * b for a, b in zip(za, zb, strict=True)]
+    m, s = mean(summed), pop_std(summed)
+    return [(x - m) / (s + EPS) for x in summed]
 
 
 def paper_loss(preset, rewards, logp, old, ref, mask, truncated):
@@ -185,8 +215,29 @@ def paper_loss(preset, rewards, logp, old, ref, mask, truncated):
     elif preset == "reinforce_pp":
         adv = adv_reinforce_pp(r)
         loss = ref_token_level(adv, logp, old, ref, mask, lo=0.2, hi=0.2, beta=0.001, kl=k2, norm="tok")
+    else:
+        adv = adv_gdpo(rewards) if preset == "gdpo" else adv_group_zscore(r)
+        kept = mask * (~truncated).double()[:, None] if preset == "high_entropy" else mask
+        A = torch.tensor(adv, dtype=torch.float64)
+        loss = ref_loss(logp, old, A, kept, ref_logp=ref, entropy=entropies(logp), **OBJECTIVE_REFS[preset])
     loss.backward()
     return torch.tensor(adv, dtype=torch.float64), loss.detach(), logp.grad
+
+
+# tests/test_objectives.py's reference with each paper's numbers
+OBJECTIVE_REFS = {
+    "cispo": dict(loss_type="cispo", eps_low=1.0, eps_high=4.0),
+    "sapo": dict(loss_type="sapo", tau_pos=1.0, tau_neg=1.05),
+    "gmpo": dict(loss_type="gmpo", eps_low=0.4, eps_high=0.4),
+    "intellect2": dict(loss_type="grpo", eps_low=0.2, delta=4.0),
+    "high_entropy": dict(loss_type="dapo", eps_low=0.2, eps_high=0.28, rho=0.2),
+    "clip_cov": dict(loss_type="dapo", eps_low=0.2, clip_cov=(2e-4, 1.0, 5.0)),
+    "kl_cov": dict(loss_type="dapo", eps_low=0.2, kl_cov=(2e-3, 1.0)),
+    "gdpo": dict(loss_type="grpo", eps_low=0.2, beta=0.04),
+    "deepseek_v32": dict(loss_type="grpo", eps_low=0.2, beta=0.04, off_policy=0.5, unbiased_kl=True),
+}
+# the presets whose switches need ratios far from 1 to act (delta = 4, the masking threshold 0.5)
+RATIO_SCALE = {"gspo": 2e-3, "intellect2": 1.5, "deepseek_v32": 3.0}
 
 
 def preset_config(name, *extra):
@@ -197,14 +248,14 @@ def preset_config(name, *extra):
 
 
 def test_every_preset_is_tested():
-    assert set(PRESETS) == {"grpo", "dapo", "dr_grpo", "gspo", "rloo", "reinforce_pp"}
+    assert set(PRESETS) == {"grpo", "dapo", "dr_grpo", "gspo", "rloo", "reinforce_pp"} | set(OBJECTIVE_REFS)
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 @pytest.mark.parametrize("seed", [0, 1])
 def test_preset_loss_matches_paper(preset, seed):
     # GSPO's sequence ratios live within ~1e-3 of 1, so its batch moves the policy that little.
-    batch = make_batch(seed, ratio_scale=2e-3 if preset == "gspo" else 0.3)
+    batch = make_batch(seed, ratio_scale=RATIO_SCALE.get(preset, 0.3))
     adv, loss, grad = grpokit_loss(preset_config(preset), *batch)
     want_adv, want_loss, want_grad = paper_loss(preset, *batch)
     torch.testing.assert_close(adv.double(), want_adv, rtol=1e-6, atol=1e-6)
@@ -296,6 +347,22 @@ DOCUMENTED = {
         scale_rewards="batch_centered",
         loss_type="dapo",
     ),
+    "cispo": dict(beta=0.0, epsilon=1.0, epsilon_high=4.0, loss_type="cispo"),  # r capped at 5, no floor
+    "sapo": dict(beta=0.0, loss_type="sapo", sapo_temperature_pos=1.0, sapo_temperature_neg=1.05),
+    "gmpo": dict(beta=0.0, epsilon=0.4, epsilon_high=0.4, loss_type="gmpo"),  # (e^-0.4, e^0.4)
+    "intellect2": dict(beta=0.0, epsilon=0.2, delta=4.0, loss_type="grpo"),
+    "high_entropy": dict(
+        beta=0.0,
+        epsilon=0.2,
+        epsilon_high=0.28,
+        loss_type="dapo",
+        dynamic_sampling=True,
+        top_entropy_quantile=0.2,
+    ),
+    "clip_cov": dict(beta=0.0, loss_type="dapo", clip_cov_ratio=2e-4, clip_cov_lb=1.0, clip_cov_ub=5.0),
+    "kl_cov": dict(beta=0.0, loss_type="dapo", kl_cov_ratio=2e-3, kl_cov_coef=1.0),
+    "gdpo": dict(multi_objective_aggregation="normalize_then_sum"),
+    "deepseek_v32": dict(kl_estimator="k3", use_bias_correction_kl=True, off_policy_mask_threshold=0.5),
 }
 
 
@@ -311,7 +378,7 @@ OTHER = {
     "beta": 0.123,
     "kl_estimator": "k1",
     "epsilon": 1e-4,
-    "epsilon_high": 0.31,
+    "epsilon_high": [2.5, 0.31],
     "loss_type": "bnpo",
     "scale_rewards": ["batch", "group"],
     "advantage_estimator": ["rloo", "grpo"],
@@ -319,6 +386,18 @@ OTHER = {
     "dynamic_sampling": [False, True],
     "mask_truncated_completions": [False, True],
     "overlong_buffer_frac": 0.1,
+    "sapo_temperature_pos": 0.7,
+    "sapo_temperature_neg": 1.3,
+    "delta": 6.0,
+    "top_entropy_quantile": 0.5,
+    "clip_cov_ratio": 1e-3,
+    "clip_cov_lb": 0.5,
+    "clip_cov_ub": 7.0,
+    "kl_cov_ratio": 1e-2,
+    "kl_cov_coef": 0.3,
+    "multi_objective_aggregation": ["sum_then_normalize", "normalize_then_sum"],
+    "off_policy_mask_threshold": 0.9,
+    "use_bias_correction_kl": [False, True],
 }
 
 
@@ -337,3 +416,23 @@ def test_every_preset_key_can_be_overridden(preset, key):
 def test_override_example_from_the_docs():
     alg = load_config(None, ["algorithm.preset=dapo", "algorithm.epsilon_high=0.3"]).algorithm
     assert alg.epsilon_high == 0.3 and alg.epsilon == 0.2 and alg.loss_type == "dapo" and alg.beta == 0.0
+
+
+@pytest.mark.parametrize(
+    "preset, off",
+    [
+        ("intellect2", "algorithm.delta=null"),
+        ("high_entropy", "algorithm.top_entropy_quantile=1.0"),
+        ("clip_cov", "algorithm.clip_cov_ratio=0"),
+        ("kl_cov", "algorithm.kl_cov_ratio=0"),
+        ("gdpo", "algorithm.multi_objective_aggregation=sum_then_normalize"),
+        ("deepseek_v32", "algorithm.off_policy_mask_threshold=null"),
+        ("deepseek_v32", "algorithm.use_bias_correction_kl=false"),
+    ],
+)
+def test_new_preset_switches_are_exercised(preset, off):
+    """The comparison above is not vacuous: on its batches each preset's own switch changes the gradient."""
+    batch = make_batch(0, ratio_scale=RATIO_SCALE.get(preset, 0.3))
+    _, _, grad = grpokit_loss(preset_config(preset), *batch)
+    _, _, grad_off = grpokit_loss(preset_config(preset, off), *batch)
+    assert not torch.allclose(grad, grad_off, rtol=0, atol=1e-12)

@@ -2,6 +2,8 @@
 
     group_advantages(rewards, group_size, scale=..., estimator=...)  outcome rewards, one per completion
     step_advantages(step_rewards, step_ends, ...)                    process rewards, DeepSeekMath §4.1.3
+    decoupled_advantages(per_reward, weights, group_size)            GDPO: each reward z-scored in its
+                                                                     group, the weighted sum over the batch
 
 Groups are contiguous: rewards[g*G:(g+1)*G] are the G completions of prompt g.
 See docs/algorithm.md for the formulas and where each comes from.
@@ -162,3 +164,39 @@ def step_advantages(
             for s, e, v in zip(starts.tolist(), ends.tolist(), suffix.tolist(), strict=True):
                 out[i, s : min(e + 1, num_tokens)] = v
     return out
+
+
+def decoupled_advantages(
+    per_reward: Tensor,
+    weights: Tensor,
+    group_size: int,
+    *,
+    estimator: str = "grpo",
+    eps: float = 1e-6,
+) -> Tensor:
+    """GDPO's decoupled normalization of several rewards: [K, N] rewards (one row per reward function) and
+    [K] weights -> [N] advantages.
+
+        A_k = group_advantages(r_k, scale="group")         each reward's own group z-score
+        S   = sum_k w_k A_k
+        A   = (S - mean_batch S) / (std_batch S + eps)     population std over all N
+
+    so a reward on a scale 100x another's weighs by its weight only, not by its scale (the sum of the raw
+    rewards, then one z-score, lets the larger reward decide the sign of nearly every advantage). A NaN reward
+    (None or failed) counts as 0, as in the weighted total. A batch whose S is constant gets 0.
+    """
+    if per_reward.dim() != 2 or per_reward.shape[0] == 0 or weights.shape != per_reward.shape[:1]:
+        raise ValueError(
+            f"per_reward must be [K, N] (K >= 1) and weights [K], got {tuple(per_reward.shape)} and "
+            f"{tuple(weights.shape)}"
+        )
+    r = torch.nan_to_num(per_reward.float() if not per_reward.is_floating_point() else per_reward, nan=0.0)
+    summed = sum(
+        (w * group_advantages(r_k, group_size, scale="group", estimator=estimator, eps=eps))
+        for w, r_k in zip(weights.to(r.dtype), r, strict=True)
+    )
+    assert isinstance(summed, Tensor)  # K >= 1
+    std = summed.std(correction=0)
+    if not bool(std > 0):
+        return torch.zeros_like(summed)
+    return (summed - summed.mean()) / (std + eps)

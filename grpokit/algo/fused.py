@@ -13,7 +13,8 @@ for log-probs):
     d logp / d z = onehot(target) - softmax(z)        dz -> dh = (dz / tau) W,  dW = (dz / tau)^T h
 
 One extra matmul of the head in the backward buys memory that no longer grows with V.
-Entropy (no gradient, as token_entropy) comes from the same chunk's logits in the forward.
+Entropy comes from the same chunk's logits in the forward: no gradient (as token_entropy), or with
+entropy_grad its gradient d H / d z = -p (log p + H) joins the chunk's in the backward (an entropy bonus).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ class _LinearLogprobs(torch.autograd.Function):
         temperature: float,
         chunk: int,
         with_entropy: bool,
+        entropy_grad: bool,
     ) -> tuple[Tensor, Tensor | None]:
         logp = hidden.new_empty(targets.shape, dtype=torch.float32)
         lse = torch.empty_like(logp)
@@ -58,26 +60,26 @@ class _LinearLogprobs(torch.autograd.Function):
             if entropy is not None:  # with_entropy
                 logp_all = z - lse[s : s + chunk, None]
                 entropy[s : s + chunk] = -(logp_all.exp() * logp_all).sum(-1)
-        ctx.save_for_backward(hidden, weight, bias, targets, lse)
+        ctx.save_for_backward(hidden, weight, bias, targets, lse, entropy if entropy_grad else None)
         ctx.temperature, ctx.chunk = temperature, chunk
         device = hidden.device.type  # the backward recomputes the logits as the forward computed them
         ctx.autocast = (
             (device, torch.get_autocast_dtype(device)) if torch.is_autocast_enabled(device) else None
         )
-        if with_entropy:
+        if with_entropy and not entropy_grad:
             ctx.mark_non_differentiable(entropy)
         return logp, entropy
 
     @staticmethod
-    def backward(ctx: Any, grad_logp: Tensor, _grad_entropy: Tensor | None) -> tuple[Tensor | None, ...]:
+    def backward(ctx: Any, grad_logp: Tensor, grad_entropy: Tensor | None) -> tuple[Tensor | None, ...]:
         if ctx.autocast is None:
-            return _LinearLogprobs._backward(ctx, grad_logp)
+            return _LinearLogprobs._backward(ctx, grad_logp, grad_entropy)
         with torch.autocast(device_type=ctx.autocast[0], dtype=ctx.autocast[1]):
-            return _LinearLogprobs._backward(ctx, grad_logp)
+            return _LinearLogprobs._backward(ctx, grad_logp, grad_entropy)
 
     @staticmethod
-    def _backward(ctx: Any, grad_logp: Tensor) -> tuple[Tensor | None, ...]:
-        hidden, weight, bias, targets, lse = ctx.saved_tensors
+    def _backward(ctx: Any, grad_logp: Tensor, grad_entropy: Tensor | None) -> tuple[Tensor | None, ...]:
+        hidden, weight, bias, targets, lse, entropy = ctx.saved_tensors
         tau, chunk = ctx.temperature, ctx.chunk
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         grad_h = torch.zeros_like(hidden) if need_h else None
@@ -89,7 +91,12 @@ class _LinearLogprobs(torch.autograd.Function):
         for s in range(0, targets.shape[0], chunk):
             g = grad_logp[s : s + chunk].float()
             z = _chunk_logits(hidden[s : s + chunk], weight, bias, tau)
-            dz = z.sub_(lse[s : s + chunk, None]).exp_().mul_(-g[:, None])  # -softmax * g, in z's memory
+            if entropy is not None and grad_entropy is not None:  # + dH/dz * gH = -p (log p + H) * gH
+                logp_all = z.sub_(lse[s : s + chunk, None])
+                gh = grad_entropy[s : s + chunk, None].float()
+                dz = logp_all.exp() * (-g[:, None] - gh * (logp_all + entropy[s : s + chunk, None]))
+            else:
+                dz = z.sub_(lse[s : s + chunk, None]).exp_().mul_(-g[:, None])  # -softmax * g, in z's memory
             dz.scatter_add_(-1, targets[s : s + chunk, None], g[:, None])  # + onehot * g
             if tau != 1.0:
                 dz /= tau
@@ -101,7 +108,7 @@ class _LinearLogprobs(torch.autograd.Function):
                 grad_b += dz.to(acc).sum(0)
         grad_w = grad_w.to(weight.dtype) if grad_w is not None else None
         grad_b = grad_b.to(bias.dtype) if grad_b is not None else None
-        return grad_h, grad_w, grad_b, None, None, None, None
+        return grad_h, grad_w, grad_b, None, None, None, None, None
 
 
 def linear_logprobs(
@@ -112,16 +119,17 @@ def linear_logprobs(
     bias: Tensor | None = None,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    entropy_grad: bool = False,
     chunk: int | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """log softmax((hidden W^T + b) / temperature)[target] per position: hidden [..., H], weight [V, H],
-    targets [...] -> float32 [...] (and the entropy, no gradient). Same values and gradients as
-    token_logprobs(linear(hidden, weight, bias), targets), without the [..., V] logits."""
+    targets [...] -> float32 [...] (and the entropy: no gradient, or with entropy_grad its own). Same values
+    and gradients as token_logprobs(linear(hidden, weight, bias), targets), without the [..., V] logits."""
     shape = targets.shape
     flat_h = hidden.reshape(-1, hidden.shape[-1])
     flat_t = targets.reshape(-1)
     rows = chunk or chunk_rows(weight.shape[0])
     logp, entropy = _LinearLogprobs.apply(  # type: ignore[no-untyped-call]  # torch leaves apply unannotated
-        flat_h, weight, bias, flat_t, float(temperature), rows, with_entropy
+        flat_h, weight, bias, flat_t, float(temperature), rows, with_entropy, with_entropy and entropy_grad
     )
     return logp.view(shape), entropy.view(shape) if entropy is not None else None

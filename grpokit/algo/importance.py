@@ -16,6 +16,9 @@ finds the same switches; their definitions, as TRL 1.16 applies them:
     token_*:    rho_t = exp(d_t)                    one weight per token
     sequence_*: rho   = exp(sum_t d_t)              one weight per sequence (the product of token ratios,
                                                     not GSPO's length-normalized mean), on all its tokens
+    geometric_mask: g = exp(mean_t d_t)         the geometric mean of the token ratios, one per sequence:
+                                                    weight 0 outside [C_min, C_max], else 1 (a rejection
+                                                    mask, as verl / SkyRL / OpenRLHF / NeMo-RL have it)
     *_truncate: rho <- clamp(rho, C_min, C_max)     (a missing bound does not clamp)
     *_mask:     rho <- 0 where rho < C_min or rho > C_max   (the token / sequence gets no loss)
 
@@ -33,7 +36,7 @@ from torch import Tensor
 from grpokit.algo.kl import kl_penalty
 from grpokit.algo.ops import masked_mean
 
-MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "geometric_mask")
 
 
 def _log_diff(old_logp: Tensor, sampler_logp: Tensor, mask: Tensor) -> Tensor:
@@ -42,12 +45,17 @@ def _log_diff(old_logp: Tensor, sampler_logp: Tensor, mask: Tensor) -> Tensor:
     return torch.nan_to_num(d, nan=0.0)
 
 
-def _token_ratio(d: Tensor) -> Tensor:
+def _token_ratio(d: Tensor, mask: Tensor) -> Tensor:
     return torch.exp(d)  # [N, T]
 
 
-def _sequence_ratio(d: Tensor) -> Tensor:
+def _sequence_ratio(d: Tensor, mask: Tensor) -> Tensor:
     return torch.exp(d.sum(-1, keepdim=True)).expand_as(d)  # [N, T]: each row's one ratio on all its tokens
+
+
+def _geometric_ratio(d: Tensor, mask: Tensor) -> Tensor:
+    # the geometric mean of the token ratios, exp(mean_t d_t): the length-normalized sequence ratio
+    return torch.exp(masked_mean(d, mask, dim=-1).unsqueeze(-1)).expand_as(d)  # [N, T]
 
 
 def _truncate(rho: Tensor, c_min: float | None, c_max: float | None) -> Tensor:
@@ -60,7 +68,11 @@ def _mask(rho: Tensor, c_min: float | None, c_max: float | None) -> Tensor:
     return rho.masked_fill((rho < lo) | (rho > hi), 0.0)
 
 
-LEVELS: dict[str, Callable[[Tensor], Tensor]] = {"token": _token_ratio, "sequence": _sequence_ratio}
+LEVELS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
+    "token": _token_ratio,
+    "sequence": _sequence_ratio,
+    "geometric": _geometric_ratio,
+}
 BOUNDS: dict[str, Callable[[Tensor, float | None, float | None], Tensor]] = {
     "truncate": _truncate,
     "mask": _mask,
@@ -92,7 +104,9 @@ def importance_weights(
         )
     level, bound = mode.split("_")
     with torch.no_grad():
-        rho = BOUNDS[bound](LEVELS[level](_log_diff(old_logp, sampler_logp, mask)), c_min, c_max)
+        rho = BOUNDS[bound](LEVELS[level](_log_diff(old_logp, sampler_logp, mask), mask), c_min, c_max)
+        if level == "geometric":  # a rejection mask only: a kept sequence keeps weight 1
+            rho = (rho > 0).to(rho.dtype)
         return torch.where(mask.bool(), rho, torch.ones_like(rho))
 
 
@@ -120,8 +134,8 @@ def weight_stats(
     of masked tokens whose weight differs from the raw ratio rho (truncated or masked out)."""
     level = raw_ratio_mode.split("_")[0]
     with torch.no_grad():
-        raw = LEVELS[level](_log_diff(old_logp, sampler_logp, mask))
-        changed = (weights != raw).to(weights.dtype)
+        raw = LEVELS[level](_log_diff(old_logp, sampler_logp, mask), mask)
+        changed = ((weights == 0) if level == "geometric" else (weights != raw)).to(weights.dtype)
         return {
             "weight_mean": masked_mean(weights, mask).item(),
             "clip_frac": masked_mean(changed, mask).item(),

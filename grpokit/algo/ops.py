@@ -53,9 +53,16 @@ def token_logprobs(
     return torch.cat(out).view(shape)
 
 
-@torch.no_grad()
-def token_entropy(logits: Tensor, *, temperature: float = 1.0, chunk_size: int = 1024) -> Tensor:
-    """Entropy of softmax(logits / temperature) at each position: [..., V] -> [...] (no gradient)."""
+def token_entropy(
+    logits: Tensor, *, temperature: float = 1.0, chunk_size: int = 1024, grad: bool = False
+) -> Tensor:
+    """Entropy of softmax(logits / temperature) at each position: [..., V] -> [...] float32. No gradient,
+    unless grad (an entropy bonus: then autograd keeps each chunk's log-softmax for the backward)."""
+    with torch.set_grad_enabled(grad and torch.is_grad_enabled()):
+        return _entropy(logits if grad else logits.detach(), temperature, chunk_size)
+
+
+def _entropy(logits: Tensor, temperature: float, chunk_size: int) -> Tensor:
     shape = logits.shape[:-1]
     flat = logits.reshape(-1, logits.shape[-1])
     out = []

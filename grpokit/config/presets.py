@@ -72,6 +72,105 @@ PRESETS: dict[str, dict[str, Any]] = {
         loss_type="dapo",
         importance_sampling_level="token",
     ),
+    # CISPO (MiniMax-M1, 2506.13585, eq. 4): the clipped IS weight, detached, times A log pi; token-level
+    # normalization; no lower bound on the weight (eps_low^IS "set large": 1 makes the bound 0); the upper
+    # bound 1 + 4 = 5, the ratio cap TRL recommends for cispo (its epsilon_high=5.0, a bound on r itself).
+    "cispo": dict(
+        beta=0.0,
+        epsilon=1.0,
+        epsilon_high=4.0,
+        loss_type="cispo",
+        scale_rewards="group",
+        advantage_estimator="grpo",
+        importance_sampling_level="token",
+    ),
+    # SAPO (2511.20347): the soft gate sigmoid(tau (r - 1)) 4 / tau with tau_pos = 1.0, tau_neg = 1.05;
+    # GRPO's group advantages and per-sequence mean; no KL.
+    "sapo": dict(
+        beta=0.0,
+        loss_type="sapo",
+        sapo_temperature_pos=1.0,
+        sapo_temperature_neg=1.05,
+        scale_rewards="group",
+        advantage_estimator="grpo",
+        importance_sampling_level="token",
+    ),
+    # GMPO (2507.20673): the geometric mean of the token ratios, each clipped to (e^-0.4, e^0.4) in log space;
+    # group advantages; one term per sequence; no KL.
+    "gmpo": dict(
+        beta=0.0,
+        epsilon=0.4,
+        epsilon_high=0.4,
+        loss_type="gmpo",
+        scale_rewards="group",
+        advantage_estimator="grpo",
+        importance_sampling_level="token",
+    ),
+    # INTELLECT-2 (2505.07291): GRPO with the two-sided clip, delta = 4 on the ratio of A < 0 tokens, eps 0.2.
+    "intellect2": dict(
+        beta=0.0,
+        epsilon=0.2,
+        epsilon_high=None,
+        delta=4.0,
+        loss_type="grpo",
+        scale_rewards="group",
+        advantage_estimator="grpo",
+        importance_sampling_level="token",
+    ),
+    # "Beyond the 80/20 rule" (2506.01939): DAPO with the policy gradient on the top 20% entropy tokens only.
+    "high_entropy": dict(
+        beta=0.0,
+        epsilon=0.2,
+        epsilon_high=0.28,
+        loss_type="dapo",
+        scale_rewards="group",
+        advantage_estimator="grpo",
+        dynamic_sampling=True,
+        mask_truncated_completions=True,
+        overlong_buffer_frac=0.2,
+        importance_sampling_level="token",
+        top_entropy_quantile=0.2,
+    ),
+    # Clip-Cov (Cui et al. 2025, 2505.22617): 2e-4 of the tokens, drawn from covariance in [1, 5], detached;
+    # token-mean loss, no KL.
+    "clip_cov": dict(
+        beta=0.0,
+        loss_type="dapo",
+        clip_cov_ratio=2e-4,
+        clip_cov_lb=1.0,
+        clip_cov_ub=5.0,
+        scale_rewards="group",
+        advantage_estimator="grpo",
+        importance_sampling_level="token",
+    ),
+    # KL-Cov (same paper): the top 2e-3 of the tokens by covariance get 1 x |log r|; token-mean loss, no KL.
+    "kl_cov": dict(
+        beta=0.0,
+        loss_type="dapo",
+        kl_cov_ratio=2e-3,
+        kl_cov_coef=1.0,
+        scale_rewards="group",
+        advantage_estimator="grpo",
+        importance_sampling_level="token",
+    ),
+    # GDPO (decoupled normalization): each reward's group z-score, the weighted sum normalized over the batch.
+    "gdpo": dict(
+        multi_objective_aggregation="normalize_then_sum",
+        advantage_estimator="grpo",
+        loss_type="grpo",
+        importance_sampling_level="token",
+    ),
+    # DeepSeek-V3.2: off-policy sequence masking and the importance-weighted (unbiased) k3 KL on GRPO. The
+    # paper gives no value for the masking threshold delta; 0.5 is ours (docs/algorithm.md §10).
+    "deepseek_v32": dict(
+        kl_estimator="k3",
+        use_bias_correction_kl=True,
+        off_policy_mask_threshold=0.5,
+        loss_type="grpo",
+        scale_rewards="group",
+        advantage_estimator="grpo",
+        importance_sampling_level="token",
+    ),
 }
 
 

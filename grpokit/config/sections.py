@@ -50,6 +50,9 @@ class ModelConfig(Section):
     """Mixed precision: every forward of the policy and pi_ref (rollout, log-probs, training) under
     torch.autocast in this dtype, so matmuls run in bf16 while the weights, their gradients and AdamW's state
     stay in model.dtype (fp32 master weights, as HF Trainer's bf16=True). Use with dtype=float32."""
+    cast_lm_head_to_fp32: bool = False
+    """The LM head (final projection, then the log-softmax) in float32 even under model.autocast=bfloat16 or
+    dtype=bfloat16 (ScaleRL; TRL's cast_lm_head_to_fp32): smaller sampler-trainer mismatch."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass: less memory, ~30% more compute."""
     attn_implementation: str | None = None
@@ -115,12 +118,13 @@ class RolloutConfig(Section):
     """With tools (the `tools` section): model turns per episode at most; a tool call in the last turn is not
     run (docs/agentic.md). max_completion_length bounds the whole episode, tool results included."""
     importance_correction: Literal[
-        "none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"
+        "none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "geometric_mask"
     ] = "none"
     """Truncated importance sampling against the sampler-trainer mismatch (TRL 1.16's
     vllm_importance_sampling_mode): each token's loss times rho = pi_old / pi_sampler, per token or per
-    sequence, clamped to (truncate) or zeroed outside (mask) [importance_c_min, importance_c_max]. Needs an
-    engine that returns log-probs (fast, vllm); docs/rollout.md."""
+    sequence, clamped to (truncate) or zeroed outside (mask) [importance_c_min, importance_c_max];
+    geometric_mask drops a sequence whose exp(mean_t log rho_t) is outside the bounds. Needs an engine that
+    returns log-probs (fast, vllm); docs/rollout.md."""
     importance_c_min: float | None = Field(None, ge=0)
     """C_min of importance_correction (TRL's vllm_importance_sampling_clip_min); None = no lower bound."""
     importance_c_max: float | None = Field(3.0, gt=0)
@@ -166,7 +170,26 @@ class RolloutConfig(Section):
 
 
 class AlgorithmConfig(Section):
-    preset: Literal["grpo", "dapo", "dr_grpo", "gspo", "rloo", "reinforce_pp"] | None = None
+    preset: (
+        Literal[
+            "grpo",
+            "dapo",
+            "dr_grpo",
+            "gspo",
+            "rloo",
+            "reinforce_pp",
+            "cispo",
+            "sapo",
+            "gmpo",
+            "intellect2",
+            "high_entropy",
+            "clip_cov",
+            "kl_cov",
+            "gdpo",
+            "deepseek_v32",
+        ]
+        | None
+    ) = None
     """Expand one paper's settings (PRESETS in grpokit/config/presets.py, docs/algorithm.md); keys you set
     yourself win."""
     beta: float = Field(0.04, ge=0)
@@ -179,8 +202,11 @@ class AlgorithmConfig(Section):
     """Upper clip range (DAPO clip-higher: 0.28); None = epsilon."""
     dual_clip: float | None = Field(None, gt=1)
     """Dual-clip bound c for negative advantages (Ye et al. 2020, typically 3); None = off."""
-    loss_type: Literal["grpo", "bnpo", "dapo", "dr_grpo"] = "grpo"
-    """Loss normalization: grpo (sequence mean, DeepSeekMath), bnpo/dapo (token mean), dr_grpo (constant)."""
+    loss_type: Literal["grpo", "bnpo", "dapo", "dr_grpo", "cispo", "sapo", "gmpo"] = "grpo"
+    """Loss normalization: grpo (sequence mean, DeepSeekMath), bnpo/dapo (token mean), dr_grpo (constant); or
+    an objective with its paper's normalization: cispo (MiniMax-M1: clipped, detached IS weight times log pi;
+    token mean), sapo (soft gate instead of the clip; sequence mean), gmpo (geometric mean of the token
+    ratios, epsilon / epsilon_high in log space; one term per sequence). docs/algorithm.md §10."""
     importance_sampling_level: Literal["token", "sequence"] = "token"
     """Ratio level: token (GRPO) or sequence (GSPO)."""
     scale_rewards: Literal["group", "batch", "batch_centered", "none"] = "group"
@@ -211,6 +237,57 @@ class AlgorithmConfig(Section):
     4.1.4), or none (needs beta = 0)."""
     ref_reset_every: int = Field(0, ge=0)
     """With ref_policy=reset: copy the current policy into pi_ref every this many steps."""
+    delta: float | None = Field(None, gt=1)
+    """Two-sided clip (INTELLECT-2, TRL's delta): for A < 0 the ratio is also bounded above by delta (the
+    ratio itself, not 1 + delta), so the token's gradient is 0 beyond it; must exceed 1 + epsilon_high. None =
+    off."""
+    sapo_temperature_pos: float = Field(1.0, gt=0)
+    """SAPO's gate temperature tau for A > 0 (loss_type=sapo)."""
+    sapo_temperature_neg: float = Field(1.05, gt=0)
+    """SAPO's gate temperature tau for A < 0 (loss_type=sapo)."""
+    top_entropy_quantile: float = Field(1.0, gt=0, le=1)
+    """rho: the policy gradient only on tokens whose entropy is in the top rho quantile of the micro-batch's
+    completion tokens ("Beyond the 80/20 rule": 0.2); the KL term stays on every token. 1.0 = every token."""
+    entropy_coef: float = 0.0
+    """Entropy bonus: the loss minus this times the entropy of pi_theta on completion tokens (normalized as
+    the loss type's), with its gradient. 0 = off."""
+    clip_cov_ratio: float = Field(0.0, ge=0, le=1)
+    """Clip-Cov (Cui et al. 2025): this fraction of the tokens, drawn at random from those whose covariance
+    (log pi - mean)(A - mean) is in [clip_cov_lb, clip_cov_ub], get no gradient. 0 = off (paper: 2e-4)."""
+    clip_cov_lb: float = 1.0
+    """Clip-Cov's lower covariance bound omega_low."""
+    clip_cov_ub: float = 5.0
+    """Clip-Cov's upper covariance bound omega_high."""
+    kl_cov_ratio: float = Field(0.0, ge=0, le=1)
+    """KL-Cov (Cui et al. 2025): this fraction of the tokens, those with the largest covariance, get the
+    penalty kl_cov_coef x |log pi_theta - log pi_old|. 0 = off (paper: 2e-3)."""
+    kl_cov_coef: float = Field(1.0, ge=0)
+    """KL-Cov's penalty coefficient (verl's ppo_kl_coef)."""
+    off_policy_mask_threshold: float | None = Field(None, ge=0)
+    """DeepSeek-V3.2's off-policy sequence masking: a completion with A < 0 whose mean log(pi_old / pi_theta)
+    over its tokens exceeds this gets no policy gradient. None = off."""
+    use_bias_correction_kl: bool = False
+    """DeepSeek-V3.2's unbiased KL: each token's KL estimate times pi_theta / pi_old (with its gradient)."""
+    multi_objective_aggregation: Literal["sum_then_normalize", "normalize_then_sum"] = "sum_then_normalize"
+    """With several reward functions: normalize the weighted sum of the rewards (GRPO), or GDPO's
+    normalize_then_sum: each reward's group z-score, then their weighted sum normalized over the batch."""
+
+    @model_validator(mode="after")
+    def _check_objective_bounds(self) -> AlgorithmConfig:
+        high = self.epsilon if self.epsilon_high is None else self.epsilon_high
+        if self.delta is not None and self.delta <= 1.0 + high:
+            raise ValueError(
+                f"algorithm.delta={self.delta} must exceed 1 + the upper clip range ({1.0 + high}): it caps "
+                "the ratio of negative-advantage tokens above the clip (INTELLECT-2: 4)"
+            )
+        if self.loss_type in ("cispo", "sapo", "gmpo") and (
+            self.delta is not None or self.dual_clip is not None
+        ):
+            raise ValueError(
+                "algorithm.delta and algorithm.dual_clip bound the clipped objective; "
+                f"loss_type={self.loss_type} has none: unset them"
+            )
+        return self
 
 
 class PPOConfig(Section):

@@ -174,6 +174,8 @@ def prepare(model, model_cfg):
     mode."""
     if model_cfg.autocast != "none":
         enable_autocast(model, DTYPES[model_cfg.autocast])
+    if model_cfg.cast_lm_head_to_fp32:
+        cast_lm_head_to_fp32(model)
     if model_cfg.disable_dropout:
         disable_dropout(model)
     if model_cfg.gradient_checkpointing:
@@ -190,6 +192,26 @@ def enable_autocast(model, dtype: torch.dtype) -> None:
     for module in {model, getattr(model, "base_model", model)}:
         module.forward = types.MethodType(_autocast_forward(type(module).forward, dtype), module)
     model.__dict__["_grpokit_autocast"] = dtype
+
+
+def cast_lm_head_to_fp32(model) -> None:
+    """model.cast_lm_head_to_fp32 (ScaleRL): the LM head's forward runs outside autocast on float32 copies of
+    its input and weight, so the logits (and the log-softmax after them) are float32 under autocast or bf16
+    weights; the weight keeps its dtype and gets its gradient through the cast. The fused log-prob path
+    (grpokit/algo/fused.py) does the same for its chunks. A model without a Linear head is an error."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if not isinstance(head, torch.nn.Linear):
+        raise ModelLoadError(
+            f"model.cast_lm_head_to_fp32 needs a Linear LM head; this model's is {type(head).__name__}"
+        )
+    head.forward = types.MethodType(_fp32_linear, head)  # type: ignore[method-assign]  # per instance
+    model.__dict__["_grpokit_fp32_head"] = True
+
+
+def _fp32_linear(self, x: torch.Tensor) -> torch.Tensor:
+    bias = None if self.bias is None else self.bias.float()
+    with torch.autocast(device_type=x.device.type, enabled=False):
+        return torch.nn.functional.linear(x.float(), self.weight.float(), bias)
 
 
 def _autocast_forward(forward, dtype: torch.dtype):

@@ -28,6 +28,7 @@ def completion_logprobs(
     with_entropy: bool = False,
     share_prompts: bool = True,
     fused: bool | None = None,
+    entropy_grad: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """log pi(completion token | prefix) for every completion position: [N, T] (and entropy [N, T]).
 
@@ -44,6 +45,8 @@ def completion_logprobs(
     None (default) = when the logits [N, T, V] would have at least FUSED_MIN_LOGITS elements and the
     model's logits are its head applied to its backbone's output (checked once per model:
     fused_head). Same values and gradients either way.
+
+    entropy_grad: the entropy carries its gradient (an entropy bonus in the loss); otherwise it has none.
     """
     if fused is None:
         rows, width = batch.completion_ids.shape
@@ -68,18 +71,32 @@ def completion_logprobs(
             :, :-1
         ]  # [N, T, V], or [N, T, H] fused
     if fused:
-        head = fused_head(model)
-        assert head is not None  # fused only with a fused head (checked above)
-        with autocast_of(model):
-            return linear_logprobs(
-                out,
-                head.weight,
-                batch.completion_ids,
-                bias=head.bias,
-                temperature=temperature,
-                with_entropy=with_entropy,
-            )
-    return _logp_entropy(out, batch, temperature, with_entropy)
+        return _fused_logprobs(model, out, batch, temperature, with_entropy, entropy_grad)
+    return _logp_entropy(out, batch, temperature, with_entropy, entropy_grad)
+
+
+def _fused_logprobs(
+    model, hidden: Tensor, batch: PackedBatch, temperature: float, with_entropy: bool, entropy_grad: bool
+) -> tuple[Tensor, Tensor | None]:
+    """The LM head applied to the backbone's hidden states in chunks (grpokit/algo/fused.py), under the
+    model's autocast, or in float32 outside it with model.cast_lm_head_to_fp32."""
+    head = fused_head(model)
+    assert head is not None  # fused only with a fused head (checked by the caller)
+    if model.__dict__.get("_grpokit_fp32_head"):  # model.cast_lm_head_to_fp32: the head in fp32
+        hidden, weight = hidden.float(), head.weight.float()
+        precision = torch.autocast(device_type=hidden.device.type, enabled=False)
+    else:
+        weight, precision = head.weight, autocast_of(model)
+    with precision:
+        return linear_logprobs(
+            hidden,
+            weight,
+            batch.completion_ids,
+            bias=None if head.bias is None else head.bias.to(weight.dtype),
+            temperature=temperature,
+            with_entropy=with_entropy,
+            entropy_grad=entropy_grad,
+        )
 
 
 #: logits of this many elements or more (256 MiB in fp32) take the fused path by default; below it the
@@ -138,10 +155,10 @@ def fused_head(model) -> torch.nn.Linear | None:
 
 
 def _logp_entropy(
-    logits: Tensor, batch: PackedBatch, temperature: float, with_entropy: bool
+    logits: Tensor, batch: PackedBatch, temperature: float, with_entropy: bool, entropy_grad: bool = False
 ) -> tuple[Tensor, Tensor | None]:
     logp = token_logprobs(logits, batch.completion_ids, temperature=temperature)
-    entropy = token_entropy(logits.detach(), temperature=temperature) if with_entropy else None
+    entropy = token_entropy(logits, temperature=temperature, grad=entropy_grad) if with_entropy else None
     return logp, entropy
 
 
