@@ -380,6 +380,23 @@ def test_context_longer_than_model_positions(env):
     assert not (env[0] / "run" / "metrics.jsonl").exists()  # nothing trained
 
 
+def test_context_shorter_than_the_prompts(env, tiny_model_dir):
+    """A model whose context cannot hold the prompts themselves: lowering rollout.max_completion_length would
+    not help (and 0 is refused), so the line names the keys that shorten or truncate the prompts."""
+    model = env[0] / "short-context"
+    shutil.copytree(tiny_model_dir, model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 5}))
+    msg = user_error(
+        train(env, f"model.name_or_path={model}"),
+        "the longest prompt (10 tokens) alone fills the model's max_position_embeddings=5",
+        "the prompts alone exceed the context",
+        "data.max_prompt_length=1 and data.overlong_prompts=truncate",
+    )
+    assert "rollout.max_completion_length" not in msg  # the prompts are the problem, not the completions
+    assert not (env[0] / "run" / "metrics.jsonl").exists()  # nothing trained
+
+
 def test_tokenizer_without_pad_token_falls_back_to_eos(env, tiny_model_dir, caplog):
     tok = env[0] / "tok-no-pad"
     shutil.copytree(tiny_model_dir, tok)
