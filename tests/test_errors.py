@@ -397,6 +397,19 @@ def test_context_shorter_than_the_prompts(env, tiny_model_dir):
     assert not (env[0] / "run" / "metrics.jsonl").exists()  # nothing trained
 
 
+def test_model_folder_with_only_a_tokenizer(env, tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    tok = env[0] / "just-a-tokenizer"
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(tok)
+    assert not (tok / "config.json").exists()
+    user_error(
+        train(env, f"model.name_or_path={tok}"),
+        f"model.name_or_path='{tok}': the folder holds a tokenizer but no config.json or weights",
+        "point model.name_or_path at the model's folder (model.tokenizer names a separate tokenizer)",
+    )
+
+
 def test_tokenizer_without_pad_token_falls_back_to_eos(env, tiny_model_dir, caplog):
     tok = env[0] / "tok-no-pad"
     shutil.copytree(tiny_model_dir, tok)
