@@ -884,6 +884,33 @@ def test_disk_full_during_a_save(env, monkeypatch):
     assert [row["step"] for row in metrics(env)] == [1, 2, 3]
 
 
+def test_a_second_ctrl_c_says_where_to_resume(env, monkeypatch):
+    """Two Ctrl-C 0.1 s apart: the run stops at once (no save of the step under way) with the line a single
+    Ctrl-C prints: the newest checkpoint and how to resume."""
+    import os
+    import signal
+    import time
+
+    from grpokit.trainer import Trainer
+
+    real = Trainer.update
+
+    def update_then_two_ctrl_c(self, batch):
+        stats = real(self, batch)
+        if self.step == 1:  # during step 2
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.1)
+            os.kill(os.getpid(), signal.SIGINT)
+        return stats
+
+    monkeypatch.setattr(Trainer, "update", update_then_two_ctrl_c)
+    r = train(env, "optim.max_steps=3", "checkpoint.save_every=1")
+    step_1 = env[0] / "run" / "checkpoints" / "step-000001"
+    assert r.exit_code == 130, r.output
+    assert f"SIGINT: saved step 1 to {step_1}; run the same command to resume" in r.output, r.output
+    assert [s for s, _ in list_checkpoints(env[0] / "run")] == [1]
+
+
 # ---------------------------------------------------------------- reading a run: grpokit show, grpokit report
 
 
