@@ -25,6 +25,7 @@ number (143 / 130); the same command resumes. docs/errors.md lists every message
 
 from __future__ import annotations
 
+import errno
 import signal
 from pathlib import Path
 
@@ -49,6 +50,18 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 def _fail(msg: str, code: int = 2) -> None:
     typer.echo(f"error: {msg}", err=True)
     raise typer.Exit(code)
+
+
+def _disk_full(exc: OSError, out: str | Path) -> str | None:
+    """The one line of a run whose disk filled up while it wrote its records (metrics.jsonl, samples, the
+    trackers' files), or None for another OSError. A full disk during a save is a CheckpointError already."""
+    if exc.errno not in (errno.ENOSPC, errno.EDQUOT) and "No space left on device" not in str(exc):
+        return None
+    return (
+        f"could not write to {str(exc.filename or out)!r}: {exc.strerror or 'No space left on device'} (free "
+        "disk space or give output_dir more room; every line of metrics.jsonl is whole, earlier checkpoints "
+        "are untouched, and the same command resumes from the newest)"
+    )
 
 
 THREADS_HELP = (
@@ -104,6 +117,10 @@ def train(
         trainer = Trainer(cfg)  # with a critic (grpokit/critic.py) when algorithm.advantage_estimator=gae
         try:  # under torchrun, each rank runs this (grpokit/distributed/, docs/scaling.md)
             last = trainer.train()
+        except OSError as exc:  # the records closed first: what they held is written where it fits
+            if (line := _disk_full(exc, cfg.output_dir)) is None:
+                raise
+            _fail(line)
         finally:
             trainer.world.teardown()
         if trainer.interrupted:  # saved; the trainer printed the step and how to resume

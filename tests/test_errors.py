@@ -911,6 +911,66 @@ def test_a_second_ctrl_c_says_where_to_resume(env, monkeypatch):
     assert [s for s, _ in list_checkpoints(env[0] / "run")] == [1]
 
 
+def _whole_lines(path: Path) -> list[int]:
+    """The steps of a metrics.jsonl whose every line is whole (parses, ends with a newline)."""
+    text = path.read_text() if path.exists() else ""
+    assert not text or text.endswith("\n"), text[-200:]
+    return [json.loads(line)["step"] for line in text.splitlines()]
+
+
+def test_disk_full_while_writing_the_logs(env, monkeypatch):
+    """The disk fills in the middle of a metrics line (the kernel writes what fits, then ENOSPC): one line,
+    exit 2, a metrics.jsonl of whole lines, and the same command resumes from the newest checkpoint."""
+    import os
+
+    real_write, metrics_writes = os.write, []
+
+    def full_disk(fd, data):
+        if not os.readlink(f"/proc/self/fd/{fd}").endswith("metrics.jsonl"):
+            return real_write(fd, data)
+        metrics_writes.append(len(data))
+        if len(metrics_writes) == 2:  # step 2's line: half of it fits
+            return real_write(fd, bytes(data[: len(data) // 2]))
+        if len(metrics_writes) > 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", full_disk)
+    run = env[0] / "run"
+    user_error(
+        train(env, "optim.max_steps=3", "checkpoint.save_every=1"),
+        f"could not write to '{run}': No space left on device",
+        "every line of metrics.jsonl is whole",
+        "the same command resumes from the newest",
+    )
+    assert _whole_lines(run / "metrics.jsonl") == [1]  # step 2's half line is gone
+    assert [s for s, _ in list_checkpoints(run)] == [1]
+    monkeypatch.setattr(os, "write", real_write)
+    r = train(env, "optim.max_steps=3", "checkpoint.save_every=1")
+    assert r.exit_code == 0 and "resuming from checkpoint step 1" in r.stdout, r.output
+    assert _whole_lines(run / "metrics.jsonl") == [1, 2, 3]
+
+
+def test_disk_full_while_writing_the_logs_on_a_small_tmpfs(env):
+    """The same on a real full disk: output_dir on a 12 KiB tmpfs (needs root and mount; skipped without)."""
+    small = env[0] / "small"
+    small.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=12k", "tmpfs", str(small)], capture_output=True, text=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a 12 KiB tmpfs here: {mounted.stderr.strip() or mounted.returncode}")
+    try:
+        run = small / "run"
+        user_error(
+            train(env, "optim.max_steps=40", f"output_dir={run}"),
+            f"could not write to '{run}': No space left on device",
+        )
+        assert _whole_lines(run / "metrics.jsonl")  # some steps were logged before the disk filled
+    finally:
+        subprocess.run(["umount", str(small)], check=True)
+
+
 # ---------------------------------------------------------------- reading a run: grpokit show, grpokit report
 
 
