@@ -27,6 +27,9 @@ from __future__ import annotations
 
 import errno
 import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import typer
@@ -62,6 +65,23 @@ def _disk_full(exc: OSError, out: str | Path) -> str | None:
         "disk space or give output_dir more room; every line of metrics.jsonl is whole, earlier checkpoints "
         "are untouched, and the same command resumes from the newest)"
     )
+
+
+@contextmanager
+def _disk_full_said_once() -> Iterator[None]:
+    """A writer thread that hits a full disk (TensorBoard's) would print its own traceback; the main thread
+    raises the same error at its next flush, and that is the one line: the thread's print is dropped."""
+    previous = threading.excepthook
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        if not (isinstance(args.exc_value, OSError) and _disk_full(args.exc_value, "") is not None):
+            previous(args)
+
+    threading.excepthook = hook
+    try:
+        yield
+    finally:
+        threading.excepthook = previous
 
 
 THREADS_HELP = (
@@ -116,7 +136,8 @@ def train(
         ensure_writable_dir(cfg.output_dir)  # before loading the model, so a bad path fails in a second
         trainer = Trainer(cfg)  # with a critic (grpokit/critic.py) when algorithm.advantage_estimator=gae
         try:  # under torchrun, each rank runs this (grpokit/distributed/, docs/scaling.md)
-            last = trainer.train()
+            with _disk_full_said_once():
+                last = trainer.train()
         except OSError as exc:  # the records closed first: what they held is written where it fits
             if (line := _disk_full(exc, cfg.output_dir)) is None:
                 raise
