@@ -25,7 +25,11 @@ number (143 / 130); the same command resumes. docs/errors.md lists every message
 
 from __future__ import annotations
 
+import errno
 import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import typer
@@ -49,6 +53,35 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 def _fail(msg: str, code: int = 2) -> None:
     typer.echo(f"error: {msg}", err=True)
     raise typer.Exit(code)
+
+
+def _disk_full(exc: OSError, out: str | Path) -> str | None:
+    """The one line of a run whose disk filled up while it wrote its records (metrics.jsonl, samples, the
+    trackers' files), or None for another OSError. A full disk during a save is a CheckpointError already."""
+    if exc.errno not in (errno.ENOSPC, errno.EDQUOT) and "No space left on device" not in str(exc):
+        return None
+    return (
+        f"could not write to {str(exc.filename or out)!r}: {exc.strerror or 'No space left on device'} (free "
+        "disk space or give output_dir more room; every line of metrics.jsonl is whole, earlier checkpoints "
+        "are untouched, and the same command resumes from the newest)"
+    )
+
+
+@contextmanager
+def _disk_full_said_once() -> Iterator[None]:
+    """A writer thread that hits a full disk (TensorBoard's) would print its own traceback; the main thread
+    raises the same error at its next flush, and that is the one line: the thread's print is dropped."""
+    previous = threading.excepthook
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        if not (isinstance(args.exc_value, OSError) and _disk_full(args.exc_value, "") is not None):
+            previous(args)
+
+    threading.excepthook = hook
+    try:
+        yield
+    finally:
+        threading.excepthook = previous
 
 
 THREADS_HELP = (
@@ -103,7 +136,12 @@ def train(
         ensure_writable_dir(cfg.output_dir)  # before loading the model, so a bad path fails in a second
         trainer = Trainer(cfg)  # with a critic (grpokit/critic.py) when algorithm.advantage_estimator=gae
         try:  # under torchrun, each rank runs this (grpokit/distributed/, docs/scaling.md)
-            last = trainer.train()
+            with _disk_full_said_once():
+                last = trainer.train()
+        except OSError as exc:  # the records closed first: what they held is written where it fits
+            if (line := _disk_full(exc, cfg.output_dir)) is None:
+                raise
+            _fail(line)
         finally:
             trainer.world.teardown()
         if trainer.interrupted:  # saved; the trainer printed the step and how to resume

@@ -373,7 +373,7 @@ class Trainer:
         records.write_config()
         saved_step = resumed  # the step of the newest checkpoint on disk: never written twice
         metrics: dict[str, float] = {}
-        with self.signals as stop, records.open(self.step, resumed):
+        with records.open(self.step, resumed), self.signals.reporting(records.stopped) as stop:
             if resumed is None and cfg.eval.at_start and (ev := self.evaluate()):
                 records.log(0, ev)
             while self.step < cfg.optim.max_steps:

@@ -26,3 +26,14 @@ def fails_on_rank_1(completions, **kwargs):
             f.write(repr(time.time()))
         raise ValueError("rank 1 fails on purpose in its second reward call")
     return count_sevens(completions)
+
+
+def raises_on_one_in_eight(prompts, completions, **kwargs):
+    """0.5 per completion, but raises on the whole call when one of its completions has
+    zlib.crc32(prompt|completion) % 8 == 0: about one completion in eight, spread through the batch."""
+    import zlib
+
+    for p, c in zip(prompts, completions, strict=True):
+        if zlib.crc32((str(p) + "|" + c).encode()) % 8 == 0:
+            raise ValueError(f"cannot score {c!r}")
+    return [0.5] * len(completions)

@@ -345,7 +345,8 @@ def test_second_ctrl_c_stops_at_once(setup, monkeypatch):
     monkeypatch.setattr(Trainer, "update", update_then_two_ctrl_c)
     handler = signal.getsignal(signal.SIGINT)
     r = CliRunner().invoke(app, ["train", str(tmp_path / "config.yaml"), *overrides(model_dir, tmp_path)])
-    assert r.exit_code == 130 and "saved step" not in r.output, r.output  # typer: KeyboardInterrupt -> 130
+    assert r.exit_code == 130 and "saved step 2" not in r.output, r.output  # typer: KeyboardInterrupt -> 130
+    assert "SIGINT: saved step 1 to " in r.output  # the newest checkpoint, as a single Ctrl-C says it
     assert signal.getsignal(signal.SIGINT) is handler
     assert assert_checkpoints_readable(tmp_path / "run") == [1]  # step 1's checkpoint; step 2 was never saved
 

@@ -380,6 +380,36 @@ def test_context_longer_than_model_positions(env):
     assert not (env[0] / "run" / "metrics.jsonl").exists()  # nothing trained
 
 
+def test_context_shorter_than_the_prompts(env, tiny_model_dir):
+    """A model whose context cannot hold the prompts themselves: lowering rollout.max_completion_length would
+    not help (and 0 is refused), so the line names the keys that shorten or truncate the prompts."""
+    model = env[0] / "short-context"
+    shutil.copytree(tiny_model_dir, model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 5}))
+    msg = user_error(
+        train(env, f"model.name_or_path={model}"),
+        "the longest prompt (10 tokens) alone fills the model's max_position_embeddings=5",
+        "the prompts alone exceed the context",
+        "data.max_prompt_length=1 and data.overlong_prompts=truncate",
+    )
+    assert "rollout.max_completion_length" not in msg  # the prompts are the problem, not the completions
+    assert not (env[0] / "run" / "metrics.jsonl").exists()  # nothing trained
+
+
+def test_model_folder_with_only_a_tokenizer(env, tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    tok = env[0] / "just-a-tokenizer"
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(tok)
+    assert not (tok / "config.json").exists()
+    user_error(
+        train(env, f"model.name_or_path={tok}"),
+        f"model.name_or_path='{tok}': the folder holds a tokenizer but no config.json or weights",
+        "point model.name_or_path at the model's folder (model.tokenizer names a separate tokenizer)",
+    )
+
+
 def test_tokenizer_without_pad_token_falls_back_to_eos(env, tiny_model_dir, caplog):
     tok = env[0] / "tok-no-pad"
     shutil.copytree(tiny_model_dir, tok)
@@ -852,6 +882,96 @@ def test_disk_full_during_a_save(env, monkeypatch):
     r = train(env, "optim.max_steps=3", "checkpoint.save_every=1")
     assert r.exit_code == 0 and "resuming from checkpoint step 1" in r.stdout, r.output
     assert [row["step"] for row in metrics(env)] == [1, 2, 3]
+
+
+def test_a_second_ctrl_c_says_where_to_resume(env, monkeypatch):
+    """Two Ctrl-C 0.1 s apart: the run stops at once (no save of the step under way) with the line a single
+    Ctrl-C prints: the newest checkpoint and how to resume."""
+    import os
+    import signal
+    import time
+
+    from grpokit.trainer import Trainer
+
+    real = Trainer.update
+
+    def update_then_two_ctrl_c(self, batch):
+        stats = real(self, batch)
+        if self.step == 1:  # during step 2
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.1)
+            os.kill(os.getpid(), signal.SIGINT)
+        return stats
+
+    monkeypatch.setattr(Trainer, "update", update_then_two_ctrl_c)
+    r = train(env, "optim.max_steps=3", "checkpoint.save_every=1")
+    step_1 = env[0] / "run" / "checkpoints" / "step-000001"
+    assert r.exit_code == 130, r.output
+    assert f"SIGINT: saved step 1 to {step_1}; run the same command to resume" in r.output, r.output
+    assert [s for s, _ in list_checkpoints(env[0] / "run")] == [1]
+
+
+def _whole_lines(path: Path) -> list[int]:
+    """The steps of a metrics.jsonl whose every line is whole (parses, ends with a newline)."""
+    text = path.read_text() if path.exists() else ""
+    assert not text or text.endswith("\n"), text[-200:]
+    return [json.loads(line)["step"] for line in text.splitlines()]
+
+
+def test_disk_full_while_writing_the_logs(env, monkeypatch):
+    """The disk fills in the middle of a metrics line (the kernel writes what fits, then ENOSPC): one line,
+    exit 2, a metrics.jsonl of whole lines, and the same command resumes from the newest checkpoint."""
+    import os
+
+    real_write, metrics_writes = os.write, []
+
+    def full_disk(fd, data):
+        if not os.readlink(f"/proc/self/fd/{fd}").endswith("metrics.jsonl"):
+            return real_write(fd, data)
+        metrics_writes.append(len(data))
+        if len(metrics_writes) == 2:  # step 2's line: half of it fits
+            return real_write(fd, bytes(data[: len(data) // 2]))
+        if len(metrics_writes) > 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", full_disk)
+    run = env[0] / "run"
+    user_error(
+        train(env, "optim.max_steps=3", "checkpoint.save_every=1"),
+        f"could not write to '{run}': No space left on device",
+        "every line of metrics.jsonl is whole",
+        "the same command resumes from the newest",
+    )
+    assert _whole_lines(run / "metrics.jsonl") == [1]  # step 2's half line is gone
+    assert [s for s, _ in list_checkpoints(run)] == [1]
+    monkeypatch.setattr(os, "write", real_write)
+    r = train(env, "optim.max_steps=3", "checkpoint.save_every=1")
+    assert r.exit_code == 0 and "resuming from checkpoint step 1" in r.stdout, r.output
+    assert _whole_lines(run / "metrics.jsonl") == [1, 2, 3]
+
+
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
+def test_disk_full_while_writing_the_logs_on_a_small_tmpfs(env):
+    """The same on a real full disk: output_dir on a 12 KiB tmpfs (needs root and mount; skipped without).
+    TensorBoard's writer thread, which meets the full disk too, prints no traceback of its own (pytest would
+    turn one into a warning, an error here)."""
+    small = env[0] / "small"
+    small.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=12k", "tmpfs", str(small)], capture_output=True, text=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a 12 KiB tmpfs here: {mounted.stderr.strip() or mounted.returncode}")
+    try:
+        run = small / "run"
+        user_error(  # with TensorBoard, whose writer thread hits the full disk too: still one line
+            train(env, "optim.max_steps=40", f"output_dir={run}", "logging.tensorboard=true"),
+            f"could not write to '{run}': No space left on device",
+        )
+        assert _whole_lines(run / "metrics.jsonl")  # some steps were logged before the disk filled
+    finally:
+        subprocess.run(["umount", str(small)], check=True)
 
 
 # ---------------------------------------------------------------- reading a run: grpokit show, grpokit report

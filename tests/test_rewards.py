@@ -474,7 +474,8 @@ def test_a_reward_named_like_a_batch_statistic_is_refused(name):
 
 def test_a_function_that_raises_on_one_sample_costs_only_that_sample():
     """One bad sample used to void the whole batch (None for all 64 completions, every step). The call is
-    retried on halves, quarters, ...: the others keep their scores, the failed one is counted."""
+    retried on halves, and the halves that raise on their halves, down to single samples: the others keep
+    their scores, the failed one is counted."""
     calls = []
 
     def picky(completions, **kwargs):
@@ -505,11 +506,144 @@ def test_a_function_that_raises_on_one_sample_costs_only_that_sample():
     calls.clear()
     out = call(RewardManager([RewardSpec(broken)]), texts * 8)  # 64 samples
     assert out.errors["broken"] == 64 and torch.isnan(out.per_function["broken"]).all()
-    assert len(calls) == 1 + 2 + 4  # a function that fails on everything gives up after 4 parts, not 2n calls
+    assert len(calls) == 2 * 64 - 1  # a function that fails on everything: every part once, down to singles
     with pytest.raises(
         RuntimeError, match="raised ValueError"
     ):  # reward_errors=raise: the first failure stops
         call(RewardManager([RewardSpec(picky)], strict=True), texts)
+
+
+def isolation_bound(n: int, k: int) -> int:
+    """The most calls a batch of n samples costs a function that fails on k of them (docs/rewards.md,
+    RewardManager._isolate): 1 when none fails; else 2**(a+1) - 1 + 2k(D - a), D = ceil(log2 n),
+    a = ceil(log2 k), and never more than 2n - 1."""
+    if k == 0:
+        return 1
+    depth, a = (n - 1).bit_length(), (k - 1).bit_length()  # ceil(log2 n), ceil(log2 k)
+    return min(2 * n - 1, 2 ** (a + 1) - 1 + 2 * k * (depth - a))
+
+
+def test_the_isolation_bound_in_the_docs():
+    assert [isolation_bound(64, k) for k in (0, 1, 2, 8, 12, 64)] == [1, 13, 23, 63, 79, 127]
+    for n in range(1, 200):
+        for k in range(1, n + 1):  # the simpler forms the docs give are looser
+            simple = 2 * k * math.ceil(math.log2(n / k)) + 4 * k - 3
+            assert isolation_bound(n, k) <= min(simple, 2 * n - 1, 1 + 2 * k * (n - 1).bit_length())
+
+
+def _picky(bad: set[str], calls: list[int], is_async: bool):
+    """A reward that raises on any call holding one of `bad`, and scores the others by their number."""
+
+    def score(completions):
+        calls.append(len(completions))
+        if hit := [c for c in completions if c in bad]:
+            raise ValueError(f"cannot score {hit[0]!r}")
+        return [float(c[1:]) for c in completions]
+
+    if is_async:
+
+        async def picky(completions, **kwargs):
+            return score(completions)
+
+        return picky
+
+    def picky(completions, **kwargs):  # noqa: F811 (one of the two, as is_async says)
+        return score(completions)
+
+    return picky
+
+
+_PICKY: dict[bool, tuple[RewardManager, set[str], list[int]]] = {}
+
+
+def _picky_manager(is_async: bool) -> tuple[RewardManager, set[str], list[int]]:
+    """One manager per kind for every example (an async one holds an event loop thread): its bad set and its
+    calls are cleared in place."""
+    if is_async not in _PICKY:
+        bad: set[str] = set()
+        calls: list[int] = []
+        specs = [RewardSpec(_picky(bad, calls, is_async), name="picky"), RewardSpec(const_len(), name="len")]
+        _PICKY[is_async] = RewardManager(specs), bad, calls
+    return _PICKY[is_async]
+
+
+def const_len():
+    def fn(completions, **kwargs):
+        return [float(len(c)) for c in completions]
+
+    return fn
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_isolation_finds_exactly_the_failing_samples(data):
+    """Any failure pattern over any batch size, sync and async: exactly the samples the function raises on go
+    without its reward, every other one gets its value, errors counts the failing ones, and the calls stay
+    within the documented bound."""
+    n = data.draw(st.integers(1, 100), label="n")
+    pattern = data.draw(
+        st.one_of(
+            st.lists(st.booleans(), min_size=n, max_size=n).map(lambda b: {i for i, x in enumerate(b) if x}),
+            st.sets(st.integers(0, n - 1), max_size=4),  # a few
+            st.integers(1, 9).map(lambda m: set(range(0, n, m))),  # spread: every m-th
+            st.just(set(range(n))),  # all
+        ),
+        label="failing",
+    )
+    manager, bad, calls = _picky_manager(data.draw(st.booleans(), label="async"))
+    texts = [f"s{i}" for i in range(n)]
+    bad.clear()
+    bad.update(texts[i] for i in pattern)
+    calls.clear()
+    logging.getLogger("grpokit.rewards").disabled = True
+    try:
+        out = call(manager, texts)
+    finally:
+        logging.getLogger("grpokit.rewards").disabled = False
+    scores = out.per_function["picky"]
+    assert {i for i in range(n) if torch.isnan(scores[i])} == pattern
+    assert all(scores[i] == i for i in range(n) if i not in pattern)
+    assert_same(out.per_function["len"], [float(len(t)) for t in texts])  # the other function: untouched
+    assert_same(out.total, [len(t) + (0.0 if i in pattern else i) for i, t in enumerate(texts)])
+    assert out.errors == {"picky": len(pattern), "len": 0}
+    assert out.metrics()["reward/errors/picky"] == len(pattern)
+    assert len(calls) <= isolation_bound(n, len(pattern)), (len(calls), n, len(pattern))
+
+
+def test_a_call_that_raises_only_on_whole_batches_costs_at_most_2n_minus_1_calls():
+    """A failure that depends on the batch, not on a sample (here: more than 3 at once): no sample fails,
+    each gets its value from a part small enough, and no part is called twice."""
+    calls: list[int] = []
+
+    def crowded(completions, **kwargs):
+        calls.append(len(completions))
+        if len(completions) > 3:
+            raise RuntimeError("too many at once")
+        return [1.0] * len(completions)
+
+    out = call(RewardManager([RewardSpec(crowded)]), ["x"] * 37)
+    assert out.errors["crowded"] == 0 and (out.per_function["crowded"] == 1.0).all()
+    assert len(calls) <= 2 * 37 - 1
+
+
+def test_evaluation_loses_only_the_samples_a_reward_raises_on():
+    """The held-out judge (grpokit.evaluate.make_judge) scores through the same manager: a function raising on
+    one completion in 8, spread through the batch, costs only those."""
+    from grpokit.evaluate import make_judge
+    from grpokit.rollout import Completions
+
+    texts = [f"s{i}" for i in range(50)]
+    bad = {t for i, t in enumerate(texts) if i % 8 == 3}
+    judge = make_judge(RewardManager([RewardSpec(_picky(bad, [], False), name="picky")]), threshold=0.0)
+    rows = [SimpleNamespace(prompt=f"p{i}", columns={}) for i in range(50)]
+    comps = Completions(token_ids=[[1]] * 50, texts=texts, finish_reasons=["stop"] * 50)
+    logging.getLogger("grpokit.rewards").disabled = True
+    try:
+        score, _, scored = judge(rows, comps)
+    finally:
+        logging.getLogger("grpokit.rewards").disabled = False
+    assert score == [0.0 if t in bad else float(i) for i, t in enumerate(texts)]
+    assert sum(not s for s in scored) == len(bad) + 1  # s0's value is 0: not "well formed" either
 
 
 # ----------------------------------------------------------------------------- time limits (reward_timeout)
@@ -625,3 +759,41 @@ def test_functions_that_need_the_main_thread_run_there(caplog):
             assert out.errors == {"alarmed": 0, "math": 0} and out.total.tolist() == [2.0]
     assert threads == [False, True, True]  # tried in the worker once, then in the main thread
     assert "'alarmed'" in caplog.text and "work only in the main thread" in caplog.text
+
+
+@pytest.mark.slow
+def test_a_run_loses_only_the_rewards_a_function_raises_on(tiny_model_dir, tmp_path, caplog):
+    """A tiny version of a user's report: a reward raising on about one completion in eight, spread through
+    the batch, first of the run's rewards. Each step's reward/errors/<fn> is the number of completions that
+    raise (recomputed from completions.parquet), those alone get no reward from it, and no step is a bad
+    step (it used to lose the whole batch: 100% errors)."""
+    import zlib
+
+    import pyarrow.parquet as pq
+
+    from grpokit.trainer import Trainer
+    from tests.helpers import REWARD, read_metrics, tiny_config
+
+    flaky = f"{Path(REWARD).parent / 'reward_fns.py'}:raises_on_one_in_eight"
+    cfg = tiny_config(
+        tiny_model_dir,
+        tmp_path,
+        f"rewards=[{{function: '{flaky}', name: flaky}}, {{function: '{REWARD}'}}]",
+        "rollout.prompts_per_step=8",
+        "optim.max_steps=3",
+        "logging.sample_every=1",
+        "logging.num_samples=8",
+    )
+    with caplog.at_level(logging.WARNING):
+        Trainer(cfg).train()
+    rows = pq.read_table(tmp_path / "completions.parquet").to_pylist()
+    errors = {
+        m["step"]: m["reward/errors/flaky"] for m in read_metrics(tmp_path) if "reward/errors/flaky" in m
+    }
+    assert sorted(errors) == [1, 2, 3]
+    for step, count in errors.items():
+        done = [r for r in rows if r["step"] == step]
+        raises = [zlib.crc32((str(r["prompt"]) + "|" + r["completion"]).encode()) % 8 == 0 for r in done]
+        assert len(done) == 64 and count == sum(raises) > 0
+        assert [r["reward/flaky"] is None or math.isnan(r["reward/flaky"]) for r in done] == raises
+    assert "reward_error_fraction" not in caplog.text  # no bad step

@@ -86,6 +86,14 @@ def check_context_length(data: Datasets, model_config: Any, max_completion_lengt
         len(d[i].prompt_ids) for d in (data.train, data.eval) if d is not None for i in range(len(d))
     )
     T = max_completion_length
+    if longest >= limit:  # no completion length helps: the prompts themselves must get shorter
+        keep = limit - T if limit - T >= 1 else limit // 2
+        fit = "" if limit - T >= 1 else f" and rollout.max_completion_length={limit - keep}"
+        raise ConfigError(
+            f"the longest prompt ({longest} tokens) alone fills the model's max_position_embeddings={limit}, "
+            f"leaving no room for a completion: the prompts alone exceed the context; shorten them, or "
+            f"truncate them with data.max_prompt_length={keep}{fit} and data.overlong_prompts=truncate"
+        )
     if longest + T > limit:
         raise ConfigError(
             f"the longest prompt ({longest} tokens) + rollout.max_completion_length={T} is {longest + T} "

@@ -100,6 +100,26 @@ LOAD_FAILURES = {
 }
 
 
+#: files a tokenizer's folder holds (save_pretrained of a tokenizer writes some of them)
+TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")
+
+
+def _check_not_only_a_tokenizer(folder: str, name_or_path: str, key: str) -> None:
+    """A local folder with a tokenizer but no config.json: transformers' error asks for a `model_type` key;
+    say what the folder is and which key to point where."""
+    path = Path(folder)
+    if (
+        path.is_dir()
+        and not (path / "config.json").exists()
+        and any((path / f).exists() for f in TOKENIZER_FILES)
+    ):
+        separate = " (model.tokenizer names a separate tokenizer)" if key == "model.name_or_path" else ""
+        raise ModelLoadError(
+            f"{key}={name_or_path!r}: the folder holds a tokenizer but no config.json or weights; "
+            f"point {key} at the model's folder{separate}"
+        )
+
+
 def load_model(
     name_or_path: str,
     *,
@@ -121,6 +141,7 @@ def load_model(
     kwargs = dict(dtype="auto" if dtype == "auto" else DTYPES[dtype], trust_remote_code=trust_remote_code)
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
+    _check_not_only_a_tokenizer(folder, name_or_path, key)
     try:
         model = auto.from_pretrained(folder, **kwargs)
     except (OSError, ValueError) as exc:

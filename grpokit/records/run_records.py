@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from grpokit.checkpoint import RunLock, save_final
+from grpokit.checkpoint import RunLock, list_checkpoints, save_final
 from grpokit.config import Config
 from grpokit.records.plots import plot_run
 from grpokit.records.progress import TrainProgress
@@ -84,6 +84,16 @@ class RunRecords:
     def print(self, message: str) -> None:
         if self._progress is not None:
             self._progress.print(message)
+
+    def stopped(self, signal: str) -> None:
+        """The line of a run a second signal stopped at once (no save of its step): the newest checkpoint and
+        how to resume, as the first signal's save says it."""
+        found = list_checkpoints(self.out)
+        self.print(
+            f"{signal}: saved step {found[-1][0]} to {found[-1][1]}; run the same command to resume"
+            if found
+            else f"{signal}: stopped before the first checkpoint; run the same command to start again"
+        )
 
     def save_final(self, model: Any, tokenizer: Any) -> None:
         """output_dir/final (and final/merged under model.lora.merge_on_save)."""

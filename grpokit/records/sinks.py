@@ -69,9 +69,22 @@ def _json_line(record: Mapping[str, Any]) -> str:
 
 def _append(path: Path, text: str) -> None:
     # Open, write, close per call: each line reaches the OS at once (a crash loses at most the line
-    # being written) and truncate_after can replace the file without a stale handle.
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(text)
+    # being written) and truncate_after can replace the file without a stale handle. Whole lines or
+    # nothing: a write that fails part way (a full disk: ENOSPC after a short write) is cut back to the
+    # file's previous end before the error goes on, so no line is ever left half-written.
+    data = text.encode("utf-8")
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    try:
+        end = os.fstat(fd).st_size
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        except BaseException:
+            os.ftruncate(fd, end)
+            raise
+    finally:
+        os.close(fd)
 
 
 def _truncate_jsonl(path: Path, step: int) -> int:

@@ -21,11 +21,13 @@ Spec kwargs take precedence over a dataset column of the same name.
 
 Combination (TRL's `nansum` of weighted rewards): None means "not applicable" and counts as 0
 in the total; a sample for which no function applies gets total 0 and is counted in
-`reward/none_frac`. Failures are isolated: a function that raises or returns something other
-than N numbers gives no reward to any sample this call; a bad element (NaN, inf, a string, ...)
-voids only that element. Either way the samples are counted in `errors`, the first failure of
-each function is logged once with its traceback (logger "grpokit.rewards"), later ones only
-counted. strict=True raises RewardError (a RuntimeError) instead.
+`reward/none_frac`. Failures are isolated: a call that raises is retried on halves of the batch, and a
+half that raises on its halves, down to single samples (RewardManager._isolate, which bounds the calls), so
+exactly the samples the function raises on get no reward from it; a function that returns something other
+than N numbers gives no reward to any sample this call; a bad element (NaN, inf, a string, ...) voids only
+that element. Either way the samples are counted in `errors`, the first failure of each function is logged
+once with its traceback (logger "grpokit.rewards"), later ones only counted. strict=True raises RewardError
+(a RuntimeError) instead.
 
 `async def` functions (grpokit/rewards/concurrent.py) are called the same way, once per batch, and all those
 of a batch run at once on one event loop in a thread of the manager's, while the sync ones run one after the
@@ -287,6 +289,11 @@ def _check_batch(call_args: Mapping[str, list[Any]], columns: Mapping[str, list[
             raise ValueError(f"{key} has {len(value)} entries for {n} completions")
     if clash := sorted(set(columns) & set(call_args)):
         raise ValueError(f"dataset columns {clash} collide with the reward call's own arguments; rename them")
+
+
+def _halves(part: list[int]) -> list[list[int]]:
+    """The two halves of a part of 2 or more samples (the first one the smaller), as _isolate bisects."""
+    return [part[: len(part) // 2], part[len(part) // 2 :]]
 
 
 class RewardError(RuntimeError):
@@ -559,17 +566,30 @@ class RewardManager:
     def _isolate(
         self, reward: _Reward, call_args: dict[str, Any], columns: dict[str, Any], n: int
     ) -> tuple[list[Any], list[int]]:
-        """After a call raised: call again on halves, then quarters, ... of the samples, so that only the ones
-        it fails on go without a reward. A level where every part still raises means the function fails
-        whatever it gets (after at least 4 parts): the rest are given up, so a broken function costs a few
-        calls, not 2n. Returns the items (None where it failed) and the failed indices."""
+        """After the batch call raised: bisect. Call the function on both halves of the samples; a part that
+        raises is split again, down to single samples. A sample it raises on alone is failed; every other
+        sample gets its value from the part that returned. Returns the items (None where it failed) and the
+        failed indices: exactly the samples the function fails on, whatever their pattern.
+
+        The bound, in calls of the function for a batch of n samples, the batch call included (stated in
+        docs/rewards.md, checked by tests/test_rewards.py::test_isolation_finds_exactly_the_failing_samples):
+        - Each part that raises and holds 2 or more samples costs two calls, its halves: the calls are
+          1 + 2 * R, R the parts of 2 or more samples that raise (the batch is one of them).
+        - Parts never overlap within a depth, and none is called twice: at most 2n - 1 calls (the nodes of
+          a binary tree with n leaves), whatever the function does. One that fails on everything costs that.
+        - A part of m samples splits into m // 2 and m - m // 2, so a part at depth l holds at most
+          ceil(n / 2**l) samples, and parts of 2 or more lie at depths l < D = ceil(log2 n) only.
+        - If the function fails on k samples (a call raises exactly when its part holds one of them), the
+          raising parts at depth l are disjoint and each holds one of the k: at most min(2**l, k) of them.
+          So R <= sum over l < D of min(2**l, k) = 2**a - 1 + k * (D - a), with a = ceil(log2 k), and
+          calls <= B(n, k) = 2**(a + 1) - 1 + 2k (D - a) <= 2k * ceil(log2(n / k)) + 4k - 3 (k >= 1, as
+          2**a <= 2k - 1 and D - a <= ceil(log2(n / k))): 2 * ceil(log2 n) + 1 for one failing sample, 1
+          for none (the batch call returned). Example: n = 64 and k = 12 cost at most 79 calls."""
         items: list[Any] = [None] * n
-        parts = [list(range(n))]
+        failed: list[int] = []
+        parts = _halves(list(range(n)))
         while parts:
-            parts = [
-                half for part in parts for half in (part[: len(part) // 2], part[len(part) // 2 :]) if half
-            ]
-            failing = []
+            raising = []
             for part in parts:
                 sub_args = {k: [v[i] for i in part] for k, v in call_args.items()}
                 sub_columns = {k: [v[i] for i in part] for k, v in columns.items()}
@@ -583,14 +603,15 @@ class RewardManager:
                 except TimedOut:
                     raise
                 except Exception:
-                    failing.append(part)
+                    if len(part) == 1:
+                        failed.append(part[0])
+                    else:
+                        raising.append(part)
                     continue
                 for i, v in zip(part, out, strict=True):
                     items[i] = v
-            if len(failing) == len(parts) and len(parts) >= 4 or all(len(p) == 1 for p in failing):
-                return items, sorted(i for part in failing for i in part)
-            parts = failing
-        return items, []
+            parts = [half for part in raising for half in _halves(part)]
+        return items, sorted(failed)
 
     def _report(
         self,
