@@ -314,7 +314,7 @@ class LoggingConfig(Section):
     log_every: int = Field(1, ge=1)
     """Write metrics every this many steps."""
     sample_every: int = Field(10, ge=0)
-    """Print and save a few sample completions every this many steps (0 = never)."""
+    """Print and save a few sample completions every this many steps and at the last one (0 = never)."""
     num_samples: int = Field(3, ge=0)
     """How many prompts to record at a sample step: all G completions of each (samples.jsonl,
     completions.parquet); the first of each is printed."""
