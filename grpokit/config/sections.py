@@ -353,7 +353,9 @@ class CheckpointConfig(Section):
     """Resume from the newest checkpoint in output_dir when there is one."""
     allow_changes: list[str] = Field(default_factory=list)
     """Config keys (dotted, e.g. optim.learning_rate; a section name covers its keys) that may differ from the
-    checkpoint's config on resume; they are applied and logged. Any other difference stops the resume."""
+    checkpoint's config on resume; they are applied and logged. Any other difference stops the resume,
+    except a larger optim.max_steps (training longer: the schedule becomes the longer run's,
+    docs/training.md)."""
 
 
 class DistributedConfig(Section):
