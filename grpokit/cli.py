@@ -138,7 +138,8 @@ def eval_cmd(
         from rich.console import Console
         from rich.table import Table
 
-        table = Table(title=f"held-out evaluation of {model}")
+        typer.echo(f"held-out evaluation of {model}")  # a line of its own: a title would wrap a long path
+        table = Table()
         table.add_column("metric")
         table.add_column("value", justify="right")
         for k, v in metrics.items():

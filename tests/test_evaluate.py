@@ -81,6 +81,7 @@ def test_grpokit_eval_needs_only_the_held_out_file(tiny_model_dir, tmp_path):
     r = CliRunner().invoke(app, [*common, f"data.eval_path={held_out}"])
     assert r.exit_code == 0, r.output
     assert "pass@1" in r.output
+    assert f"held-out evaluation of {tiny_model_dir}\n" in r.output  # the path on one line, never wrapped
     r = CliRunner().invoke(app, common)
     assert r.exit_code == 2, r.output
     line = [ln for ln in r.stderr.splitlines() if ln.strip()]
