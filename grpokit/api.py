@@ -63,11 +63,23 @@ def train(
         trainer.world.teardown()
 
 
+NO_HELD_OUT = (
+    "no held-out data: set data.eval_path (a .jsonl/.parquet/.csv file), data.task, or data.train_path "
+    "with data.eval_size"
+)
+
+
 def held_out_metrics(cfg: Config) -> dict[str, float]:
     """The eval/* metrics of cfg's model on cfg's held-out data ({} when it has none): a Trainer without
-    pi_ref or a critic, which evaluation needs neither of, closed with its rollout engine."""
+    pi_ref or a critic, which evaluation needs neither of, closed with its rollout engine. A config with only
+    data.eval_path (no training data) is enough: the held-out file stands in for the training rows."""
     from grpokit.trainer import Trainer
 
+    data = cfg.data
+    if not (data.train_path or data.task):
+        if not data.eval_path:
+            raise ConfigError(NO_HELD_OUT)
+        cfg = cfg.model_copy(update={"data": data.model_copy(update={"train_path": data.eval_path})})
     no_kl = cfg.algorithm.model_copy(update={"beta": 0.0, "advantage_estimator": "grpo"})
     trainer = Trainer(cfg.model_copy(update={"algorithm": no_kl}))
     try:
@@ -84,7 +96,7 @@ def evaluate(
     cfg = _config(config, [*(overrides or []), f"model.name_or_path={model}"], Config)
     metrics = held_out_metrics(cfg)
     if not metrics:
-        raise ConfigError("no held-out data: set data.eval_path, data.eval_size or data.task")
+        raise ConfigError(NO_HELD_OUT)
     return metrics
 
 

@@ -168,15 +168,16 @@ def eval_cmd(
     def go():
         cfg = load_config(config, [*_with_threads(overrides, threads), f"model.name_or_path={model}"])
         _threads(cfg.threads)
-        from grpokit.api import held_out_metrics
+        from grpokit.api import NO_HELD_OUT, held_out_metrics
 
         metrics = held_out_metrics(cfg)
         if not metrics:
-            _fail("no held-out data: set data.eval_path, data.eval_size or data.task")
+            _fail(NO_HELD_OUT)
         from rich.console import Console
         from rich.table import Table
 
-        table = Table(title=f"held-out evaluation of {model}")
+        typer.echo(f"held-out evaluation of {model}")  # a line of its own: a title would wrap a long path
+        table = Table()
         table.add_column("metric")
         table.add_column("value", justify="right")
         for k, v in metrics.items():

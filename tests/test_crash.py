@@ -461,7 +461,7 @@ def test_resume_with_a_changed_config_stops_and_lists_every_difference(setup):
     r = _train_cli(
         tmp_path,
         model_dir,
-        "optim.max_steps=4",
+        "optim.max_steps=4",  # training longer may change by default: not listed
         "optim.learning_rate=1e-3",
         "rollout.num_generations=2",
         "seed=1",
@@ -471,17 +471,14 @@ def test_resume_with_a_changed_config_stops_and_lists_every_difference(setup):
     assert len(line) == 1 and "was saved with another config (" in line[0]
     for diff in (
         "optim.learning_rate: 0.003 -> 0.001",
-        "optim.max_steps: 2 -> 4",
         "rollout.num_generations: 4 -> 2",
         "seed: 0 -> 1",
     ):
         assert diff in line[0], (
             diff
         )  # every difference, by its real name (a seed change is not blamed on the data)
-    assert (
-        "checkpoint.allow_changes=[optim.learning_rate,optim.max_steps,rollout.num_generations,seed]"
-        in line[0]
-    )
+    assert "optim.max_steps" not in line[0]
+    assert "checkpoint.allow_changes=[optim.learning_rate,rollout.num_generations,seed]" in line[0]
     assert (tmp_path / "run" / "config.yaml").read_text() == recorded  # the run's record is never wrong
 
 
@@ -499,8 +496,12 @@ def test_allowed_changes_are_applied_logged_and_recorded(setup):
     )
     assert r.exit_code == 0, r.output
     assert (
-        "resuming with changes allowed by checkpoint.allow_changes: optim.learning_rate: 0.003 -> 0.001; "
-        "optim.max_steps: 2 -> 3" in r.output
+        "resuming with changes allowed by checkpoint.allow_changes: optim.learning_rate: 0.003 -> 0.001\n"
+        in (r.output)
+    )
+    assert (
+        "resuming at step 2 with optim.max_steps 2 -> 3: the learning-rate schedule does not depend on it "
+        "(optim.lr_scheduler=constant)" in r.output
     )
     rows = read_metrics(tmp_path / "run")
     assert [row["policy/lr"] for row in rows] == [
@@ -509,6 +510,54 @@ def test_allowed_changes_are_applied_logged_and_recorded(setup):
         1e-3,
     ]  # the new learning rate, not the saved scheduler's
     assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["optim"]["learning_rate"] == 1e-3
+
+
+def test_training_longer_resumes_by_default_on_the_longer_runs_schedule(setup):
+    """A run to 2 steps resumed to 4 with no allow_changes: it trains steps 3 and 4, says what happens to the
+    schedule, and from step 2 on each step's learning rate is the one a 4-step run has at that step."""
+    from grpokit.optim import lr_lambda
+
+    model_dir, tmp_path = setup
+    cosine = ["optim.lr_scheduler=cosine", "optim.warmup_ratio=0.25"]
+    assert _train_cli(tmp_path, model_dir, *cosine).exit_code == 0
+    r = _train_cli(tmp_path, model_dir, *cosine, "optim.max_steps=4")
+    assert r.exit_code == 0, r.output
+    assert (
+        "resuming at step 2 with optim.max_steps 2 -> 4: the learning-rate schedule "
+        "(optim.lr_scheduler=cosine) is now a 4-step run's, followed from step 2: each step from here has "
+        "the learning rate a run started with optim.max_steps=4 has at that step" in r.output
+    )
+    lrs = [row["policy/lr"] for row in read_metrics(tmp_path / "run")]
+    two, four = lr_lambda("cosine", 0, 2), lr_lambda("cosine", 1, 4)  # warm-up: int(0.25 x total) steps
+    # policy/lr is the rate the step's update used: optimizer step s - 1 of step s
+    assert lrs == [3e-3 * two(0), 3e-3 * two(1), 3e-3 * four(2), 3e-3 * four(3)]
+    assert lrs[2] > lrs[1]  # the 2-step run had decayed to its end; the 4-step schedule is half-way
+
+
+def test_training_longer_at_a_constant_rate_ends_where_an_uninterrupted_run_does(setup):
+    model_dir, tmp_path = setup
+    assert _train_cli(tmp_path, model_dir).exit_code == 0
+    assert _train_cli(tmp_path, model_dir, "optim.max_steps=4").exit_code == 0
+    once = CliRunner().invoke(
+        app, ["train", str(tmp_path / "config.yaml"), *overrides(model_dir, tmp_path, "once", max_steps=4)]
+    )
+    assert once.exit_code == 0, once.output
+    resumed = load_file(tmp_path / "run" / "final" / "model.safetensors")
+    uninterrupted = load_file(tmp_path / "once" / "final" / "model.safetensors")
+    assert resumed.keys() == uninterrupted.keys()
+    assert all(torch.equal(resumed[k], uninterrupted[k]) for k in resumed)
+
+
+def test_a_max_steps_below_the_checkpoints_step_is_one_line(setup):
+    model_dir, tmp_path = setup
+    assert _train_cli(tmp_path, model_dir).exit_code == 0
+    r = _train_cli(tmp_path, model_dir, "optim.max_steps=1")
+    assert r.exit_code == 2, r.output
+    line = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert (
+        len(line) == 1
+        and "step-000002' is at step 2, past optim.max_steps=1: set optim.max_steps" in (line[0])
+    )
 
 
 def test_a_full_disk_reported_by_torch_save_says_no_space_left(setup, monkeypatch):

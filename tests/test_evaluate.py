@@ -60,3 +60,32 @@ def test_evaluate_k1_has_no_sampled_metrics():
     rows = [SimpleNamespace(prompt_ids=[1])]
     m = evaluate(ScriptedEngine(None, answers), rows, judge, k=1)
     assert m["eval/pass@1"] == 1.0 and not any(key.startswith(("eval/maj", "eval/mean@")) for key in m)
+
+
+def test_grpokit_eval_needs_only_the_held_out_file(tiny_model_dir, tmp_path):
+    """`grpokit eval MODEL -c CONFIG` with data.eval_path and no training data evaluates; with neither, one
+    line names what to set."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from grpokit.cli import app
+    from tests.helpers import REWARD
+
+    held_out = tmp_path / "held_out.jsonl"
+    held_out.write_text(
+        "".join(json.dumps({"prompt": f"{a} {a}>{2 * a}="}) + "\n" for a in range(1, 9))
+    )  # prompts_per_step rows
+    common = ["eval", str(tiny_model_dir), f"rewards=[{{function: '{REWARD}'}}]", "eval.k=2"]
+    common += ["rollout.max_completion_length=4", f"output_dir={tmp_path / 'out'}"]
+    r = CliRunner().invoke(app, [*common, f"data.eval_path={held_out}"])
+    assert r.exit_code == 0, r.output
+    assert "pass@1" in r.output
+    assert f"held-out evaluation of {tiny_model_dir}\n" in r.output  # the path on one line, never wrapped
+    r = CliRunner().invoke(app, common)
+    assert r.exit_code == 2, r.output
+    line = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert line == [
+        "error: " + "no held-out data: set data.eval_path (a .jsonl/.parquet/.csv file), data.task, "
+        "or data.train_path with data.eval_size"
+    ]

@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -86,3 +87,25 @@ def test_extending_example(tmp_path, tiny_model_dir):
     assert (out / "final" / "model.safetensors").is_file()
     assert "total(12, 7) as a tool call: 19" in r.stdout
     assert "PlainSampler: 4 completions" in r.stdout and "PlainSampler with the tool: 2 episodes" in r.stdout
+
+
+@pytest.mark.slow  # importing vLLM's attention backends takes 20 s here
+def test_the_readme_example_model_has_a_head_size_every_engine_runs(tmp_path, monkeypatch):
+    """The model the README builds runs with rollout.engine=vllm too: vLLM's CPU attention takes its head
+    size (checked as VLLMEngine checks it, without starting vLLM)."""
+    import runpy
+
+    from transformers import AutoConfig
+
+    from tests.helpers import require
+
+    require("vllm")
+    from grpokit.rollout.vllm import check_head_size, head_size
+
+    command = "python examples/make_tiny_model.py runs/tiny-model"
+    assert command in (ROOT / "README.md").read_text()
+    monkeypatch.setattr(sys, "argv", [command.split()[1], str(tmp_path / "tiny-model")])
+    runpy.run_path(str(ROOT / "examples" / "make_tiny_model.py"), run_name="__main__")
+    model = SimpleNamespace(config=AutoConfig.from_pretrained(tmp_path / "tiny-model"))
+    assert head_size(model) == 32
+    check_head_size(model)  # raises ConfigError on a size vLLM's CPU kernel lacks (the "test" preset's 24)

@@ -174,3 +174,25 @@ def test_a_run_from_before_the_table_is_read_from_samples_jsonl(tmp_path):
     result = CliRunner().invoke(app, ["show", str(tmp_path)], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     assert "1 completion at step 10" in result.output and "fmt" in result.output
+
+
+def test_a_run_shorter_than_sample_every_records_its_last_step(tiny_model_dir, tmp_path):
+    """2 steps under the default logging.sample_every (10): the last step is recorded, so `grpokit show`
+    has something to show."""
+    from tests.helpers import tiny_config
+
+    out = tmp_path / "run"
+    cfg = tiny_config(
+        tiny_model_dir,
+        out,
+        "logging.sample_every=10",
+        f"logging.num_samples={K}",
+        "optim.max_steps=2",
+        "logging.tensorboard=false",
+        "checkpoint.save_every=0",
+    )
+    Trainer(cfg).train()
+    assert sorted({r["step"] for r in read_table(out)}) == [2]
+    result = CliRunner().invoke(app, ["show", str(out)], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "completions at step 2" in result.output

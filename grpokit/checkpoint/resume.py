@@ -151,6 +151,37 @@ def config_changes(saved: dict, now: dict, allowed: list[str]) -> tuple[list[str
     ]
 
 
+MAX_STEPS = "optim.max_steps"
+
+
+def _check_max_steps(path: Path, step: int, saved: dict | None, now: dict) -> list[str]:
+    """[MAX_STEPS] when this run trains longer than the checkpoint's (a change allowed by default: "train
+    longer"), else []. A max_steps below the checkpoint's step is a CheckpointError: nothing would train."""
+    new, old = _flat(now).get(MAX_STEPS), _flat(saved or {}).get(MAX_STEPS)
+    if new is not None and step > new:
+        raise CheckpointError(
+            f"{str(path)!r} is at step {step}, past optim.max_steps={new}: set optim.max_steps above {step} "
+            "to train further, or give this run a new output_dir"
+        )
+    return [MAX_STEPS] if new is not None and old is not None and new > old else []
+
+
+def schedule_note(step: int, old: int | None, now: dict) -> str:
+    """What a resume with another optim.max_steps does to the learning rate: from the checkpoint's step on,
+    each step's learning rate is the one a run started with the new max_steps has at that step (the
+    schedule, and a warm-up from warmup_ratio, recomputed for the new total; the HF Trainer's behaviour)."""
+    optim = now["optim"]
+    new, kind = optim["max_steps"], optim["lr_scheduler"]
+    head = f"resuming at step {step} with optim.max_steps {old} -> {new}: "
+    if kind == "constant" and (optim["warmup_steps"] or not optim["warmup_ratio"]):
+        return head + "the learning-rate schedule does not depend on it (optim.lr_scheduler=constant)"
+    return (
+        head + f"the learning-rate schedule (optim.lr_scheduler={kind}) is now a {new}-step run's, followed "
+        f"from step {step}: each step from here has the learning rate a run started with "
+        f"optim.max_steps={new} has at that step"
+    )
+
+
 def resume(
     out_dir: Path, model, config: dict, allowed: list[str], load=None
 ) -> tuple[int, dict, list[str]] | None:
@@ -168,7 +199,8 @@ def resume(
     saved = state.get("config") or _recorded_config(
         Path(out_dir)
     )  # checkpoints before 0.1.x: the run's config.yaml
-    refused, changed = config_changes(saved, config, allowed) if saved is not None else ([], [])
+    longer = _check_max_steps(path, step, saved, config)
+    refused, changed = config_changes(saved, config, [*allowed, *longer]) if saved is not None else ([], [])
     if refused:
         keys = ",".join(r.split(":")[0] for r in refused)
         raise CheckpointError(
@@ -176,8 +208,11 @@ def resume(
             "config, give this run a new output_dir, or let them change with "
             f"checkpoint.allow_changes=[{keys}]"
         )
-    if changed:
-        print(f"resuming with changes allowed by checkpoint.allow_changes: {'; '.join(changed)}")
+    others = [c for c in changed if not c.startswith(f"{MAX_STEPS}:")]
+    if others:
+        print(f"resuming with changes allowed by checkpoint.allow_changes: {'; '.join(others)}")
+    if len(others) < len(changed):
+        print(schedule_note(step, _flat(saved).get(MAX_STEPS), config))
     if load is not None:  # the trainer's World: weights, moments and generators, one process or several ranks
         load(path, state)
     elif is_sharded_checkpoint(path):

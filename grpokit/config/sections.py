@@ -391,7 +391,7 @@ class LoggingConfig(Section):
     log_every: int = Field(1, ge=1)
     """Write metrics every this many steps."""
     sample_every: int = Field(10, ge=0)
-    """Print and save a few sample completions every this many steps (0 = never)."""
+    """Print and save a few sample completions every this many steps and at the last one (0 = never)."""
     num_samples: int = Field(3, ge=0)
     """How many prompts to record at a sample step: all G completions of each (samples.jsonl,
     completions.parquet); the first of each is printed."""
@@ -430,7 +430,9 @@ class CheckpointConfig(Section):
     """Resume from the newest checkpoint in output_dir when there is one."""
     allow_changes: list[str] = Field(default_factory=list)
     """Config keys (dotted, e.g. optim.learning_rate; a section name covers its keys) that may differ from the
-    checkpoint's config on resume; they are applied and logged. Any other difference stops the resume."""
+    checkpoint's config on resume; they are applied and logged. Any other difference stops the resume,
+    except a larger optim.max_steps (training longer: the schedule becomes the longer run's,
+    docs/training.md)."""
 
 
 class DistributedConfig(Section):

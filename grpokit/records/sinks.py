@@ -194,10 +194,11 @@ class MetricLogger:
         samples_every: int,
     ) -> None:
         """A training step's metrics every `every` steps and at the `last` one; its samples every
-        `samples_every` (0: never)."""
+        `samples_every` steps and at the `last` one (0: never), so a run shorter than `samples_every` still
+        has completions to show."""
         if step % every == 0 or last:
             self.log(step, metrics)
-        if samples_every and step % samples_every == 0 and samples:
+        if samples_every and (step % samples_every == 0 or last) and samples:
             self.log_samples(step, samples)
 
     def log_samples(self, step: int, samples: Sequence[Mapping[str, Any]], *, show: int = 4) -> None:
