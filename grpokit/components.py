@@ -25,6 +25,7 @@ from grpokit.rewards import RewardManager, build_rewards, reward_registry
 from grpokit.rollout import SamplerCorrection, make_engine
 from grpokit.rollout.episodes import with_tools
 from grpokit.rollout.pipeline import RolloutPipeline
+from grpokit.tools.setup import prompt_tool_schemas
 
 
 @dataclass
@@ -54,7 +55,14 @@ def build_components(
     policy = world.wrap(model, build_reference(model, cfg.algorithm))
     if cfg.model.compile:
         policy.compile()
-    data = build_datasets(cfg.data, tokenizer, seed=cfg.seed, train_rows=train_rows, eval_rows=eval_rows)
+    data = build_datasets(
+        cfg.data,
+        tokenizer,
+        seed=cfg.seed,
+        train_rows=train_rows,
+        eval_rows=eval_rows,
+        tools=prompt_tool_schemas(cfg.tools),
+    )
     sampler = PromptSampler(len(data.train), cfg.rollout.prompts_per_step, cfg.seed, shuffle=cfg.data.shuffle)
     rewards = build_rewards(cfg, data.train.column_names, registry=reward_registry(), task=data.task)
     judge = make_judge(rewards, reward_name=cfg.eval.reward, threshold=cfg.eval.correct_threshold)

@@ -42,6 +42,7 @@ from grpokit.rollout import SamplingParams
 from grpokit.rollout.base import Completions
 from grpokit.rollout.episodes import ToolRollout
 from grpokit.tools import ChatTemplateFormat, as_tool, calculator
+from grpokit.tools.setup import prompt_tool_schemas
 from grpokit.trainer import Trainer
 from tests.helpers import read_metrics, require, skip_or_fail
 
@@ -456,7 +457,14 @@ def test_tool_calls_and_results_render_and_mask_as_qwen3s_chat_template(qwen3):
     arguments = {"expression": "12*34"}
     call = '<tool_call>\n{"name": "calculator", "arguments": ' + json.dumps(arguments) + "}\n</tool_call>"
     answer = "<think>\n\n</think>\n\n12*34 = 408."  # what Qwen3 writes after its (empty) thoughts
-    prompts = PromptDataset(chat_rows([question]), tok)
+    # The prompt shows the tools as the template does (its "# Tools" system block), as a run with
+    # tools.format=chat_template renders it (grpokit.tools.setup.prompt_tool_schemas)
+    schemas = prompt_tool_schemas(
+        load_config(None, ["tools.builtin=[calculator]", "tools.format=chat_template"]).tools
+    )
+    assert schemas == [as_tool(calculator).schema]
+    prompts = PromptDataset(chat_rows([question]), tok, tools=schemas)
+    assert "# Tools" in prompts[0].prompt_text and '"name": "calculator"' in prompts[0].prompt_text
     rollout = ToolRollout(
         Turns(tok, model, [call, answer]), tok, [as_tool(calculator)], fmt=ChatTemplateFormat(), max_turns=4
     )
@@ -475,10 +483,10 @@ def test_tool_calls_and_results_render_and_mask_as_qwen3s_chat_template(qwen3):
         {"role": "tool", "name": "calculator", "content": "408"},
         {"role": "assistant", "content": answer},
     ]
-    whole = tok.apply_chat_template(conversation, tokenize=False)
+    whole = tok.apply_chat_template(conversation, tools=schemas, tokenize=False)
     ids = prompts[0].prompt_ids + comps.token_ids[0]
     assert tok.decode(ids) + "\n" == whole  # the template ends the last turn with a newline
-    assert ids == template_ids(tok, conversation)[:-1]
+    assert ids == template_ids(tok, conversation, tools=schemas)[:-1]
 
     # The loss mask: the model's two turns, each through its <|im_end|>; not what the template put between.
     tool_part = (

@@ -28,11 +28,13 @@ def build_datasets(
     train_rows: Sequence[dict[str, Any]] | None = None,
     eval_rows: Sequence[dict[str, Any]] | None = None,
     required_columns: Sequence[str] = (),
+    tools: list[dict[str, Any]] | None = None,
 ) -> Datasets:
     """The run's datasets as the config's `data` section says: rows from data.task, data.train_path or
     `train_rows`; held-out rows from `eval_rows`, data.eval_path, data.eval_size distinct prompts split off
     (seeded), or the task's test split; prompts rendered and tokenized once (PromptDataset).
     required_columns: columns every row needs besides the prompt (SFT: "completion").
+    tools: the JSON schemas a chat template renders into chat prompts (tools.format=chat_template).
     Errors about one row name it as load_located_rows does, or as "row i" of the rows given in code
     (`train_rows` before the held-out split, `eval_rows`)."""
     task = None
@@ -72,6 +74,7 @@ def build_datasets(
         max_prompt_length=data_cfg.max_prompt_length,
         overlong=data_cfg.overlong_prompts,
         system_prompt=data_cfg.system_prompt,
+        tools=tools,
     )
     held_out = PromptDataset(eval_rows, tokenizer, **kw, where=eval_where) if eval_rows else None
     return Datasets(PromptDataset(train_rows, tokenizer, **kw, where=train_where), held_out, task)

@@ -49,6 +49,7 @@ class PromptDataset:
         overlong: str = "error",
         system_prompt: str | None = None,
         where: Sequence[str] | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ):
         self._check_settings(rows, max_prompt_length, overlong)
         self.column_names = column_names(rows)  # every column, prompt included, in first-seen order
@@ -58,7 +59,9 @@ class PromptDataset:
 
         where = self._row_labels(rows, where)
         prompts: list[Any] = [row.get(prompt_column) for row in rows]  # Prompts once _render accepts them
-        texts = [self._render(w, p, tokenizer, system_prompt) for w, p in zip(where, prompts, strict=True)]
+        texts = [
+            self._render(w, p, tokenizer, system_prompt, tools) for w, p in zip(where, prompts, strict=True)
+        ]
         ids = self._tokenize(texts, prompts, tokenizer)
         overlong_rows = self._check_lengths(ids, prompts, where, max_prompt_length, overlong)
         self._truncate(ids, texts, overlong_rows, tokenizer, max_prompt_length)
@@ -135,7 +138,9 @@ class PromptDataset:
             )
 
     @staticmethod
-    def _render(where: str, prompt: Any, tokenizer: Any, system_prompt: str | None) -> str:
+    def _render(
+        where: str, prompt: Any, tokenizer: Any, system_prompt: str | None, tools: list[dict[str, Any]] | None
+    ) -> str:
         if not isinstance(prompt, str) and not _is_messages(prompt):
             raise DataError(
                 f"{where}: prompt {short_repr(prompt)} ({type(prompt).__name__}) is not a string or a list "
@@ -156,6 +161,10 @@ class PromptDataset:
         messages = list(prompt)
         if system_prompt is not None and not any(m["role"] == "system" for m in messages):
             messages = [{"role": "system", "content": system_prompt}, *messages]
+        if tools:  # the tools' JSON schemas, where the template shows them (Qwen3: a "# Tools" system block)
+            return tokenizer.apply_chat_template(
+                messages, tools=tools, add_generation_prompt=True, tokenize=False
+            )
         return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
     @staticmethod

@@ -41,15 +41,32 @@ def load_tools(cfg: ToolsConfig) -> tuple[list[Tool], Callable[[], Any] | None]:
     if factory is not None:
         try:
             check_environment_class(factory)
-            if inspect.isclass(factory):  # its tools' schemas, checked now rather than at the first rollout
-                [
-                    as_tool(getattr(factory, n), n)
-                    for n, _ in inspect.getmembers(factory, predicate=inspect.isfunction)
-                    if not n.startswith("_") and n not in ("reset", "get_reward")
-                ]
+            class_tools(factory)  # its tools' schemas, checked now rather than at the first rollout
         except ValueError as exc:
             raise ConfigError(f"tools.environment: {exc}") from None
     return tools, factory
+
+
+def prompt_tool_schemas(cfg: ToolsConfig) -> list[dict[str, Any]] | None:
+    """The JSON schemas of the episode's tools, for the chat template to render into chat prompts
+    (tools.format=chat_template, as TRL passes tools= to apply_chat_template); None otherwise. An
+    environment class's tools are its public methods other than reset / get_reward."""
+    if not cfg.enabled or cfg.format != "chat_template":
+        return None
+    tools, factory = load_tools(cfg)
+    return [t.schema for t in tools + class_tools(factory)]
+
+
+def class_tools(factory: Callable[[], Any] | None) -> list[Tool]:
+    """An environment class's tools, from the class: its public methods other than reset / get_reward (a
+    factory that is not a class shows its tools only on an instance)."""
+    if not inspect.isclass(factory):
+        return []
+    return [
+        as_tool(getattr(factory, n), n)
+        for n, _ in inspect.getmembers(factory, predicate=inspect.isfunction)
+        if not n.startswith("_") and n not in ("reset", "get_reward")
+    ]
 
 
 def environment_reward_spec(factory: Callable[[], Any] | None) -> RewardSpec | None:
