@@ -509,6 +509,12 @@ class MemoryProbe:
         ref = trainer.ref
         self.sizes["reference model (beta > 0)"] = mb(ref.parameters()) if ref is not None else 0.0
         self._param_ptrs = {p.untyped_storage().data_ptr() for p in trainer.model.parameters()}
+        # torch's optimizer hooks split the update: forward + backward (+ clipping), then AdamW's step
+        opt = trainer.optimizer.adamw
+        opt.register_step_pre_hook(
+            lambda *_: self.mark(f"step {trainer.step + 1}: forward + backward") and None
+        )
+        opt.register_step_post_hook(lambda *_: self.mark(f"step {trainer.step + 1}: AdamW step") and None)
         self.mark("Trainer built (model, reference model, engine, data)")
 
     @contextlib.contextmanager
@@ -532,7 +538,7 @@ class MemoryProbe:
             )
         else:
             yield
-        self.mark(f"step {trainer.step + 1}: update (forward, backward, AdamW)")
+        self.mark(f"step {trainer.step + 1}: the rest of the update")
 
     def _pack(self, t):
         storage = t.untyped_storage()
