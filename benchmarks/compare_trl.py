@@ -488,6 +488,24 @@ def _vm_mb(key: str) -> float:
     return _proc_kb("/proc/self/status", key)[key] / 1024
 
 
+def _malloc_mb() -> tuple[float, float]:
+    """glibc's mallinfo2 (every arena): (MB malloc has handed out and not got back, MB it holds free);
+    NaN where there is no mallinfo2. RSS minus the first is memory that is not a live allocation."""
+    import ctypes
+
+    class MallInfo2(ctypes.Structure):
+        names = "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost"
+        _fields_ = [(n, ctypes.c_size_t) for n in names.split()]
+
+    try:
+        fn = ctypes.CDLL(None).mallinfo2
+    except (OSError, AttributeError):
+        return float("nan"), float("nan")
+    fn.restype = MallInfo2
+    m = fn()
+    return (m.uordblks + m.hblkhd) / 2**20, m.fordblks / 2**20
+
+
 class MemoryProbe:
     """Where a grpokit process's memory goes, for the real workload.
 
@@ -509,7 +527,10 @@ class MemoryProbe:
     def mark(self, label: str) -> float:
         rss, hwm = _vm_mb("VmRSS"), _vm_mb("VmHWM")
         self.peak_mb = max(self.peak_mb, hwm, rss)
-        self.marks.append(dict(label=label, rss_mb=rss, peak_mb=hwm))
+        used, free = _malloc_mb()
+        self.marks.append(
+            dict(label=label, rss_mb=rss, peak_mb=hwm, malloc_used_mb=used, malloc_free_mb=free)
+        )
         try:
             Path("/proc/self/clear_refs").write_text("5")
         except OSError:  # no reset: each mark's peak is then the peak so far
@@ -1186,9 +1207,13 @@ def memory_md(mem: dict) -> list[str]:
     """The grpokit child's MemoryProbe report as markdown: RSS and peak per phase, the sizes of the
     persistent tensors, and the largest tensors saved for the backward pass."""
     lines = [
-        "| phase (ending at) | RSS at its end MB | peak within it MB |",
-        "|---|---:|---:|",
-        *[f"| {m['label']} | {m['rss_mb']:.0f} | {m['peak_mb']:.0f} |" for m in mem["marks"]],
+        "| phase (ending at) | RSS at its end MB | peak within it MB | malloc: in use MB | malloc: free MB |",
+        "|---|---:|---:|---:|---:|",
+        *[
+            f"| {m['label']} | {m['rss_mb']:.0f} | {m['peak_mb']:.0f} | "
+            f"{m.get('malloc_used_mb', float('nan')):.0f} | {m.get('malloc_free_mb', float('nan')):.0f} |"
+            for m in mem["marks"]
+        ],
         "",
         "| persistent tensors | MB |",
         "|---|---:|",
@@ -1273,7 +1298,7 @@ def run_real(args, engine: str, work: Path, out: Path, command: str) -> None:
         f"TRL {runs['trl'][i]['load_before']} -> {runs['trl'][i]['load_after']}"
         for i in range(args.rounds)
     )
-    mem = runs["grpokit"][best["grpokit"]]["memory"]
+    mem = runs["grpokit"][-1]["memory"]  # the last round's
     md = [
         "# grpokit vs TRL GRPOTrainer on a real model: SmolLM2-135M-Instruct (CPU, fp32)",
         "",
@@ -1317,9 +1342,10 @@ def run_real(args, engine: str, work: Path, out: Path, command: str) -> None:
         "",
         "## Where grpokit's memory goes",
         "",
-        "Measured in grpokit's process (the row above): RSS at each phase boundary, and each phase's own "
-        "peak (VmHWM reset at every boundary); the sizes of the tensors the run keeps; the tensors "
-        "autograd saves for the backward pass of the first update.",
+        "Measured in grpokit's process (its run in the last round): RSS at each phase boundary and each "
+        "phase's own peak (VmHWM reset at every boundary), with what glibc's malloc has handed out and not "
+        "got back (in use) and what it holds free (mallinfo2) at the boundary; the sizes of the tensors the "
+        "run keeps; the tensors autograd saves for the backward pass of the first update.",
         "",
         *memory_md(mem),
         "",
