@@ -1232,6 +1232,36 @@ def memory_md(mem: dict) -> list[str]:
     return lines
 
 
+def accounting_md(mem: dict) -> list[str]:
+    """The peak of grpokit's process split into what the probe measured: the imports, the persistent tensors,
+    the activations saved for the backward pass, and the rest (the difference)."""
+    marks, sizes = mem["marks"], mem["sizes"]
+    top = max(marks, key=lambda m: m["peak_mb"])
+    before = marks[marks.index(top) - 1]  # the boundary where the peak's phase began
+    parts = [
+        ("imports (torch, transformers, grpokit): RSS before the Trainer", marks[0]["rss_mb"]),
+        *[(k, v) for k, v in sizes.items()],
+        ("activations saved for the backward pass (measured in the first update)", mem["saved_total_mb"]),
+    ]
+    rest = top["peak_mb"] - sum(v for _, v in parts)
+    free = before.get("malloc_free_mb", float("nan"))
+    static = sum(sizes.get(k, 0.0) for k in sizes if not k.startswith("reference"))
+    return [
+        f'The peak, {top["peak_mb"]:.0f} MB, falls in "{top["label"]}". Split by what was measured:',
+        "",
+        "| at the peak | MB |",
+        "|---|---:|",
+        *[f"| {k} | {v:.0f} |" for k, v in parts],
+        "| the rest (the difference): the backward pass's temporaries (the logits' gradient, ...), the "
+        "engine, tokenizer and data, memory malloc holds free "
+        f"({free:.0f} MB free at the start of that phase) | {rest:.0f} |",
+        f"| **peak RSS** | **{top['peak_mb']:.0f}** |",
+        "",
+        f"Weights, gradients and AdamW's two moments: {static:.0f} MB; with the reference model "
+        f"{static + sizes.get('reference model (beta > 0)', 0.0):.0f} MB.",
+    ]
+
+
 def run_real(args, engine: str, work: Path, out: Path, command: str) -> None:
     """The real workload: SmolLM2-135M-Instruct, chat prompts, paired rounds -> compare_trl_real.md."""
     import torch
@@ -1346,6 +1376,8 @@ def run_real(args, engine: str, work: Path, out: Path, command: str) -> None:
         "phase's own peak (VmHWM reset at every boundary), with what glibc's malloc has handed out and not "
         "got back (in use) and what it holds free (mallinfo2) at the boundary; the sizes of the tensors the "
         "run keeps; the tensors autograd saves for the backward pass of the first update.",
+        "",
+        *accounting_md(mem),
         "",
         *memory_md(mem),
         "",
