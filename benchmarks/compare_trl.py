@@ -1258,7 +1258,13 @@ def accounting_md(mem: dict) -> list[str]:
         f"| **peak RSS** | **{top['peak_mb']:.0f}** |",
         "",
         f"Weights, gradients and AdamW's two moments: {static:.0f} MB; with the reference model "
-        f"{static + sizes.get('reference model (beta > 0)', 0.0):.0f} MB.",
+        f"{static + sizes.get('reference model (beta > 0)', 0.0):.0f} MB. At the start of that phase the "
+        f"process held {before['rss_mb']:.0f} MB: {before.get('malloc_used_mb', float('nan')):.0f} MB in "
+        f"live malloc allocations, {free:.0f} MB that malloc holds free (tensors freed since the last "
+        "update, not returned to the system: they count in RSS where their pages were touched, and the "
+        "next update reuses them), and the rest outside malloc (the libraries' code and data, Python's own "
+        "arenas, file-backed pages). The update then adds the activations (the forward pass keeps them for "
+        "the backward), the logits and their gradient, and the gradients; the peak is reached inside it.",
     ]
 
 
