@@ -1372,7 +1372,11 @@ def run_real(args, engine: str, work: Path, out: Path, command: str) -> None:
         "",
         "Speed-up per round (TRL s/step / grpokit s/step, the two runs back to back): "
         + ", ".join(f"{x:.2f}x" for x in speedups)
-        + f" (median {statistics.median(speedups):.2f}x).",
+        + f" (median {statistics.median(speedups):.2f}x). Median s/step in each round: "
+        + "; ".join(
+            f"{_label(runs[fw][0])} " + ", ".join(f"{s['step_s']:.2f}" for s in per_round[fw]) for fw in runs
+        )
+        + ".",
         "",
         *[f"- {runs[fw][0]['shapes']}" for fw in runs],
         "",
