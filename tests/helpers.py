@@ -32,6 +32,7 @@ INSTALL: dict[str, str] = {
     "alembic": TEST_EXTRA,
     "trackio": TEST_EXTRA,
     "playwright": TEST_EXTRA,
+    "trl": TEST_EXTRA,
 }
 
 
