@@ -355,17 +355,18 @@ print(json.dumps([task is grpokit.tasks.TASKS["countdown"], list(reward_registry
     assert proc.returncode == 0, proc.stderr[-2000:]
     same, names = json.loads(proc.stdout.splitlines()[-1])
     assert same
-    assert names[:8] == [
+    assert names[:9] == [
         "math",
         "format",
         "countdown",
         "countdown_steps",
         "multiply",
+        "word_problems",
         "overlong",
         "length",
         "code_tests",
     ]
-    assert set(names[8:]) == {"tool_call_valid", "tool_args_valid", "tool_result_used", "step_cost"}
+    assert set(names[9:]) == {"tool_call_valid", "tool_args_valid", "tool_result_used", "step_cost"}
 
 
 def test_an_unknown_task_is_a_one_line_error_naming_the_known_ones():
