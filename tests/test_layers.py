@@ -151,6 +151,7 @@ LAYERS: dict[str, int] = {
     "grpokit.config_reference": FACE,
     "grpokit.demo": FACE,
     "grpokit.demo_tools": FACE,
+    "grpokit.demo_real": FACE,
     "grpokit.doctor": FACE,
     "grpokit.doctor.checks": FACE,
     "grpokit.doctor.hacking": FACE,
@@ -170,6 +171,7 @@ LAYERS: dict[str, int] = {
     "grpokit.tasks.multiply": FACE,
     "grpokit.tasks.tiny_model": FACE,
     "grpokit.tasks.tokenizer": FACE,
+    "grpokit.tasks.word_problems": FACE,
 }
 
 #: (importer, imported) -> why the import still goes up a layer. Each is in a file that another change is
@@ -311,11 +313,12 @@ def test_the_entry_points_name_what_the_tasks_and_tools_register():
     from grpokit.tools.rewards import TOOL_REWARDS
 
     declared = _declared_entry_points()
-    assert set(declared["grpokit.tasks"]) == set(grpokit.tasks.TASKS)
+    tasks = {**grpokit.tasks.TASKS, **grpokit.tasks.CHAT_TASKS}
+    assert set(declared["grpokit.tasks"]) == set(tasks)
     assert set(declared["grpokit.rewards"]) == set(grpokit.tasks.TASK_REWARDS) | set(TOOL_REWARDS)
     for name, value in declared["grpokit.tasks"].items():
         module, attr = value.split(":")
-        assert isinstance(grpokit.tasks.TASKS[name], getattr(importlib.import_module(module), attr))
+        assert isinstance(tasks[name], getattr(importlib.import_module(module), attr))
     for name, value in declared["grpokit.rewards"].items():
         module, attr = value.split(":")
         assert grpokit.tasks.reward_registry()[name] is getattr(importlib.import_module(module), attr)
@@ -352,17 +355,18 @@ print(json.dumps([task is grpokit.tasks.TASKS["countdown"], list(reward_registry
     assert proc.returncode == 0, proc.stderr[-2000:]
     same, names = json.loads(proc.stdout.splitlines()[-1])
     assert same
-    assert names[:8] == [
+    assert names[:9] == [
         "math",
         "format",
         "countdown",
         "countdown_steps",
         "multiply",
+        "word_problems",
         "overlong",
         "length",
         "code_tests",
     ]
-    assert set(names[8:]) == {"tool_call_valid", "tool_args_valid", "tool_result_used", "step_cost"}
+    assert set(names[9:]) == {"tool_call_valid", "tool_args_valid", "tool_result_used", "step_cost"}
 
 
 def test_an_unknown_task_is_a_one_line_error_naming_the_known_ones():

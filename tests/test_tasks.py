@@ -21,6 +21,7 @@ from grpokit.tasks.countdown import (
 from grpokit.tasks.multiply import multiply_reward
 from grpokit.tasks.tiny_model import build_tiny_llama
 from grpokit.tasks.tokenizer import build_tokenizer
+from grpokit.tasks.word_problems import word_problems_reward
 
 
 # --- registry ----------------------------------------------------------------------------
@@ -192,6 +193,7 @@ def test_reward_registry_adds_the_task_rewards_to_the_builtins():
         "countdown": countdown_reward,
         "countdown_steps": countdown_steps,
         "multiply": multiply_reward,
+        "word_problems": word_problems_reward,
     }
     registry = reward_registry()
     # The order error messages list them in (docs/errors.md); the process rewards on tool use last.
@@ -201,6 +203,7 @@ def test_reward_registry_adds_the_task_rewards_to_the_builtins():
         "countdown",
         "countdown_steps",
         "multiply",
+        "word_problems",
         "overlong",
         "length",
         "code_tests",
@@ -214,8 +217,8 @@ def test_reward_registry_adds_the_task_rewards_to_the_builtins():
     with pytest.raises(ValueError) as e:
         resolve_reward("mth", registry)
     assert str(e.value) == (
-        "reward 'mth' is not a built-in (math, format, countdown, countdown_steps, multiply, overlong, "
-        "length, code_tests, tool_call_valid, tool_args_valid, tool_result_used, step_cost); "
+        "reward 'mth' is not a built-in (math, format, countdown, countdown_steps, multiply, word_problems, "
+        "overlong, length, code_tests, tool_call_valid, tool_args_valid, tool_result_used, step_cost); "
         "did you mean 'math'? use 'package.module:function' or 'path/to/file.py:function'"
     )
 

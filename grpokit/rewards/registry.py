@@ -6,7 +6,7 @@ tools and other packages register.
     reward_registry()                        # name -> function, in the order error messages list them
     RewardManager(specs, registry=reward_registry())
 
-grpokit.tasks registers the built-in tasks' rewards (countdown, countdown_steps, multiply) and
+grpokit.tasks registers the built-in tasks' rewards (countdown, countdown_steps, multiply, word_problems) and
 grpokit.tools.rewards the process rewards on tool use, when they are imported; pyproject.toml names
 them as "grpokit.rewards" entry points too, so that reward_registry() has them when nothing imported
 those modules (grpokit/registry.py). Rewards never import tasks or tools.

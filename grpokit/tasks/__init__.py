@@ -26,12 +26,17 @@ from grpokit.tasks.arithmetic import ArithmeticTask
 from grpokit.tasks.base import TEST_PERCENT, Split, Task, check_split, split_of
 from grpokit.tasks.countdown import CountdownTask, countdown_reward, countdown_steps
 from grpokit.tasks.multiply import MultiplyTask, multiply_reward
+from grpokit.tasks.word_problems import WordProblemsTask, word_problems_reward
 
 TASKS: dict[str, Task] = {
     "countdown": CountdownTask(),
     "arithmetic": ArithmeticTask(),
     "multiply": MultiplyTask(),  # needs the calculator tool (docs/agentic.md)
 }
+
+#: tasks whose prompts are chat messages, for a pretrained model's tokenizer (`grpokit demo --model smollm2`);
+#: apart from TASKS, whose characters are the demo tokenizer's alphabet
+CHAT_TASKS: dict[str, Task] = {"word_problems": WordProblemsTask()}
 
 #: every character of every built-in task: the default alphabet of the demo tokenizer
 DEFAULT_CHARSET = "".join(sorted(set("".join(t.charset for t in TASKS.values()))))
@@ -41,9 +46,12 @@ TASK_REWARDS: dict[str, Callable[..., list]] = {
     "countdown": countdown_reward,
     "countdown_steps": countdown_steps,
     "multiply": multiply_reward,
+    "word_problems": word_problems_reward,
 }
 
 for _name, _task in TASKS.items():
+    register_task(_name, _task)
+for _name, _task in CHAT_TASKS.items():
     register_task(_name, _task)
 for _name, _fn in TASK_REWARDS.items():
     register_reward(_name, _fn, rank=TASK)  # listed after math and format, before the other built-ins
@@ -53,6 +61,7 @@ __all__ = [
     "Task",
     "Split",
     "TASKS",
+    "CHAT_TASKS",
     "TASK_REWARDS",
     "DEFAULT_CHARSET",
     "TEST_PERCENT",
@@ -63,6 +72,7 @@ __all__ = [
     "CountdownTask",
     "ArithmeticTask",
     "MultiplyTask",
+    "WordProblemsTask",
     "countdown_reward",
     "countdown_steps",
 ]
