@@ -8,6 +8,18 @@ from grpokit.config.sections import ConfigError
 
 # Each paper's algorithm settings. Budget choices (G, batch sizes, learning rate) are not part of a
 # preset; the paper's values are listed in docs/algorithm.md.
+_DAPO: dict[str, Any] = dict(
+    beta=0.0,
+    epsilon=0.2,
+    epsilon_high=0.28,
+    loss_type="dapo",
+    scale_rewards="group",
+    advantage_estimator="grpo",
+    dynamic_sampling=True,
+    mask_truncated_completions=True,
+    overlong_buffer_frac=0.2,
+    importance_sampling_level="token",
+)
 PRESETS: dict[str, dict[str, Any]] = {
     # DeepSeekMath (2402.03300) §4.2: beta 0.04, k3 KL, eps 0.2, per-sequence mean, group std; G=64, mu=1.
     "grpo": dict(
@@ -22,18 +34,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     ),
     # DAPO (2503.14476): clip-higher 0.2/0.28, no KL, token-level loss, dynamic sampling,
     # overlong filtering and soft overlong punishment (L_cache / L_max = 4096 / 20480 = 0.2).
-    "dapo": dict(
-        beta=0.0,
-        epsilon=0.2,
-        epsilon_high=0.28,
-        loss_type="dapo",
-        scale_rewards="group",
-        advantage_estimator="grpo",
-        dynamic_sampling=True,
-        mask_truncated_completions=True,
-        overlong_buffer_frac=0.2,
-        importance_sampling_level="token",
-    ),
+    "dapo": _DAPO,
     # Dr. GRPO (2503.20783): no std scaling, constant normalizer instead of lengths, no KL.
     "dr_grpo": dict(
         beta=0.0,
@@ -118,19 +119,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         importance_sampling_level="token",
     ),
     # "Beyond the 80/20 rule" (2506.01939): DAPO with the policy gradient on the top 20% entropy tokens only.
-    "high_entropy": dict(
-        beta=0.0,
-        epsilon=0.2,
-        epsilon_high=0.28,
-        loss_type="dapo",
-        scale_rewards="group",
-        advantage_estimator="grpo",
-        dynamic_sampling=True,
-        mask_truncated_completions=True,
-        overlong_buffer_frac=0.2,
-        importance_sampling_level="token",
-        top_entropy_quantile=0.2,
-    ),
+    "high_entropy": {**_DAPO, "top_entropy_quantile": 0.2},
     # Clip-Cov (Cui et al. 2025, 2505.22617): 2e-4 of the tokens, drawn from covariance in [1, 5], detached;
     # token-mean loss, no KL.
     "clip_cov": dict(
