@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from grpokit.rewards.text import completion_text
-from grpokit.tasks.base import Split, check_split, split_of
+from grpokit.tasks.base import Draw, Split, distinct_rows
 
 
 @dataclass(frozen=True)
@@ -34,24 +34,13 @@ class ArithmeticTask:
             raise ValueError("digits must be >= 1")
 
     def make_rows(self, split: Split, n: int, seed: int) -> list[dict[str, Any]]:
-        check_split(split)
-        rng = random.Random(f"{self.name}-{split}-{seed}")
-        rows: list[dict[str, Any]] = []
-        seen: set[str] = set()
-        for _ in range(1000 + 100 * n):
-            if len(rows) == n:
-                return rows
+        def draw(rng: random.Random) -> Draw:
             a, b = rng.randrange(10**self.digits), rng.randrange(10**self.digits)
             op = rng.choice(self.ops)
-            problem = f"{a}{op}{b}"
-            if problem in seen or split_of(problem) != split:
-                continue
-            seen.add(problem)
-            answer = str(a + b if op == "+" else a - b)
-            rows.append({"prompt": problem + "=", "completion": answer, "answer": answer})
-        if len(rows) == n:
-            return rows
-        raise ValueError(f"could only draw {len(rows)} distinct {split} problems of {self}; ask for fewer")
+            problem, answer = f"{a}{op}{b}", str(a + b if op == "+" else a - b)
+            return problem, lambda: {"prompt": problem + "=", "completion": answer, "answer": answer}
+
+        return distinct_rows(self, split, n, seed, draw)
 
     def problem_key(self, row: dict[str, Any]) -> str:
         return row["prompt"].removesuffix("=")

@@ -12,6 +12,8 @@ imports them.
 from __future__ import annotations
 
 import hashlib
+import random
+from collections.abc import Callable
 from typing import Any, Literal, Protocol, runtime_checkable
 
 Split = Literal["train", "test"]
@@ -59,3 +61,33 @@ def split_of(canonical_problem: str) -> Split:
 def check_split(split: str) -> None:
     if split not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+
+
+#: one draw of a task: None (no problem this time), or the problem's canonical key and a function that builds
+#: its row, called only once the key is accepted (so a row's own random choices follow the accepted draws)
+Draw = tuple[str, Callable[[], dict[str, Any]]] | None
+
+
+def distinct_rows(
+    task: Any, split: Split, n: int, seed: int, draw: Callable[[random.Random], Draw]
+) -> list[dict[str, Any]]:
+    """`n` distinct problems of `split` for make_rows: draws from one RNG seeded by (task name, split, seed),
+    keeping the problems whose key is new and belongs to `split`; at most 1000 + 100 n draws."""
+    check_split(split)
+    rng = random.Random(f"{task.name}-{split}-{seed}")
+    rows: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for _ in range(1000 + 100 * n):
+        if len(rows) == n:
+            return rows
+        drawn = draw(rng)
+        if drawn is None:
+            continue
+        key, make_row = drawn
+        if key in seen or split_of(key) != split:
+            continue
+        seen.add(key)
+        rows.append(make_row())
+    if len(rows) == n:
+        return rows
+    raise ValueError(f"could only draw {len(rows)} distinct {split} problems of {task}; ask for fewer")

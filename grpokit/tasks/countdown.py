@@ -29,7 +29,7 @@ from typing import Any
 
 from grpokit.rewards.steps import StepScores
 from grpokit.rewards.text import completion_text
-from grpokit.tasks.base import Split, check_split, split_of
+from grpokit.tasks.base import Draw, Split, distinct_rows
 
 # precedence of the expression a string holds, for printing with the fewest parentheses
 _ATOM, _MUL, _ADD = 3, 2, 1
@@ -250,32 +250,20 @@ class CountdownTask:
         return numbers, int(value), text
 
     def make_rows(self, split: Split, n: int, seed: int) -> list[dict[str, Any]]:
-        check_split(split)
-        rng = random.Random(f"{self.name}-{split}-{seed}")
-        rows: list[dict[str, Any]] = []
-        seen: set[str] = set()
-        for _ in range(1000 + 100 * n):
-            if len(rows) == n:
-                return rows
+        def draw(rng: random.Random) -> Draw:
             drawn = self._draw(rng)
             if drawn is None:
-                continue
+                return None
             numbers, target, solution = drawn
-            key = self.canonical(numbers, target)
-            if key in seen or split_of(key) != split:
-                continue
-            seen.add(key)
-            rows.append(
-                {
-                    "prompt": self.prompt(numbers, target),
-                    "completion": solution,
-                    "numbers": numbers,
-                    "target": target,
-                }
-            )
-        if len(rows) == n:
-            return rows
-        raise ValueError(f"could only draw {len(rows)} distinct {split} problems of {self}; ask for fewer")
+            row = {
+                "prompt": self.prompt(numbers, target),
+                "completion": solution,
+                "numbers": numbers,
+                "target": target,
+            }
+            return self.canonical(numbers, target), lambda: row
+
+        return distinct_rows(self, split, n, seed, draw)
 
     # -- reward -------------------------------------------------------------------------
     def score(self, completion: Any, numbers: list[int], target: int) -> float:

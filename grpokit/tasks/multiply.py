@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from grpokit.rewards.text import completion_text
-from grpokit.tasks.base import Split, check_split, split_of
+from grpokit.tasks.base import Draw, Split, distinct_rows
 
 RESULT_CLOSE = "</result>"
 
@@ -47,30 +47,24 @@ class MultiplyTask:
             raise ValueError(f"tool_fraction must be in [0, 1], got {self.tool_fraction}")
 
     def make_rows(self, split: Split, n: int, seed: int) -> list[dict[str, Any]]:
-        check_split(split)
-        rng = random.Random(f"{self.name}-{split}-{seed}")
         lo, hi = 10 ** (self.digits - 1), 10**self.digits
-        rows: list[dict[str, Any]] = []
-        seen: set[str] = set()
-        for _ in range(1000 + 100 * n):
-            if len(rows) == n:
-                return rows
+
+        def draw(rng: random.Random) -> Draw:
             a, b = rng.randrange(lo, hi), rng.randrange(lo, hi)
-            problem = f"{a}*{b}"
-            if problem in seen or split_of(problem) != split:
-                continue
-            seen.add(problem)
-            answer = str(a * b)
-            with_tool = rng.random() < self.tool_fraction
-            completion = (
-                f"<tool>calculator({problem})</tool><result>{answer}{RESULT_CLOSE}{answer}"
-                if with_tool
-                else answer
-            )
-            rows.append({"prompt": problem + "=", "completion": completion, "answer": answer})
-        if len(rows) == n:
-            return rows
-        raise ValueError(f"could only draw {len(rows)} distinct {split} problems of {self}; ask for fewer")
+            problem, answer = f"{a}*{b}", str(a * b)
+
+            def row() -> dict[str, Any]:  # an accepted problem draws whether its solution calls the tool
+                with_tool = rng.random() < self.tool_fraction
+                completion = (
+                    f"<tool>calculator({problem})</tool><result>{answer}{RESULT_CLOSE}{answer}"
+                    if with_tool
+                    else answer
+                )
+                return {"prompt": problem + "=", "completion": completion, "answer": answer}
+
+            return problem, row
+
+        return distinct_rows(self, split, n, seed, draw)
 
     def problem_key(self, row: dict[str, Any]) -> str:
         return row["prompt"].removesuffix("=")

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from grpokit.rewards.text import completion_text
-from grpokit.tasks.base import Split, check_split, split_of
+from grpokit.tasks.base import Draw, Split, distinct_rows
 
 NAMES = ("Tom", "Ana", "Sam", "Lily", "Ben", "Mia", "Leo", "Zoe", "Max", "Emma", "Omar", "Nina")
 ITEMS = ("apples", "books", "marbles", "stickers", "pencils", "cookies", "cards", "shells", "coins", "toys")
@@ -92,27 +92,16 @@ class WordProblemsTask:
         return question, f"{a} {sign} {b} = {answer}", answer
 
     def make_rows(self, split: Split, n: int, seed: int) -> list[dict[str, Any]]:
-        check_split(split)
-        rng = random.Random(f"{self.name}-{split}-{seed}")
-        rows: list[dict[str, Any]] = []
-        seen: set[str] = set()
-        for _ in range(1000 + 100 * n):
-            if len(rows) == n:
-                return rows
+        def draw(rng: random.Random) -> Draw:
             question, solution, answer = self.draw(rng)
-            if question in seen or split_of(question) != split:
-                continue
-            seen.add(question)
-            rows.append(
-                {
-                    "prompt": [{"role": "user", "content": question}],
-                    "completion": solution,
-                    "answer": str(answer),
-                }
-            )
-        if len(rows) == n:
-            return rows
-        raise ValueError(f"could only draw {len(rows)} distinct {split} problems of {self}; ask for fewer")
+            row = {
+                "prompt": [{"role": "user", "content": question}],
+                "completion": solution,
+                "answer": str(answer),
+            }
+            return question, lambda: row
+
+        return distinct_rows(self, split, n, seed, draw)
 
     def problem_key(self, row: dict[str, Any]) -> str:
         return str(row["prompt"][-1]["content"])
