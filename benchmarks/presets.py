@@ -45,8 +45,11 @@ from unittest import mock
 
 import torch
 
-ALL_PRESETS = ["grpo", "dapo", "dr_grpo", "gspo", "rloo", "reinforce_pp"]
-MULTI_SEED = ("grpo", "dapo")  # the presets of the claim, run with every seed
+from grpokit.config.presets import PRESETS
+
+ALL_PRESETS = list(PRESETS)
+# the presets of the claim and the three newer objectives the comparison is about, run with every seed
+MULTI_SEED = ("grpo", "dapo", "cispo", "sapo", "gmpo")
 K = 8  # eval.k: samples per held-out problem for mean@k
 
 
@@ -67,6 +70,8 @@ def config_overrides(args, preset: str, seed: int) -> list[str]:
         "rollout.temperature=1.0",
         f"optim.learning_rate={args.lr}",
         f"optim.max_steps={args.steps}",
+        f"algorithm.num_iterations={args.mu}",
+        f"optim.num_minibatches={args.minibatches}",
         f"eval.k={K}",
         f"eval.every={args.eval_every}",
         "eval.batch_size=256",
@@ -294,8 +299,24 @@ def plot(runs: list[dict], path: Path, title: str) -> None:
     fig = Figure(figsize=(11, 7.5), dpi=100)
     FigureCanvasAgg(fig)
     axes = fig.subplots(2, 2)
-    colors = {p: f"C{i}" for i, p in enumerate(ALL_PRESETS)}
+    from matplotlib import colormaps
+
+    tab20 = colormaps["tab20"]
+    colors = {p: tab20(i % 20) for i, p in enumerate(ALL_PRESETS)}
     styles = ["-", "--", ":", "-."]
+    # One line per preset: the mean over its seeds at each evaluated step (seeds share the eval steps).
+    means = []
+    for preset in dict.fromkeys(r["preset"] for r in runs):
+        group = [r for r in runs if r["preset"] == preset]
+        n = min(len(r["curve"]) for r in group)
+        curve = [
+            {
+                k: sum(r["curve"][i][k] for r in group) / len(group)
+                for k in ("step", "train_s", "mean@k", "pass@1")
+            }
+            for i in range(n)
+        ]
+        means.append((preset, len(group), curve))
     for row, (key, label) in enumerate(
         [("mean@k", f"held-out mean@{K} (T=1)"), ("pass@1", "held-out pass@1 (greedy)")]
     ):
@@ -303,17 +324,16 @@ def plot(runs: list[dict], path: Path, title: str) -> None:
             [("step", "optimizer steps"), ("train_s", "training seconds (eval excluded)")]
         ):
             ax = axes[row][col]
-            for r in runs:
-                seeds = [x["seed"] for x in runs if x["preset"] == r["preset"]]
+            for i, (preset, n_seeds, curve) in enumerate(means):
                 ax.plot(
-                    [p[xkey] for p in r["curve"]],
-                    [100 * p[key] for p in r["curve"]],
-                    styles[seeds.index(r["seed"]) % 4],
-                    color=colors.get(r["preset"], "k"),
+                    [p[xkey] for p in curve],
+                    [100 * p[key] for p in curve],
+                    styles[i // 10 % 4],
+                    color=colors.get(preset, "k"),
                     marker="o",
                     markersize=3,
                     linewidth=1.3,
-                    label=f"{r['preset']} s{r['seed']}",
+                    label=f"{preset} ({n_seeds} seed{'s' if n_seeds > 1 else ''})",
                 )
             ax.set_xlabel(xlabel)
             ax.set_ylabel(f"{label}, %")
@@ -356,10 +376,10 @@ def write_report(
     reach = reach_cells(runs, grpo_final)
     budget = (
         f"{args.steps} steps x {args.prompts} prompts x G={args.G}, completions <= "
-        f"{args.max_completion_length} tokens, T=1.0, lr {args.lr} (constant), mu=1, 1 minibatch (1 "
-        "optimizer step per step)"
+        f"{args.max_completion_length} tokens, T=1.0, lr {args.lr} (constant), mu={args.mu}, "
+        f"{args.minibatches} minibatch(es) ({args.mu * args.minibatches} optimizer step(s) per step)"
     )
-    png = results / "presets.png"
+    png = results / f"{args.name}.png"
     plot(
         runs,
         png,
@@ -417,7 +437,7 @@ def write_report(
         + ".",
         "",
     ]
-    path = results / "presets.md"
+    path = results / f"{args.name}.md"
     path.write_text("\n".join(md))
     return path
 
@@ -445,10 +465,21 @@ def parse_args(argv: list[str] | None = None):
     p.add_argument("--G", type=int, default=8, help="rollout.num_generations")
     p.add_argument("--max-completion-length", type=int, default=16)
     p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument(
+        "--mu", type=int, default=1, help="algorithm.num_iterations: passes over each rollout batch"
+    )
+    p.add_argument(
+        "--minibatches",
+        type=int,
+        default=1,
+        help="optim.num_minibatches; with more than one (or mu > 1) every optimizer step after a batch's "
+        "first is off-policy, where the objectives' clips and gates act",
+    )
     p.add_argument("--eval-size", type=int, default=200, help="held-out test problems")
     p.add_argument("--eval-every", type=int, default=25)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", default="runs/presets", help="run folders (metrics.jsonl, final model)")
+    p.add_argument("--name", default="presets", help="file stem of the report: NAME.md and NAME.png")
     p.add_argument(
         "--results", default=str(Path(__file__).parent / "results"), help="where presets.md / presets.png go"
     )
@@ -475,7 +506,9 @@ def main(argv: list[str] | None = None) -> Path:
     saved = Path(args.out) / "runs.json"
     if args.report_only:
         state = json.loads(saved.read_text())
-        args = argparse.Namespace(**{**state["args"], "results": args.results})  # the settings the runs had
+        args = argparse.Namespace(
+            **{"mu": 1, "minibatches": 1, "name": args.name, **state["args"], "results": args.results}
+        )  # the settings the runs had
         path = write_report(
             args,
             state["command"],
