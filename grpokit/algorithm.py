@@ -17,10 +17,18 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from grpokit.algo import decoupled_advantages, group_advantages, policy_loss, step_advantages
+from grpokit.algo import (
+    adaptive_entropy_coef,
+    decoupled_advantages,
+    group_advantages,
+    policy_loss,
+    step_advantages,
+)
 from grpokit.batch import Groups
 from grpokit.config import AlgorithmConfig, ConfigError
 from grpokit.metrics import (
+    POLICY_ENTROPY,
+    POLICY_ENTROPY_COEF,
     ROLLOUT_GROUPS_DRAWN,
     ROLLOUT_GROUPS_DROPPED,
     ROLLOUT_GROUPS_TOPPED_UP,
@@ -155,6 +163,7 @@ def algorithm_loss(
     beta: float | None = None,
     is_weights: Tensor | None = None,
     entropy: Tensor | None = None,
+    entropy_coef: float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """policy_loss with algorithm.*'s clip ranges, KL, loss type and ratio level (-J, to minimize).
 
@@ -162,7 +171,8 @@ def algorithm_loss(
     the whole minibatch's counts when this is a micro-batch of it (docs/algorithm.md §4). beta: None =
     algorithm.beta; the PPO critic passes 0 when it puts the KL into the reward instead. is_weights: [N, T]
     rollout.importance_correction's weights (grpokit.algo.importance), or None. entropy: [N, T] pi_theta's
-    entropy (pass_options says when the loss needs it; with entropy_coef it carries the gradient)."""
+    entropy (pass_options says when the loss needs it; with entropy_coef it carries the gradient).
+    entropy_coef: None = algorithm.entropy_coef; with entropy_target, EntropyControl.coef (adaptive)."""
     return policy_loss(
         logp,
         old_logp,
@@ -181,13 +191,57 @@ def algorithm_loss(
         num_tokens=num_tokens,
         is_weights=is_weights,
         entropy=entropy if needs_entropy(alg) else None,
-        **objective_options(alg),
+        **{**objective_options(alg), **({} if entropy_coef is None else {"entropy_coef": entropy_coef})},
     )
 
 
 def needs_entropy(alg: AlgorithmConfig) -> bool:
     """Whether the loss itself takes pi_theta's entropy (the high-entropy token selection, the bonus)."""
-    return alg.top_entropy_quantile < 1.0 or alg.entropy_coef != 0.0
+    return alg.top_entropy_quantile < 1.0 or has_entropy_bonus(alg)
+
+
+def has_entropy_bonus(alg: AlgorithmConfig) -> bool:
+    """Whether the loss may add c H (then the entropy carries its gradient): a fixed c != 0, or adaptive."""
+    return alg.entropy_coef != 0.0 or alg.entropy_target is not None
+
+
+class EntropyControl:
+    """The entropy bonus coefficient of each step: algorithm.entropy_coef, or with algorithm.entropy_target
+    Skywork-OR1's adaptive control (grpokit.algo.adaptive_entropy_coef), moved after each step by the step's
+    policy/entropy (the mean over every rank's completion tokens, so every rank moves it alike). Its state is
+    in the checkpoint, so a resumed run continues with the same coefficient."""
+
+    def __init__(self, alg: AlgorithmConfig):
+        self.alg, self.value, self.on = alg, alg.entropy_coef, True
+
+    @property
+    def coef(self) -> float:
+        """The coefficient of the next step's loss."""
+        return self.value if self.on else 0.0
+
+    def update(self, metrics: dict[str, float]) -> dict[str, float]:
+        """After a step (its metrics, reduced over ranks): the coefficient that step used, as a metric; then
+        the next step's. A step without an entropy (every update skipped) leaves it as it is."""
+        alg, used = self.alg, self.coef
+        if alg.entropy_target is None:
+            return {}
+        if (entropy := metrics.get(POLICY_ENTROPY)) is not None:
+            self.value, self.on = adaptive_entropy_coef(
+                self.value,
+                entropy,
+                alg.entropy_target,
+                alg.entropy_coef_delta,
+                alg.entropy_coef_min,
+                alg.entropy_coef_max,
+            )
+        return {POLICY_ENTROPY_COEF: used}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"entropy_control": {"value": self.value, "on": self.on}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if (saved := state.get("entropy_control")) is not None:
+            self.value, self.on = float(saved["value"]), bool(saved["on"])
 
 
 def pass_options(cfg: Any, first_pass: bool) -> dict[str, Any]:
@@ -198,7 +252,7 @@ def pass_options(cfg: Any, first_pass: bool) -> dict[str, Any]:
     return {
         "temperature": cfg.rollout.temperature,
         "with_entropy": first_pass or needs_entropy(alg),
-        "entropy_grad": alg.entropy_coef != 0.0,
+        "entropy_grad": has_entropy_bonus(alg),
     }
 
 

@@ -286,6 +286,7 @@ class Trainer:
                 num_sequences=num_sequences,
                 is_weights=self.correction(b, sub_idx, logp, mask, acc, first_pass),
                 entropy=entropy,
+                entropy_coef=self.state.entropy.coef,
             )
             if not self.world.all_finite(loss):  # every rank skips together
                 bad_logp = not torch.isfinite(logp.detach()[mask.bool()]).all()
@@ -425,6 +426,7 @@ class Trainer:
             threads=torch.get_num_threads(),
         )
         metrics = self.world.reduce_metrics(metrics | perf)
+        metrics.update(self.state.entropy.update(metrics))  # adaptive entropy control: the next step's c
         if (cfg.eval.every and self.step % cfg.eval.every == 0) or self.step == cfg.optim.max_steps:
             metrics.update(self.evaluate())
         return metrics, samples

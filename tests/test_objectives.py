@@ -525,3 +525,40 @@ def test_config_rejects_bounds_that_do_not_apply():
     with pytest.raises(ConfigError, match="bound the clipped objective"):
         load_config(None, ["algorithm.preset=cispo", "algorithm.dual_clip=3"])
     assert load_config(None, ["algorithm.preset=intellect2"]).algorithm.delta == 4.0
+
+
+# ----------------------------------------------------------------------------- adaptive entropy control
+
+
+def test_adaptive_entropy_coef_worked_numbers():
+    """Skywork-OR1's rule with its scripts' values (target 0.2, delta 1e-4, c in [0, 5e-3]), by hand."""
+    from grpokit.algo import adaptive_entropy_coef
+
+    step = dict(target=0.2, delta=1e-4, low=0.0, high=5e-3)
+    assert adaptive_entropy_coef(0.0, 0.15, **step) == (1e-4, True)  # below: up by delta, bonus on
+    assert adaptive_entropy_coef(3e-4, 0.25, **step) == pytest.approx((2e-4, False))  # above: down, off
+    assert adaptive_entropy_coef(0.0, 0.25, **step) == (0.0, False)  # never below the lower bound
+    assert adaptive_entropy_coef(5e-3, 0.1, **step) == (5e-3, True)  # never above the upper bound
+    assert adaptive_entropy_coef(1e-3, 0.2, **step) == pytest.approx((9e-4, False))  # at the target: down
+
+
+def test_entropy_control_sequence_and_state():
+    """EntropyControl: the first step uses algorithm.entropy_coef; each later step the coefficient the
+    previous step's entropy gave, times whether that entropy was below the target; its state round-trips."""
+    from grpokit.algorithm import EntropyControl
+    from grpokit.config import AlgorithmConfig
+
+    alg = AlgorithmConfig(entropy_target=0.2, entropy_coef=0.001, entropy_coef_delta=0.001)
+    ctl = EntropyControl(alg)
+    used = []
+    for entropy in (0.1, 0.1, 0.3, 0.3, 0.1):
+        used.append(ctl.update({"policy/entropy": entropy})["policy/entropy_coef"])
+    assert used == pytest.approx([0.001, 0.002, 0.003, 0.0, 0.0])
+    # c: 0.001 -> 0.002 -> 0.003 -> 0.002 (off) -> 0.001 (off) -> 0.002 (0.1 < 0.2: on again)
+    assert ctl.coef == pytest.approx(0.002)
+    again = EntropyControl(alg)
+    again.load_state_dict(ctl.state_dict())
+    assert (again.value, again.on) == (ctl.value, ctl.on)
+    # No entropy measured (every update skipped): the coefficient stays; a fixed coefficient logs nothing.
+    assert again.update({})["policy/entropy_coef"] == pytest.approx(0.002) and again.coef == ctl.coef
+    assert EntropyControl(AlgorithmConfig(entropy_coef=0.01)).update({"policy/entropy": 0.0}) == {}

@@ -54,7 +54,13 @@ def _crash_at(step):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "extra", [[], ["algorithm.num_iterations=2", "optim.num_minibatches=2", "algorithm.beta=0.04"]]
+    "extra",
+    [
+        [],
+        ["algorithm.num_iterations=2", "optim.num_minibatches=2", "algorithm.beta=0.04"],
+        # the adaptive entropy coefficient is trainer state: a resume must continue with the saved one
+        ["algorithm.entropy_target=100.0", "algorithm.entropy_coef_delta=0.01"],
+    ],
 )
 def test_resume_continues_exactly(tiny_model_dir, tmp_path, extra):
     steps = ["optim.max_steps=5", "checkpoint.save_every=2", "checkpoint.keep_last=5", *extra]
@@ -260,6 +266,33 @@ def test_new_objectives_train(tiny_model_dir, tmp_path, loss_type):
     rows = [r for r in read_metrics(out) if "policy/loss" in r]
     assert len(rows) == 2 and all(torch.isfinite(torch.tensor(r["policy/loss"])) for r in rows)
     assert any(r.get("policy/grad_norm", 0.0) > 0 for r in rows)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "target, start, used",
+    [
+        (100.0, 0.0, [0.0, 0.01, 0.02]),  # entropy below the target: the coefficient climbs by delta a step
+        (0.0, 0.03, [0.03, 0.0, 0.0]),  # never below: the bonus is off after the first step
+    ],
+)
+def test_adaptive_entropy_coefficient_follows_the_target(tiny_model_dir, tmp_path, target, start, used):
+    """Skywork-OR1's adaptive entropy control through the trainer: policy/entropy_coef is the coefficient each
+    step's loss used, moved by each step's policy/entropy against algorithm.entropy_target."""
+    cfg = config(
+        tiny_model_dir,
+        tmp_path / "run",
+        "optim.max_steps=3",
+        "checkpoint.save_every=0",
+        f"algorithm.entropy_target={target}",
+        f"algorithm.entropy_coef={start}",
+        "algorithm.entropy_coef_delta=0.01",
+        "algorithm.entropy_coef_max=0.05",
+    )
+    Trainer(cfg).train()
+    rows = [r for r in read_metrics(tmp_path / "run") if "policy/loss" in r]
+    assert [round(r["policy/entropy_coef"], 9) for r in rows] == used
+    assert all(r["policy/entropy"] > 0 for r in rows)
 
 
 @pytest.mark.slow

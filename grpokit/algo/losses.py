@@ -102,6 +102,16 @@ def gmpo_surrogate(logp: Tensor, log_ratio: Tensor, adv: Tensor, mask: Tensor, c
     return adv * torch.exp(masked_mean(per_token, mask, dim=-1)).unsqueeze(-1)
 
 
+def adaptive_entropy_coef(
+    coef: float, entropy: float, target: float, delta: float, low: float, high: float
+) -> tuple[float, bool]:
+    """Skywork-OR1's adaptive entropy control, one step: the coefficient c moves by delta toward keeping the
+    measured entropy at the target, clipped to [low, high]; and whether the next step's loss has the bonus
+    (only after a step whose entropy was below the target). Returns (c', on): the next loss uses c' x on."""
+    below = entropy < target
+    return min(high, max(low, coef + delta if below else coef - delta)), below
+
+
 SURROGATES: dict[str, Surrogate] = {
     "clip": clip_surrogate,
     "cispo": cispo_surrogate,

@@ -250,7 +250,18 @@ class AlgorithmConfig(Section):
     completion tokens ("Beyond the 80/20 rule": 0.2); the KL term stays on every token. 1.0 = every token."""
     entropy_coef: float = 0.0
     """Entropy bonus: the loss minus this times the entropy of pi_theta on completion tokens (normalized as
-    the loss type's), with its gradient. 0 = off."""
+    the loss type's), with its gradient. 0 = off. With entropy_target: the coefficient of the first step."""
+    entropy_target: float | None = Field(None, ge=0)
+    """Adaptive entropy control (Skywork-OR1): after each step the coefficient moves by entropy_coef_delta
+    toward keeping policy/entropy at this target (up while below it, down while above it, within
+    [entropy_coef_min, entropy_coef_max]), and the bonus applies only on steps after one whose entropy was
+    below the target. None = a fixed entropy_coef (Skywork-OR1: 0.2)."""
+    entropy_coef_delta: float = Field(1e-4, gt=0)
+    """Adaptive entropy control: the coefficient's change per step (Skywork-OR1's released scripts: 1e-4)."""
+    entropy_coef_min: float = Field(0.0, ge=0)
+    """Adaptive entropy control: the coefficient's lower bound (Skywork-OR1: 0)."""
+    entropy_coef_max: float = Field(5e-3, ge=0)
+    """Adaptive entropy control: the coefficient's upper bound (Skywork-OR1: 5e-3)."""
     clip_cov_ratio: float = Field(0.0, ge=0, le=1)
     """Clip-Cov (Cui et al. 2025): this fraction of the tokens, drawn at random from those whose covariance
     (log pi - mean)(A - mean) is in [clip_cov_lb, clip_cov_ub], get no gradient. 0 = off (paper: 2e-4)."""
@@ -286,6 +297,11 @@ class AlgorithmConfig(Section):
             raise ValueError(
                 "algorithm.delta and algorithm.dual_clip bound the clipped objective; "
                 f"loss_type={self.loss_type} has none: unset them"
+            )
+        if self.entropy_target is not None and self.entropy_coef_min > self.entropy_coef_max:
+            raise ValueError(
+                f"algorithm.entropy_coef_min={self.entropy_coef_min} exceeds algorithm.entropy_coef_max="
+                f"{self.entropy_coef_max}; the adaptive coefficient stays between them"
             )
         return self
 
