@@ -91,12 +91,18 @@ def load_avg() -> str:
 
 
 def run_one(args, preset: str, seed: int, eval_rows: list[dict]) -> dict:
-    """One training run in this process; its held-out curve and times."""
+    """One training run in this process; its held-out curve and times. A run folder holding a finished run of
+    the same config (bench_run.json, written at its end) is read instead, so a stopped benchmark continues."""
     from grpokit.config import load_config
     from grpokit.metrics import read_metrics
     from grpokit.trainer import Trainer
 
-    cfg = load_config(None, config_overrides(args, preset, seed))
+    overrides = config_overrides(args, preset, seed)
+    cfg = load_config(None, overrides)
+    done = Path(cfg.output_dir) / "bench_run.json"  # a finished run of this exact config: kept, not rerun
+    if done.is_file() and (saved := json.loads(done.read_text())).get("overrides") == overrides:
+        print(f"    (finished before: {done})", flush=True)
+        return saved["result"]
     shutil.rmtree(cfg.output_dir, ignore_errors=True)  # a fresh run, not a resume or an append
     load_before = load_avg()
     t = time.perf_counter()
@@ -116,7 +122,7 @@ def run_one(args, preset: str, seed: int, eval_rows: list[dict]) -> dict:
                     "mean@k": r[f"eval/mean@{K}"],
                 }
             )
-    return {
+    result = {
         "preset": preset,
         "seed": seed,
         "curve": curve,
@@ -124,6 +130,8 @@ def run_one(args, preset: str, seed: int, eval_rows: list[dict]) -> dict:
         "wall_s": wall,
         "load": f"{load_before} -> {load_avg()}",
     }
+    done.write_text(json.dumps({"overrides": overrides, "result": result}))
+    return result
 
 
 def first_reach(curve: list[dict], key: str, target: float) -> int | None:
