@@ -81,7 +81,11 @@ def held_out_metrics(cfg: Config) -> dict[str, float]:
             raise ConfigError(NO_HELD_OUT)
         cfg = cfg.model_copy(update={"data": data.model_copy(update={"train_path": data.eval_path})})
     no_kl = cfg.algorithm.model_copy(update={"beta": 0.0, "advantage_estimator": "grpo"})
-    trainer = Trainer(cfg.model_copy(update={"algorithm": no_kl}))
+    # Evaluation draws no training prompts: one per step, so that a held-out file smaller than the training
+    # batch (rollout.prompts_per_step rows) still evaluates.
+    one_prompt = cfg.rollout.model_copy(update={"prompts_per_step": 1})
+    whole = cfg.optim.model_copy(update={"num_minibatches": 1, "micro_batch_size": 0})
+    trainer = Trainer(cfg.model_copy(update={"algorithm": no_kl, "rollout": one_prompt, "optim": whole}))
     try:
         return trainer.evaluate()
     finally:

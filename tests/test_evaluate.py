@@ -74,8 +74,8 @@ def test_grpokit_eval_needs_only_the_held_out_file(tiny_model_dir, tmp_path):
 
     held_out = tmp_path / "held_out.jsonl"
     held_out.write_text(
-        "".join(json.dumps({"prompt": f"{a} {a}>{2 * a}="}) + "\n" for a in range(1, 9))
-    )  # prompts_per_step rows
+        "".join(json.dumps({"prompt": f"{a} {a}>{2 * a}="}) + "\n" for a in range(1, 4))
+    )  # fewer rows than rollout.prompts_per_step (a training batch): evaluation draws none of them
     common = ["eval", str(tiny_model_dir), f"rewards=[{{function: '{REWARD}'}}]", "eval.k=2"]
     common += ["rollout.max_completion_length=4", f"output_dir={tmp_path / 'out'}"]
     r = CliRunner().invoke(app, [*common, f"data.eval_path={held_out}"])
