@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import tempfile
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -51,6 +52,14 @@ def trainable_tensors(model, *, everything: bool) -> list[tuple[str, torch.Tenso
         for name, t in base_model(model).state_dict(keep_vars=True).items()
         if isinstance(t, torch.nn.Parameter) and (t.requires_grad or everything)
     ]
+
+
+def gathered(named) -> Iterator[tuple[str, torch.Tensor]]:
+    """The (name, tensor) pairs with each FSDP2 shard (a DTensor) replaced by its whole tensor, gathered as
+    the consumer takes it: one parameter at a time, never a whole copy of the model. Every rank must take the
+    same tensors in the same order (one all-gather each)."""
+    for name, t in named:
+        yield name, (t.full_tensor() if hasattr(t, "full_tensor") else t)
 
 
 def probe_ids(model, push: int) -> list[int]:
