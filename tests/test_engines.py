@@ -39,9 +39,11 @@ def test_every_engine_declares_its_capabilities_and_the_whole_interface():
         (["rollout.max_policy_lag=1"], 1, "rollout.max_policy_lag=1 needs the sampler's log-probs"),
         (["rollout.importance_correction=token_mask"], 1, "use rollout.engine=fast or vllm"),
         (
-            ["rollout.engine=vllm", "model.lora.r=4"],
+            ["rollout.engine=vllm", "rollout.vllm_mode=server", "model.lora.r=4"],
             1,
-            "model.lora does not work with rollout.engine=vllm yet",
+            "model.lora does not work with rollout.engine=vllm with rollout.vllm_mode=server yet; drop "
+            "model.lora or change that key (LoRA runs with ref_policy frozen or none, the grpo / rloo "
+            "estimators, rollout.engine=hf or fast or vllm)",
         ),
         (
             ["rollout.engine=vllm", "rollout.vllm_mode=server"],
@@ -70,6 +72,7 @@ def test_what_the_engines_can_run_passes():
         ["rollout.engine=fast", "rollout.max_policy_lag=1", "rollout.async_sampler=process"],
         ["rollout.engine=vllm", "rollout.vllm_mode=server", "rollout.importance_correction=token_mask"],
         ["rollout.engine=hf", "model.lora.r=4"],
+        ["rollout.engine=vllm", "model.lora.r=4"],
     ):
         assert check_engine(load_config(None, overrides)).name == overrides[0].split("=")[1]
     # vllm colocated under torchrun: an engine per rank

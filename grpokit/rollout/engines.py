@@ -139,8 +139,8 @@ def _lag(cfg: Config, engine: EngineSpec, use: str) -> str:
 
 def _lora(cfg: Config, engine: EngineSpec, use: str) -> str:
     return (
-        f"model.lora does not work with rollout.engine={engine.name} yet; drop model.lora or change that key "
-        "(LoRA runs with ref_policy frozen or none, the grpo / rloo estimators, rollout.engine hf or fast)"
+        f"model.lora does not work with {engine.setting} yet; drop model.lora or change that key "
+        f"(LoRA runs with ref_policy frozen or none, the grpo / rloo estimators, {use})"
     )
 
 

@@ -73,6 +73,7 @@ from grpokit.rollout.weights import (
     base_model,
     check_push,
     gathered,
+    lora_tensors,
     probe_ids,
     push_error,
     trainable_tensors,
@@ -249,11 +250,19 @@ def check_none_running() -> None:
         )
 
 
+def pushed_tensors(model, *, everything: bool):
+    """What a push sends: the trainable tensors (every one: `everything`), or for a LoRA policy (model.lora)
+    the adapted layers' weights with the adapters merged in (weights.lora_tensors)."""
+    if hasattr(model, "peft_config"):
+        return lora_tensors(model, everything=everything)
+    return trainable_tensors(model, everything=everything)
+
+
 class VLLMEngine(RolloutEngine):
     """rollout.engine=vllm: generates with vLLM in this process; sync_weights pushes the policy's tensors."""
 
-    # Under torchrun each rank runs an engine of its own; no LoRA adapters yet; sleep on CUDA only.
-    caps = EngineCaps(sampling_logprobs=True, several_ranks=True, lora=False, stop_sequences=True, sleep=True)
+    # Under torchrun each rank runs an engine of its own; LoRA: merged weights pushed; sleep on CUDA only.
+    caps = EngineCaps(sampling_logprobs=True, several_ranks=True, lora=True, stop_sequences=True, sleep=True)
 
     @classmethod
     def from_config(
@@ -331,7 +340,7 @@ class VLLMEngine(RolloutEngine):
         forward on the same probe (both are collectives)."""
         reshard = getattr(model, "reshard", lambda: None)  # FSDP2: parameters back to shards after a forward
         reshard()
-        self.push(gathered(trainable_tensors(model, everything=self.pushes == 0)))
+        self.push(gathered(pushed_tensors(model, everything=self.pushes == 0)))
         if self.verify:
             self.verify_push(base_model(model))
             reshard()  # as the trainer left them: the check's forward leaves the root's unsharded
