@@ -341,8 +341,8 @@ class VLLMEngine(RolloutEngine):
         reshard = getattr(model, "reshard", lambda: None)  # FSDP2: parameters back to shards after a forward
         reshard()
         self.push(gathered(pushed_tensors(model, everything=self.pushes == 0)))
-        if self.verify:
-            self.verify_push(base_model(model))
+        if self.verify:  # FSDP2: through its root, whose forward gathers the root's own shards
+            self.verify_push(model if hasattr(model, "reshard") else base_model(model))
             reshard()  # as the trainer left them: the check's forward leaves the root's unsharded
 
     def push(self, named) -> None:

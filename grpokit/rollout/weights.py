@@ -79,12 +79,20 @@ def lora_tensors(model, *, everything: bool) -> Iterator[tuple[str, torch.Tensor
 
 @torch.no_grad()
 def merged_weight(layer) -> torch.Tensor:
-    """A peft LoRA layer's base weight plus the delta of each of its active adapters."""
-    w = layer.base_layer.weight.detach()
+    """A peft LoRA Linear's base weight plus each active adapter's (alpha / r) B A (peft's get_delta_weight
+    for a Linear), from whole tensors: FSDP2's shards are gathered first (every rank takes the same ones)."""
+    w = _whole(layer.base_layer.weight)
     for name in layer.active_adapters:
         if name in layer.lora_A:
-            w = w + layer.get_delta_weight(name).to(w.dtype)
+            delta = (
+                _whole(layer.lora_B[name].weight) @ _whole(layer.lora_A[name].weight) * layer.scaling[name]
+            )
+            w = w + (delta.T if layer.fan_in_fan_out else delta).to(w.dtype)
     return w
+
+
+def _whole(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if hasattr(t, "full_tensor") else t.detach()
 
 
 def gathered(named) -> Iterator[tuple[str, torch.Tensor]]:
