@@ -11,6 +11,14 @@ tests/test_rollout_vllm.py):
 - One process. VLLM_ENABLE_V1_MULTIPROCESSING=0 and the "uni" executor keep vLLM's engine core and its worker
   in this process, so a weight push is a function call that hands vLLM the trainer's own tensors: no pickling,
   no disk, no spawned process (so no `if __name__ == "__main__"` guard is needed in the caller's script).
+- Under torchrun, an engine per rank (executor_backend): vLLM's "external_launcher" executor, tensor parallel
+  size 1, builds vLLM's groups inside the trainer's torch.distributed world (already started: no second
+  rendezvous) and takes RANK / LOCAL_RANK from torchrun; close() releases vLLM's groups only
+  (trainer_group_kept), as vLLM's own shutdown would destroy the trainer's default group. An FSDP2 policy is
+  pushed from its shards, each tensor gathered as vLLM loads it (weights.gathered): no whole copy is kept.
+- The context (max_model_len) is the run's longest prompt + max_completion_length (from_config's max_len),
+  and on CPU the KV cache is room for this rank's share of the batch at that length (kv_cache_bytes), or
+  rollout.vllm_kv_cache_mb.
 - The engine starts from the model's config alone (load_format="dummy": random weights, nothing read from
   disk); the constructor's first sync_weights pushes the real ones.
 - Weights go in through the worker's `reload_weights(weights_iterator=...)`, vLLM's layer-wise in-place
@@ -19,6 +27,9 @@ tests/test_rollout_vllm.py):
   the checkpoint-format parameters back on each layer, loads them, re-runs the repacking and copies the result
   into the kernel's storage. A vLLM layer is repacked once all of its tensors arrived (q, k, v -> qkv_proj),
   so a push sends every trainable tensor (parameters with requires_grad); frozen ones never change and stay.
+  A LoRA policy (model.lora) is pushed as merged weights: each adapted layer's W + (alpha / r) B A, with its
+  siblings in vLLM's fused layers (weights.lora_tensors; benchmarks/vllm_lora_push.py compares vLLM's own
+  LoRA).
 - Every push is checked (verify_push): vLLM's prompt log-probs of a fixed probe sequence must equal the
   trainer's own forward on it (max |diff| <= PUSH_TOLERANCE for the weights' dtype), else RolloutError. A push
   that silently left stale or half-loaded weights would otherwise only show as a drifting mismatch metric.
@@ -45,8 +56,8 @@ exactly what grpokit.policy.completion_logprobs computes (and what the fast engi
 it is the true behaviour policy, which is what importance correction needs. Greedy: temperature-1 log-probs.
 
 Server mode (`grpokit serve`, rollout.vllm_mode=server) hosts this same class in its own process
-(grpokit/rollout/serve.py) and reaches it through generate_seeded, push and prompt_logprobs. Not here: several
-processes (torchrun), LoRA adapters. docs/rollout.md compares the engines.
+(grpokit/rollout/serve.py) and reaches it through generate_seeded, push and prompt_logprobs (one trainer
+process, no LoRA there). docs/rollout.md compares the engines.
 """
 
 from __future__ import annotations
