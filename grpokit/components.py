@@ -68,8 +68,8 @@ def build_components(
     judge = make_judge(rewards, reward_name=cfg.eval.reward, threshold=cfg.eval.correct_threshold)
     health = StepHealth(cfg)  # bad steps in a row stop the run
     correction = SamplerCorrection(cfg.rollout)  # the sampler-trainer mismatch: metrics, importance weights
-    check_context_length(data, getattr(model, "config", None), cfg.rollout.max_completion_length)
-    pipeline = build_pipeline(cfg, policy, tokenizer, seed=cfg.seed + world.rank)
+    max_len = check_context_length(data, getattr(model, "config", None), cfg.rollout.max_completion_length)
+    pipeline = build_pipeline(cfg, policy, tokenizer, seed=cfg.seed + world.rank, max_len=max_len)
     total = cfg.optim.max_steps * cfg.algorithm.num_iterations * cfg.optim.num_minibatches
     try:
         optimizer = Optimizer(
@@ -97,9 +97,12 @@ def build_components(
     )
 
 
-def build_pipeline(cfg: Config, policy: PolicyHandle, tokenizer: Any, *, seed: int) -> RolloutPipeline:
+def build_pipeline(
+    cfg: Config, policy: PolicyHandle, tokenizer: Any, *, seed: int, max_len: int = 0
+) -> RolloutPipeline:
     """The engine the config names (with tools: episodes around it), playing pi_old: synchronous, or
-    rollout.max_policy_lag steps ahead in a background thread. The pipeline owns the engine and closes it."""
+    rollout.max_policy_lag steps ahead in a background thread. The pipeline owns the engine and closes it.
+    max_len: the longest prompt + completion of the run (vllm sizes its context and KV cache for it)."""
     engine = make_engine(
         cfg.rollout.engine,
         policy.whole,
@@ -107,6 +110,7 @@ def build_pipeline(cfg: Config, policy: PolicyHandle, tokenizer: Any, *, seed: i
         batch_size=cfg.rollout.generation_batch_size,
         compile=cfg.model.compile,
         rollout=cfg.rollout,
+        max_len=max_len,
     )
     return RolloutPipeline(
         with_tools(engine, cfg, tokenizer),

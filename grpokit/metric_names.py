@@ -185,6 +185,10 @@ ROLLOUT_IS_CLIP_FRAC = "rollout/is_clip_frac"
 # (grpokit/rollout/pipeline.py).
 ROLLOUT_VERSION_LAG = "rollout/version_lag"
 ROLLOUT_VERSION_LAG_MAX = "rollout/version_lag_max"
+# The check of the weight push behind the step's samples, for engines that push (vllm; under torchrun one
+# engine per rank): its max |diff| and how many engines were checked.
+ROLLOUT_PUSH_ERROR = "rollout/push_error"
+ROLLOUT_PUSH_CHECKS = "rollout/push_checks"
 # Multi-turn rollouts with tools (grpokit/rollout/episodes.py): rollout/tools/<x> over the step's episodes,
 # eval/tools/<x> over the held-out greedy episodes (grpokit.tools.episode.episode_metrics).
 ROLLOUT_TOOLS_PREFIX = "rollout/tools/"
@@ -265,8 +269,10 @@ RANK_REDUCTIONS: dict[str, str] = {
             ROLLOUT_GROUPS_DRAWN,
             ROLLOUT_GROUPS_DROPPED,
             ROLLOUT_GROUPS_TOPPED_UP,
+            ROLLOUT_PUSH_CHECKS,
         )
     },
+    ROLLOUT_PUSH_ERROR: "max",
     ROLLOUT_LOGP_DIFF_MAX: "max",
     ROLLOUT_VERSION_LAG_MAX: "max",
 }

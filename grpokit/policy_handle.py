@@ -46,7 +46,9 @@ class PolicyHandle:
             self.ref_forward = torch.compile(self.ref)
 
     def full(self) -> torch.nn.Module:
-        """The policy with whole weights, current (FSDP2: refreshed from the shards; every rank calls it)."""
+        """The policy with whole weights, current (FSDP2: refreshed from the shards; every rank calls it).
+        FSDP2 with rollout.engine=vllm: the sharded module itself, which the engine gathers from as it pushes
+        and the final save gathers (Parallel.whole_copy)."""
         return self._full()
 
     def reset_reference(self) -> None:

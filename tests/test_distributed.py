@@ -309,6 +309,11 @@ def _config(tmp_path, *extra):
         ),
         (["model.compile=true"], "model.compile=true is not supported at world size 2"),
         (["model.lora={r: 4}"], "model.lora (LoRA adapters) is not supported at world size 2"),
+        (
+            ["rollout.engine=vllm", "rollout.max_policy_lag=1"],
+            "rollout.max_policy_lag=1 with rollout.engine=vllm under distributed.strategy=fsdp2 at world "
+            "size 2",
+        ),
     ],
 )
 def test_what_two_ranks_cannot_run_is_one_line(tmp_path, monkeypatch, extra, message):

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 from grpokit.config import ConfigError, load_config
 from grpokit.rollout import RolloutEngine
@@ -38,11 +39,18 @@ def test_every_engine_declares_its_capabilities_and_the_whole_interface():
         (["rollout.max_policy_lag=1"], 1, "rollout.max_policy_lag=1 needs the sampler's log-probs"),
         (["rollout.importance_correction=token_mask"], 1, "use rollout.engine=fast or vllm"),
         (
-            ["rollout.engine=vllm", "model.lora.r=4"],
+            ["rollout.engine=vllm", "rollout.vllm_mode=server", "model.lora.r=4"],
             1,
-            "model.lora does not work with rollout.engine=vllm yet",
+            "model.lora does not work with rollout.engine=vllm with rollout.vllm_mode=server yet; drop "
+            "model.lora or change that key (LoRA runs with ref_policy frozen or none, the grpo / rloo "
+            "estimators, rollout.engine=hf or fast or vllm)",
         ),
-        (["rollout.engine=vllm"], 2, "rollout.engine=vllm takes one trainer process; under torchrun use"),
+        (
+            ["rollout.engine=vllm", "rollout.vllm_mode=server"],
+            2,
+            "rollout.engine=vllm with rollout.vllm_mode=server takes one trainer process; under torchrun use "
+            "rollout.engine=hf or fast or vllm",
+        ),
         (
             ["rollout.engine=fast", "rollout.vllm_mode=server"],
             1,
@@ -64,5 +72,32 @@ def test_what_the_engines_can_run_passes():
         ["rollout.engine=fast", "rollout.max_policy_lag=1", "rollout.async_sampler=process"],
         ["rollout.engine=vllm", "rollout.vllm_mode=server", "rollout.importance_correction=token_mask"],
         ["rollout.engine=hf", "model.lora.r=4"],
+        ["rollout.engine=vllm", "model.lora.r=4"],
     ):
         assert check_engine(load_config(None, overrides)).name == overrides[0].split("=")[1]
+    # vllm colocated under torchrun: an engine per rank
+    assert check_engine(load_config(None, ["rollout.engine=vllm"]), 2).name == "vllm"
+
+
+def test_the_vllm_kv_cache_is_sized_for_the_runs_sequences_not_the_models_context():
+    """SmolLM2-135M's shape (30 layers, 3 KV heads of 64, 8192 positions), fp32: the colocated engine's
+    context is the run's longest prompt + max_completion_length, and its KV cache room for one rank's share
+    of the rollout batch at that length; 8192 positions x 64 sequences would be 22.5 GiB. vllm_kv_cache_mb
+    overrides it."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from grpokit.rollout.vllm import context_length, engine_settings, kv_cache_bytes
+
+    shape = dict(num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, hidden_size=576)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(LlamaConfig(**shape, max_position_embeddings=8192, vocab_size=49152))
+    per_token = 2 * 30 * 3 * 64 * 4
+    rollout = load_config(None, ["rollout.prompts_per_step=8", "rollout.num_generations=8"]).rollout
+    settings = engine_settings(rollout)  # one process: the whole batch
+    assert settings["max_seqs"] == 64 and settings["kv_cache_mb"] == 0
+    length = context_length(model, 100 + 256)
+    assert length == 356
+    assert kv_cache_bytes(model, length, 64, 0) == per_token * 356 * 64  # 1.0 GiB
+    assert kv_cache_bytes(model, context_length(model, None), 64, 0) == per_token * 8192 * 64
+    assert context_length(model, 10_000) == 8192 and context_length(model, 5) == 17  # the probe fits
+    assert kv_cache_bytes(model, length, 64, 96) == 96 << 20

@@ -188,8 +188,19 @@ def test_grpo_on_vllm_learns_and_every_push_takes(vllm_model_dir, tmp_path):
         "rollout.engine=vllm",
         "rollout.importance_correction=token_truncate",
     )
-    Trainer(cfg).train()  # closes its engine at the end
+    trainer = Trainer(cfg)
+    # vLLM's context: the run's longest prompt + max_completion_length, not the model's positions
+    longest = max(
+        len(d[i].prompt_ids) for d in (trainer.train_data, trainer.eval_data) for i in range(len(d))
+    )
+    context = trainer.pipeline.engine.llm.llm_engine.model_config.max_model_len
+    assert (
+        context == longest + cfg.rollout.max_completion_length < trainer.model.config.max_position_embeddings
+    )
+    trainer.train()  # closes its engine at the end
     assert_learned_and_every_push_took(tmp_path / "run", 30)
+    rows = [r for r in read_metrics(tmp_path / "run") if "reward/mean" in r]
+    assert all(r["rollout/push_checks"] == 1 and r["rollout/push_error"] < 1e-3 for r in rows)
 
 
 def assert_learned_and_every_push_took(run_dir, steps_run: int) -> None:

@@ -161,8 +161,8 @@ class Config(Section):
         if bad := [k for k, v in refused.items() if v]:
             raise ValueError(
                 f"model.lora does not work with {bad[0]} yet; drop model.lora or change that key "
-                "(LoRA runs with ref_policy frozen or none, the grpo / rloo estimators, rollout.engine hf or "
-                "fast)"
+                "(LoRA runs with ref_policy frozen or none, the grpo / rloo estimators, rollout.engine hf, "
+                "fast or vllm)"
             )
         return self
 

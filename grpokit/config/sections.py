@@ -140,8 +140,8 @@ class RolloutConfig(Section):
     (grpokit/rollout/process.py), which a small model on a CPU needs to overlap at all (Python's GIL). vllm
     overlaps with vllm_mode=server."""
     vllm_kv_cache_mb: int = Field(0, ge=0)
-    """rollout.engine=vllm on CPU: MiB of KV cache; 0 = room for the rollout batch at the model's context
-    length (at least 256)."""
+    """rollout.engine=vllm on CPU: MiB of KV cache (per rank under torchrun); 0 = room for this rank's share
+    of the rollout batch at the run's longest prompt + max_completion_length tokens (at least 256)."""
     vllm_gpu_memory_utilization: float = Field(0.3, gt=0, le=1)
     """rollout.engine=vllm on GPU: the fraction of GPU memory vLLM takes (weights and KV cache); the rest is
     the trainer's."""

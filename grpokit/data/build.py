@@ -80,15 +80,17 @@ def build_datasets(
     return Datasets(PromptDataset(train_rows, tokenizer, **kw, where=train_where), held_out, task)
 
 
-def check_context_length(data: Datasets, model_config: Any, max_completion_length: int) -> None:
-    """Longest prompt + max_completion_length must fit the model's positions: checked before any training."""
-    limit = getattr(model_config, "max_position_embeddings", None)
-    if not isinstance(limit, int):
-        return
+def check_context_length(data: Datasets, model_config: Any, max_completion_length: int) -> int:
+    """Longest prompt + max_completion_length must fit the model's positions: checked before any training.
+    Returns that sum, the longest sequence a rollout or an evaluation of the run can hold (a tool episode's
+    turns and results count within max_completion_length): what the vLLM engine sizes its context for."""
     longest = max(
         len(d[i].prompt_ids) for d in (data.train, data.eval) if d is not None for i in range(len(d))
     )
     T = max_completion_length
+    limit = getattr(model_config, "max_position_embeddings", None)
+    if not isinstance(limit, int):
+        return longest + T
     if longest >= limit:  # no completion length helps: the prompts themselves must get shorter
         keep = limit - T if limit - T >= 1 else limit // 2
         fit = "" if limit - T >= 1 else f" and rollout.max_completion_length={limit - keep}"
@@ -104,3 +106,4 @@ def check_context_length(data: Datasets, model_config: Any, max_completion_lengt
             f"rollout.max_completion_length to {max(limit - longest, 0)} or shorten the prompts "
             "(data.max_prompt_length, data.overlong_prompts=truncate)"
         )
+    return longest + T

@@ -54,6 +54,33 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [m for m in model.modules() if type(m).__name__ in names and m is not model]
 
 
+def whole_module(model: torch.nn.Module) -> torch.nn.Module | None:
+    """`model` with whole weights, for saving: the model itself, or for an FSDP2 module its shards gathered
+    (every rank must call this: an all-gather per tensor) into a module of the model's class on rank 0, built
+    on the meta device and given the gathered tensors, so that it costs one copy of the weights, on rank 0
+    alone, for as long as the caller keeps it (the others get None)."""
+    if not is_sharded(model):
+        return model
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.distributed.fsdp import FSDPModule
+
+    cast("FSDPModule", model).reshard()
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if dist.get_rank() != 0:
+        return None
+    plain = next(c for c in type(model).__bases__ if c is not FSDPModule)  # fully_shard's FSDP<class>
+    with torch.device("meta"):
+        whole = plain(copy.deepcopy(model.config))
+    whole.load_state_dict(state, strict=False, assign=True)
+    whole.tie_weights()
+    for (name, buf), (_, ours) in zip(whole.named_buffers(), model.named_buffers(), strict=True):
+        if buf.is_meta:  # buffers a state dict leaves out (RoPE's frequencies): the model's own
+            whole.get_submodule(name.rpartition(".")[0]).register_buffer(
+                name.rpartition(".")[2], ours.detach().clone(), persistent=False
+            )
+    return whole
+
+
 class Parallel:
     """World's parallelization half: wrapping the policy (wrap), its whole weights (full_model), pi_ref's
     reset, the backward over ranks and the checkpoints. It reads the world's rank, size, device, strategy and
@@ -67,6 +94,9 @@ class Parallel:
     _model: torch.nn.Module | None
     _full: torch.nn.Module | None
     _ref: torch.nn.Module | None
+    whole_copy: bool = True
+    """FSDP2: the rollout engine generates with an unsharded copy of the policy (fast, hf); False when it
+    takes the weights from the shards itself (vllm colocated, which gathers them as it pushes)."""
 
     @property
     def is_main(self) -> bool:
@@ -102,10 +132,15 @@ class Parallel:
             # forward_sync_buffers=False: the buffers are constants (RoPE frequencies), and no-grad passes
             # need no collective
             return self._handle(DistributedDataParallel(model, forward_sync_buffers=False), model)
-        self._full = copy.deepcopy(model)
+        self._full = self._engine_copy(model)
         for module in (model, ref) if ref is not None else (model,):
             self._shard(module)
-        return self._handle(model, self._full)
+        return self._handle(model, model if self._full is None else self._full)
+
+    def _engine_copy(self, model: torch.nn.Module) -> torch.nn.Module | None:
+        """FSDP2: the unsharded copy of the policy the engine generates with, or None (whole_copy False: the
+        engine and full_model() get the sharded module itself)."""
+        return copy.deepcopy(model) if self.whole_copy else None
 
     def _handle(self, forward: Any, whole: torch.nn.Module) -> PolicyHandle:
         assert self._model is not None
@@ -144,7 +179,7 @@ class Parallel:
         model, ref = self._model, self._ref
         assert model is not None and ref is not None  # wrap(model, ref) came first
         with torch.no_grad():
-            if self._full is None:
+            if not is_sharded(model):
                 ref.load_state_dict(model.state_dict())
                 return
             for module in (ref, model):  # sharded in place by _shard
@@ -156,7 +191,8 @@ class Parallel:
     def full_model(self) -> torch.nn.Module:
         """The policy with whole weights, current: what the engine syncs to, rank 0 saves, pi_ref resets to.
         FSDP2: the unsharded copy, refreshed from the shards (an all-gather per parameter; every rank calls
-        this)."""
+        this); without one (whole_copy False) the sharded module itself, which the engine gathers from and
+        whole_module() gathers for saving."""
         model = self._model
         assert model is not None  # wrap() came first
         if self._full is None:

@@ -65,6 +65,12 @@ def check_config(cfg: Config, world_size: int) -> None:
             f"optim.micro_batch_size={cfg.optim.micro_batch_size} must divide each rank's share of a "
             f"minibatch, {share} completions {where}"
         )
+    if gathers_on_push(cfg) and cfg.distributed.strategy == "fsdp2" and cfg.rollout.max_policy_lag:
+        raise ConfigError(
+            f"rollout.max_policy_lag={cfg.rollout.max_policy_lag} with rollout.engine=vllm under "
+            f"distributed.strategy=fsdp2 {where} would need a whole copy of the policy per rank for the "
+            "sampler; use distributed.strategy=ddp, or rollout.max_policy_lag=0"
+        )
     for what, on in (
         ("algorithm.advantage_estimator=gae (the PPO critic)", cfg.algorithm.advantage_estimator == "gae"),
         ("model.compile=true", cfg.model.compile),
@@ -72,6 +78,12 @@ def check_config(cfg: Config, world_size: int) -> None:
     ):
         if on:
             raise ConfigError(f"{what} is not supported {where} yet (docs/scaling.md); run it in one process")
+
+
+def gathers_on_push(cfg: Config) -> bool:
+    """The run's engine is vLLM in the trainer's process, which under FSDP2 takes the policy from its shards
+    as it pushes (grpokit/rollout/vllm.py): no whole copy of the policy for it (Parallel.whole_copy)."""
+    return cfg.rollout.engine == "vllm" and cfg.rollout.vllm_mode == "colocate"
 
 
 class World(Parallel):
@@ -107,13 +119,15 @@ class World(Parallel):
         if size <= 1:
             return cls()
         check_config(cfg, size)
-        return cls(
+        world = cls(
             int(os.environ["RANK"]),
             size,
             int(os.environ.get("LOCAL_RANK") or 0),
             cfg.distributed.strategy,
             cfg.distributed.mixed_precision,
         )
+        world.whole_copy = not gathers_on_push(cfg)
+        return world
 
     # ------------------------------------------------------------------ data
     def share(self, items: list) -> list:

@@ -21,6 +21,7 @@ import yaml
 
 from grpokit.checkpoint import RunLock, list_checkpoints, save_final
 from grpokit.config import Config
+from grpokit.distributed.parallel import whole_module
 from grpokit.records.plots import plot_run
 from grpokit.records.progress import TrainProgress
 from grpokit.records.sinks import MetricLogger
@@ -96,7 +97,9 @@ class RunRecords:
         )
 
     def save_final(self, model: Any, tokenizer: Any) -> None:
-        """output_dir/final (and final/merged under model.lora.merge_on_save)."""
+        """output_dir/final (and final/merged under model.lora.merge_on_save). Every rank calls it: an FSDP2
+        module (the vllm engine's runs keep no whole copy) is gathered here for rank 0 to save."""
+        model = whole_module(model)
         if self.main:
             lora = self.cfg.model.lora
             save_final(model, tokenizer, self.out / "final", merge=bool(lora and lora.merge_on_save))

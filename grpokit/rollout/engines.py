@@ -139,8 +139,8 @@ def _lag(cfg: Config, engine: EngineSpec, use: str) -> str:
 
 def _lora(cfg: Config, engine: EngineSpec, use: str) -> str:
     return (
-        f"model.lora does not work with rollout.engine={engine.name} yet; drop model.lora or change that key "
-        "(LoRA runs with ref_policy frozen or none, the grpo / rloo estimators, rollout.engine hf or fast)"
+        f"model.lora does not work with {engine.setting} yet; drop model.lora or change that key "
+        f"(LoRA runs with ref_policy frozen or none, the grpo / rloo estimators, {use})"
     )
 
 
@@ -189,15 +189,22 @@ def make_engine(
     batch_size: int = 0,
     compile: bool = False,
     rollout: RolloutConfig | None = None,
+    max_len: int = 0,
 ) -> RolloutEngine:
     """The engine named in rollout.engine, generating with `model` (pi_old); compile: the fast engine's
     forward through torch.compile (the hf engine ignores it); rollout: the RolloutConfig, for the variant it
     picks (async_sampler=process; vllm_mode=server: a client of the `grpokit serve` process at
-    vllm_server_url) and vllm's settings."""
+    vllm_server_url) and vllm's settings; max_len: the longest prompt + completion the run asks for (0:
+    unknown), what the colocated vllm engine sizes its context and KV cache for."""
     if name not in {s.name for s in ENGINES}:
         raise ValueError(f"unknown rollout.engine {name!r}; allowed: hf, fast, vllm")
-    cls: Any = _spec(name, rollout).load()
-    return cls.from_config(model, tokenizer, batch_size=batch_size, compile=compile, rollout=rollout)
+    spec = _spec(name, rollout)
+    cls: Any = spec.load()
+    # the colocated vllm engine alone sizes a context (a server has its own, set by `grpokit serve`)
+    kwargs: dict[str, Any] = {"max_len": max_len} if spec.load is _vllm else {}
+    return cls.from_config(
+        model, tokenizer, batch_size=batch_size, compile=compile, rollout=rollout, **kwargs
+    )
 
 
 # ----------------------------------------------------------------------------- the docs table

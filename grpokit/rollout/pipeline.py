@@ -53,6 +53,8 @@ from grpokit.metrics import (
     PERF_ROLLOUT_TIME,
     PERF_ROLLOUT_WAIT,
     PERF_WEIGHTS_WAIT,
+    ROLLOUT_PUSH_CHECKS,
+    ROLLOUT_PUSH_ERROR,
     ROLLOUT_VERSION_LAG,
     ROLLOUT_VERSION_LAG_MAX,
 )
@@ -245,12 +247,21 @@ class RolloutPipeline:
         t = time.perf_counter()
         comps = generate_groups(self.engine, rows, self.G, sampling, timings)  # tools: rollout/tools/ metrics
         timings[PERF_ROLLOUT_TIME] = timings.get(PERF_ROLLOUT_TIME, 0.0) + time.perf_counter() - t
+        timings.update(push_metrics(self.engine))
         if self.max_lag and comps.logprobs is None:  # pi_old of lagged samples is the sampler's: no ratio
             raise ValueError(
                 f"rollout.max_policy_lag={self.max_lag} needs the engine's sampling log-probs, and "
                 f"{type(self.engine).__name__} returned none; use rollout.engine=fast or vllm"
             )
         return replace(comps, versions=[version] * len(comps)) if comps.versions is None else comps
+
+
+def push_metrics(engine: RolloutEngine) -> dict[str, float]:
+    """rollout/push_error and rollout/push_checks of an engine that checks its weight pushes (vllm: its
+    last_push_error, the check of the weights it sampled with), through a ToolRollout around it; {} for the
+    others."""
+    err = getattr(getattr(engine, "engine", engine), "last_push_error", None)
+    return {} if err is None else {ROLLOUT_PUSH_ERROR: float(err), ROLLOUT_PUSH_CHECKS: 1.0}
 
 
 def _snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:

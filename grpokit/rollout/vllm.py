@@ -11,6 +11,14 @@ tests/test_rollout_vllm.py):
 - One process. VLLM_ENABLE_V1_MULTIPROCESSING=0 and the "uni" executor keep vLLM's engine core and its worker
   in this process, so a weight push is a function call that hands vLLM the trainer's own tensors: no pickling,
   no disk, no spawned process (so no `if __name__ == "__main__"` guard is needed in the caller's script).
+- Under torchrun, an engine per rank (executor_backend): vLLM's "external_launcher" executor, tensor parallel
+  size 1, builds vLLM's groups inside the trainer's torch.distributed world (already started: no second
+  rendezvous) and takes RANK / LOCAL_RANK from torchrun; close() releases vLLM's groups only
+  (trainer_group_kept), as vLLM's own shutdown would destroy the trainer's default group. An FSDP2 policy is
+  pushed from its shards, each tensor gathered as vLLM loads it (weights.gathered): no whole copy is kept.
+- The context (max_model_len) is the run's longest prompt + max_completion_length (from_config's max_len),
+  and on CPU the KV cache is room for this rank's share of the batch at that length (kv_cache_bytes), or
+  rollout.vllm_kv_cache_mb.
 - The engine starts from the model's config alone (load_format="dummy": random weights, nothing read from
   disk); the constructor's first sync_weights pushes the real ones.
 - Weights go in through the worker's `reload_weights(weights_iterator=...)`, vLLM's layer-wise in-place
@@ -19,6 +27,9 @@ tests/test_rollout_vllm.py):
   the checkpoint-format parameters back on each layer, loads them, re-runs the repacking and copies the result
   into the kernel's storage. A vLLM layer is repacked once all of its tensors arrived (q, k, v -> qkv_proj),
   so a push sends every trainable tensor (parameters with requires_grad); frozen ones never change and stay.
+  A LoRA policy (model.lora) is pushed as merged weights: each adapted layer's W + (alpha / r) B A, with its
+  siblings in vLLM's fused layers (weights.lora_tensors; benchmarks/vllm_lora_push.py compares vLLM's own
+  LoRA).
 - Every push is checked (verify_push): vLLM's prompt log-probs of a fixed probe sequence must equal the
   trainer's own forward on it (max |diff| <= PUSH_TOLERANCE for the weights' dtype), else RolloutError. A push
   that silently left stale or half-loaded weights would otherwise only show as a drifting mismatch metric.
@@ -45,13 +56,14 @@ exactly what grpokit.policy.completion_logprobs computes (and what the fast engi
 it is the true behaviour policy, which is what importance correction needs. Greedy: temperature-1 log-probs.
 
 Server mode (`grpokit serve`, rollout.vllm_mode=server) hosts this same class in its own process
-(grpokit/rollout/serve.py) and reaches it through generate_seeded, push and prompt_logprobs. Not here: several
-processes (torchrun), LoRA adapters. docs/rollout.md compares the engines.
+(grpokit/rollout/serve.py) and reaches it through generate_seeded, push and prompt_logprobs (one trainer
+process, no LoRA there). docs/rollout.md compares the engines.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -62,19 +74,23 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from grpokit.config import ConfigError
 from grpokit.rollout.base import Completions, EngineCaps, RolloutEngine, SamplingParams
 from grpokit.rollout.hf import eos_token_ids
 from grpokit.rollout.weights import (
-    RolloutError as RolloutError,  # raised here, and imported from here by callers
-)
-from grpokit.rollout.weights import (
+    PROBE_LENGTH,
     base_model,
     check_push,
+    gathered,
+    lora_tensors,
     probe_ids,
     push_error,
     trainable_tensors,
+)
+from grpokit.rollout.weights import (
+    RolloutError as RolloutError,  # raised here, and imported from here by callers
 )
 
 DEFAULT_KV_CACHE_MB = 256
@@ -155,6 +171,24 @@ def check_head_size(model) -> None:
         )
 
 
+def context_length(model, asked: int | None) -> int:
+    """vLLM's max_model_len: `asked` (the run's longest prompt + completion), at most the model's positions
+    and at least one token more than the push check's probe; None: the model's positions."""
+    positions: int = getattr(model.config, "max_position_embeddings", 2048)
+    return positions if not asked else min(positions, max(asked, PROBE_LENGTH + 1))
+
+
+def executor_backend() -> str:
+    """vLLM's executor in this process: "uni" alone, "external_launcher" under torchrun (each rank an engine
+    of its own, tensor_parallel_size 1, whose groups vLLM builds in the trainer's torch.distributed world)."""
+    return "external_launcher" if several_ranks() else "uni"
+
+
+def several_ranks() -> bool:
+    """This process is one rank of several (torchrun), its torch.distributed world already started."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
 def kv_cache_bytes(model, max_model_len: int, max_seqs: int, mb: int) -> int:
     """The KV cache vLLM allocates: `mb` MiB, or (mb = 0) room for max_seqs sequences of max_model_len tokens
     (2 x layers x kv heads x head size x dtype bytes per token), at least DEFAULT_KV_CACHE_MB."""
@@ -165,6 +199,19 @@ def kv_cache_bytes(model, max_model_len: int, max_seqs: int, mb: int) -> int:
     kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
     per_token = 2 * c.num_hidden_layers * kv_heads * head * next(model.parameters()).element_size()
     return max(DEFAULT_KV_CACHE_MB << 20, per_token * max_model_len * max_seqs)
+
+
+def engine_settings(rollout, batch_size: int = 0) -> dict[str, Any]:
+    """VLLMEngine's max_seqs, kv_cache_mb and gpu_memory_utilization from a RolloutConfig (None: defaults).
+    max_seqs: the sequences one rank generates at once, its share of the rollout batch under torchrun."""
+    if rollout is None:
+        return {}
+    ranks = dist.get_world_size() if several_ranks() else 1
+    return {
+        "max_seqs": batch_size or max(1, rollout.prompts_per_step * rollout.num_generations // ranks),
+        "kv_cache_mb": rollout.vllm_kv_cache_mb,
+        "gpu_memory_utilization": rollout.vllm_gpu_memory_utilization,
+    }
 
 
 def draw_seed(sampling: SamplingParams) -> int:
@@ -214,24 +261,28 @@ def check_none_running() -> None:
         )
 
 
+def pushed_tensors(model, *, everything: bool):
+    """What a push sends: the trainable tensors (every one: `everything`), or for a LoRA policy (model.lora)
+    the adapted layers' weights with the adapters merged in (weights.lora_tensors)."""
+    if hasattr(model, "peft_config"):
+        return lora_tensors(model, everything=everything)
+    return trainable_tensors(model, everything=everything)
+
+
 class VLLMEngine(RolloutEngine):
     """rollout.engine=vllm: generates with vLLM in this process; sync_weights pushes the policy's tensors."""
 
-    # One process (torchrun: each rank would start its own vLLM); no LoRA adapters yet; sleep on CUDA only.
-    caps = EngineCaps(
-        sampling_logprobs=True, several_ranks=False, lora=False, stop_sequences=True, sleep=True
-    )
+    # Under torchrun each rank runs an engine of its own; LoRA: merged weights pushed; sleep on CUDA only.
+    caps = EngineCaps(sampling_logprobs=True, several_ranks=True, lora=True, stop_sequences=True, sleep=True)
 
     @classmethod
-    def from_config(cls, model, tokenizer, *, batch_size: int = 0, compile: bool = False, rollout=None):
-        """The engine of a run (grpokit/rollout/engines.py: make_engine)."""
-        return cls(
-            model,
-            tokenizer,
-            max_seqs=(batch_size or rollout.prompts_per_step * rollout.num_generations) if rollout else 256,
-            kv_cache_mb=rollout.vllm_kv_cache_mb if rollout is not None else 0,
-            gpu_memory_utilization=rollout.vllm_gpu_memory_utilization if rollout is not None else 0.3,
-        )
+    def from_config(
+        cls, model, tokenizer, *, batch_size: int = 0, compile: bool = False, rollout=None, max_len: int = 0
+    ):
+        """The engine of a run (grpokit/rollout/engines.py: make_engine): a context of max_len tokens (the
+        run's longest prompt + rollout.max_completion_length; 0: the model's), and room for this rank's share
+        of the rollout batch (rollout.generation_batch_size when set)."""
+        return cls(model, tokenizer, max_model_len=max_len or None, **engine_settings(rollout, batch_size))
 
     def __init__(
         self,
@@ -259,13 +310,12 @@ class VLLMEngine(RolloutEngine):
         self.dtype = next(model.parameters()).dtype
         self.pushes = 0  # weight pushes so far (the policy version the engine samples from)
         self.last_push_error: float | None = None  # verify_push's max |diff| of the last push
-        model_max_len: int = getattr(model.config, "max_position_embeddings", 2048)
-        max_model_len = max_model_len or model_max_len
         on_gpu = next(model.parameters()).device.type == "cuda"
         self.sleeps, self.asleep = on_gpu, False  # sleep() / wake_up() act on CUDA only (vLLM's sleep mode)
         if not on_gpu:
             check_head_size(model)
         check_none_running()
+        max_model_len = context_length(model, max_model_len)
         # CUDA: a share of the GPU; CPU: a KV cache sized from the model (vLLM's CPU backend has no share)
         memory: dict[str, Any] = {"gpu_memory_utilization": gpu_memory_utilization}
         if not on_gpu:
@@ -282,7 +332,7 @@ class VLLMEngine(RolloutEngine):
                 max_num_seqs=max_seqs,
                 enforce_eager=True,
                 seed=0,
-                distributed_executor_backend="uni",
+                distributed_executor_backend=executor_backend(),
                 logprobs_mode="processed_logprobs",
                 generation_config="vllm",
                 # a cache hit would skip the prompt's log-probs that verify_push reads
@@ -296,10 +346,15 @@ class VLLMEngine(RolloutEngine):
     # ------------------------------------------------------------------ weights
     def sync_weights(self, model, version: int | None = None) -> None:
         """Push the trainable tensors of `model` (pi_theta, just updated) into vLLM, in memory, and check
-        them."""
-        self.push(trainable_tensors(model, everything=self.pushes == 0))
-        if self.verify:
-            self.verify_push(base_model(model))
+        them. An FSDP2 module (torchrun, distributed.strategy=fsdp2) is pushed from its shards, each tensor
+        gathered as vLLM loads it; every rank pushes to its own engine at the same point, and runs the check's
+        forward on the same probe (both are collectives)."""
+        reshard = getattr(model, "reshard", lambda: None)  # FSDP2: parameters back to shards after a forward
+        reshard()
+        self.push(gathered(pushed_tensors(model, everything=self.pushes == 0)))
+        if self.verify:  # FSDP2: through its root, whose forward gathers the root's own shards
+            self.verify_push(model if hasattr(model, "reshard") else base_model(model))
+            reshard()  # as the trainer left them: the check's forward leaves the root's unsharded
 
     def push(self, named) -> None:
         """Load (name, tensor) pairs through the worker's in-place reload_weights; a vLLM layer is repacked
@@ -403,12 +458,42 @@ class VLLMEngine(RolloutEngine):
         return Completions(token_ids=token_ids, texts=texts, finish_reasons=reasons, logprobs=logprobs)
 
     def close(self) -> None:
-        """Stop vLLM's engine and free its process-wide state (its torch.distributed group), so another can
-        start."""
-        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
-
+        """Stop vLLM's engine and free its process-wide state (its torch.distributed groups), so another can
+        start. Under torchrun the trainer's process group stays: vLLM's own cleanup would destroy it."""
         llm, self.llm = getattr(self, "llm", None), None  # type: ignore[assignment, unused-ignore]  # closed: no LLM
         if llm is not None:
-            llm.llm_engine.engine_core.shutdown()
+            with trainer_group_kept():
+                llm.llm_engine.engine_core.shutdown()
             del llm
-            cleanup_dist_env_and_memory()
+            release_vllm_groups()
+
+
+@contextlib.contextmanager
+def trainer_group_kept():
+    """vLLM's engine core ends its shutdown with cleanup_dist_env_and_memory, which destroys the default
+    process group: under torchrun that group is the trainer's, and release_vllm_groups takes its place."""
+    from vllm.v1.engine import core
+
+    cleanup = core.cleanup_dist_env_and_memory
+    if several_ranks():
+        core.cleanup_dist_env_and_memory = lambda *a, **k: release_vllm_groups()
+    try:
+        yield
+    finally:
+        core.cleanup_dist_env_and_memory = cleanup
+
+
+def release_vllm_groups() -> None:
+    """vLLM's cleanup_dist_env_and_memory, except that under torchrun only vLLM's own groups go (its model
+    parallel groups and its world group, subgroups of the trainer's world), not the trainer's default
+    group."""
+    from vllm.distributed import parallel_state as ps
+
+    if not several_ranks():
+        ps.cleanup_dist_env_and_memory()
+        return
+    ps.destroy_model_parallel()
+    if ps._WORLD is not None:  # vLLM's own record of its world group; destroy_distributed_environment's part
+        ps._WORLD.destroy()
+    ps._WORLD = ps._NODE_COUNT = None
+    gc.collect()

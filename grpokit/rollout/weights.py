@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import tempfile
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -44,13 +45,62 @@ def trainable_tensors(model, *, everything: bool) -> list[tuple[str, torch.Tenso
     lm_head is a layer of its own that a reload otherwise leaves with the weights of the previous push."""
     if hasattr(model, "peft_config"):
         raise ConfigError(
-            "rollout.engine=vllm does not push LoRA adapters yet; use rollout.engine=fast or hf with LoRA"
+            "rollout.vllm_mode=server does not push LoRA adapters yet; use rollout.engine=vllm colocated, or "
+            "fast or hf, with LoRA"
         )
     return [
         (name, t.detach())
         for name, t in base_model(model).state_dict(keep_vars=True).items()
         if isinstance(t, torch.nn.Parameter) and (t.requires_grad or everything)
     ]
+
+
+def lora_tensors(model, *, everything: bool) -> Iterator[tuple[str, torch.Tensor]]:
+    """A LoRA policy (a peft model) as vLLM's model has it: each adapted layer's weight with its adapters
+    merged in (W + B A alpha / r, peft's get_delta_weight), computed one layer at a time as the consumer takes
+    it, and names without peft's. `everything`: every tensor (the first push); else the adapted layers and
+    their siblings (vLLM fuses q, k, v and gate, up into one layer, which it reloads once all its parts
+    arrived), so a push costs what the adapted part of the model weighs."""
+    base = base_model(model)
+    adapted = {n: m for n, m in base.named_modules() if hasattr(m, "base_layer") and hasattr(m, "lora_A")}
+    parents = {n.rpartition(".")[0] for n in adapted}
+    for name, t in base.state_dict(keep_vars=True).items():
+        if ".lora_" in name or not isinstance(t, torch.nn.Parameter):
+            continue
+        plain = name.replace(".base_layer.", ".")
+        owner = plain.rpartition(".")[0]
+        if not everything and owner.rpartition(".")[0] not in parents:
+            continue
+        if owner in adapted and plain.endswith(".weight"):
+            yield plain, merged_weight(adapted[owner])
+        else:
+            yield plain, t.detach()
+
+
+@torch.no_grad()
+def merged_weight(layer) -> torch.Tensor:
+    """A peft LoRA Linear's base weight plus each active adapter's (alpha / r) B A (peft's get_delta_weight
+    for a Linear), from whole tensors: FSDP2's shards are gathered first (every rank takes the same ones)."""
+    w = _whole(layer.base_layer.weight)
+    for name in layer.active_adapters:
+        if name in layer.lora_A:
+            delta = (
+                _whole(layer.lora_B[name].weight) @ _whole(layer.lora_A[name].weight) * layer.scaling[name]
+            )
+            w = w + (delta.T if layer.fan_in_fan_out else delta).to(w.dtype)
+    return w
+
+
+def _whole(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if hasattr(t, "full_tensor") else t.detach()
+
+
+def gathered(named) -> Iterator[tuple[str, torch.Tensor]]:
+    """The (name, tensor) pairs with each FSDP2 shard (a DTensor) replaced by its whole tensor, gathered as
+    the consumer takes it: one parameter at a time, never a whole copy of the model. Every rank must take the
+    same tensors in the same order (one all-gather each)."""
+    for name, t in named:
+        yield name, (t.full_tensor() if hasattr(t, "full_tensor") else t)
 
 
 def probe_ids(model, push: int) -> list[int]:
