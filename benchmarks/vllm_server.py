@@ -11,6 +11,7 @@ are printed. --smoke: one call of each, once: a check that the benchmark runs.
 
 import argparse
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -114,6 +115,7 @@ def main() -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 if __name__ == "__main__":
