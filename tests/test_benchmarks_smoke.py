@@ -102,7 +102,7 @@ SMOKES: dict[str, tuple[Smoke, ...]] = {
     "vllm_vs_fast.py": (Smoke((), (ARMS_HEAD, r"^\| fast \| 0 \| ", r"^\| vllm \| 0 \| "), ("vllm",)),),
 }
 # modules the scripts import, not run on their own -> the scripts whose smoke runs run them
-LIBRARIES: dict[str, tuple[str, ...]] = {"arms.py": ("async_lag.py", "vllm_vs_fast.py")}
+LIBRARIES: dict[str, tuple[str, ...]] = {"arms.py": ("async_lag.py", "precision.py", "vllm_vs_fast.py")}
 
 
 def test_every_benchmark_has_a_smoke_run():
