@@ -21,31 +21,57 @@ from unittest import mock
 
 from presets import K, config_overrides, load_avg
 
+#: --smoke: the sizes of one tiny run per arm (they replace the flags' values), on a warm start of a few SFT
+#: steps that the script builds in OUT/smoke-sft (unless --model)
+SMOKE = dict(seeds="0", steps=3, prompts=2, G=2, max_completion_length=8, eval_size=4)
+#: --smoke: the warm start's SFT, one step of 64 rows
+SMOKE_SFT = dict(rows=64, epochs=1.0)
+
 
 def arm_parser(doc: str, name: str, model: str):
     """The command line every arms benchmark takes (presets.py's config knobs); --out runs/<name>, --results
-    benchmarks/results/<name>.md. args.eval_every is set after parsing: before step 1 and after the last."""
+    benchmarks/results/<name>.md (--smoke: runs/<name>/smoke and OUT/<name>.md). args.eval_every is set after
+    parsing: before step 1 and after the last."""
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=model)
+    p.set_defaults(bench=name, warm_start=model)
+    p.add_argument("--model", help=f"the warm start (default: {model}; --smoke: OUT/smoke-sft, built)")
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--prompts", type=int, default=16)
     p.add_argument("--G", type=int, default=8)
     p.add_argument("--max-completion-length", type=int, default=16)
     p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--mu", type=int, default=1, help="algorithm.num_iterations")
+    p.add_argument("--minibatches", type=int, default=1, help="optim.num_minibatches")
     p.add_argument("--eval-size", type=int, default=200)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--out", default=f"runs/{name}")
-    p.add_argument("--results", default=str(Path(__file__).resolve().parent / "results" / f"{name}.md"))
+    p.add_argument("--out", help=f"run folders (default: runs/{name}; --smoke: runs/{name}/smoke)")
+    p.add_argument(
+        "--results", help=f"the table (default: benchmarks/results/{name}.md; --smoke: OUT/{name}.md)"
+    )
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="one tiny run per arm (1 seed, 3 steps of 2 prompts x G=2, 8 tokens, 4 held-out problems) on a "
+        "warm start of a few SFT steps: a check that the benchmark runs; the table goes to OUT",
+    )
     return p
 
 
 def parse_arm_args(p):
     """p's arguments, with args.eval_every = args.steps (evaluate before step 1 and after the last only) and
-    torch set to --threads threads."""
+    torch set to --threads threads; --smoke sets the SMOKE sizes."""
     import torch
 
     args = p.parse_args()
+    if args.smoke:
+        vars(args).update(SMOKE)
+    args.out = args.out or f"runs/{args.bench}" + ("/smoke" if args.smoke else "")
+    args.model = args.model or (f"{args.out}/smoke-sft" if args.smoke else args.warm_start)
+    if not args.results:
+        results = Path(args.out) if args.smoke else Path(__file__).resolve().parent / "results"
+        args.results = str(results / f"{args.bench}.md")
+    Path(args.results).parent.mkdir(parents=True, exist_ok=True)
     args.eval_every = args.steps
     torch.set_num_threads(args.threads)
     return args

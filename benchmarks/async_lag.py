@@ -31,7 +31,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from arms import arm_parser, parse_arm_args, run_all  # noqa: E402 (after sys.path gets benchmarks/)
+from arms import SMOKE_SFT, arm_parser, parse_arm_args, run_all  # noqa: E402 (after sys.path gets benchmarks/)
 
 ARMS = {
     "lag0": ["rollout.engine=fast"],
@@ -53,6 +53,10 @@ def main() -> None:
     p = arm_parser(__doc__, "async_lag", "runs/demo/sft")
     p.add_argument("--arms", default="lag0,lag1,lag1_tis")
     args = parse_arm_args(p)
+    if args.smoke and not Path(args.model).exists():
+        from grpo_vs_ppo import make_sft
+
+        make_sft(args.model, size="test", lr=1e-3, seed=0, threads=args.threads, **SMOKE_SFT)
     if not Path(args.model).exists():
         sys.exit(f"no warm start at {args.model}: run `make demo` (it leaves runs/demo/sft) or pass --model")
     setup = (

@@ -16,6 +16,10 @@ same chat template), each framework drawing its own order; the reward is grpokit
 correctness reward. Held-out accuracy is grpokit's evaluation (grpokit.api.held_out_metrics: greedy pass@1
 and sampled mean@k on data.eval_size test problems) of the base model and of TRL's trained model, saved
 to a folder. Wall time: TRL's training alone, and the whole run with both evaluations.
+
+--smoke: the demo's --quick settings on a tiny random Llama over SmolLM2's tokenizer and chat template
+(benchmarks/compare_trl.py's), one step, completions <= 8 tokens, 2 held-out problems, in runs/demo_trl/smoke:
+a check that the benchmark runs.
 """
 
 from __future__ import annotations
@@ -104,8 +108,10 @@ def run_seed(seed: int, args) -> dict:
     from grpokit.tasks.word_problems import word_problems_reward
 
     out = Path(args.out) / f"seed{seed}"
-    overrides = [f"optim.max_steps={args.steps}"] if args.steps else []
+    overrides = [f"model.name_or_path={args.smoke_model}"] if args.smoke else []
+    overrides += [f"optim.max_steps={args.steps}"] if args.steps else []
     overrides += [f"data.eval_size={args.eval_size}"] if args.eval_size else []
+    overrides += ["rollout.max_completion_length=8"] if args.smoke else []
     cfg = real_config(out, seed, args.quick, overrides)
     t0 = time.perf_counter()
     before = base_metrics(args.base_from, seed) if args.base_from else held_out_metrics(cfg)
@@ -174,8 +180,18 @@ def main(argv: list[str] | None = None) -> None:
         help="read the base model's evaluation from a demo run's metrics.jsonl instead of repeating it "
         "(e.g. runs/demo_real/seed{seed}/grpo/metrics.jsonl); the same model, problems and evaluation",
     )
-    ap.add_argument("--out", default="runs/demo_trl", help="scratch folder: TRL's runs and saved models")
+    ap.add_argument(
+        "--out", help="scratch folder: TRL's runs and saved models (runs/demo_trl; --smoke: .../smoke)"
+    )
+    ap.add_argument("--smoke", action="store_true", help="a tiny model, one step (see above)")
     args = ap.parse_args(argv)
+    args.out = args.out or "runs/demo_trl" + ("/smoke" if args.smoke else "")
+    if args.smoke:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from compare_trl import real_smoke_model
+
+        args.quick, args.steps, args.eval_size = True, 1, 2
+        args.smoke_model = str(real_smoke_model(Path(args.out)))
     import trl
 
     from grpokit.threads import use_threads

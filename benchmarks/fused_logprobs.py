@@ -75,8 +75,22 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=151_936)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--bf16", action="store_true", help="also the fused path under model.autocast=bfloat16")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/fused_logprobs.md"))
+    ap.add_argument(
+        "--out",
+        help="the table (default: benchmarks/results/fused_logprobs.md; --smoke: runs/fused_logprobs/smoke)",
+    )
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="the smallest cells (2 rows, T=8, a 4,096-token vocabulary, --bf16 too): a check that the "
+        "benchmark runs; the table goes to runs/fused_logprobs/smoke/fused_logprobs.md",
+    )
     args = ap.parse_args()
+    if args.smoke:
+        args.rows, args.lengths, args.vocab, args.bf16 = 2, [8], 4096, True
+    default = Path("runs/fused_logprobs/smoke") if args.smoke else ROOT / "benchmarks/results"
+    args.out = args.out or str(default / "fused_logprobs.md")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     command = "  .venv/bin/python benchmarks/fused_logprobs.py " + " ".join(sys.argv[1:])
     lines = [
         f"# Log-probs at V = {args.vocab}: plain against fused, one training pass",

@@ -237,9 +237,32 @@ def main() -> None:
     p.add_argument("--sft-rows", type=int, default=16000)
     p.add_argument("--sft-epochs", type=float, default=3.0)
     p.add_argument("--sft-lr", type=float, default=3e-3)
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="one tiny run per arm (3 steps of 2 prompts x G=2, 8 tokens, 4 held-out problems) from a warm "
+        "start of one SFT step built in OUT/smoke-sft (unless --model), OUT runs/grpo_vs_ppo/smoke: a check "
+        "that the benchmark runs",
+    )
     p.add_argument("--arm", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.smoke:  # the arms' children get --smoke too and read the same sizes
+        vars(args).update(steps=3, prompts=2, G=2, max_completion_length=8, eval_size=4)
+        if args.out == p.get_default("out"):
+            args.out = str(Path(args.out) / "smoke")
+        if not args.model:
+            args.model = str(Path(args.out) / "smoke-sft")
+            if not args.arm and not Path(args.model).exists():
+                make_sft(
+                    args.model,
+                    size="test",
+                    rows=64,
+                    epochs=1.0,
+                    lr=args.sft_lr,
+                    seed=args.seed,
+                    threads=args.threads,
+                )
 
     if args.make_sft:
         make_sft(

@@ -141,13 +141,24 @@ def main() -> int:
     ap.add_argument("--kills", type=int, default=20)
     ap.add_argument("--max-steps", type=int, default=80)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", type=Path, default=ROOT / "runs" / "kill_resume")
+    ap.add_argument(
+        "--out", type=Path, help="scratch folder (default: runs/kill_resume; --smoke: runs/kill_resume/smoke)"
+    )
     ap.add_argument(
         "--no-reference",
         action="store_true",
         help="skip the uninterrupted run used for the bit-for-bit check",
     )
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="2 kills (one at a random moment, one during a save) of an 8-step run, then the reference run: "
+        "a check that the benchmark runs",
+    )
     args = ap.parse_args()
+    if args.smoke:
+        args.kills, args.max_steps = 2, 8
+    args.out = args.out or ROOT / "runs" / "kill_resume" / ("smoke" if args.smoke else "")
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()

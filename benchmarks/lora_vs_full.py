@@ -17,6 +17,10 @@
 --memory: where the weights, not the activations, decide the peak: a randomly initialized Llama of that size
 (~100M parameters by default), 3 GRPO steps of 4 prompts x G=4, beta 0.04, no evaluation, full fine-tune
 against LoRA; prints the peak RSS of each and the trained parameters.
+
+--smoke (with or without --memory): the same runs at the smallest sizes (a test-size model, one SFT step on 64
+rows, 3 GRPO steps of 2 prompts x G=2 with 8 tokens, 4 held-out problems; --memory: hidden 64, 2 layers) into
+runs/lora_vs_full/smoke: a check that the benchmark runs.
 """
 
 from __future__ import annotations
@@ -30,7 +34,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def build_sft(out: Path, steps: int, seed: int) -> Path:
+#: --smoke: the GRPO runs' sizes (after the demo's settings)
+SMOKE_GRPO = ["rollout.prompts_per_step=2", "rollout.num_generations=2", "rollout.max_completion_length=8"]
+
+
+def build_sft(out: Path, steps: int, seed: int, smoke: bool = False) -> Path:
     from grpokit.config import DataConfig
     from grpokit.data import build_datasets
     from grpokit.demo import FULL
@@ -42,9 +50,9 @@ def build_sft(out: Path, steps: int, seed: int) -> Path:
     path = out / "sft"
     if (path / "config.json").is_file():
         return path
-    task, sft = get_task("countdown"), FULL["sft"]
+    task, sft = get_task("countdown"), dict(FULL["sft"], **({"rows": 64} if smoke else {}))
     tok = build_tokenizer(task, path)
-    model = build_tiny_llama(tok, size=FULL["model_size"], seed=seed)
+    model = build_tiny_llama(tok, size="test" if smoke else FULL["model_size"], seed=seed)
     pairs = build_datasets(DataConfig(task=task.name, task_train_size=sft["rows"]), tok, seed=seed).train
     train_sft(
         model,
@@ -155,7 +163,9 @@ def memory(out: Path, hidden: int, layers: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=Path("runs/lora_vs_full"))
+    ap.add_argument(
+        "--out", type=Path, help="run folders (default: runs/lora_vs_full; --smoke: runs/lora_vs_full/smoke)"
+    )
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument(
         "--sft", type=Path, default=None, help="an SFT model folder to start from (default: build OUT/sft)"
@@ -171,14 +181,20 @@ def main() -> None:
     )
     ap.add_argument("--hidden", type=int, default=1024)
     ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--smoke", action="store_true", help="the same runs at the smallest sizes (see above)")
     args = ap.parse_args()
+    # absolute: the runs are `grpokit train` processes started in the repository root
+    args.out = (args.out or Path("runs/lora_vs_full") / ("smoke" if args.smoke else "")).resolve()
+    if args.smoke:
+        args.steps, args.sft_steps, args.eval_size, args.hidden, args.layers = 3, 1, 4, 64, 2
     args.out.mkdir(parents=True, exist_ok=True)
     if args.memory:
         return memory(args.out, args.hidden, args.layers)
-    sft = args.sft.resolve() if args.sft else build_sft(args.out, args.sft_steps, args.seed)
-    rows = []
+    sft = args.sft.resolve() if args.sft else build_sft(args.out, args.sft_steps, args.seed, args.smoke)
+    rows, sizes = [], SMOKE_GRPO if args.smoke else []
     for name, extra in (("full fine-tune", []), ("LoRA " + " ".join(args.lora), args.lora)):
-        metrics = grpo(sft, args.out / ("lora" if extra else "full"), args.steps, args.eval_size, extra)
+        run = args.out / ("lora" if extra else "full")
+        metrics = grpo(sft, run, args.steps, args.eval_size, [*extra, *sizes])
         evals = [m for m in metrics if "eval/pass@1" in m]
         peak = max(m.get("perf/peak_rss_mb", 0.0) for m in metrics)
         rewards = [m["reward/mean"] for m in metrics if "reward/mean" in m]
@@ -190,8 +206,8 @@ def main() -> None:
                 a["eval/pass@1"],
                 b["eval/mean@8"],
                 a["eval/mean@8"],
-                sum(rewards[:10]) / 10,
-                sum(rewards[-10:]) / 10,
+                sum(rewards[:10]) / len(rewards[:10]),
+                sum(rewards[-10:]) / len(rewards[-10:]),
                 peak,
             )
         )

@@ -11,6 +11,9 @@ to --max-len while most stop early (long-tailed lengths). Reported: completion l
 perf/padding_frac (the fraction of the completion positions the training micro-batches computed that were
 padding), and the medians of perf/train_time and perf/ref_time (the pi_old / pi_ref passes use the same
 micro-batches).
+
+--smoke: 3 steps of 4 prompts x G=4, completions <= 8 tokens, micro-batches of 4, on a random test-size model
+built in OUT/smoke-model (unless --model), OUT runs/padding/smoke: a check that the benchmark runs.
 """
 
 from __future__ import annotations
@@ -27,17 +30,38 @@ from unittest import mock
 HERE = Path(__file__).resolve().parent
 
 
+def smoke_model(out: Path) -> str:
+    """A random test-size Llama with the countdown tokenizer, in OUT/smoke-model (--smoke)."""
+    from grpokit.tasks import get_task
+    from grpokit.tasks.tiny_model import build_tiny_llama
+    from grpokit.tasks.tokenizer import build_tokenizer
+
+    path = out / "smoke-model"
+    tok = build_tokenizer(get_task("countdown"), path)
+    build_tiny_llama(tok, size="test", seed=0).save_pretrained(path)
+    return str(path)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="runs/precision/sft")
+    p.add_argument("--model", help="the warm start (default: runs/precision/sft; --smoke: a random model)")
     p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--prompts", type=int, default=16, help="rollout.prompts_per_step")
+    p.add_argument("--G", type=int, default=8, help="rollout.num_generations")
     p.add_argument("--max-len", type=int, default=64)
     p.add_argument("--temperature", type=float, default=1.5)
     p.add_argument("--micro-batch-size", type=int, default=16)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--out", default="runs/padding")
-    p.add_argument("--results", default=str(HERE / "results" / "padding.md"))
+    p.add_argument("--out", help="run folders (default: runs/padding; --smoke: runs/padding/smoke)")
+    p.add_argument("--results", help="the table (default: benchmarks/results/padding.md; --smoke: OUT)")
+    p.add_argument("--smoke", action="store_true", help="the smallest run (see above)")
     args = p.parse_args()
+    if args.smoke:
+        args.steps, args.prompts, args.G, args.max_len, args.micro_batch_size = 3, 4, 4, 8, 4
+    args.out = args.out or "runs/padding" + ("/smoke" if args.smoke else "")
+    args.results = args.results or str((Path(args.out) if args.smoke else HERE / "results") / "padding.md")
+    if not args.model:
+        args.model = smoke_model(Path(args.out)) if args.smoke else "runs/precision/sft"
     import torch
 
     from grpokit.config import load_config
@@ -57,8 +81,8 @@ def main() -> None:
                 "data.eval_size=0",
                 f"output_dir={out}",
                 "rollout.engine=fast",
-                "rollout.prompts_per_step=16",
-                "rollout.num_generations=8",
+                f"rollout.prompts_per_step={args.prompts}",
+                f"rollout.num_generations={args.G}",
                 f"rollout.max_completion_length={args.max_len}",
                 f"rollout.temperature={args.temperature}",
                 "algorithm.beta=0.04",
@@ -97,9 +121,10 @@ def main() -> None:
         "",
         command.rstrip(),
         "",
-        f"warm start {args.model}; {args.steps} steps of 16 prompts x G=8 at temperature {args.temperature}, "
-        f"completions <= {args.max_len} tokens, micro_batch_size {args.micro_batch_size} (8 micro-batches "
-        f"per step); load average {os.getloadavg()[0]:.2f}; {args.threads} thread(s)",
+        f"warm start {args.model}; {args.steps} steps of {args.prompts} prompts x G={args.G} at temperature "
+        f"{args.temperature}, completions <= {args.max_len} tokens, micro_batch_size {args.micro_batch_size} "
+        f"({-(-args.prompts * args.G // args.micro_batch_size)} micro-batches per step); load average "
+        f"{os.getloadavg()[0]:.2f}; {args.threads} thread(s)",
         "",
         f"completion lengths (grouped run): mean {statistics.mean(lengths):.1f}, median "
         f"{lengths[len(lengths) // 2]}, 90th percentile {lengths[int(0.9 * len(lengths))]}, "

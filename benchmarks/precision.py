@@ -26,7 +26,7 @@ from unittest import mock
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from arms import arm_parser, parse_arm_args  # noqa: E402 (after sys.path gets benchmarks/)
+from arms import SMOKE_SFT, arm_parser, parse_arm_args  # noqa: E402 (after sys.path gets benchmarks/)
 from presets import K, config_overrides, load_avg  # noqa: E402 (after sys.path gets benchmarks/)
 
 ARMS = {"fp32": "none", "bf16": "bfloat16"}
@@ -69,9 +69,12 @@ def main() -> None:
         from grpo_vs_ppo import make_sft
 
         t = time.perf_counter()
-        make_sft(
-            args.model, size="demo", rows=20000, epochs=57600 / 20000, lr=1e-3, seed=0, threads=args.threads
+        sizes = (
+            dict(size="test", **SMOKE_SFT)
+            if args.smoke
+            else dict(size="demo", rows=20000, epochs=57600 / 20000)
         )
+        make_sft(args.model, lr=1e-3, seed=0, threads=args.threads, **sizes)
         print(f"warm start built in {time.perf_counter() - t:.0f}s: {args.model}", flush=True)
     from grpokit.tasks import get_task
 

@@ -27,6 +27,10 @@ excluded); on a shared machine they are noisy, so the load average is recorded w
 
 A warm start is any countdown-SFT'd model folder with its tokenizer; benchmarks/grpo_vs_ppo.py
 --make-sft DIR builds one (~12 min), `grpokit demo` leaves one in runs/demo/sft.
+
+--smoke: grpo and dapo, seed 0, 2 steps of 2 prompts x G=2 with 8 tokens, 4 held-out problems evaluated every
+step, from a random test-size model built in OUT/smoke-model (unless --model); the runs and the report in
+runs/presets/smoke: a check that the benchmark runs.
 """
 
 from __future__ import annotations
@@ -486,15 +490,38 @@ def parse_args(argv: list[str] | None = None):
     p.add_argument("--eval-size", type=int, default=200, help="held-out test problems")
     p.add_argument("--eval-every", type=int, default=25)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--out", default="runs/presets", help="run folders (metrics.jsonl, final model)")
+    p.add_argument(
+        "--out", help="run folders (metrics.jsonl, final model): runs/presets (--smoke: runs/presets/smoke)"
+    )
     p.add_argument("--name", default="presets", help="file stem of the report: NAME.md and NAME.png")
     p.add_argument(
-        "--results", default=str(Path(__file__).parent / "results"), help="where presets.md / presets.png go"
+        "--results", help="where presets.md / presets.png go: benchmarks/results (--smoke: the --out folder)"
     )
     p.add_argument(
         "--report-only", action="store_true", help="redraw the report from --out/runs.json without training"
     )
-    return p.parse_args(argv)
+    p.add_argument("--smoke", action="store_true", help="the smallest runs (see above)")
+    args = p.parse_args(argv)
+    if args.smoke:
+        vars(args).update(presets="grpo,dapo", seeds="0", steps=2, prompts=2, G=2, max_completion_length=8)
+        vars(args).update(eval_size=4, eval_every=1)
+    args.out = args.out or "runs/presets" + ("/smoke" if args.smoke else "")
+    args.results = args.results or (args.out if args.smoke else str(Path(__file__).parent / "results"))
+    if args.smoke and args.model == p.get_default("model") and not args.report_only:
+        args.model = smoke_model(Path(args.out))
+    return args
+
+
+def smoke_model(out: Path) -> str:
+    """A random test-size Llama with the countdown tokenizer, in OUT/smoke-model (--smoke)."""
+    from grpokit.tasks import get_task
+    from grpokit.tasks.tiny_model import build_tiny_llama
+    from grpokit.tasks.tokenizer import build_tokenizer
+
+    path = out / "smoke-model"
+    tok = build_tokenizer(get_task("countdown"), path)
+    build_tiny_llama(tok, size="test", seed=0).save_pretrained(path)
+    return str(path)
 
 
 def main(argv: list[str] | None = None) -> Path:
@@ -565,6 +592,7 @@ def main(argv: list[str] | None = None) -> Path:
     path = write_report(
         args, **{k: state[k] for k in ("command", "runs", "started", "load_start", "total_s", "commit")}
     )
+    print(path.read_text())
     print(f"wrote {path} and {path.with_suffix('.png')}")
     return path
 

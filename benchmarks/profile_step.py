@@ -13,6 +13,9 @@ Needs the workload's model and prompts, built by compare_trl.py in runs/compare_
 missing). Phases are the trainer's own perf/* timings: rollout (generation), reward, ref (pi_ref / pi_old
 log-prob passes), train (update + weight sync), and the rest of the rollout phase (packing, advantages,
 metrics).
+
+--smoke: compare_trl.py's --smoke sizes (2 prompts x G=2, 8 tokens) of the workload, 3 steps after 1 warm-up,
+its model and runs in runs/profile_step/smoke: a check that the benchmark runs (with --ab or --cprofile too).
 """
 
 from __future__ import annotations
@@ -24,18 +27,21 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 
-def make_config(workload: str, steps: int, out_dir: str, overrides: list[str]):
+def make_config(workload: str, steps: int, out_dir: str, overrides: list[str], smoke: bool = False):
     import compare_trl as ct
 
     from grpokit.config import load_config
 
-    wl = ct.WORKLOADS[workload]
-    work = Path("runs/compare_trl")
+    wl = dict(ct.WORKLOADS[workload], **(ct.SMOKE if smoke else {}))
+    work = Path(
+        "runs/profile_step/smoke" if smoke else "runs/compare_trl"
+    )  # smoke: other sizes, other models
     model_dir = ct.build_model(wl, work)
     data_path = ct.write_prompts(wl, work)
     a = ct.ALGO
@@ -85,7 +91,11 @@ def main() -> None:
     )
     ap.add_argument("--set", nargs="*", default=[], help="config overrides, key=value")
     ap.add_argument("--ab", nargs="*", help="compare against a second trainer with these extra overrides")
+    ap.add_argument("--smoke", action="store_true", help="the smallest run (see above)")
     args = ap.parse_args()
+    if args.smoke:
+        args.steps, args.warmup = 3, 1
+    args.runs = "runs/profile_step" + ("/smoke/run" if args.smoke else "")
     if args.ab:
         return ab(args)
 
@@ -96,14 +106,14 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from grpokit.trainer import Trainer
 
-    out = Path("runs/profile_step")
+    out = Path(args.runs)
     shutil.rmtree(out, ignore_errors=True)
-    cfg = make_config(args.workload, args.steps, str(out), args.set)
+    cfg = make_config(args.workload, args.steps, str(out), args.set, args.smoke)
     trainer = Trainer(cfg)
     recs: list[dict] = []
     trainer_rollout = trainer.rollout
 
-    def timed_rollout(rows):
+    def timed_rollout(rows=None):  # Trainer.rollout: the pipeline's batch, or of `rows` now
         t = time.perf_counter()
         out = trainer_rollout(rows)
         out[1]["perf/prep_time"] = time.perf_counter() - t
@@ -118,7 +128,9 @@ def main() -> None:
             prof.enable()
 
     t = time.perf_counter()
-    trainer.train(on_log=on_log)
+    # without the plots of the run the trainer draws after its last step (seconds: they swamped the profile)
+    with mock.patch("grpokit.trainer.plot_run", lambda *a, **k: []):
+        trainer.train(on_log=on_log)
     if prof is not None:
         prof.disable()
     timed = recs[args.warmup :]
@@ -174,10 +186,10 @@ def ab(args) -> None:
 
     trainers, warm = {}, {}
     for name, extra in (("A", []), ("B", args.ab)):
-        out = Path(f"runs/profile_step_{name}")
+        out = Path(f"{args.runs}_{name}")
         shutil.rmtree(out, ignore_errors=True)
         trainers[name] = Trainer(
-            make_config(args.workload, args.steps + args.warmup, str(out), args.set + extra)
+            make_config(args.workload, args.steps + args.warmup, str(out), args.set + extra, args.smoke)
         )
         t = time.perf_counter()
         for _ in range(args.warmup):

@@ -66,7 +66,12 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--smoke", action="store_true", help="the tiny case, one timed run: a check that the benchmark runs"
+    )
     args = ap.parse_args()
+    if args.smoke:
+        args.cases, args.runs = ["tiny"], 1
     torch.set_num_threads(args.threads)
 
     print("$ python " + " ".join(shlex.quote(a) for a in sys.argv))

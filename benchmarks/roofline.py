@@ -20,6 +20,10 @@ on a synthetic batch of the compute-bound shape (countdown prompts, random compl
 EOS): forward, log-probs, loss, backward, gradient clipping, optimizer, and the variants that could
 be faster (threads, attention kernel, entropy pass, fused AdamW, torch.compile). Results go to
 benchmarks/results/roofline.md with the command and the machine load (`uptime`).
+
+--smoke: the peak on 256 x 256 matrices and the breakdown of one round on compare_trl.py's small model (built
+in runs/roofline/smoke unless --model), 2 sequences of 8 completion tokens, written to
+runs/roofline/smoke/roofline.md: a check that the benchmark runs.
 """
 
 from __future__ import annotations
@@ -312,20 +316,28 @@ def main(argv=None) -> None:
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--repeats", type=int, default=7, help="round-robin rounds; the medians are over these")
     ap.add_argument("--compile", action="store_true", help="also time torch.compile (slow to compile on CPU)")
-    ap.add_argument("--out", default=str(RESULTS / "roofline.md"))
+    ap.add_argument(
+        "--out", help="the report (default: benchmarks/results/roofline.md; --smoke: runs/roofline/smoke)"
+    )
+    ap.add_argument("--smoke", action="store_true", help="the smallest sizes (see above)")
     args = ap.parse_args(argv)
+    work = Path("runs/roofline/smoke")
+    if args.smoke:
+        args.seqs, args.completion, args.repeats = 2, 8, 1
+    args.out = args.out or str((work if args.smoke else RESULTS) / "roofline.md")
+    quick = dict(sizes=(256,), repeats=1) if args.smoke else {}
     command = "python " + " ".join(
         shlex.quote(a) for a in [os.path.relpath(__file__)] + (argv if argv is not None else sys.argv[1:])
     )
     load = machine_load()
-    peaks = peak_matmul_flops()
+    peaks = peak_matmul_flops(**quick)
     peak = max(peaks.values())
     print(
         f"{load}; peak fp32 matmul on {os.cpu_count()} threads: "
         + ", ".join(f"n={n}: {v / 1e9:.1f} GFLOP/s" for n, v in peaks.items())
     )
     if args.threads != os.cpu_count():
-        peak = max(peak_matmul_flops(threads=args.threads).values())
+        peak = max(peak_matmul_flops(threads=args.threads, **quick).values())
         print(f"peak fp32 matmul on {args.threads} thread(s): {peak / 1e9:.1f} GFLOP/s")
     if args.peak_only:
         return
@@ -333,7 +345,10 @@ def main(argv=None) -> None:
     if model_dir is None:
         from compare_trl import WORKLOADS, build_model  # the same 25M model as the comparison
 
-        model_dir = str(build_model(WORKLOADS["compute"], Path("runs/compare_trl"), sft=False))
+        if args.smoke:  # the small workload's 1M-parameter model, apart from the comparison's
+            model_dir = str(build_model(WORKLOADS["small"], work, sft=False))
+        else:
+            model_dir = str(build_model(WORKLOADS["compute"], Path("runs/compare_trl"), sft=False))
     res = breakdown(model_dir, args.seqs, args.completion, args.threads, args.repeats, args.compile)
     text = report(res, peak, command, load, args.threads)
     print(text)

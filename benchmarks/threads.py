@@ -8,6 +8,9 @@ examples/make_tiny_model.py, no evaluation, no checkpoints) with `threads=N`: th
 of its steps after the first two, plus the seconds of a `grpokit sft examples/sft.yaml` run of --sft-steps
 steps. "busy" runs one other process spinning on a core (python -c 'while True: pass') for the whole cell,
 which is what a shared machine looks like. docs/threads.md explains the numbers.
+
+--smoke: one cell (threads=0, idle), 3 GRPO steps and 2 SFT steps, without waiting for the load average, the
+table in runs/threads/smoke/threads.md: a check that the benchmark runs.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 GRPOKIT = str(Path(sys.executable).with_name("grpokit"))
+WAIT_S = 150.0  # the most a cell waits for the load average (--smoke: 0)
 
 
 def run(*cmd: str) -> subprocess.CompletedProcess:
@@ -38,7 +42,7 @@ def settle(below: float = 0.3, at_most: float = 150.0) -> float:
     """Wait until the 1-minute load average falls below `below` (the previous cell's load decays slowly), at
     most `at_most` seconds; returns the load average then."""
     t0 = time.monotonic()
-    while os.getloadavg()[0] >= below and time.monotonic() - t0 < at_most:
+    while os.getloadavg()[0] >= below and time.monotonic() - t0 < min(at_most, WAIT_S):
         time.sleep(5)
     return os.getloadavg()[0]
 
@@ -50,7 +54,7 @@ def cell(model: Path, work: Path, threads: int, busy: bool, steps: int, sft_step
         t0 = (
             time.monotonic()
         )  # a job that has been running a while: until the load average shows it (at most 150 s)
-        while busy and os.getloadavg()[0] < 0.9 and time.monotonic() - t0 < 150:
+        while busy and os.getloadavg()[0] < 0.9 and time.monotonic() - t0 < WAIT_S:
             time.sleep(5)
         out = work / f"train-{threads}-{busy}"
         r = run(
@@ -102,18 +106,22 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=40, help="GRPO steps per cell")
     ap.add_argument("--sft-steps", type=int, default=150, help="SFT steps per cell")
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "threads.md")
+    ap.add_argument("--out", type=Path, help="the table (default: benchmarks/results/threads.md)")
+    ap.add_argument("--smoke", action="store_true", help="one small cell (see above)")
     args = ap.parse_args()
+    global WAIT_S
+    cells = [(t, busy) for busy in (False, True) for t in (1, 2, 0)]
+    if args.smoke:
+        args.steps, args.sft_steps, WAIT_S, cells = 3, 2, 0.0, [(0, False)]
+    args.out = (
+        args.out or (Path("runs/threads/smoke") if args.smoke else ROOT / "benchmarks/results") / "threads.md"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         run(sys.executable, "examples/make_data.py")
         run(sys.executable, "examples/make_tiny_model.py", str(work / "tiny-model"))
         load = os.getloadavg()[0]
-        results = [
-            cell(work / "tiny-model", work, t, busy, args.steps, args.sft_steps)
-            for busy in (False, True)
-            for t in (1, 2, 0)
-        ]
+        results = [cell(work / "tiny-model", work, t, busy, args.steps, args.sft_steps) for t, busy in cells]
     lines = [
         "# Threads: seconds per step of the README example",
         "",

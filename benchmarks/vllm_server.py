@@ -6,10 +6,12 @@ check), and one rollout of 16 prompts x 8 samples x up to 16 tokens over HTTP.
 
 `grpokit serve` runs as a subprocess with 1 thread; this process (the trainer's side, and the colocated
 engine) uses 1 thread too. Rollouts alternate server / colocated, 5 calls each, twice; pushes 5 each; medians
-are printed.
+are printed. --smoke: one call of each, once: a check that the benchmark runs.
 """
 
+import argparse
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -58,6 +60,10 @@ def median_time(fn, calls: int = 5) -> float:
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--smoke", action="store_true", help="one call of each (see above)")
+    args = ap.parse_args()
+    calls, rounds = (1, 1) if args.smoke else (5, 2)
     torch.set_num_threads(1)
     from grpokit.rollout import SamplingParams
     from grpokit.rollout.server import VLLMServerEngine
@@ -83,15 +89,10 @@ def main() -> None:
         print(f"colocated engine start, first push and its check included {time.perf_counter() - t:.1f} s")
         prompts = [tok(r["prompt"])["input_ids"] for r in get_task("countdown").make_rows("test", 16, 0)]
         sampling = SamplingParams(max_tokens=16)
-        for name, e in (
-            ("server", server),
-            ("colocated", colocated),
-            ("server", server),
-            ("colocated", colocated),
-        ):
+        for name, e in (("server", server), ("colocated", colocated)) * rounds:
             print(
                 f"{name}: 16 prompts x 8 x <= 16 tokens, median "
-                f"{median_time(lambda e=e: e.generate(prompts, 8, sampling)):.3f} s"
+                f"{median_time(lambda e=e: e.generate(prompts, 8, sampling), calls):.3f} s"
             )
 
         def push(e):
@@ -105,7 +106,7 @@ def main() -> None:
                 e.verify = verify
                 print(
                     f"{name}: push {'with' if verify else 'without'} its check, median "
-                    f"{median_time(lambda e=e: push(e)):.3f} s"
+                    f"{median_time(lambda e=e: push(e), calls):.3f} s"
                 )
         server.verify = True
         push(server)
@@ -114,6 +115,7 @@ def main() -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -24,13 +24,14 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from arms import arm_parser, parse_arm_args, run_all  # noqa: E402 (after sys.path gets benchmarks/)
+from arms import SMOKE_SFT, arm_parser, parse_arm_args, run_all  # noqa: E402 (after sys.path gets benchmarks/)
 
 ENGINES = ("fast", "vllm")
 
 
-def make_sft_hd64(out: str, threads: int) -> None:
-    """The demo's warm start with 3 attention heads of 64 (vLLM-CPU-compatible), same parameter count."""
+def make_sft_hd64(out: str, threads: int, rows: int = 20000, epochs: float = 57600 / 20000) -> None:
+    """The demo's warm start with 3 attention heads of 64 (vLLM-CPU-compatible), same parameter count;
+    `epochs` over `rows` countdown solutions."""
     import torch
 
     from grpokit.config import DataConfig
@@ -44,9 +45,9 @@ def make_sft_hd64(out: str, threads: int) -> None:
     task = get_task("countdown")
     tok = build_tokenizer(task, out)
     model = build_tiny_llama(tok, size="demo", num_heads=3, seed=0)
-    pairs = build_datasets(DataConfig(task=task.name, task_train_size=20000), tok, seed=0).train
+    pairs = build_datasets(DataConfig(task=task.name, task_train_size=rows), tok, seed=0).train
     stats = train_sft(
-        model, tok, pairs, epochs=57600 / 20000, batch_size=64, learning_rate=1e-3, max_length=256, seed=0
+        model, tok, pairs, epochs=epochs, batch_size=64, learning_rate=1e-3, max_length=256, seed=0
     )
     model.save_pretrained(out)
     tok.save_pretrained(out)
@@ -61,7 +62,7 @@ def main() -> None:
     args = parse_arm_args(p)
     if not Path(args.model).exists():
         t = time.perf_counter()
-        make_sft_hd64(args.model, args.threads)
+        make_sft_hd64(args.model, args.threads, **(SMOKE_SFT if args.smoke else {}))
         print(f"warm start built in {time.perf_counter() - t:.0f}s: {args.model}", flush=True)
     setup = (
         f"warm start {args.model} (demo Llama, 3 heads of 64); {args.steps} GRPO steps of {args.prompts} "
