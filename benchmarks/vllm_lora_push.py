@@ -6,6 +6,7 @@
   and loaded in place by the next generate (LoRARequest(load_inplace=True)), vLLM then runs its LoRA kernels.
 
     .venv/bin/python benchmarks/vllm_lora_push.py [--model DIR] [--r 16] [--steps 5]
+    .venv/bin/python benchmarks/vllm_lora_push.py --smoke     # the tiny model, r = 8, one step (make test)
 
 Each way: the engine starts, takes the base weights, then for each step the adapter moves (a random update
 of every B) and the step's cost is timed: the push (merged: reload; adapter: save) and a rollout of 8 prompts
@@ -153,19 +154,22 @@ def main() -> None:
     parser.add_argument("--model", default=None)
     parser.add_argument("--r", type=int, default=16)
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--smoke", action="store_true", help="the tiny model, r = 8, one step")
     args = parser.parse_args()
+    if args.smoke:
+        args.model, args.r, args.steps = None, 8, 1
     torch.set_num_threads(1)
     policy, tok = _policy(args.model, args.r)
-    print(f"parameters {sum(p.numel() for p in policy.parameters()):,}, r = {args.r}")
+    print(f"parameters {sum(p.numel() for p in policy.parameters()):,}, r = {args.r}, {args.steps} step(s)")
+    rows = []
     for name, run in (
         ("merged", lambda: merged(policy, tok, args.steps)),
         ("adapter", lambda: adapter(policy, tok, args.steps, args.r)),
     ):
         got = run()
-        print(
-            f"{name:8s} push {got['push']:.4f} s  rollout {got['rollout']:.3f} s  "
-            f"push check max|diff| {got['check']:.2e}"
-        )
+        rows.append(f"| {name} | {got['push']:.4f} | {got['rollout']:.3f} | {got['check']:.2e} |")
+    print("\n| way | push s (median) | rollout s (median) | push check max abs diff |\n|---|---:|---:|---:|")
+    print("\n".join(rows))
 
 
 if __name__ == "__main__":

@@ -99,6 +99,9 @@ SMOKES: dict[str, tuple[Smoke, ...]] = {
     "vllm_server.py": (
         Smoke((), (r"^server: 16 prompts", r"^colocated: 16 prompts", r"^last server check"), ("vllm",)),
     ),
+    "vllm_lora_push.py": (
+        Smoke((), (r"^\| way \| push s", r"^\| merged \| \d", r"^\| adapter \| \d"), ("vllm", "peft")),
+    ),
     "vllm_vs_fast.py": (Smoke((), (ARMS_HEAD, r"^\| fast \| 0 \| ", r"^\| vllm \| 0 \| "), ("vllm",)),),
 }
 # modules the scripts import, not run on their own -> the scripts whose smoke runs run them
