@@ -284,3 +284,63 @@ def test_stop_token_ids_end_a_row_like_eos_and_are_kept():
         logp, _ = completion_logprobs(model, tokens)
     for i, lps in enumerate(out.logprobs):
         torch.testing.assert_close(logp[i, : len(lps)], torch.tensor(lps), atol=2e-5, rtol=0)
+
+
+def test_llama_decode_step_gives_the_model_forward_logits(model_and_tok, prompts):
+    """The engine's own decode step (grpokit/rollout/decode.py: fused, transposed weights, attention over the
+    preallocated cache by grouped query heads) against the model's forward on the same cache: ragged prompts
+    (left padding in the mask), 4 steps, rows sharing a prompt's cache. Same logits up to float rounding."""
+    from grpokit.rollout.decode import LlamaDecoder
+    from grpokit.rollout.fast import make_cache
+    from grpokit.rollout.hf import left_pad
+
+    model, tok = model_and_tok
+    model.eval()
+    try:
+        decoder = LlamaDecoder.of(model)
+        assert decoder is not None  # a plain Llama (GQA: 4 query heads on 2 key/value heads)
+        ids, mask = left_pad(prompts, tok.pad_token_id)
+        P, n = ids.shape[1], 2
+        caches = [make_cache(model.config, P + 4) for _ in range(2)]
+        positions = (mask.cumsum(-1) - 1).clamp_min(0)
+        with torch.no_grad():
+            for cache in caches:
+                model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache)
+                cache.batch_repeat_interleave(n)
+            full = torch.cat([mask, torch.ones(len(prompts), 4, dtype=mask.dtype)], 1).repeat_interleave(n, 0)
+            pos = positions[:, -1:].repeat_interleave(n, 0) + 1
+            tokens = torch.arange(len(prompts) * n) % 20 + 3
+            for t in range(4):
+                ours = decoder(caches[0], tokens, full[:, : P + t + 1], pos + t)
+                ref = model(
+                    input_ids=tokens[:, None],
+                    attention_mask=full[:, : P + t + 1],
+                    position_ids=pos + t,
+                    past_key_values=caches[1],
+                ).logits[:, -1]
+                torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
+                tokens = ref.argmax(-1)
+    finally:
+        model.train()
+
+
+def test_llama_decode_step_only_for_plain_llama(model_and_tok, gpt2):
+    """Other architectures, and a Llama under autocast or with hooks, keep the model's own forward."""
+    import copy
+
+    from grpokit.policy import enable_autocast
+    from grpokit.rollout.decode import LlamaDecoder
+
+    model, _ = model_and_tok
+    assert LlamaDecoder.of(gpt2) is None
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert LlamaDecoder.of(model) is None
+    mixed = copy.deepcopy(model)
+    enable_autocast(mixed, torch.bfloat16)  # model.autocast=bfloat16
+    assert LlamaDecoder.of(mixed) is None
+    hook = model.model.layers[0].mlp.register_forward_hook(lambda *a: None)
+    try:
+        assert LlamaDecoder.of(model) is None
+    finally:
+        hook.remove()
+    assert LlamaDecoder.of(model) is not None
