@@ -1,25 +1,22 @@
 """The fast engine's rollout on SmolLM2-135M-Instruct, and where a decode step's time goes.
 
-    .venv/bin/python benchmarks/decode_real.py --threads 1 --runs 3 --baseline   # s per rollout, paired
-    .venv/bin/python benchmarks/decode_real.py --threads 1 --eval                # + evaluation of 64 prompts
-    .venv/bin/python benchmarks/decode_real.py --threads 1 --profile             # + the torch.profiler table
-    .venv/bin/python benchmarks/decode_real.py --smoke                           # tiny random Llama, one run
+    .venv/bin/python benchmarks/decode_real.py --threads 1 --runs 3     # seconds per rollout, eval
+    .venv/bin/python benchmarks/decode_real.py --threads 1 --profile    # + the torch.profiler table
+    .venv/bin/python benchmarks/decode_real.py --smoke                  # a tiny random Llama, one run
 
 The rollout of the real workload of benchmarks/compare_trl.py: 4 chat prompts (one user message asking for a
 sum or difference of two 2-digit numbers, through the model's chat template) x G=8, 24 completion tokens,
 temperature 1, fp32, on the engine's own (FastEngine, rollout.engine=fast). Seconds are wall-clock per
 `engine.generate` call, the median of --runs runs after one warm-up run, with the CPU seconds of the process
-(on a shared machine they move less). --baseline also times the engine with every decode step through the
-model's forward (as before grpokit/rollout/decode.py), the two taking turns run by run. --eval adds one run
-of the evaluation of --eval-prompts such prompts (grpokit.evaluate: greedy pass@1 plus k=4 samples).
---profile runs one more rollout under torch.profiler and prints its operators by self CPU time. --smoke: the
-same on a tiny random Llama over SmolLM2's tokenizer, one run, the table printed (a check that it runs).
+(on a shared machine they move less). --eval adds one run of the evaluation of --eval-prompts such prompts
+(grpokit.evaluate: greedy pass@1 plus k=4 samples, 24 tokens). --profile runs one more rollout under
+torch.profiler and prints its operators by self CPU time. --smoke: the same on a tiny random Llama over
+SmolLM2's tokenizer, one run, the table printed (a check that the script runs).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import random
 import shlex
@@ -66,37 +63,18 @@ def load(smoke: bool):
     return load_model(folder), tok
 
 
-@contextlib.contextmanager
-def step(kind: str):
-    """kind "decode step": the engine as it is (grpokit/rollout/decode.py for a plain Llama); "model forward":
-    the engine with every decode step through the model's forward, as before that step existed."""
-    import grpokit.rollout.fast as fast
-
-    of = fast.LlamaDecoder.of
-    if kind == "model forward":
-        fast.LlamaDecoder.of = classmethod(lambda cls, model: None)  # type: ignore[method-assign,assignment]  # a benchmark arm
-    try:
-        yield
-    finally:
-        fast.LlamaDecoder.of = of  # type: ignore[method-assign]  # restored
-
-
-def paired(fn, kinds: list[str], runs: int) -> dict[str, tuple[float, float, float]]:
-    """kind -> (median wall-clock s, median CPU s, min CPU s) of fn() over `runs` runs after one warm-up, the
-    kinds taking turns run by run (a load change on a shared machine hits them alike). CPU seconds of this
-    process move less than wall-clock ones on a shared machine."""
-    wall: dict[str, list[float]] = {k: [] for k in kinds}
-    cpu: dict[str, list[float]] = {k: [] for k in kinds}
+def timed(fn, runs: int) -> tuple[float, float]:
+    """Median (wall-clock seconds, CPU seconds of this process) of fn() over `runs` runs after one warm-up.
+    On a machine shared with other jobs the CPU seconds move less than the wall-clock ones."""
+    times, cpu = [], []
     for r in range(runs + 1):
-        for kind in kinds:
-            with step(kind):
-                torch.manual_seed(r)
-                t, c = time.perf_counter(), time.process_time()
-                fn()
-                if r:
-                    wall[kind].append(time.perf_counter() - t)
-                    cpu[kind].append(time.process_time() - c)
-    return {k: (statistics.median(wall[k]), statistics.median(cpu[k]), min(cpu[k])) for k in kinds}
+        torch.manual_seed(r)
+        t, c = time.perf_counter(), time.process_time()
+        fn()
+        if r:
+            times.append(time.perf_counter() - t)
+            cpu.append(time.process_time() - c)
+    return statistics.median(times), statistics.median(cpu)
 
 
 def main() -> None:
@@ -106,7 +84,6 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--G", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=24)
-    ap.add_argument("--baseline", action="store_true", help="also time the model forward's decode, paired")
     ap.add_argument(
         "--eval", action="store_true", help="also time grpokit.evaluate on --eval-prompts prompts"
     )
@@ -126,24 +103,17 @@ def main() -> None:
     engine = FastEngine(model, tok)
     prompts = chat_prompts(tok, args.prompts)
     sampling = SamplingParams(max_tokens=args.tokens, temperature=1.0)
-    kinds = ["model forward", "decode step"] if args.baseline else ["decode step"]
-    rollout = paired(lambda: engine.generate(prompts, args.G, sampling), kinds, args.runs)
-    shape = f"{args.prompts} x G={args.G}, prompts {min(map(len, prompts))}-{max(map(len, prompts))} tokens"
-    print(f"\n| what | decode | s (median of {args.runs}) | CPU s (median) | CPU s (min) |")
-    print("|---|---|---|---|---|")
-    for kind, (wall, cpu, cpu_min) in rollout.items():
-        print(f"| rollout, {shape}, {args.tokens} new | {kind} | {wall:.3f} | {cpu:.3f} | {cpu_min:.3f} |")
+    wall, cpu = timed(lambda: engine.generate(prompts, args.G, sampling), args.runs)
+    print(
+        f"\n| what | rows | prompt tokens | new tokens | s (median of {args.runs}) | CPU s |\n"
+        f"|---|---|---|---|---|---|\n| rollout | {args.prompts} x G={args.G} | "
+        f"{min(map(len, prompts))}-{max(map(len, prompts))} | {args.tokens} | {wall:.3f} | {cpu:.3f} |"
+    )
     if args.eval:
-        for kind in kinds:
-            with step(kind):
-                wall, cpu = time_eval(engine, tok, args.eval_prompts, args.tokens)
-            what = f"eval, {args.eval_prompts} prompts, greedy + k=4, {args.tokens} new (1 run)"
-            print(f"| {what} | {kind} | {wall:.3f} | {cpu:.3f} | |")
-    if args.baseline:
-        (w0, c0, m0), (w1, c1, m1) = rollout["model forward"], rollout["decode step"]
-        ratios = f"wall {w0 / w1:.2f}x, CPU {c0 / c1:.2f}x (min {m0 / m1:.2f}x)"
-        print(f"\nrollout, model forward / decode step: {ratios}")
-    print(f"load average at the end {os.getloadavg()[0]:.2f}", flush=True)
+        wall, cpu = time_eval(engine, tok, args.eval_prompts, args.tokens)
+        what = f"| eval (greedy + k=4, 1 run) | {args.eval_prompts} prompts | |"
+        print(f"{what} {args.tokens} | {wall:.3f} | {cpu:.3f} |")
+    print(f"\nload average at the end {os.getloadavg()[0]:.2f}", flush=True)
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
 
