@@ -97,7 +97,6 @@ LAYERS: dict[str, int] = {
     "grpokit.rollout.engines": SERVICES,
     "grpokit.policy_handle": SERVICES,
     "grpokit.records.run_records": SERVICES,
-    "grpokit.rollout.decode": SERVICES,
     "grpokit.rollout.fast": SERVICES,
     "grpokit.rollout.hf": SERVICES,
     "grpokit.rollout.mismatch": SERVICES,

@@ -41,7 +41,6 @@ from torch import Tensor
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from grpokit.rollout.base import Completions, EngineCaps, RolloutEngine, SamplingParams, cache_kwarg
-from grpokit.rollout.decode import LlamaDecoder
 from grpokit.rollout.hf import eos_token_ids, left_pad
 
 #: Finished rows leave the batch once they are more than this fraction of it (0: at every EOS).
@@ -181,7 +180,6 @@ class FastEngine(RolloutEngine):
             compile  # model.compile: prefill and decode steps through torch.compile (dynamic shapes)
         )
         self.model: Any = None  # the training model, from sync_weights
-        self._decoder: LlamaDecoder | None = None  # during generate: the decode step (decode.py) or None
         self.eos_ids = eos_token_ids(model, tokenizer)
         self.pad_id = (
             tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos_ids))
@@ -205,8 +203,6 @@ class FastEngine(RolloutEngine):
         per_call = max(1, (self.batch_size or len(prompt_token_ids) * n) // n)
         token_ids, logprobs, reasons = [], [], []
         try:
-            # the decode step's weight copies live for this call: the weights change between calls
-            self._decoder = None if self.compile else LlamaDecoder.of(model)
             with torch.no_grad():
                 for start in range(0, len(prompt_token_ids), per_call):
                     ids, lps = self._generate_batch(prompt_token_ids[start : start + per_call], n, sampling)
@@ -216,17 +212,9 @@ class FastEngine(RolloutEngine):
                         logprobs.append(lp)
                         reasons.append("stop" if stopped else "length")
         finally:
-            self._decoder = None
             model.train(was_training)
         texts = self.tokenizer.batch_decode(token_ids, skip_special_tokens=True)
         return Completions(token_ids=token_ids, texts=texts, finish_reasons=reasons, logprobs=logprobs)
-
-    def _decode(self, cache, tok: Tensor, mask: Tensor, positions: Tensor) -> Tensor:
-        """Logits [B, V] after one token per row: the Llama decode step of grpokit/rollout/decode.py when the
-        model is a plain Llama, else the model's forward."""
-        if self._decoder is not None:
-            return self._decoder(cache, tok, mask, positions)
-        return self._forward(cache, input_ids=tok[:, None], attention_mask=mask, position_ids=positions)
 
     def _forward(self, cache, **inputs) -> Tensor:
         out = self._step_fn(**inputs, **{self._cache_arg: cache}, use_cache=True, logits_to_keep=1)
@@ -295,7 +283,12 @@ class FastEngine(RolloutEngine):
                     next_pos[keep],
                     alive[keep],
                 )
-            logits = self._decode(cache, tok, full_mask[:, : P + t + 1], next_pos)  # [B_active, V]
+            logits = self._forward(
+                cache,
+                input_ids=tok[:, None],
+                attention_mask=full_mask[:, : P + t + 1],
+                position_ids=next_pos,
+            )
             next_pos = next_pos + 1
 
         # Cut each row after its first EOS; a row that stops at step T - 1 has length T and ends with EOS.
