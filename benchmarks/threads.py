@@ -7,10 +7,13 @@ Each cell is a fresh `grpokit train examples/config.yaml` (the README's GRPO exa
 examples/make_tiny_model.py, no evaluation, no checkpoints) with `threads=N`: the median perf/step_time
 of its steps after the first two, plus the seconds of a `grpokit sft examples/sft.yaml` run of --sft-steps
 steps. "busy" runs one other process spinning on a core (python -c 'while True: pass') for the whole cell,
-which is what a shared machine looks like. docs/threads.md explains the numbers.
+which is what a shared machine looks like. "just stopped" runs auto right after such a process has spun
+until the 1-minute load average shows it and then ended: the cores are free, the load average still says
+busy. Before each cell the table records the load average and the CPU use of the other processes as auto
+measures it (grpokit.threads.busy_cores, over a second). docs/threads.md explains the numbers.
 
---smoke: one cell (threads=0, idle), 3 GRPO steps and 2 SFT steps, without waiting for the load average, the
-table in runs/threads/smoke/threads.md: a check that the benchmark runs.
+--smoke: one cell (threads=0, no other process), 3 GRPO steps and 2 SFT steps, the table in
+runs/threads/smoke/threads.md: a check that the benchmark runs.
 """
 
 from __future__ import annotations
@@ -25,9 +28,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from grpokit.threads import busy_cores
+
 ROOT = Path(__file__).resolve().parents[1]
 GRPOKIT = str(Path(sys.executable).with_name("grpokit"))
-WAIT_S = 150.0  # the most a cell waits for the load average (--smoke: 0)
 
 
 def run(*cmd: str) -> subprocess.CompletedProcess:
@@ -38,25 +42,24 @@ def run(*cmd: str) -> subprocess.CompletedProcess:
     return r
 
 
-def settle(below: float = 0.3, at_most: float = 150.0) -> float:
-    """Wait until the 1-minute load average falls below `below` (the previous cell's load decays slowly), at
-    most `at_most` seconds; returns the load average then."""
-    t0 = time.monotonic()
-    while os.getloadavg()[0] >= below and time.monotonic() - t0 < min(at_most, WAIT_S):
+def spin_until_counted(at_most: float = 150.0) -> None:
+    """Run one spinning process until the 1-minute load average shows it (>= 0.9 more than when it started, at
+    most `at_most` seconds), then end it: a job that ran a while and has just stopped."""
+    load0, t0 = os.getloadavg()[0], time.monotonic()
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    while os.getloadavg()[0] < load0 + 0.9 and time.monotonic() - t0 < at_most:
         time.sleep(5)
-    return os.getloadavg()[0]
+    spinner.kill()
+    spinner.wait()
 
 
-def cell(model: Path, work: Path, threads: int, busy: bool, steps: int, sft_steps: int) -> dict:
-    load = settle()
-    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if busy else None
+def cell(model: Path, work: Path, threads: int, other: str, steps: int, sft_steps: int) -> dict:
+    if other == "just stopped":
+        spin_until_counted()
+    load, busy = os.getloadavg()[0], busy_cores(1.0)
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if other == "yes" else None
     try:
-        t0 = (
-            time.monotonic()
-        )  # a job that has been running a while: until the load average shows it (at most 150 s)
-        while busy and os.getloadavg()[0] < 0.9 and time.monotonic() - t0 < WAIT_S:
-            time.sleep(5)
-        out = work / f"train-{threads}-{busy}"
+        out = work / f"train-{threads}-{other}"
         r = run(
             GRPOKIT,
             "train",
@@ -80,7 +83,7 @@ def cell(model: Path, work: Path, threads: int, busy: bool, steps: int, sft_step
             "sft",
             "examples/sft.yaml",
             f"model.name_or_path={model}",
-            f"output_dir={work / f'sft-{threads}-{busy}'}",
+            f"output_dir={work / f'sft-{threads}-{other}'}",
             f"sft.max_steps={sft_steps}",
             "sft.eval_every=0",
             "data.eval_size=0",
@@ -94,11 +97,12 @@ def cell(model: Path, work: Path, threads: int, busy: bool, steps: int, sft_step
             spinner.wait()
     return {
         "threads": threads,
-        "busy": busy,
+        "other": other,
         "used": used,
         "step_s": statistics.median(step_times),
         "sft_s": sft_s,
         "load": load,
+        "busy": busy,
     }
 
 
@@ -109,10 +113,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, help="the table (default: benchmarks/results/threads.md)")
     ap.add_argument("--smoke", action="store_true", help="one small cell (see above)")
     args = ap.parse_args()
-    global WAIT_S
-    cells = [(t, busy) for busy in (False, True) for t in (1, 2, 0)]
+    cells = [(t, other) for other in ("no", "yes") for t in (1, 2, 0)] + [(0, "just stopped")]
     if args.smoke:
-        args.steps, args.sft_steps, WAIT_S, cells = 3, 2, 0.0, [(0, False)]
+        args.steps, args.sft_steps, cells = 3, 2, [(0, "no")]
     args.out = (
         args.out or (Path("runs/threads/smoke") if args.smoke else ROOT / "benchmarks/results") / "threads.md"
     )
@@ -121,26 +124,29 @@ def main() -> None:
         run(sys.executable, "examples/make_data.py")
         run(sys.executable, "examples/make_tiny_model.py", str(work / "tiny-model"))
         load = os.getloadavg()[0]
-        results = [cell(work / "tiny-model", work, t, busy, args.steps, args.sft_steps) for t, busy in cells]
+        results = [
+            cell(work / "tiny-model", work, t, other, args.steps, args.sft_steps) for t, other in cells
+        ]
     lines = [
         "# Threads: seconds per step of the README example",
         "",
         f"`.venv/bin/python benchmarks/threads.py --steps {args.steps} --sft-steps {args.sft_steps}` on "
-        f"{os.cpu_count()} cores, load average {load:.2f} at the start; each cell waits (up to 150 s) for "
-        "the load average to fall below 0.3 first; in the busy cells the spinning process then runs until "
-        "the load average reaches 0.9 (as a job that has been running a while) before the cell starts. GRPO: "
+        f"{os.cpu_count()} cores, shared with other jobs (their CPU use is the third column), load average "
+        f"{load:.2f} at the start. yes: one more process spinning on a core for the whole cell. just "
+        "stopped: auto right after such a process spun until the load average showed it and ended. GRPO: "
         f"median `perf/step_time` of steps 3-{args.steps} of `grpokit train examples/config.yaml` (8 prompts "
         "x G=8, 6 tokens, 0.2M-parameter Llama). SFT: seconds of `grpokit sft examples/sft.yaml "
         f"sft.max_steps={args.sft_steps}` (batch 32), loading included.",
         "",
-        "| other busy process | load average before the cell | threads= | threads used (what the run "
-        "printed) | GRPO s/step | SFT s |",
-        "|---|---|---|---|---|---|",
+        "| a spinning process | load average before the cell | other processes' CPU use before the cell "
+        "(cores) | threads= | threads used (what the run printed) | GRPO s/step | SFT s |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in results:
         asked = "0 (auto)" if r["threads"] == 0 else str(r["threads"])
+        busy = "unknown" if r["busy"] is None else f"{r['busy']:.2f}"
         lines.append(
-            f"| {'yes' if r['busy'] else 'no'} | {r['load']:.2f} | {asked} | `{r['used']}` | "
+            f"| {r['other']} | {r['load']:.2f} | {busy} | {asked} | `{r['used']}` | "
             f"{r['step_s']:.3f} | {r['sft_s']:.1f} |"
         )
     text = "\n".join(lines) + "\n"

@@ -49,6 +49,18 @@ SMOKES: dict[str, tuple[Smoke, ...]] = {
             ("trl", "datasets"),
         ),
     ),
+    "decode_real.py": (
+        Smoke(
+            ("--eval", "--profile"),
+            (
+                r"^\| what \| rows \|",
+                r"^\| rollout \| 4 x G=8 \|",
+                r"^\| eval \(greedy",
+                r"Self CPU time total",
+            ),
+            ("gguf",),
+        ),
+    ),
     "demo_trl.py": (
         Smoke(
             ("--threads", "1"),
@@ -88,7 +100,7 @@ SMOKES: dict[str, tuple[Smoke, ...]] = {
             ("--threads", "1"), (r"^\| piece of one micro-step \|", r"^\| variant \(full optimizer step\) \|")
         ),
     ),
-    "threads.py": (Smoke((), (r"^\| other busy process \|", r"^\| no \| .* \| 0 \(auto\) \| `threads: \d")),),
+    "threads.py": (Smoke((), (r"^\| a spinning process \|", r"^\| no \| .* \| 0 \(auto\) \| `threads: \d")),),
     "vllm_engine.py": (
         Smoke(
             (),

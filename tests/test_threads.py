@@ -4,6 +4,7 @@ their own vocabulary with (grpokit.tasks.tokenizer / tiny_model parameters)."""
 import pytest
 import torch
 
+from grpokit import threads
 from grpokit.tasks.tiny_model import build_tiny_llama
 from grpokit.tasks.tokenizer import build_tokenizer
 from grpokit.threads import choose_threads, use_threads
@@ -11,20 +12,71 @@ from tests.helpers import read_metrics
 
 
 @pytest.mark.parametrize(
-    "requested,env,cores,load,expected",
+    "requested,env,cores,busy,expected",
     [
         (3, {"OMP_NUM_THREADS": "4"}, 2, 0.0, 3),  # the setting wins
         (0, {"OMP_NUM_THREADS": "4"}, 2, 0.0, 4),  # then OMP_NUM_THREADS
         (0, {"OMP_NUM_THREADS": "x"}, 2, 0.0, 2),  # a value that is not a count is ignored
         (0, {}, 2, 0.1, 2),  # an idle machine: every core
         (0, {}, 2, 1.0, 1),  # one other busy process on 2 cores: 1 thread
+        (0, {}, 2, 0.6, 1),  # most of a core busy: that core is left to it
+        (0, {}, 2, 0.4, 2),
         (0, {}, 2, 7.5, 1),  # never below 1
         (0, {}, 16, 3.2, 13),
+        (0, {}, 4, -1.0, 4),  # not measurable (no /proc/stat): every core
     ],
 )
-def test_choose_threads(requested, env, cores, load, expected):
-    n, why = choose_threads(requested, environ=env, cores=cores, load=load)
+def test_choose_threads(requested, env, cores, busy, expected):
+    n, why = choose_threads(requested, environ=env, cores=cores, busy=busy)
     assert n == expected and why
+
+
+def test_auto_counts_the_cores_busy_now_not_the_load_average(monkeypatch):
+    """A run that has just ended still shows in the 1-minute load average (1.9 on 2 cores) while the cores are
+    idle: auto takes every core. One core busy now, whatever the load average says: one fewer."""
+    monkeypatch.setattr(threads.os, "getloadavg", lambda: (1.9, 1.5, 1.0), raising=False)
+    monkeypatch.setattr(threads, "busy_cores", lambda: 0.02)
+    assert choose_threads(0, environ={}, cores=2) == (2, "auto: 2 cores, 0.02 busy with other processes")
+    monkeypatch.setattr(threads.os, "getloadavg", lambda: (0.0, 0.0, 0.0), raising=False)
+    monkeypatch.setattr(threads, "busy_cores", lambda: 0.97)
+    assert choose_threads(0, environ={}, cores=2)[0] == 1
+    assert choose_threads(0, environ={}, cores=4)[0] == 3
+    monkeypatch.setattr(threads, "busy_cores", lambda: None)  # /proc/stat missing
+    assert choose_threads(0, environ={}, cores=2)[0] == 2
+
+
+def test_busy_cores_sees_a_process_spinning_on_a_core():
+    """The real measurement: a child process spinning on one core counts as (about) one busy core, however
+    little of the last minute it has run. Other jobs on the machine can only add to it; so the check is a
+    lower bound."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if not Path("/proc/stat").is_file():
+        pytest.skip("busy_cores reads /proc/stat (Linux)")
+    spin = subprocess.Popen(
+        [sys.executable, "-c", "import sys; print(1, flush=True)\nwhile True: pass"], stdout=subprocess.PIPE
+    )
+    try:
+        assert spin.stdout is not None and spin.stdout.readline().strip() == b"1"  # it is spinning now
+        busy = threads.busy_cores()
+    finally:
+        spin.kill()
+        spin.wait()
+    assert busy is not None and 0.8 <= busy <= threads.available_cores() + 0.05
+
+
+def test_busy_cores_leaves_out_this_process(monkeypatch):
+    """Two jiffy counts that say every core was busy throughout, all of it this process's own CPU time (a
+    thread spinning here): nothing left for the other processes."""
+    samples = iter([(0, 0), (50, 50)])  # 50 of 50 jiffies busy: 2 cores x 0.25 s at 100 Hz
+    monkeypatch.setattr(threads, "_cpu_jiffies", lambda cpus: next(samples))
+    monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    clock = iter([10.0, 10.5])  # the process used 0.5 s of CPU in the 0.25 s window: both cores
+    monkeypatch.setattr(threads.time, "process_time", lambda: next(clock))
+    monkeypatch.setattr(threads.time, "sleep", lambda s: None)
+    assert threads.busy_cores(0.25) == 0.0
 
 
 def test_use_threads_sets_torch_and_says_so():
@@ -235,16 +287,16 @@ def test_two_runs_at_the_same_thread_count_end_bit_identical(example_model, tmp_
 
 
 def test_auto_takes_the_count_of_the_run_being_resumed():
-    assert choose_threads(0, environ={}, cores=2, load=0.1, resumed=3) == (
+    assert choose_threads(0, environ={}, cores=2, busy=0.1, resumed=3) == (
         3,
         "auto: the count of the run being resumed",
     )
     assert (
-        choose_threads(0, environ={"OMP_NUM_THREADS": "1"}, cores=2, load=0.1, resumed=3)[0] == 1
+        choose_threads(0, environ={"OMP_NUM_THREADS": "1"}, cores=2, busy=0.1, resumed=3)[0] == 1
     )  # the environment wins
-    assert choose_threads(2, environ={}, cores=2, load=0.1, resumed=3)[0] == 2  # and the setting
+    assert choose_threads(2, environ={}, cores=2, busy=0.1, resumed=3)[0] == 2  # and the setting
     assert (
-        choose_threads(0, environ={}, cores=2, load=0.1, resumed=0)[0] == 2
+        choose_threads(0, environ={}, cores=2, busy=0.1, resumed=0)[0] == 2
     )  # no run to resume: the free cores
 
 

@@ -504,5 +504,6 @@ class ToolsConfig(Section):
 
 THREADS_DOC = (
     "CPU threads for torch; 0 = auto: OMP_NUM_THREADS when set, else the cores not busy with other processes "
-    "(from the load average) at start. Results are bit-identical only at the same count (docs/threads.md)."
+    "(their CPU use measured over a quarter of a second) at start. Results are bit-identical only at the "
+    "same count (docs/threads.md)."
 )
