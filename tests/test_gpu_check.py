@@ -1,0 +1,68 @@
+"""benchmarks/gpu_check.sh, the check prepared for a lent GPU, on this machine without one: its syntax, its
+exit without a CUDA device (as make test runs it), and --dry-run's commands, whose config overrides must load
+(a mistyped key or a bad value fails here, not in the few minutes a GPU is lent)."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from grpokit.config import load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "gpu_check.sh"
+
+
+def _run(*args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", str(SCRIPT), *args],
+        env={**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1", **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_the_script_parses():
+    proc = subprocess.run(["bash", "-n", str(SCRIPT)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_without_a_cuda_device_it_says_so_and_exits_0():
+    proc = _run(CUDA_VISIBLE_DEVICES="")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.splitlines() == ["no CUDA device: nothing to check"]
+
+
+def test_an_unknown_argument_is_refused():
+    proc = _run("--fast")
+    assert proc.returncode == 2
+    assert "usage: bash benchmarks/gpu_check.sh [--dry-run]" in proc.stderr
+
+
+def test_the_dry_run_commands_load_as_configs(tmp_path):
+    proc = _run("--dry-run", OUT=str(tmp_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    commands = [shlex.split(line[2:]) for line in proc.stdout.splitlines() if line.startswith("$ ")]
+    assert [c[c.index("--") - 2] for c in commands] == ["vllm", "fast", "hf", "vllm_x2"]
+    engines = []
+    for argv in commands:
+        assert argv[:2] == ["timeout", argv[1]] and int(argv[1]) > 0, argv
+        cfg = load_config(None, argv[argv.index("--") + 1 :])
+        assert str(tmp_path) in cfg.output_dir
+        assert cfg.algorithm.beta == 0.0 and cfg.model.dtype == "bfloat16"
+        engines.append(cfg.rollout.engine)
+    assert engines == ["vllm", "fast", "hf", "vllm"]
+    assert commands[0][commands[0].index("--") :].count("rollout.vllm_gpu_memory_utilization=0.3") == 1
+    dist = commands[3]
+    assert dist[dist.index("-m") : dist.index("--nproc_per_node") + 2] == [
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+    ]
+    assert not (tmp_path / "gpu_check").exists()  # a dry run writes nothing
