@@ -17,7 +17,9 @@
 #   --dry-run   print the commands it would run, run none
 #   env: PYTHON (default .venv/bin/python, else python3), DTYPE (model.dtype, default bfloat16: vLLM's
 #        GPU attention kernels are bf16 / fp16), VLLM_STEPS (4), OUT (where the table, the logs and the
-#        metrics go; else a temporary folder), T_VLLM / T_FAST / T_HF / T_DIST (each part's timeout, s).
+#        metrics go; else a temporary folder), T_VLLM / T_FAST / T_HF / T_DIST (each part's timeout, s),
+#        GPU_CHECK_PARTS (the parts to run, default "vllm fast hf vllm_x2"), GPU_CHECK_DEVICE (cuda; cpu is a
+#        rehearsal of this script's own code on a machine without a GPU: tests/test_gpu_check.py).
 # Without a CUDA device it prints "no CUDA device: nothing to check" and exits 0.
 set -uo pipefail
 
@@ -39,11 +41,13 @@ fi
 DTYPE="${DTYPE:-bfloat16}"
 VLLM_STEPS="${VLLM_STEPS:-4}"
 T_VLLM="${T_VLLM:-110}" T_FAST="${T_FAST:-40}" T_HF="${T_HF:-40}" T_DIST="${T_DIST:-110}"
+DEVICE="${GPU_CHECK_DEVICE:-cuda}"
+read -r -a PARTS <<<"${GPU_CHECK_PARTS:-vllm fast hf vllm_x2}"
 
 if ((DRY)); then
     WORK="${OUT:-TMPDIR}/gpu_check"
     MODEL=SMOLLM2_DIR # the converted folder, found when the check runs
-else
+elif [[ $DEVICE == cuda ]]; then
     "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 3)"
     case $? in
     0) ;;
@@ -56,6 +60,8 @@ else
         exit 1
         ;;
     esac
+fi
+if ((!DRY)); then
     if [[ -n "${OUT:-}" ]]; then WORK="$OUT/gpu_check"; else WORK="$(mktemp -d)/gpu_check"; fi
     mkdir -p "$WORK" || exit 1
 fi
@@ -98,7 +104,7 @@ build_cmd() {
     limit=${args[0]} launcher=${args[1]}
     CMD=(timeout "$limit")
     if [[ $launcher == torchrun ]]; then
-        CMD+=("$PYTHON" -m torch.distributed.run --standalone --nproc_per_node 2)
+        CMD+=("$PYTHON" -m torch.distributed.run --standalone --nproc_per_node 2 --max-restarts 0)
     else
         CMD+=("$PYTHON")
     fi
@@ -106,7 +112,6 @@ build_cmd() {
         "model.name_or_path=$MODEL" "output_dir=$WORK/runs/$name" "${COMMON[@]}" "${args[@]:2}")
 }
 
-PARTS=(vllm fast hf vllm_x2)
 if ((DRY)); then
     echo "# gpu_check --dry-run: the commands (each part's log: $WORK/<part>.log)"
     for name in "${PARTS[@]}"; do
@@ -144,13 +149,16 @@ if cfg.rollout.engine == "vllm":
         print(f"skipped: the installed vllm has no CUDA support ({type(current_platform).__name__})")
         sys.exit(3)
 rank, local = int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0))
-torch.cuda.set_device(local)
+cuda = os.environ.get("GPU_CHECK_DEVICE", "cuda") == "cuda"
 model, tokenizer = load_policy(cfg.model)
-model = model.to(f"cuda:{local}")
-torch.cuda.reset_peak_memory_stats()
+if cuda:  # grpokit's trainer keeps a policy where it is given: here on this rank's GPU
+    torch.cuda.set_device(local)
+    model = model.to(f"cuda:{local}")
+    torch.cuda.reset_peak_memory_stats()
 start = time.perf_counter()
 grpokit.train(cfg, model=model, tokenizer=tokenizer)
-result = {"wall_s": time.perf_counter() - start, "peak_alloc_gb": torch.cuda.max_memory_allocated() / 2**30}
+peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else None
+result = {"wall_s": time.perf_counter() - start, "peak_alloc_gb": peak}
 if rank == 0:
     rows = [json.loads(line) for line in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "perf/step_time" in r]
@@ -165,7 +173,9 @@ print(f"{name} rank {rank}: {result}")
 EOF
 
 # ---------------------------------------------------------------------------------------------------------
-echo "gpu_check: $("$PYTHON" -c 'import torch; print(torch.cuda.get_device_name(0), "x", torch.cuda.device_count(), "| torch", torch.__version__)')"
+if [[ $DEVICE == cuda ]]; then
+    echo "gpu_check: $("$PYTHON" -c 'import torch; print(torch.cuda.get_device_name(0), "x", torch.cuda.device_count(), "| torch", torch.__version__)')"
+fi
 echo "gpu_check: output under $WORK"
 NDEV=$("$PYTHON" -c "import torch; print(torch.cuda.device_count())")
 # the GGUF -> Hugging Face conversion happens once, here, outside the parts' timeouts
@@ -181,7 +191,7 @@ fi
 
 for name in "${PARTS[@]}"; do
     if [[ $name == vllm_x2 && $NDEV -lt 2 ]]; then
-        echo "skipped: $NDEV device" >"$WORK/$name.skip"
+        if [[ $NDEV -eq 1 ]]; then echo "skipped: 1 device"; else echo "skipped: $NDEV devices"; fi >"$WORK/$name.skip"
         continue
     fi
     build_cmd "$name"
@@ -191,7 +201,7 @@ for name in "${PARTS[@]}"; do
         nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -l 1 >"$WORK/$name.smi" 2>/dev/null &
         SMI_PID=$!
     fi
-    OMP_NUM_THREADS=4 "${CMD[@]}" >"$WORK/$name.log" 2>&1
+    OMP_NUM_THREADS="${OMP_NUM_THREADS:-4}" GPU_CHECK_DEVICE="$DEVICE" "${CMD[@]}" >"$WORK/$name.log" 2>&1
     echo $? >"$WORK/$name.rc"
     [[ -n $SMI_PID ]] && kill "$SMI_PID" 2>/dev/null && wait "$SMI_PID" 2>/dev/null
 done
@@ -218,6 +228,7 @@ for name in parts:
     r0 = work / f"{name}-rank0.json"
     res = json.loads(r0.read_text()) if r0.exists() else {}
     allocs = [json.loads(p.read_text())["peak_alloc_gb"] for p in work.glob(f"{name}-rank*.json")]
+    allocs = [a for a in allocs if a is not None]
     smi_file = work / f"{name}.smi"
     smi = [int(x) for x in smi_file.read_text().split() if x.isdigit()] if smi_file.exists() else []
     fmt = lambda v, f="{:.3f}": "-" if v is None else f.format(v)  # noqa: E731
