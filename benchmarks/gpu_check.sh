@@ -43,6 +43,17 @@ VLLM_STEPS="${VLLM_STEPS:-4}"
 T_VLLM="${T_VLLM:-110}" T_FAST="${T_FAST:-40}" T_HF="${T_HF:-40}" T_DIST="${T_DIST:-110}"
 DEVICE="${GPU_CHECK_DEVICE:-cuda}"
 read -r -a PARTS <<<"${GPU_CHECK_PARTS:-vllm fast hf vllm_x2}"
+for name in "${PARTS[@]}"; do
+    case "$name" in
+    vllm | fast | hf | vllm_x2) ;;
+    *)
+        echo "gpu_check: GPU_CHECK_PARTS has '$name'; the parts are vllm, fast, hf and vllm_x2" >&2
+        exit 2
+        ;;
+    esac
+done
+# the runner imports grpokit from this checkout, installed or not
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 
 if ((DRY)); then
     WORK="${OUT:-TMPDIR}/gpu_check"
@@ -179,7 +190,7 @@ fi
 echo "gpu_check: output under $WORK"
 NDEV=$("$PYTHON" -c "import torch; print(torch.cuda.device_count())")
 # the GGUF -> Hugging Face conversion happens once, here, outside the parts' timeouts
-MODEL=$(timeout 300 "$PYTHON" -c "
+MODEL=$(timeout 120 "$PYTHON" -c "
 from grpokit.demo_real import smollm2_path
 from grpokit.policy.gguf import resolve
 print(resolve(str(smollm2_path())))" 2>"$WORK/model.log" | tail -n 1)

@@ -119,3 +119,11 @@ def test_a_part_that_runs_out_of_time_is_a_failed_row_with_its_log(tmp_path):
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert _rows(proc.stdout)["hf"][-1] == "FAILED (rc 124: timeout)"
     assert "hf failed (rc 124); the last lines of " in proc.stdout
+
+
+def test_an_unknown_part_is_one_line():
+    proc = _run("--dry-run", GPU_CHECK_PARTS="vllm gpu")
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == [
+        "gpu_check: GPU_CHECK_PARTS has 'gpu'; the parts are vllm, fast, hf and vllm_x2"
+    ]
