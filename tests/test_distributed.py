@@ -19,7 +19,7 @@ import torch
 from grpokit.batch import RolloutBatch, pack_sequences
 from grpokit.config import ConfigError, load_config
 from grpokit.distributed import World, cat_batches
-from tests.helpers import read_metrics
+from tests.helpers import read_metrics, require
 
 sys.path.insert(0, str(Path(__file__).parent))
 import dist_cases  # tests/ is not a package; torchrun runs the same file as a script
@@ -129,6 +129,110 @@ def test_fsdp2_activation_checkpointing_and_bf16(one_process, two_processes):
     )  # bf16 does round (it is on), by about its precision (2^-8 = 3.9e-3)
     assert max(params.values()) < 5e-2 and all(v.dtype == torch.float32 for v in got["params"].values())
     assert got["metrics"]["policy/kl"] == pytest.approx(want["metrics"]["policy/kl"], abs=1e-3)
+
+
+def _launch(model_dir, out: Path, *args: str) -> subprocess.CompletedProcess:
+    proc = subprocess.run(
+        [*TORCHRUN, str(TESTS / "dist_cases.py"), str(model_dir), str(out), *args],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, _output(proc)
+    return proc
+
+
+def _combos(tiny_model_dir, tmp_path_factory, names: list[str]) -> tuple[dict, dict]:
+    """dist_cases.COMBO_CASES `names`: (one process's results, 2 ranks' results by strategy-name)."""
+    out = tmp_path_factory.mktemp("combos")
+    one = {}
+    for name in names:
+        result = dist_cases.one_step(
+            tiny_model_dir, out / "one" / name, "fsdp2", dist_cases.COMBO_CASES[name]
+        )
+        assert result.pop("world").size == 1
+        one[name] = result
+    _launch(tiny_model_dir, out, "combos", ",".join(names))
+    return one, {f.stem: torch.load(f) for f in out.glob("*.pt")}
+
+
+def _assert_equal_step(name: str, want: dict, got: dict, prefix: str = "") -> dict[str, float]:
+    """The first optimizer step's gradient and the weights after the step (of the policy, or of the critic:
+    prefix "critic_") within the tolerance of the full-model cases; returns the largest differences."""
+    grads, params = (
+        _rel(got[f"{prefix}grads"], want[f"{prefix}grads"]),
+        _rel(got[f"{prefix}params"], want[f"{prefix}params"]),
+    )
+    assert sorted(got[f"{prefix}grads"]) == sorted(want[f"{prefix}grads"]), name  # the same trainable tensors
+    assert max(grads.values()) < 1e-6, (name, prefix, max(grads.items(), key=lambda kv: kv[1]))
+    assert max(params.values()) < 1e-6, (name, prefix, max(params.items(), key=lambda kv: kv[1]))
+    return {f"{prefix}grads": max(grads.values()), f"{prefix}params": max(params.values())}
+
+
+def _assert_same_metrics(name: str, want: dict, got: dict, keys) -> None:
+    for key in keys:
+        assert (key in got) == (key in want), (name, key)
+        if key in want:
+            assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), (name, key)
+
+
+@pytest.fixture(scope="module")
+def lora_runs(tiny_model_dir, tmp_path_factory):
+    require("peft")
+    return _combos(tiny_model_dir, tmp_path_factory, ["lora-grpo-beta", "lora-dapo-beta-mu2-micro"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", dist_cases.STRATEGIES)
+def test_lora_on_two_ranks_equals_one_process(strategy, lora_runs):
+    """model.lora at W = 2 (FSDP2: the frozen base and the adapters sharded together per decoder layer; DDP)
+    gives one process's step on the same global batch: the adapters' gradient and every weight after the
+    step (the base unchanged: frozen), with pi_ref the adapter-off base (beta > 0)."""
+    one, two = lora_runs
+    for name, want in one.items():
+        got = two[f"{strategy}-{name}"]
+        assert all(".lora_" in n for n in got["grads"]), name  # only the adapters train
+        print(strategy, name, _assert_equal_step(name, want, got))
+        _assert_same_metrics(name, want["metrics"], got["metrics"], dist_cases.SAME_METRICS)
+        assert want["metrics"]["policy/kl"] > 0 or "mu2" not in name  # pi_ref is the base: KL once it moved
+
+
+@pytest.fixture(scope="module")
+def combo_resumes(tiny_model_dir, tmp_path_factory):
+    require("peft")
+    out = tmp_path_factory.mktemp("combo_resumes")
+    _launch(tiny_model_dir, out, "combo_checkpoints", ",".join(dist_cases.COMBO_RESUME_CASES))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", dist_cases.STRATEGIES)
+def test_lora_saved_at_two_ranks_is_the_adapter_and_resumes(
+    strategy, combo_resumes, tiny_model_dir, tmp_path
+):
+    """model.lora at W = 2 saves what one process saves, from rank 0: the adapter (adapter_model.safetensors,
+    no base weights, no shards) and AdamW's moments by parameter order. Its step-1 checkpoint resumed at
+    W = 2, and in this process at W = 1, trains to the uninterrupted run's step-2 weights."""
+    import shutil
+
+    from grpokit.checkpoint import DCP_DIR, checkpoint_dir
+
+    step1 = checkpoint_dir(combo_resumes / f"{strategy}-lora-whole", 1)
+    assert (step1 / "adapter_model.safetensors").is_file() and (step1 / "adapter_config.json").is_file()
+    assert not (step1 / "model.safetensors").exists() and not (step1 / DCP_DIR).exists()
+    runs = torch.load(combo_resumes / f"{strategy}-lora.pt")
+    whole = runs["whole"]["params"]
+    rel = _rel(runs["resumed"]["params"], whole)
+    assert max(rel.values()) < 1e-6, max(rel.items(), key=lambda kv: kv[1])
+    shutil.copytree(step1, checkpoint_dir(tmp_path / "one", 1))
+    one = dist_cases.train(tiny_model_dir, tmp_path / "one", strategy, dist_cases.COMBO_RESUME_CASES["lora"])
+    assert one.pop("world").size == 1
+    rel_one = _rel(one["params"], whole)
+    print(f"{strategy}: resumed at 2 ranks {max(rel.values()):.2e}, at 1 {max(rel_one.values()):.2e}")
+    assert max(rel_one.values()) < 1e-6, max(rel_one.items(), key=lambda kv: kv[1])
+    moved = [n for n, v in whole.items() if ".lora_B" in n and v.abs().max() > 0]
+    assert moved, "the adapters trained"  # B starts at 0
 
 
 @pytest.mark.slow
@@ -308,7 +412,6 @@ def _config(tmp_path, *extra):
             "algorithm.advantage_estimator=gae (the PPO critic) is not supported at world size 2",
         ),
         (["model.compile=true"], "model.compile=true is not supported at world size 2"),
-        (["model.lora={r: 4}"], "model.lora (LoRA adapters) is not supported at world size 2"),
     ],
 )
 def test_what_two_ranks_cannot_run_is_one_line(tmp_path, monkeypatch, extra, message):
