@@ -214,10 +214,20 @@ PPO = ["algorithm.advantage_estimator=gae", "ppo.critic_learning_rate=1e-3"]
 COMBO_CASES: dict[str, list[str]] = {
     "lora-grpo-beta": [*CASES["grpo-group-beta"], *LORA],
     "lora-dapo-beta-mu2-micro": [*CASES["dapo-batch_centered-beta-mu2-micro"], *LORA],
+    "critic-beta": [*PPO, "algorithm.beta=0.04"],
+    "critic-mu2-micro": [
+        *PPO,
+        "algorithm.num_iterations=2",
+        "optim.num_minibatches=2",
+        "optim.micro_batch_size=2",
+    ],
+    "compile-grpo-beta": [*CASES["grpo-group-beta"], "model.compile=true"],
+    "compile-bnpo-mu2": [*CASES["bnpo-batch-mu2"], "model.compile=true"],
 }
 #: the resume cases of LoRA (the adapter checkpoint, from rank 0) and of the critic (in the sharded one)
 COMBO_RESUME_CASES: dict[str, list[str]] = {
     "lora": [*CASES["dapo-batch_centered-beta-mu2-micro"], *LORA],
+    "critic": [*PPO, "algorithm.num_iterations=2", "optim.num_minibatches=2"],
 }
 
 

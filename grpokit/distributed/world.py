@@ -65,12 +65,16 @@ def check_config(cfg: Config, world_size: int) -> None:
             f"optim.micro_batch_size={cfg.optim.micro_batch_size} must divide each rank's share of a "
             f"minibatch, {share} completions {where}"
         )
-    for what, on in (
-        ("algorithm.advantage_estimator=gae (the PPO critic)", cfg.algorithm.advantage_estimator == "gae"),
-        ("model.compile=true", cfg.model.compile),
-    ):
-        if on:
-            raise ConfigError(f"{what} is not supported {where} yet (docs/scaling.md); run it in one process")
+    if cfg.algorithm.advantage_estimator == "gae" and cfg.distributed.mixed_precision != "none":
+        raise ConfigError(
+            f"distributed.mixed_precision={cfg.distributed.mixed_precision} does not cover the PPO critic "
+            "(algorithm.advantage_estimator=gae) yet: its value head runs in fp32; use "
+            "distributed.mixed_precision=none (or model.autocast=bfloat16) with the critic"
+        )
+    if cfg.model.compile:
+        raise ConfigError(
+            f"model.compile=true is not supported {where} yet (docs/scaling.md); run it in one process"
+        )
 
 
 class World(Parallel):
