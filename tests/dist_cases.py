@@ -186,6 +186,7 @@ def one_step(model_dir, out, strategy: str, case: list[str]) -> dict:
         "grads": grads,
         "metrics": metrics,
         "world": trainer.world,
+        "compiled": hasattr(trainer.policy.forward, "_orig_mod"),  # torch.compile's OptimizedModule
     }
     if trainer.critic is not None:
         out.update(critic_params=critic_params(trainer), critic_grads=critic_grads)

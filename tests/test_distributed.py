@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -243,6 +244,26 @@ def test_ppo_critic_saved_at_two_ranks_resumes(strategy, combo_resumes):
         rel = _rel(runs["resumed"][key], runs["whole"][key])
         print(strategy, key, f"{max(rel.values()):.2e}")
         assert max(rel.values()) < 1e-6, (key, max(rel.items(), key=lambda kv: kv[1]))
+
+
+@pytest.fixture(scope="module")
+def compile_runs(tiny_model_dir, tmp_path_factory):
+    if shutil.which("g++") is None:
+        pytest.skip("torch.compile needs inductor and a C++ compiler")
+    return _combos(tiny_model_dir, tmp_path_factory, ["compile-grpo-beta", "compile-bnpo-mu2"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", dist_cases.STRATEGIES)
+def test_compile_on_two_ranks_equals_one_process(strategy, compile_runs):
+    """model.compile=true at W = 2: the training and pi_ref forwards through torch.compile of the DDP wrapper
+    or the FSDP2 root (beta > 0; mu = 2 with 2 minibatches) give one compiled process's step."""
+    one, two = compile_runs
+    for name, want in one.items():
+        got = two[f"{strategy}-{name}"]
+        assert got["compiled"] and want["compiled"], name
+        print(strategy, name, _assert_equal_step(name, want, got))
+        _assert_same_metrics(name, want["metrics"], got["metrics"], dist_cases.SAME_METRICS)
 
 
 @pytest.fixture(scope="module")

@@ -71,10 +71,6 @@ def check_config(cfg: Config, world_size: int) -> None:
             "(algorithm.advantage_estimator=gae) yet: its value head runs in fp32; use "
             "distributed.mixed_precision=none (or model.autocast=bfloat16) with the critic"
         )
-    if cfg.model.compile:
-        raise ConfigError(
-            f"model.compile=true is not supported {where} yet (docs/scaling.md); run it in one process"
-        )
 
 
 class World(Parallel):
