@@ -70,10 +70,12 @@ def save_sharded(
     keep_last: int,
     world,
     ref=None,
+    critic=None,
 ) -> Path:
     """Write the checkpoint of `step` from every rank (a collective: all ranks call it with the same step).
     `state` is rank 0's trainer state without the optimizer's moments (those go into the DCP shards); `ref`:
-    pi_ref, when it is no longer the initial weights (ref_policy=reset), saved with them."""
+    pi_ref, when it is no longer the initial weights (ref_policy=reset), saved with them; `critic`: PPO's
+    (value model, its AdamW), its weights and moments saved with them too."""
     dest, root = checkpoint_dir(out_dir, step), Path(out_dir) / "checkpoints"
     tmp = root / f".tmp-{dest.name}-sharded"
     try:
@@ -85,10 +87,9 @@ def save_sharded(
                 shutil.rmtree(stale, ignore_errors=True)
             tmp.mkdir(parents=True)
         _barrier(world)
-        shards = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, adamw)}
-        if ref is not None:
-            shards["ref"] = get_model_state_dict(ref)
-        dcp.save(shards, checkpoint_id=tmp / DCP_DIR)  # every rank writes its shards; rank 0 the metadata
+        dcp.save(
+            _shards(model, adamw, ref, critic), checkpoint_id=tmp / DCP_DIR
+        )  # every rank writes its shards; rank 0 the metadata
         torch.save(rng_state(), _rng_file(tmp, world.rank))
         _barrier(world)
         if world.is_main:
@@ -120,12 +121,32 @@ def save_sharded(
     return dest
 
 
+def _shards(model, adamw, ref, critic) -> dict[str, Any]:
+    """What a sharded checkpoint holds, by key: the weights and moments, pi_ref's weights, the critic's."""
+    shards = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, adamw)}
+    if ref is not None:
+        shards["ref"] = get_model_state_dict(ref)
+    if critic is not None:
+        shards["critic"] = get_model_state_dict(critic[0])
+        shards["critic_optim"] = get_optimizer_state_dict(*critic)
+    return shards
+
+
 def load_sharded(
-    path: Path, model, adamw: torch.optim.Optimizer | None, *, rank: int, seed: int, step: int, ref=None
+    path: Path,
+    model,
+    adamw: torch.optim.Optimizer | None,
+    *,
+    rank: int,
+    seed: int,
+    step: int,
+    ref=None,
+    critic=None,
 ) -> None:
     """Load a sharded checkpoint's weights (and, given adamw, its moments; given ref, pi_ref when the
-    checkpoint holds one) into this rank's modules, whatever the world size that wrote it; restore this rank's
-    generators (or seed them when the writer had fewer ranks)."""
+    checkpoint holds one; given critic, PPO's (value model, AdamW) weights and moments) into this rank's
+    modules, whatever the world size that wrote it; restore this rank's generators (or seed them when the
+    writer had fewer ranks)."""
     reader = dcp.FileSystemReader(Path(path) / DCP_DIR)
     try:
         saved = {
@@ -136,6 +157,10 @@ def load_sharded(
             shards["optim"] = get_optimizer_state_dict(model, adamw)
         if ref is not None and "ref" in saved:
             shards["ref"] = get_model_state_dict(ref)
+        if critic is not None and "critic" in saved:
+            shards["critic"] = get_model_state_dict(critic[0])
+            if adamw is not None:
+                shards["critic_optim"] = get_optimizer_state_dict(*critic)
         with (
             warnings.catch_warnings()
         ):  # one process without a process group is a case this module means to serve
@@ -153,6 +178,10 @@ def load_sharded(
         set_optimizer_state_dict(model, adamw, shards["optim"])
     if "ref" in shards:
         set_model_state_dict(ref, shards["ref"])
+    if "critic" in shards:
+        set_model_state_dict(critic[0], shards["critic"])
+    if "critic_optim" in shards:
+        set_optimizer_state_dict(critic[0], critic[1], shards["critic_optim"])
     if _rng_file(path, rank).is_file():
         set_rng_state(torch.load(_rng_file(path, rank), weights_only=False))
     else:

@@ -77,7 +77,7 @@ def build_components(
         )
         critic = None
         if cfg.algorithm.advantage_estimator == "gae":  # PPO
-            critic = Critic(cfg, model, has_ref=policy.ref is not None, total_steps=total)
+            critic = Critic(cfg, model, has_ref=policy.ref is not None, total_steps=total, world=world)
     except BaseException:
         pipeline.close()  # a run that cannot start leaves no engine running
         raise

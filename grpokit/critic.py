@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from grpokit.algo import gae_advantages, masked_whiten, token_rewards, value_loss
 from grpokit.batch import PackedBatch, ValueTargets
 from grpokit.checkpoint import CheckpointError
+from grpokit.distributed import World
 from grpokit.metrics import (
     PERF_CRITIC_TRAIN_TIME,
     PERF_VALUE_TIME,
@@ -89,11 +90,19 @@ def build_value_model(model_cfg, policy: nn.Module) -> ValueModel:
 
 
 class Critic:
-    def __init__(self, cfg, policy: nn.Module, *, has_ref: bool, total_steps: int):
-        self.cfg = cfg
+    """The value model, its AdamW and its update. world: torchrun's ranks (grpokit/distributed/): the value
+    model is wrapped as the policy is (FSDP2 / DDP, World.wrap_critic), the whitening, the metrics and the
+    loss normalizer cover every rank's rows, and minibatches are those of one process (World.minibatches);
+    None: one process."""
+
+    def __init__(
+        self, cfg, policy: nn.Module, *, has_ref: bool, total_steps: int, world: World | None = None
+    ):
+        self.cfg, self.world = cfg, world if world is not None else World()
         # beta > 0 with kl_in_reward: -beta * KL per token in the reward, and none in the loss.
         self.kl_coef = cfg.algorithm.beta if (cfg.ppo.kl_in_reward and has_ref) else 0.0
         self.model = build_value_model(cfg.model, policy)
+        self.forward = self.world.wrap_critic(self.model)  # the training forward (DDP: the wrapper)
         self.optimizer = Optimizer(
             self.model.named_parameters(),
             cfg.optim,
@@ -105,6 +114,7 @@ class Critic:
             # torch's per-tensor AdamW, as the critic has always had: the PPO numbers in docs/ppo.md
             fused=False,
         )
+        self.world.keep_critic(self.model, self.optimizer.adamw)  # saved with the policy at W > 1
 
     @property
     def shapes_kl_into_reward(self) -> bool:
@@ -151,65 +161,76 @@ class Critic:
             kl = old_logp - ref_logp
         per_token = token_rewards(rewards, mask, kl=kl, kl_coef=self.kl_coef)  # [N, T]
         adv, returns = gae_advantages(per_token, values, mask, gamma=self.cfg.ppo.gamma, lam=self.cfg.ppo.lam)
-        # Whitening over the tokens that get a loss: the per-token analogue of GRPO's std scaling.
-        white = masked_whiten(adv, loss_mask)  # [N, T]
-        metrics = critic_metrics(white, adv, values, returns, loss_mask, mask, per_token, rewards)
+        # Whitening over the tokens that get a loss, of every rank's rows: the per-token analogue of GRPO's
+        # std scaling. At W > 1 the rows of all ranks, in rank order, right-padded to the widest (padding is
+        # outside the masks); this rank keeps its own block.
+        everyone = self.world.cat_rows(adv, values, returns, loss_mask, mask, per_token, rewards)
+        white = masked_whiten(everyone[0], everyone[3])  # [W * N, T_max]
+        metrics = critic_metrics(white, *everyone)
         metrics[PERF_VALUE_TIME] = time.perf_counter() - t
-        return white, ValueTargets(values, returns), metrics
+        return self.world.my_rows(white)[:, : adv.shape[1]], ValueTargets(values, returns), metrics
 
     def update(
         self, tokens: PackedBatch, loss_mask: Tensor, targets: ValueTargets, *, at_step: int
     ) -> dict[str, float]:
         """mu passes of minibatch steps on the clipped value loss, with the policy's batch shapes."""
         t = time.perf_counter()
-        cfg, ppo = self.cfg, self.cfg.ppo
-        N, mb, micro = loss_mask.shape[0], cfg.minibatch_size, cfg.micro_batch_size
+        cfg, world, M = self.cfg, self.world, self.cfg.optim.num_minibatches
+        if M > 1 and world.size > 1:  # minibatches mix every rank's rows, as the policy's do
+            tokens, loss_mask, targets = world.gather_values(tokens, loss_mask, targets)
         acc = MeanAccumulator()
         for _ in range(cfg.algorithm.num_iterations):
-            order = torch.randperm(N) if cfg.optim.num_minibatches > 1 else torch.arange(N)
-            for m in range(cfg.optim.num_minibatches):
-                idx = order[m * mb : (m + 1) * mb]
-                num_tokens = (
-                    loss_mask[idx].sum().item()
-                )  # the minibatch's token mean, whatever the micro-batches
+            # One process's split: a fresh permutation per pass (rank 0's), this rank's share of each.
+            for idx in world.minibatches(loss_mask.shape[0], M):
                 self.optimizer.zero_grad()
-                finite = True
-                for s in range(0, mb, micro):
-                    sub_idx = idx[s : s + micro]
-                    sub = tokens.rows(sub_idx)
-                    T = sub.completion_width
-                    mask = loss_mask[sub_idx, :T]
-                    loss, stats = value_loss(
-                        self.model(sub),
-                        targets.values[sub_idx, :T],
-                        targets.returns[sub_idx, :T],
-                        mask,
-                        clip_range=ppo.cliprange_value,
-                        num_tokens=num_tokens,
-                    )
-                    if not torch.isfinite(loss):
-                        finite = False
-                        break
-                    # With its own AdamW, vf_coef only scales the critic's gradient before clipping.
-                    (ppo.vf_coef * loss).backward()
-                    acc.add({value_name(k): v for k, v in stats.items()}, mask.sum().item())
+                finite = self._accumulate(tokens, loss_mask, targets, idx, acc)
                 done = self.optimizer.step(loss_finite=finite, at_step=at_step)
                 if done is not None:
                     acc.add({value_name(k): v for k, v in done.items()})
         self.optimizer.zero_grad()
         return {
-            **acc.means(),
+            **world.means(acc),
             VALUE_SKIPPED_UPDATES: float(self.optimizer.skipped),
             PERF_CRITIC_TRAIN_TIME: time.perf_counter() - t,
         }
+
+    def _accumulate(
+        self, tokens: PackedBatch, loss_mask: Tensor, targets: ValueTargets, idx: Tensor, acc: MeanAccumulator
+    ) -> bool:
+        """Backward of one minibatch's value loss (this rank's rows `idx` of it) over its micro-batches; False
+        when a micro-batch's loss is non-finite on any rank (every rank then skips the step)."""
+        ppo, world = self.cfg.ppo, self.world
+        num_tokens = world.sum(loss_mask[idx].sum().item())  # the minibatch's token mean, over every rank
+        for s in range(0, len(idx), self.cfg.micro_batch_size):
+            sub_idx = idx[s : s + self.cfg.micro_batch_size]
+            sub = tokens.rows(sub_idx)
+            T = sub.completion_width
+            mask = loss_mask[sub_idx, :T]
+            loss, stats = value_loss(
+                self.forward(sub),
+                targets.values[sub_idx, :T],
+                targets.returns[sub_idx, :T],
+                mask,
+                clip_range=ppo.cliprange_value,
+                num_tokens=num_tokens,
+            )
+            if not world.all_finite(loss):
+                return False
+            # With its own AdamW, vf_coef only scales the critic's gradient before clipping.
+            world.backward(ppo.vf_coef * loss)
+            acc.add({value_name(k): v for k, v in stats.items()}, mask.sum().item())
+        return True
 
     def state_dict(self) -> dict:
         return {"critic": self.model.state_dict(), **self.optimizer.state_dict(prefix="critic_")}
 
     def load_state_dict(self, state: dict, where: str) -> None:
-        if "critic" not in state:
+        """The critic's part of a trainer state. Its weights and moments are not there when the world
+        loaded them already (a checkpoint of several ranks: World.load_checkpoint)."""
+        if "critic_scheduler" not in state:
             raise CheckpointError(
                 f"checkpoint {where!r} has no critic (a GRPO run?); give the PPO run its own output_dir"
             )
-        self.model.load_state_dict(state["critic"])
+        if "critic" in state:
+            self.model.load_state_dict(state["critic"])
         self.optimizer.load_state_dict(state, prefix="critic_")

@@ -142,33 +142,55 @@ def config(model_dir, out, strategy: str, case: list[str]):
     )
 
 
-def one_step(model_dir, out, strategy: str, case: list[str]) -> dict:
-    """{"params": whole parameters after one step, "metrics": the step's metrics}, as every rank sees them."""
-    trainer = Trainer(config(model_dir, out, strategy, case))
-    trainer.pipeline.engine = FixedEngine(trainer.tokenizer)
-    grads, step = {}, trainer.optimizer.step
+def _whole(x: torch.Tensor) -> torch.Tensor:
+    """A parameter or gradient whole (FSDP2's DTensor shards gathered: every rank calls it)."""
+    return (x.full_tensor() if hasattr(x, "full_tensor") else x).detach().clone()
 
-    def first_step_grads(
-        **kwargs,
-    ):  # the gradient of the first optimizer step, whole (FSDP2: gathered on every rank)
+
+def _record_first_grads(module: torch.nn.Module, optimizer, grads: dict) -> None:
+    """Fill `grads` with the whole gradients of the first step of `optimizer` (a grpokit Optimizer), by
+    parameter name (the trainable ones: LoRA's base has none)."""
+    step = optimizer.step
+
+    def first_step_grads(**kwargs):
         if not grads:
-            grads.update(
-                {
-                    n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).clone()
-                    for n, p in trainer.model.named_parameters()
-                }
-            )
+            grads.update({n: _whole(p.grad) for n, p in module.named_parameters() if p.grad is not None})
         return step(**kwargs)
 
-    trainer.optimizer.step = first_step_grads
+    optimizer.step = first_step_grads
+
+
+def critic_params(trainer: Trainer) -> dict[str, torch.Tensor]:
+    """The PPO critic's whole parameters (every rank calls it)."""
+    model = trainer.critic.model
+    if hasattr(model, "reshard"):  # FSDP2: the sharded parameters, whatever the last forward left
+        model.reshard()
+    return {n: _whole(p) for n, p in model.named_parameters()}
+
+
+def one_step(model_dir, out, strategy: str, case: list[str]) -> dict:
+    """{"params": whole parameters after one step, "grads": the first optimizer step's gradient, "metrics":
+    the step's metrics; with the PPO critic also "critic_params" and "critic_grads"}, as every rank sees
+    them."""
+    trainer = Trainer(config(model_dir, out, strategy, case))
+    trainer.pipeline.engine = FixedEngine(trainer.tokenizer)
+    grads: dict[str, torch.Tensor] = {}
+    _record_first_grads(trainer.model, trainer.optimizer, grads)
+    critic_grads: dict[str, torch.Tensor] = {}
+    if trainer.critic is not None:
+        _record_first_grads(trainer.critic.model, trainer.critic.optimizer, critic_grads)
     metrics, _ = trainer._step()
     full = trainer.world.full_model()
-    return {
+    out = {
         "params": {k: v.detach().clone() for k, v in full.named_parameters()},
         "grads": grads,
         "metrics": metrics,
         "world": trainer.world,
+        "compiled": hasattr(trainer.policy.forward, "_orig_mod"),  # torch.compile's OptimizedModule
     }
+    if trainer.critic is not None:
+        out.update(critic_params=critic_params(trainer), critic_grads=critic_grads)
+    return out
 
 
 #: the case of the checkpoint test: beta > 0 with pi_ref reset to the policy after every step (so the
@@ -179,6 +201,34 @@ RESUME_CASE = [*CASES["dr_grpo-batch-beta-mu2"], "algorithm.ref_policy=reset", "
 FSDP2_CASES: dict[str, list[str]] = {
     "grpo-activation_checkpointing": [*CASES["grpo-group-beta"], "model.gradient_checkpointing=true"],
     "grpo-bf16": [*CASES["grpo-group-beta"], "distributed.mixed_precision=bf16"],
+}
+
+
+#: LoRA's B matrices start at 0, so after a step they are AdamW's first update alone, lr x g / (|g| + eps) per
+#: element: at eps = 1e-4 the elements whose gradient is near eps weigh in the tensor's norm far more than in
+#: the gradient's, and a 5e-7 difference of the gradient parts B by 2e-6. At eps = 1e-2 the update is about
+#: linear in g, and the adapters' weights show what their gradients show (which are compared as well).
+LORA = ["model.lora={r: 4, alpha: 8, target_modules: all-linear}", "optim.adam_epsilon=1e-2"]
+PPO = ["algorithm.advantage_estimator=gae", "ppo.critic_learning_rate=1e-3"]
+#: model.lora, the PPO critic and model.compile at W = 2, fsdp2 and ddp, against one process: one minibatch,
+#: and mu = 2 with 2 minibatches (rows of both ranks in each) and micro-batches
+COMBO_CASES: dict[str, list[str]] = {
+    "lora-grpo-beta": [*CASES["grpo-group-beta"], *LORA],
+    "lora-dapo-beta-mu2-micro": [*CASES["dapo-batch_centered-beta-mu2-micro"], *LORA],
+    "critic-beta": [*PPO, "algorithm.beta=0.04"],
+    "critic-mu2-micro": [
+        *PPO,
+        "algorithm.num_iterations=2",
+        "optim.num_minibatches=2",
+        "optim.micro_batch_size=2",
+    ],
+    "compile-grpo-beta": [*CASES["grpo-group-beta"], "model.compile=true"],
+    "compile-bnpo-mu2": [*CASES["bnpo-batch-mu2"], "model.compile=true"],
+}
+#: the resume cases of LoRA (the adapter checkpoint, from rank 0) and of the critic (in the sharded one)
+COMBO_RESUME_CASES: dict[str, list[str]] = {
+    "lora": [*CASES["dapo-batch_centered-beta-mu2-micro"], *LORA],
+    "critic": [*PPO, "algorithm.num_iterations=2", "optim.num_minibatches=2"],
 }
 
 
@@ -197,6 +247,7 @@ def train(model_dir, out, strategy: str, case: list[str], *extra: str) -> dict:
     trainer.train()
     return {
         "params": {k: v.detach().clone() for k, v in trainer.world.full_model().named_parameters()},
+        "critic_params": critic_params(trainer) if trainer.critic is not None else {},
         "world": trainer.world,
     }
 
@@ -233,13 +284,41 @@ def checkpoints(model_dir: str, out_dir: str) -> None:
     from_one["world"].teardown()
 
 
-def main(model_dir: str, out_dir: str, mode: str = "steps") -> None:
+def combo_checkpoints(model_dir: str, out_dir: str, names: list[str]) -> None:
+    """Per strategy and COMBO_RESUME_CASES case, at world size 2: a run of 2 steps (checkpoints at steps 1
+    and 2), and a copy of it cut back to step 1 and resumed to step 2. Rank 0 saves both ends' parameters (and
+    the critic's) to OUT_DIR/<strategy>-<case>.pt."""
+    import shutil
+
+    import torch.distributed as dist
+
+    out, world = Path(out_dir), None
+    for strategy in STRATEGIES:
+        for name in names:
+            case = COMBO_RESUME_CASES[name]
+            run, cut = out / f"{strategy}-{name}-whole", out / f"{strategy}-{name}-resumed"
+            whole = train(model_dir, run, strategy, case)
+            world = whole.pop("world")
+            if world.is_main:
+                shutil.copytree(run / "checkpoints" / "step-000001", cut / "checkpoints" / "step-000001")
+            dist.barrier()
+            resumed = train(model_dir, cut, strategy, case)
+            resumed.pop("world")
+            if world.is_main:
+                torch.save({"whole": whole, "resumed": resumed}, out / f"{strategy}-{name}.pt")
+    world.teardown()
+
+
+def main(model_dir: str, out_dir: str, mode: str = "steps", names: str = "") -> None:
     torch.set_num_threads(1)
     if mode == "checkpoints":
         return checkpoints(model_dir, out_dir)
+    if mode == "combo_checkpoints":
+        return combo_checkpoints(model_dir, out_dir, names.split(","))
+    cases = {n: COMBO_CASES[n] for n in names.split(",")} if mode == "combos" else None
     world = None
     for strategy in STRATEGIES:
-        for name, case in (CASES | FSDP2_CASES if strategy == "fsdp2" else CASES).items():
+        for name, case in (cases or (CASES | FSDP2_CASES if strategy == "fsdp2" else CASES)).items():
             result = one_step(model_dir, Path(out_dir) / "runs" / f"{strategy}-{name}", strategy, case)
             world = result.pop("world")
             if world.is_main:

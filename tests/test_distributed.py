@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +20,7 @@ import torch
 from grpokit.batch import RolloutBatch, pack_sequences
 from grpokit.config import ConfigError, load_config
 from grpokit.distributed import World, cat_batches
-from tests.helpers import read_metrics
+from tests.helpers import read_metrics, require
 
 sys.path.insert(0, str(Path(__file__).parent))
 import dist_cases  # tests/ is not a package; torchrun runs the same file as a script
@@ -129,6 +130,177 @@ def test_fsdp2_activation_checkpointing_and_bf16(one_process, two_processes):
     )  # bf16 does round (it is on), by about its precision (2^-8 = 3.9e-3)
     assert max(params.values()) < 5e-2 and all(v.dtype == torch.float32 for v in got["params"].values())
     assert got["metrics"]["policy/kl"] == pytest.approx(want["metrics"]["policy/kl"], abs=1e-3)
+
+
+def _launch(model_dir, out: Path, *args: str) -> subprocess.CompletedProcess:
+    proc = subprocess.run(
+        [*TORCHRUN, str(TESTS / "dist_cases.py"), str(model_dir), str(out), *args],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, _output(proc)
+    return proc
+
+
+def _combos(tiny_model_dir, tmp_path_factory, names: list[str]) -> tuple[dict, dict]:
+    """dist_cases.COMBO_CASES `names`: (one process's results, 2 ranks' results by strategy-name)."""
+    out = tmp_path_factory.mktemp("combos")
+    one = {}
+    for name in names:
+        result = dist_cases.one_step(
+            tiny_model_dir, out / "one" / name, "fsdp2", dist_cases.COMBO_CASES[name]
+        )
+        assert result.pop("world").size == 1
+        one[name] = result
+    _launch(tiny_model_dir, out, "combos", ",".join(names))
+    return one, {f.stem: torch.load(f) for f in out.glob("*.pt")}
+
+
+def _assert_equal_step(name: str, want: dict, got: dict, prefix: str = "") -> dict[str, float]:
+    """The first optimizer step's gradient and the weights after the step (of the policy, or of the critic:
+    prefix "critic_") within the tolerance of the full-model cases; returns the largest differences."""
+    grads, params = (
+        _rel(got[f"{prefix}grads"], want[f"{prefix}grads"]),
+        _rel(got[f"{prefix}params"], want[f"{prefix}params"]),
+    )
+    assert sorted(got[f"{prefix}grads"]) == sorted(want[f"{prefix}grads"]), name  # the same trainable tensors
+    assert max(grads.values()) < 1e-6, (name, prefix, max(grads.items(), key=lambda kv: kv[1]))
+    assert max(params.values()) < 1e-6, (name, prefix, max(params.items(), key=lambda kv: kv[1]))
+    return {f"{prefix}grads": max(grads.values()), f"{prefix}params": max(params.values())}
+
+
+def _assert_same_metrics(name: str, want: dict, got: dict, keys) -> None:
+    for key in keys:
+        assert (key in got) == (key in want), (name, key)
+        if key in want:
+            assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), (name, key)
+
+
+@pytest.fixture(scope="module")
+def lora_runs(tiny_model_dir, tmp_path_factory):
+    require("peft")
+    return _combos(tiny_model_dir, tmp_path_factory, ["lora-grpo-beta", "lora-dapo-beta-mu2-micro"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", dist_cases.STRATEGIES)
+def test_lora_on_two_ranks_equals_one_process(strategy, lora_runs):
+    """model.lora at W = 2 (FSDP2: the frozen base and the adapters sharded together per decoder layer; DDP)
+    gives one process's step on the same global batch: the adapters' gradient and every weight after the
+    step (the base unchanged: frozen), with pi_ref the adapter-off base (beta > 0)."""
+    one, two = lora_runs
+    for name, want in one.items():
+        got = two[f"{strategy}-{name}"]
+        assert all(".lora_" in n for n in got["grads"]), name  # only the adapters train
+        print(strategy, name, _assert_equal_step(name, want, got))
+        _assert_same_metrics(name, want["metrics"], got["metrics"], dist_cases.SAME_METRICS)
+        assert want["metrics"]["policy/kl"] > 0 or "mu2" not in name  # pi_ref is the base: KL once it moved
+
+
+@pytest.fixture(scope="module")
+def critic_runs(tiny_model_dir, tmp_path_factory):
+    return _combos(tiny_model_dir, tmp_path_factory, ["critic-beta", "critic-mu2-micro"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", dist_cases.STRATEGIES)
+def test_ppo_critic_on_two_ranks_equals_one_process(strategy, critic_runs):
+    """algorithm.advantage_estimator=gae at W = 2: the value model wrapped as the policy (FSDP2 / DDP, its
+    own AdamW), GAE whitened over every rank's tokens, the value loss normalized by the global minibatch's
+    tokens, minibatches of every rank's rows (mu = 2, 2 minibatches, micro-batches). One PPO step equals one
+    process's: the policy's and the critic's gradients and weights, and the advantage / value metrics."""
+    one, two = critic_runs
+    for name, want in one.items():
+        got = two[f"{strategy}-{name}"]
+        print(
+            strategy,
+            name,
+            _assert_equal_step(name, want, got),
+            _assert_equal_step(name, want, got, "critic_"),
+        )
+        keys = [k for k in want["metrics"] if k.startswith(("value/", "advantage/")) and "time" not in k]
+        assert "value/explained_variance" in keys and "value/loss" in keys, keys
+        _assert_same_metrics(name, want["metrics"], got["metrics"], [*dist_cases.SAME_METRICS, *keys])
+        assert max(v.abs().max() for v in want["critic_grads"].values()) > 0  # the value head learns
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", dist_cases.STRATEGIES)
+def test_ppo_critic_saved_at_two_ranks_resumes(strategy, combo_resumes):
+    """The critic's weights and AdamW moments go into the sharded checkpoint with the policy's
+    (torch.distributed.checkpoint); its step-1 checkpoint resumed at W = 2 trains to the uninterrupted run's
+    step-2 policy and critic."""
+    import torch.distributed.checkpoint as dcp
+
+    from grpokit.checkpoint import DCP_DIR, checkpoint_dir
+
+    step1 = checkpoint_dir(combo_resumes / f"{strategy}-critic-whole", 1)
+    saved = dcp.FileSystemReader(step1 / DCP_DIR).read_metadata().state_dict_metadata
+    assert {k.split(".", 1)[0] for k in saved} >= {"model", "optim", "critic", "critic_optim"}
+    runs = torch.load(combo_resumes / f"{strategy}-critic.pt")
+    for key in ("params", "critic_params"):
+        rel = _rel(runs["resumed"][key], runs["whole"][key])
+        print(strategy, key, f"{max(rel.values()):.2e}")
+        assert max(rel.values()) < 1e-6, (key, max(rel.items(), key=lambda kv: kv[1]))
+
+
+@pytest.fixture(scope="module")
+def compile_runs(tiny_model_dir, tmp_path_factory):
+    if shutil.which("g++") is None:
+        pytest.skip("torch.compile needs inductor and a C++ compiler")
+    return _combos(tiny_model_dir, tmp_path_factory, ["compile-grpo-beta", "compile-bnpo-mu2"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", dist_cases.STRATEGIES)
+def test_compile_on_two_ranks_equals_one_process(strategy, compile_runs):
+    """model.compile=true at W = 2: the training and pi_ref forwards through torch.compile of the DDP wrapper
+    or the FSDP2 root (beta > 0; mu = 2 with 2 minibatches) give one compiled process's step."""
+    one, two = compile_runs
+    for name, want in one.items():
+        got = two[f"{strategy}-{name}"]
+        assert got["compiled"] and want["compiled"], name
+        print(strategy, name, _assert_equal_step(name, want, got))
+        _assert_same_metrics(name, want["metrics"], got["metrics"], dist_cases.SAME_METRICS)
+
+
+@pytest.fixture(scope="module")
+def combo_resumes(tiny_model_dir, tmp_path_factory):
+    require("peft")
+    out = tmp_path_factory.mktemp("combo_resumes")
+    _launch(tiny_model_dir, out, "combo_checkpoints", ",".join(dist_cases.COMBO_RESUME_CASES))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", dist_cases.STRATEGIES)
+def test_lora_saved_at_two_ranks_is_the_adapter_and_resumes(
+    strategy, combo_resumes, tiny_model_dir, tmp_path
+):
+    """model.lora at W = 2 saves what one process saves, from rank 0: the adapter (adapter_model.safetensors,
+    no base weights, no shards) and AdamW's moments by parameter order. Its step-1 checkpoint resumed at
+    W = 2, and in this process at W = 1, trains to the uninterrupted run's step-2 weights."""
+    import shutil
+
+    from grpokit.checkpoint import DCP_DIR, checkpoint_dir
+
+    step1 = checkpoint_dir(combo_resumes / f"{strategy}-lora-whole", 1)
+    assert (step1 / "adapter_model.safetensors").is_file() and (step1 / "adapter_config.json").is_file()
+    assert not (step1 / "model.safetensors").exists() and not (step1 / DCP_DIR).exists()
+    runs = torch.load(combo_resumes / f"{strategy}-lora.pt")
+    whole = runs["whole"]["params"]
+    rel = _rel(runs["resumed"]["params"], whole)
+    assert max(rel.values()) < 1e-6, max(rel.items(), key=lambda kv: kv[1])
+    shutil.copytree(step1, checkpoint_dir(tmp_path / "one", 1))
+    one = dist_cases.train(tiny_model_dir, tmp_path / "one", strategy, dist_cases.COMBO_RESUME_CASES["lora"])
+    assert one.pop("world").size == 1
+    rel_one = _rel(one["params"], whole)
+    print(f"{strategy}: resumed at 2 ranks {max(rel.values()):.2e}, at 1 {max(rel_one.values()):.2e}")
+    assert max(rel_one.values()) < 1e-6, max(rel_one.items(), key=lambda kv: kv[1])
+    moved = [n for n, v in whole.items() if ".lora_B" in n and v.abs().max() > 0]
+    assert moved, "the adapters trained"  # B starts at 0
 
 
 @pytest.mark.slow
@@ -304,11 +476,11 @@ def _config(tmp_path, *extra):
             "optim.micro_batch_size=8 must divide each rank's share of a minibatch, 4",
         ),
         (
-            ["algorithm.advantage_estimator=gae"],
-            "algorithm.advantage_estimator=gae (the PPO critic) is not supported at world size 2",
+            ["algorithm.advantage_estimator=gae", "distributed.mixed_precision=bf16"],
+            "distributed.mixed_precision=bf16 does not cover the PPO critic "
+            "(algorithm.advantage_estimator=gae) yet: its value head runs in fp32; use "
+            "distributed.mixed_precision=none",
         ),
-        (["model.compile=true"], "model.compile=true is not supported at world size 2"),
-        (["model.lora={r: 4}"], "model.lora (LoRA adapters) is not supported at world size 2"),
         (
             ["rollout.engine=vllm", "rollout.max_policy_lag=1"],
             "rollout.max_policy_lag=1 with rollout.engine=vllm under distributed.strategy=fsdp2 at world "

@@ -1142,19 +1142,6 @@ def test_lora_target_modules_that_match_nothing(env):
     )
 
 
-def test_lora_under_torchrun(monkeypatch):
-    require("peft")
-    from grpokit.config import LoraConfig
-    from grpokit.policy import ModelLoadError, apply_lora
-
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    with pytest.raises(
-        ModelLoadError,
-        match="model.lora runs in one process for now; drop model.lora or run without torchrun",
-    ):
-        apply_lora(torch.nn.Linear(2, 2), LoraConfig())
-
-
 def test_lora_resume_without_the_adapter(env):
     require("peft")
     assert train(env, "model.lora.r=4").exit_code == 0

@@ -22,8 +22,10 @@ from torch import Tensor
 
 from grpokit.checkpoint import (
     CheckpointError,
+    checkpoint_dir,
     is_sharded_checkpoint,
     load_weights,
+    rng_state,
     save_checkpoint,
     seed_everything,
     set_rng_state,
@@ -49,8 +51,10 @@ def is_sharded(model) -> bool:
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The transformer blocks, each an FSDP2 unit: the classes transformers marks as never split across
-    devices (`_no_split_modules`, e.g. LlamaDecoderLayer; what accelerate's FSDP auto-wrap uses too)."""
-    names = set(getattr(model, "_no_split_modules", None) or ())
+    devices (`_no_split_modules`, e.g. LlamaDecoderLayer; what accelerate's FSDP auto-wrap uses too), as any
+    module inside `model` lists them: the model itself, the transformers model under a peft wrapper
+    (model.lora), the critic's backbone."""
+    names = {n for m in model.modules() for n in (getattr(m, "_no_split_modules", None) or ())}
     return [m for m in model.modules() if type(m).__name__ in names and m is not model]
 
 
@@ -81,6 +85,12 @@ def whole_module(model: torch.nn.Module) -> torch.nn.Module | None:
     return whole
 
 
+def is_peft(model) -> bool:
+    """A peft model (model.lora): the adapters train, the base is frozen, and its checkpoint is the adapter
+    (PeftModel.save_pretrained)."""
+    return hasattr(model, "peft_config") and hasattr(model, "disable_adapter")
+
+
 class Parallel:
     """World's parallelization half: wrapping the policy (wrap), its whole weights (full_model), pi_ref's
     reset, the backward over ranks and the checkpoints. It reads the world's rank, size, device, strategy and
@@ -93,7 +103,8 @@ class Parallel:
     device: torch.device
     _model: torch.nn.Module | None
     _full: torch.nn.Module | None
-    _ref: torch.nn.Module | None
+    _ref: Any
+    _critic: tuple[torch.nn.Module, torch.optim.Optimizer] | None = None  # keep_critic: PPO's value model
     whole_copy: bool = True
     """FSDP2: the rollout engine generates with an unsharded copy of the policy (fast, hf); False when it
     takes the weights from the shards itself (vllm colocated, which gathers them as it pushes)."""
@@ -115,7 +126,11 @@ class Parallel:
         the policy, refreshed by full_model() after each update, so that generation and rank 0's evaluation
         run no collective whatever their lengths (it costs one full copy of the weights per rank).
         ddp: the replica itself generates; only the training forward goes through DDP; pi_ref is a whole
-        copy."""
+        copy.
+        model.lora (a peft model): the same, the frozen base and the adapters sharded together per layer
+        (FSDP2 reduces gradients only for the parameters that have one; DDP all-reduces the trainable ones);
+        pi_ref is the policy with its adapter off (policy.AdapterOff), nothing of its own to shard; the
+        engine's copy is the peft model, base and adapters, refreshed as the full model's."""
         self._model, self._ref = model, ref
         if self.size == 1:
             return self._handle(model, model)
@@ -132,8 +147,10 @@ class Parallel:
             # forward_sync_buffers=False: the buffers are constants (RoPE frequencies), and no-grad passes
             # need no collective
             return self._handle(DistributedDataParallel(model, forward_sync_buffers=False), model)
+        if is_peft(model):  # rank 0's adapters everywhere, as DDP does at its start (see _broadcast)
+            _broadcast([p for p in model.parameters() if p.requires_grad])
         self._full = self._engine_copy(model)
-        for module in (model, ref) if ref is not None else (model,):
+        for module in (model, ref) if isinstance(ref, torch.nn.Module) else (model,):
             self._shard(module)
         return self._handle(model, model if self._full is None else self._full)
 
@@ -141,6 +158,24 @@ class Parallel:
         """FSDP2: the unsharded copy of the policy the engine generates with, or None (whole_copy False: the
         engine and full_model() get the sharded module itself)."""
         return copy.deepcopy(model) if self.whole_copy else None
+
+    def wrap_critic(self, module: torch.nn.Module) -> torch.nn.Module:
+        """The PPO critic over the ranks, as the policy (wrap, after it): FSDP2 shards it in place per decoder
+        layer and root, DDP wraps it. Returns what its training forward calls; its no-grad value passes call
+        the module itself (under FSDP2 the same sharded module: every rank runs them alike). Its optimizer
+        is made after this, on the module's (sharded) parameters, and handed to keep_critic."""
+        if self.size == 1:
+            return module
+        if self.strategy == "ddp":
+            from torch.nn.parallel import DistributedDataParallel
+
+            return DistributedDataParallel(module, forward_sync_buffers=False)
+        self._shard(module)
+        return module
+
+    def keep_critic(self, module: torch.nn.Module, adamw: torch.optim.Optimizer) -> None:
+        """The critic and its AdamW, saved with the policy's shards at W > 1 (save_checkpoint)."""
+        self._critic = (module, adamw)
 
     def _handle(self, forward: Any, whole: torch.nn.Module) -> PolicyHandle:
         assert self._model is not None
@@ -219,9 +254,14 @@ class Parallel:
         goes next to them."""
         if self.size == 1:
             return save_checkpoint(out, step, model, tokenizer, state, keep_last)
+        if is_peft(model):
+            return self._save_adapter(out, step, model, adamw, tokenizer, state, keep_last)
+        # pi_ref after a reset and the PPO critic (weights and moments): sharded too
         rest = {
-            k: v for k, v in state.items() if k not in ("optimizer", "ref_model")
-        }  # pi_ref after a reset: sharded too
+            k: v
+            for k, v in state.items()
+            if k not in ("optimizer", "ref_model", "critic", "critic_optimizer")
+        }
         return save_sharded(
             out,
             step,
@@ -232,7 +272,38 @@ class Parallel:
             keep_last,
             self,
             ref=self._ref if "ref_model" in state else None,
+            critic=self._critic if "critic" in state else None,
         )
+
+    def _save_adapter(
+        self, out: Path, step: int, model, adamw, tokenizer, state: dict, keep_last: int
+    ) -> Path:
+        """model.lora at W > 1: the checkpoint one process writes (the adapter, PeftModel.save_pretrained,
+        and AdamW's moments keyed by parameter order in trainer_state.pt), from rank 0: the adapter is small,
+        and the frozen base comes from model.name_or_path. The moments are gathered whole to rank 0
+        (full_state_dict); every rank's generators go with them (rank_rng), for a resume at the same W."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        whole = self.full_model()  # FSDP2: the engine's copy, refreshed from the shards (every rank)
+        moments: Any = get_optimizer_state_dict(
+            model, adamw, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+        )  # a collective: rank 0 gets the whole tensors, by parameter name
+        rngs: list[Any] = [None] * self.size
+        dist.all_gather_object(rngs, rng_state())  # every rank's generators, in rank order
+        if self.is_main:
+            names = [n for n, p in model.named_parameters() if p.requires_grad]  # the one-process order
+            index = {n: i for i, n in enumerate(names)}
+            by_index = {
+                "state": {index[n]: v for n, v in moments["state"].items()},
+                "param_groups": [
+                    {**g, "params": [index[n] for n in g["params"]]} for g in moments["param_groups"]
+                ],
+            }
+            save_checkpoint(
+                out, step, whole, tokenizer, {**state, "optimizer": by_index, "rank_rng": rngs}, keep_last
+            )
+        dist.barrier()  # every rank returns once the checkpoint is in place
+        return checkpoint_dir(out, step)
 
     def load_checkpoint(self, path: Path, state: dict, *, model, adamw, seed: int) -> None:
         """A checkpoint into this world: weights, AdamW's moments, generators, and pi_ref when the checkpoint
@@ -241,7 +312,16 @@ class Parallel:
         several ranks every rank reads the whole tensors and keeps its part
         (StateDictOptions(full_state_dict=True))."""
         if is_sharded_checkpoint(path):
-            load_sharded(path, model, adamw, rank=self.rank, seed=seed, step=state["step"], ref=self._ref)
+            load_sharded(
+                path,
+                model,
+                adamw,
+                rank=self.rank,
+                seed=seed,
+                step=state["step"],
+                ref=self._ref if isinstance(self._ref, torch.nn.Module) else None,
+                critic=self._critic,
+            )
         elif self.size == 1:
             load_weights(path, model)
             set_rng_state(state["rng"])
@@ -264,28 +344,61 @@ class Parallel:
             StateDictOptions(full_state_dict=True),
             StateDictOptions(full_state_dict=True, strict=False),
         )
-        weights: dict[str, ValueType] = {
-            k: v for f in sorted(Path(path).glob("*.safetensors")) for k, v in load_file(f).items()
-        }
-        missing = [
-            n for n, _ in model.named_parameters() if n not in weights
-        ]  # a tied head is saved once, as the embedding
-        if missing:
-            raise CheckpointError(
-                f"checkpoint {str(path)!r} does not hold {missing[:3]} of this model; resume it with one "
-                "process, with the model it was trained from"
-            )
-        set_model_state_dict(model, weights, options=lenient)
-        names = [n for n, p in model.named_parameters() if p.requires_grad]
-        saved = state.pop("optimizer")
-        by_name: OptimizerStateType = {
-            "state": {names[i]: v for i, v in saved["state"].items()},
-            "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in saved["param_groups"]],
-        }
-        set_optimizer_state_dict(model, adamw, by_name, options=whole)
+        if is_peft(model):
+            self._load_adapter(path, model)
+        else:
+            weights: dict[str, ValueType] = {
+                k: v for f in sorted(Path(path).glob("*.safetensors")) for k, v in load_file(f).items()
+            }
+            missing = [
+                n for n, _ in model.named_parameters() if n not in weights
+            ]  # a tied head is saved once, as the embedding
+            if missing:
+                raise CheckpointError(
+                    f"checkpoint {str(path)!r} does not hold {missing[:3]} of this model; resume it with one "
+                    "process, with the model it was trained from"
+                )
+            set_model_state_dict(model, weights, options=lenient)
+        set_optimizer_state_dict(model, adamw, _by_name(model, state.pop("optimizer")), options=whole)
         if "ref_model" in state and self._ref is not None:
             set_model_state_dict(self._ref, state.pop("ref_model"), options=lenient)
-        if self.is_main:
-            set_rng_state(state["rng"])
+        if "critic" in state and self._critic is not None:  # PPO: the value model and its moments
+            critic, critic_adamw = self._critic
+            set_model_state_dict(critic, state.pop("critic"), options=whole)
+            by_name = _by_name(critic, state.pop("critic_optimizer"))
+            set_optimizer_state_dict(critic, critic_adamw, by_name, options=whole)
+        ranks = state.get("rank_rng") or [state["rng"]]  # a LoRA checkpoint of W ranks holds every rank's
+        if self.rank < len(ranks):
+            set_rng_state(ranks[self.rank])
         else:
             seed_everything(hash((seed, self.rank, state["step"])) % 2**31)
+
+    def _load_adapter(self, path: Path, model) -> None:
+        """A LoRA checkpoint (the adapter) at W > 1: peft loads it into the whole module (DDP: the replica;
+        FSDP2: the engine's copy), whose adapter weights each rank then keeps its part of."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        whole = self._full if self._full is not None else model
+        load_weights(path, whole)
+        if whole is not model:
+            adapter = {n: p.detach() for n, p in whole.named_parameters() if p.requires_grad}
+            set_model_state_dict(model, adapter, options=StateDictOptions(full_state_dict=True, strict=False))
+
+
+def _broadcast(params: list[torch.nn.Parameter]) -> None:
+    """Rank 0's values of `params` on every rank. Each rank seeds its generators with seed + rank, so weights
+    drawn at random when the model is built (LoRA's A matrices) differ between ranks; DDP broadcasts rank 0's
+    at its start, FSDP2 shards whatever each rank holds. The checkpoint's weights are the same everywhere."""
+    with torch.no_grad():
+        for p in params:
+            dist.broadcast(p.data, src=0)
+
+
+def _by_name(model: torch.nn.Module, saved: dict) -> OptimizerStateType:
+    """A one-process optimizer state (moments keyed by the index of the trainable parameter, the order of
+    named_parameters) keyed by parameter name, for set_optimizer_state_dict."""
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    return {
+        "state": {names[i]: v for i, v in saved["state"].items()},
+        "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in saved["param_groups"]],
+    }

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from grpokit.batch import PackedBatch, RolloutBatch
+from grpokit.batch import PackedBatch, RolloutBatch, ValueTargets
 from grpokit.checkpoint import StopSignals
 from grpokit.config import Config, ConfigError
 from grpokit.distributed.parallel import Parallel
@@ -71,13 +71,12 @@ def check_config(cfg: Config, world_size: int) -> None:
             f"distributed.strategy=fsdp2 {where} would need a whole copy of the policy per rank for the "
             "sampler; use distributed.strategy=ddp, or rollout.max_policy_lag=0"
         )
-    for what, on in (
-        ("algorithm.advantage_estimator=gae (the PPO critic)", cfg.algorithm.advantage_estimator == "gae"),
-        ("model.compile=true", cfg.model.compile),
-        ("model.lora (LoRA adapters)", cfg.model.lora is not None),
-    ):
-        if on:
-            raise ConfigError(f"{what} is not supported {where} yet (docs/scaling.md); run it in one process")
+    if cfg.algorithm.advantage_estimator == "gae" and cfg.distributed.mixed_precision != "none":
+        raise ConfigError(
+            f"distributed.mixed_precision={cfg.distributed.mixed_precision} does not cover the PPO critic "
+            "(algorithm.advantage_estimator=gae) yet: its value head runs in fp32; use "
+            "distributed.mixed_precision=none (or model.autocast=bfloat16) with the critic"
+        )
 
 
 def gathers_on_push(cfg: Config) -> bool:
@@ -109,7 +108,7 @@ class World(Parallel):
         self._full: torch.nn.Module | None = (
             None  # FSDP2: an unsharded copy for the rollout engine and the saved model
         )
-        self._ref: torch.nn.Module | None = None  # pi_ref (FSDP2: sharded as the policy is)
+        self._ref: Any = None  # pi_ref (FSDP2: sharded as the policy is; LoRA: the adapter-off policy)
 
     @classmethod
     def from_env(cls, cfg: Config) -> World:
@@ -153,6 +152,24 @@ class World(Parallel):
         """Every rank's rollout batch, in rank order (the global batch), re-padded to the widest prompt and
         completion: for minibatches that mix ranks' rows. One all_gather_object of the step's tensors."""
         return b if self.size == 1 else cat_batches(self.gather(b), pad_id)
+
+    def gather_values(
+        self, tokens: PackedBatch, loss_mask: Tensor, targets: ValueTargets
+    ) -> tuple[PackedBatch, Tensor, ValueTargets]:
+        """The PPO critic's gather_batch: every rank's rows of its update (tokens, loss mask, V_old and the
+        returns), in rank order, laid out as pack_sequences lays out the whole batch (padded with the pad id
+        the ranks' batches were padded with). One all_gather_object."""
+        if self.size == 1:
+            return tokens, loss_mask, targets
+        padding = tokens.input_ids[tokens.attention_mask == 0]
+        pad_id = int(padding[0]) if padding.numel() else -1  # -1: no padding on this rank
+        everyone = self.gather((tokens, loss_mask, targets.values, targets.returns, pad_id))
+        parts = list(zip(*everyone, strict=True))
+        return (
+            _cat_packed(list(parts[0]), max(0, *parts[4])),
+            _cat(list(parts[1])),
+            ValueTargets(_cat(list(parts[2])), _cat(list(parts[3]))),
+        )
 
     # ------------------------------------------------------------------ reductions
     def gather(self, obj: Any) -> list[Any]:

@@ -13,7 +13,6 @@ import contextlib
 import copy
 import functools
 import logging
-import os
 import types
 from pathlib import Path
 
@@ -256,10 +255,6 @@ def apply_lora(model, lora_cfg, *, gradient_checkpointing: bool = False):
     """The model with LoRA adapters (peft's get_peft_model) as model.lora says: only the adapters train, the
     base weights are frozen. A peft PeftModelForCausalLM: forward, generate and save_pretrained (the adapter)
     as usual."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise ModelLoadError(
-            "model.lora runs in one process for now; drop model.lora or run without torchrun"
-        )
     try:
         from peft import LoraConfig, get_peft_model
     except ImportError:
