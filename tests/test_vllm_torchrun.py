@@ -56,10 +56,11 @@ def test_the_push_check_holds_on_every_rank(vllm_model_dir, tmp_path, policy):
             assert r["after"] < 1e-3 and r["sampled_after"] < 1e-3, where
 
 
-def _config(tmp_path: Path, model_dir: Path, strategy: str) -> Path:
+def _config(tmp_path: Path, model_dir: Path, strategy: str, lora: bool = False) -> Path:
     reward = f"{TESTS / 'reward_fns.py'}:count_sevens"
+    adapters = ", lora: {r: 4}" if lora else ""
     (tmp_path / "config.yaml").write_text(f"""
-model: {{name_or_path: "{model_dir}"}}
+model: {{name_or_path: "{model_dir}"{adapters}}}
 data: {{task: countdown, task_train_size: 64}}
 rewards: [{{function: "{reward}"}}]
 rollout: {{engine: vllm, prompts_per_step: 4, num_generations: 4, max_completion_length: 6, \
@@ -100,6 +101,29 @@ def test_torchrun_trains_with_a_vllm_engine_per_rank(vllm_model_dir, tmp_path, s
         assert r["rollout/logp_diff_max"] < 1e-3, r
     assert "eval/pass@1" in rows[0] and "eval/pass@1" in rows[-1]
     _assert_final_is_the_end_state(tmp_path / "run", vllm_model_dir)
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+def test_torchrun_trains_lora_with_a_vllm_engine_per_rank(vllm_model_dir, tmp_path, strategy):
+    """The same with model.lora: each rank's engine gets the adapted layers with the adapters merged in after
+    every update (from FSDP2's shards, or DDP's replica), checked on both ranks; the run saves the adapter."""
+    require("peft")
+    proc = subprocess.run(
+        [*TORCHRUN, "-m", "grpokit", "train", str(_config(tmp_path, vllm_model_dir, strategy, lora=True))],
+        env=_env(),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, _output(proc)
+    steps = [r for r in read_metrics(tmp_path / "run") if "reward/mean" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    for r in steps:
+        assert r["rollout/push_checks"] == 2 and r["rollout/push_error"] < 1e-3, r
+        assert r["rollout/logp_diff_max"] < 1e-3, r
+    final = tmp_path / "run" / "final"
+    assert (final / "adapter_model.safetensors").is_file() and not (final / "model.safetensors").exists()
 
 
 def _assert_final_is_the_end_state(run: Path, model_dir: Path) -> None:
