@@ -1,16 +1,16 @@
 """Every algorithm preset on countdown from the same SFT warm start, budget and seeds: held-out accuracy per
 step.
 
-    python benchmarks/presets.py                        # warm start runs/demo/sft (make demo); 10 runs, ~30
-                                                        # min on 1 CPU thread
+    python benchmarks/presets.py                        # warm start runs/demo/sft (make demo); 25 runs,
+                                                        # ~60 min on 1 idle CPU thread
     python benchmarks/presets.py --model runs/demo/sft --steps 50 --presets grpo,dapo --seeds 0
     python benchmarks/presets.py --report-only          # redraw the report from runs/presets/runs.json
 
 Writes benchmarks/results/presets.md (command, machine load, tables) and presets.png (held-out
-accuracy against optimizer steps and against training seconds). The issue's claim under test: "on
+accuracy against optimizer steps and against training seconds). The claim under test: "on
 countdown from the same warm start, the DAPO preset reaches plain GRPO's final held-out accuracy in
-fewer optimizer steps (table, 3 seeds)". grpo and dapo run with --seeds (default 0,1,2), every other
-preset with the first seed only.
+fewer optimizer steps (table, 3 seeds)". grpo, dapo and the three newer objectives (cispo, sapo, gmpo) run
+with --seeds (default 0,1,2), every other preset with the first seed only.
 
 Every run gets the same config; only `algorithm.preset=<name>` differs (PRESETS in
 grpokit/config/presets.py, docs/algorithm.md §9): the model folder (--model), data.task=countdown, 16 prompts
@@ -462,9 +462,7 @@ def parse_args(argv: list[str] | None = None):
         "--model",
         default="runs/demo/sft",
         help="warm-start model folder (every run starts from it); "
-        "the default is the SFT warm start that `make demo` writes. The recorded results used warm start G "
-        "of docs/demo_tuning.md (the same recipe, made by a script removed from the tree; last in commit "
-        "e102b80)",
+        "the default is the SFT warm start that `make demo` writes (the recorded results' warm start)",
     )
     p.add_argument("--presets", default=",".join(ALL_PRESETS))
     p.add_argument(
