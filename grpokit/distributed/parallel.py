@@ -72,17 +72,31 @@ def whole_module(model: torch.nn.Module) -> torch.nn.Module | None:
     state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if dist.get_rank() != 0:
         return None
-    plain = next(c for c in type(model).__bases__ if c is not FSDPModule)  # fully_shard's FSDP<class>
     with torch.device("meta"):
-        whole = plain(copy.deepcopy(model.config))
+        whole = _empty_twin(model, next(c for c in type(model).__bases__ if c is not FSDPModule))
     whole.load_state_dict(state, strict=False, assign=True)
-    whole.tie_weights()
+    (whole.get_base_model() if is_peft(whole) else whole).tie_weights()  # peft: the transformers model's
     for (name, buf), (_, ours) in zip(whole.named_buffers(), model.named_buffers(), strict=True):
         if buf.is_meta:  # buffers a state dict leaves out (RoPE's frequencies): the model's own
             whole.get_submodule(name.rpartition(".")[0]).register_buffer(
                 name.rpartition(".")[2], ours.detach().clone(), persistent=False
             )
     return whole
+
+
+def _empty_twin(model: Any, plain: type) -> Any:
+    """A module shaped as `model` (its class before fully_shard: `plain`), with no FSDP2 in it, built on the
+    current device (meta: no memory). A peft model (model.lora): a fresh transformers model of the base's
+    class with the same adapters added (peft's get_peft_model), so that its state dict has the sharded
+    model's names, and PeftModel.save_pretrained writes the adapter from the gathered tensors."""
+    if not is_peft(model):
+        return plain(copy.deepcopy(model.config))
+    from peft import get_peft_model
+
+    base = model.get_base_model()
+    name = model.active_adapter
+    twin = type(base)(copy.deepcopy(base.config))
+    return get_peft_model(twin, copy.deepcopy(model.peft_config[name]), adapter_name=name)
 
 
 def is_peft(model) -> bool:
@@ -284,7 +298,9 @@ class Parallel:
         (full_state_dict); every rank's generators go with them (rank_rng), for a resume at the same W."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-        whole = self.full_model()  # FSDP2: the engine's copy, refreshed from the shards (every rank)
+        # FSDP2: the engine's copy, refreshed from the shards; without one (vllm colocated, whole_copy False)
+        # the shards gathered into a module on rank 0 (whole_module; DDP: the replica); every rank calls it
+        whole = self.full_model() if self._full is not None else whole_module(model)
         moments: Any = get_optimizer_state_dict(
             model, adamw, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
         )  # a collective: rank 0 gets the whole tensors, by parameter name
