@@ -126,6 +126,36 @@ def test_torchrun_trains_lora_with_a_vllm_engine_per_rank(vllm_model_dir, tmp_pa
     assert (final / "adapter_model.safetensors").is_file() and not (final / "model.safetensors").exists()
 
 
+def test_lora_with_vllm_under_fsdp2_resumes(vllm_model_dir, tmp_path):
+    """A LoRA run with vLLM under FSDP2 keeps no whole copy of the policy: its adapter checkpoint goes back
+    into the shards by name when the run resumes, and the resumed run trains on with the push check."""
+    require("peft")
+    config = _config(tmp_path, vllm_model_dir, "fsdp2", lora=True)
+    config.write_text(config.read_text().replace("save_every: 0", "save_every: 1"))
+    first = subprocess.run(
+        [*TORCHRUN, "-m", "grpokit", "train", str(config)],
+        env=_env(),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert first.returncode == 0, _output(first)
+    again = subprocess.run(
+        [*TORCHRUN, "-m", "grpokit", "train", str(config), "optim.max_steps=3"],
+        env=_env(),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert again.returncode == 0, _output(again)
+    assert "resuming from checkpoint step 2" in again.stdout, again.stdout
+    steps = [r for r in read_metrics(tmp_path / "run") if "reward/mean" in r]
+    assert [r["step"] for r in steps] == [1, 2, 3]
+    assert steps[-1]["rollout/push_checks"] == 2 and steps[-1]["rollout/push_error"] < 1e-3, steps[-1]
+
+
 def _assert_final_is_the_end_state(run: Path, model_dir: Path) -> None:
     from safetensors.torch import load_file
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save

@@ -394,11 +394,38 @@ class Parallel:
         FSDP2: the engine's copy), whose adapter weights each rank then keeps its part of."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
+        if self._full is None and is_sharded(model):  # vllm under FSDP2: no whole copy; the file by name
+            set_model_state_dict(
+                model, _adapter_by_name(path, model), options=StateDictOptions(full_state_dict=True)
+            )
+            return
         whole = self._full if self._full is not None else model
         load_weights(path, whole)
         if whole is not model:
             adapter = {n: p.detach() for n, p in whole.named_parameters() if p.requires_grad}
             set_model_state_dict(model, adapter, options=StateDictOptions(full_state_dict=True, strict=False))
+
+
+def _adapter_by_name(path: Path, model) -> dict[str, ValueType]:
+    """A LoRA checkpoint's adapter (peft's file, whose names leave out the adapter's name) keyed by the
+    model's own parameter names, every trainable parameter of the model named once."""
+    from safetensors.torch import load_file
+
+    file = path / "adapter_model.safetensors"
+    if not file.is_file():
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} has no adapter_model.safetensors, but model.lora is set; "
+            "resume with the config it was trained with, or set a new output_dir"
+        )
+    saved, tag = load_file(file), f".{model.active_adapter}"
+    names = {n.replace(tag, ""): n for n, p in model.named_parameters() if p.requires_grad}
+    if set(saved) != set(names):
+        odd = sorted(set(saved) ^ set(names))[:3]
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} does not match the adapter ({odd}); resume with the model and "
+            "model.lora it was trained with, or set a new output_dir"
+        )
+    return {names[k]: v for k, v in saved.items()}
 
 
 def _broadcast(params: list[torch.nn.Parameter]) -> None:
