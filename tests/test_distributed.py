@@ -503,14 +503,7 @@ def checkpoint_runs(tiny_model_dir, tmp_path_factory):
         tiny_model_dir, out / "one-whole", "fsdp2", dist_cases.RESUME_CASE
     )  # one process, 2 steps
     torch.save(one["params"], out / "one-whole.pt")
-    proc = subprocess.run(
-        [*TORCHRUN, str(TESTS / "dist_cases.py"), str(tiny_model_dir), str(out), "checkpoints"],
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, _output(proc)
+    _launch(tiny_model_dir, out, "checkpoints")
     return out
 
 

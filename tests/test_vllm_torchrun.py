@@ -24,6 +24,13 @@ pytestmark = pytest.mark.slow  # each test launches two ranks that start vLLM (a
 TESTS = Path(__file__).parent
 
 
+def _launch(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    """`torchrun --nproc_per_node 2 ARGS` from tmp_path, its output kept; at most 15 minutes."""
+    return subprocess.run(
+        [*TORCHRUN, *args], env=_env(), cwd=tmp_path, capture_output=True, text=True, timeout=900
+    )
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _vllm():
     require("vllm")
@@ -37,14 +44,7 @@ def test_the_push_check_holds_on_every_rank(vllm_model_dir, tmp_path, policy):
     adapters on every linear layer, pushed as merged weights (under FSDP2 from the gathered base and adapter
     shards); the engine side of LoRA at several ranks, which the trainer still refuses."""
     lora = ["lora"] if policy == "lora" else []
-    proc = subprocess.run(
-        [*TORCHRUN, str(TESTS / "dist_vllm.py"), str(vllm_model_dir), str(tmp_path), *lora],
-        env=_env(),
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    proc = _launch(tmp_path, str(TESTS / "dist_vllm.py"), str(vllm_model_dir), str(tmp_path), *lora)
     assert proc.returncode == 0, _output(proc)
     for rank in (0, 1):
         results = json.loads((tmp_path / f"rank-{rank}.json").read_text())
@@ -82,14 +82,7 @@ def test_torchrun_trains_with_a_vllm_engine_per_rank(vllm_model_dir, tmp_path, s
     error at fp32 noise), and sampled from the current weights (rollout/logp_diff_max). The final model is the
     trained one: whole weights (under FSDP2 gathered from the shards: no whole copy is kept for the engine),
     equal to the end state the ranks saved together."""
-    proc = subprocess.run(
-        [*TORCHRUN, "-m", "grpokit", "train", str(_config(tmp_path, vllm_model_dir, strategy))],
-        env=_env(),
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    proc = _launch(tmp_path, "-m", "grpokit", "train", str(_config(tmp_path, vllm_model_dir, strategy)))
     assert proc.returncode == 0, _output(proc)
     assert proc.stdout.count("done: step 2") == 1, proc.stdout
     rows = read_metrics(tmp_path / "run")
@@ -108,13 +101,8 @@ def test_torchrun_trains_lora_with_a_vllm_engine_per_rank(vllm_model_dir, tmp_pa
     """The same with model.lora: each rank's engine gets the adapted layers with the adapters merged in after
     every update (from FSDP2's shards, or DDP's replica), checked on both ranks; the run saves the adapter."""
     require("peft")
-    proc = subprocess.run(
-        [*TORCHRUN, "-m", "grpokit", "train", str(_config(tmp_path, vllm_model_dir, strategy, lora=True))],
-        env=_env(),
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=900,
+    proc = _launch(
+        tmp_path, "-m", "grpokit", "train", str(_config(tmp_path, vllm_model_dir, strategy, lora=True))
     )
     assert proc.returncode == 0, _output(proc)
     steps = [r for r in read_metrics(tmp_path / "run") if "reward/mean" in r]
@@ -132,23 +120,9 @@ def test_lora_with_vllm_under_fsdp2_resumes(vllm_model_dir, tmp_path):
     require("peft")
     config = _config(tmp_path, vllm_model_dir, "fsdp2", lora=True)
     config.write_text(config.read_text().replace("save_every: 0", "save_every: 1"))
-    first = subprocess.run(
-        [*TORCHRUN, "-m", "grpokit", "train", str(config)],
-        env=_env(),
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    first = _launch(tmp_path, "-m", "grpokit", "train", str(config))
     assert first.returncode == 0, _output(first)
-    again = subprocess.run(
-        [*TORCHRUN, "-m", "grpokit", "train", str(config), "optim.max_steps=3"],
-        env=_env(),
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    again = _launch(tmp_path, "-m", "grpokit", "train", str(config), "optim.max_steps=3")
     assert again.returncode == 0, _output(again)
     assert "resuming from checkpoint step 2" in again.stdout, again.stdout
     steps = [r for r in read_metrics(tmp_path / "run") if "reward/mean" in r]
