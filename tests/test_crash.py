@@ -90,6 +90,9 @@ def fork_train(args: list[str], log: Path, stall: str | None = None) -> int:
         os.dup2(out.fileno(), 1)
         os.dup2(out.fileno(), 2)
         sys.stdout = sys.stderr = out
+        # One thread, also for `grpokit train`'s automatic count: a forked child of a process whose OpenMP
+        # pool has run hangs when it starts a larger pool.
+        os.environ["OMP_NUM_THREADS"] = "1"
         torch.set_num_threads(1)
         if stall == "save":
             from transformers import PreTrainedModel
@@ -121,6 +124,20 @@ def fork_train(args: list[str], log: Path, stall: str | None = None) -> int:
             code = exc.code if isinstance(exc.code, int) else 1
     finally:
         os._exit(code)
+
+
+def wait_exit(pid: int, timeout: float = 600.0) -> int:
+    """The forked run's wait status once it exits; killed and failed after `timeout` seconds (a hung child
+    must not hang the suite)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        if time.monotonic() > deadline:
+            kill9(pid)
+            raise AssertionError(f"the forked run did not exit within {timeout:.0f} s")
+        time.sleep(0.05)
 
 
 def wait_for(predicate, pid: int, timeout: float = 300.0) -> None:
@@ -178,7 +195,7 @@ def test_sigkill_anywhere_then_resume_is_exact(setup):
         [str(tmp_path / "config.yaml"), *overrides(model_dir, tmp_path, "straight")],
         tmp_path / "straight.log",
     )
-    _, status = os.waitpid(pid, 0)
+    status = wait_exit(pid)
     assert os.waitstatus_to_exitcode(status) == 0, (tmp_path / "straight.log").read_text()[-2000:]
 
     out = tmp_path / "run"
@@ -218,7 +235,7 @@ def test_sigkill_anywhere_then_resume_is_exact(setup):
 
     log = tmp_path / "final.log"
     pid = fork_train(args, log)
-    _, status = os.waitpid(pid, 0)
+    status = wait_exit(pid)
     assert os.waitstatus_to_exitcode(status) == 0, log.read_text()[-2000:]
     assert f"resuming from checkpoint step {kills[-1][1][-1]}" in log.read_text()
     assert assert_checkpoints_readable(out)[-1] == 6
