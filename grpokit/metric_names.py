@@ -189,6 +189,9 @@ ROLLOUT_VERSION_LAG_MAX = "rollout/version_lag_max"
 # engine per rank): its max |diff| and how many engines were checked.
 ROLLOUT_PUSH_ERROR = "rollout/push_error"
 ROLLOUT_PUSH_CHECKS = "rollout/push_checks"
+# rollout.vllm_mode=server: the servers of the fleet still up (grpokit/rollout/server.py drops one that
+# fails).
+ROLLOUT_SERVERS = "rollout/servers"
 # Multi-turn rollouts with tools (grpokit/rollout/episodes.py): rollout/tools/<x> over the step's episodes,
 # eval/tools/<x> over the held-out greedy episodes (grpokit.tools.episode.episode_metrics).
 ROLLOUT_TOOLS_PREFIX = "rollout/tools/"
@@ -273,6 +276,7 @@ RANK_REDUCTIONS: dict[str, str] = {
         )
     },
     ROLLOUT_PUSH_ERROR: "max",
+    ROLLOUT_SERVERS: "max",
     ROLLOUT_LOGP_DIFF_MAX: "max",
     ROLLOUT_VERSION_LAG_MAX: "max",
 }

@@ -98,6 +98,7 @@ LAYERS: dict[str, int] = {
     "grpokit.policy_handle": SERVICES,
     "grpokit.records.run_records": SERVICES,
     "grpokit.rollout.fast": SERVICES,
+    "grpokit.rollout.fleet": SERVICES,
     "grpokit.rollout.hf": SERVICES,
     "grpokit.rollout.mismatch": SERVICES,
     "grpokit.rollout.process": SERVICES,

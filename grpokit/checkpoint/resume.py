@@ -112,6 +112,8 @@ FREE_ON_RESUME = (
     "stop_after_bad_steps",
     "rollout.vllm_server_url",
     "rollout.vllm_server_timeout",
+    "rollout.vllm_weight_sync",
+    "rollout.vllm_weight_sync_host",
 )
 
 

@@ -147,23 +147,43 @@ class RolloutConfig(Section):
     the trainer's."""
     vllm_mode: Literal["colocate", "server"] = "colocate"
     """rollout.engine=vllm: colocate (vLLM in the trainer's process) or server (a `grpokit serve` process at
-    vllm_server_url, on this machine; weights reach it through /dev/shm). TRL's vllm_mode; docs/rollout.md."""
-    vllm_server_url: str = "http://127.0.0.1:8000"
-    """vllm_mode=server: the URL `grpokit serve` prints (TRL's vllm_server_base_url)."""
+    vllm_server_url; weights reach it through /dev/shm or a broadcast: vllm_weight_sync). TRL's vllm_mode;
+    docs/rollout.md."""
+    vllm_server_url: str | list[str] = "http://127.0.0.1:8000"
+    """vllm_mode=server: the URL `grpokit serve` prints (TRL's vllm_server_base_url), or a fleet of servers: a
+    list of URLs (on the command line, comma-separated) over which each step's prompts are spread."""
     vllm_server_timeout: float = Field(240.0, gt=0)
     """vllm_mode=server: seconds to wait for the server to come up at the start, and for each reply (a
-    generate of the whole rollout batch included). TRL's vllm_server_timeout."""
+    generate of the whole rollout batch included), and for each collective of a broadcast push. TRL's
+    vllm_server_timeout."""
+    vllm_weight_sync: Literal["auto", "shm", "broadcast"] = "auto"
+    """vllm_mode=server: how weights reach the servers. shm: a file in this machine's /dev/shm (the servers
+    share the machine); broadcast: a torch.distributed broadcast (gloo on CPU, NCCL on CUDA) to servers
+    anywhere; auto: shm for one server at a loopback address, else broadcast."""
+    vllm_weight_sync_host: str = ""
+    """vllm_weight_sync=broadcast: the trainer's address as the servers reach it; "" = the local address of
+    the trainer's connection to the first server."""
+
+    @property
+    def server_urls(self) -> list[str]:
+        """vllm_server_url as a list (a string may hold several URLs, comma-separated)."""
+        urls = self.vllm_server_url
+        items = urls.split(",") if isinstance(urls, str) else urls
+        return [u.strip().rstrip("/") for u in items if u.strip()] or [""]
 
     @model_validator(mode="after")
     def _check_importance_correction(self) -> RolloutConfig:
         lo, hi = self.importance_c_min, self.importance_c_max
         if lo is not None and hi is not None and not lo < hi:
             raise ValueError(f"rollout.importance_c_min={lo} must be below rollout.importance_c_max={hi}")
-        if not re.fullmatch(r"https?://[^/\s]+/?", self.vllm_server_url):
-            raise ValueError(
-                f"rollout.vllm_server_url={self.vllm_server_url!r} must be http://HOST:PORT, as `grpokit "
-                "serve` prints it"
-            )
+        for url in self.server_urls:
+            if not re.fullmatch(r"https?://[^/\s]+/?", url):
+                raise ValueError(
+                    f"rollout.vllm_server_url={url!r} must be http://HOST:PORT, as `grpokit serve` prints it "
+                    "(several: a list, or comma-separated)"
+                )
+        if len(set(self.server_urls)) < len(self.server_urls):
+            raise ValueError(f"rollout.vllm_server_url lists a server twice: {', '.join(self.server_urls)}")
         # What the engine can do (log-probs, a sampler process, a server) is checked against its capabilities
         # when the run starts: grpokit/rollout/engines.py.
         return self

@@ -55,6 +55,7 @@ from grpokit.metrics import (
     PERF_WEIGHTS_WAIT,
     ROLLOUT_PUSH_CHECKS,
     ROLLOUT_PUSH_ERROR,
+    ROLLOUT_SERVERS,
     ROLLOUT_VERSION_LAG,
     ROLLOUT_VERSION_LAG_MAX,
 )
@@ -258,10 +259,16 @@ class RolloutPipeline:
 
 def push_metrics(engine: RolloutEngine) -> dict[str, float]:
     """rollout/push_error and rollout/push_checks of an engine that checks its weight pushes (vllm: its
-    last_push_error, the check of the weights it sampled with), through a ToolRollout around it; {} for the
-    others."""
-    err = getattr(getattr(engine, "engine", engine), "last_push_error", None)
-    return {} if err is None else {ROLLOUT_PUSH_ERROR: float(err), ROLLOUT_PUSH_CHECKS: 1.0}
+    last_push_error, the check of the weights it sampled with; a fleet of servers: the max over them, and how
+    many), and rollout/servers of a server engine, through a ToolRollout around it; {} for the others."""
+    inner = getattr(engine, "engine", engine)
+    err = getattr(inner, "last_push_error", None)
+    if err is None:
+        return {}
+    out = {ROLLOUT_PUSH_ERROR: float(err), ROLLOUT_PUSH_CHECKS: float(getattr(inner, "push_checks", 1))}
+    if (servers := getattr(inner, "fleet_size", None)) is not None:
+        out[ROLLOUT_SERVERS] = float(servers)
+    return out
 
 
 def _snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:

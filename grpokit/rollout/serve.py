@@ -6,12 +6,16 @@
 It hosts one VLLMEngine, the colocated engine's class (grpokit/rollout/vllm.py), and answers JSON over HTTP
 (the client is grpokit/rollout/server.py; docs/rollout.md, "Server mode"):
 
-    GET  /health          {"status": "loading" | "ok", "version"}
+    GET  /health          {"status": "loading" | "ok", "version", "samples"}: samples = completions served
     GET  /info            the served model (tensor names and shapes, dtype, EOS ids, architecture, vocab),
                           version
     POST /generate        {prompt_token_ids, n, sampling, seed} -> {token_ids, logprobs, finish_reasons,
                           versions}
-    POST /update_weights  {path, aliases, version} -> {version}: loads the safetensors file the client wrote
+    POST /update_weights  {path, aliases, version} -> {version}: loads the safetensors file the client wrote;
+                          {broadcast: true, tensors, aliases, version}: receives them by the weight group's
+                          broadcast instead (grpokit/rollout/fleet.py)
+    POST /init_weight_group  {host, port, rank, world_size, timeout} -> {rank}: joins the trainer's process
+                          group (a TCPStore at host:port), replacing the one before
     POST /score           {token_ids} -> {logprobs, version}: prompt log-probs, the client's check of each
                           push
 
@@ -52,6 +56,25 @@ class _Served:
             model, tok, **engine_kwargs
         )  # pushes MODEL_DIR's weights (checked); then not needed
         self.version = 0
+        self.samples = 0  # completions served so far (GET /health)
+        self.group = None  # the trainer's weight group (POST /init_weight_group), None until it asks
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+    def init_weight_group(self, body: dict) -> dict:
+        """Join the trainer's weight group (in the main thread: the one that takes part in its broadcasts)."""
+        from grpokit.rollout.fleet import join_group
+
+        self.group = None  # a group the trainer rebuilt (a server of the fleet went) replaces the old one
+        self.group_timeout = float(body["timeout"])
+        self.group = join_group(
+            body["host"],
+            int(body["port"]),
+            int(body["rank"]),
+            int(body["world_size"]),
+            self.group_timeout,
+            self.device,
+        )
+        return {"rank": int(body["rank"])}
 
     def generate(self, body: dict) -> dict:
         from grpokit.rollout.server import sampling_from_wire
@@ -59,6 +82,7 @@ class _Served:
         comps = self.engine.generate_seeded(
             body["prompt_token_ids"], body["n"], sampling_from_wire(body["sampling"]), body["seed"]
         )
+        self.samples += len(comps)
         return {
             "token_ids": comps.token_ids,
             "logprobs": comps.logprobs,
@@ -67,21 +91,36 @@ class _Served:
         }
 
     def update_weights(self, body: dict) -> dict:
-        from grpokit.rollout.weights import read_push
-
-        try:
-            named = read_push(body["path"], body.get("aliases") or {})
-        except FileNotFoundError:
-            raise ValueError(
-                f"cannot read {body['path']}: weights come through a file in the trainer's /dev/shm, so the "
-                "server must run on the trainer's machine (docs/rollout.md)"
-            ) from None
+        named = self._broadcast_push(body) if body.get("broadcast") else self._file_push(body)
         unknown = sorted(set(name for name, _ in named) - set(self.info["tensors"]))
         if unknown:  # vLLM would skip or fail on them deep inside its reload
             raise ValueError(f"the push names tensors this model has not got: {unknown[:3]}")
         self.engine.push(named)
         self.version = self.version + 1 if body.get("version") is None else int(body["version"])
         return {"version": self.version, "tensors": len(named)}
+
+    def _broadcast_push(self, body: dict) -> list:
+        from grpokit.rollout.fleet import receive
+
+        if self.group is None:
+            raise ValueError(
+                "a broadcast push before POST /init_weight_group: the trainer must build the group"
+            )
+        named = receive(self.group, body["tensors"], self.device, self.group_timeout)
+        got = dict(named)
+        return [*named, *((alias, got[name]) for alias, name in (body.get("aliases") or {}).items())]
+
+    def _file_push(self, body: dict) -> list:
+        from grpokit.rollout.weights import read_push
+
+        try:
+            return read_push(body["path"], body.get("aliases") or {})
+        except FileNotFoundError:
+            raise ValueError(
+                f"cannot read {body['path']}: weights come through a file in the trainer's /dev/shm, so the "
+                "server must run on the trainer's machine (rollout.vllm_weight_sync=broadcast reaches a "
+                "server elsewhere; docs/rollout.md)"
+            ) from None
 
     def score(self, body: dict) -> dict:
         return {"logprobs": self.engine.prompt_logprobs(body["token_ids"]), "version": self.version}
@@ -94,7 +133,12 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path == "/health":
             served = self.server.served
             return self._reply(
-                200, {"status": "ok" if served else "loading", "version": served.version if served else None}
+                200,
+                {
+                    "status": "ok" if served else "loading",
+                    "version": served.version if served else None,
+                    "samples": served.samples if served else 0,
+                },
             )
         if self.path == "/info":
             return self._run(lambda s, _: {**s.info, "version": s.version}, None)
@@ -105,6 +149,7 @@ class _Handler(BaseHTTPRequestHandler):
             "/generate": _Served.generate,
             "/update_weights": _Served.update_weights,
             "/score": _Served.score,
+            "/init_weight_group": _Served.init_weight_group,
         }
         if self.path not in routes:
             return self._reply(404, {"error": f"no POST {self.path}; POST {', '.join(routes)}"})

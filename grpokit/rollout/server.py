@@ -29,30 +29,40 @@ through an http_proxy.
 
 from __future__ import annotations
 
+import functools
 import http.client
+import ipaddress
 import json
+import logging
 import os
 import socket
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import torch
 
 from grpokit.rollout.base import Completions, EngineCaps, RolloutEngine, SamplingParams
+from grpokit.rollout.fleet import WeightGroup, split_prompts, tensor_specs
 from grpokit.rollout.hf import eos_token_ids
 from grpokit.rollout.vllm import draw_seed
 from grpokit.rollout.weights import (
     RolloutError,
     base_model,
     check_push,
+    model_prompt_logprobs,
     probe_ids,
     push_dir,
-    push_error,
     trainable_tensors,
+    unique_tensors,
     write_push,
 )
+
+logger = logging.getLogger("grpokit.rollout")
 
 
 class ServerError(RolloutError):
@@ -112,41 +122,16 @@ def model_difference(theirs: dict, ours: dict) -> str | None:
     return None
 
 
-class VLLMServerEngine(RolloutEngine):
-    """rollout.engine=vllm with rollout.vllm_mode=server: generates on a `grpokit serve` process over HTTP."""
+class ServerClient:
+    """One `grpokit serve` process: its URL, JSON over HTTP with rollout.vllm_server_timeout, the wait for it
+    to come up."""
 
-    # One trainer process: each rank would push its own weights. The server's vLLM has no LoRA here.
-    caps = EngineCaps(
-        sampling_logprobs=True, several_ranks=False, lora=False, stop_sequences=True, own_process=True
-    )
+    def __init__(self, url: str, timeout: float):
+        self.url, self.timeout = url.rstrip("/"), timeout
+        # straight to the server, not through an http_proxy
+        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
-    @classmethod
-    def from_config(cls, model, tokenizer, *, batch_size: int = 0, compile: bool = False, rollout=None):
-        """The engine of a run (grpokit/rollout/engines.py: make_engine)."""
-        return cls(model, tokenizer, url=rollout.vllm_server_url, timeout=rollout.vllm_server_timeout)
-
-    def __init__(self, model, tokenizer, *, url: str, timeout: float = 240.0, verify: bool = True):
-        self.url, self.timeout, self.tokenizer, self.verify = url.rstrip("/"), timeout, tokenizer, verify
-        self.eos_ids = eos_token_ids(model, tokenizer)
-        self.pushes = 0  # weight pushes so far
-        self.version: int | None = (
-            None  # the policy version the server samples from (its reply to the last push)
-        )
-        self.last_push_error: float | None = None  # the check's max |diff| of the last push
-        self._opener = urllib.request.build_opener(
-            urllib.request.ProxyHandler({})
-        )  # localhost, not the http_proxy
-        info = self._wait_until_up()
-        self._check_same_model(info, model)
-        self.dtype = getattr(
-            torch, info["dtype"]
-        )  # the server's weights (what the push check's tolerance depends on)
-        self.sync_weights(
-            model, version=0
-        )  # the trainer's weights (a fine-tuned or resumed policy, not MODEL_DIR's)
-
-    # ------------------------------------------------------------------ HTTP
-    def _request(self, path: str, body: dict | None = None) -> dict:
+    def request(self, path: str, body: dict | None = None, timeout: float | None = None) -> dict:
         """GET (no body) or POST JSON; the reply's JSON. Every failure is one line naming the server and the
         fix."""
         method = "GET" if body is None else "POST"
@@ -157,7 +142,7 @@ class VLLMServerEngine(RolloutEngine):
             method=method,
         )
         try:
-            with self._opener.open(req, timeout=self.timeout) as reply:
+            with self._opener.open(req, timeout=timeout or self.timeout) as reply:
                 return json.loads(reply.read())
         except urllib.error.HTTPError as exc:  # the server answered with an error: its message
             try:
@@ -192,15 +177,15 @@ class VLLMServerEngine(RolloutEngine):
             f"`grpokit serve MODEL_DIR --port {port}`, or use rollout.vllm_mode=colocate"
         )
 
-    def _wait_until_up(self) -> dict:
+    def wait_until_up(self) -> dict:
         """The server's /info, once /health says it is ready (a server just started loads for a while):
         retried until rollout.vllm_server_timeout."""
         deadline, status = time.monotonic() + self.timeout, None
         while True:
             try:
-                status = self._request("/health")["status"]
+                status = self.request("/health")["status"]
                 if status == "ok":
-                    return self._request("/info")
+                    return self.request("/info")
             except ServerDown:
                 pass
             if time.monotonic() > deadline:
@@ -212,25 +197,158 @@ class VLLMServerEngine(RolloutEngine):
                 raise ServerError(self._down(f"after {self.timeout:g} s (rollout.vllm_server_timeout)"))
             time.sleep(0.5)
 
-    def _check_same_model(self, info: dict, model) -> None:
+    def local_address(self) -> str:
+        """This machine's address on the connection to the server (the address the server sees)."""
+        parts = urllib.parse.urlsplit(self.url)
+        with socket.create_connection((parts.hostname, parts.port or 80), timeout=self.timeout) as conn:
+            return conn.getsockname()[0]
+
+    @property
+    def loopback(self) -> bool:
+        host = urllib.parse.urlsplit(self.url).hostname or ""
+        try:
+            return host == "localhost" or ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            return False
+
+
+def weight_sync_mode(mode: str, servers: list[ServerClient]) -> str:
+    """rollout.vllm_weight_sync as it applies: auto is shm for one server at a loopback address, else
+    broadcast."""
+    if mode != "auto":
+        return mode
+    return "shm" if len(servers) == 1 and servers[0].loopback else "broadcast"
+
+
+class VLLMServerEngine(RolloutEngine):
+    """rollout.engine=vllm with rollout.vllm_mode=server: generates on one `grpokit serve` process, or a
+    fleet of them, over HTTP."""
+
+    # One trainer process: each rank would push its own weights. The server's vLLM has no LoRA here.
+    caps = EngineCaps(
+        sampling_logprobs=True, several_ranks=False, lora=False, stop_sequences=True, own_process=True
+    )
+
+    @classmethod
+    def from_config(cls, model, tokenizer, *, batch_size: int = 0, compile: bool = False, rollout=None):
+        """The engine of a run (grpokit/rollout/engines.py: make_engine)."""
+        return cls(
+            model,
+            tokenizer,
+            url=rollout.server_urls,
+            timeout=rollout.vllm_server_timeout,
+            weight_sync=rollout.vllm_weight_sync,
+            sync_host=rollout.vllm_weight_sync_host,
+        )
+
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        *,
+        url: str | list[str],
+        timeout: float = 240.0,
+        verify: bool = True,
+        weight_sync: str = "auto",
+        sync_host: str = "",
+    ):
+        urls = [u.strip() for u in url.split(",")] if isinstance(url, str) else list(url)
+        self.servers = [ServerClient(u, timeout) for u in urls]  # the fleet: the servers still up
+        self.url, self.timeout, self.tokenizer, self.verify = self.servers[0].url, timeout, tokenizer, verify
+        self.eos_ids = eos_token_ids(model, tokenizer)
+        self.pushes = 0  # weight pushes so far
+        self.version: int | None = None  # the policy version the servers sample from (their reply to a push)
+        self.last_push_error: float | None = None  # the check's max |diff| of the last push, over the servers
+        self.push_checks = 0  # servers whose last push was checked
+        self.gone: list[str] = []  # "URL (why)" of each server dropped from the fleet
+        self.weight_sync, self.sync_host = weight_sync_mode(weight_sync, self.servers), sync_host
+        self.group: WeightGroup | None = None  # the broadcast's process group, built by the first push
+        for server in self.servers:
+            self._check_same_model(server, server.wait_until_up(), model)
+        info = self.servers[0].request("/info")
+        self.dtype = getattr(torch, info["dtype"])  # the servers' weights (the push check's tolerance)
+        # the trainer's weights (a fine-tuned or resumed policy, not MODEL_DIR's)
+        self.sync_weights(model, version=0)
+
+    @property
+    def fleet_size(self) -> int:
+        return len(self.servers)
+
+    def _request(self, path: str, body: dict | None = None) -> dict:
+        """A request to the first server of the fleet."""
+        return self.servers[0].request(path, body)
+
+    def _check_same_model(self, server: ServerClient, info: dict, model) -> None:
         ours = model_info(model, self.tokenizer)
         name = getattr(base_model(model).config, "_name_or_path", "") or "MODEL_DIR"
         fix = f"start it on the trainer's model: `grpokit serve {name}`"
         if (why := model_difference(info, ours)) is not None:
             raise ServerError(
-                f"the rollout server at {self.url} serves another model ({info['model']}) than the "
+                f"the rollout server at {server.url} serves another model ({info['model']}) than the "
                 f"trainer's: {why}; {fix}"
             )
         if info["dtype"] != ours["dtype"]:
             raise ServerError(
-                f"the rollout server at {self.url} runs {info['dtype']} weights, the trainer {ours['dtype']} "
-                f"(model.dtype): {fix} --dtype {ours['dtype']}"
+                f"the rollout server at {server.url} runs {info['dtype']} weights, the trainer "
+                f"{ours['dtype']} (model.dtype): {fix} --dtype {ours['dtype']}"
             )
         if info["eos_ids"] != ours["eos_ids"]:
             raise ServerError(
-                f"the rollout server at {self.url} stops at EOS ids {info['eos_ids']}, the trainer at "
+                f"the rollout server at {server.url} stops at EOS ids {info['eos_ids']}, the trainer at "
                 f"{ours['eos_ids']}: {fix} --tokenizer <the trainer's tokenizer>"
             )
+
+    # ------------------------------------------------------------------ the fleet
+    def _each(self, jobs: Sequence[tuple[ServerClient, Callable[[], Any]]], during=None) -> list:
+        """Run each job (a request to its server) in a thread of its own, and `during` in this one meanwhile;
+        each job's result or exception, in order. An exception of `during` is raised once the jobs end."""
+        with ThreadPoolExecutor(max_workers=max(1, len(jobs))) as pool:
+            futures = [pool.submit(job) for _, job in jobs]
+            failed = None
+            if during is not None:
+                try:
+                    during()
+                except Exception as exc:  # a failed collective: the jobs still end (each has its timeout)
+                    failed = exc
+            results = [f.exception() or f.result() for f in futures]
+        if failed is not None:
+            raise ServerError(
+                f"the weight broadcast to the rollout servers failed ({failed}); see their output"
+            ) from None
+        return results
+
+    def _drop(self, server: ServerClient, why: Exception, did: str) -> None:
+        """Take a server that failed out of the fleet (the weight group is rebuilt before the next push);
+        ServerError when none is left."""
+        if server not in self.servers:
+            return
+        self.servers.remove(server)
+        self.gone.append(f"{server.url} ({why})")
+        self.group = None
+        if not self.servers:
+            raise ServerError(
+                f"no rollout server is left (rollout.vllm_server_url): {'; '.join(self.gone)}; start them "
+                "again with `grpokit serve` and resume the run"
+            )
+        logger.warning(
+            "rollout server %s is gone (%s): %s; %d of %d servers left (%s)",
+            server.url,
+            why,
+            did,
+            len(self.servers),
+            len(self.servers) + len(self.gone),
+            ", ".join(s.url for s in self.servers),
+        )
+
+    def _drop_unreachable(self) -> int:
+        """Drop the servers whose /health does not answer; how many."""
+        jobs = [(s, functools.partial(s.request, "/health")) for s in self.servers]
+        dropped = 0
+        for (server, _), result in zip(jobs, self._each(jobs), strict=True):
+            if isinstance(result, ServerError):
+                self._drop(server, result, "dropped from the fleet before the weight push")
+                dropped += 1
+        return dropped
 
     # ------------------------------------------------------------------ weights
     def sync_weights(self, model, version: int | None = None) -> None:
@@ -241,42 +359,142 @@ class VLLMServerEngine(RolloutEngine):
             self.verify_push(base_model(model))
 
     def push(self, named, version: int | None = None) -> int:
-        """Write (name, tensor) pairs to a file in /dev/shm, have the server load it; returns the server's
-        version."""
-        path, aliases = write_push(list(named), push_dir())
+        """Send (name, tensor) pairs to every server (rollout.vllm_weight_sync: a file in /dev/shm, or the
+        weight group's broadcast) and have each load them; returns the servers' version. A server that does
+        not answer is dropped from the fleet, and the push goes again to the others."""
+        named = list(named)
+        if self.pushes:
+            self._drop_unreachable()
         try:
-            reply = self._request("/update_weights", {"path": path, "aliases": aliases, "version": version})
-        finally:
-            os.unlink(path)
+            replies = self._push_once(named, version)
+        except ServerError:
+            if not self._drop_unreachable():
+                raise
+            replies = self._push_once(named, version)
         self.pushes += 1
-        self.version = reply["version"]
+        self.version = replies[0]["version"]
         return self.version
 
-    def verify_push(self, model) -> float:
-        """max |the server's prompt log-probs - model's| on a probe fixed per push; RolloutError above
-        PUSH_TOLERANCE."""
-        ids = probe_ids(model, self.pushes)
-        self.last_push_error = push_error(self._request("/score", {"token_ids": ids})["logprobs"], model, ids)
-        return check_push(
-            self.last_push_error, model, self.dtype, self.pushes, where=f"vLLM server ({self.url})"
+    def _push_once(self, named: list, version: int | None) -> list[dict]:
+        """One push to every server of the fleet; the first server's failure is raised."""
+        results = (
+            self._push_file(named, version)
+            if self.weight_sync == "shm"
+            else self._push_broadcast(named, version)
         )
+        for result in results:
+            if isinstance(result, Exception):
+                self.group = None  # a server that failed a push leaves the group unusable
+                raise result
+        return results
+
+    def _push_file(self, named: list, version: int | None) -> list:
+        """One file in /dev/shm that every server (on this machine) loads."""
+        path, aliases = write_push(named, push_dir())
+        body = {"path": path, "aliases": aliases, "version": version}
+        try:
+            return self._each(
+                [(s, functools.partial(s.request, "/update_weights", body)) for s in self.servers]
+            )
+        finally:
+            os.unlink(path)
+
+    def _push_broadcast(self, named: list, version: int | None) -> list:
+        """/update_weights to every server at once (each then waits in the broadcast), and the broadcast."""
+        unique, aliases = unique_tensors(named)
+        if self.group is None or self.group.size != len(self.servers) + 1:
+            self._build_group(unique[0][1].device if unique else torch.device("cpu"))
+        group = self.group
+        assert group is not None
+        body = {"broadcast": True, "tensors": tensor_specs(unique), "aliases": aliases, "version": version}
+        jobs = [(s, functools.partial(s.request, "/update_weights", body)) for s in self.servers]
+        try:
+            return self._each(jobs, during=lambda: group.send(unique))
+        except ServerError:
+            self.group = None  # a failed collective leaves the group unusable
+            raise
+
+    def _build_group(self, device: torch.device) -> None:
+        """The weight group of this process (rank 0) and the servers (ranks 1..N, in fleet order)."""
+        host = self.sync_host or self.servers[0].local_address()
+        group = WeightGroup(host, len(self.servers), self.timeout, device)
+        jobs = [
+            (
+                s,
+                functools.partial(
+                    s.request,
+                    "/init_weight_group",
+                    {
+                        "host": host,
+                        "port": group.port,
+                        "rank": rank,
+                        "world_size": group.size,
+                        "timeout": self.timeout,
+                    },
+                ),
+            )
+            for rank, s in enumerate(self.servers, start=1)
+        ]
+        for result in self._each(jobs, during=group.join):
+            if isinstance(result, Exception):
+                raise result
+        self.group = group
+
+    def verify_push(self, model) -> float:
+        """max |each server's prompt log-probs - model's| on a probe fixed per push; RolloutError above
+        PUSH_TOLERANCE, naming the server."""
+        ids = probe_ids(model, self.pushes)
+        ours = model_prompt_logprobs(model, ids)
+        errors = []
+        for server in self.servers:
+            theirs = torch.tensor(
+                server.request("/score", {"token_ids": ids})["logprobs"], dtype=torch.float64
+            )
+            errors.append((ours - theirs).abs().max().item())
+            check_push(errors[-1], model, self.dtype, self.pushes, where=f"vLLM server ({server.url})")
+        self.last_push_error, self.push_checks = max(errors), len(errors)
+        return self.last_push_error
 
     # ------------------------------------------------------------------ sampling
     def generate(self, prompt_token_ids: list[list[int]], n: int, sampling: SamplingParams) -> Completions:
-        reply = self._request(
-            "/generate",
-            {
-                "prompt_token_ids": [list(p) for p in prompt_token_ids],
-                "n": n,
-                "sampling": sampling_to_wire(sampling),
-                "seed": draw_seed(sampling),
-            },
-        )
-        token_ids = reply["token_ids"]
+        """Whole prompt groups spread over the servers in order, in parallel; prompt i samples with the base
+        seed + i * n wherever it runs (the colocated engine's seeds), so the fleet's samples are one server's.
+        The prompts of a server that fails go to the others; the batch is whole or a ServerError."""
+        prompts = [list(p) for p in prompt_token_ids]
+        body = {"n": n, "sampling": sampling_to_wire(sampling)}
+        seed = draw_seed(sampling)
+        chunks = split_prompts(len(prompts), len(self.servers)) or [(0, 0)]
+        replies: dict[int, dict] = {}
+        while pending := [c for c in chunks if c[0] not in replies]:
+            servers = list(self.servers)
+            jobs = [
+                (
+                    servers[k % len(servers)],
+                    functools.partial(
+                        servers[k % len(servers)].request,
+                        "/generate",
+                        {**body, "prompt_token_ids": prompts[a:b], "seed": seed + a * n},
+                    ),
+                )
+                for k, (a, b) in enumerate(pending)
+            ]
+            for (a, _), (server, _), result in zip(pending, jobs, self._each(jobs), strict=True):
+                if isinstance(result, ServerError):
+                    self._drop(server, result, "its prompts go to the others, with the same seeds")
+                elif isinstance(result, Exception):
+                    raise result
+                else:
+                    replies[a] = result
+        token_ids, reasons, logprobs, versions = [], [], [], []
+        for a, _ in chunks:
+            token_ids += replies[a]["token_ids"]
+            reasons += replies[a]["finish_reasons"]
+            logprobs += replies[a]["logprobs"]
+            versions += replies[a]["versions"]
         return Completions(
             token_ids=token_ids,
             texts=self.tokenizer.batch_decode(token_ids, skip_special_tokens=True),
-            finish_reasons=reply["finish_reasons"],
-            logprobs=reply["logprobs"],
-            versions=reply["versions"],
+            finish_reasons=reasons,
+            logprobs=logprobs,
+            versions=versions,
         )

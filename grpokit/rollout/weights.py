@@ -4,6 +4,8 @@
                                                              # included
     path, aliases = write_push(named, push_dir())            # rollout.vllm_mode=server: a safetensors file in
                                                              # /dev/shm
+    unique, aliases = unique_tensors(named)                  # each storage once (a broadcast push:
+                                                             # grpokit/rollout/fleet.py)
     named = read_push(path, aliases)                         # the server's side
     err = check_push(vllm_logprobs, model, ids, dtype, n)    # RolloutError when vLLM's probe log-probs are
                                                              # not the model's
@@ -159,23 +161,33 @@ def push_dir() -> str:
     )
 
 
+def unique_tensors(
+    named: list[tuple[str, torch.Tensor]],
+) -> tuple[list[tuple[str, torch.Tensor]], dict[str, str]]:
+    """Each storage once: a tied name (lm_head.weight = embed_tokens.weight) becomes an alias of the first
+    name that holds it. Returns ([(name, contiguous tensor)], {alias: name})."""
+    unique, aliases = [], {}
+    seen: dict[tuple[Any, ...], str] = {}  # storage key -> the name it is sent under
+    for name, t in named:
+        key = (t.device, t.data_ptr(), t.dtype, tuple(t.shape), tuple(t.stride()))
+        if key in seen:
+            aliases[name] = seen[key]
+        else:
+            seen[key] = name
+            unique.append((name, t.contiguous()))
+    return unique, aliases
+
+
 def write_push(named: list[tuple[str, torch.Tensor]], folder: str) -> tuple[str, dict[str, str]]:
     """A safetensors file of the tensors, each storage once: a tied name (lm_head.weight =
     embed_tokens.weight) becomes an alias (safetensors refuses shared tensors). Returns (path, {alias: name in
     the file})."""
     from safetensors.torch import save_file
 
-    unique, aliases = {}, {}
-    seen: dict[tuple[Any, ...], str] = {}  # storage key -> the name it is saved under
-    for name, t in named:
-        key = (t.device, t.data_ptr(), t.dtype, tuple(t.shape), tuple(t.stride()))
-        if key in seen:
-            aliases[name] = seen[key]
-        else:
-            seen[key], unique[name] = name, t.contiguous()
+    unique, aliases = unique_tensors(named)
     path = os.path.join(folder, f"grpokit-push-{os.getpid()}-{uuid.uuid4().hex[:12]}.safetensors")
     try:
-        save_file(unique, path)
+        save_file(dict(unique), path)
     except BaseException:
         if os.path.exists(path):
             os.unlink(path)
