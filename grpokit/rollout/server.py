@@ -17,6 +17,12 @@ The same contract as the colocated engine (grpokit/rollout/vllm.py), whose class
 - Weights: the trainable tensors (tied names included: weights.trainable_tensors) are written to a safetensors
   file in /dev/shm (memory, not disk); /update_weights names it and the server loads it through the colocated
   engine's reload path; the client deletes the file. The server must therefore share this machine's /dev/shm.
+  Or (rollout.vllm_weight_sync=broadcast, and auto for several servers or one elsewhere) a torch.distributed
+  broadcast in a process group of the trainer and the servers (grpokit/rollout/fleet.py), to servers anywhere.
+- A fleet: rollout.vllm_server_url lists several servers; each generate call spreads its prompts over them in
+  order (prompt i still samples with base seed + i * n), every push goes to all and is checked on each, and a
+  server that stops answering is named in a warning, dropped, and its prompts retried on the others; with none
+  left, a ServerError.
 - Every push is checked: the server scores a probe sequence (/score) and the client compares with the
   trainer's own log-probs (weights.check_push, max |diff| <= PUSH_TOLERANCE); a push that did not take is a
   RolloutError.
