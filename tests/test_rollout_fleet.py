@@ -168,6 +168,45 @@ def test_prompts_are_split_in_order_into_near_equal_shares():
     assert split_prompts(4, 1) == [(0, 4)]
 
 
+def test_the_server_list_is_a_yaml_list_or_comma_separated_and_a_bad_entry_is_one_line():
+    from grpokit.config import load_config
+
+    def urls(value: str) -> list[str]:
+        return load_config(None, [f"rollout.vllm_server_url={value}"]).rollout.server_urls
+
+    assert urls("http://10.0.0.2:8000,http://10.0.0.3:8000/") == [
+        "http://10.0.0.2:8000",
+        "http://10.0.0.3:8000",
+    ]
+    assert urls("[http://10.0.0.2:8000, http://10.0.0.3:8000]") == [
+        "http://10.0.0.2:8000",
+        "http://10.0.0.3:8000",
+    ]
+    assert urls("http://127.0.0.1:8000") == ["http://127.0.0.1:8000"]
+    with pytest.raises(
+        Exception, match=r"rollout.vllm_server_url='10.0.0.3:8000' must be http://HOST:PORT"
+    ) as bad:
+        urls("http://10.0.0.2:8000,10.0.0.3:8000")
+    assert "\n" not in str(bad.value)
+    with pytest.raises(Exception, match="rollout.vllm_server_url lists a server twice"):
+        urls("http://a:1,http://a:1")
+    with pytest.raises(Exception, match="vllm_weight_sync"):
+        load_config(None, ["rollout.vllm_weight_sync=nfs"])
+
+
+def test_auto_weight_sync_is_the_file_for_one_local_server_and_the_broadcast_otherwise():
+    from grpokit.rollout.server import ServerClient, weight_sync_mode
+
+    def mode(*urls: str, key: str = "auto") -> str:
+        return weight_sync_mode(key, [ServerClient(u, 1.0) for u in urls])
+
+    assert mode("http://127.0.0.1:8000") == mode("http://localhost:8000") == "shm"
+    assert mode("http://10.0.0.2:8000") == "broadcast"
+    assert mode("http://127.0.0.1:8000", "http://127.0.0.1:8001") == "broadcast"
+    assert mode("http://127.0.0.1:8000", "http://127.0.0.1:8001", key="shm") == "shm"
+    assert mode("http://127.0.0.1:8000", key="broadcast") == "broadcast"
+
+
 def test_a_broadcast_delivers_every_tensor_bit_for_bit_in_few_buckets():
     """The trainer's WeightGroup and a receiver in a thread of this process, over gloo on loopback: every
     tensor arrives with its name, dtype and shape, bit for bit; many small tensors travel in one bucket."""
