@@ -285,6 +285,37 @@ def test_grpo_on_a_fleet_of_two_every_push_reaches_both(fleet, vllm_model_dir, t
 
 
 @pytest.mark.slow
+def test_a_server_that_stops_answering_is_dropped_after_the_timeout(fleet, vllm_model_dir, caplog):
+    """SIGSTOP to the second server (it hangs, its connections stay open): the rollout's request to it times
+    out after rollout.vllm_server_timeout, its prompts go to the first with the same seeds, and the next push
+    rebuilds the weight group with the first alone."""
+    model, tok = load(vllm_model_dir)
+    engine = connect(fleet, model, tok)
+    engine.timeout = 10.0  # what rollout.vllm_server_timeout=10 gives, once both are up
+    for server in engine.servers:
+        server.timeout = 10.0
+    p, sampling = prompts(tok) * 2, SamplingParams(max_tokens=8)
+    torch.manual_seed(3)
+    expected = engine.generate(p, 2, sampling)
+    fleet.procs[1].send_signal(signal.SIGSTOP)
+    try:
+        torch.manual_seed(3)
+        with caplog.at_level(logging.WARNING, logger="grpokit.rollout"):
+            got = engine.generate(p, 2, sampling)
+        assert got.token_ids == expected.token_ids and engine.fleet_size == 1
+        line = next(m for m in caplog.messages if "is gone" in m)
+        assert line.startswith(
+            f"rollout server {fleet.urls[1]} is gone (the rollout server at {fleet.urls[1]} "
+            "did not answer POST /generate within 10 s"
+        ), line
+        engine.sync_weights(model)
+        assert engine.push_checks == 1 and engine.group is not None and engine.group.size == 2
+        assert engine.generate(p, 2, sampling).versions == [1] * len(expected)  # the push after version 0
+    finally:
+        fleet.procs[1].send_signal(signal.SIGCONT)
+
+
+@pytest.mark.slow
 def test_a_server_killed_between_steps_leaves_the_run_to_the_other(fleet, vllm_model_dir, tmp_path, caplog):
     """SIGKILL to the second server before the second step's rollouts: its prompts go to the first with the
     same seeds (the batch is the one both would have sampled), it leaves the fleet, the next push rebuilds
