@@ -58,6 +58,7 @@ class _Served:
         self.version = 0
         self.samples = 0  # completions served so far (GET /health)
         self.group = None  # the trainer's weight group (POST /init_weight_group), None until it asks
+        self.group_timeout = 240.0  # seconds each of its collectives may wait (the trainer's timeout)
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
     def init_weight_group(self, body: dict) -> dict:

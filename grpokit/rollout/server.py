@@ -137,7 +137,7 @@ class ServerClient:
         # straight to the server, not through an http_proxy
         self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
-    def request(self, path: str, body: dict | None = None, timeout: float | None = None) -> dict:
+    def request(self, path: str, body: dict | None = None) -> dict:
         """GET (no body) or POST JSON; the reply's JSON. Every failure is one line naming the server and the
         fix."""
         method = "GET" if body is None else "POST"
@@ -148,7 +148,7 @@ class ServerClient:
             method=method,
         )
         try:
-            with self._opener.open(req, timeout=timeout or self.timeout) as reply:
+            with self._opener.open(req, timeout=self.timeout) as reply:
                 return json.loads(reply.read())
         except urllib.error.HTTPError as exc:  # the server answered with an error: its message
             try:
