@@ -1,0 +1,61 @@
+"""rollout.vllm_mode=server under torchrun, for real: two gloo ranks on this CPU, each a client of one real
+`grpokit serve` process (tests/test_rollout_server.py's fixture, on the tiny Llama of
+tests/test_rollout_vllm.py), for DDP and FSDP2. Every rank generates its own share of the prompts on the
+server; rank 0 alone pushes the weights after each update (under FSDP2 gathered from the shards one tensor
+at a time, every rank taking part) and checks the push; no rank samples again before the push took.
+
+What is not asserted: that the 2-rank run's weights equal a one-process run's on the same global batch. The
+server samples from the base seed its client sends, and each rank draws that seed from its own generator,
+seeded with seed + rank (trainer.py: each rank samples its own completions), so rank 1's prompts get other
+seeds than the same prompts get in one process, hence other completions and other weights. The equivalence of
+the update itself on a fixed global batch is tests/test_distributed.py's. Asserted instead: the push check ran
+once per step (rank 0's) and passed, every sample of both ranks carries the step's version and was sampled
+from the current weights (the trainer's recomputed log-probs equal the server's), and the saved model is the
+trained one.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers import read_metrics, require
+from tests.test_distributed import _output
+from tests.test_rollout_server import server  # noqa: F401 (the module's `grpokit serve` fixture)
+from tests.test_vllm_torchrun import _assert_final_is_the_end_state, _config, _launch
+
+pytestmark = pytest.mark.slow  # a server plus two ranks (a minute or more here)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _vllm():
+    require("vllm")
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+def test_torchrun_trains_with_every_rank_a_client_of_one_server(
+    vllm_model_dir,
+    tmp_path,
+    server,  # noqa: F811 (the fixture imported above)
+    strategy,
+):
+    """`torchrun --nproc_per_node 2 -m grpokit train ... rollout.vllm_mode=server`: two steps. Per step,
+    rollout/push_checks is 1 (summed over the ranks: rank 0 alone pushes and checks) with its error at fp32
+    noise; rollout/version_lag is 0 in the mean over both ranks and at its max over both ranks, so every
+    sample of each rank carries the version of the step it trains (no lag is negative: a server reports the
+    version of the last push); rollout/logp_diff_max, over both ranks' samples, says each was sampled from
+    the current weights. Rank 0 evaluates through the same server; the final model is the end state."""
+    config = _config(tmp_path, vllm_model_dir, strategy)
+    url = f"rollout.vllm_server_url={server[0]}"
+    proc = _launch(tmp_path, "-m", "grpokit", "train", str(config), "rollout.vllm_mode=server", url)
+    assert proc.returncode == 0, _output(proc)
+    assert proc.stdout.count("done: step 2") == 1, proc.stdout
+    rows = read_metrics(tmp_path / "run")
+    steps = [r for r in rows if "reward/mean" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    for r in steps:
+        assert r["rollout/push_checks"] == 1, r
+        assert r["rollout/push_error"] < 1e-3, r
+        assert r["rollout/version_lag"] == 0 and r["rollout/version_lag_max"] == 0, r
+        assert r["rollout/logp_diff_max"] < 1e-3, r
+    assert "eval/pass@1" in rows[0] and "eval/pass@1" in rows[-1]
+    _assert_final_is_the_end_state(tmp_path / "run", vllm_model_dir)
