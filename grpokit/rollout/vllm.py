@@ -56,8 +56,9 @@ exactly what grpokit.policy.completion_logprobs computes (and what the fast engi
 it is the true behaviour policy, which is what importance correction needs. Greedy: temperature-1 log-probs.
 
 Server mode (`grpokit serve`, rollout.vllm_mode=server) hosts this same class in its own process
-(grpokit/rollout/serve.py) and reaches it through generate_seeded, push and prompt_logprobs (one trainer
-process, no LoRA there). docs/rollout.md compares the engines.
+(grpokit/rollout/serve.py) and reaches it through generate_seeded, push and prompt_logprobs (no LoRA there;
+under torchrun every rank is a client and rank 0 alone pushes: grpokit/rollout/server.py). docs/rollout.md
+compares the engines.
 """
 
 from __future__ import annotations
