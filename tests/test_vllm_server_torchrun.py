@@ -16,6 +16,9 @@ trained one.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from tests.helpers import read_metrics, require
@@ -24,11 +27,39 @@ from tests.test_rollout_server import server  # noqa: F401 (the module's `grpoki
 from tests.test_vllm_torchrun import _assert_final_is_the_end_state, _config, _launch
 
 pytestmark = pytest.mark.slow  # a server plus two ranks (a minute or more here)
+TESTS = Path(__file__).parent
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _vllm():
     require("vllm")
+
+
+def test_rank_0_pushes_and_no_rank_samples_before_the_push_took(
+    vllm_model_dir,
+    tmp_path,
+    server,  # noqa: F811 (the fixture imported above)
+):
+    """tests/dist_vllm_server.py, for DDP's replica and FSDP2's shards: each rank a client of the server.
+    Rank 0 alone checks its pushes (the other's check is None) and both ranks count them; after a real
+    optimizer step each rank's samples are stale (log-probs > 0.05 from the trainer's, version 0) until the
+    push, and the samples a rank asks for the moment sync_weights returns carry the pushed version and the
+    new weights (< 1e-3): a rank that does not push waits for rank 0's push and check."""
+    script = str(TESTS / "dist_vllm_server.py")
+    proc = _launch(tmp_path, script, str(vllm_model_dir), str(tmp_path), server[0])
+    assert proc.returncode == 0, _output(proc)
+    for rank in (0, 1):
+        results = json.loads((tmp_path / f"rank-{rank}.json").read_text())
+        assert set(results) == {"ddp", "fsdp2"}
+        for strategy, r in results.items():
+            where = (rank, strategy, r)
+            if rank == 0:
+                assert r["first"] < 1e-3 and r["checked"] < 1e-3, where
+            else:
+                assert r["first"] is None and r["checked"] is None, where
+            assert r["pushes"] == 2 and r["version"] == 1, where
+            assert r["sampled_before"] > 0.05 and set(r["versions_before"]) == {0}, where
+            assert r["sampled_after"] < 1e-3 and set(r["versions_after"]) == {1}, where
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
