@@ -22,6 +22,9 @@ The same contract as the colocated engine (grpokit/rollout/vllm.py), whose class
   RolloutError.
 - Versions: the server counts the pushes it took (or records the version a push names) and returns it with
   every sample (Completions.versions).
+- Under torchrun every rank is a client and samples its share of the prompts on the server; rank 0 alone
+  pushes and checks (sync_ranks: FSDP2's tensors gathered one at a time with every rank), and every rank
+  waits for that push before it samples again.
 Errors a user can fix (no server at the URL, a server on another model, a request past
 rollout.vllm_server_timeout) are ServerError, one line naming the fix. HTTP goes straight to the server, never
 through an http_proxy.
