@@ -444,9 +444,13 @@ class VLLMEngine(RolloutEngine):
 
         self.wake_up()
         params = [self._params(n, sampling, seed + i * n) for i in range(len(prompt_token_ids))]
-        outs = self.llm.generate(
-            [TokensPrompt(prompt_token_ids=list(p)) for p in prompt_token_ids], params, use_tqdm=False
-        )
+        # Every request has its seed; vLLM's sampler still advances torch's own generator, which is the
+        # trainer's here (not a server's): kept as it was, so the run's stream is the same in both modes.
+        devices = [torch.cuda.current_device()] if self.sleeps else []
+        with torch.random.fork_rng(devices=devices):
+            outs = self.llm.generate(
+                [TokensPrompt(prompt_token_ids=list(p)) for p in prompt_token_ids], params, use_tqdm=False
+            )
         token_ids, logprobs, reasons = [], [], []
         for out in outs:  # vLLM returns requests in the order given; each with its n samples
             for c in sorted(out.outputs, key=lambda c: c.index):
