@@ -4,14 +4,16 @@ tests/test_rollout_vllm.py), for DDP and FSDP2. Every rank generates its own sha
 server; rank 0 alone pushes the weights after each update (under FSDP2 gathered from the shards one tensor
 at a time, every rank taking part) and checks the push; no rank samples again before the push took.
 
-What is not asserted: that the 2-rank run's weights equal a one-process run's on the same global batch. The
-server samples from the base seed its client sends, and each rank draws that seed from its own generator,
-seeded with seed + rank (trainer.py: each rank samples its own completions), so rank 1's prompts get other
-seeds than the same prompts get in one process, hence other completions and other weights. The equivalence of
-the update itself on a fixed global batch is tests/test_distributed.py's. Asserted instead: the push check ran
-once per step (rank 0's) and passed, every sample of both ranks carries the step's version and was sampled
-from the current weights (the trainer's recomputed log-probs equal the server's), and the saved model is the
-trained one.
+One process is not the reference: the server samples from the base seed its client sends, and each rank
+draws that seed from its own generator, seeded with seed + rank (trainer.py: each rank samples its own
+completions), so rank 1's prompts get other seeds than the same prompts get in one process, hence other
+completions and other weights (the update itself on a fixed global batch equals one process's:
+tests/test_distributed.py). The reference is the same 2-rank run with a colocated vLLM engine on each rank,
+which samples with the seeds its rank draws, as the server does for that rank: the samples, the metrics and
+the weights after the steps must be the same (weights within the distributed tests' 1e-6, per tensor,
+relative). Asserted besides: the push check ran once per step (rank 0's) and passed, every sample of both
+ranks carries the step's version and was sampled from the current weights (the trainer's recomputed
+log-probs equal the server's), and the saved model is the trained one.
 """
 
 from __future__ import annotations
@@ -74,7 +76,8 @@ def test_torchrun_trains_with_every_rank_a_client_of_one_server(
     noise; rollout/version_lag is 0 in the mean over both ranks and at its max over both ranks, so every
     sample of each rank carries the version of the step it trains (no lag is negative: a server reports the
     version of the last push); rollout/logp_diff_max, over both ranks' samples, says each was sampled from
-    the current weights. Rank 0 evaluates through the same server; the final model is the end state."""
+    the current weights. Rank 0 evaluates through the same server; the final model is the end state. The
+    same run with a colocated engine per rank samples, scores and trains alike (the module docstring)."""
     config = _config(tmp_path, vllm_model_dir, strategy)
     url = f"rollout.vllm_server_url={server[0]}"
     proc = _launch(tmp_path, "-m", "grpokit", "train", str(config), "rollout.vllm_mode=server", url)
@@ -90,3 +93,31 @@ def test_torchrun_trains_with_every_rank_a_client_of_one_server(
         assert r["rollout/logp_diff_max"] < 1e-3, r
     assert "eval/pass@1" in rows[0] and "eval/pass@1" in rows[-1]
     _assert_final_is_the_end_state(tmp_path / "run", vllm_model_dir)
+    colocated = tmp_path / "colocated"
+    again = _launch(tmp_path, "-m", "grpokit", "train", str(config), f"output_dir={colocated}")
+    assert again.returncode == 0, _output(again)
+    _assert_same_run(tmp_path / "run", colocated)
+
+
+def _assert_same_run(run: Path, reference: Path) -> None:
+    """The same completions at every step, the same per-step metrics, and weights equal per tensor within
+    1e-6 (relative)."""
+    import pandas as pd
+    from safetensors.torch import load_file
+
+    ours, theirs = (
+        pd.read_parquet(run / "completions.parquet"),
+        pd.read_parquet(reference / "completions.parquet"),
+    )
+    assert ours[["step", "prompt", "completion"]].equals(theirs[["step", "prompt", "completion"]])
+    for a, b in zip(read_metrics(run), read_metrics(reference), strict=True):
+        for key in ("reward/mean", "policy/kl", "rollout/tokens"):
+            assert (key in a) == (key in b), (key, a, b)
+            assert key not in b or a[key] == pytest.approx(b[key], rel=1e-5), (key, a, b)
+    got, want = (
+        load_file(run / "final" / "model.safetensors"),
+        load_file(reference / "final" / "model.safetensors"),
+    )
+    assert set(got) == set(want)
+    rel = {k: ((got[k] - v).norm() / v.norm().clamp_min(1e-30)).item() for k, v in want.items()}
+    assert max(rel.values()) < 1e-6, max(rel.items(), key=lambda kv: kv[1])
