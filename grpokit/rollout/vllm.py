@@ -70,6 +70,7 @@ import logging
 import os
 import random
 import tempfile
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -444,10 +445,7 @@ class VLLMEngine(RolloutEngine):
 
         self.wake_up()
         params = [self._params(n, sampling, seed + i * n) for i in range(len(prompt_token_ids))]
-        # Every request has its seed; vLLM's sampler still advances torch's own generator, which is the
-        # trainer's here (not a server's): kept as it was, so the run's stream is the same in both modes.
-        devices = [torch.cuda.current_device()] if self.sleeps else []
-        with torch.random.fork_rng(devices=devices):
+        with _run_stream_kept(self.sleeps):
             outs = self.llm.generate(
                 [TokensPrompt(prompt_token_ids=list(p)) for p in prompt_token_ids], params, use_tqdm=False
             )
@@ -471,6 +469,19 @@ class VLLMEngine(RolloutEngine):
                 llm.llm_engine.engine_core.shutdown()
             del llm
             release_vllm_groups()
+
+
+@contextlib.contextmanager
+def _run_stream_kept(on_gpu: bool):
+    """torch's generator as it was before vLLM's sampler ran: every request has its seed, yet the sampler
+    advances torch's own generator, the trainer's here (a server's in server mode), so without this the run's
+    later draws would differ between the two modes. In the main thread only: restoring it from the
+    background sampler (rollout.max_policy_lag) would undo the draws the trainer made meanwhile."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    with torch.random.fork_rng(devices=[torch.cuda.current_device()] if on_gpu else []):
+        yield
 
 
 @contextlib.contextmanager
