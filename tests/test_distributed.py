@@ -486,6 +486,11 @@ def _config(tmp_path, *extra):
             "rollout.max_policy_lag=1 with rollout.engine=vllm under distributed.strategy=fsdp2 at world "
             "size 2",
         ),
+        (
+            ["rollout.engine=vllm", "rollout.vllm_mode=server", "rollout.max_policy_lag=1"],
+            "rollout.max_policy_lag=1 with rollout.vllm_mode=server at world size 2 (WORLD_SIZE from "
+            "torchrun) would have each rank's background sampler push",
+        ),
     ],
 )
 def test_what_two_ranks_cannot_run_is_one_line(tmp_path, monkeypatch, extra, message):
@@ -494,6 +499,26 @@ def test_what_two_ranks_cannot_run_is_one_line(tmp_path, monkeypatch, extra, mes
     with pytest.raises(ConfigError, match="^" + re.escape(message)) as err:
         World.from_env(_config(tmp_path, *extra))
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "extra, whole",
+    [
+        (["rollout.engine=fast"], True),
+        (["rollout.engine=hf"], True),
+        (["rollout.engine=vllm"], False),
+        (["rollout.engine=vllm", "rollout.vllm_mode=server"], False),
+    ],
+)
+def test_only_an_engine_that_gathers_as_it_pushes_goes_without_a_whole_copy(
+    tmp_path, monkeypatch, extra, whole
+):
+    """Under FSDP2 the fast and hf engines generate with an unsharded copy of the policy; vLLM takes the
+    weights from the shards as it pushes, colocated (each rank into its engine) and in server mode (rank 0 to
+    the server), so no rank keeps a whole copy for it."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    assert World.from_env(_config(tmp_path, "distributed.strategy=fsdp2", *extra)).whole_copy is whole
 
 
 @pytest.fixture(scope="module")

@@ -46,12 +46,6 @@ def test_every_engine_declares_its_capabilities_and_the_whole_interface():
             "estimators, rollout.engine=hf or fast or vllm)",
         ),
         (
-            ["rollout.engine=vllm", "rollout.vllm_mode=server"],
-            2,
-            "rollout.engine=vllm with rollout.vllm_mode=server takes one trainer process; under torchrun use "
-            "rollout.engine=hf or fast or vllm",
-        ),
-        (
             ["rollout.engine=fast", "rollout.vllm_mode=server"],
             1,
             "rollout.vllm_mode=server samples from a vLLM",
@@ -75,8 +69,10 @@ def test_what_the_engines_can_run_passes():
         ["rollout.engine=vllm", "model.lora.r=4"],
     ):
         assert check_engine(load_config(None, overrides)).name == overrides[0].split("=")[1]
-    # vllm colocated under torchrun: an engine per rank
+    # vllm colocated under torchrun: an engine per rank; server mode: a client per rank, rank 0 pushes
     assert check_engine(load_config(None, ["rollout.engine=vllm"]), 2).name == "vllm"
+    server = check_engine(load_config(None, ["rollout.engine=vllm", "rollout.vllm_mode=server"]), 2)
+    assert server.variant == "vllm_mode=server"
 
 
 def test_the_vllm_kv_cache_is_sized_for_the_runs_sequences_not_the_models_context():

@@ -275,6 +275,14 @@ def test_the_runs_generator_decides_the_samples(engine_and_model):
     assert a == b
     assert a != c
     assert len({tuple(x) for x in a[:4]}) > 1  # the n samples of a prompt are not copies of each other
+    # the call draws its base seed and nothing more from the run's stream (vLLM's sampler, in this process,
+    # would advance it too), so the run's later draws are what they are in server mode
+    torch.manual_seed(7)
+    engine.generate(p, 4, sampling)
+    after = torch.random.get_rng_state()
+    torch.manual_seed(7)
+    torch.randint(0, 2**31 - 1, (1,))
+    assert torch.equal(after, torch.random.get_rng_state())
 
 
 def test_a_push_that_did_not_take_is_caught(engine_and_model, vllm_model_dir):

@@ -65,6 +65,12 @@ def check_config(cfg: Config, world_size: int) -> None:
             f"optim.micro_batch_size={cfg.optim.micro_batch_size} must divide each rank's share of a "
             f"minibatch, {share} completions {where}"
         )
+    if cfg.rollout.engine == "vllm" and cfg.rollout.vllm_mode == "server" and cfg.rollout.max_policy_lag:
+        raise ConfigError(
+            f"rollout.max_policy_lag={cfg.rollout.max_policy_lag} with rollout.vllm_mode=server {where} "
+            "would have each rank's background sampler push to the server beside the training's "
+            "collectives; use rollout.max_policy_lag=0, or one trainer process"
+        )
     if gathers_on_push(cfg) and cfg.distributed.strategy == "fsdp2" and cfg.rollout.max_policy_lag:
         raise ConfigError(
             f"rollout.max_policy_lag={cfg.rollout.max_policy_lag} with rollout.engine=vllm under "
@@ -80,9 +86,10 @@ def check_config(cfg: Config, world_size: int) -> None:
 
 
 def gathers_on_push(cfg: Config) -> bool:
-    """The run's engine is vLLM in the trainer's process, which under FSDP2 takes the policy from its shards
-    as it pushes (grpokit/rollout/vllm.py): no whole copy of the policy for it (Parallel.whole_copy)."""
-    return cfg.rollout.engine == "vllm" and cfg.rollout.vllm_mode == "colocate"
+    """The run's engine is vLLM, which under FSDP2 takes the policy from its shards as it pushes: colocated,
+    each rank into its own engine (grpokit/rollout/vllm.py); in server mode, rank 0 to the server
+    (grpokit/rollout/server.py). No whole copy of the policy for it (Parallel.whole_copy)."""
+    return cfg.rollout.engine == "vllm"
 
 
 class World(Parallel):

@@ -210,7 +210,7 @@ def make_engine(
 # ----------------------------------------------------------------------------- the docs table
 ROWS = {
     "sampling_logprobs": "returns the sampler's log-probs",
-    "several_ranks": "runs under torchrun (one engine per rank)",
+    "several_ranks": "runs under torchrun (an engine, or a client of the server, per rank)",
     "lora": "samples from a policy with LoRA adapters",
     "stop_sequences": "stops at stop sequences itself (tools' turns)",
     "sleep": "frees GPU memory during the update (CUDA)",

@@ -28,6 +28,9 @@ The same contract as the colocated engine (grpokit/rollout/vllm.py), whose class
   RolloutError.
 - Versions: the server counts the pushes it took (or records the version a push names) and returns it with
   every sample (Completions.versions).
+- Under torchrun every rank is a client and samples its share of the prompts on the server; rank 0 alone
+  pushes and checks (sync_ranks: FSDP2's tensors gathered one at a time with every rank), and every rank
+  waits for that push before it samples again.
 Errors a user can fix (no server at the URL, a server on another model, a request past
 rollout.vllm_server_timeout) are ServerError, one line naming the fix. HTTP goes straight to the server, never
 through an http_proxy.
@@ -51,15 +54,17 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from grpokit.rollout.base import Completions, EngineCaps, RolloutEngine, SamplingParams
 from grpokit.rollout.fleet import WeightGroup, split_prompts, tensor_specs
 from grpokit.rollout.hf import eos_token_ids
-from grpokit.rollout.vllm import draw_seed
+from grpokit.rollout.vllm import draw_seed, several_ranks
 from grpokit.rollout.weights import (
     RolloutError,
     base_model,
     check_push,
+    gathered,
     model_prompt_logprobs,
     probe_ids,
     push_dir,
@@ -231,8 +236,9 @@ class VLLMServerEngine(RolloutEngine):
     fleet of them, over HTTP."""
 
     # One trainer process: each rank would push its own weights. The server's vLLM has no LoRA here.
+    # Under torchrun every rank is a client and rank 0 alone pushes (sync_weights). No LoRA on the server.
     caps = EngineCaps(
-        sampling_logprobs=True, several_ranks=False, lora=False, stop_sequences=True, own_process=True
+        sampling_logprobs=True, several_ranks=True, lora=False, stop_sequences=True, own_process=True
     )
 
     @classmethod
@@ -359,10 +365,42 @@ class VLLMServerEngine(RolloutEngine):
     # ------------------------------------------------------------------ weights
     def sync_weights(self, model, version: int | None = None) -> None:
         """Push the trainable tensors of `model` to the server and check them. version: the policy version
-        these weights are (the trainer's step); None = one more than the server's last."""
+        these weights are (the trainer's step); None = one more than the server's last. Under torchrun
+        every rank calls this at the same point and rank 0 alone pushes (sync_ranks)."""
+        if several_ranks():
+            self.sync_ranks(model, version)
+            return
         self.push(trainable_tensors(model, everything=self.pushes == 0), version=version)
         if self.verify:
             self.verify_push(base_model(model))
+
+    def sync_ranks(self, model, version: int | None) -> None:
+        """sync_weights under torchrun, where every rank samples from the same server: rank 0 pushes and
+        checks. An FSDP2 module's tensors are gathered one at a time and the check's probe forward is run by
+        every rank (both are collectives), so no rank keeps a whole copy of the policy. Rank 0's reply (the
+        server's version) then reaches every rank in one broadcast, which no rank passes before the push
+        took and was checked: none samples from stale weights. A push that failed raises on rank 0, and
+        torchrun stops the others."""
+        reshard = getattr(model, "reshard", lambda: None)  # FSDP2: parameters back to shards after a forward
+        reshard()
+        named, main = gathered(trainable_tensors(model, everything=self.pushes == 0)), dist.get_rank() == 0
+        if main:  # the whole tensors (FSDP2: gathered) for the time of the push, then dropped
+            self.push(list(named), version=version)
+        else:
+            for _ in named:  # this rank's part in each gather
+                pass
+            self.pushes += 1
+        if self.verify:
+            sharded = hasattr(model, "reshard")  # FSDP2: the forward through its root, on every rank
+            probe_model = model if sharded else base_model(model)
+            if main:
+                self.verify_push(probe_model)
+            elif sharded:
+                model_prompt_logprobs(probe_model, probe_ids(probe_model, self.pushes))
+            reshard()  # as the trainer left them: the check's forward leaves the root's unsharded
+        reply = [self.version]
+        dist.broadcast_object_list(reply, src=0)  # every rank waits here for rank 0's push and check
+        self.version = reply[0]
 
     def push(self, named, version: int | None = None) -> int:
         """Send (name, tensor) pairs to every server (rollout.vllm_weight_sync: a file in /dev/shm, or the

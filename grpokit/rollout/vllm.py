@@ -56,8 +56,9 @@ exactly what grpokit.policy.completion_logprobs computes (and what the fast engi
 it is the true behaviour policy, which is what importance correction needs. Greedy: temperature-1 log-probs.
 
 Server mode (`grpokit serve`, rollout.vllm_mode=server) hosts this same class in its own process
-(grpokit/rollout/serve.py) and reaches it through generate_seeded, push and prompt_logprobs (one trainer
-process, no LoRA there). docs/rollout.md compares the engines.
+(grpokit/rollout/serve.py) and reaches it through generate_seeded, push and prompt_logprobs (no LoRA there;
+under torchrun every rank is a client and rank 0 alone pushes: grpokit/rollout/server.py). docs/rollout.md
+compares the engines.
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ import logging
 import os
 import random
 import tempfile
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -443,9 +445,10 @@ class VLLMEngine(RolloutEngine):
 
         self.wake_up()
         params = [self._params(n, sampling, seed + i * n) for i in range(len(prompt_token_ids))]
-        outs = self.llm.generate(
-            [TokensPrompt(prompt_token_ids=list(p)) for p in prompt_token_ids], params, use_tqdm=False
-        )
+        with _run_stream_kept(self.sleeps):
+            outs = self.llm.generate(
+                [TokensPrompt(prompt_token_ids=list(p)) for p in prompt_token_ids], params, use_tqdm=False
+            )
         token_ids, logprobs, reasons = [], [], []
         for out in outs:  # vLLM returns requests in the order given; each with its n samples
             for c in sorted(out.outputs, key=lambda c: c.index):
@@ -466,6 +469,19 @@ class VLLMEngine(RolloutEngine):
                 llm.llm_engine.engine_core.shutdown()
             del llm
             release_vllm_groups()
+
+
+@contextlib.contextmanager
+def _run_stream_kept(on_gpu: bool):
+    """torch's generator as it was before vLLM's sampler ran: every request has its seed, yet the sampler
+    advances torch's own generator, the trainer's here (a server's in server mode), so without this the run's
+    later draws would differ between the two modes. In the main thread only: restoring it from the
+    background sampler (rollout.max_policy_lag) would undo the draws the trainer made meanwhile."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    with torch.random.fork_rng(devices=[torch.cuda.current_device()] if on_gpu else []):
+        yield
 
 
 @contextlib.contextmanager
