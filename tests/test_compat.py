@@ -1,0 +1,118 @@
+"""The compatibility table (grpokit/compat.py, docs/compatibility.md): every combination of engine mode,
+world size, model.lora, model.compile and the PPO critic is refused with one line that names what to use
+instead, or accepted and run by a named test, or listed as accepted and untested; the docs show the table
+the code generates."""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from grpokit import compat
+from grpokit.compat import CELLS, TESTED, UNTESTED, Cell, refusal
+from grpokit.config import ConfigError, load_config
+from grpokit.policy import ModelLoadError
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs" / "compatibility.md"
+#: a verb that points somewhere else, then a config key (section.key) or a value of one
+ALTERNATIVE = re.compile(r"\b(use|drop|set|change)\b.*\b[a-z_]+\.[a-z_]+")
+
+
+def test_the_docs_table_is_the_generated_one():
+    found = re.search(
+        r"do not edit by hand -->\n(.*?)<!-- end of the compatibility table -->", DOCS.read_text(), re.S
+    )
+    assert found, "docs/compatibility.md has no generated table"
+    assert found.group(1) == compat.table(), "regenerate it: python -m grpokit.compat"
+
+
+def test_the_cells_are_every_combination_once():
+    assert len(CELLS) == len(set(CELLS)) == len(compat.MODES) * len(compat.WORLDS) * 2 ** len(compat.SWITCHES)
+    assert Cell("vllm", "torchrun 2, fsdp2", lora=True).overrides() == [
+        "rollout.engine=vllm",
+        "distributed.strategy=fsdp2",
+        "model.lora.r=8",
+    ]
+
+
+def test_every_accepted_cell_names_a_test_or_is_listed_untested():
+    accepted = {c for c in CELLS if refusal(c) is None}
+    assert not set(TESTED) & UNTESTED
+    assert set(TESTED) | UNTESTED <= set(CELLS)
+    assert not set(TESTED) - accepted, "a cell that names a test is refused: drop its TESTED entry"
+    assert not UNTESTED - accepted, "a refused cell is listed untested: drop its UNTESTED entry"
+    missing = sorted(accepted - set(TESTED) - UNTESTED, key=CELLS.index)
+    assert not missing, f"accepted with no test named (TESTED) nor listed (UNTESTED): {missing}"
+
+
+def test_every_refusal_is_one_line_that_names_what_to_use_instead():
+    refused = {c: line for c in CELLS if (line := refusal(c)) is not None}
+    assert refused  # the test can fail: some cells are refused
+    for cell, line in refused.items():
+        assert "\n" not in line and line.strip() == line, (cell, line)
+        assert ALTERNATIVE.search(line.split(";", 1)[-1]), (cell, line)
+
+
+def test_refusal_runs_the_checks_a_run_starts_with(tmp_path, monkeypatch):
+    """Trainer(cfg) under each world (WORLD_SIZE as torchrun sets it) stops at refusal()'s line for a refused
+    cell, and passes every start-up check of an accepted one: it goes on to load the model (here none is
+    named, so that is where it stops), which is after World.from_env and check_engine."""
+    from grpokit.trainer import Trainer
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    for cell in CELLS:
+        if cell.world_size > 1:
+            monkeypatch.setenv("WORLD_SIZE", str(cell.world_size))
+            monkeypatch.setenv("RANK", "1")
+        else:
+            monkeypatch.delenv("WORLD_SIZE", raising=False)
+        want = refusal(cell)
+        with pytest.raises(ConfigError if want else ModelLoadError) as err:
+            Trainer(load_config(None, [*cell.overrides(), f"output_dir={tmp_path / 'run'}"]))  # as the CLI
+        if want:
+            assert str(err.value) == want, cell
+        else:
+            assert "model.name_or_path is empty" in str(err.value), (cell, str(err.value))
+
+
+def _functions(path: Path) -> set[str]:
+    return {n.name for n in ast.parse(path.read_text()).body if isinstance(n, ast.FunctionDef)}
+
+
+def test_every_named_test_is_a_test_function_of_its_file():
+    for node_id in set(TESTED.values()):
+        file, _, name = node_id.partition("::")
+        assert (ROOT / file).is_file(), node_id
+        assert name.split("[")[0] in _functions(ROOT / file), node_id
+
+
+@pytest.mark.slow
+def test_every_named_test_is_collected_by_pytest_with_its_parameters():
+    files = sorted({t.split("::")[0] for t in TESTED.values()})
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--collect-only",
+            "-q",
+            "-o",
+            "addopts=",
+            "-p",
+            "no:cacheprovider",
+            *files,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    collected = set(proc.stdout.split())
+    missing = sorted(set(TESTED.values()) - collected)
+    assert not missing, f"not collected: {missing}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
