@@ -67,6 +67,15 @@ class Cell:
     def world_size(self) -> int:
         return WORLDS[self.world][0]
 
+    @property
+    def slug(self) -> str:
+        """A short id without spaces: "fast-process-fsdp2-compile+critic" (a pytest parameter id)."""
+        mode = self.mode.replace(", async_sampler=process", "-process").replace(
+            ", vllm_mode=server", "-server"
+        )
+        world = self.world.removeprefix("torchrun 2, ").replace("1 process", "w1")
+        return f"{mode}-{world}-{'+'.join(self.switches) or 'none'}"
+
     def overrides(self) -> list[str]:
         """The dotted overrides of this combination, on top of the config's defaults."""
         return [*MODES[self.mode], *WORLDS[self.world][1], *(SWITCHES[s] for s in self.switches)]
@@ -162,6 +171,15 @@ for _world, _strategy in ((_DDP, "ddp"), (_FSDP2, "fsdp2")):
             f"{_VLLM_RANKS}test_torchrun_trains_lora_with_a_vllm_engine_per_rank[{_strategy}]",
         ),
     ]
+#: one-process cells no other test runs: tests/test_compat.py::test_one_process_run trains each for two steps
+_RUN_BY_TEST_COMPAT = [
+    *_cells("hf", _ONE, "compile", "compile+critic"),
+    *_cells("fast", _ONE, "critic", "compile+critic"),
+    *_cells("fast, async_sampler=process", _ONE, "lora", "compile", "critic", "compile+critic"),
+    *_cells("vllm", _ONE, "compile", "critic", "compile+critic"),
+    *_cells("vllm, vllm_mode=server", _ONE, "compile", "critic", "compile+critic"),
+]
+_COVERAGE += [([c], f"tests/test_compat.py::test_one_process_run[{c.slug}]") for c in _RUN_BY_TEST_COMPAT]
 #: every accepted cell that a test runs -> that test's pytest node id (tests/test_compat.py checks both ways)
 TESTED: dict[Cell, str] = {cell: test for cells, test in _COVERAGE for cell in cells}
 #: the accepted cells that no test runs yet, listed so that a cell the checks start to accept (or stop
@@ -169,19 +187,14 @@ TESTED: dict[Cell, str] = {cell: test for cells, test in _COVERAGE for cell in c
 _EVERY_SWITCH = ("", "lora", "compile", "critic", "compile+critic")
 UNTESTED: frozenset[Cell] = frozenset(
     [
-        *_cells("hf", _ONE, "compile", "compile+critic"),
         *_cells("hf", _DDP, "compile+critic"),
         *_cells("hf", _FSDP2, "compile+critic"),
-        *_cells("fast", _ONE, "critic", "compile+critic"),
         *_cells("fast", _DDP, *_EVERY_SWITCH),
         *_cells("fast", _FSDP2, "lora", "compile", "critic", "compile+critic"),
-        *_cells("fast, async_sampler=process", _ONE, "lora", "compile", "critic", "compile+critic"),
         *_cells("fast, async_sampler=process", _DDP, *_EVERY_SWITCH),
         *_cells("fast, async_sampler=process", _FSDP2, *_EVERY_SWITCH),
-        *_cells("vllm", _ONE, "compile", "critic", "compile+critic"),
         *_cells("vllm", _DDP, "compile", "critic", "compile+critic"),
         *_cells("vllm", _FSDP2, "compile", "critic", "compile+critic"),
-        *_cells("vllm, vllm_mode=server", _ONE, "compile", "critic", "compile+critic"),
     ]
 )
 

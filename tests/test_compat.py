@@ -6,17 +6,21 @@ the code generates."""
 from __future__ import annotations
 
 import ast
+import math
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from grpokit import compat
 from grpokit.compat import CELLS, TESTED, UNTESTED, Cell, refusal
 from grpokit.config import ConfigError, load_config
 from grpokit.policy import ModelLoadError
+from tests.helpers import read_metrics, require, tiny_config
+from tests.test_rollout_server import START_TIMEOUT_S, server  # noqa: F401 (the fixture of the server cells)
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs" / "compatibility.md"
@@ -116,3 +120,57 @@ def test_every_named_test_is_collected_by_pytest_with_its_parameters():
     collected = set(proc.stdout.split())
     missing = sorted(set(TESTED.values()) - collected)
     assert not missing, f"not collected: {missing}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+
+
+# ----------------------------------------------------------------------------- cells run here
+def _compile_works() -> bool:
+    import shutil
+
+    return hasattr(torch, "compile") and shutil.which("g++") is not None  # inductor builds C++ kernels on CPU
+
+
+#: the one-process cells this module runs (their TESTED entries name test_one_process_run[slug])
+ONE_PROCESS_RUNS = [
+    c for c, t in TESTED.items() if t == f"tests/test_compat.py::test_one_process_run[{c.slug}]"
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cell", ONE_PROCESS_RUNS, ids=lambda c: c.slug)
+def test_one_process_run(cell, vllm_model_dir, tmp_path, request):
+    """Two steps of the cell's run on a tiny Llama (head size 64, which vLLM's CPU kernels take): each switch
+    does what it says (the adapters train, the forward is compiled, the critic logs its loss) and the engine
+    samples from the weights of the step before (its log-probs equal the trainer's; vLLM: every push took)."""
+    from grpokit.trainer import Trainer
+
+    if cell.compile and not _compile_works():
+        pytest.skip("torch.compile needs inductor and a C++ compiler")
+    extra = []
+    if cell.mode.startswith("vllm"):
+        require("vllm")
+    if cell.mode == "vllm, vllm_mode=server":
+        url = request.getfixturevalue("server")[0]
+        extra = [f"rollout.vllm_server_url={url}", f"rollout.vllm_server_timeout={START_TIMEOUT_S}"]
+    cfg = tiny_config(
+        vllm_model_dir,
+        tmp_path / "run",
+        *cell.overrides(),
+        *extra,
+        "optim.max_steps=2",
+        "checkpoint.save_every=0",
+    )
+    trainer = Trainer(cfg)
+    assert (trainer.policy.forward is not trainer.model) == cell.compile
+    trainer.train()
+    rows = [r for r in read_metrics(tmp_path / "run") if "reward/mean" in r]
+    assert len(rows) == 2 and all(math.isfinite(r["policy/loss"]) for r in rows)
+    assert all(("value/loss" in r) == cell.critic for r in rows)
+    if cell.lora:
+        moved = [n for n, p in trainer.model.named_parameters() if ".lora_B" in n and p.abs().max() > 0]
+        assert moved, "the adapters trained"  # B starts at 0
+    if cell.mode != "hf":  # the sampler's log-probs: at lag 1 (the process sampler) from step 2 on they lag
+        assert rows[0]["rollout/logp_diff_max"] < 1e-3
+        lagged = cell.mode == "fast, async_sampler=process"
+        assert lagged or all(r["rollout/logp_diff_max"] < 1e-3 for r in rows), rows
+    if cell.mode.startswith("vllm"):
+        assert all(r["rollout/push_checks"] == 1 and r["rollout/push_error"] < 1e-3 for r in rows)
