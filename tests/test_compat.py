@@ -6,6 +6,7 @@ the code generates."""
 from __future__ import annotations
 
 import ast
+import json
 import math
 import re
 import subprocess
@@ -20,6 +21,7 @@ from grpokit.compat import CELLS, TESTED, UNTESTED, Cell, refusal
 from grpokit.config import ConfigError, load_config
 from grpokit.policy import ModelLoadError
 from tests.helpers import read_metrics, require, tiny_config
+from tests.test_distributed import TORCHRUN, _env
 from tests.test_rollout_server import START_TIMEOUT_S, server  # noqa: F401 (the fixture of the server cells)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -174,3 +176,45 @@ def test_one_process_run(cell, vllm_model_dir, tmp_path, request):
         assert lagged or all(r["rollout/logp_diff_max"] < 1e-3 for r in rows), rows
     if cell.mode.startswith("vllm"):
         assert all(r["rollout/push_checks"] == 1 and r["rollout/push_error"] < 1e-3 for r in rows)
+
+
+#: the cells at two ranks this module runs (their TESTED entries name test_two_ranks_run[slug])
+TWO_RANK_RUNS = [c for c, t in TESTED.items() if t == f"tests/test_compat.py::test_two_ranks_run[{c.slug}]"]
+
+
+@pytest.fixture(scope="module")
+def two_rank_runs(vllm_model_dir, tmp_path_factory):
+    """One torchrun launch (2 ranks, gloo) that trains every TWO_RANK_RUNS cell for two steps, in turn."""
+    out = tmp_path_factory.mktemp("two_ranks")
+    slugs = ",".join(c.slug for c in TWO_RANK_RUNS)
+    if any(c.mode.startswith("vllm") for c in TWO_RANK_RUNS):
+        require("vllm")
+    proc = subprocess.run(
+        [*TORCHRUN, str(ROOT / "tests" / "compat_ranks.py"), str(vllm_model_dir), str(out), slugs],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + "\n" + proc.stderr[-8000:]
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cell", TWO_RANK_RUNS, ids=lambda c: c.slug)
+def test_two_ranks_run(cell, two_rank_runs):
+    """Two steps of the cell's run under torchrun (2 ranks, the cell's strategy), with its real engine on each
+    rank: rank 0 logs each step once, the switches do what they say (the adapters train, the critic logs its
+    loss), and each rank's engine samples from the weights of the step before (the sampler's log-probs equal
+    the trainer's at step 1, and at every step but where the process sampler lags; vLLM: every push took)."""
+    rows = [r for r in read_metrics(two_rank_runs / cell.slug) if "reward/mean" in r]
+    assert [r["step"] for r in rows] == [1, 2] and all(math.isfinite(r["policy/loss"]) for r in rows)
+    assert all(("value/loss" in r) == cell.critic for r in rows)
+    moved = json.loads((two_rank_runs / f"{cell.slug}.json").read_text())["lora_B_moved"]
+    assert (moved > 0) == cell.lora, moved
+    if cell.mode != "hf":
+        assert rows[0]["rollout/logp_diff_max"] < 1e-3
+        lagged = cell.mode == "fast, async_sampler=process"
+        assert lagged or all(r["rollout/logp_diff_max"] < 1e-3 for r in rows), rows
+    if cell.mode.startswith("vllm"):
+        assert all(r["rollout/push_checks"] >= 1 and r["rollout/push_error"] < 1e-3 for r in rows)
