@@ -4,7 +4,8 @@ torchrun every rank trains each named cell for two steps with its real engine, o
     torchrun --standalone --nproc_per_node 2 tests/compat_ranks.py MODEL_DIR OUT_DIR SLUG[,SLUG...]
 
 Each cell's run goes to OUT_DIR/SLUG (rank 0 writes its metrics.jsonl); rank 0 also writes OUT_DIR/SLUG.json:
-which of the LoRA adapters' B matrices moved (they start at 0).
+how many of the LoRA adapters' B matrices moved (they start at 0), and whether the policy's forward is
+compiled.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ def run(model_dir: str, out: Path, slug: str) -> Trainer:
     whole = trainer.world.full_model()  # every rank takes part (FSDP2 gathers the shards)
     moved = [n for n, p in whole.named_parameters() if ".lora_B" in n and p.abs().max() > 0]
     if trainer.world.is_main:
-        (out / f"{slug}.json").write_text(json.dumps({"lora_B_moved": len(moved)}))
+        compiled = trainer.policy.forward is not trainer.model
+        (out / f"{slug}.json").write_text(json.dumps({"lora_B_moved": len(moved), "compiled": compiled}))
     return trainer
 
 

@@ -150,6 +150,8 @@ def test_one_process_run(cell, vllm_model_dir, tmp_path, request):
     extra = []
     if cell.mode.startswith("vllm"):
         require("vllm")
+    if cell.lora:
+        require("peft")
     if cell.mode == "vllm, vllm_mode=server":
         url = request.getfixturevalue("server")[0]
         extra = [f"rollout.vllm_server_url={url}", f"rollout.vllm_server_timeout={START_TIMEOUT_S}"]
@@ -178,40 +180,75 @@ def test_one_process_run(cell, vllm_model_dir, tmp_path, request):
         assert all(r["rollout/push_checks"] == 1 and r["rollout/push_error"] < 1e-3 for r in rows)
 
 
-#: the cells at two ranks this module runs (their TESTED entries name test_two_ranks_run[slug])
-TWO_RANK_RUNS = [c for c, t in TESTED.items() if t == f"tests/test_compat.py::test_two_ranks_run[{c.slug}]"]
+def _runs(test: str) -> list[Cell]:
+    """The cells whose TESTED entry is tests/test_compat.py::test[slug]."""
+    return [c for c, t in TESTED.items() if t == f"tests/test_compat.py::{test}[{c.slug}]"]
 
 
-@pytest.fixture(scope="module")
-def two_rank_runs(vllm_model_dir, tmp_path_factory):
-    """One torchrun launch (2 ranks, gloo) that trains every TWO_RANK_RUNS cell for two steps, in turn."""
-    out = tmp_path_factory.mktemp("two_ranks")
-    slugs = ",".join(c.slug for c in TWO_RANK_RUNS)
-    if any(c.mode.startswith("vllm") for c in TWO_RANK_RUNS):
+#: the cells at two ranks this module runs: without model.compile, and with it (a launch of their own, as
+#: compiling takes minutes)
+TWO_RANK_RUNS, COMPILED_TWO_RANK_RUNS = _runs("test_two_ranks_run"), _runs("test_two_ranks_compiled_run")
+
+
+def _launch(cells: list[Cell], model_dir, out: Path) -> Path:
+    """One torchrun launch (2 ranks, gloo) that trains every cell of `cells` for two steps, in turn."""
+    if any(c.mode.startswith("vllm") for c in cells):
         require("vllm")
+    if any(c.lora for c in cells):
+        require("peft")
     proc = subprocess.run(
-        [*TORCHRUN, str(ROOT / "tests" / "compat_ranks.py"), str(vllm_model_dir), str(out), slugs],
+        [
+            *TORCHRUN,
+            str(ROOT / "tests" / "compat_ranks.py"),
+            str(model_dir),
+            str(out),
+            ",".join(c.slug for c in cells),
+        ],
         env=_env(),
         capture_output=True,
         text=True,
-        timeout=1500,
+        timeout=1800,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + "\n" + proc.stderr[-8000:]
     return out
 
 
+@pytest.fixture(scope="module")
+def two_rank_runs(vllm_model_dir, tmp_path_factory):
+    return _launch(TWO_RANK_RUNS, vllm_model_dir, tmp_path_factory.mktemp("two_ranks"))
+
+
+@pytest.fixture(scope="module")
+def compiled_two_rank_runs(vllm_model_dir, tmp_path_factory):
+    if not _compile_works():
+        pytest.skip("torch.compile needs inductor and a C++ compiler")
+    return _launch(COMPILED_TWO_RANK_RUNS, vllm_model_dir, tmp_path_factory.mktemp("compiled_two_ranks"))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("cell", TWO_RANK_RUNS, ids=lambda c: c.slug)
 def test_two_ranks_run(cell, two_rank_runs):
+    _check_two_rank_run(cell, two_rank_runs)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cell", COMPILED_TWO_RANK_RUNS, ids=lambda c: c.slug)
+def test_two_ranks_compiled_run(cell, compiled_two_rank_runs):
+    """test_two_ranks_run's checks, for the cells with model.compile."""
+    _check_two_rank_run(cell, compiled_two_rank_runs)
+
+
+def _check_two_rank_run(cell: Cell, two_rank_runs: Path) -> None:
     """Two steps of the cell's run under torchrun (2 ranks, the cell's strategy), with its real engine on each
-    rank: rank 0 logs each step once, the switches do what they say (the adapters train, the critic logs its
-    loss), and each rank's engine samples from the weights of the step before (the sampler's log-probs equal
-    the trainer's at step 1, and at every step but where the process sampler lags; vLLM: every push took)."""
+    rank: rank 0 logs each step once, the switches do what they say (the adapters train, the forward is
+    compiled, the critic logs its loss), and each rank's engine samples from the weights of the step before
+    (the sampler's log-probs equal the trainer's at step 1, and at every step but where the process sampler
+    lags; vLLM: every push took)."""
     rows = [r for r in read_metrics(two_rank_runs / cell.slug) if "reward/mean" in r]
     assert [r["step"] for r in rows] == [1, 2] and all(math.isfinite(r["policy/loss"]) for r in rows)
     assert all(("value/loss" in r) == cell.critic for r in rows)
-    moved = json.loads((two_rank_runs / f"{cell.slug}.json").read_text())["lora_B_moved"]
-    assert (moved > 0) == cell.lora, moved
+    ends = json.loads((two_rank_runs / f"{cell.slug}.json").read_text())
+    assert (ends["lora_B_moved"] > 0) == cell.lora and ends["compiled"] == cell.compile, ends
     if cell.mode != "hf":
         assert rows[0]["rollout/logp_diff_max"] < 1e-3
         lagged = cell.mode == "fast, async_sampler=process"
