@@ -138,6 +138,7 @@ LAYERS: dict[str, int] = {
     "grpokit.components": ASSEMBLY,
     "grpokit.train_state": ASSEMBLY,
     "grpokit.critic": ASSEMBLY,
+    "grpokit.compat": ASSEMBLY,
     "grpokit.evaluate": ASSEMBLY,
     "grpokit.rollout.episodes": ASSEMBLY,
     "grpokit.rollout.pipeline": ASSEMBLY,

@@ -1,0 +1,49 @@
+"""Cells of the compatibility table (grpokit/compat.py) at world size 2, for tests/test_compat.py: under
+torchrun every rank trains each named cell for two steps with its real engine, one after another:
+
+    torchrun --standalone --nproc_per_node 2 tests/compat_ranks.py MODEL_DIR OUT_DIR SLUG[,SLUG...]
+
+Each cell's run goes to OUT_DIR/SLUG (rank 0 writes its metrics.jsonl); rank 0 also writes OUT_DIR/SLUG.json:
+how many of the LoRA adapters' B matrices moved (they start at 0), and whether the policy's forward is
+compiled.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from grpokit.compat import CELLS
+from grpokit.trainer import Trainer
+from tests.helpers import tiny_config
+
+
+def run(model_dir: str, out: Path, slug: str) -> Trainer:
+    cell = next(c for c in CELLS if c.slug == slug)
+    cfg = tiny_config(
+        model_dir, out / slug, *cell.overrides(), "optim.max_steps=2", "checkpoint.save_every=0"
+    )
+    trainer = Trainer(cfg)
+    trainer.train()
+    whole = trainer.world.full_model()  # every rank takes part (FSDP2 gathers the shards)
+    moved = [n for n, p in whole.named_parameters() if ".lora_B" in n and p.abs().max() > 0]
+    if trainer.world.is_main:
+        compiled = trainer.policy.forward is not trainer.model
+        (out / f"{slug}.json").write_text(json.dumps({"lora_B_moved": len(moved), "compiled": compiled}))
+    return trainer
+
+
+def main(model_dir: str, out_dir: str, slugs: str) -> None:
+    torch.set_num_threads(1)
+    trainer = None
+    for slug in slugs.split(","):
+        trainer = run(model_dir, Path(out_dir), slug)
+    if trainer is not None:
+        trainer.world.teardown()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
