@@ -131,6 +131,21 @@ class Fleet:
         with opener.open(self.urls[i] + "/health", timeout=30) as reply:
             return json.loads(reply.read())
 
+    def wait_ready(self) -> None:
+        """Until every server's /health says ok (vLLM loads for a while), at most START_TIMEOUT_S."""
+        deadline = time.monotonic() + START_TIMEOUT_S
+        for i in range(len(self.urls)):
+            while True:
+                try:
+                    if self.health(i)["status"] == "ok":
+                        break
+                except OSError:  # not listening yet
+                    pass
+                assert time.monotonic() < deadline, (
+                    f"server {i} not ready: {self.logs[i].read_text()[-2000:]}"
+                )
+                time.sleep(0.5)
+
     def close(self) -> None:
         for proc in self.procs:
             if proc.poll() is None:
@@ -281,6 +296,43 @@ def test_grpo_on_a_fleet_of_two_every_push_reaches_both(fleet, vllm_model_dir, t
     assert all(r["rollout/push_error"] < 1e-3 and r["rollout/logp_diff_max"] < 1e-3 for r in steps)
     # both took the last push (the version of step 4), and both sampled
     assert [fleet.health(i)["version"] for i in range(2)] == [4, 4]
+    assert all(fleet.health(i)["samples"] > before[i] for i in range(2))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+def test_torchrun_trains_on_a_fleet_of_two_fed_by_the_broadcast(fleet, vllm_model_dir, tmp_path, strategy):
+    """`torchrun --nproc_per_node 2 -m grpokit train ... rollout.vllm_mode=server` with both servers and
+    rollout.vllm_weight_sync=broadcast: each rank spreads its share of the prompts over the two servers, and
+    rank 0 alone pushes (under FSDP2 the tensors gathered from the shards with both ranks) by the gloo
+    broadcast to both and checks each: rollout/push_checks is 2 per step (rank 0's two checks, summed over
+    the ranks), the servers end at the last step's version, both sampled, and no sample of either rank lags
+    or comes from other weights than the trainer's."""
+    from tests.test_distributed import _output
+    from tests.test_vllm_torchrun import _config, _launch
+
+    config = _config(tmp_path, vllm_model_dir, strategy)
+    fleet.wait_ready()
+    before = [fleet.health(i)["samples"] for i in range(2)]
+    proc = _launch(
+        tmp_path,
+        "-m",
+        "grpokit",
+        "train",
+        str(config),
+        "rollout.vllm_mode=server",
+        f"rollout.vllm_server_url={','.join(fleet.urls)}",
+        "rollout.vllm_weight_sync=broadcast",
+        f"rollout.vllm_server_timeout={START_TIMEOUT_S}",
+    )
+    assert proc.returncode == 0, _output(proc)
+    steps = [r for r in read_metrics(tmp_path / "run") if "reward/mean" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    for r in steps:
+        assert r["rollout/push_checks"] == 2 and r["rollout/servers"] == 2, r
+        assert r["rollout/push_error"] < 1e-3 and r["rollout/logp_diff_max"] < 1e-3, r
+        assert r["rollout/version_lag_max"] == 0, r
+    assert [fleet.health(i)["version"] for i in range(2)] == [2, 2]
     assert all(fleet.health(i)["samples"] > before[i] for i in range(2))
 
 
