@@ -170,6 +170,11 @@ for _world, _strategy in ((_DDP, "ddp"), (_FSDP2, "fsdp2")):
             _cells("vllm", _world, "lora"),
             f"{_VLLM_RANKS}test_torchrun_trains_lora_with_a_vllm_engine_per_rank[{_strategy}]",
         ),
+        (
+            _cells("vllm, vllm_mode=server", _world, ""),
+            "tests/test_vllm_server_torchrun.py::"
+            f"test_torchrun_trains_with_every_rank_a_client_of_one_server[{_strategy}]",
+        ),
     ]
 #: one-process cells no other test runs: tests/test_compat.py::test_one_process_run trains each for two steps
 _RUN_BY_TEST_COMPAT = [
@@ -188,6 +193,8 @@ _RUN_AT_TWO_RANKS = [
     *_cells("fast, async_sampler=process", _FSDP2, "", "lora", "critic"),
     *_cells("vllm", _DDP, "critic"),
     *_cells("vllm", _FSDP2, "critic"),
+    *_cells("vllm, vllm_mode=server", _DDP, "critic"),
+    *_cells("vllm, vllm_mode=server", _FSDP2, "critic"),
 ]
 _COVERAGE += [([c], f"tests/test_compat.py::test_two_ranks_run[{c.slug}]") for c in _RUN_AT_TWO_RANKS]
 _COMPILED_AT_TWO_RANKS = [
@@ -199,6 +206,8 @@ _COMPILED_AT_TWO_RANKS = [
     *_cells("fast, async_sampler=process", _FSDP2, "compile", "compile+critic"),
     *_cells("vllm", _DDP, "compile", "compile+critic"),
     *_cells("vllm", _FSDP2, "compile", "compile+critic"),
+    *_cells("vllm, vllm_mode=server", _DDP, "compile", "compile+critic"),
+    *_cells("vllm, vllm_mode=server", _FSDP2, "compile", "compile+critic"),
 ]
 _COVERAGE += [
     ([c], f"tests/test_compat.py::test_two_ranks_compiled_run[{c.slug}]") for c in _COMPILED_AT_TWO_RANKS

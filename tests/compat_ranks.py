@@ -1,7 +1,9 @@
 """Cells of the compatibility table (grpokit/compat.py) at world size 2, for tests/test_compat.py: under
 torchrun every rank trains each named cell for two steps with its real engine, one after another:
 
-    torchrun --standalone --nproc_per_node 2 tests/compat_ranks.py MODEL_DIR OUT_DIR SLUG[,SLUG...]
+    torchrun --standalone --nproc_per_node 2 tests/compat_ranks.py MODEL_DIR OUT_DIR SLUG,... [SERVER_URL]
+
+SERVER_URL: the `grpokit serve` process (on MODEL_DIR) of the cells in server mode.
 
 Each cell's run goes to OUT_DIR/SLUG (rank 0 writes its metrics.jsonl); rank 0 also writes OUT_DIR/SLUG.json:
 how many of the LoRA adapters' B matrices moved (they start at 0), and whether the policy's forward is
@@ -21,10 +23,11 @@ from grpokit.trainer import Trainer
 from tests.helpers import tiny_config
 
 
-def run(model_dir: str, out: Path, slug: str) -> Trainer:
+def run(model_dir: str, out: Path, slug: str, server_url: str = "") -> Trainer:
     cell = next(c for c in CELLS if c.slug == slug)
+    server = [f"rollout.vllm_server_url={server_url}"] if cell.mode == "vllm, vllm_mode=server" else []
     cfg = tiny_config(
-        model_dir, out / slug, *cell.overrides(), "optim.max_steps=2", "checkpoint.save_every=0"
+        model_dir, out / slug, *cell.overrides(), *server, "optim.max_steps=2", "checkpoint.save_every=0"
     )
     trainer = Trainer(cfg)
     trainer.train()
@@ -36,11 +39,11 @@ def run(model_dir: str, out: Path, slug: str) -> Trainer:
     return trainer
 
 
-def main(model_dir: str, out_dir: str, slugs: str) -> None:
+def main(model_dir: str, out_dir: str, slugs: str, server_url: str = "") -> None:
     torch.set_num_threads(1)
     trainer = None
     for slug in slugs.split(","):
-        trainer = run(model_dir, Path(out_dir), slug)
+        trainer = run(model_dir, Path(out_dir), slug, server_url)
     if trainer is not None:
         trainer.world.teardown()
 

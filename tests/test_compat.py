@@ -190,8 +190,11 @@ def _runs(test: str) -> list[Cell]:
 TWO_RANK_RUNS, COMPILED_TWO_RANK_RUNS = _runs("test_two_ranks_run"), _runs("test_two_ranks_compiled_run")
 
 
-def _launch(cells: list[Cell], model_dir, out: Path) -> Path:
-    """One torchrun launch (2 ranks, gloo) that trains every cell of `cells` for two steps, in turn."""
+def _launch(cells: list[Cell], model_dir, out: Path, request) -> Path:
+    """One torchrun launch (2 ranks, gloo) that trains every cell of `cells` for two steps, in turn; the cells
+    in server mode on the module's `grpokit serve` process."""
+    served = any(c.mode == "vllm, vllm_mode=server" for c in cells)
+    url = request.getfixturevalue("server")[0] if served else ""
     if any(c.mode.startswith("vllm") for c in cells):
         require("vllm")
     if any(c.lora for c in cells):
@@ -203,6 +206,7 @@ def _launch(cells: list[Cell], model_dir, out: Path) -> Path:
             str(model_dir),
             str(out),
             ",".join(c.slug for c in cells),
+            url,
         ],
         env=_env(),
         capture_output=True,
@@ -214,15 +218,16 @@ def _launch(cells: list[Cell], model_dir, out: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def two_rank_runs(vllm_model_dir, tmp_path_factory):
-    return _launch(TWO_RANK_RUNS, vllm_model_dir, tmp_path_factory.mktemp("two_ranks"))
+def two_rank_runs(vllm_model_dir, tmp_path_factory, request):
+    return _launch(TWO_RANK_RUNS, vllm_model_dir, tmp_path_factory.mktemp("two_ranks"), request)
 
 
 @pytest.fixture(scope="module")
-def compiled_two_rank_runs(vllm_model_dir, tmp_path_factory):
+def compiled_two_rank_runs(vllm_model_dir, tmp_path_factory, request):
     if not _compile_works():
         pytest.skip("torch.compile needs inductor and a C++ compiler")
-    return _launch(COMPILED_TWO_RANK_RUNS, vllm_model_dir, tmp_path_factory.mktemp("compiled_two_ranks"))
+    out = tmp_path_factory.mktemp("compiled_two_ranks")
+    return _launch(COMPILED_TWO_RANK_RUNS, vllm_model_dir, out, request)
 
 
 @pytest.mark.slow
