@@ -126,6 +126,7 @@ class World(Parallel):
             cfg.distributed.mixed_precision,
         )
         world.whole_copy = not gathers_on_push(cfg)
+        world.engine_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[cfg.distributed.engine_copy]
         return world
 
     # ------------------------------------------------------------------ data
