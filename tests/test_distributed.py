@@ -501,6 +501,12 @@ def _config(tmp_path, *extra):
             "rollout.max_policy_lag=1 with rollout.engine=vllm under distributed.strategy=fsdp2 at world "
             "size 2",
         ),
+        (
+            ["distributed.strategy=ddp", "distributed.engine_copy=bf16"],
+            "distributed.engine_copy=bf16 is the dtype of the whole copy of the policy that "
+            "rollout.engine=fast or hf keeps under distributed.strategy=fsdp2; with "
+            "distributed.strategy=ddp and rollout.engine=hf there is none: leave it at fp32",
+        ),
     ],
 )
 def test_what_two_ranks_cannot_run_is_one_line(tmp_path, monkeypatch, extra, message):

@@ -169,21 +169,24 @@ class Parallel:
         self._full = self._engine_copy(model)
         for module in (model, ref) if isinstance(ref, torch.nn.Module) else (model,):
             self._shard(module)
-        return self._handle(model, model if self._full is None else self._full)
+        if self._full is None:
+            return self._handle(model, model)
+        self.full_model()  # filled from the shards: the whole weights and the copy are never held together
+        return self._handle(model, self._full)
 
     def _engine_copy(self, model: torch.nn.Module) -> torch.nn.Module | None:
-        """FSDP2: the unsharded copy of the policy the engine generates with, its parameters made in
-        engine_dtype directly (no fp32 copy on the way to a bf16 one; tied weights stay one parameter), or
-        None (whole_copy False: the engine and full_model() get the sharded module itself)."""
+        """FSDP2: the unsharded copy of the policy the engine generates with, made empty (each parameter an
+        empty tensor of engine_dtype, tied weights one parameter; the buffers copied), for full_model() to
+        fill once the model is sharded; or None (whole_copy False: the engine and full_model() get the
+        sharded module itself)."""
         if not self.whole_copy:
             return None
-        with torch.no_grad():
-            memo: dict[int, Any] = {
-                id(p): torch.nn.Parameter(
-                    p.detach().to(self.engine_dtype, copy=True), requires_grad=p.requires_grad
-                )
-                for p in model.parameters()
-            }
+        memo: dict[int, Any] = {
+            id(p): torch.nn.Parameter(
+                torch.empty(0, dtype=self.engine_dtype, device=p.device), requires_grad=p.requires_grad
+            )
+            for p in model.parameters()
+        }
         return copy.deepcopy(model, memo)
 
     def release_engine_copy(self) -> None:

@@ -77,6 +77,14 @@ def check_config(cfg: Config, world_size: int) -> None:
             "(algorithm.advantage_estimator=gae) yet: its value head runs in fp32; use "
             "distributed.mixed_precision=none (or model.autocast=bfloat16) with the critic"
         )
+    copy = cfg.distributed.engine_copy
+    if copy != "fp32" and (cfg.distributed.strategy != "fsdp2" or gathers_on_push(cfg)):
+        raise ConfigError(
+            f"distributed.engine_copy={copy} is the dtype of the whole copy of the policy that "
+            "rollout.engine=fast or hf keeps under distributed.strategy=fsdp2; with distributed.strategy="
+            f"{cfg.distributed.strategy} and rollout.engine={cfg.rollout.engine} there is none: leave it "
+            "at fp32"
+        )
 
 
 def gathers_on_push(cfg: Config) -> bool:
