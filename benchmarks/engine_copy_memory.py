@@ -50,6 +50,8 @@ def overrides(model_dir: str, out: Path, copy: str | None, steps: int, smoke: bo
         "data.task_train_size=64",
         "data.eval_size=0",
         "eval.at_start=false",
+        "eval.max_samples=4",  # the last step's evaluation (rank 0): 4 held-out problems, once each
+        "eval.k=1",
         "rollout.engine=fast",
         "rollout.prompts_per_step=4",
         "rollout.num_generations=4",
@@ -208,9 +210,10 @@ def main() -> None:
 
     P = _count(model_dir, AutoConfig)
     cmd = " ".join(["python benchmarks/engine_copy_memory.py", *sys.argv[1:]])
+    steps = f"{args.steps} step" + ("s" if args.steps > 1 else "")
     text = (
         f"# The engine's copy under FSDP2: peak RSS per rank at 2 ranks\n\n`{cmd}` "
-        f"(model {Path(model_dir).name if args.smoke else 'SmolLM2-135M-Instruct'}, {args.steps} steps; "
+        f"(model {Path(model_dir).name if args.smoke else 'SmolLM2-135M-Instruct'}, {steps}; "
         f"load average {' '.join(f'{x:.2f}' for x in load)} -> "
         f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} on a 2-core machine shared with other jobs)\n\n"
         + table(results, P)
