@@ -5,10 +5,12 @@
     policy.module                       # the parameters the optimizer steps (FSDP2: sharded in place)
     policy.forward                      # what the training and pi_old passes call (DDP: the wrapper)
     policy.ref, policy.ref_forward      # pi_ref (frozen; None when the run has no KL term)
-    policy.full()                       # the whole weights, current: the engine's, and what rank 0 saves
+    policy.full()                       # the whole weights, current: the engine's
+    policy.release()                    # the rollout is done: the engine's copy (FSDP2) frees its weights
+    policy.saved()                      # the whole weights to save (FSDP2: gathered in their own dtype)
     policy.reset_reference()            # pi_ref <- pi_theta (algorithm.ref_policy=reset)
 
-One process: module, forward and full() are the model itself.
+One process: module, forward, full() and saved() are the model itself, and release() does nothing.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ class PolicyHandle:
         whole: torch.nn.Module,
         full: Callable[[], torch.nn.Module],
         reset_reference: Callable[[], None],
+        release: Callable[[], None] = lambda: None,
+        saved: Callable[[], torch.nn.Module] | None = None,
     ):
         self.module, self.forward, self.ref = module, forward, ref
         self.ref_forward: Callable[..., Any] | None = ref
@@ -36,6 +40,7 @@ class PolicyHandle:
             whole  # the module with whole weights that the engine generates with (full() refreshes it)
         )
         self._full, self._reset = full, reset_reference
+        self._release, self._saved = release, saved or full
 
     def compile(self) -> None:
         """The training forward and pi_ref's through torch.compile (model.compile)."""
@@ -50,6 +55,16 @@ class PolicyHandle:
         FSDP2 with rollout.engine=vllm: the sharded module itself, which the engine gathers from as it pushes
         and the final save gathers (Parallel.whole_copy)."""
         return self._full()
+
+    def release(self) -> None:
+        """This step's rollouts are done: until the next full(), the engine's weights are not needed (FSDP2
+        with fast / hf: its whole copy gives its memory back for the update, Parallel.release_engine_copy)."""
+        self._release()
+
+    def saved(self) -> torch.nn.Module:
+        """The policy to save whole, current: full() where it holds the training weights; FSDP2 with a bf16
+        engine copy or none, the sharded module (records.save_final gathers it on rank 0)."""
+        return self._saved()
 
     def reset_reference(self) -> None:
         """pi_ref <- pi_theta (DeepSeekMath §4.1.4 iterative RL)."""

@@ -398,7 +398,7 @@ class Trainer:
                     return metrics
             if saved_step != self.step:
                 self.save()  # the end state, so that running the command again finds the run finished
-            records.save_final(self.policy.full(), self.tokenizer)
+            records.save_final(self.policy.saved(), self.tokenizer)
         self.close()  # the engine's work is done
         return metrics
 
@@ -409,6 +409,7 @@ class Trainer:
         batch, metrics, samples = self.rollout()
         t1 = time.perf_counter()
         self.pipeline.idle()  # a colocated vLLM on GPU frees its memory for the update
+        self.policy.release()  # FSDP2 with fast / hf: so does the engine's copy, until publish refills it
         metrics.update(self.update(batch))
         self.step += 1
         self.pipeline.publish(self.step, self.policy.full())  # pi_old <- pi_theta (FSDP2: the whole weights)

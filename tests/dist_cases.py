@@ -160,18 +160,38 @@ def _record_first_grads(module: torch.nn.Module, optimizer, grads: dict) -> None
     optimizer.step = first_step_grads
 
 
-def critic_params(trainer: Trainer) -> dict[str, torch.Tensor]:
-    """The PPO critic's whole parameters (every rank calls it)."""
-    model = trainer.critic.model
+def engine_bytes(trainer: Trainer) -> int:
+    """The bytes of the parameters of the module the rollout engine generates with (FSDP2: its copy)."""
+    return sum(p.numel() * p.element_size() for p in trainer.policy.whole.parameters())
+
+
+def _record_update_bytes(trainer: Trainer, seen: list) -> None:
+    """Append engine_bytes at each optimizer step of the policy (inside the update)."""
+    step = trainer.optimizer.step
+
+    def recording_step(**kwargs):
+        seen.append(engine_bytes(trainer))
+        return step(**kwargs)
+
+    trainer.optimizer.step = recording_step
+
+
+def whole_params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A trained module's whole parameters, in their own dtype (every rank calls it)."""
     if hasattr(model, "reshard"):  # FSDP2: the sharded parameters, whatever the last forward left
         model.reshard()
     return {n: _whole(p) for n, p in model.named_parameters()}
 
 
+def critic_params(trainer: Trainer) -> dict[str, torch.Tensor]:
+    """The PPO critic's whole parameters (every rank calls it)."""
+    return whole_params(trainer.critic.model)
+
+
 def one_step(model_dir, out, strategy: str, case: list[str]) -> dict:
     """{"params": whole parameters after one step, "grads": the first optimizer step's gradient, "metrics":
-    the step's metrics; with the PPO critic also "critic_params" and "critic_grads"}, as every rank sees
-    them."""
+    the step's metrics; with the PPO critic also "critic_params" and "critic_grads"; "engine_bytes": the
+    engine's parameter bytes in the update and after it (full_model)}, as every rank sees them."""
     trainer = Trainer(config(model_dir, out, strategy, case))
     trainer.pipeline.engine = FixedEngine(trainer.tokenizer)
     grads: dict[str, torch.Tensor] = {}
@@ -179,10 +199,13 @@ def one_step(model_dir, out, strategy: str, case: list[str]) -> dict:
     critic_grads: dict[str, torch.Tensor] = {}
     if trainer.critic is not None:
         _record_first_grads(trainer.critic.model, trainer.critic.optimizer, critic_grads)
+    in_update: list[int] = []
+    _record_update_bytes(trainer, in_update)
     metrics, _ = trainer._step()
-    full = trainer.world.full_model()
+    trainer.world.full_model()
     out = {
-        "params": {k: v.detach().clone() for k, v in full.named_parameters()},
+        "engine_bytes": {"update": max(in_update), "after": engine_bytes(trainer)},
+        "params": whole_params(trainer.model),
         "grads": grads,
         "metrics": metrics,
         "world": trainer.world,
@@ -201,6 +224,7 @@ RESUME_CASE = [*CASES["dr_grpo-batch-beta-mu2"], "algorithm.ref_policy=reset", "
 FSDP2_CASES: dict[str, list[str]] = {
     "grpo-activation_checkpointing": [*CASES["grpo-group-beta"], "model.gradient_checkpointing=true"],
     "grpo-bf16": [*CASES["grpo-group-beta"], "distributed.mixed_precision=bf16"],
+    "grpo-engine_bf16": [*CASES["grpo-group-beta"], "distributed.engine_copy=bf16"],
 }
 
 

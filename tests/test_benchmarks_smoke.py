@@ -68,6 +68,17 @@ SMOKES: dict[str, tuple[Smoke, ...]] = {
             ("trl", "datasets", "gguf"),
         ),
     ),
+    "engine_copy_memory.py": (
+        Smoke(
+            (),
+            (
+                r"^\| arm \| engine copy \| rank \|",
+                r"^\| fp32 \| .* \| 0 \| \d",
+                r"^\| bf16 \| .* \| 1 \| \d",
+            ),
+            ("gguf",),
+        ),
+    ),
     "fused_logprobs.py": (
         # the benchmark checks that plain and fused give the same log-probs and head gradient
         Smoke(("--threads", "1"), (r"^\| T \| logits \[N,T,V\] fp32 \|", r"^\| 8 \| .* \| yes \| yes \| \d")),

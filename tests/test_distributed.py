@@ -132,6 +132,21 @@ def test_fsdp2_activation_checkpointing_and_bf16(one_process, two_processes):
     assert got["metrics"]["policy/kl"] == pytest.approx(want["metrics"]["policy/kl"], abs=1e-3)
 
 
+@pytest.mark.slow
+def test_fsdp2_engine_copy_is_empty_in_the_update_and_bf16_halves_it(one_process, two_processes):
+    """FSDP2 with the fast / hf engine: the engine's whole copy of the policy holds no weights during the
+    update (emptied after the rollout) and is filled again after it (4 bytes per parameter);
+    distributed.engine_copy=bf16 fills it with 2 bytes per parameter. On the same samples the bf16 copy's
+    step is one fp32 process's: training and the saved weights stay fp32."""
+    P = sum(v.numel() for v in one_process["grpo-group-beta"]["params"].values())
+    assert two_processes["fsdp2-grpo-group-beta"]["engine_bytes"] == {"update": 0, "after": 4 * P}
+    got, want = two_processes["fsdp2-grpo-engine_bf16"], one_process["grpo-engine_bf16"]
+    assert got["engine_bytes"] == {"update": 0, "after": 2 * P}
+    assert max(_rel(got["grads"], want["grads"]).values()) < 1e-6
+    assert max(_rel(got["params"], want["params"]).values()) < 1e-6
+    assert all(v.dtype == torch.float32 for v in got["params"].values())
+
+
 def _launch(model_dir, out: Path, *args: str) -> subprocess.CompletedProcess:
     proc = subprocess.run(
         [*TORCHRUN, str(TESTS / "dist_cases.py"), str(model_dir), str(out), *args],
@@ -490,6 +505,12 @@ def _config(tmp_path, *extra):
             ["rollout.engine=vllm", "rollout.vllm_mode=server", "rollout.max_policy_lag=1"],
             "rollout.max_policy_lag=1 with rollout.vllm_mode=server at world size 2 (WORLD_SIZE from "
             "torchrun) would have each rank's background sampler push",
+        ),
+        (
+            ["distributed.strategy=ddp", "distributed.engine_copy=bf16"],
+            "distributed.engine_copy=bf16 is the dtype of the whole copy of the policy that "
+            "rollout.engine=fast or hf keeps under distributed.strategy=fsdp2; with "
+            "distributed.strategy=ddp and rollout.engine=hf there is none: leave it at fp32",
         ),
     ],
 )

@@ -483,6 +483,11 @@ class DistributedConfig(Section):
     """fsdp2 only: bf16 parameters and compute, fp32 gradient reduction and fp32 sharded master weights and
     AdamW state (FSDP2's MixedPrecisionPolicy), for the policy and pi_ref. For one process or ddp use
     model.autocast=bfloat16."""
+    engine_copy: Literal["fp32", "bf16"] = "fp32"
+    """fsdp2 with rollout.engine=fast or hf: the dtype of the whole copy of the policy the engine generates
+    with, gathered from the shards after each update and freed during the update. fp32 samples what one
+    process samples; bf16 halves the copy (the sampler then rounds pi_theta's weights: pair it with
+    mixed_precision=bf16, or rollout.importance_correction; docs/scaling.md)."""
 
 
 class ToolsConfig(Section):

@@ -122,6 +122,8 @@ class Parallel:
     whole_copy: bool = True
     """FSDP2: the rollout engine generates with an unsharded copy of the policy (fast, hf); False when it
     takes the weights from the shards itself (vllm colocated, which gathers them as it pushes)."""
+    engine_dtype: torch.dtype = torch.float32
+    """FSDP2: the dtype of that copy's parameters (distributed.engine_copy); its buffers stay the model's."""
 
     @property
     def is_main(self) -> bool:
@@ -137,8 +139,9 @@ class Parallel:
         fsdp2: fully_shard on each decoder layer, then on the root (torchtitan's recipe), in place, with
         FSDP2's MixedPrecisionPolicy under distributed.mixed_precision=bf16; pi_ref (`ref`, frozen) is sharded
         the same way in place, so it costs 1/W of its weights per rank. The engine gets an unsharded copy of
-        the policy, refreshed by full_model() after each update, so that generation and rank 0's evaluation
-        run no collective whatever their lengths (it costs one full copy of the weights per rank).
+        the policy (in engine_dtype), filled by full_model() after each update and emptied by
+        release_engine_copy() before the next, so that generation and rank 0's evaluation run no collective
+        whatever their lengths (it costs one whole copy of the weights per rank while the engine needs it).
         ddp: the replica itself generates; only the training forward goes through DDP; pi_ref is a whole
         copy.
         model.lora (a peft model): the same, the frozen base and the adapters sharded together per layer
@@ -166,12 +169,43 @@ class Parallel:
         self._full = self._engine_copy(model)
         for module in (model, ref) if isinstance(ref, torch.nn.Module) else (model,):
             self._shard(module)
-        return self._handle(model, model if self._full is None else self._full)
+        if self._full is None:
+            return self._handle(model, model)
+        self.full_model()  # filled from the shards: the whole weights and the copy are never held together
+        return self._handle(model, self._full)
 
     def _engine_copy(self, model: torch.nn.Module) -> torch.nn.Module | None:
-        """FSDP2: the unsharded copy of the policy the engine generates with, or None (whole_copy False: the
-        engine and full_model() get the sharded module itself)."""
-        return copy.deepcopy(model) if self.whole_copy else None
+        """FSDP2: the unsharded copy of the policy the engine generates with, made empty (each parameter an
+        empty tensor of engine_dtype, tied weights one parameter; the buffers copied), for full_model() to
+        fill once the model is sharded; or None (whole_copy False: the engine and full_model() get the
+        sharded module itself)."""
+        if not self.whole_copy:
+            return None
+        memo: dict[int, Any] = {
+            id(p): torch.nn.Parameter(
+                torch.empty(0, dtype=self.engine_dtype, device=p.device), requires_grad=p.requires_grad
+            )
+            for p in model.parameters()
+        }
+        return copy.deepcopy(model, memo)
+
+    def release_engine_copy(self) -> None:
+        """FSDP2: the engine's copy gives its weights back (each parameter an empty tensor of its dtype) until
+        the next full_model() fills it: the update, which needs none of it, runs without that memory.
+        Without a copy, and in one process or DDP: nothing."""
+        if self._full is None:
+            return
+        for p in self._full.parameters():
+            p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+
+    def saved_model(self) -> torch.nn.Module:
+        """The policy to save whole (the final model): the engine's copy when it holds the training weights
+        (fp32), refreshed; otherwise the module itself, which whole_module() gathers in its own dtype on
+        rank 0 (a bf16 copy would save rounded weights). Every rank calls it."""
+        if self._full is not None and self.engine_dtype == torch.float32:
+            return self.full_model()
+        assert self._model is not None  # wrap() came first
+        return self._model
 
     def wrap_critic(self, module: torch.nn.Module) -> torch.nn.Module:
         """The PPO critic over the ranks, as the policy (wrap, after it): FSDP2 shards it in place per decoder
@@ -200,6 +234,8 @@ class Parallel:
             whole=whole,
             full=self.full_model,
             reset_reference=self.reset_reference,
+            release=self.release_engine_copy,
+            saved=self.saved_model,
         )
 
     def _shard(self, model: torch.nn.Module) -> None:
@@ -238,9 +274,10 @@ class Parallel:
                 r.copy_(p)
 
     def full_model(self) -> torch.nn.Module:
-        """The policy with whole weights, current: what the engine syncs to, rank 0 saves, pi_ref resets to.
-        FSDP2: the unsharded copy, refreshed from the shards (an all-gather per parameter; every rank calls
-        this); without one (whole_copy False) the sharded module itself, which the engine gathers from and
+        """The policy with whole weights, current: what the engine syncs to and evaluates with.
+        FSDP2: the unsharded copy, filled from the shards (an all-gather per parameter, each whole tensor
+        cast to engine_dtype as it comes; every rank calls this), whether release_engine_copy() emptied it
+        or not; without one (whole_copy False) the sharded module itself, which the engine gathers from and
         whole_module() gathers for saving."""
         model = self._model
         assert model is not None  # wrap() came first
@@ -250,7 +287,8 @@ class Parallel:
         cast("FSDPModule", model).reshard()  # the shards (DTensors), whatever the last forward left
         with torch.no_grad():
             for name, p in model.named_parameters():
-                full[name].copy_(cast("DTensor", p).full_tensor())
+                target = full[name]
+                target.data = cast("DTensor", p).full_tensor().to(target.dtype)
         return self._full
 
     def backward(self, loss: Tensor) -> None:
@@ -298,9 +336,9 @@ class Parallel:
         (full_state_dict); every rank's generators go with them (rank_rng), for a resume at the same W."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-        # FSDP2: the engine's copy, refreshed from the shards; without one (vllm colocated, whole_copy False)
-        # the shards gathered into a module on rank 0 (whole_module; DDP: the replica); every rank calls it
-        whole = self.full_model() if self._full is not None else whole_module(model)
+        # FSDP2: the engine's fp32 copy, refreshed from the shards; without one (vllm colocated) or with a
+        # bf16 one, the shards gathered into a module on rank 0 (whole_module; DDP: the replica); every rank
+        whole = whole_module(self.saved_model()) if is_sharded(model) else model
         moments: Any = get_optimizer_state_dict(
             model, adamw, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
         )  # a collective: rank 0 gets the whole tensors, by parameter name
@@ -394,7 +432,8 @@ class Parallel:
         FSDP2: the engine's copy), whose adapter weights each rank then keeps its part of."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-        if self._full is None and is_sharded(model):  # vllm under FSDP2: no whole copy; the file by name
+        if is_sharded(model) and (self._full is None or self.engine_dtype != torch.float32):
+            # FSDP2 without an fp32 copy (vllm; engine_copy=bf16): the file by name into the shards
             set_model_state_dict(
                 model, _adapter_by_name(path, model), options=StateDictOptions(full_state_dict=True)
             )

@@ -83,6 +83,14 @@ def check_config(cfg: Config, world_size: int) -> None:
             "(algorithm.advantage_estimator=gae) yet: its value head runs in fp32; use "
             "distributed.mixed_precision=none (or model.autocast=bfloat16) with the critic"
         )
+    copy = cfg.distributed.engine_copy
+    if copy != "fp32" and (cfg.distributed.strategy != "fsdp2" or gathers_on_push(cfg)):
+        raise ConfigError(
+            f"distributed.engine_copy={copy} is the dtype of the whole copy of the policy that "
+            "rollout.engine=fast or hf keeps under distributed.strategy=fsdp2; with distributed.strategy="
+            f"{cfg.distributed.strategy} and rollout.engine={cfg.rollout.engine} there is none: leave it "
+            "at fp32"
+        )
 
 
 def gathers_on_push(cfg: Config) -> bool:
@@ -133,6 +141,7 @@ class World(Parallel):
             cfg.distributed.mixed_precision,
         )
         world.whole_copy = not gathers_on_push(cfg)
+        world.engine_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[cfg.distributed.engine_copy]
         return world
 
     # ------------------------------------------------------------------ data
