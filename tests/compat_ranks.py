@@ -34,7 +34,8 @@ def run(model_dir: str, out: Path, slug: str, server_url: str = "") -> Trainer:
     whole = trainer.world.full_model()  # every rank takes part (FSDP2 gathers the shards)
     moved = [n for n, p in whole.named_parameters() if ".lora_B" in n and p.abs().max() > 0]
     if trainer.world.is_main:
-        compiled = trainer.policy.forward is not trainer.model
+        # torch.compile of a module (the model, or DDP's wrapper of it) is an OptimizedModule
+        compiled = isinstance(trainer.policy.forward, torch._dynamo.eval_frame.OptimizedModule)
         (out / f"{slug}.json").write_text(json.dumps({"lora_B_moved": len(moved), "compiled": compiled}))
     return trainer
 
