@@ -36,7 +36,7 @@ from grpokit.rollout.fleet import (
 )
 from grpokit.rollout.server import ServerError, VLLMServerEngine
 from tests.helpers import read_metrics, require
-from tests.test_rollout_server import START_TIMEOUT_S, _die_with_parent
+from tests.test_rollout_server import START_TIMEOUT_S, _die_with_parent, start_server, stop_server
 from tests.test_rollout_vllm import grpo_config, load, prompts
 
 TAG = os.getpid() % 100000
@@ -149,12 +149,7 @@ class Fleet:
     def close(self) -> None:
         for proc in self.procs:
             if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+                stop_server(proc)
 
 
 @pytest.fixture(scope="module")
@@ -174,6 +169,19 @@ def fleet(vllm_model_dir, tmp_path_factory):
 
 def connect(fleet, model, tok, urls=None, **kw):
     return VLLMServerEngine(model, tok, url=urls or fleet.urls, timeout=START_TIMEOUT_S, **kw)
+
+
+def server_run_config(model_dir, tmp_path, urls: list[str], timeout: float = START_TIMEOUT_S):
+    """4 GRPO steps (tests/test_rollout_vllm.py's run) in server mode on `urls`, into tmp_path/run."""
+    return grpo_config(
+        model_dir,
+        tmp_path / "run",
+        "optim.max_steps=4",
+        "rollout.engine=vllm",
+        "rollout.vllm_mode=server",
+        f"rollout.vllm_server_url={','.join(urls)}",
+        f"rollout.vllm_server_timeout={timeout:g}",
+    )
 
 
 # ------------------------------------------------------------------------------------------ no server needed
@@ -278,15 +286,9 @@ def test_the_fleets_samples_are_one_servers_and_each_server_takes_the_broadcast(
 def test_grpo_on_a_fleet_of_two_every_push_reaches_both(fleet, vllm_model_dir, tmp_path):
     from grpokit.trainer import Trainer
 
-    cfg = grpo_config(
-        vllm_model_dir,
-        tmp_path / "run",
-        "optim.max_steps=4",
-        "rollout.engine=vllm",
-        "rollout.vllm_mode=server",
-        f"rollout.vllm_server_url={','.join(fleet.urls)}",  # the command line's form
-        f"rollout.vllm_server_timeout={START_TIMEOUT_S}",
-    )
+    cfg = server_run_config(
+        vllm_model_dir, tmp_path, fleet.urls
+    )  # a comma-separated list, the command line's form
     trainer = Trainer(cfg)  # waits for both servers
     before = [fleet.health(i)["samples"] for i in range(2)]
     trainer.train()
@@ -374,15 +376,7 @@ def test_a_server_killed_between_steps_leaves_the_run_to_the_other(fleet, vllm_m
     the weight group with the first alone, and the run finishes."""
     from grpokit.trainer import Trainer
 
-    cfg = grpo_config(
-        vllm_model_dir,
-        tmp_path / "run",
-        "optim.max_steps=4",
-        "rollout.engine=vllm",
-        "rollout.vllm_mode=server",
-        f"rollout.vllm_server_url={','.join(fleet.urls)}",
-        "rollout.vllm_server_timeout=60",
-    )
+    cfg = server_run_config(vllm_model_dir, tmp_path, fleet.urls, timeout=60)
     trainer = Trainer(cfg)
     engine, calls = trainer.pipeline.engine, []
     generate = engine.generate
@@ -419,15 +413,7 @@ def test_the_only_server_killed_stops_the_run_with_one_line(server, vllm_model_d
     and the run stops with a ServerError naming it, well within rollout.vllm_server_timeout."""
     from grpokit.trainer import Trainer
 
-    cfg = grpo_config(
-        vllm_model_dir,
-        tmp_path / "run",
-        "optim.max_steps=4",
-        "rollout.engine=vllm",
-        "rollout.vllm_mode=server",
-        f"rollout.vllm_server_url={server[0]}",
-        f"rollout.vllm_server_timeout={START_TIMEOUT_S}",
-    )
+    cfg = server_run_config(vllm_model_dir, tmp_path, [server[0]])
     trainer = Trainer(cfg)
     engine = trainer.pipeline.engine
     assert engine.weight_sync == "shm"
@@ -457,20 +443,9 @@ def test_the_only_server_killed_stops_the_run_with_one_line(server, vllm_model_d
 def server(vllm_model_dir, tmp_path):
     """(url, log, process) of one `grpokit serve` on a free loopback port, for a test that kills it."""
     require("vllm")
-    log = tmp_path / "serve.log"
-    argv = [sys.executable, "-m", "grpokit", "serve", str(vllm_model_dir), "--port", "0", "--threads", "1"]
-    with open(log, "w") as out:
-        proc = subprocess.Popen(
-            argv + ["--max-num-seqs", "64"], stdout=out, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
-        )
+    proc, url = start_server(vllm_model_dir, tmp_path / "serve.log")
     try:
-        deadline, url = time.monotonic() + 60, None
-        while url is None:
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            found = re.search(r"listening on (http://\S+)", log.read_text())
-            url = found and found.group(1)
-            time.sleep(0.2)
-        yield url, log, proc
+        yield url, tmp_path / "serve.log", proc
     finally:
         if proc.poll() is None:
             proc.kill()

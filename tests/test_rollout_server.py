@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -39,46 +40,45 @@ def _die_with_parent():
     )  # PR_SET_PDEATHSIG: the server goes when pytest goes, however it ends
 
 
-@pytest.fixture(scope="module")
-def server(vllm_model_dir, tmp_path_factory):
-    """(url, log path) of a `grpokit serve` subprocess on vllm_model_dir, listening on a free port; terminated
-    at the end."""
-    require("vllm")
-    log = tmp_path_factory.mktemp("serve") / "serve.log"
+def start_server(model_dir, log: Path) -> tuple[subprocess.Popen, str]:
+    """A `grpokit serve` subprocess on model_dir, listening on a free loopback port, its output in `log`:
+    (the process, its URL) once it listens (vLLM then still loads: the client waits for it)."""
+    argv = [sys.executable, "-m", "grpokit", "serve", str(model_dir), "--port", "0", "--threads", "1"]
     with open(log, "w") as out:
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "grpokit",
-                "serve",
-                str(vllm_model_dir),
-                "--port",
-                "0",
-                "--threads",
-                "1",
-                "--max-num-seqs",
-                "64",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            preexec_fn=_die_with_parent,
+            argv + ["--max-num-seqs", "64"], stdout=out, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
         )
+    deadline, url = time.monotonic() + 60, None
+    while url is None:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"grpokit serve did not listen within 60 s:\n{log.read_text()[-3000:]}")
+        found = re.search(r"listening on (http://\S+)", log.read_text())
+        url = found and found.group(1)
+        time.sleep(0.2)
+    return proc, url
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    proc.terminate()
     try:
-        deadline, url = time.monotonic() + 60, None
-        while url is None:
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            found = re.search(r"listening on (http://\S+)", log.read_text())
-            url = found and found.group(1)
-            time.sleep(0.2)
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture(scope="module")
+def server(vllm_model_dir, tmp_path_factory):
+    """(url, log path) of a `grpokit serve` subprocess on vllm_model_dir (start_server); terminated at the
+    end."""
+    require("vllm")
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    proc, url = start_server(vllm_model_dir, log)
+    try:
         yield url, log
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_server(proc)
 
 
 def connect(server, model, tok):
