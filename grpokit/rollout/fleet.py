@@ -21,6 +21,7 @@ one per tensor). Every collective waits at most the group's timeout (rollout.vll
 from __future__ import annotations
 
 import datetime
+import math
 import socket
 from dataclasses import dataclass
 from typing import Any
@@ -74,10 +75,7 @@ def plan_buckets(specs: list[dict]) -> list[tuple[int, list[_Slot]]]:
     buckets: list[tuple[int, list[_Slot]]] = []
     size, slots = 0, list[_Slot]()
     for i, spec in enumerate(specs):
-        numel = 1
-        for d in spec["shape"]:
-            numel *= d
-        nbytes = numel * getattr(torch, spec["dtype"]).itemsize
+        nbytes = math.prod(spec["shape"]) * getattr(torch, spec["dtype"]).itemsize
         offset = -(-size // ALIGN) * ALIGN
         if slots and offset + nbytes > BUCKET_BYTES:
             buckets.append((size, slots))

@@ -57,7 +57,7 @@ import torch
 import torch.distributed as dist
 
 from grpokit.rollout.base import Completions, EngineCaps, RolloutEngine, SamplingParams
-from grpokit.rollout.fleet import WeightGroup, split_prompts, tensor_specs
+from grpokit.rollout.fleet import WeightGroup, facing_address, split_prompts, tensor_specs
 from grpokit.rollout.hf import eos_token_ids
 from grpokit.rollout.vllm import draw_seed, several_ranks
 from grpokit.rollout.weights import (
@@ -211,8 +211,7 @@ class ServerClient:
     def local_address(self) -> str:
         """This machine's address on the connection to the server (the address the server sees)."""
         parts = urllib.parse.urlsplit(self.url)
-        with socket.create_connection((parts.hostname, parts.port or 80), timeout=self.timeout) as conn:
-            return conn.getsockname()[0]
+        return facing_address(parts.hostname or "", parts.port or 80)
 
     @property
     def loopback(self) -> bool:
@@ -235,7 +234,6 @@ class VLLMServerEngine(RolloutEngine):
     """rollout.engine=vllm with rollout.vllm_mode=server: generates on one `grpokit serve` process, or a
     fleet of them, over HTTP."""
 
-    # One trainer process: each rank would push its own weights. The server's vLLM has no LoRA here.
     # Under torchrun every rank is a client and rank 0 alone pushes (sync_weights). No LoRA on the server.
     caps = EngineCaps(
         sampling_logprobs=True, several_ranks=True, lora=False, stop_sequences=True, own_process=True
@@ -275,10 +273,10 @@ class VLLMServerEngine(RolloutEngine):
         self.gone: list[str] = []  # "URL (why)" of each server dropped from the fleet
         self.weight_sync, self.sync_host = weight_sync_mode(weight_sync, self.servers), sync_host
         self.group: WeightGroup | None = None  # the broadcast's process group, built by the first push
-        for server in self.servers:
-            self._check_same_model(server, server.wait_until_up(), model)
-        info = self.servers[0].request("/info")
-        self.dtype = getattr(torch, info["dtype"])  # the servers' weights (the push check's tolerance)
+        infos = [server.wait_until_up() for server in self.servers]
+        for server, info in zip(self.servers, infos, strict=True):
+            self._check_same_model(server, info, model)
+        self.dtype = getattr(torch, infos[0]["dtype"])  # the servers' weights (the push check's tolerance)
         # the trainer's weights (a fine-tuned or resumed policy, not MODEL_DIR's)
         self.sync_weights(model, version=0)
 
