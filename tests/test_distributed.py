@@ -36,7 +36,14 @@ def _env() -> dict[str, str]:
         for k, v in os.environ.items()
         if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
     }
-    return {**env, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(TESTS.parent), "TORCH_SHOW_CPP_STACKTRACES": "1"}
+    return {
+        **env,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": str(TESTS.parent),
+        "TORCH_SHOW_CPP_STACKTRACES": "1",
+        # a rank that aborts prints every thread's Python stack
+        "PYTHONFAULTHANDLER": "1",
+    }
 
 
 def _output(proc: subprocess.CompletedProcess) -> str:

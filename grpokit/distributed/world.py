@@ -14,6 +14,7 @@ the one process has: one process never opens a process group.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -282,8 +283,16 @@ class World(Parallel):
         return next(name for name in self.gather(received) if name is not None)
 
     def teardown(self) -> None:
-        """Leave the process group (after the last collective)."""
+        """Leave the process group (after the last collective). The barrier first: gloo waits in it for every
+        collective still in flight (the last ones are asynchronous: DDP's reductions, FSDP2's gathers), so no
+        worker thread still holds a Python tensor when this process exits. A rank that left right after its
+        last collective while another was still saving aborted now and then at exit (`terminate called
+        without an active exception`: the worker thread freeing that tensor needs the interpreter that is
+        shutting down). Called from a `finally` while an error leaves, no barrier: the other ranks may be in
+        another collective, or gone."""
         if self.size > 1 and dist.is_initialized():
+            if sys.exc_info()[1] is None:
+                dist.barrier()
             dist.destroy_process_group()
 
 
