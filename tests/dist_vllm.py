@@ -65,4 +65,5 @@ if __name__ == "__main__":
     lora = sys.argv[3:] == ["lora"]
     results = {s: push_check(model_dir, s, lora) for s in ("ddp", "fsdp2")}
     (out_dir / f"rank-{os.environ['RANK']}.json").write_text(json.dumps(results))
+    torch.distributed.barrier()  # no collective in flight when the process exits (World.teardown)
     torch.distributed.destroy_process_group()

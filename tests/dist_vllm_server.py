@@ -53,4 +53,5 @@ if __name__ == "__main__":
     model_dir, out_dir, url = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
     results = {s: push_and_sample(model_dir, url, s) for s in ("ddp", "fsdp2")}
     (out_dir / f"rank-{os.environ['RANK']}.json").write_text(json.dumps(results))
+    torch.distributed.barrier()  # no collective in flight when the process exits (World.teardown)
     torch.distributed.destroy_process_group()
