@@ -332,13 +332,18 @@ def number_reward(completions, answer, **kwargs) -> list[float]:
 
 
 def param_counts_of(model_dir: Path) -> dict[str, int]:
-    """roofline.param_counts of the folder's model, built on the meta device (no weights loaded)."""
+    """roofline.param_counts of the folder's model, built on the meta device (no weights loaded), and `head`:
+    the LM head's weights when it is tied to the input embedding (a matmul that the non-embedding count
+    leaves out; an untied head is in that count already), else 0."""
     import torch
     from roofline import param_counts
     from transformers import AutoConfig, AutoModelForCausalLM
 
     with torch.device("meta"):
-        return param_counts(AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(model_dir))))
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(model_dir)))
+    head = model.get_output_embeddings()
+    tied = head is not None and head.weight is model.get_input_embeddings().weight
+    return dict(param_counts(model), head=head.weight.numel() if tied else 0)
 
 
 def pick_engine(choice: str) -> str:
@@ -880,7 +885,12 @@ def run_child(framework: str, spec: dict, work: Path) -> dict:
 # ---------------------------------------------------------------- summary, table, plot
 
 
-def summarize(res: dict, warmup: int, mu: int, n_nonemb: int) -> dict:
+def summarize(res: dict, warmup: int, mu: int, n_nonemb: int, n_head: int = 0) -> dict:
+    """Medians of the timed steps. FLOPs (the roofline): the training pass 6 x non-embedding params x the
+    tokens the framework really runs (model_tokens: grpokit runs each distinct prompt once; TRL every row's
+    prompt; never the padding) + 6 x a tied LM head x the completion tokens (the head runs on them only);
+    the log-probs passes (pi_ref; and pi_old when mu > 1) a third of that each; the rollout 2 x (non-embedding
+    + head) x the completion tokens decoded (the prefill left out)."""
     timed = res["steps"][warmup:]
     if not timed:
         raise SystemExit(f"{res['framework']}: no steps left after {warmup} warm-up steps; raise --steps")
@@ -894,7 +904,7 @@ def summarize(res: dict, warmup: int, mu: int, n_nonemb: int) -> dict:
         "gen_s": med(lambda s: s["gen_s"]),
         "prep_s": med(lambda s: s["prep_s"] - s["gen_s"]),
         "reward_s": med(lambda s: s.get("reward_s", 0.0)),
-        "logp_s": med(lambda s: s["prep_s"] - s["gen_s"] - s.get("reward_s", 0.0)),
+        "logp_s": med(_logp_s),
         "train_s": med(lambda s: s["train_s"]),
         "rollout_tps": med(lambda s: s["completion_tokens"] / s["gen_s"]),
         "train_tps": med(lambda s: s["completion_tokens"] * mu / s["train_s"]),
@@ -903,13 +913,23 @@ def summarize(res: dict, warmup: int, mu: int, n_nonemb: int) -> dict:
         "rss": max(
             s["rss_mb"] for s in res["steps"]
         ),  # ru_maxrss by the last step: the final save is not counted
-        "train_flops": med(
-            lambda s: 6 * n_nonemb * s.get("model_tokens", s["real_tokens"]) * mu / s["train_s"]
+        "train_flops": med(lambda s: 3 * _pass_flops(s, n_nonemb, n_head) * mu / s["train_s"]),
+        "logp_flops": med(
+            lambda s: (1 + (mu > 1)) * _pass_flops(s, n_nonemb, n_head) / max(_logp_s(s), 1e-9)
         ),
         "warmup_s": sum(s["step_s"] for s in res["steps"][:warmup]),
-        "rollout_flops": med(lambda s: 2 * n_nonemb * s["completion_tokens"] / s["gen_s"]),
+        "rollout_flops": med(lambda s: 2 * (n_nonemb + n_head) * s["completion_tokens"] / s["gen_s"]),
         "step_tps": med(lambda s: s["completion_tokens"] / s["step_s"]),
     }
+
+
+def _logp_s(s: dict) -> float:
+    return s["prep_s"] - s["gen_s"] - s.get("reward_s", 0.0)
+
+
+def _pass_flops(s: dict, n_nonemb: int, n_head: int) -> float:
+    """FLOPs of one forward pass over a step's batch (summarize)."""
+    return 2 * n_nonemb * s.get("model_tokens", s["real_tokens"]) + 2 * n_head * s["completion_tokens"]
 
 
 def best_round(summaries: list[dict]) -> dict:
@@ -1203,6 +1223,19 @@ def real_table(rows: list[tuple[dict, dict]]) -> list[str]:
     return lines
 
 
+def roofline_rows(rows: list[tuple[dict, dict]], peak: float) -> list[str]:
+    """GFLOP/s and the fraction of `peak` of each phase, per framework (rows as real_table's)."""
+    phases = [("train", "train_flops"), ("log-probs", "logp_flops"), ("rollout", "rollout_flops")]
+    lines = [
+        "| | " + " | ".join(f"{p} GFLOP/s | {p} % of peak" for p, _ in phases) + " |",
+        "|---" + "|---:" * (2 * len(phases)) + "|",
+    ]
+    for s, res in rows:
+        cells = [f"{s[k] / 1e9:.1f} | {100 * s[k] / peak:.1f}%" if peak else "- | -" for _, k in phases]
+        lines.append(f"| {_label(res)} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def memory_md(mem: dict) -> list[str]:
     """The grpokit child's MemoryProbe report as markdown: RSS and peak per phase, the sizes of the
     persistent tensors, and the largest tensors saved for the backward pass."""
@@ -1307,7 +1340,9 @@ def run_real(args, engine: str, work: Path, out: Path, command: str) -> None:
         **({"grpokit-compile": ["model.compile=true"]} if args.compile else {}),
         "trl": [],
     }
-    saved = work / "real-results.json"
+    # the page and the saved runs of a thread count: compare_trl_real.md at 1 thread, _2threads.md at 2, ...
+    suffix = "" if args.threads == 1 else f"_{args.threads}threads"
+    saved = work / f"real-results{suffix}.json"
     if args.report_only:
         runs = json.loads(saved.read_text())
         spec, counts, load0, command = (
@@ -1318,12 +1353,19 @@ def run_real(args, engine: str, work: Path, out: Path, command: str) -> None:
         )
         args.rounds = len(runs["trl"])
     else:
+        # the peak at the children's thread count, before and after the rounds (the larger: a best case)
+        quick = dict(sizes=(256,), repeats=1) if args.smoke else dict(sizes=(2048, 4096), repeats=3)
+        peak0 = max(peak_matmul_flops(threads=args.threads, **quick).values())
         runs = run_rounds("real", spec, variants, args.rounds, work)
+        peak1 = max(peak_matmul_flops(threads=args.threads, **quick).values())
+        counts = dict(counts, _peaks=[peak0, peak1])
         saved.write_text(json.dumps(dict(runs, _spec=spec, _counts=counts, _load=load0, _command=command)))
+    peaks = counts.get("_peaks") or [0.0]
     if failed := [f"{fw}: {x['failed']}" for fw, rs in runs.items() for x in rs if "failed" in x]:
         raise SystemExit(f"real: {'; '.join(failed)} (logs in {work})")
     per_round = {
-        fw: [summarize(x, warmup, args.mu, counts["non_embedding"]) for x in rs] for fw, rs in runs.items()
+        fw: [summarize(x, warmup, args.mu, counts["non_embedding"], counts.get("head", 0)) for x in rs]
+        for fw, rs in runs.items()
     }
     best = {fw: min(range(args.rounds), key=lambda i, fw=fw: per_round[fw][i]["step_s"]) for fw in runs}
     speedups = [
@@ -1380,6 +1422,23 @@ def run_real(args, engine: str, work: Path, out: Path, command: str) -> None:
         "",
         *[f"- {runs[fw][0]['shapes']}" for fw in runs],
         "",
+        "### Each phase against the machine's peak",
+        "",
+        f"Peak fp32 matmul on {args.threads} thread(s) (benchmarks/roofline.py, square n = 2048 and "
+        f"4096, the best of 3): {peaks[0] / 1e9:.1f} GFLOP/s before the rounds, {peaks[-1] / 1e9:.1f} "
+        f"after; the table divides by the larger, {max(peaks) / 1e9:.1f}. FLOPs count the tokens each "
+        "framework really runs (no padding): a forward pass is 2 x "
+        f"{counts['non_embedding'] / 1e6:.1f}M non-embedding parameters x its tokens (grpokit runs each "
+        "distinct prompt once and the completions attend to its cache; TRL runs every row's prompt) + 2 x "
+        f"the {counts.get('head', 0) / 1e6:.1f}M-parameter tied LM head x the completion tokens (both "
+        "apply the head to the completion positions only); train = 3 forward passes "
+        "(forward and backward) x mu; log-probs = the pi_ref pass (and pi_old's when mu > 1), with the "
+        "phase's other work (packing, advantages) in its time; rollout = 2 x (non-embedding + head) x the "
+        "completion tokens decoded, the prefill left out. Attention's own FLOPs are left out (the context is "
+        "under 80 tokens).",
+        "",
+        *roofline_rows([(per_round[fw][best[fw]], runs[fw][best[fw]]) for fw in runs], max(peaks)),
+        "",
         "## Where grpokit's memory goes",
         "",
         "Measured in grpokit's process (its run in the last round): RSS at each phase boundary and each "
@@ -1392,7 +1451,7 @@ def run_real(args, engine: str, work: Path, out: Path, command: str) -> None:
         *memory_md(mem),
         "",
     ]
-    path = out / "compare_trl_real.md"
+    path = out / f"compare_trl_real{suffix}.md"
     path.write_text("\n".join(md))
     print("\n".join(md), flush=True)
     print(f"wrote {path}", flush=True)

@@ -65,6 +65,13 @@ def test_smoke_real(tmp_path):
     assert "load average" in text
     for label in ("grpokit (fast)", "TRL (transformers generate)"):
         assert step_seconds(text, label) > 0
+    # each phase's GFLOP/s and fraction of the measured peak, per framework
+    roofline = text.split("### Each phase against the machine's peak", 1)[1].split("## ", 1)[0]
+    for label in ("grpokit (fast)", "TRL (transformers generate)"):
+        cells = re.search(rf"^\| {re.escape(label)} \|(.*)\|$", roofline, flags=re.M)
+        assert cells, label
+        values = [float(c.strip().rstrip("%")) for c in cells.group(1).split("|")]
+        assert len(values) == 6 and all(v > 0 for v in values), values
     # the memory section: a row per phase boundary of the one step, the sizes, the saved activations
     memory = text.split("## Where grpokit's memory goes", 1)[1]
     phases = ("Trainer built", "step 1: rollout", "step 1: forward + backward", "step 1: AdamW step")
