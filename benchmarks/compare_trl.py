@@ -1065,11 +1065,7 @@ def run_vocab(wl: dict, args, engine: str, work: Path) -> list[str]:
 
     counts = param_counts(AutoModelForCausalLM.from_pretrained(str(model_dir)))
     steps = args.steps or wl["steps"]
-    variants = {
-        "grpokit": [],
-        **({"grpokit-compile": ["model.compile=true"]} if args.compile else {}),
-        "trl": [],
-    }
+    variants = variants_of(args)
     cells: dict[int, dict] = {}
     md = [
         f"## vocab: {counts['total'] / 1e6:.2f}M parameters ({counts['non_embedding'] / 1e6:.2f}M "
@@ -1080,43 +1076,13 @@ def run_vocab(wl: dict, args, engine: str, work: Path) -> list[str]:
     ]
     for T in lengths:
         case = f"vocab-T{T}"
-        spec = dict(
-            ALGO,
-            workload=case,
-            model_dir=str(model_dir),
-            data_path=str(data_path),
-            G=wl["G"],
-            prompts=wl["prompts"],
-            T=T,
-            lr=wl["lr"],
-            steps=steps,
-            threads=args.threads,
-            engine=engine,
-            mu=args.mu,
-            beta=args.beta,
-            mem_limit_gb=args.mem_limit_gb,
-            mem_reserve_gb=args.mem_reserve_gb,
-            timeout_s=args.child_timeout,
-        )
-        runs: dict[str, list[dict]] = {v: [] for v in variants}
-        for r in range(args.rounds):
-            for fw, overrides in variants.items():
-                run_dir = work / f"{case}-{fw}"
-                if run_dir.exists():
-                    import shutil
-
-                    shutil.rmtree(run_dir)  # a fresh run, never a resume
-                runs[fw].append(
-                    run_child(fw, dict(spec, out_dir=str(run_dir), overrides=overrides, round=r), work)
-                )
+        spec = child_spec(args, engine, case, wl, model_dir, data_path, T=T, steps=steps)
+        runs = run_rounds(case, spec, variants, args.rounds, work)
         summ = {
             fw: [(summarize(x, warmup, args.mu, counts["non_embedding"]), x) for x in rs if "failed" not in x]
             for fw, rs in runs.items()
         }
-        cells[T] = {
-            fw: (min(summ[fw], key=lambda p: p[0]["step_s"]) if summ[fw] else (None, runs[fw][0]))
-            for fw in runs
-        }
+        cells[T] = fastest_cells(runs, summ)
         loads = "; ".join(
             f"{'TRL' if fw == 'trl' else fw} run {i + 1}: {x['load_before']} -> {x['load_after']}"
             for i in range(args.rounds)
@@ -1179,6 +1145,43 @@ def run_vocab(wl: dict, args, engine: str, work: Path) -> list[str]:
                 "",
             ]
     return md
+
+
+def child_spec(args, engine: str, workload: str, wl: dict, model_dir, data_path, **extra) -> dict:
+    """What a workload's child runs get (run_child): ALGO, the workload's sizes, the command line's threads,
+    mu, beta and limits, the engine; `extra` adds keys or replaces them (T, steps, chat, memory)."""
+    spec = dict(
+        ALGO,
+        workload=workload,
+        model_dir=str(model_dir),
+        data_path=str(data_path),
+        G=wl["G"],
+        prompts=wl["prompts"],
+        T=wl["T"],
+        lr=wl["lr"],
+        steps=args.steps or wl["steps"],
+        threads=args.threads,
+        engine=engine,
+        mu=args.mu,
+        beta=args.beta,
+        mem_limit_gb=args.mem_limit_gb,
+        mem_reserve_gb=args.mem_reserve_gb,
+        timeout_s=args.child_timeout,
+    )
+    return {**spec, **extra}
+
+
+def variants_of(args) -> dict[str, list[str]]:
+    """variant -> grpokit's config overrides; TRL runs last in each round."""
+    return {"grpokit": [], **({"grpokit-compile": ["model.compile=true"]} if args.compile else {}), "trl": []}
+
+
+def fastest_cells(runs: dict[str, list[dict]], summ: dict[str, list[tuple[dict, dict]]]) -> dict:
+    """variant -> (summary, result) of its fastest finished round, or (None, its first result) when no round
+    finished (summ: variant -> (summary, result) of the finished rounds)."""
+    return {
+        fw: (min(summ[fw], key=lambda p: p[0]["step_s"]) if summ[fw] else (None, runs[fw][0])) for fw in runs
+    }
 
 
 def run_rounds(case: str, spec: dict, variants: dict, rounds: int, work: Path) -> dict[str, list[dict]]:
@@ -1348,31 +1351,19 @@ def run_real_growth(args, engine: str, work: Path, out: Path, command: str) -> N
     model_dir = no_stop_model(base, work)
     counts = param_counts_of(model_dir)
     load0 = machine_load()
-    variants = {
-        "grpokit": [],
-        **({"grpokit-compile": ["model.compile=true"]} if args.compile else {}),
-        "trl": [],
-    }
+    variants = variants_of(args)
     cells: dict[int, dict] = {}
     sections: list[str] = []
     for T in args.completion_lengths:
-        spec = dict(
-            ALGO,
-            workload=f"real-T{T}",
-            model_dir=str(model_dir),
-            data_path=str(write_chat_prompts(wl, work)),
-            G=wl["G"],
-            prompts=wl["prompts"],
+        spec = child_spec(
+            args,
+            engine,
+            f"real-T{T}",
+            wl,
+            model_dir,
+            write_chat_prompts(wl, work),
             T=T,
-            lr=wl["lr"],
             steps=steps,
-            threads=args.threads,
-            engine=engine,
-            mu=args.mu,
-            beta=args.beta,
-            mem_limit_gb=args.mem_limit_gb,
-            mem_reserve_gb=args.mem_reserve_gb,
-            timeout_s=args.child_timeout,
             chat=True,
         )
         runs = run_rounds(f"real-T{T}", spec, variants, args.rounds, work)
@@ -1385,10 +1376,7 @@ def run_real_growth(args, engine: str, work: Path, out: Path, command: str) -> N
             ]
             for fw, rs in runs.items()
         }
-        cells[T] = {
-            fw: (min(summ[fw], key=lambda p: p[0]["step_s"]) if summ[fw] else (None, runs[fw][0]))
-            for fw in runs
-        }
+        cells[T] = fastest_cells(runs, summ)
         done = [cells[T][fw] for fw in runs if cells[T][fw][0] is not None]
         failed = [f"{_label(res)}: {res['failed']}" for s, res in (cells[T][fw] for fw in runs) if s is None]
         sections += [
@@ -1458,31 +1446,10 @@ def run_real(args, engine: str, work: Path, out: Path, command: str) -> None:
         model_dir = real_smoke_model(work) if args.smoke else real_model_dir()
     counts = param_counts_of(model_dir)
     load0 = machine_load()
-    spec = dict(
-        ALGO,
-        workload="real",
-        model_dir=str(model_dir),
-        data_path=str(write_chat_prompts(wl, work)),
-        G=wl["G"],
-        prompts=wl["prompts"],
-        T=wl["T"],
-        lr=wl["lr"],
-        steps=args.steps or wl["steps"],
-        threads=args.threads,
-        engine=engine,
-        mu=args.mu,
-        beta=args.beta,
-        mem_limit_gb=args.mem_limit_gb,
-        mem_reserve_gb=args.mem_reserve_gb,
-        timeout_s=args.child_timeout,
-        chat=True,
-        memory=True,
+    spec = child_spec(
+        args, engine, "real", wl, model_dir, write_chat_prompts(wl, work), chat=True, memory=True
     )
-    variants = {
-        "grpokit": [],
-        **({"grpokit-compile": ["model.compile=true"]} if args.compile else {}),
-        "trl": [],
-    }
+    variants = variants_of(args)
     # the page and the saved runs of a thread count: compare_trl_real.md at 1 thread, _2threads.md at 2, ...
     suffix = "" if args.threads == 1 else f"_{args.threads}threads"
     saved = work / f"real-results{suffix}.json"
@@ -1811,30 +1778,9 @@ def main(argv=None) -> None:
         from transformers import AutoModelForCausalLM
 
         counts = param_counts(AutoModelForCausalLM.from_pretrained(str(model_dir)))
-        spec = dict(
-            ALGO,
-            workload=name,
-            model_dir=str(model_dir),
-            data_path=str(data_path),
-            G=wl["G"],
-            prompts=wl["prompts"],
-            T=wl["T"],
-            lr=wl["lr"],
-            steps=args.steps or wl["steps"],
-            threads=args.threads,
-            engine=engine,
-            mu=args.mu,
-            beta=args.beta,
-            mem_limit_gb=args.mem_limit_gb,
-            mem_reserve_gb=args.mem_reserve_gb,
-            timeout_s=args.child_timeout,
-        )
+        spec = child_spec(args, engine, name, wl, model_dir, data_path)
         # variant -> config overrides for grpokit (TRL runs last in each round)
-        variants = {
-            "grpokit": [],
-            **({"grpokit-compile": ["model.compile=true"]} if args.compile else {}),
-            "trl": [],
-        }
+        variants = variants_of(args)
         runs: dict[str, list[dict]] = {v: [] for v in variants}
         for r in range(args.rounds):  # g, t, g, t, ...: a load change on a shared machine hits both
             for fw, overrides in variants.items():
