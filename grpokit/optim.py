@@ -11,6 +11,7 @@ with a TrainingError that says what was non-finite, where, and what to change.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Iterable
 
@@ -20,6 +21,35 @@ from torch import Tensor
 
 class TrainingError(RuntimeError):
     """The run cannot go on (e.g. updates non-finite too many times in a row); the message says why."""
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """torch's out-of-memory errors: CUDA's OutOfMemoryError, the CPU allocator's "can't allocate memory"
+    (a RuntimeError), Python's MemoryError."""
+    return isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or (
+        isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc)
+    )
+
+
+@contextlib.contextmanager
+def out_of_memory_said(rows: int, width: int, micro_batch_size: int, checkpointing: bool):
+    """An out-of-memory error inside a micro-batch's forward / backward becomes a TrainingError that names
+    the micro-batch and what makes it smaller, instead of the allocator's message. (On Linux, a process
+    past the machine's memory is usually killed by the kernel before the allocator fails: this is the
+    case where it fails first, as on a GPU.)"""
+    try:
+        yield
+    except (RuntimeError, MemoryError) as exc:
+        if not is_out_of_memory(exc):
+            raise
+        fixes = [f"optim.micro_batch_size={max(1, micro_batch_size // 2)} (now {micro_batch_size})"]
+        if not checkpointing:
+            fixes.append("model.gradient_checkpointing=true")
+        raise TrainingError(
+            f"the training pass ran out of memory on a micro-batch of {rows} completions x {width} tokens: "
+            f"set {' or '.join(fixes)}, or lower rollout.max_completion_length; checkpoints already saved "
+            "are untouched and the same command resumes from the newest"
+        ) from exc
 
 
 def _constant(progress: float) -> float:

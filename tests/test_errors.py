@@ -851,6 +851,64 @@ def test_non_finite_loss_in_a_row_stops_with_one_line(env, monkeypatch):
     ]  # step 1's weights were untouched, hence finite
 
 
+# ----------------------------------------------------------------------------- memory
+
+#: what torch's CPU allocator raises when malloc fails
+CPU_OOM = (
+    "[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: you tried to "
+    "allocate 21474836480 bytes. Error code 12 (Cannot allocate memory)"
+)
+
+
+def test_out_of_memory_errors_are_told_from_others():
+    from grpokit.optim import is_out_of_memory
+
+    assert is_out_of_memory(RuntimeError(CPU_OOM))
+    assert is_out_of_memory(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert is_out_of_memory(MemoryError())
+    assert not is_out_of_memory(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
+    assert not is_out_of_memory(ValueError("can't allocate memory"))
+
+
+@pytest.mark.parametrize("where", ["forward", "backward"])
+def test_out_of_memory_in_the_training_pass_stops_with_one_line_and_resumes(env, monkeypatch, where):
+    """The allocator failing in step 2's training pass: one line naming the micro-batch and the settings
+    that shrink it; step 1's checkpoint is kept and the same command resumes from it."""
+    import grpokit.trainer
+
+    calls, real = [], grpokit.trainer.completion_logprobs
+    if where == "forward":
+
+        def forward(model, tokens, **kwargs):
+            calls.append(1)
+            if len(calls) == 2:  # the training pass of step 2
+                raise RuntimeError(CPU_OOM)
+            return real(model, tokens, **kwargs)
+
+        monkeypatch.setattr(grpokit.trainer, "completion_logprobs", forward)
+    else:
+        real_backward = grpokit.trainer.World.backward
+
+        def backward(self, loss):
+            calls.append(1)
+            if len(calls) == 2:
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+            return real_backward(self, loss)
+
+        monkeypatch.setattr(grpokit.trainer.World, "backward", backward)
+    user_error(
+        train(env, "optim.max_steps=2", "checkpoint.save_every=1"),
+        "the training pass ran out of memory on a micro-batch of 8 completions x",
+        "optim.micro_batch_size=4 (now 8) or model.gradient_checkpointing=true",
+        "the same command resumes from the newest",
+    )
+    assert [s for s, _ in list_checkpoints(env[0] / "run")] == [1]
+    monkeypatch.undo()
+    r = train(env, "optim.max_steps=2", "checkpoint.save_every=1")
+    assert r.exit_code == 0, r.output
+    assert [s for s, _ in list_checkpoints(env[0] / "run")] == [1, 2]
+
+
 # ----------------------------------------------------------------------------- disk
 
 
