@@ -42,13 +42,15 @@ def out_of_memory_said(rows: int, width: int, micro_batch_size: int, checkpointi
     except (RuntimeError, MemoryError) as exc:
         if not is_out_of_memory(exc):
             raise
-        fixes = [f"optim.micro_batch_size={max(1, micro_batch_size // 2)} (now {micro_batch_size})"]
+        fixes = [f"optim.micro_batch_size={micro_batch_size // 2} (now {micro_batch_size})"]
+        fixes = fixes if micro_batch_size > 1 else []  # one completion a micro-batch already
         if not checkpointing:
             fixes.append("model.gradient_checkpointing=true")
+        fixes.append("a lower rollout.max_completion_length")
         raise TrainingError(
             f"the training pass ran out of memory on a micro-batch of {rows} completions x {width} tokens: "
-            f"set {' or '.join(fixes)}, or lower rollout.max_completion_length; checkpoints already saved "
-            "are untouched and the same command resumes from the newest"
+            f"set {' or '.join(fixes)}; checkpoints already saved are untouched and the same command resumes "
+            "from the newest"
         ) from exc
 
 

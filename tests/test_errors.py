@@ -870,6 +870,25 @@ def test_out_of_memory_errors_are_told_from_others():
     assert not is_out_of_memory(ValueError("can't allocate memory"))
 
 
+@pytest.mark.parametrize(
+    "micro_batch_size, checkpointing, fixes",
+    [
+        (8, False, "optim.micro_batch_size=4 (now 8) or model.gradient_checkpointing=true or a lower"),
+        (1, False, "set model.gradient_checkpointing=true or a lower"),  # nothing left to halve
+        (1, True, "set a lower rollout.max_completion_length;"),
+    ],
+)
+def test_out_of_memory_line_names_only_the_settings_that_are_left(micro_batch_size, checkpointing, fixes):
+    from grpokit.optim import TrainingError, out_of_memory_said
+
+    with pytest.raises(TrainingError, match=re.escape(fixes)):
+        with out_of_memory_said(8, 4, micro_batch_size, checkpointing):
+            raise RuntimeError(CPU_OOM)
+    with pytest.raises(RuntimeError, match="shapes"):  # other errors pass through as they are
+        with out_of_memory_said(8, 4, micro_batch_size, checkpointing):
+            raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
+
+
 @pytest.mark.parametrize("where", ["forward", "backward"])
 def test_out_of_memory_in_the_training_pass_stops_with_one_line_and_resumes(env, monkeypatch, where):
     """The allocator failing in step 2's training pass: one line naming the micro-batch and the settings
