@@ -1352,20 +1352,11 @@ def run_real_growth(args, engine: str, work: Path, out: Path, command: str) -> N
     counts = param_counts_of(model_dir)
     load0 = machine_load()
     variants = variants_of(args)
+    data_path = write_chat_prompts(wl, work)  # the same prompts at every T
     cells: dict[int, dict] = {}
     sections: list[str] = []
     for T in args.completion_lengths:
-        spec = child_spec(
-            args,
-            engine,
-            f"real-T{T}",
-            wl,
-            model_dir,
-            write_chat_prompts(wl, work),
-            T=T,
-            steps=steps,
-            chat=True,
-        )
+        spec = child_spec(args, engine, f"real-T{T}", wl, model_dir, data_path, T=T, steps=steps, chat=True)
         runs = run_rounds(f"real-T{T}", spec, variants, args.rounds, work)
         (work / f"real-T{T}-results.json").write_text(json.dumps(runs))
         summ = {

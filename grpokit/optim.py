@@ -42,8 +42,8 @@ def out_of_memory_said(rows: int, width: int, micro_batch_size: int, checkpointi
     except (RuntimeError, MemoryError) as exc:
         if not is_out_of_memory(exc):
             raise
-        fixes = [f"optim.micro_batch_size={micro_batch_size // 2} (now {micro_batch_size})"]
-        fixes = fixes if micro_batch_size > 1 else []  # one completion a micro-batch already
+        halve = f"optim.micro_batch_size={micro_batch_size // 2} (now {micro_batch_size})"
+        fixes = [halve] if micro_batch_size > 1 else []  # one completion a micro-batch: nothing to halve
         if not checkpointing:
             fixes.append("model.gradient_checkpointing=true")
         fixes.append("a lower rollout.max_completion_length")
