@@ -19,7 +19,13 @@ from grpokit.distributed import World
 from grpokit.evaluate import make_judge
 from grpokit.health import StepHealth
 from grpokit.optim import Optimizer
-from grpokit.policy import build_reference, load_policy
+from grpokit.policy import (
+    build_reference,
+    checkpointing_plan,
+    enable_checkpointing,
+    load_policy,
+    memory_left,
+)
 from grpokit.policy_handle import PolicyHandle
 from grpokit.rewards import RewardManager, build_rewards, reward_registry
 from grpokit.rollout import SamplerCorrection, make_engine
@@ -70,6 +76,8 @@ def build_components(
     correction = SamplerCorrection(cfg.rollout)  # the sampler-trainer mismatch: metrics, importance weights
     max_len = check_context_length(data, getattr(model, "config", None), cfg.rollout.max_completion_length)
     pipeline = build_pipeline(cfg, policy, tokenizer, seed=cfg.seed + world.rank, max_len=max_len)
+    if cfg.model.gradient_checkpointing == "auto":  # before the critic, which follows the policy's setting
+        auto_checkpointing(model, world, cfg.micro_batch_size, max_len)
     total = cfg.optim.max_steps * cfg.algorithm.num_iterations * cfg.optim.num_minibatches
     try:
         optimizer = Optimizer(
@@ -95,6 +103,17 @@ def build_components(
         optimizer,
         critic,
     )
+
+
+def auto_checkpointing(model, world: World, rows: int, tokens: int) -> None:
+    """model.gradient_checkpointing=auto: checkpoint the layers that a micro-batch of `rows` sequences of
+    `tokens` tokens needs (policy/memory.py). Every rank takes the plan of the least memory left: under
+    FSDP2 a recomputed layer gathers its weights again, so the ranks must recompute the same layers."""
+    plan = checkpointing_plan(model, rows, tokens, left=min(world.gather(memory_left(model))))
+    if plan is not None:
+        enable_checkpointing(model, plan.every_n_layers)
+        if world.rank == 0:
+            print(f"model.gradient_checkpointing=auto: {plan}", flush=True)
 
 
 def build_pipeline(

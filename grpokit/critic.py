@@ -40,7 +40,7 @@ from grpokit.metrics import (
     value_name,
 )
 from grpokit.optim import Optimizer
-from grpokit.policy import load_model_from_config
+from grpokit.policy import is_checkpointing, load_model_from_config
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -84,7 +84,7 @@ def build_value_model(model_cfg, policy: nn.Module) -> ValueModel:
         assert isinstance(base, nn.Module)  # a transformers model's backbone
         return ValueModel(copy.deepcopy(base))
     backbone = load_model_from_config(model_cfg, head="backbone")
-    if model_cfg.gradient_checkpointing:
+    if is_checkpointing(policy):  # model.gradient_checkpointing=true, or auto found it needed
         backbone.gradient_checkpointing_enable()
     return ValueModel(backbone).train()
 

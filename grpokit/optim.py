@@ -32,11 +32,12 @@ def is_out_of_memory(exc: BaseException) -> bool:
 
 
 @contextlib.contextmanager
-def out_of_memory_said(rows: int, width: int, micro_batch_size: int, checkpointing: bool):
-    """An out-of-memory error inside a micro-batch's forward / backward becomes a TrainingError that names
-    the micro-batch and what makes it smaller, instead of the allocator's message. (On Linux, a process
-    past the machine's memory is usually killed by the kernel before the allocator fails: this is the
-    case where it fails first, as on a GPU.)"""
+def out_of_memory_said(micro_batch_size: int, checkpointing: bool, rows: int, width: int):
+    """An out-of-memory error inside a micro-batch's forward / backward (`rows` completions x `width`
+    tokens) becomes a TrainingError that names the micro-batch and the settings that make it smaller
+    (the micro-batch size and, when the model does not checkpoint yet, checkpointing), instead of the
+    allocator's message. (On Linux, a process past the machine's memory is usually killed by the kernel
+    before the allocator fails: this is the case where it fails first, as on a GPU.)"""
     try:
         yield
     except (RuntimeError, MemoryError) as exc:

@@ -55,7 +55,7 @@ from grpokit.metrics import (
     sample_records,
 )
 from grpokit.optim import TrainingError, check_finite_weights, non_finite, out_of_memory_said
-from grpokit.policy import completion_logprobs
+from grpokit.policy import completion_logprobs, is_checkpointing
 from grpokit.records import plot_run
 from grpokit.records.run_records import RunRecords
 from grpokit.rewards import RewardError
@@ -257,11 +257,6 @@ class Trainer:
             POLICY_SKIPPED_UPDATES: float(self.optimizer.skipped),
         }
 
-    def _memory_said(self, rows: int, width: int):
-        """optim.out_of_memory_said for a micro-batch of `rows` completions x `width` tokens."""
-        checkpointing = self.cfg.model.gradient_checkpointing
-        return out_of_memory_said(rows, width, self.cfg.micro_batch_size, checkpointing)
-
     def _accumulate_gradient(
         self, b: RolloutBatch, idx: Tensor, *, first_pass: bool, acc: MeanAccumulator
     ) -> tuple[float | None, str]:
@@ -273,7 +268,7 @@ class Trainer:
         for sub_idx in micro_batches(idx, b.tokens, cfg.micro_batch_size, cfg.optim.group_by_length):
             tokens = b.tokens.rows(sub_idx)  # trimmed to this micro-batch's longest completion
             T = tokens.completion_width
-            with self._memory_said(len(sub_idx), T):
+            with out_of_memory_said(cfg.micro_batch_size, is_checkpointing(self.model), len(sub_idx), T):
                 logp, entropy = completion_logprobs(
                     self.policy.forward, tokens, **pass_options(cfg, first_pass)
                 )
@@ -299,7 +294,7 @@ class Trainer:
             if not self.world.all_finite(loss):  # every rank skips together
                 bad_logp = not torch.isfinite(logp.detach()[mask.bool()]).all()
                 return None, ": the policy's log-probs were non-finite" if bad_logp else ""
-            with self._memory_said(len(sub_idx), T):
+            with out_of_memory_said(cfg.micro_batch_size, is_checkpointing(self.model), len(sub_idx), T):
                 self.world.backward(loss)
             acc.add({policy_name(k): v for k, v in stats.items()}, mask.sum().item())
             acc.add(

@@ -882,17 +882,18 @@ def test_out_of_memory_line_names_only_the_settings_that_are_left(micro_batch_si
     from grpokit.optim import TrainingError, out_of_memory_said
 
     with pytest.raises(TrainingError, match=re.escape(fixes)):
-        with out_of_memory_said(8, 4, micro_batch_size, checkpointing):
+        with out_of_memory_said(micro_batch_size, checkpointing, 8, 4):
             raise RuntimeError(CPU_OOM)
     with pytest.raises(RuntimeError, match="shapes"):  # other errors pass through as they are
-        with out_of_memory_said(8, 4, micro_batch_size, checkpointing):
+        with out_of_memory_said(micro_batch_size, checkpointing, 8, 4):
             raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
 
 
 @pytest.mark.parametrize("where", ["forward", "backward"])
 def test_out_of_memory_in_the_training_pass_stops_with_one_line_and_resumes(env, monkeypatch, where):
     """The allocator failing in step 2's training pass: one line naming the micro-batch and the settings
-    that shrink it; step 1's checkpoint is kept and the same command resumes from it."""
+    that shrink it; step 1's checkpoint is kept, and the command with either setting the line names resumes
+    from it (they change only how the same math is laid out in memory)."""
     import grpokit.trainer
 
     calls, real = [], grpokit.trainer.completion_logprobs
@@ -923,8 +924,10 @@ def test_out_of_memory_in_the_training_pass_stops_with_one_line_and_resumes(env,
     )
     assert [s for s, _ in list_checkpoints(env[0] / "run")] == [1]
     monkeypatch.undo()
-    r = train(env, "optim.max_steps=2", "checkpoint.save_every=1")
+    advice = "optim.micro_batch_size=4" if where == "forward" else "model.gradient_checkpointing=true"
+    r = train(env, "optim.max_steps=2", "checkpoint.save_every=1", advice)
     assert r.exit_code == 0, r.output
+    assert "allow_changes" not in r.output
     assert [s for s, _ in list_checkpoints(env[0] / "run")] == [1, 2]
 
 

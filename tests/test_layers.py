@@ -81,6 +81,7 @@ LAYERS: dict[str, int] = {
     "grpokit.policy.gguf": SERVICES,
     "grpokit.policy.loading": SERVICES,
     "grpokit.policy.logprobs": SERVICES,
+    "grpokit.policy.memory": SERVICES,
     "grpokit.optim": SERVICES,
     "grpokit.distributed": SERVICES,
     "grpokit.distributed.parallel": SERVICES,

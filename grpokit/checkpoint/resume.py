@@ -98,7 +98,8 @@ def _why(exc: BaseException) -> str:
 
 #: Config keys that may change on resume without a word: they change neither the math nor the data stream
 #: (the reward time limit and the bad-step guard only decide when to stop waiting, warn or stop; the
-#: distributed strategy only how the same math is laid out over the ranks).
+#: distributed strategy, the micro-batch size and checkpointing only how the same math is laid out over the
+#: ranks and in memory: what an out-of-memory error tells a user to change before resuming).
 FREE_ON_RESUME = (
     "output_dir",
     "threads",
@@ -106,6 +107,8 @@ FREE_ON_RESUME = (
     "eval",
     "checkpoint",
     "distributed",
+    "optim.micro_batch_size",
+    "model.gradient_checkpointing",
     "reward_timeout",
     "reward_slow_warning",
     "reward_error_fraction",

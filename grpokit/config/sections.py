@@ -53,8 +53,11 @@ class ModelConfig(Section):
     cast_lm_head_to_fp32: bool = False
     """The LM head (final projection, then the log-softmax) in float32 even under model.autocast=bfloat16 or
     dtype=bfloat16 (ScaleRL; TRL's cast_lm_head_to_fp32): smaller sampler-trainer mismatch."""
-    gradient_checkpointing: bool = False
-    """Recompute activations in the backward pass: less memory, ~30% more compute."""
+    gradient_checkpointing: bool | Literal["auto"] = "auto"
+    """Recompute activations in the backward pass: less memory, ~30% more compute. auto = only when a
+    micro-batch of the longest rows would keep more than half the memory left in activations (estimated from
+    the model's sizes once the run is built), and then on the fewest decoder layers that fit
+    (grpokit/policy/memory.py); the run prints the decision."""
     attn_implementation: str | None = None
     """Passed to from_pretrained (e.g. "sdpa", "eager", "flash_attention_2"); None = transformers' default."""
     trust_remote_code: bool = False

@@ -7,7 +7,8 @@
     logp, entropy = completion_logprobs(model, packed, temperature=1.0, with_entropy=True)   # [N, T] each
 
 One module per job: loading.py (loading and the model.* training settings: dropout, checkpointing, autocast,
-LoRA, pi_ref) and logprobs.py (the log-prob and entropy kernels: plain, shared-prompt and fused passes).
+LoRA, pi_ref), logprobs.py (the log-prob and entropy kernels: plain, shared-prompt and fused passes) and
+memory.py (model.gradient_checkpointing=auto: which layers to checkpoint for the memory left).
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ from grpokit.policy.loading import (
     build_reference,
     disable_dropout,
     enable_autocast,
+    enable_checkpointing,
     frozen_copy,
+    is_checkpointing,
     is_lora,
     load_model,
     load_model_from_config,
@@ -39,6 +42,7 @@ from grpokit.policy.logprobs import (
     select_rows,
     shared_prompt_logits,
 )
+from grpokit.policy.memory import checkpointing_plan, memory_left
 
 __all__ = [
     "AUTO_CLASSES",
@@ -50,16 +54,20 @@ __all__ = [
     "autocast_of",
     "batched_logprobs",
     "build_reference",
+    "checkpointing_plan",
     "completion_logprobs",
     "disable_dropout",
     "enable_autocast",
+    "enable_checkpointing",
     "frozen_copy",
     "fused_head",
+    "is_checkpointing",
     "is_lora",
     "load_model",
     "load_model_from_config",
     "load_policy",
     "load_tokenizer",
+    "memory_left",
     "prepare",
     "select_cache_rows",
     "select_rows",

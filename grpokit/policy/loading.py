@@ -170,7 +170,9 @@ def load_policy(model_cfg):
     )
     model = prepare(load_model_from_config(model_cfg), model_cfg)
     if model_cfg.lora is not None:
-        model = apply_lora(model, model_cfg.lora, gradient_checkpointing=model_cfg.gradient_checkpointing)
+        model = apply_lora(
+            model, model_cfg.lora, gradient_checkpointing=model_cfg.gradient_checkpointing is True
+        )
     if model.generation_config is not None and model.generation_config.pad_token_id is None:
         model.generation_config.pad_token_id = tok.pad_token_id
     return model, tok
@@ -198,10 +200,30 @@ def prepare(model, model_cfg):
         cast_lm_head_to_fp32(model)
     if model_cfg.disable_dropout:
         disable_dropout(model)
-    if model_cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
-        model.config.use_cache = False
+    if model_cfg.gradient_checkpointing is True:  # auto: decided once the run is built (components.py)
+        enable_checkpointing(model)
     return model.train()
+
+
+def enable_checkpointing(model, every_n_layers: int = 1) -> None:
+    """transformers' gradient checkpointing (non-reentrant torch.utils.checkpoint) on every
+    `every_n_layers`-th decoder layer; the KV cache off in training passes. A LoRA model's frozen
+    embeddings get an output that carries a gradient, as the checkpointed layers' inputs must."""
+    if every_n_layers == 1:
+        model.gradient_checkpointing_enable()
+    else:
+        model.gradient_checkpointing_enable(every_n_layers=every_n_layers)
+    model.config.use_cache = False
+    if is_lora(model):
+        model.enable_input_require_grads()
+
+
+def is_checkpointing(model) -> bool:
+    """The model recomputes its activations in the backward (transformers' gradient checkpointing)."""
+    state = getattr(model, "is_activation_checkpointing", None)  # transformers >= 5.x's name
+    if state is None:
+        state = getattr(model, "is_gradient_checkpointing", False)
+    return bool(state)
 
 
 def enable_autocast(model, dtype: torch.dtype) -> None:

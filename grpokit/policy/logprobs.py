@@ -17,7 +17,7 @@ from grpokit.algo import token_entropy, token_logprobs
 from grpokit.algo.fused import linear_logprobs
 from grpokit.batch import PackedBatch, micro_batches
 from grpokit.distributed import is_sharded
-from grpokit.policy.loading import AdapterOff, autocast_of, is_lora
+from grpokit.policy.loading import AdapterOff, autocast_of, is_checkpointing, is_lora
 
 
 def completion_logprobs(
@@ -167,10 +167,7 @@ def _can_share(model) -> bool:
     # does FSDP2, where every forward is a collective: the shared pass runs one or two, depending on the rows.
     if is_sharded(model):
         return False
-    checkpointing = getattr(model, "is_activation_checkpointing", None)  # transformers >= 5.x's name
-    if checkpointing is None:
-        checkpointing = getattr(model, "is_gradient_checkpointing", False)
-    return not checkpointing and hasattr(model, "config")
+    return not is_checkpointing(model) and hasattr(model, "config")
 
 
 def shared_prompt_logits(
