@@ -781,6 +781,10 @@ def _failed_run(framework: str, spec: dict, why: str, peak_kb: int, wall: float)
     }
 
 
+#: the start of a line a run prints about a choice it made for itself (run_child keeps it for the page)
+SAID = "model.gradient_checkpointing=auto:"
+
+
 def run_child(framework: str, spec: dict, work: Path) -> dict:
     """One framework in its own process; its stdout/stderr go to a log file next to the run.
 
@@ -870,6 +874,8 @@ def run_child(framework: str, spec: dict, work: Path) -> dict:
         res = _failed_run(framework, spec, why, peak_kb, wall)
     else:
         res = json.loads(result_path.read_text())
+    # what the run decided for itself (grpokit: model.gradient_checkpointing=auto's plan), for the page
+    res["said"] = [x for x in log_path.read_text(errors="replace").splitlines() if x.startswith(SAID)]
     res["load_before"], res["load_after"] = load_before, machine_load()
     print(
         f"[{spec['workload']}] {framework}: "
@@ -1381,6 +1387,12 @@ def run_real_growth(args, engine: str, work: Path, out: Path, command: str) -> N
             "",
             *(real_table(done) if done else []),  # with one framework alone, its row and no ratios
             *([f"Did not finish: {'; '.join(failed)}."] if failed else []),
+            *[
+                f"{_label(x)} printed: `{line}`"
+                for rs in runs.values()
+                for x in rs[:1]
+                for line in x.get("said", [])
+            ],
             "",
         ]
         print("\n".join(sections[-8:]), flush=True)
