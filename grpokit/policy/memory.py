@@ -136,13 +136,13 @@ def checkpointing_plan(model, rows: int, tokens: int, left: int | None = None) -
     whole = s.kept(rows, tokens, 0)
     if whole <= SHARE * left:
         return None
-    n = 1
-    if _every_n_layers_supported(model):
-        fits = [
-            n for n in range(s.layers, 0, -1) if s.kept(rows, tokens, math.ceil(s.layers / n)) <= SHARE * left
-        ]
-        n = fits[0] if fits else 1
-    return Plan(n, rows, tokens, whole, s.kept(rows, tokens, math.ceil(s.layers / n)), left)
+
+    def kept(n: int) -> int:  # checkpointing 1 layer in n: layers 0, n, 2n, ...
+        return s.kept(rows, tokens, math.ceil(s.layers / n))
+
+    widest = s.layers if _every_n_layers_supported(model) else 1
+    n = next((n for n in range(widest, 0, -1) if kept(n) <= SHARE * left), 1)
+    return Plan(n, rows, tokens, whole, kept(n), left)
 
 
 def _every_n_layers_supported(model) -> bool:
