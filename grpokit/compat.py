@@ -144,6 +144,10 @@ _COVERAGE: list[tuple[list[Cell], str]] = [
         _cells("vllm, vllm_mode=server", _ONE, ""),
         "tests/test_rollout_server.py::test_grpo_on_a_vllm_server_learns_and_every_push_takes",
     ),
+    (
+        _cells("vllm, vllm_mode=server", _ONE, "lora"),
+        "tests/test_rollout_server.py::test_grpo_with_lora_on_a_vllm_server_every_push_takes",
+    ),
 ]
 _EQUIVALENCE = [
     f"{_DIST}test_{name}_on_two_ranks_equals_one_process[{strategy}]"
@@ -174,6 +178,11 @@ for _world, _strategy in ((_DDP, "ddp"), (_FSDP2, "fsdp2")):
             _cells("vllm, vllm_mode=server", _world, ""),
             "tests/test_vllm_server_torchrun.py::"
             f"test_torchrun_trains_with_every_rank_a_client_of_one_server[{_strategy}]",
+        ),
+        (
+            _cells("vllm, vllm_mode=server", _world, "lora"),
+            "tests/test_vllm_server_torchrun.py::"
+            f"test_torchrun_trains_lora_with_every_rank_a_client_of_one_server[{_strategy}]",
         ),
     ]
 #: one-process cells no other test runs: tests/test_compat.py::test_one_process_run trains each for two steps

@@ -39,13 +39,6 @@ def test_every_engine_declares_its_capabilities_and_the_whole_interface():
         (["rollout.max_policy_lag=1"], 1, "rollout.max_policy_lag=1 needs the sampler's log-probs"),
         (["rollout.importance_correction=token_mask"], 1, "use rollout.engine=fast or vllm"),
         (
-            ["rollout.engine=vllm", "rollout.vllm_mode=server", "model.lora.r=4"],
-            1,
-            "model.lora does not work with rollout.engine=vllm with rollout.vllm_mode=server yet; drop "
-            "model.lora or change that key (LoRA runs with ref_policy frozen or none, the grpo / rloo "
-            "estimators, rollout.engine=hf or fast or vllm)",
-        ),
-        (
             ["rollout.engine=fast", "rollout.vllm_mode=server"],
             1,
             "rollout.vllm_mode=server samples from a vLLM",
@@ -61,12 +54,40 @@ def test_a_feature_the_engine_lacks_is_one_line_naming_the_engines_that_have_it(
     assert "\n" not in str(err.value)
 
 
+def test_an_engine_without_lora_or_ranks_is_refused_with_one_line(monkeypatch):
+    """Every engine today samples from a LoRA policy and runs under torchrun; an engine that declares it
+    cannot (here the server's entry, given such caps) is refused for either, naming the engines that can."""
+    from grpokit.rollout import engines
+    from grpokit.rollout.base import EngineCaps
+
+    class Limited(RolloutEngine):
+        caps = EngineCaps(sampling_logprobs=True, several_ranks=False, lora=False)
+
+    limited = engines.EngineSpec("vllm", "vllm_mode=server", lambda: Limited)
+    monkeypatch.setattr(engines, "ENGINES", (*ENGINES[:-1], limited))
+    server = ["rollout.engine=vllm", "rollout.vllm_mode=server"]
+    with pytest.raises(ConfigError) as err:
+        check_engine(load_config(None, [*server, "model.lora.r=4"]))
+    assert str(err.value) == (
+        "model.lora does not work with rollout.engine=vllm with rollout.vllm_mode=server yet; drop "
+        "model.lora or change that key (LoRA runs with ref_policy frozen or none, the grpo / rloo "
+        "estimators, rollout.engine=hf or fast or vllm)"
+    )
+    with pytest.raises(ConfigError) as err:
+        check_engine(load_config(None, server), 2)
+    assert str(err.value) == (
+        "rollout.engine=vllm with rollout.vllm_mode=server takes one trainer process; under torchrun use "
+        "rollout.engine=hf or fast or vllm"
+    )
+
+
 def test_what_the_engines_can_run_passes():
     for overrides in (
         ["rollout.engine=fast", "rollout.max_policy_lag=1", "rollout.async_sampler=process"],
         ["rollout.engine=vllm", "rollout.vllm_mode=server", "rollout.importance_correction=token_mask"],
         ["rollout.engine=hf", "model.lora.r=4"],
         ["rollout.engine=vllm", "model.lora.r=4"],
+        ["rollout.engine=vllm", "rollout.vllm_mode=server", "model.lora.r=4"],
     ):
         assert check_engine(load_config(None, overrides)).name == overrides[0].split("=")[1]
     # vllm colocated under torchrun: an engine per rank; server mode: a client per rank, rank 0 pushes

@@ -22,7 +22,7 @@ from grpokit.rollout import SamplingParams
 from grpokit.rollout.server import VLLMServerEngine
 from grpokit.rollout.vllm import RolloutError, VLLMEngine
 from grpokit.tasks.tiny_model import build_tiny_llama
-from tests.helpers import require
+from tests.helpers import read_metrics, require, tiny_config
 from tests.test_rollout_vllm import (
     assert_learned_and_every_push_took,
     grpo_config,
@@ -239,6 +239,42 @@ def test_grpo_on_a_vllm_server_learns_and_every_push_takes(server, vllm_model_di
     )
     Trainer(cfg).train()
     assert_learned_and_every_push_took(tmp_path / "run", 30)
+
+
+@pytest.mark.slow
+def test_grpo_with_lora_on_a_vllm_server_every_push_takes(server, vllm_model_dir, tmp_path):
+    """model.lora with rollout.vllm_mode=server: each push sends the adapted layers with the adapters merged
+    in (after the first, only those layers and their fused siblings), the server's check holds at every step,
+    every sample came from the current adapted policy, and only the adapter trained. The same run with the
+    colocated engine samples, scores and trains alike: the same completions, metrics and adapter."""
+    from grpokit.trainer import Trainer
+    from tests.test_vllm_server_torchrun import _assert_same_run
+
+    require("peft")
+    common = [
+        "checkpoint.save_every=0",
+        "optim.max_steps=4",
+        "optim.learning_rate=1e-2",
+        "rollout.engine=vllm",
+        "rollout.vllm_kv_cache_mb=32",
+        "model.lora={r: 4, alpha: 16}",
+        "logging.sample_every=1",  # completions.parquet, compared below
+    ]
+    server_mode = [
+        "rollout.vllm_mode=server",
+        f"rollout.vllm_server_url={server[0]}",
+        f"rollout.vllm_server_timeout={START_TIMEOUT_S}",
+    ]
+    Trainer(tiny_config(vllm_model_dir, tmp_path / "run", *common, *server_mode)).train()
+    steps = [r for r in read_metrics(tmp_path / "run") if "reward/mean" in r]
+    assert len(steps) == 4
+    for r in steps:
+        assert r["rollout/push_checks"] == 1 and r["rollout/push_error"] < 1e-3, r
+        assert r["rollout/version_lag"] == 0 and r["rollout/logp_diff_max"] < 1e-3, r
+    final = tmp_path / "run" / "final"
+    assert (final / "adapter_config.json").is_file() and not (final / "model.safetensors").exists()
+    Trainer(tiny_config(vllm_model_dir, tmp_path / "colocated", *common)).train()
+    _assert_same_run(tmp_path / "run", tmp_path / "colocated")
 
 
 def test_a_run_resumes_against_a_server_at_another_url():

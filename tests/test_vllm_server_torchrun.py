@@ -99,9 +99,39 @@ def test_torchrun_trains_with_every_rank_a_client_of_one_server(
     _assert_same_run(tmp_path / "run", colocated)
 
 
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+def test_torchrun_trains_lora_with_every_rank_a_client_of_one_server(
+    vllm_model_dir,
+    tmp_path,
+    server,  # noqa: F811 (the fixture imported above)
+    strategy,
+):
+    """The same with model.lora: rank 0 pushes the adapted layers with the adapters merged in (from FSDP2's
+    shards, or DDP's replica) and checks the push once per step; every sample carries the step's version and
+    was sampled from the current adapted policy; the run saves the adapter. The same run with a colocated
+    engine per rank gives the same samples, metrics and adapter."""
+    require("peft")
+    config = _config(tmp_path, vllm_model_dir, strategy, lora=True)
+    url = f"rollout.vllm_server_url={server[0]}"
+    proc = _launch(tmp_path, "-m", "grpokit", "train", str(config), "rollout.vllm_mode=server", url)
+    assert proc.returncode == 0, _output(proc)
+    steps = [r for r in read_metrics(tmp_path / "run") if "reward/mean" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    for r in steps:
+        assert r["rollout/push_checks"] == 1 and r["rollout/push_error"] < 1e-3, r
+        assert r["rollout/version_lag"] == 0 and r["rollout/version_lag_max"] == 0, r
+        assert r["rollout/logp_diff_max"] < 1e-3, r
+    final = tmp_path / "run" / "final"
+    assert (final / "adapter_model.safetensors").is_file() and not (final / "model.safetensors").exists()
+    colocated = tmp_path / "colocated"
+    again = _launch(tmp_path, "-m", "grpokit", "train", str(config), f"output_dir={colocated}")
+    assert again.returncode == 0, _output(again)
+    _assert_same_run(tmp_path / "run", colocated)
+
+
 def _assert_same_run(run: Path, reference: Path) -> None:
-    """The same completions at every step, the same per-step metrics, and weights equal per tensor within
-    1e-6 (relative)."""
+    """The same completions at every step, the same per-step metrics, and weights (a LoRA run's: its adapter)
+    equal per tensor within 1e-6 (relative)."""
     import pandas as pd
     from safetensors.torch import load_file
 
@@ -114,10 +144,9 @@ def _assert_same_run(run: Path, reference: Path) -> None:
         for key in ("reward/mean", "policy/kl", "rollout/tokens"):
             assert (key in a) == (key in b), (key, a, b)
             assert key not in b or a[key] == pytest.approx(b[key], rel=1e-5), (key, a, b)
-    got, want = (
-        load_file(run / "final" / "model.safetensors"),
-        load_file(reference / "final" / "model.safetensors"),
-    )
+    lora = (reference / "final" / "adapter_model.safetensors").is_file()
+    weights = "adapter_model.safetensors" if lora else "model.safetensors"
+    got, want = load_file(run / "final" / weights), load_file(reference / "final" / weights)
     assert set(got) == set(want)
     rel = {k: ((got[k] - v).norm() / v.norm().clamp_min(1e-30)).item() for k, v in want.items()}
     assert max(rel.values()) < 1e-6, max(rel.items(), key=lambda kv: kv[1])

@@ -14,9 +14,10 @@
 The same contract as the colocated engine (grpokit/rollout/vllm.py), whose class the server hosts:
 - Samples: the client draws the base seed from sampling.generator or torch's global generator (draw_seed) and
   sends it, so the run's seed decides the server's samples exactly as it decides the colocated engine's.
-- Weights: the trainable tensors (tied names included: weights.trainable_tensors) are written to a safetensors
-  file in /dev/shm (memory, not disk); /update_weights names it and the server loads it through the colocated
-  engine's reload path; the client deletes the file. The server must therefore share this machine's /dev/shm.
+- Weights: the trainable tensors (tied names included; for a LoRA policy the adapted layers with the adapters
+  merged in, as the colocated engine pushes them: weights.pushed_tensors) are written to a safetensors file in
+  /dev/shm (memory, not disk); /update_weights names it and the server loads it through the colocated engine's
+  reload path; the client deletes the file. The server must therefore share this machine's /dev/shm.
   Or (rollout.vllm_weight_sync=broadcast, and auto for several servers or one elsewhere) a torch.distributed
   broadcast in a process group of the trainer and the servers (grpokit/rollout/fleet.py), to servers anywhere.
 - A fleet: rollout.vllm_server_url lists several servers; each generate call spreads its prompts over them in
@@ -68,7 +69,8 @@ from grpokit.rollout.weights import (
     model_prompt_logprobs,
     probe_ids,
     push_dir,
-    trainable_tensors,
+    pushed_shapes,
+    pushed_tensors,
     unique_tensors,
     write_push,
 )
@@ -111,7 +113,7 @@ def model_info(model, tokenizer) -> dict:
         "vocab_size": cfg.get_text_config(decoder=True).vocab_size,
         "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
         "eos_ids": sorted(eos_token_ids(model, tokenizer)),
-        "tensors": {name: list(t.shape) for name, t in trainable_tensors(model, everything=True)},
+        "tensors": pushed_shapes(model),
     }
 
 
@@ -234,10 +236,8 @@ class VLLMServerEngine(RolloutEngine):
     """rollout.engine=vllm with rollout.vllm_mode=server: generates on one `grpokit serve` process, or a
     fleet of them, over HTTP."""
 
-    # Under torchrun every rank is a client and rank 0 alone pushes (sync_weights). No LoRA on the server.
-    caps = EngineCaps(
-        sampling_logprobs=True, several_ranks=True, lora=False, stop_sequences=True, own_process=True
-    )
+    # Under torchrun every rank is a client and rank 0 alone pushes (sync_weights). LoRA: merged weights.
+    caps = EngineCaps(sampling_logprobs=True, several_ranks=True, stop_sequences=True, own_process=True)
 
     @classmethod
     def from_config(cls, model, tokenizer, *, batch_size: int = 0, compile: bool = False, rollout=None):
@@ -368,7 +368,7 @@ class VLLMServerEngine(RolloutEngine):
         if several_ranks():
             self.sync_ranks(model, version)
             return
-        self.push(trainable_tensors(model, everything=self.pushes == 0), version=version)
+        self.push(pushed_tensors(model, everything=self.pushes == 0), version=version)
         if self.verify:
             self.verify_push(base_model(model))
 
@@ -381,7 +381,7 @@ class VLLMServerEngine(RolloutEngine):
         torchrun stops the others."""
         reshard = getattr(model, "reshard", lambda: None)  # FSDP2: parameters back to shards after a forward
         reshard()
-        named, main = gathered(trainable_tensors(model, everything=self.pushes == 0)), dist.get_rank() == 0
+        named, main = gathered(pushed_tensors(model, everything=self.pushes == 0)), dist.get_rank() == 0
         if main:  # the whole tensors (FSDP2: gathered) for the time of the push, then dropped
             self.push(list(named), version=version)
         else:

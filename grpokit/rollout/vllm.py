@@ -86,10 +86,9 @@ from grpokit.rollout.weights import (
     base_model,
     check_push,
     gathered,
-    lora_tensors,
     probe_ids,
     push_error,
-    trainable_tensors,
+    pushed_tensors,
 )
 from grpokit.rollout.weights import (
     RolloutError as RolloutError,  # raised here, and imported from here by callers
@@ -261,14 +260,6 @@ def check_none_running() -> None:
             "a vLLM engine is already running in this process (vLLM allows one); close() it first "
             "(a Trainer closes its own at the end of train(), or with close())"
         )
-
-
-def pushed_tensors(model, *, everything: bool):
-    """What a push sends: the trainable tensors (every one: `everything`), or for a LoRA policy (model.lora)
-    the adapted layers' weights with the adapters merged in (weights.lora_tensors)."""
-    if hasattr(model, "peft_config"):
-        return lora_tensors(model, everything=everything)
-    return trainable_tensors(model, everything=everything)
 
 
 class VLLMEngine(RolloutEngine):

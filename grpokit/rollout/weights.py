@@ -1,7 +1,8 @@
 """Weights into a vLLM engine: what a push sends, how it travels to a server, and the check that it took.
 
-    named = trainable_tensors(model, everything=False)       # [(name, tensor)]: trainable tensors, tied names
-                                                             # included
+    named = pushed_tensors(model, everything=False)          # [(name, tensor)]: trainable tensors, tied names
+                                                             # included; a LoRA policy's adapted layers merged
+    shapes = pushed_shapes(model)                            # {name: shape} of a first push, nothing computed
     path, aliases = write_push(named, push_dir())            # rollout.vllm_mode=server: a safetensors file in
                                                              # /dev/shm
     unique, aliases = unique_tensors(named)                  # each storage once (a broadcast push:
@@ -25,8 +26,6 @@ from typing import Any
 
 import torch
 
-from grpokit.config import ConfigError
-
 #: max |vLLM prompt log-prob - trainer log-prob| on the probe after a push, by the weights' dtype
 PUSH_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 0.1, torch.float16: 0.05}
 #: tokens in the probe sequence a push is checked on
@@ -45,16 +44,27 @@ def trainable_tensors(model, *, everything: bool) -> list[tuple[str, torch.Tenso
     """(name, tensor) of the parameters vLLM needs: the trainable ones, or every one (`everything`, the first
     push). state_dict, not named_parameters: a tied LM head is listed under its own name too, and vLLM's
     lm_head is a layer of its own that a reload otherwise leaves with the weights of the previous push."""
-    if hasattr(model, "peft_config"):
-        raise ConfigError(
-            "rollout.vllm_mode=server does not push LoRA adapters yet; use rollout.engine=vllm colocated, or "
-            "fast or hf, with LoRA"
-        )
     return [
         (name, t.detach())
         for name, t in base_model(model).state_dict(keep_vars=True).items()
         if isinstance(t, torch.nn.Parameter) and (t.requires_grad or everything)
     ]
+
+
+def pushed_tensors(model, *, everything: bool) -> Iterator[tuple[str, torch.Tensor]]:
+    """What a push sends: the trainable tensors (every one: `everything`), or for a LoRA policy (model.lora)
+    the adapted layers' weights with the adapters merged in (lora_tensors)."""
+    if hasattr(model, "peft_config"):
+        return lora_tensors(model, everything=everything)
+    return iter(trainable_tensors(model, everything=everything))
+
+
+def pushed_shapes(model) -> dict[str, list[int]]:
+    """{name: shape} of every tensor a first push sends (pushed_tensors(everything=True)), without merging or
+    gathering anything: an FSDP2 shard's shape is its whole tensor's."""
+    if hasattr(model, "peft_config"):
+        return {name: list(t.shape) for name, t, _ in _lora_entries(model, everything=True)}
+    return {name: list(t.shape) for name, t in trainable_tensors(model, everything=True)}
 
 
 def lora_tensors(model, *, everything: bool) -> Iterator[tuple[str, torch.Tensor]]:
@@ -63,6 +73,12 @@ def lora_tensors(model, *, everything: bool) -> Iterator[tuple[str, torch.Tensor
     it, and names without peft's. `everything`: every tensor (the first push); else the adapted layers and
     their siblings (vLLM fuses q, k, v and gate, up into one layer, which it reloads once all its parts
     arrived), so a push costs what the adapted part of the model weighs."""
+    for name, t, layer in _lora_entries(model, everything=everything):
+        yield name, (t.detach() if layer is None else merged_weight(layer))
+
+
+def _lora_entries(model, *, everything: bool) -> Iterator[tuple[str, torch.Tensor, Any]]:
+    """(vLLM's name, the peft model's tensor, its adapted layer or None) of each tensor lora_tensors sends."""
     base = base_model(model)
     adapted = {n: m for n, m in base.named_modules() if hasattr(m, "base_layer") and hasattr(m, "lora_A")}
     parents = {n.rpartition(".")[0] for n in adapted}
@@ -73,10 +89,7 @@ def lora_tensors(model, *, everything: bool) -> Iterator[tuple[str, torch.Tensor
         owner = plain.rpartition(".")[0]
         if not everything and owner.rpartition(".")[0] not in parents:
             continue
-        if owner in adapted and plain.endswith(".weight"):
-            yield plain, merged_weight(adapted[owner])
-        else:
-            yield plain, t.detach()
+        yield plain, t, adapted[owner] if owner in adapted and plain.endswith(".weight") else None
 
 
 @torch.no_grad()
