@@ -248,18 +248,11 @@ def test_grpo_with_lora_on_a_vllm_server_every_push_takes(server, vllm_model_dir
     every sample came from the current adapted policy, and only the adapter trained. The same run with the
     colocated engine samples, scores and trains alike: the same completions, metrics and adapter."""
     from grpokit.trainer import Trainer
+    from tests.test_vllm_lora import LORA_VLLM_RUN
     from tests.test_vllm_server_torchrun import _assert_same_run
 
     require("peft")
-    common = [
-        "checkpoint.save_every=0",
-        "optim.max_steps=4",
-        "optim.learning_rate=1e-2",
-        "rollout.engine=vllm",
-        "rollout.vllm_kv_cache_mb=32",
-        "model.lora={r: 4, alpha: 16}",
-        "logging.sample_every=1",  # completions.parquet, compared below
-    ]
+    common = [*LORA_VLLM_RUN, "logging.sample_every=1"]  # completions.parquet, compared below
     server_mode = [
         "rollout.vllm_mode=server",
         f"rollout.vllm_server_url={server[0]}",

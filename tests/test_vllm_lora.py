@@ -52,22 +52,23 @@ def test_a_lora_policys_push_takes_and_sends_only_the_adapted_layers(vllm_model_
         assert "model.layers.0.self_attn.o_proj.weight" in later
 
 
+#: the LoRA run on vLLM of the tests below (tests/test_rollout_server.py runs it on a server too)
+LORA_VLLM_RUN = [
+    "checkpoint.save_every=0",
+    "optim.max_steps=4",
+    "optim.learning_rate=1e-2",
+    "rollout.engine=vllm",
+    "rollout.vllm_kv_cache_mb=32",
+    "model.lora={r: 4, alpha: 16}",
+]
+
+
 def test_grpo_with_lora_on_vllm_every_push_takes(vllm_model_dir, tmp_path):
     """The loop with model.lora and rollout.engine=vllm: every step's samples came from the current merged
     weights (the mismatch at fp32 noise) and every push was checked; only the adapter trained."""
     from grpokit.trainer import Trainer
 
-    cfg = tiny_config(
-        vllm_model_dir,
-        tmp_path / "run",
-        "checkpoint.save_every=0",
-        "optim.max_steps=4",
-        "optim.learning_rate=1e-2",
-        "rollout.engine=vllm",
-        "rollout.vllm_kv_cache_mb=32",
-        "model.lora={r: 4, alpha: 16}",
-    )
-    Trainer(cfg).train()
+    Trainer(tiny_config(vllm_model_dir, tmp_path / "run", *LORA_VLLM_RUN)).train()
     steps = [r for r in read_metrics(tmp_path / "run") if "reward/mean" in r]
     assert len(steps) == 4
     for r in steps:

@@ -78,25 +78,9 @@ def test_torchrun_trains_with_every_rank_a_client_of_one_server(
     version of the last push); rollout/logp_diff_max, over both ranks' samples, says each was sampled from
     the current weights. Rank 0 evaluates through the same server; the final model is the end state. The
     same run with a colocated engine per rank samples, scores and trains alike (the module docstring)."""
-    config = _config(tmp_path, vllm_model_dir, strategy)
-    url = f"rollout.vllm_server_url={server[0]}"
-    proc = _launch(tmp_path, "-m", "grpokit", "train", str(config), "rollout.vllm_mode=server", url)
-    assert proc.returncode == 0, _output(proc)
-    assert proc.stdout.count("done: step 2") == 1, proc.stdout
-    rows = read_metrics(tmp_path / "run")
-    steps = [r for r in rows if "reward/mean" in r]
-    assert [r["step"] for r in steps] == [1, 2]
-    for r in steps:
-        assert r["rollout/push_checks"] == 1, r
-        assert r["rollout/push_error"] < 1e-3, r
-        assert r["rollout/version_lag"] == 0 and r["rollout/version_lag_max"] == 0, r
-        assert r["rollout/logp_diff_max"] < 1e-3, r
+    rows = _train_on_the_server_as_colocated(tmp_path, vllm_model_dir, server[0], strategy)
     assert "eval/pass@1" in rows[0] and "eval/pass@1" in rows[-1]
     _assert_final_is_the_end_state(tmp_path / "run", vllm_model_dir)
-    colocated = tmp_path / "colocated"
-    again = _launch(tmp_path, "-m", "grpokit", "train", str(config), f"output_dir={colocated}")
-    assert again.returncode == 0, _output(again)
-    _assert_same_run(tmp_path / "run", colocated)
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
@@ -111,22 +95,34 @@ def test_torchrun_trains_lora_with_every_rank_a_client_of_one_server(
     was sampled from the current adapted policy; the run saves the adapter. The same run with a colocated
     engine per rank gives the same samples, metrics and adapter."""
     require("peft")
-    config = _config(tmp_path, vllm_model_dir, strategy, lora=True)
-    url = f"rollout.vllm_server_url={server[0]}"
-    proc = _launch(tmp_path, "-m", "grpokit", "train", str(config), "rollout.vllm_mode=server", url)
+    _train_on_the_server_as_colocated(tmp_path, vllm_model_dir, server[0], strategy, lora=True)
+    final = tmp_path / "run" / "final"
+    assert (final / "adapter_model.safetensors").is_file() and not (final / "model.safetensors").exists()
+
+
+def _train_on_the_server_as_colocated(
+    tmp_path: Path, model_dir: Path, url: str, strategy: str, lora: bool = False
+) -> list[dict]:
+    """The 2-step torchrun run of _config on the server at `url` (into tmp_path/run), its per-step push,
+    version and mismatch metrics checked, then the same run with a colocated engine per rank (into
+    tmp_path/colocated), which must be the same run (_assert_same_run). The server run's metric rows."""
+    config = _config(tmp_path, model_dir, strategy, lora=lora)
+    served = ("rollout.vllm_mode=server", f"rollout.vllm_server_url={url}")
+    proc = _launch(tmp_path, "-m", "grpokit", "train", str(config), *served)
     assert proc.returncode == 0, _output(proc)
-    steps = [r for r in read_metrics(tmp_path / "run") if "reward/mean" in r]
+    assert proc.stdout.count("done: step 2") == 1, proc.stdout
+    rows = read_metrics(tmp_path / "run")
+    steps = [r for r in rows if "reward/mean" in r]
     assert [r["step"] for r in steps] == [1, 2]
     for r in steps:
         assert r["rollout/push_checks"] == 1 and r["rollout/push_error"] < 1e-3, r
         assert r["rollout/version_lag"] == 0 and r["rollout/version_lag_max"] == 0, r
         assert r["rollout/logp_diff_max"] < 1e-3, r
-    final = tmp_path / "run" / "final"
-    assert (final / "adapter_model.safetensors").is_file() and not (final / "model.safetensors").exists()
     colocated = tmp_path / "colocated"
     again = _launch(tmp_path, "-m", "grpokit", "train", str(config), f"output_dir={colocated}")
     assert again.returncode == 0, _output(again)
     _assert_same_run(tmp_path / "run", colocated)
+    return rows
 
 
 def _assert_same_run(run: Path, reference: Path) -> None:
