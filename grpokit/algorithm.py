@@ -1,8 +1,9 @@
 """The config's `algorithm` section applied: pure functions from rewards and log-probs to the loss.
 
+    options = loss_options(cfg.algorithm, cfg.rollout.max_completion_length)        # once, at start-up
     advantages = outcome_advantages(cfg.algorithm, rewards, G)                       # [N]
     loss_mask = make_loss_mask(cfg.algorithm, completion_mask, truncated)            # [N, T]
-    loss, stats = algorithm_loss(cfg.algorithm, logp, old_logp, advantages, loss_mask, ref_logp=ref, ...)
+    loss, stats = algorithm_loss(options, logp, old_logp, advantages, loss_mask, ref_logp=ref, ...)
 
 The loop (grpokit/trainer.py) goes from rewards and log-probs to the loss only through these, so
 that tests/test_presets.py checks each preset against its paper on tensors, without a model.
@@ -12,12 +13,14 @@ The math itself is in grpokit/algo/ (no config there); docs/algorithm.md has the
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import fields, replace
 from typing import Any, Protocol
 
 import torch
 from torch import Tensor
 
 from grpokit.algo import (
+    LossOptions,
     adaptive_entropy_coef,
     decoupled_advantages,
     group_advantages,
@@ -73,6 +76,9 @@ class _OneProcess:
 
 
 ONE_PROCESS = _OneProcess()
+
+#: the LossOptions fields loss_options sets itself; every other one is algorithm.<the same name>
+SET_IN_LOSS_OPTIONS = ("eps_low", "eps_high", "ratio_level", "max_completion_length", "beta")
 
 
 def outcome_advantages(
@@ -149,15 +155,35 @@ def make_loss_mask(
     return loss_mask
 
 
+def loss_options(
+    alg: AlgorithmConfig, max_completion_length: int | None = None, beta: float | None = None
+) -> LossOptions:
+    """The objective's settings from algorithm.*, built once (when the trainer is) and handed to
+    algorithm_loss on every call. A LossOptions field is copied from the algorithm.* field of the same name,
+    so a new knob is a field in both and nothing here; only SET_IN_LOSS_OPTIONS (named otherwise in the
+    config, or not in algorithm.*) are set below. max_completion_length: rollout.max_completion_length (Dr.
+    GRPO's constant). beta: None = algorithm.beta; 0 when the KL is shaped into the reward instead (PPO's
+    ppo.kl_in_reward)."""
+    by_name = {f.name: getattr(alg, f.name) for f in fields(LossOptions) if f.name not in SET_IN_LOSS_OPTIONS}
+    return LossOptions(
+        **by_name,
+        eps_low=alg.epsilon,
+        eps_high=alg.epsilon_high,
+        ratio_level=alg.importance_sampling_level,
+        max_completion_length=max_completion_length,
+        beta=alg.beta if beta is None else beta,
+    )
+
+
 def algorithm_loss(
-    alg: AlgorithmConfig,
+    options: LossOptions | AlgorithmConfig,
     logp: Tensor,
     old_logp: Tensor,
     advantages: Tensor,
     loss_mask: Tensor,
     *,
     ref_logp: Tensor | None,
-    max_completion_length: int,
+    max_completion_length: int | None = None,
     num_sequences: int | None = None,
     num_tokens: int | float | None = None,
     beta: float | None = None,
@@ -165,33 +191,34 @@ def algorithm_loss(
     entropy: Tensor | None = None,
     entropy_coef: float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
-    """policy_loss with algorithm.*'s clip ranges, KL, loss type and ratio level (-J, to minimize).
+    """policy_loss with the run's LossOptions (-J, to minimize).
 
+    options: what loss_options built once; algorithm.* itself is turned into its options on this call (a
+    caller holding only the config: tests/test_presets.py, and the trainer until it keeps its options).
     logp, old_logp, ref_logp, loss_mask: [N, T]; advantages: [N] or [N, T]. num_sequences / num_tokens:
-    the whole minibatch's counts when this is a micro-batch of it (docs/algorithm.md §4). beta: None =
-    algorithm.beta; the PPO critic passes 0 when it puts the KL into the reward instead. is_weights: [N, T]
+    the whole minibatch's counts when this is a micro-batch of it (docs/algorithm.md §4). is_weights: [N, T]
     rollout.importance_correction's weights (grpokit.algo.importance), or None. entropy: [N, T] pi_theta's
-    entropy (pass_options says when the loss needs it; with entropy_coef it carries the gradient).
-    entropy_coef: None = algorithm.entropy_coef; with entropy_target, EntropyControl.coef (adaptive)."""
+    entropy (pass_options says when the loss needs it; with the bonus it carries the gradient). beta,
+    max_completion_length, entropy_coef: this call's values in place of the options' (None keeps them), as
+    EntropyControl.coef, which moves every step."""
+    if not isinstance(options, LossOptions):
+        options = loss_options(options)
+    per_call: dict[str, Any] = {
+        "beta": beta,
+        "max_completion_length": max_completion_length,
+        "entropy_coef": entropy_coef,
+    }
     return policy_loss(
         logp,
         old_logp,
         advantages,
         loss_mask,
         ref_logp=ref_logp,
-        beta=alg.beta if beta is None else beta,
-        eps_low=alg.epsilon,
-        eps_high=alg.epsilon_high,
-        loss_type=alg.loss_type,
-        ratio_level=alg.importance_sampling_level,
-        max_completion_length=max_completion_length,
-        kl_estimator=alg.kl_estimator,
-        dual_clip=alg.dual_clip,
+        options=replace(options, **{k: v for k, v in per_call.items() if v is not None}),
         num_sequences=num_sequences,
         num_tokens=num_tokens,
         is_weights=is_weights,
-        entropy=entropy if needs_entropy(alg) else None,
-        **{**objective_options(alg), **({} if entropy_coef is None else {"entropy_coef": entropy_coef})},
+        entropy=entropy,
     )
 
 
@@ -253,24 +280,6 @@ def pass_options(cfg: Any, first_pass: bool) -> dict[str, Any]:
         "temperature": cfg.rollout.temperature,
         "with_entropy": first_pass or needs_entropy(alg),
         "entropy_grad": has_entropy_bonus(alg),
-    }
-
-
-def objective_options(alg: AlgorithmConfig) -> dict[str, Any]:
-    """policy_loss's keyword arguments for the objectives of docs/algorithm.md §10, from algorithm.*."""
-    return {
-        "delta": alg.delta,
-        "sapo_temperature_pos": alg.sapo_temperature_pos,
-        "sapo_temperature_neg": alg.sapo_temperature_neg,
-        "top_entropy_quantile": alg.top_entropy_quantile,
-        "entropy_coef": alg.entropy_coef,
-        "clip_cov_ratio": alg.clip_cov_ratio,
-        "clip_cov_lb": alg.clip_cov_lb,
-        "clip_cov_ub": alg.clip_cov_ub,
-        "kl_cov_ratio": alg.kl_cov_ratio,
-        "kl_cov_coef": alg.kl_cov_coef,
-        "off_policy_mask_threshold": alg.off_policy_mask_threshold,
-        "use_bias_correction_kl": alg.use_bias_correction_kl,
     }
 
 

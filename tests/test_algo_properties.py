@@ -13,7 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grpokit.algo import group_advantages, kl_penalty, policy_loss
+from grpokit.algo import LossOptions, group_advantages, kl_penalty, policy_loss
 
 SETTINGS = settings(max_examples=50, deadline=None)
 LOSS_TYPES = ["grpo", "bnpo", "dapo", "dr_grpo"]
@@ -158,9 +158,9 @@ def test_policy_loss_unchanged_by_extra_right_padding(batch, opts, pad, junk):
     logp, old, ref, adv, mask = batch
     N, T = logp.shape
     # dr_grpo's constant must be given: without it the padded width stands in for max_completion_length.
-    kw = dict(opts, max_completion_length=T)
+    options = LossOptions(**opts, max_completion_length=T)
     lp = logp.clone().requires_grad_(True)
-    a, ma = policy_loss(lp, old, adv, mask, ref_logp=ref, **kw)
+    a, ma = policy_loss(lp, old, adv, mask, ref_logp=ref, options=options)
     (ga,) = torch.autograd.grad(a, lp)
 
     def padded(x, value):
@@ -168,7 +168,7 @@ def test_policy_loss_unchanged_by_extra_right_padding(batch, opts, pad, junk):
 
     lp2 = padded(logp, junk).requires_grad_(True)
     b, mb = policy_loss(
-        lp2, padded(old, -junk), adv, padded(mask, False), ref_logp=padded(ref, 2 * junk), **kw
+        lp2, padded(old, -junk), adv, padded(mask, False), ref_logp=padded(ref, 2 * junk), options=options
     )
     (gb,) = torch.autograd.grad(b, lp2)
     torch.testing.assert_close(b, a, rtol=1e-12, atol=1e-12)
@@ -198,7 +198,8 @@ def test_policy_loss_finite_on_extremes(batch, opts, extremes, adv_value, all_ma
         mask = mask.clone()
         mask[0] = False
     lp = logp.clone().requires_grad_(True)
-    loss, metrics = policy_loss(lp, old, adv, mask, ref_logp=ref, **opts, max_completion_length=logp.shape[1])
+    options = LossOptions(**opts, max_completion_length=logp.shape[1])
+    loss, metrics = policy_loss(lp, old, adv, mask, ref_logp=ref, options=options)
     (grad,) = torch.autograd.grad(loss, lp)
     assert torch.isfinite(loss) and torch.isfinite(grad).all()
     assert all(math.isfinite(v) for v in metrics.values())

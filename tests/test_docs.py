@@ -1,7 +1,11 @@
 """The documentation holds together: the README stays short, docs/index.md lists every page, links resolve."""
 
+import math
 import re
 from pathlib import Path
+
+import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -55,3 +59,29 @@ def test_readme_config_is_valid(tmp_path):
     (tmp_path / "config.yaml").write_text(block.group(1))
     cfg = load_config(tmp_path / "config.yaml")
     assert cfg.rewards and cfg.data.train_path
+
+
+def _python_blocks(page: Path, section: str) -> list[str]:
+    """The ```python blocks of one `## section` of a page, in order."""
+    body = page.read_text().split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```python\n(.*?)```", body, flags=re.S)
+
+
+def test_extending_a_loss_runs_as_written(monkeypatch):
+    """docs/extending.md's "A loss" code, as written: the reduction and the objective it registers (its own
+    asserts check the objective's worked numbers), then the reduction's worked numbers."""
+    from grpokit.algo import losses, policy_loss
+
+    for table in ("AGGREGATIONS", "SURROGATES", "SURROGATE_OF"):  # the entries it adds end with the test
+        monkeypatch.setattr(losses, table, dict(getattr(losses, table)))
+    blocks = _python_blocks(DOCS / "extending.md", "A loss")
+    assert len(blocks) == 2
+    namespace: dict = {}
+    for block in blocks:
+        exec(block, namespace)
+    assert namespace["loss"].item() == pytest.approx(-0.5, abs=1e-12)
+    # seq_sum: lengths 1 and 3 on-policy (ratio 1), A = [2, 1]: -(2 * 1 + 1 * 3) / 2 sequences = -2.5.
+    logp = torch.full((2, 3), math.log(0.5), dtype=torch.float64)
+    mask = torch.tensor([[1, 0, 0], [1, 1, 1]])
+    loss, _ = policy_loss(logp, logp, torch.tensor([2.0, 1.0]), mask, loss_type="seq_sum")
+    assert loss.item() == pytest.approx(-2.5, abs=1e-12)

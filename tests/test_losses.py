@@ -9,12 +9,13 @@ to ~1e-12.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 import torch
 
-from grpokit.algo import group_advantages, policy_loss
+from grpokit.algo import LossOptions, group_advantages, policy_loss
 
 LOSS_TYPES = ["grpo", "bnpo", "dapo", "dr_grpo"]
 RATIO_LEVELS = ["token", "sequence"]
@@ -144,8 +145,10 @@ def test_policy_loss_matches_reference_values_gradients_metrics(loss_type, ratio
     for seed in range(2):
         logp, old, ref, mask, adv = make_batch(seed, holes=holes, process=process)
         kw = dict(cfg, loss_type=loss_type, ratio_level=ratio_level, ref_logp=ref if use_ref else None)
+        per_call = {k: v for k, v in kw.items() if k in ("ref_logp", "num_sequences", "num_tokens")}
+        options = LossOptions(**{k: v for k, v in kw.items() if k not in per_call})
         lp = logp.clone().requires_grad_(True)
-        loss, metrics = policy_loss(lp, old, adv, mask, **kw)
+        loss, metrics = policy_loss(lp, old, adv, mask, options=options, **per_call)
         (grad,) = torch.autograd.grad(loss, lp)
 
         lp_ref = logp.clone().requires_grad_(True)
@@ -184,7 +187,8 @@ def test_reference_batches_exercise_every_clip_branch():
 def _one_token(ratio: float, A: float, **kw):
     old = torch.tensor([[math.log(0.4)]], dtype=torch.float64)
     logp = (old + math.log(ratio)).requires_grad_(True)
-    loss, m = policy_loss(logp, old, torch.tensor([A], dtype=torch.float64), torch.ones(1, 1), **kw)
+    adv = torch.tensor([A], dtype=torch.float64)
+    loss, m = policy_loss(logp, old, adv, torch.ones(1, 1), options=LossOptions(**kw))
     (g,) = torch.autograd.grad(loss, logp)
     return loss.item(), -g.item(), m  # loss, dJ/dlogp, metrics
 
@@ -321,18 +325,21 @@ def test_gradient_accumulation_equals_full_batch(loss_type, ratio_level):
         beta=0.05, eps_low=0.2, eps_high=0.28, dual_clip=3.0, loss_type=loss_type, ratio_level=ratio_level
     )
     N, T = logp.shape
+    options = LossOptions(max_completion_length=T, **kw)
     lp = logp.clone().requires_grad_(True)
-    full, _ = policy_loss(lp, old, adv, mask, ref_logp=ref, max_completion_length=T, **kw)
+    full, _ = policy_loss(lp, old, adv, mask, ref_logp=ref, options=options)
     (full_grad,) = torch.autograd.grad(full, lp)
 
-    whole = dict(num_sequences=N, num_tokens=int(mask.sum()), max_completion_length=T)
+    whole = dict(num_sequences=N, num_tokens=int(mask.sum()))
     acc_grad = torch.zeros_like(logp)
     acc_loss = 0.0
     for rows in ([0, 1, 2], [3], [4, 5, 6, 7]):  # uneven minibatches, each trimmed to its own width
         m = _trim(mask[rows], mask[rows])
         w = m.shape[1]
         lp_mb = logp[rows, :w].clone().requires_grad_(True)
-        loss, _ = policy_loss(lp_mb, old[rows, :w], adv[rows], m, ref_logp=ref[rows, :w], **kw, **whole)
+        loss, _ = policy_loss(
+            lp_mb, old[rows, :w], adv[rows], m, ref_logp=ref[rows, :w], options=options, **whole
+        )
         (g,) = torch.autograd.grad(loss, lp_mb)
         acc_grad[rows, :w] += g
         acc_loss += loss.item()
@@ -424,15 +431,16 @@ def test_garbage_in_padding_changes_nothing(loss_type, ratio_level):
         ratio_level=ratio_level,
         max_completion_length=7,
     )
+    options = LossOptions(**kw)
     lp = logp.clone().requires_grad_(True)
-    clean, m_clean = policy_loss(lp, old, adv, mask, ref_logp=ref, **kw)
+    clean, m_clean = policy_loss(lp, old, adv, mask, ref_logp=ref, options=options)
     (g_clean,) = torch.autograd.grad(clean, lp)
     bad = [t.clone() for t in (logp, old, ref)]
     for t, v in zip(bad, [float("-inf"), float("nan"), 1e4], strict=True):
         t[~mask] = v
     bad[0][~mask & (torch.arange(7) % 2 == 0)] = -1e4  # ref - logp = 2e4 where both are garbage
     lp = bad[0].requires_grad_(True)
-    dirty, m_dirty = policy_loss(lp, bad[1], adv, mask, ref_logp=bad[2], **kw)
+    dirty, m_dirty = policy_loss(lp, bad[1], adv, mask, ref_logp=bad[2], options=options)
     (g_dirty,) = torch.autograd.grad(dirty, lp)
     assert torch.isfinite(g_dirty).all()
     torch.testing.assert_close(dirty, clean)
@@ -459,10 +467,52 @@ def test_argument_errors():
     with pytest.raises(ValueError, match=r"eps_low=-0.1"):
         policy_loss(logp, old, adv, mask, eps_low=-0.1)
     with pytest.raises(ValueError, match=r"dual_clip.*1"):
-        policy_loss(logp, old, adv, mask, dual_clip=1.0)
+        policy_loss(logp, old, adv, mask, options=LossOptions(dual_clip=1.0))
     with pytest.raises(ValueError, match=r"'ppo'.*grpo.*bnpo.*dapo.*dr_grpo"):
         policy_loss(logp, old, adv, mask, loss_type="ppo")
     with pytest.raises(ValueError, match=r"'word'.*token.*sequence"):
         policy_loss(logp, old, adv, mask, ratio_level="word")
     with pytest.raises(ValueError, match=r"k1.*k2.*k3"):
-        policy_loss(logp, old, adv, mask, ref_logp=ref, beta=0.1, kl_estimator="k9")
+        policy_loss(logp, old, adv, mask, ref_logp=ref, options=LossOptions(beta=0.1, kl_estimator="k9"))
+
+
+def test_options_are_the_keywords_in_one_object_and_never_a_second_copy():
+    logp, old, ref, mask, adv = make_batch(75)
+    kw = dict(
+        beta=0.04,
+        eps_low=0.1,
+        eps_high=0.3,
+        loss_type="dapo",
+        ratio_level="sequence",
+        max_completion_length=9,
+    )
+    a, ma = policy_loss(logp, old, adv, mask, ref_logp=ref, **kw)
+    b, mb = policy_loss(logp, old, adv, mask, ref_logp=ref, options=LossOptions(**kw))
+    assert a.item() == b.item() and ma == mb
+    with pytest.raises(ValueError, match="as keywords or as options=, not both"):
+        policy_loss(logp, old, adv, mask, ref_logp=ref, beta=0.04, options=LossOptions(beta=0.04))
+    # Options are checked where they are made, with the messages of the keywords; and they stay as made.
+    with pytest.raises(ValueError, match=r"dual_clip must be > 1, got 0.5"):
+        LossOptions(dual_clip=0.5)
+    with pytest.raises(ValueError, match=r"'word'.*token.*sequence"):
+        LossOptions(ratio_level="word")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        LossOptions().beta = 1.0
+
+
+def test_any_loss_option_is_also_a_keyword_of_policy_loss():
+    """The extra keywords a caller used before LossOptions (dual_clip=, kl_estimator=, ...) still work, and
+    give what the same options object gives; an unknown keyword names the problem."""
+    from grpokit.algo import LossOptions
+
+    torch.manual_seed(0)
+    logp, old, ref = (torch.randn(4, 5) * 0.3 for _ in range(3))
+    adv, mask = torch.tensor([1.0, -1.0, 0.5, -2.0]), torch.ones(4, 5)
+    knobs = {"dual_clip": 1.5, "kl_estimator": "k2", "delta": 2.0}
+    by_keyword, _ = policy_loss(logp, old, adv, mask, ref_logp=ref, beta=0.1, **knobs)
+    by_options, _ = policy_loss(logp, old, adv, mask, ref_logp=ref, options=LossOptions(beta=0.1, **knobs))
+    assert torch.equal(by_keyword, by_options)
+    plain, _ = policy_loss(logp, old, adv, mask, ref_logp=ref, beta=0.1)
+    assert not torch.equal(plain, by_keyword)  # the knobs did something
+    with pytest.raises(TypeError, match=r"unknown keywords \['dual_clipp'\]"):
+        policy_loss(logp, old, adv, mask, dual_clipp=1.5)

@@ -25,7 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import grpokit.algorithm
-from grpokit.algo import group_advantages, policy_loss
+from grpokit.algo import LossOptions, group_advantages, policy_loss
 from grpokit.checkpoint import list_checkpoints
 from grpokit.config import load_config
 from grpokit.optim import TrainingError
@@ -276,11 +276,12 @@ def test_fuzz_non_finite_padding_never_leaks(seed, N, T, pad, junk, loss_type, r
     )
 
     clean = logp.clone().requires_grad_(True)
-    a, _ = policy_loss(clean, old, adv, mask, ref_logp=ref, **kw)
+    options = LossOptions(**kw)
+    a, _ = policy_loss(clean, old, adv, mask, ref_logp=ref, options=options)
     (ga,) = torch.autograd.grad(a, clean)
     dirty = [x.masked_fill(~mask, junk) for x in (logp, old, ref)]
     lp = dirty[0].clone().requires_grad_(True)
-    b, stats = policy_loss(lp, dirty[1], adv, mask, ref_logp=dirty[2], **kw)
+    b, stats = policy_loss(lp, dirty[1], adv, mask, ref_logp=dirty[2], options=options)
     (gb,) = torch.autograd.grad(b, lp)
     assert torch.isfinite(b) and torch.isfinite(gb).all() and all(math.isfinite(v) for v in stats.values())
     torch.testing.assert_close(b, a, rtol=1e-12, atol=1e-12)

@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from grpokit.algo import decoupled_advantages, group_advantages, policy_loss
+from grpokit.algo import LossOptions, decoupled_advantages, group_advantages, policy_loss
 from grpokit.algo.importance import importance_weights
 
 # --------------------------------------------------------------------------- worked numbers
@@ -23,7 +23,8 @@ def _one_token(ratio: float, A: float, p_old: float = 0.4, **kw):
     """loss, dJ/dlogp of a one-token batch with pi_old = p_old and pi_theta = ratio * p_old."""
     old = torch.tensor([[math.log(p_old)]], dtype=torch.float64)
     logp = (old + math.log(ratio)).requires_grad_(True)
-    loss, _ = policy_loss(logp, old, torch.tensor([A], dtype=torch.float64), torch.ones(1, 1), **kw)
+    adv = torch.tensor([A], dtype=torch.float64)
+    loss, _ = policy_loss(logp, old, adv, torch.ones(1, 1), options=LossOptions(**kw))
     (g,) = torch.autograd.grad(loss, logp)
     return loss.item(), -g.item()
 
@@ -93,8 +94,8 @@ def test_high_entropy_tokens_worked_numbers():
     logp = torch.full((1, 5), math.log(0.3), dtype=torch.float64, requires_grad=True)
     H = torch.tensor([[0.1, 0.5, 2.0, 1.0, 3.0]], dtype=torch.float64)
     loss, _ = policy_loss(
-        logp, logp.detach(), torch.tensor([1.0]), torch.ones(1, 5), loss_type="dapo", entropy=H,
-        top_entropy_quantile=0.4,
+        logp, logp.detach(), torch.tensor([1.0]), torch.ones(1, 5), entropy=H,
+        options=LossOptions(loss_type="dapo", top_entropy_quantile=0.4),
     )  # fmt: skip
     (g,) = torch.autograd.grad(loss, logp)
     assert loss.item() == pytest.approx(-0.4, abs=1e-12)
@@ -118,13 +119,14 @@ def test_clip_cov_and_kl_cov_worked_numbers():
     # Clip-Cov, ratio 0.25 of 4 tokens = 1, from cov in [1, 5]: only token (0, 0) qualifies. Its term
     # min(e^0.1 2, clip 2) = 2.2103418 stays in the value, its gradient goes (dapo over 4 tokens):
     # J = (2.2103418 + 2 * 1 * -... ) -> the others on-policy: 2 + (-2) + (-2) = -2, J = 0.2103418 / 4.
-    loss, _ = policy_loss(logp, old, adv, mask, loss_type="dapo", clip_cov_ratio=0.25)
+    loss, _ = policy_loss(logp, old, adv, mask, options=LossOptions(loss_type="dapo", clip_cov_ratio=0.25))
     (g,) = torch.autograd.grad(loss, logp)
     assert loss.item() == pytest.approx(-(2.2103418 + 2 - 2 - 2) / 4, abs=1e-7)
     torch.testing.assert_close(-g, torch.tensor([[0.0, 0.5], [-0.5, -0.5]], dtype=torch.float64))
     # KL-Cov, top 0.25 of 4 = token (0, 0) (cov 2): its objective 2.2103418 - 1 * |0.1| = 2.1103418, its
     # gradient r A - kappa sign(log r) = 2.2103418 - 1 = 1.2103418, / 4 tokens.
-    loss, _ = policy_loss(logp, old, adv, mask, loss_type="dapo", kl_cov_ratio=0.25, kl_cov_coef=1.0)
+    options = LossOptions(loss_type="dapo", kl_cov_ratio=0.25, kl_cov_coef=1.0)
+    loss, _ = policy_loss(logp, old, adv, mask, options=options)
     (g,) = torch.autograd.grad(loss, logp)
     assert loss.item() == pytest.approx(-(2.1103418 + 2 - 2 - 2) / 4, abs=1e-7)
     torch.testing.assert_close(
@@ -138,7 +140,8 @@ def test_off_policy_mask_and_unbiased_kl_worked_numbers():
     logp = torch.full((1, 2), math.log(0.3), dtype=torch.float64, requires_grad=True)
     for A, shift, masked in [(-1.0, 0.6, True), (1.0, 0.6, False), (-1.0, 0.4, False)]:
         old = logp.detach() + shift
-        loss, _ = policy_loss(logp, old, torch.tensor([A]), torch.ones(1, 2), off_policy_mask_threshold=0.5)
+        options = LossOptions(off_policy_mask_threshold=0.5)
+        loss, _ = policy_loss(logp, old, torch.tensor([A]), torch.ones(1, 2), options=options)
         (g,) = torch.autograd.grad(loss, logp)
         assert (loss.item() == 0.0 and (g == 0).all()) == masked
     # Unbiased KL: pi = 0.5, pi_old = 0.25 (r = 2), pi_ref = 0.25: k3 = 0.5 - log 0.5 - 1 = 0.1931472,
@@ -146,8 +149,8 @@ def test_off_policy_mask_and_unbiased_kl_worked_numbers():
     logp = torch.tensor([[math.log(0.5)]], dtype=torch.float64, requires_grad=True)
     quarter = torch.tensor([[math.log(0.25)]], dtype=torch.float64)
     loss, m = policy_loss(
-        logp, quarter, torch.tensor([0.0]), torch.ones(1, 1), ref_logp=quarter, beta=1.0,
-        use_bias_correction_kl=True,
+        logp, quarter, torch.tensor([0.0]), torch.ones(1, 1), ref_logp=quarter,
+        options=LossOptions(beta=1.0, use_bias_correction_kl=True),
     )  # fmt: skip
     (g,) = torch.autograd.grad(loss, logp)
     assert loss.item() == pytest.approx(0.3862944, abs=1e-7) and g.item() == pytest.approx(
@@ -162,7 +165,12 @@ def test_entropy_bonus_worked_numbers():
     logp = torch.full((1, 2), -1.0, dtype=torch.float64)
     H = torch.tensor([[0.5, 1.0]], dtype=torch.float64, requires_grad=True)
     loss, _ = policy_loss(
-        logp, logp, torch.tensor([0.0]), torch.ones(1, 2), loss_type="dapo", entropy=H, entropy_coef=0.1
+        logp,
+        logp,
+        torch.tensor([0.0]),
+        torch.ones(1, 2),
+        entropy=H,
+        options=LossOptions(loss_type="dapo", entropy_coef=0.1),
     )
     (g,) = torch.autograd.grad(loss, H)
     assert loss.item() == pytest.approx(-0.075, abs=1e-12)
@@ -353,7 +361,13 @@ def test_matches_loop_reference_values_and_gradients(case):
         Hg = H.clone().requires_grad_(True)
         extra = dict(ref_logp=ref if use_ref else None, entropy=Hg if use_entropy else None)
         loss, _ = policy_loss(
-            lp, old, adv, mask, generator=torch.Generator().manual_seed(seed), **extra, **kw
+            lp,
+            old,
+            adv,
+            mask,
+            generator=torch.Generator().manual_seed(seed),
+            **extra,
+            options=LossOptions(**kw),
         )
         grads = torch.autograd.grad(loss, [lp, Hg], allow_unused=True)
 
@@ -380,7 +394,7 @@ def test_loop_reference_batches_exercise_each_switch():
         logp, old, ref, mask, adv, H = make_batch(0)
         extra = dict(ref_logp=ref if use_ref else None, entropy=H if use_entropy else None)
         lp = logp.clone().requires_grad_(True)
-        a, _ = policy_loss(lp, old, adv, mask, **extra, **kw)
+        a, _ = policy_loss(lp, old, adv, mask, **extra, options=LossOptions(**kw))
         b, _ = policy_loss(lp, old, adv, mask, **extra, **base)
         ga, gb = torch.autograd.grad(a, lp)[0], torch.autograd.grad(b, lp)[0]
         # (the value for the bonus, whose gradient is the entropy's; the gradient for Clip-Cov)
@@ -395,7 +409,8 @@ def _grad(ratio, A, **kw):
     ratio = torch.as_tensor(ratio, dtype=torch.float64)
     old = torch.full((ratio.numel(), 1), math.log(0.3), dtype=torch.float64)
     logp = (old + ratio.log().unsqueeze(-1)).requires_grad_(True)
-    loss, _ = policy_loss(logp, old, torch.as_tensor(A, dtype=torch.float64), torch.ones_like(old), **kw)
+    adv = torch.as_tensor(A, dtype=torch.float64)
+    loss, _ = policy_loss(logp, old, adv, torch.ones_like(old), options=LossOptions(**kw))
     (g,) = torch.autograd.grad(loss, logp)
     return -g.squeeze(-1)
 
@@ -437,7 +452,9 @@ def test_two_sided_clip_bounds_negative_advantage_gradient_beyond_delta():
     torch.testing.assert_close(g_plain.abs(), torch.tensor(big, dtype=torch.float64) / 4)  # no bound
     # and the loss of such a token is bounded by delta |A|
     old = torch.zeros(1, 1, dtype=torch.float64)
-    loss, _ = policy_loss(old + math.log(1e6), old, torch.tensor([-1.0]), torch.ones(1, 1), delta=4.0)
+    loss, _ = policy_loss(
+        old + math.log(1e6), old, torch.tensor([-1.0]), torch.ones(1, 1), options=LossOptions(delta=4.0)
+    )
     assert loss.item() == pytest.approx(4.0)
 
 
@@ -445,7 +462,12 @@ def test_high_entropy_tokens_below_quantile_get_exactly_zero_gradient():
     logp, old, _, mask, adv, H = make_batch(4)
     lp = logp.clone().requires_grad_(True)
     loss, _ = policy_loss(
-        lp, old, adv, mask, loss_type="dapo", entropy=H, top_entropy_quantile=0.2, eps_low=10.0
+        lp,
+        old,
+        adv,
+        mask,
+        entropy=H,
+        options=LossOptions(loss_type="dapo", top_entropy_quantile=0.2, eps_low=10.0),
     )  # no PPO clip, so the kept tokens' gradients are nonzero
     (g,) = torch.autograd.grad(loss, lp)
     on = mask.bool()
@@ -485,8 +507,9 @@ def test_gdpo_a_reward_at_100x_scale_no_longer_dominates():
 def test_clip_cov_tokens_lose_the_gradient_kl_cov_tokens_get_the_penalty():
     logp, old, _, mask, adv, _ = make_batch(5)
     lp = logp.clone().requires_grad_(True)
-    kw = dict(clip_cov_ratio=0.2, clip_cov_lb=-100.0, clip_cov_ub=100.0, generator=torch.Generator())
-    loss, _ = policy_loss(lp, old, adv, mask, loss_type="dapo", eps_low=10.0, **kw)
+    kw = dict(clip_cov_ratio=0.2, clip_cov_lb=-100.0, clip_cov_ub=100.0)
+    options = LossOptions(loss_type="dapo", eps_low=10.0, **kw)
+    loss, _ = policy_loss(lp, old, adv, mask, options=options, generator=torch.Generator())
     (g,) = torch.autograd.grad(loss, lp)
     zero = (g == 0) & mask
     # eps_low = 10: no PPO clip, so exactly the drawn tokens (and zero-advantage rows) have no gradient
@@ -497,7 +520,7 @@ def test_clip_cov_tokens_lose_the_gradient_kl_cov_tokens_get_the_penalty():
 def test_off_policy_mask_zeroes_only_negative_divergent_sequences():
     logp, old, _, mask, adv, _ = make_batch(6)
     lp = logp.clone().requires_grad_(True)
-    loss, _ = policy_loss(lp, old, adv, mask, off_policy_mask_threshold=0.0)
+    loss, _ = policy_loss(lp, old, adv, mask, options=LossOptions(off_policy_mask_threshold=0.0))
     (g,) = torch.autograd.grad(loss, lp)
     d = ((old - logp) * mask).sum(-1) / mask.sum(-1).clamp_min(1)
     for i in range(logp.shape[0]):
@@ -508,11 +531,11 @@ def test_off_policy_mask_zeroes_only_negative_divergent_sequences():
 def test_argument_errors():
     x = torch.zeros(1, 2)
     with pytest.raises(ValueError, match="delta must be > 1 \\+ eps_high"):
-        policy_loss(x, x, torch.ones(1), torch.ones(1, 2), delta=1.1)
+        policy_loss(x, x, torch.ones(1), torch.ones(1, 2), options=LossOptions(delta=1.1))
     with pytest.raises(ValueError, match="bound the clipped objective"):
-        policy_loss(x, x, torch.ones(1), torch.ones(1, 2), loss_type="cispo", delta=4.0)
+        policy_loss(x, x, torch.ones(1), torch.ones(1, 2), options=LossOptions(loss_type="cispo", delta=4.0))
     with pytest.raises(ValueError, match="need the per-token entropy"):
-        policy_loss(x, x, torch.ones(1), torch.ones(1, 2), top_entropy_quantile=0.2)
+        policy_loss(x, x, torch.ones(1), torch.ones(1, 2), options=LossOptions(top_entropy_quantile=0.2))
     with pytest.raises(ValueError, match=r"\[K, N\]"):
         decoupled_advantages(torch.zeros(4), torch.ones(1), 2)
 
@@ -525,6 +548,47 @@ def test_config_rejects_bounds_that_do_not_apply():
     with pytest.raises(ConfigError, match="bound the clipped objective"):
         load_config(None, ["algorithm.preset=cispo", "algorithm.dual_clip=3"])
     assert load_config(None, ["algorithm.preset=intellect2"]).algorithm.delta == 4.0
+
+
+def test_loss_options_take_every_objective_setting_from_the_config():
+    """grpokit.algorithm.loss_options: each LossOptions field is algorithm.<its name>, except the few it sets
+    itself; algorithm_loss gives the same loss from the options built once as from the config."""
+    from dataclasses import asdict
+
+    from grpokit.algorithm import SET_IN_LOSS_OPTIONS, algorithm_loss, loss_options
+    from grpokit.config import load_config
+
+    overrides = [
+        "algorithm.epsilon_high=0.28",
+        "algorithm.importance_sampling_level=sequence",
+        "algorithm.kl_estimator=k2",
+        "algorithm.dual_clip=3",
+        "algorithm.delta=4",
+        "algorithm.top_entropy_quantile=0.5",
+        "algorithm.entropy_coef=0.01",
+        "algorithm.clip_cov_ratio=0.1",
+        "algorithm.kl_cov_ratio=0.2",
+        "algorithm.kl_cov_coef=0.7",
+        "algorithm.off_policy_mask_threshold=0.05",
+        "algorithm.use_bias_correction_kl=true",
+        "algorithm.sapo_temperature_neg=2.0",
+    ]
+    alg = load_config(None, overrides).algorithm
+    options = asdict(loss_options(alg, 128))
+    set_here = {name: options.pop(name) for name in SET_IN_LOSS_OPTIONS}
+    assert set_here == dict(
+        eps_low=0.2, eps_high=0.28, ratio_level="sequence", max_completion_length=128, beta=0.04
+    )
+    assert options == {name: getattr(alg, name) for name in options}
+    assert loss_options(alg, 128, beta=0.0).beta == 0.0
+
+    logp, old, ref, mask, adv, H = make_batch(7)
+    kw = dict(ref_logp=ref, num_sequences=6, num_tokens=20, entropy=H)
+    torch.manual_seed(0)  # Clip-Cov's draw
+    from_options, _ = algorithm_loss(loss_options(alg, 128), logp, old, adv, mask, **kw)
+    torch.manual_seed(0)
+    from_config, _ = algorithm_loss(alg, logp, old, adv, mask, max_completion_length=128, **kw)
+    assert from_options.item() == from_config.item()
 
 
 # ----------------------------------------------------------------------------- adaptive entropy control

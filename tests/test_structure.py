@@ -45,8 +45,6 @@ MAX_FUNCTION_LINES = 60
 LONG_FUNCTION_ALLOWLIST: dict[str, str] = {
     "grpokit.rollout.fast:FastEngine._generate_batch": "one decode loop over a static KV cache, kept whole "
     "to read",
-    "grpokit.algo.losses:policy_loss": "the clipped surrogate with its loss-type branches, kept beside the "
-    "formulas",
 }
 
 IMPORT_TIMEOUT_S = 120

@@ -3,7 +3,7 @@
 from grpokit.algo.advantages import decoupled_advantages, group_advantages, step_advantages
 from grpokit.algo.gae import explained_variance, gae_advantages, masked_whiten, token_rewards, value_loss
 from grpokit.algo.kl import kl_penalty
-from grpokit.algo.losses import adaptive_entropy_coef, policy_loss
+from grpokit.algo.losses import LossOptions, adaptive_entropy_coef, policy_loss
 from grpokit.algo.ops import masked_mean, masked_sum, token_entropy, token_logprobs
 
 __all__ = [
@@ -12,6 +12,7 @@ __all__ = [
     "decoupled_advantages",
     "kl_penalty",
     "policy_loss",
+    "LossOptions",
     "adaptive_entropy_coef",
     "masked_mean",
     "masked_sum",

@@ -1,6 +1,10 @@
 """The clipped policy-gradient loss of GRPO and its family: a pure function of log-probs.
 
     loss, metrics = policy_loss(logp, old_logp, advantages, mask, ref_logp=..., beta=..., loss_type=...)
+    loss, metrics = policy_loss(logp, old_logp, advantages, mask, ref_logp=..., options=LossOptions(...))
+
+LossOptions holds how the objective is configured (clip ranges, loss type, KL, the switches below), built
+once and handed to every call; the call passes only its tensors and the whole batch's counts.
 
 Per token (DeepSeekMath eq. 3, with the DAPO / Dr. GRPO / GSPO variants):
     rho   = pi_theta / pi_old                                (token) or GSPO's sequence ratio
@@ -35,69 +39,137 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from grpokit.algo.kl import kl_penalty
+from grpokit.algo.kl import KL_ESTIMATORS, kl_penalty
 from grpokit.algo.ops import masked_mean, masked_sum, pick
 
 # ------------------------------------------------------------ per-token objectives (docs/algorithm.md §10)
 
 
 @dataclass(frozen=True)
-class ClipRange:
-    """The bounds a surrogate uses. eps_*: the ratio range [1 - eps_low, 1 + eps_high] (GMPO: the log-ratio
-    range [-eps_low, eps_high]); dual_clip: Ye et al.'s c; delta: INTELLECT-2's bound on r for A < 0;
-    tau_pos / tau_neg: SAPO's gate temperatures."""
+class LossOptions:
+    """How the objective is configured: every setting of policy_loss that is neither a tensor of the call nor
+    a count of the whole batch. Built once (grpokit.algorithm.loss_options, from algorithm.*) and handed to
+    every call, so a new knob is a field here and a field of the same name in the config, nothing between.
+    Frozen: a per-call value (the adaptive entropy coefficient) is a dataclasses.replace. Checked on
+    construction, so a bad combination fails where it is made, not at the first micro-batch."""
 
-    eps_low: float
-    eps_high: float
+    beta: float = 0.0
+    """KL coefficient against pi_ref, the KL added after clipping; beta > 0 needs ref_logp."""
+    eps_low: float = 0.2
+    """The ratio's lower clip range: r >= 1 - eps_low (GMPO: log r >= -eps_low)."""
+    eps_high: float | None = None
+    """The upper clip range (DAPO's clip-higher); None means eps_low (clip_high is the value used)."""
+    loss_type: str = "grpo"
+    """A name in AGGREGATIONS: the normalizer, and through SURROGATE_OF the per-token objective."""
+    ratio_level: str = "token"
+    """A name in RATIO_LEVELS: token (GRPO) or sequence (GSPO)."""
+    max_completion_length: int | None = None
+    """Dr. GRPO's constant; None: the padded width of the call."""
+    kl_estimator: str = "k3"
+    """A name in grpokit.algo.kl.KL_ESTIMATORS."""
     dual_clip: float | None = None
+    """Ye et al.'s lower bound c > 1 on the objective of A < 0 tokens; None: off."""
     delta: float | None = None
-    tau_pos: float = 1.0
-    tau_neg: float = 1.05
+    """INTELLECT-2's bound on the unclipped ratio of A < 0 tokens, above 1 + clip_high; None: off."""
+    sapo_temperature_pos: float = 1.0
+    """SAPO's gate temperature for A > 0."""
+    sapo_temperature_neg: float = 1.05
+    """SAPO's gate temperature for A < 0."""
+    top_entropy_quantile: float = 1.0
+    """rho in (0, 1]: the policy gradient only on the top rho quantile of token entropies (needs entropy)."""
+    entropy_coef: float = 0.0
+    """c of the entropy bonus J + c H (needs entropy, which then carries the gradient); 0: off."""
+    clip_cov_ratio: float = 0.0
+    """Clip-Cov's fraction of the tokens whose gradient is dropped; 0: off."""
+    clip_cov_lb: float = 1.0
+    """Clip-Cov's lower covariance bound."""
+    clip_cov_ub: float = 5.0
+    """Clip-Cov's upper covariance bound."""
+    kl_cov_ratio: float = 0.0
+    """KL-Cov's fraction of the tokens, those of largest covariance, that get kappa |log r|; 0: off."""
+    kl_cov_coef: float = 1.0
+    """KL-Cov's kappa."""
+    off_policy_mask_threshold: float | None = None
+    """DeepSeek-V3.2's delta: A < 0 sequences with mean_t log(pi_old / pi_theta) above it get no policy
+    gradient; None: off."""
+    use_bias_correction_kl: bool = False
+    """DeepSeek-V3.2's unbiased KL: each token's KL estimate times pi_theta / pi_old, with its gradient."""
+
+    def __post_init__(self) -> None:
+        if self.eps_low < 0 or (self.eps_high is not None and self.eps_high < 0):
+            raise ValueError(
+                f"clip ranges must be >= 0, got eps_low={self.eps_low}, eps_high={self.eps_high}"
+            )
+        if self.dual_clip is not None and self.dual_clip <= 1.0:
+            raise ValueError(f"dual_clip must be > 1, got {self.dual_clip}")
+        if self.delta is not None and self.delta <= 1.0 + self.clip_high:
+            raise ValueError(f"delta must be > 1 + eps_high = {1.0 + self.clip_high}, got {self.delta}")
+        if (self.dual_clip is not None or self.delta is not None) and self.loss_type in SURROGATE_OF:
+            raise ValueError(
+                f"dual_clip and delta bound the clipped objective; loss_type={self.loss_type!r} has none"
+            )
+        if not 0.0 < self.top_entropy_quantile <= 1.0:
+            raise ValueError(f"top_entropy_quantile must be in (0, 1], got {self.top_entropy_quantile}")
+        pick(AGGREGATIONS, self.loss_type, "loss_type")
+        pick(RATIO_LEVELS, self.ratio_level, "ratio_level")
+        pick(KL_ESTIMATORS, self.kl_estimator, "KL estimator")
+
+    @property
+    def clip_high(self) -> float:
+        """The upper clip range in use: eps_high, or eps_low where it is None (a symmetric clip)."""
+        return self.eps_low if self.eps_high is None else self.eps_high
+
+    @property
+    def needs_entropy(self) -> bool:
+        """Whether the loss reads pi_theta's entropy: the top-entropy selection, or the bonus."""
+        return self.top_entropy_quantile < 1.0 or self.entropy_coef != 0.0
 
 
-# Each surrogate: (logp, log_ratio, adv, mask, clip) -> the objective per token [N, T]. log_ratio is 0 on
-# padding (ratio 1), logp is not: a surrogate that uses logp itself zeroes it there.
-Surrogate = Callable[[Tensor, Tensor, Tensor, Tensor, ClipRange], Tensor]
+# Each surrogate: (logp, log_ratio, adv, mask, options) -> the objective per token [N, T]. log_ratio is 0 on
+# padding (ratio 1), logp is not: a surrogate that uses logp itself zeroes it there. A surrogate reads its
+# settings from the options (o.clip_high, o.dual_clip, ...), so its own knob is a LossOptions field.
+Surrogate = Callable[[Tensor, Tensor, Tensor, Tensor, LossOptions], Tensor]
 
 
-def clip_surrogate(logp: Tensor, log_ratio: Tensor, adv: Tensor, mask: Tensor, c: ClipRange) -> Tensor:
+def clip_surrogate(logp: Tensor, log_ratio: Tensor, adv: Tensor, mask: Tensor, o: LossOptions) -> Tensor:
     # DeepSeekMath eq. 3; INTELLECT-2's two-sided clip bounds the unclipped ratio by delta, so a token with
     # A < 0 whose ratio exploded contributes delta * A with no gradient (for A > 0 and delta > 1 + eps_high
     # the min already picks the clipped term: no change).
     ratio = torch.exp(log_ratio)
-    unclipped = ratio if c.delta is None else ratio.clamp(max=c.delta)
-    obj = torch.minimum(unclipped * adv, ratio.clamp(1.0 - c.eps_low, 1.0 + c.eps_high) * adv)
-    if c.dual_clip is not None:
-        obj = torch.where(adv < 0, torch.maximum(obj, c.dual_clip * adv), obj)
+    unclipped = ratio if o.delta is None else ratio.clamp(max=o.delta)
+    obj = torch.minimum(unclipped * adv, ratio.clamp(1.0 - o.eps_low, 1.0 + o.clip_high) * adv)
+    if o.dual_clip is not None:
+        obj = torch.where(adv < 0, torch.maximum(obj, o.dual_clip * adv), obj)
     return obj
 
 
-def cispo_surrogate(logp: Tensor, log_ratio: Tensor, adv: Tensor, mask: Tensor, c: ClipRange) -> Tensor:
+def cispo_surrogate(logp: Tensor, log_ratio: Tensor, adv: Tensor, mask: Tensor, o: LossOptions) -> Tensor:
     # MiniMax-M1 (2506.13585) eq. 4: the IS weight is clipped and detached, the gradient is the REINFORCE one
     # times it, so a clipped token keeps its gradient (only its weight is capped). The token mask M of the
     # paper's unified form (eq. 6) is its default M = 1.
-    weight = torch.exp(log_ratio).clamp(1.0 - c.eps_low, 1.0 + c.eps_high).detach()
+    weight = torch.exp(log_ratio).clamp(1.0 - o.eps_low, 1.0 + o.clip_high).detach()
     return weight * adv * torch.where(mask.bool(), logp, torch.zeros_like(logp))
 
 
-def sapo_surrogate(logp: Tensor, log_ratio: Tensor, adv: Tensor, mask: Tensor, c: ClipRange) -> Tensor:
+def sapo_surrogate(logp: Tensor, log_ratio: Tensor, adv: Tensor, mask: Tensor, o: LossOptions) -> Tensor:
     # SAPO (2511.20347): f(r) = sigmoid(tau (r - 1)) 4 / tau; d f / d log pi = 4 sigma (1 - sigma) r, which
     # is 1 at r = 1 (the vanilla gradient) and decays smoothly away from it.
-    pos = torch.full_like(log_ratio, c.tau_pos)
-    tau = torch.where(adv > 0, pos, torch.full_like(log_ratio, c.tau_neg))
+    pos = torch.full_like(log_ratio, o.sapo_temperature_pos)
+    tau = torch.where(adv > 0, pos, torch.full_like(log_ratio, o.sapo_temperature_neg))
     return torch.sigmoid(tau * (torch.exp(log_ratio) - 1.0)) * (4.0 / tau) * adv
 
 
-def gmpo_surrogate(logp: Tensor, log_ratio: Tensor, adv: Tensor, mask: Tensor, c: ClipRange) -> Tensor:
+def gmpo_surrogate(logp: Tensor, log_ratio: Tensor, adv: Tensor, mask: Tensor, o: LossOptions) -> Tensor:
     # GMPO (2507.20673) eq. 5: the geometric mean of the token ratios, each clipped in log space and
     # sign-aware (the pessimistic side for the sign of A), times A: one value per sequence.
     sign = torch.sign(adv).expand_as(log_ratio)
-    clipped = log_ratio.clamp(-c.eps_low, c.eps_high)
+    clipped = log_ratio.clamp(-o.eps_low, o.clip_high)
     per_token = sign * torch.minimum(sign * log_ratio, sign * clipped)
     return adv * torch.exp(masked_mean(per_token, mask, dim=-1)).unsqueeze(-1)
 
@@ -272,51 +344,30 @@ def policy_loss(
     loss_type: str = "grpo",
     ratio_level: str = "token",
     max_completion_length: int | None = None,
-    kl_estimator: str = "k3",
-    dual_clip: float | None = None,
+    options: LossOptions | None = None,
     num_sequences: int | None = None,
     num_tokens: int | float | None = None,
     is_weights: Tensor | None = None,
-    delta: float | None = None,
-    sapo_temperature_pos: float = 1.0,
-    sapo_temperature_neg: float = 1.05,
     entropy: Tensor | None = None,
-    top_entropy_quantile: float = 1.0,
-    entropy_coef: float = 0.0,
-    clip_cov_ratio: float = 0.0,
-    clip_cov_lb: float = 1.0,
-    clip_cov_ub: float = 5.0,
-    kl_cov_ratio: float = 0.0,
-    kl_cov_coef: float = 1.0,
-    off_policy_mask_threshold: float | None = None,
-    use_bias_correction_kl: bool = False,
     generator: torch.Generator | None = None,
+    **knobs: Any,
 ) -> tuple[Tensor, dict[str, float]]:
     """-J for one batch (or a minibatch of it).
 
     logp, old_logp, ref_logp, mask: [N, T] (mask = 1 on completion tokens).
     advantages: [N] (outcome, broadcast to every token) or [N, T] (process / per-token).
-    eps_high None means eps_low. dual_clip: the lower bound c > 1 on the objective of A < 0 tokens.
-    loss_type: the normalizer (grpo, bnpo, dapo, dr_grpo), or an objective with its paper's normalizer:
-    cispo (MiniMax-M1), sapo (SAPO, temperatures sapo_temperature_pos / _neg), gmpo (GMPO; eps in log space).
+    beta ... max_completion_length: the documented keywords (docs/algorithm.md §3), LossOptions fields.
+    options: every setting of the objective (LossOptions: also dual clip, SAPO, the token selections of
+    docs/algorithm.md §10); with it, leave those keywords at their defaults. knobs: any other LossOptions
+    field as a keyword (dual_clip=1.5, kl_estimator="k1"), without options=.
     num_sequences, num_tokens: the whole batch's counts when this call sees a minibatch of it.
     is_weights: [N, T] importance weights against the sampler-trainer mismatch (grpokit.algo.importance, TRL's
-    vllm_importance_sampling_*): they multiply each token's surrogate loss, after clipping, before the KL
-    term. The switches of docs/algorithm.md §10: delta (INTELLECT-2's two-sided clip), entropy [N, T] with
-    top_entropy_quantile (policy gradient on the top quantile only) and entropy_coef (bonus + c H; entropy
-    then carries the gradient), clip_cov_* / kl_cov_* (Cui et al. 2025; generator draws Clip-Cov's tokens),
-    off_policy_mask_threshold and use_bias_correction_kl (DeepSeek-V3.2).
-    Returns the scalar loss and metrics (python floats): clip fractions, ratio, KL, per-token loss.
-    """
-    _check_args(logp, old_logp, mask, ref_logp, beta, eps_low, eps_high, dual_clip, delta, loss_type)
-    if (top_entropy_quantile < 1.0 or entropy_coef != 0.0) and entropy is None:
-        raise ValueError("top_entropy_quantile < 1 and entropy_coef need the per-token entropy")
-    if not 0.0 < top_entropy_quantile <= 1.0:
-        raise ValueError(f"top_entropy_quantile must be in (0, 1], got {top_entropy_quantile}")
-    aggregate = pick(AGGREGATIONS, loss_type, "loss_type")
-    log_ratio_fn = pick(RATIO_LEVELS, ratio_level, "ratio_level")
-    eps_high = eps_low if eps_high is None else eps_high
-    clip = ClipRange(eps_low, eps_high, dual_clip, delta, sapo_temperature_pos, sapo_temperature_neg)
+    vllm_importance_sampling_*), times each token's surrogate loss after clipping, before the KL term.
+    entropy: [N, T] pi_theta's entropy, for top_entropy_quantile and entropy_coef (with the bonus it carries
+    the gradient). generator: draws Clip-Cov's tokens.
+    Returns the scalar loss and metrics (python floats): clip fractions, ratio, KL, per-token loss."""
+    o = _options(options, beta, eps_low, eps_high, loss_type, ratio_level, max_completion_length, knobs)
+    _check_tensors(logp, old_logp, mask, ref_logp, entropy, o)
 
     mask = mask.to(logp.dtype)
     on = mask.bool()
@@ -324,64 +375,111 @@ def policy_loss(
     adv = adv.unsqueeze(-1) if adv.dim() == 1 else adv  # [N, 1] or [N, T]
 
     # Masked positions get ratio 1 so that garbage in padding never produces inf * 0 = NaN.
+    log_ratio_fn = RATIO_LEVELS[o.ratio_level]
     log_ratio = torch.where(on, log_ratio_fn(logp, old_logp.detach(), mask), torch.zeros_like(logp))
     ratio = torch.exp(log_ratio)  # [N, T]
-    obj = SURROGATES[SURROGATE_OF.get(loss_type, "clip")](logp, log_ratio, adv, mask, clip)
-    # Tokens without policy gradient: below the entropy quantile, or DeepSeek-V3.2's off-policy negatives.
-    keep = top_entropy_tokens(entropy, mask, top_entropy_quantile) if entropy is not None else on
-    if off_policy_mask_threshold is not None:
-        keep = keep & ~off_policy_sequences(logp, old_logp, adv, mask, off_policy_mask_threshold)
-    obj = torch.where(keep, obj, torch.zeros_like(obj))
-    if clip_cov_ratio > 0 or kl_cov_ratio > 0:
-        cov = token_covariance(logp, adv, mask)
-        if clip_cov_ratio > 0:  # Clip-Cov: the drawn tokens keep their value, lose their gradient
-            detached = clip_cov_tokens(cov, mask, clip_cov_ratio, clip_cov_lb, clip_cov_ub, generator)
-            obj = torch.where(detached, obj.detach(), obj)
-        if kl_cov_ratio > 0:  # KL-Cov: kappa |log r| on the tokens of largest covariance
-            token_lr = torch.where(on, logp - old_logp.detach(), torch.zeros_like(logp))
-            obj = obj - kl_cov_coef * token_lr.abs() * kl_cov_tokens(cov, mask, kl_cov_ratio).to(obj.dtype)
+    surrogate = SURROGATES[SURROGATE_OF.get(o.loss_type, "clip")]
+    obj = surrogate(logp, log_ratio, adv, mask, o)
+    obj = _token_selections(obj, logp, old_logp, adv, mask, entropy, o, generator)
     per_token = -obj
     if is_weights is not None:
         per_token = per_token * is_weights.detach().to(per_token.dtype)
-    kl = _kl(logp, old_logp, ref_logp, on, kl_estimator, use_bias_correction_kl)
-    if kl is not None and beta != 0.0:
-        per_token = per_token + beta * kl
-    if entropy_coef != 0.0 and entropy is not None:  # the entropy bonus: J + c H
-        per_token = per_token - entropy_coef * torch.where(on, entropy, torch.zeros_like(entropy))
+    kl = _kl(logp, old_logp, ref_logp, on, o.kl_estimator, o.use_bias_correction_kl)
+    if kl is not None and o.beta != 0.0:
+        per_token = per_token + o.beta * kl
+    if o.entropy_coef != 0.0 and entropy is not None:  # the entropy bonus: J + c H
+        per_token = per_token - o.entropy_coef * torch.where(on, entropy, torch.zeros_like(entropy))
 
-    norm = Normalizers(mask, num_sequences, num_tokens, max_completion_length)
-    loss = aggregate(per_token, mask, norm)
-    return loss, _loss_metrics(ratio, adv, mask, eps_low, eps_high, kl, per_token)
+    norm = Normalizers(mask, num_sequences, num_tokens, o.max_completion_length)
+    loss = AGGREGATIONS[o.loss_type](per_token, mask, norm)
+    return loss, _loss_metrics(ratio, adv, mask, o.eps_low, o.clip_high, kl, per_token)
 
 
-def _check_args(
+def _options(
+    options: LossOptions | None,
+    beta: float,
+    eps_low: float,
+    eps_high: float | None,
+    loss_type: str,
+    ratio_level: str,
+    max_completion_length: int | None,
+    knobs: dict[str, Any],
+) -> LossOptions:
+    """policy_loss's options: those passed, or the LossOptions of its keywords (the documented ones and any
+    other field); not both, since which of the two should win would be a guess."""
+    unknown = sorted(set(knobs) - {f.name for f in fields(LossOptions)})
+    if unknown:
+        raise TypeError(
+            f"policy_loss got unknown keywords {unknown}; the objective's settings are LossOptions'"
+        )
+    keywords = LossOptions(
+        beta=beta,
+        eps_low=eps_low,
+        eps_high=eps_high,
+        loss_type=loss_type,
+        ratio_level=ratio_level,
+        max_completion_length=max_completion_length,
+        **knobs,
+    )
+    if options is None:
+        return keywords
+    if keywords != LossOptions():
+        raise ValueError(
+            "policy_loss takes the objective's settings as keywords or as options=, not both: put "
+            "beta, eps_low, eps_high, loss_type, ratio_level and max_completion_length into the LossOptions"
+        )
+    return options
+
+
+def _token_selections(
+    obj: Tensor,
+    logp: Tensor,
+    old_logp: Tensor,
+    adv: Tensor,
+    mask: Tensor,
+    entropy: Tensor | None,
+    o: LossOptions,
+    generator: torch.Generator | None,
+) -> Tensor:
+    """The objective [N, T] after the token selections of docs/algorithm.md §10: no policy gradient below the
+    entropy quantile or on DeepSeek-V3.2's off-policy negatives; Clip-Cov's and KL-Cov's tokens."""
+    on = mask.bool()
+    keep = on
+    if entropy is not None and o.top_entropy_quantile < 1.0:
+        keep = top_entropy_tokens(entropy, mask, o.top_entropy_quantile)
+    if o.off_policy_mask_threshold is not None:
+        keep = keep & ~off_policy_sequences(logp, old_logp, adv, mask, o.off_policy_mask_threshold)
+    obj = torch.where(keep, obj, torch.zeros_like(obj))
+    if o.clip_cov_ratio > 0 or o.kl_cov_ratio > 0:
+        cov = token_covariance(logp, adv, mask)
+        if o.clip_cov_ratio > 0:  # Clip-Cov: the drawn tokens keep their value, lose their gradient
+            detached = clip_cov_tokens(cov, mask, o.clip_cov_ratio, o.clip_cov_lb, o.clip_cov_ub, generator)
+            obj = torch.where(detached, obj.detach(), obj)
+        if o.kl_cov_ratio > 0:  # KL-Cov: kappa |log r| on the tokens of largest covariance
+            token_lr = torch.where(on, logp - old_logp.detach(), torch.zeros_like(logp))
+            penalized = kl_cov_tokens(cov, mask, o.kl_cov_ratio).to(obj.dtype)
+            obj = obj - o.kl_cov_coef * token_lr.abs() * penalized
+    return obj
+
+
+def _check_tensors(
     logp: Tensor,
     old_logp: Tensor,
     mask: Tensor,
     ref_logp: Tensor | None,
-    beta: float,
-    eps_low: float,
-    eps_high: float | None,
-    dual_clip: float | None,
-    delta: float | None,
-    loss_type: str,
+    entropy: Tensor | None,
+    o: LossOptions,
 ) -> None:
+    """The rules that join the options to this call's tensors (the options' own are LossOptions')."""
     if logp.shape != old_logp.shape or logp.shape != mask.shape:
         raise ValueError(
             f"logp {tuple(logp.shape)}, old_logp {tuple(old_logp.shape)} and mask {tuple(mask.shape)} must "
             "match"
         )
-    if beta != 0.0 and ref_logp is None:
+    if o.beta != 0.0 and ref_logp is None:
         raise ValueError("beta > 0 needs ref_logp (log-probs of the reference policy)")
-    if eps_low < 0 or (eps_high is not None and eps_high < 0):
-        raise ValueError(f"clip ranges must be >= 0, got eps_low={eps_low}, eps_high={eps_high}")
-    if dual_clip is not None and dual_clip <= 1.0:
-        raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
-    high = eps_low if eps_high is None else eps_high
-    if delta is not None and delta <= 1.0 + high:
-        raise ValueError(f"delta must be > 1 + eps_high = {1.0 + high}, got {delta}")
-    if (dual_clip is not None or delta is not None) and loss_type in SURROGATE_OF:
-        raise ValueError(f"dual_clip and delta bound the clipped objective; loss_type={loss_type!r} has none")
+    if o.needs_entropy and entropy is None:
+        raise ValueError("top_entropy_quantile < 1 and entropy_coef need the per-token entropy")
 
 
 def _kl(

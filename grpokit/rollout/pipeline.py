@@ -1,24 +1,30 @@
-"""Rollouts for the loop, synchronous or running ahead of training (rollout.max_policy_lag = k).
+"""Rollouts for the loop: one interface, one class per timeline (rollout.max_policy_lag = k).
 
     pipeline = RolloutPipeline(engine, rollout_cfg, max_lag=k, version=step, model=policy, seed=seed)
-    rows, comps, timings = pipeline.batch(step, draw)   # draw(b) -> rows of batch b; comps.versions set
+    rows, comps, timings = pipeline.batch(step, draw, end)  # draw(b) -> rows of batch b; comps.versions set
+    comps = pipeline.extra(rows, timings)               # dynamic sampling's further rounds, version b
+    pipeline.idle()                                     # before the update: the engine may free its memory
     pipeline.publish(step + 1, policy)                  # after the update: pi_old <- pi_theta (version b + 1)
     with pipeline.exclusive(policy): evaluate(...)      # the engine on the trainer's current weights
     pipeline.close()                                    # the sampler, then the engine (the pipeline owns it)
+
+`RolloutPipeline` is the interface the loop (trainer.py) calls; calling it builds the timeline max_lag names,
+`SyncPipeline` (k = 0) or `LaggedPipeline` (k > 0). Weight pushes and the metrics are the interface's, shared.
 
 The policy version is the number of optimizer steps (trainer steps) behind a set of weights. Batch b trains at
 version b and is sampled, with k = max_policy_lag, at version max(v0, b - k) (v0: the version the run started
 or resumed at): exactly, not "at most", so a run is the same every time for a seed.
 
-k = 0 is the synchronous loop (DeepSeekMath Algorithm 1): `batch` generates in the caller's thread with the
-engine at the current weights and the run's own random stream, as the loop always did (exact resume holds).
+SyncPipeline, k = 0, the synchronous loop (DeepSeekMath Algorithm 1): `batch` generates in the caller's thread
+with the engine at the current weights and the run's own random stream, as the loop always did (exact resume
+holds).
 
-k > 0: one background thread (the sampler) owns the engine and a copy of the policy. `batch(b)` first hands it
-the rows of every batch up to b + k (drawn in the caller's thread, in order), then waits for batch b. The
-sampler takes the requests in order (batch b + k is asked for at step b, with version b), loads that
-snapshot into its copy (engine.sync_weights(copy): for vllm a push, for fast / hf the copy is what they run),
-and generates with a torch.Generator of its own. So while the trainer updates on batch b at version b, the
-sampler generates batch b + k with version b. Timeline for k = 1:
+LaggedPipeline, k > 0: one background thread (the sampler) owns the engine and a copy of the policy.
+`batch(b)` first hands it the rows of every batch up to b + k (drawn in the caller's thread, in order), then
+waits for batch b. The sampler takes the requests in order (batch b + k is asked for at step b, with version
+b), loads that snapshot into its copy (engine.sync_weights(copy): for vllm a push, for fast / hf the copy is
+what they run), and generates with a torch.Generator of its own. So while the trainer updates on batch b at
+version b, the sampler generates batch b + k with version b. Timeline for k = 1:
 
     trainer  | (waits)      | train b=0 (v0) | train b=1 (v1) | train b=2 (v2) |
     sampler  | gen b=0 (v0) | gen b=1 (v0)   | gen b=2 (v1)   | gen b=3 (v2)   |
@@ -33,6 +39,11 @@ for the step that publishes the version of its next batch). What pi_old means at
 GPU memory: at k = 0 a colocated engine that can sleep (vLLM on CUDA) is put to sleep before the update
 (`sleep()`) and woken before the next push (`wake_up()`); at k > 0 it generates during the update and stays
 awake.
+
+Checkpoints: neither timeline holds work a checkpoint must keep (the lagged one drops what it sampled ahead
+and, resumed, starts again at v0). Partial rollouts (docs/DESIGN.md) will: that timeline's in-flight work
+(groups ahead, partial completions, sampler state) is Stateful, so `state_dict()` / `load_state_dict()` join
+this interface beside `close()`, and the checkpointer is handed the pipeline like any other stateful part.
 """
 
 from __future__ import annotations
@@ -43,9 +54,9 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -61,6 +72,9 @@ from grpokit.metrics import (
 )
 from grpokit.rollout.base import Completions, RolloutEngine, SamplingParams
 from grpokit.rollout.episodes import generate_groups
+
+if TYPE_CHECKING:
+    from grpokit.config import RolloutConfig
 
 logger = logging.getLogger("grpokit.rollout")
 #: seeds of the sampler's own generators: the background batches, and the extra rounds of dynamic sampling
@@ -78,22 +92,123 @@ def sampling_params(rollout_cfg, generator: torch.Generator | None = None) -> Sa
 
 
 class RolloutPipeline:
+    """The engine as pi_old, behind the calls the loop makes (every timeline implements them all).
+    RolloutPipeline(...) builds the timeline that max_lag names, from the same parts whichever it is (the
+    synchronous one uses no model or seed)."""
+
+    def __new__(cls, *args: Any, max_lag: int, **kwargs: Any) -> RolloutPipeline:
+        timeline = (LaggedPipeline if max_lag else SyncPipeline) if cls is RolloutPipeline else cls
+        return super().__new__(timeline)
+
     def __init__(
         self,
         engine: RolloutEngine,
-        rollout_cfg,
+        rollout_cfg: RolloutConfig,
         *,
         max_lag: int,
         version: int,
         model: torch.nn.Module,
         seed: int,
-    ):
+    ) -> None:
         self.engine = engine  # the pipeline's: close() closes it
-        self.cfg, self.max_lag, self.G = rollout_cfg, max_lag, rollout_cfg.num_generations
+        self.cfg, self.G = rollout_cfg, rollout_cfg.num_generations
         self.version = version  # the trainer's: weights published so far
         self._closed = False
-        if max_lag == 0:
-            return
+
+    def batch(
+        self, b: int, draw: Callable[[int], Sequence[Any]], end: int
+    ) -> tuple[Sequence[Any], Completions, dict[str, float]]:
+        """Rows, completions (comps.versions set) and timings of batch b; draw(i) gives the rows of batch i;
+        batches from `end` on (the run's max_steps) are never asked for."""
+        raise NotImplementedError
+
+    def extra(self, rows: Sequence[Any], timings: dict[str, float]) -> Completions:
+        """Completions of more rows now, at the current version (dynamic sampling's further rounds)."""
+        raise NotImplementedError
+
+    def idle(self) -> None:
+        """This step's rollouts are done: the update comes next."""
+        raise NotImplementedError
+
+    def publish(self, version: int, model: torch.nn.Module) -> None:
+        """The trainer's weights after `version` optimizer steps: pi_old of the batches asked for from now."""
+        raise NotImplementedError
+
+    def exclusive(
+        self, current_model: Callable[[], torch.nn.Module]
+    ) -> contextlib.AbstractContextManager[RolloutEngine]:
+        """The engine on the trainer's current weights (current_model() gives them), nothing else generating
+        (held-out evaluation)."""
+        raise NotImplementedError
+
+    def close(self, timeout: float = 60.0) -> None:
+        """Stop generating, then close the engine (the pipeline owns it). Closing twice does nothing."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ shared by the timelines
+    def _sync(self, model: torch.nn.Module, version: int) -> None:
+        # an engine that reports versions (the server) uses it
+        self.engine.sync_weights(model, version=version)
+
+    def _generate(
+        self, rows, version: int, sampling: SamplingParams, timings: dict[str, float]
+    ) -> Completions:
+        t = time.perf_counter()
+        comps = generate_groups(self.engine, rows, self.G, sampling, timings)  # tools: rollout/tools/ metrics
+        timings[PERF_ROLLOUT_TIME] = timings.get(PERF_ROLLOUT_TIME, 0.0) + time.perf_counter() - t
+        timings.update(push_metrics(self.engine))
+        return replace(comps, versions=[version] * len(comps)) if comps.versions is None else comps
+
+
+class SyncPipeline(RolloutPipeline):
+    """k = 0: each batch generated when the loop asks for it, in its thread, with the run's random stream."""
+
+    def batch(
+        self, b: int, draw: Callable[[int], Sequence[Any]], end: int
+    ) -> tuple[Sequence[Any], Completions, dict[str, float]]:
+        rows, timings = draw(b), dict[str, float]()  # timings: as the lagged sampler's
+        comps = self._generate(rows, self.version, sampling_params(self.cfg), timings)
+        timings[PERF_ROLLOUT_WAIT] = timings[PERF_ROLLOUT_TIME]
+        return rows, comps, timings
+
+    def extra(self, rows: Sequence[Any], timings: dict[str, float]) -> Completions:
+        return self._generate(rows, self.version, sampling_params(self.cfg), timings)
+
+    def idle(self) -> None:
+        # a colocated engine that can sleep frees its GPU memory for the update
+        self.engine.sleep()
+
+    def publish(self, version: int, model: torch.nn.Module) -> None:
+        self.version = version
+        self.engine.wake_up()
+        self._sync(model, version)
+
+    @contextlib.contextmanager
+    def exclusive(self, current_model: Callable[[], torch.nn.Module]) -> Iterator[RolloutEngine]:
+        # the engine runs the trainer's weights already: publish pushed them after the update
+        yield self.engine
+
+    def close(self, timeout: float = 60.0) -> None:
+        if not self._closed:
+            self._closed = True
+            self.engine.close()
+
+
+class LaggedPipeline(RolloutPipeline):
+    """k > 0: a sampler thread generates batch b + k with version b while the trainer updates on batch b."""
+
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        rollout_cfg: RolloutConfig,
+        *,
+        max_lag: int,
+        version: int,
+        model: torch.nn.Module,
+        seed: int,
+    ) -> None:
+        super().__init__(engine, rollout_cfg, max_lag=max_lag, version=version, model=model, seed=seed)
+        self.max_lag = max_lag
         device = next(model.parameters()).device
         # The sampler's weights, a version behind. requires_grad stays as the policy's: engines that push
         # weights (vllm) send the trainable tensors only.
@@ -115,13 +230,6 @@ class RolloutPipeline:
     def batch(
         self, b: int, draw: Callable[[int], Sequence[Any]], end: int
     ) -> tuple[Sequence[Any], Completions, dict[str, float]]:
-        """Rows, completions (comps.versions set) and timings of batch b; draw(i) gives the rows of batch i;
-        batches from `end` on (the run's max_steps) are never asked for."""
-        if self.max_lag == 0:
-            rows, timings = draw(b), dict[str, float]()  # timings: as the sampler's
-            comps = self._generate(rows, self.version, sampling_params(self.cfg), timings)
-            timings[PERF_ROLLOUT_WAIT] = timings[PERF_ROLLOUT_TIME]
-            return rows, comps, timings
         if self._next is None:  # the first batch of the run, or of a resume: the sampler starts here
             self._next = b
             self._thread.start()
@@ -142,34 +250,20 @@ class RolloutPipeline:
         return rows, comps, timings
 
     def extra(self, rows: Sequence[Any], timings: dict[str, float]) -> Completions:
-        """Completions of more rows now, at the current version (dynamic sampling's further rounds)."""
-        if self.max_lag == 0:
-            return self._generate(rows, self.version, sampling_params(self.cfg), timings)
         with self._engine_lock:
             self._load(self.version, self._snapshots[self.version])
-            return self._generate(rows, self.version, sampling_params(self.cfg, self._extra_gen), timings)
+            return self._sample(rows, self.version, self._extra_gen, timings)
 
     def idle(self) -> None:
-        """This step's rollouts are done: a colocated engine that can sleep frees its GPU memory (k = 0)."""
-        if self.max_lag == 0:
-            self.engine.sleep()
+        pass  # the sampler generates during the update: the engine stays awake
 
     def publish(self, version: int, model: torch.nn.Module) -> None:
-        """The trainer's weights after `version` optimizer steps: into the engine (k = 0) or the sampler."""
         self.version = version
-        if self.max_lag == 0:
-            self.engine.wake_up()
-            self._sync(model, version)
-            return
         self._snapshots[version] = _snapshot(model)
 
     @contextlib.contextmanager
-    def exclusive(self, current_model: Callable[[], torch.nn.Module]):
-        """The engine on the trainer's current weights (current_model() gives them), the sampler paused
-        (held-out evaluation)."""
-        if self.max_lag == 0:
-            yield self.engine
-            return
+    def exclusive(self, current_model: Callable[[], torch.nn.Module]) -> Iterator[RolloutEngine]:
+        # the sampler paused; it reloads its version afterwards
         with self._engine_lock:
             self._copy.load_state_dict(current_model().state_dict())
             self._sync(self._copy, self.version)
@@ -178,13 +272,13 @@ class RolloutPipeline:
 
     def close(self, timeout: float = 60.0) -> None:
         """Stop the sampler after the generation under way (batches asked for and not taken are dropped), then
-        close the engine (the pipeline owns it). A sampler that does not stop within `timeout` seconds is left
-        behind with a warning, and its engine open (a daemon thread: it never keeps the process from exiting,
-        and a run that failed keeps its own error). Closing twice does nothing."""
+        close the engine. A sampler that does not stop within `timeout` seconds is left behind with a warning,
+        and its engine open (a daemon thread: it never keeps the process from exiting, and a run that failed
+        keeps its own error). Closing twice does nothing."""
         if self._closed:
             return
         self._closed = True
-        if self.max_lag == 0 or self._stop_sampler(timeout):
+        if self._stop_sampler(timeout):
             self.engine.close()
 
     def _stop_sampler(self, timeout: float) -> bool:
@@ -200,7 +294,7 @@ class RolloutPipeline:
                 return False
         return True
 
-    # ------------------------------------------------------------------ the sampler's side (k > 0)
+    # ------------------------------------------------------------------ the sampler's side
     def _sampler(self) -> None:
         torch.set_num_threads(self._threads)  # vLLM's CPU attention checks that its metadata and kernel agree
         while True:
@@ -213,11 +307,7 @@ class RolloutPipeline:
             try:
                 with self._engine_lock:
                     self._load(version, self._snapshots[version])
-                    out: Any = (
-                        rows,
-                        self._generate(rows, version, sampling_params(self.cfg, self._gen), timings),
-                        timings,
-                    )
+                    out: Any = (rows, self._sample(rows, version, self._gen, timings), timings)
             except BaseException as exc:  # handed to the trainer, which raises it; the sampler stops
                 out = exc
             with self._done:
@@ -227,34 +317,26 @@ class RolloutPipeline:
                 return
             self._forget_before(version)
 
+    def _sample(
+        self, rows, version: int, generator: torch.Generator, timings: dict[str, float]
+    ) -> Completions:
+        comps = self._generate(rows, version, sampling_params(self.cfg, generator), timings)
+        if comps.logprobs is None:  # pi_old of lagged samples is the sampler's: no ratio without them
+            raise ValueError(
+                f"rollout.max_policy_lag={self.max_lag} needs the engine's sampling log-probs, and "
+                f"{type(self.engine).__name__} returned none; use rollout.engine=fast or vllm"
+            )
+        return comps
+
     def _load(self, version: int, weights: dict[str, torch.Tensor]) -> None:
         if self._loaded != version:
             self._copy.load_state_dict(weights)
             self._sync(self._copy, version)
             self._loaded = version
 
-    def _sync(self, model: torch.nn.Module, version: int) -> None:
-        self.engine.sync_weights(
-            model, version=version
-        )  # an engine that reports versions (the server) uses it
-
     def _forget_before(self, version: int) -> None:
         for v in [v for v in list(self._snapshots) if v < min(version, self.version)]:
             self._snapshots.pop(v, None)
-
-    def _generate(
-        self, rows, version: int, sampling: SamplingParams, timings: dict[str, float]
-    ) -> Completions:
-        t = time.perf_counter()
-        comps = generate_groups(self.engine, rows, self.G, sampling, timings)  # tools: rollout/tools/ metrics
-        timings[PERF_ROLLOUT_TIME] = timings.get(PERF_ROLLOUT_TIME, 0.0) + time.perf_counter() - t
-        timings.update(push_metrics(self.engine))
-        if self.max_lag and comps.logprobs is None:  # pi_old of lagged samples is the sampler's: no ratio
-            raise ValueError(
-                f"rollout.max_policy_lag={self.max_lag} needs the engine's sampling log-probs, and "
-                f"{type(self.engine).__name__} returned none; use rollout.engine=fast or vllm"
-            )
-        return replace(comps, versions=[version] * len(comps)) if comps.versions is None else comps
 
 
 def push_metrics(engine: RolloutEngine) -> dict[str, float]:
