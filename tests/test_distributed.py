@@ -606,12 +606,12 @@ def test_saved_at_two_ranks_resumed_at_one_and_at_two(
 
     # the control: the same resume without AdamW's moments (weights, schedule, data and generators only) parts
     # from it
-    from grpokit import checkpoint_sharded
+    from grpokit.checkpoint import sharded
 
-    load = checkpoint_sharded.load_sharded
+    load = sharded.load_sharded
     monkeypatch.setattr(
-        "grpokit.distributed.parallel.load_sharded",
-        lambda path, model, adamw, **kw: load(path, model, None, **kw),
+        "grpokit.checkpoint.checkpointer.load_sharded",
+        lambda path, modules, **kw: load(path, {k: (m, None) for k, (m, _) in modules.items()}, **kw),
     )
     shutil.copytree(step1, checkpoint_dir(tmp_path / "no_moments", 1))
     rel = _rel(

@@ -23,9 +23,9 @@ import torch.distributed as dist
 from torch import Tensor
 
 from grpokit.batch import PackedBatch, RolloutBatch, ValueTargets
-from grpokit.checkpoint import StopSignals
 from grpokit.config import Config, ConfigError
 from grpokit.distributed.parallel import Parallel
+from grpokit.distributed.signals import StopSignals
 from grpokit.metrics import RANK_REDUCTIONS, MeanAccumulator
 from grpokit.types import RewardOutput
 
@@ -205,6 +205,11 @@ class World(Parallel):
             values = tuple(type(v)(x) for v, x in zip(values, t.tolist(), strict=True))
         return values[0] if len(values) == 1 else values
 
+    def barrier(self) -> None:
+        """Every rank waits here for the others (a checkpoint's folder is complete before anyone goes on)."""
+        if self.size > 1:
+            dist.barrier()
+
     def all(self, flag: bool) -> bool:
         """True when `flag` holds on every rank: a decision all ranks must take together (they run the same
         collectives)."""
@@ -269,9 +274,9 @@ class World(Parallel):
 
     # ------------------------------------------------------------------ stop signals
     def stop_signals(self) -> StopSignals:
-        """SIGTERM / SIGINT finish the step, save and stop (checkpoint.StopSignals), on every rank: torchrun
-        passes a signal it gets on to every rank and waits 30 s for them (then SIGKILL); the loop stops when
-        any rank got one (World.signal_received), so that all ranks take part in the save."""
+        """SIGTERM / SIGINT finish the step, save and stop (distributed.signals.StopSignals), on every rank:
+        torchrun passes a signal it gets on to every rank and waits 30 s for them (then SIGKILL); the loop
+        stops when any rank got one (World.signal_received), so that all ranks take part in the save."""
         return StopSignals()
 
     def signal_received(self, received: str | None) -> str | None:
