@@ -629,7 +629,7 @@ def test_one_process_is_left_alone(tmp_path, monkeypatch):
     model = torch.nn.Linear(2, 2)
     policy = world.wrap(model)
     assert policy.module is model and policy.forward is model and policy.full() is model
-    assert world.full_model() is model
+    assert world.parallel.full_model() is model
     assert not torch.distributed.is_initialized()
     assert world.share([5, 6, 7]) == [5, 6, 7] and world.sum(3, 7.5) == (3, 7.5) and world.sum(4) == 4
     x = torch.arange(6.0)

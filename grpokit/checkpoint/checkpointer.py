@@ -265,11 +265,13 @@ class Checkpointer:
 
 def _gathered_moments(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """An optimizer's moments gathered whole to rank 0 (a collective), keyed by the index of the trainable
-    parameter as one process's optimizer.state_dict() keys them."""
+    parameter as one process's optimizer.state_dict() keys them; {} on the other ranks."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     moments: Any = get_optimizer_state_dict(module, optimizer, options=options)
+    if "state" not in moments:  # cpu_offload: the ranks other than 0 get nothing
+        return {}
     index = {n: i for i, n in enumerate(n for n, p in module.named_parameters() if p.requires_grad)}
     return {
         "state": {index[n]: v for n, v in moments["state"].items()},

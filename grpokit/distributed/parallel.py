@@ -4,8 +4,8 @@
     world.backward(loss)              # DDP / FSDP2 average gradients over ranks; the loss is scaled by W
     is_sharded(model)                 # an FSDP2 module: every rank runs the same forwards
 
-Parallel is World's parallelization half (World in world.py derives from it): the ranks, the process group
-and the collectives are World's; what the model becomes over them is here. How it is saved is
+World (world.py) holds a Parallel (world.parallel): the ranks, the process group and the collectives are
+World's; what the model becomes over them is here. How it is saved is
 grpokit/checkpoint/'s (the Checkpointer is handed the module, its optimizer and policy.gathered).
 """
 
@@ -46,27 +46,31 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 class Parallel:
-    """World's parallelization half: wrapping the policy (wrap), its whole weights (full_model), pi_ref's
-    reset, the backward over ranks and the checkpoints. It reads the world's rank, size, device, strategy and
-    mixed_precision, and keeps the wrapped modules (World.__init__ sets them all)."""
+    """The policy (and the critic) over the ranks: wrapping (wrap, wrap_critic), its whole weights
+    (full_model), pi_ref's reset and the backward over ranks. World holds one (world.parallel) and hands its
+    wrap / wrap_critic / backward on; nothing here is about checkpoints (grpokit/checkpoint/)."""
 
-    rank: int
-    size: int
-    strategy: str
-    mixed_precision: str
-    device: torch.device
-    _model: torch.nn.Module | None
-    _full: torch.nn.Module | None
-    _ref: Any
-    whole_copy: bool = True
-    """FSDP2: the rollout engine generates with an unsharded copy of the policy (fast, hf); False when it
-    takes the weights from the shards itself (vllm colocated, which gathers them as it pushes)."""
-    engine_dtype: torch.dtype = torch.float32
-    """FSDP2: the dtype of that copy's parameters (distributed.engine_copy); its buffers stay the model's."""
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
+    def __init__(
+        self,
+        rank: int = 0,
+        size: int = 1,
+        strategy: str = "none",
+        mixed_precision: str = "none",
+        *,
+        whole_copy: bool = True,
+        engine_dtype: torch.dtype = torch.float32,
+    ) -> None:
+        self.rank, self.size, self.strategy, self.mixed_precision = rank, size, strategy, mixed_precision
+        self.whole_copy = whole_copy
+        """FSDP2: the rollout engine generates with an unsharded copy of the policy (fast, hf); False when it
+        takes the weights from the shards itself (vllm colocated, which gathers them as it pushes)."""
+        self.engine_dtype = engine_dtype
+        """FSDP2: the dtype of that copy's parameters (distributed.engine_copy); its buffers stay the
+        model's."""
+        self.device = torch.device("cpu")  # the policy's device (wrap): where collectives' tensors go
+        self._model: torch.nn.Module | None = None  # the trained module (FSDP2: sharded in place)
+        self._full: torch.nn.Module | None = None  # FSDP2: an unsharded copy for the engine and the save
+        self._ref: Any = None  # pi_ref (FSDP2: sharded as the policy is; LoRA: the adapter-off policy)
 
     # ------------------------------------------------------------------ the model
     def wrap(self, model: torch.nn.Module, ref: Any = None) -> PolicyHandle:
