@@ -12,9 +12,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
+from grpokit.algorithm import EntropyControl
+from grpokit.checkpoint import Checkpointer, Weights
 from grpokit.config import Config
 from grpokit.critic import Critic
-from grpokit.data import PromptDataset, PromptSampler, build_datasets, check_context_length
+from grpokit.data import (
+    PromptDataset,
+    PromptSampler,
+    SamplerBookmarks,
+    build_datasets,
+    check_context_length,
+)
 from grpokit.distributed import World
 from grpokit.evaluate import make_judge
 from grpokit.health import StepHealth
@@ -102,6 +112,34 @@ def build_components(
         pipeline,
         optimizer,
         critic,
+    )
+
+
+def build_checkpointer(
+    cfg: Config, world: World, parts: Components, sampler: SamplerBookmarks, entropy: EntropyControl
+) -> Checkpointer:
+    """What a checkpoint holds (grpokit/checkpoint/ decides how): the policy and its moments, pi_ref once it
+    moves (ref_policy=reset), the critic's weights and moments, and the small states: the schedules, the
+    sampler's position at the next batch, the adaptive entropy coefficient."""
+    policy, critic = parts.policy, parts.critic
+    modules: dict[str, Weights] = {}
+    if cfg.algorithm.ref_policy == "reset" and isinstance(policy.ref, torch.nn.Module):
+        modules["ref"] = Weights(policy.ref)  # no longer the initial weights
+    states: dict[str, Any] = {"optimizer": parts.optimizer, "sampler": sampler, "entropy": entropy}
+    if critic is not None:
+        modules["critic"] = Weights(critic.model, critic.optimizer.adamw)
+        states["critic"] = critic
+    return Checkpointer(
+        cfg.output_dir,
+        world,
+        policy=Weights(policy.module, parts.optimizer.adamw, whole=policy.gathered),
+        modules=modules,
+        states=states,
+        tokenizer=parts.tokenizer,
+        config=cfg.model_dump(),
+        allow_changes=cfg.checkpoint.allow_changes,
+        keep_last=cfg.checkpoint.keep_last,
+        seed=cfg.seed,
     )
 
 

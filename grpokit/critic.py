@@ -114,7 +114,6 @@ class Critic:
             # torch's per-tensor AdamW, as the critic has always had: the PPO numbers in docs/ppo.md
             fused=False,
         )
-        self.world.keep_critic(self.model, self.optimizer.adamw)  # saved with the policy at W > 1
 
     @property
     def shapes_kl_into_reward(self) -> bool:
@@ -222,15 +221,10 @@ class Critic:
         return True
 
     def state_dict(self) -> dict:
-        return {"critic": self.model.state_dict(), **self.optimizer.state_dict(prefix="critic_")}
+        """The critic's schedule (a checkpoint part); its weights and moments are the checkpoint's Weights."""
+        return self.optimizer.state_dict()
 
-    def load_state_dict(self, state: dict, where: str) -> None:
-        """The critic's part of a trainer state. Its weights and moments are not there when the world
-        loaded them already (a checkpoint of several ranks: World.load_checkpoint)."""
+    def load_state_dict(self, state: dict) -> None:
         if "critic_scheduler" not in state:
-            raise CheckpointError(
-                f"checkpoint {where!r} has no critic (a GRPO run?); give the PPO run its own output_dir"
-            )
-        if "critic" in state:
-            self.model.load_state_dict(state["critic"])
-        self.optimizer.load_state_dict(state, prefix="critic_")
+            raise CheckpointError("has no critic (a GRPO run?); give the PPO run its own output_dir")
+        self.optimizer.load_state_dict(state)

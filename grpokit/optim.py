@@ -181,25 +181,27 @@ class Optimizer:
                 f"{self.fix[0].upper() + self.fix[1:]}"
             )
 
-    def state_dict(self, prefix: str = "") -> dict:
-        """AdamW moments, schedule position and skip count, under `prefix` (one trainer state holds
-        several)."""
+    @property
+    def _prefix(self) -> str:
+        """The keys of this optimizer's state in a trainer state: the policy's bare, the critic's
+        "critic_"."""
+        return "" if self.name == "optimizer" else f"{self.name}_"
+
+    def state_dict(self) -> dict:
+        """The schedule's position and the skip count (a checkpoint part: grpokit/checkpoint/). AdamW's
+        moments are the checkpoint's to save with the weights they belong to (one process, or every rank's
+        shards)."""
         return {
-            f"{prefix}optimizer": self.adamw.state_dict(),
-            f"{prefix}scheduler": self.scheduler.state_dict(),
-            f"{prefix}skipped_updates": self.skipped,
+            f"{self._prefix}scheduler": self.scheduler.state_dict(),
+            f"{self._prefix}skipped_updates": self.skipped,
         }
 
-    def load_state_dict(self, state: dict, prefix: str = "") -> None:
-        """Moments, schedule position and skips from `state`; the hyperparameters (learning rate, betas, eps,
-        weight decay) stay this config's, so that a change allowed on resume is applied, not silently
-        undone."""
-        if (
-            f"{prefix}optimizer" in state
-        ):  # a sharded checkpoint's moments came with its shards (checkpoint_sharded.py)
-            self.adamw.load_state_dict(state[f"{prefix}optimizer"])
-        self.scheduler.load_state_dict(state[f"{prefix}scheduler"])
-        self.skipped = state.get(f"{prefix}skipped_updates", 0)
+    def load_state_dict(self, state: dict) -> None:
+        """The schedule's position and skips from `state`, after the moments are in place; the hyperparameters
+        (learning rate, betas, eps, weight decay) stay this config's, so that a change allowed on resume is
+        applied, not silently undone."""
+        self.scheduler.load_state_dict(state[f"{self._prefix}scheduler"])
+        self.skipped = state.get(f"{self._prefix}skipped_updates", 0)
         cfg, step = self.cfg, self.scheduler.last_epoch
         for group, factor in zip(self.adamw.param_groups, self.scheduler.lr_lambdas, strict=True):
             group.update(

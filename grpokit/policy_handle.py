@@ -8,6 +8,7 @@
     policy.full()                       # the whole weights, current: the engine's
     policy.release()                    # the rollout is done: the engine's copy (FSDP2) frees its weights
     policy.saved()                      # the whole weights to save (FSDP2: gathered in their own dtype)
+    policy.gathered()                   # those weights in one module on rank 0 (FSDP2: gathered), else None
     policy.reset_reference()            # pi_ref <- pi_theta (algorithm.ref_policy=reset)
 
 One process: module, forward, full() and saved() are the model itself, and release() does nothing.
@@ -19,6 +20,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+
+from grpokit.checkpoint.whole import whole_module
 
 
 class PolicyHandle:
@@ -65,6 +68,11 @@ class PolicyHandle:
         """The policy to save whole, current: full() where it holds the training weights; FSDP2 with a bf16
         engine copy or none, the sharded module (records.save_final gathers it on rank 0)."""
         return self._saved()
+
+    def gathered(self) -> torch.nn.Module | None:
+        """saved(), whole in one module on rank 0 (FSDP2: the shards gathered, checkpoint.whole_module; every
+        rank calls it); the others get None. One process and DDP: the module itself."""
+        return whole_module(self.saved())
 
     def reset_reference(self) -> None:
         """pi_ref <- pi_theta (DeepSeekMath §4.1.4 iterative RL)."""

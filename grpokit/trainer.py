@@ -25,6 +25,7 @@ from torch import Tensor
 
 from grpokit.algo import masked_mean
 from grpokit.algorithm import (
+    EntropyControl,
     algorithm_loss,
     dynamic_sampling,
     make_loss_mask,
@@ -35,8 +36,9 @@ from grpokit.algorithm import (
 from grpokit.anchors import anchor_logprobs
 from grpokit.batch import Groups, RolloutBatch, micro_batches, pack_sequences, process_rewards, repeat_rows
 from grpokit.checkpoint import checkpoint_dir, seed_everything
-from grpokit.components import build_components
+from grpokit.components import build_checkpointer, build_components
 from grpokit.config import Config
+from grpokit.data import SamplerBookmarks
 from grpokit.distributed import World
 from grpokit.evaluate import evaluate
 from grpokit.metrics import (
@@ -61,7 +63,6 @@ from grpokit.records.run_records import RunRecords
 from grpokit.rewards import RewardError
 from grpokit.rollout import Completions, check_engine, sampler_logprobs
 from grpokit.rollout.pipeline import lag_metrics
-from grpokit.train_state import TrainState
 
 
 class Trainer:
@@ -82,8 +83,9 @@ class Trainer:
         self.health, self.correction = parts.health, parts.correction  # bad steps; sampler-trainer mismatch
         self.pipeline = parts.pipeline  # the engine as pi_old (rollout/pipeline.py): it owns and closes it
         self.optimizer, self.critic = parts.optimizer, parts.critic
-        self.state = TrainState(cfg, self.world, self.policy, self.optimizer, self.sampler, self.critic)
-        self._drawn: dict[int, dict] = {}  # batch -> the prompt sampler's state before its prompts were drawn
+        self.entropy = EntropyControl(cfg.algorithm)  # the entropy bonus coefficient of the next step
+        self.bookmarks = SamplerBookmarks(self.sampler, lambda: self.step)  # checkpointed: the next batch's
+        self.checkpointer = build_checkpointer(cfg, self.world, parts, self.bookmarks, self.entropy)
         # PPO with KL shaping puts the KL into the reward instead of the loss.
         shapes_kl = self.critic is not None and self.critic.shapes_kl_into_reward
         self.loss_beta = 0.0 if shapes_kl else cfg.algorithm.beta
@@ -109,8 +111,7 @@ class Trainer:
     def _draw(self, b: int | None = None) -> list:
         """The rows of the next prompts: batch b for the pipeline, or (None) dynamic sampling's next round."""
         if b is not None:
-            self._drawn = {i: s for i, s in self._drawn.items() if i >= self.step}
-            self._drawn[b] = self.sampler.state_dict()
+            self.bookmarks.mark(b)
         return [self.train_data[i] for i in self.world.share(self.sampler.next())]
 
     def _score(self, rows, comps: Completions, timings: dict[str, float]) -> Groups:
@@ -289,7 +290,7 @@ class Trainer:
                 num_sequences=num_sequences,
                 is_weights=self.correction(b, sub_idx, logp, mask, acc, first_pass),
                 entropy=entropy,
-                entropy_coef=self.state.entropy.coef,
+                entropy_coef=self.entropy.coef,
             )
             if not self.world.all_finite(loss):  # every rank skips together
                 bad_logp = not torch.isfinite(logp.detach()[mask.bool()]).all()
@@ -332,27 +333,15 @@ class Trainer:
                 seed=self.cfg.seed + 1234,
             )
 
-    def state_dict(self) -> dict:
-        # The prompts of batches generated ahead (rollout.max_policy_lag) are drawn again after a resume.
-        return self.state.state_dict(self._drawn.get(self.step, self.sampler.state_dict()))
-
     def save(self) -> Path:
         check_finite_weights(self.model, f"refusing to save step {self.step}")
         with self.signals.protecting(f"the save of step {self.step}"):  # a second Ctrl-C waits for the save
-            return self.world.save_checkpoint(
-                self.out,
-                self.step,
-                self.model,
-                self.optimizer.adamw,
-                self.tokenizer,
-                self.state_dict(),
-                self.cfg.checkpoint.keep_last,
-            )
+            return self.checkpointer.save(self.step)
 
     def maybe_resume(self) -> int | None:
-        """Continue from the newest checkpoint in output_dir (train_state.TrainState.resume); its step, or
-        None."""
-        found = self.state.resume(self.out)
+        """Continue from the newest checkpoint in output_dir (checkpoint.Checkpointer.load): weights, moments,
+        schedule, data position, generators, pi_ref (when reset), the critic; its step, or None."""
+        found = self.checkpointer.load() if self.cfg.checkpoint.resume else None
         if found is None:
             return None
         resumed, self.step = found
@@ -431,7 +420,7 @@ class Trainer:
             threads=torch.get_num_threads(),
         )
         metrics = self.world.reduce_metrics(metrics | perf)
-        metrics.update(self.state.entropy.update(metrics))  # adaptive entropy control: the next step's c
+        metrics.update(self.entropy.update(metrics))  # adaptive entropy control: the next step's c
         if (cfg.eval.every and self.step % cfg.eval.every == 0) or self.step == cfg.optim.max_steps:
             metrics.update(self.evaluate())
         return metrics, samples

@@ -31,7 +31,7 @@ def run(model_dir: str, out: Path, slug: str, server_url: str = "") -> Trainer:
     )
     trainer = Trainer(cfg)
     trainer.train()
-    whole = trainer.world.full_model()  # every rank takes part (FSDP2 gathers the shards)
+    whole = trainer.world.parallel.full_model()  # every rank takes part (FSDP2 gathers the shards)
     moved = [n for n, p in whole.named_parameters() if ".lora_B" in n and p.abs().max() > 0]
     if trainer.world.is_main:
         # torch.compile of a module (the model, or DDP's wrapper of it) is an OptimizedModule

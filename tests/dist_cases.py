@@ -202,7 +202,7 @@ def one_step(model_dir, out, strategy: str, case: list[str]) -> dict:
     in_update: list[int] = []
     _record_update_bytes(trainer, in_update)
     metrics, _ = trainer._step()
-    trainer.world.full_model()
+    trainer.world.parallel.full_model()
     out = {
         "engine_bytes": {"update": max(in_update), "after": engine_bytes(trainer)},
         "params": whole_params(trainer.model),
@@ -270,7 +270,7 @@ def train(model_dir, out, strategy: str, case: list[str], *extra: str) -> dict:
     trainer.pipeline.engine = FixedEngine(trainer.tokenizer)
     trainer.train()
     return {
-        "params": {k: v.detach().clone() for k, v in trainer.world.full_model().named_parameters()},
+        "params": {k: v.detach().clone() for k, v in trainer.world.parallel.full_model().named_parameters()},
         "critic_params": critic_params(trainer) if trainer.critic is not None else {},
         "world": trainer.world,
     }

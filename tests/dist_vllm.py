@@ -33,7 +33,7 @@ from tests.test_rollout_vllm import load, max_diff, one_optimizer_step, prompts 
 def push_check(model_dir: str, strategy: str, lora: bool) -> dict[str, float]:
     rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     world = World(rank, size, int(os.environ["LOCAL_RANK"]), strategy)
-    world.whole_copy = False  # as World.from_env sets it for rollout.engine=vllm
+    world.parallel.whole_copy = False  # as World.from_env sets it for rollout.engine=vllm
     model, tok = load(model_dir)
     if lora:  # peft's adapters as model.lora puts them (apply_lora itself refuses several ranks for now)
         from peft import LoraConfig, get_peft_model

@@ -31,7 +31,7 @@ from tests.test_rollout_vllm import load, max_diff, one_optimizer_step, prompts 
 def push_and_sample(model_dir: str, url: str, strategy: str) -> dict:
     rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     world = World(rank, size, int(os.environ["LOCAL_RANK"]), strategy)
-    world.whole_copy = False  # as World.from_env sets it for rollout.engine=vllm
+    world.parallel.whole_copy = False  # as World.from_env sets it for rollout.engine=vllm
     model, tok = load(model_dir)
     policy = world.wrap(model)
     engine = VLLMServerEngine(policy.whole, tok, url=url, timeout=300)  # every rank; rank 0 pushes

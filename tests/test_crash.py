@@ -323,11 +323,11 @@ def test_sigterm_console_script(setup):
 
 def test_sigint_saves_once_and_stops(setup, monkeypatch):
     model_dir, tmp_path = setup
-    import grpokit.distributed.parallel
+    import grpokit.checkpoint.checkpointer
 
-    real, saved = grpokit.distributed.parallel.save_checkpoint, []
+    real, saved = grpokit.checkpoint.checkpointer.save_checkpoint, []
     monkeypatch.setattr(
-        grpokit.distributed.parallel,
+        grpokit.checkpoint.checkpointer,
         "save_checkpoint",
         lambda out, step, *a, **k: saved.append(step) or real(out, step, *a, **k),
     )
@@ -430,10 +430,10 @@ def test_train_refuses_a_folder_in_use_and_a_fresh_run_never_appends_to_an_old_l
 def test_a_second_signal_during_a_save_lets_the_save_finish_and_says_so(setup, monkeypatch):
     """Two Ctrl-C / SIGTERMs during a checkpoint write used to exit 130 with no message and drop the save,
     leaving a temporary folder. Now the save finishes, a line says so, and the run stops (130)."""
-    import grpokit.distributed.parallel
+    import grpokit.checkpoint.checkpointer
 
     model_dir, tmp_path = setup
-    real = grpokit.distributed.parallel.save_checkpoint
+    real = grpokit.checkpoint.checkpointer.save_checkpoint
 
     def save_under_two_signals(out, step, *a, **k):
         if step == 2:
@@ -442,7 +442,7 @@ def test_a_second_signal_during_a_save_lets_the_save_finish_and_says_so(setup, m
             time.sleep(0.05)  # both handled here, inside the save
         return real(out, step, *a, **k)
 
-    monkeypatch.setattr(grpokit.distributed.parallel, "save_checkpoint", save_under_two_signals)
+    monkeypatch.setattr(grpokit.checkpoint.checkpointer, "save_checkpoint", save_under_two_signals)
     handler = signal.getsignal(signal.SIGINT)
     r = CliRunner().invoke(
         app,

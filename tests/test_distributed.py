@@ -606,12 +606,12 @@ def test_saved_at_two_ranks_resumed_at_one_and_at_two(
 
     # the control: the same resume without AdamW's moments (weights, schedule, data and generators only) parts
     # from it
-    from grpokit import checkpoint_sharded
+    from grpokit.checkpoint import sharded
 
-    load = checkpoint_sharded.load_sharded
+    load = sharded.load_sharded
     monkeypatch.setattr(
-        "grpokit.distributed.parallel.load_sharded",
-        lambda path, model, adamw, **kw: load(path, model, None, **kw),
+        "grpokit.checkpoint.checkpointer.load_sharded",
+        lambda path, modules, **kw: load(path, {k: (m, None) for k, (m, _) in modules.items()}, **kw),
     )
     shutil.copytree(step1, checkpoint_dir(tmp_path / "no_moments", 1))
     rel = _rel(
@@ -629,7 +629,7 @@ def test_one_process_is_left_alone(tmp_path, monkeypatch):
     model = torch.nn.Linear(2, 2)
     policy = world.wrap(model)
     assert policy.module is model and policy.forward is model and policy.full() is model
-    assert world.full_model() is model
+    assert world.parallel.full_model() is model
     assert not torch.distributed.is_initialized()
     assert world.share([5, 6, 7]) == [5, 6, 7] and world.sum(3, 7.5) == (3, 7.5) and world.sum(4) == 4
     x = torch.arange(6.0)

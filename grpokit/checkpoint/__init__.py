@@ -1,4 +1,8 @@
-"""Checkpoints: Hugging Face weights (safetensors) + trainer state, written atomically.
+"""Checkpoints, one owner: every stateful part of a run saved and restored at any world size, atomically.
+
+    checkpointer = Checkpointer(out_dir, world, policy=Weights(...), modules={...}, states={...}, ...)
+    checkpointer.save(step)            # the trainer says when; checkpointer.py says how
+    checkpointer.load()                # the newest complete checkpoint, or None
 
     out_dir/checkpoints/step-000050/   model.safetensors, config.json, tokenizer files,
                                        trainer_state.pt (optimizer, scheduler, RNG, data position, step)
@@ -13,21 +17,31 @@ never loaded. Older checkpoints are deleted only after a new one is complete, an
 out of the step-N namespace, so a crash during the deletion cannot leave a half-deleted step-N.
 Any failure while writing (a full disk, an unwritable folder) is a CheckpointError.
 
-save.py writes and lists checkpoints; resume.py continues from the newest (the config compared, the weights
-loaded, the generators restored); grpokit/checkpoint_sharded.py writes and reads the ones several ranks
-write. The stop signals of a run (`StopSignals`: SIGTERM / SIGINT finish the step, save, and stop), the lock
-that keeps a second run out of the folder (`RunLock`) and the random generators live in grpokit/run.py; their
-names are importable from here too.
+The rooms: checkpointer.py (the parts, the layouts, save and load), save.py (the atomic write, the listing,
+the final model), sharded.py (torch.distributed.checkpoint's shards of several ranks), resume.py (the config
+compared with the checkpoint's, the weights and the one adapter loader), run.py (the lock that keeps a second
+run out of the folder, RunLock; the random generators; CheckpointError). Nothing outside this folder imports
+torch.distributed.checkpoint, writes safetensors for a checkpoint or renames one into place.
 """
 
 from __future__ import annotations
 
+from grpokit.checkpoint.checkpointer import Checkpointer, Weights
 from grpokit.checkpoint.resume import (
     FREE_ON_RESUME,
     config_changes,
     load_weights,
+    read_adapter,
     read_state,
     resume,
+)
+from grpokit.checkpoint.run import (
+    CheckpointError,
+    RunLock,
+    ensure_writable_dir,
+    rng_state,
+    seed_everything,
+    set_rng_state,
 )
 from grpokit.checkpoint.save import (
     DCP_DIR,
@@ -41,15 +55,6 @@ from grpokit.checkpoint.save import (
     save_final,
     save_pretrained_atomic,
 )
-from grpokit.run import (
-    CheckpointError,
-    RunLock,
-    StopSignals,
-    ensure_writable_dir,
-    rng_state,
-    seed_everything,
-    set_rng_state,
-)
 
 __all__ = [
     "DCP_DIR",
@@ -57,8 +62,9 @@ __all__ = [
     "MARKER",
     "STATE_FILE",
     "CheckpointError",
+    "Checkpointer",
     "RunLock",
-    "StopSignals",
+    "Weights",
     "checkpoint_dir",
     "config_changes",
     "ensure_writable_dir",
@@ -66,6 +72,7 @@ __all__ = [
     "latest_checkpoint",
     "list_checkpoints",
     "load_weights",
+    "read_adapter",
     "read_state",
     "resume",
     "rng_state",

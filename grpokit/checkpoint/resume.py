@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
+from grpokit.checkpoint.run import CheckpointError, set_rng_state
 from grpokit.checkpoint.save import STATE_FILE, is_sharded_checkpoint, latest_checkpoint
-from grpokit.run import CheckpointError, set_rng_state
 
 
 def load_weights(path: Path, model) -> None:
@@ -21,7 +21,8 @@ def load_weights(path: Path, model) -> None:
     if hasattr(
         model, "peft_config"
     ):  # model.lora: the checkpoint holds the adapter (PeftModel.save_pretrained)
-        return _load_adapter(path, model)
+        model.load_state_dict(read_adapter(path, model), strict=False)
+        return
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise CheckpointError(
@@ -54,30 +55,34 @@ def load_weights(path: Path, model) -> None:
         model.tie_weights()
 
 
-def _load_adapter(path: Path, model) -> None:
-    """A LoRA checkpoint's adapter weights into the peft model (the base weights came from
-    model.name_or_path)."""
-    from peft import set_peft_model_state_dict
+def read_adapter(path: Path, model) -> dict[str, Any]:
+    """A LoRA checkpoint's adapter (peft's adapter_model.safetensors, whose names leave out the adapter's
+    name) keyed by `model`'s own parameter names, every trainable parameter of the model named once: what
+    load_state_dict takes in one process, and set_model_state_dict at several ranks (the base weights came
+    from model.name_or_path)."""
     from safetensors.torch import load_file
 
-    file = path / "adapter_model.safetensors"
+    file = Path(path) / "adapter_model.safetensors"
     if not file.is_file():
         raise CheckpointError(
             f"checkpoint {str(path)!r} has no adapter_model.safetensors, but model.lora is set; "
             "resume with the config it was trained with, or set a new output_dir"
         )
     try:
-        weights = load_file(file)
+        saved = load_file(file)
     except Exception as exc:
         raise CheckpointError(
             f"checkpoint {str(path)!r} cannot be read ({_why(exc)}); delete it to resume from the one before"
         ) from None
-    result = set_peft_model_state_dict(model, weights)
-    if unexpected := getattr(result, "unexpected_keys", None):
+    tag = f".{model.active_adapter}"
+    names = {n.replace(tag, ""): n for n, p in model.named_parameters() if p.requires_grad}
+    if set(saved) != set(names):
+        odd = sorted(set(saved) ^ set(names))[:3]
         raise CheckpointError(
-            f"checkpoint {str(path)!r} does not match the adapter: unexpected {unexpected[:3]}; "
-            "resume with the model and model.lora it was trained with, or set a new output_dir"
+            f"checkpoint {str(path)!r} does not match the adapter ({odd}); resume with the model and "
+            "model.lora it was trained with, or set a new output_dir"
         )
+    return {names[k]: v for k, v in saved.items()}
 
 
 def read_state(path: Path) -> dict:

@@ -11,13 +11,11 @@ from pathlib import Path
 
 import torch
 
-from grpokit.run import CheckpointError, rng_state
+from grpokit.checkpoint.run import CheckpointError, rng_state
 
 STATE_FILE = "trainer_state.pt"
 MARKER = "COMPLETE"
-DCP_DIR = (
-    "dcp"  # a run on several processes: torch.distributed.checkpoint's shards (grpokit/checkpoint_sharded.py)
-)
+DCP_DIR = "dcp"  # a run on several processes: torch.distributed.checkpoint's shards (sharded.py)
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 

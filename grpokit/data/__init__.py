@@ -27,7 +27,7 @@ from __future__ import annotations
 from grpokit.data.build import Datasets, build_datasets, check_context_length
 from grpokit.data.files import SUPPORTED_FILES, DataError, load_located_rows, load_rows
 from grpokit.data.prompts import OVERLONG_CHOICES, PromptDataset
-from grpokit.data.sampler import PromptSampler
+from grpokit.data.sampler import PromptSampler, SamplerBookmarks
 from grpokit.data.split import split_indices, split_rows
 from grpokit.task_registry import get_task
 from grpokit.types import Prompt, PromptRow
@@ -41,6 +41,7 @@ __all__ = [
     "PromptDataset",
     "PromptRow",
     "PromptSampler",
+    "SamplerBookmarks",
     "build_datasets",
     "check_context_length",
     "get_task",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -75,3 +76,27 @@ class PromptSampler:
         self.epoch = state["epoch"]
         self.position = state["position"]
         self._order = self._epoch_order(self.epoch)
+
+
+class SamplerBookmarks:
+    """The prompt sampler's position before each batch's prompts were drawn: a checkpoint part
+    (grpokit/checkpoint/). A checkpoint after step s holds the position before batch s, the next to train, so
+    that batches generated ahead of it (rollout.max_policy_lag) are drawn again after a resume.
+
+        bookmarks = SamplerBookmarks(sampler, lambda: trainer.step)
+        bookmarks.mark(b)        # just before batch b's prompts are drawn
+    """
+
+    def __init__(self, sampler: PromptSampler, step: Callable[[], int]) -> None:
+        self.sampler, self.step = sampler, step
+        self.before: dict[int, dict[str, Any]] = {}  # batch -> the sampler's state before its prompts
+
+    def mark(self, batch: int) -> None:
+        self.before = {b: s for b, s in self.before.items() if b >= self.step()}
+        self.before[batch] = self.sampler.state_dict()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"sampler": self.before.get(self.step(), self.sampler.state_dict())}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.sampler.load_state_dict(state["sampler"])

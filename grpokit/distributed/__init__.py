@@ -23,11 +23,11 @@ At world size 1 nothing here communicates and every method returns what the one 
 one process never opens a process group.
 
 Collectives are torch.distributed's own (all_reduce, all_gather, broadcast, their *_object forms); the
-sharding is FSDP2's fully_shard and the replication DDP's; checkpoints are torch.distributed.checkpoint's
-(checkpoint_sharded.py). docs/scaling.md has the whole picture.
+sharding is FSDP2's fully_shard and the replication DDP's. Checkpoints are grpokit/checkpoint/'s (its
+Checkpointer is handed the modules and the ranks). docs/scaling.md has the whole picture.
 
-One module per job: world.py (World: the ranks, the process group, the collectives, the stop signals) and
-parallel.py (FSDP2 / DDP wrapping, the policy's handle, sharded and whole checkpoints).
+One module per job: world.py (World: the ranks, the process group, the collectives), signals.py (the stop
+signals) and parallel.py (FSDP2 / DDP wrapping, the policy's handle).
 """
 
 from __future__ import annotations

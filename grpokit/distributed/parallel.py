@@ -1,40 +1,27 @@
-"""Parallelization: the policy over the ranks (FSDP2's fully_shard or DDP), its one handle, and the
-checkpoints that go with it (sharded with torch.distributed.checkpoint, or whole).
+"""Parallelization: the policy over the ranks (FSDP2's fully_shard or DDP) and its one handle.
 
     policy = world.wrap(model, ref)   # FSDP2 fully_shard per decoder layer then the root, or DDP; the handle
     world.backward(loss)              # DDP / FSDP2 average gradients over ranks; the loss is scaled by W
-    world.save_checkpoint(out, step, model, adamw, tokenizer, state, keep_last)
     is_sharded(model)                 # an FSDP2 module: every rank runs the same forwards
 
-Parallel is World's parallelization half (World in world.py derives from it): the ranks, the process group
-and the collectives are World's; what the model is and how it is saved are here.
+World (world.py) holds a Parallel (world.parallel): the ranks, the process group and the collectives are
+World's; what the model becomes over them is here. How it is saved is
+grpokit/checkpoint/'s (the Checkpointer is handed the module, its optimizer and policy.gathered).
 """
 
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from grpokit.checkpoint import (
-    CheckpointError,
-    checkpoint_dir,
-    is_sharded_checkpoint,
-    load_weights,
-    rng_state,
-    save_checkpoint,
-    seed_everything,
-    set_rng_state,
-)
-from grpokit.checkpoint_sharded import load_sharded, save_sharded
+from grpokit.checkpoint.whole import is_peft
 from grpokit.policy_handle import PolicyHandle
 
 if TYPE_CHECKING:
-    from torch.distributed.checkpoint.state_dict import OptimizerStateType, ValueType
     from torch.distributed.fsdp import FSDPModule
     from torch.distributed.tensor import DTensor
 
@@ -58,76 +45,32 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [m for m in model.modules() if type(m).__name__ in names and m is not model]
 
 
-def whole_module(model: torch.nn.Module) -> torch.nn.Module | None:
-    """`model` with whole weights, for saving: the model itself, or for an FSDP2 module its shards gathered
-    (every rank must call this: an all-gather per tensor) into a module of the model's class on rank 0, built
-    on the meta device and given the gathered tensors, so that it costs one copy of the weights, on rank 0
-    alone, for as long as the caller keeps it (the others get None)."""
-    if not is_sharded(model):
-        return model
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-    from torch.distributed.fsdp import FSDPModule
-
-    cast("FSDPModule", model).reshard()
-    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if dist.get_rank() != 0:
-        return None
-    with torch.device("meta"):
-        whole = _empty_twin(model, next(c for c in type(model).__bases__ if c is not FSDPModule))
-    whole.load_state_dict(state, strict=False, assign=True)
-    (whole.get_base_model() if is_peft(whole) else whole).tie_weights()  # peft: the transformers model's
-    for (name, buf), (_, ours) in zip(whole.named_buffers(), model.named_buffers(), strict=True):
-        if buf.is_meta:  # buffers a state dict leaves out (RoPE's frequencies): the model's own
-            whole.get_submodule(name.rpartition(".")[0]).register_buffer(
-                name.rpartition(".")[2], ours.detach().clone(), persistent=False
-            )
-    return whole
-
-
-def _empty_twin(model: Any, plain: type) -> Any:
-    """A module shaped as `model` (its class before fully_shard: `plain`), with no FSDP2 in it, built on the
-    current device (meta: no memory). A peft model (model.lora): a fresh transformers model of the base's
-    class with the same adapters added (peft's get_peft_model), so that its state dict has the sharded
-    model's names, and PeftModel.save_pretrained writes the adapter from the gathered tensors."""
-    if not is_peft(model):
-        return plain(copy.deepcopy(model.config))
-    from peft import get_peft_model
-
-    base = model.get_base_model()
-    name = model.active_adapter
-    twin = type(base)(copy.deepcopy(base.config))
-    return get_peft_model(twin, copy.deepcopy(model.peft_config[name]), adapter_name=name)
-
-
-def is_peft(model) -> bool:
-    """A peft model (model.lora): the adapters train, the base is frozen, and its checkpoint is the adapter
-    (PeftModel.save_pretrained)."""
-    return hasattr(model, "peft_config") and hasattr(model, "disable_adapter")
-
-
 class Parallel:
-    """World's parallelization half: wrapping the policy (wrap), its whole weights (full_model), pi_ref's
-    reset, the backward over ranks and the checkpoints. It reads the world's rank, size, device, strategy and
-    mixed_precision, and keeps the wrapped modules (World.__init__ sets them all)."""
+    """The policy (and the critic) over the ranks: wrapping (wrap, wrap_critic), its whole weights
+    (full_model), pi_ref's reset and the backward over ranks. World holds one (world.parallel) and hands its
+    wrap / wrap_critic / backward on; nothing here is about checkpoints (grpokit/checkpoint/)."""
 
-    rank: int
-    size: int
-    strategy: str
-    mixed_precision: str
-    device: torch.device
-    _model: torch.nn.Module | None
-    _full: torch.nn.Module | None
-    _ref: Any
-    _critic: tuple[torch.nn.Module, torch.optim.Optimizer] | None = None  # keep_critic: PPO's value model
-    whole_copy: bool = True
-    """FSDP2: the rollout engine generates with an unsharded copy of the policy (fast, hf); False when it
-    takes the weights from the shards itself (vllm colocated, which gathers them as it pushes)."""
-    engine_dtype: torch.dtype = torch.float32
-    """FSDP2: the dtype of that copy's parameters (distributed.engine_copy); its buffers stay the model's."""
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
+    def __init__(
+        self,
+        rank: int = 0,
+        size: int = 1,
+        strategy: str = "none",
+        mixed_precision: str = "none",
+        *,
+        whole_copy: bool = True,
+        engine_dtype: torch.dtype = torch.float32,
+    ) -> None:
+        self.rank, self.size, self.strategy, self.mixed_precision = rank, size, strategy, mixed_precision
+        self.whole_copy = whole_copy
+        """FSDP2: the rollout engine generates with an unsharded copy of the policy (fast, hf); False when it
+        takes the weights from the shards itself (vllm colocated, which gathers them as it pushes)."""
+        self.engine_dtype = engine_dtype
+        """FSDP2: the dtype of that copy's parameters (distributed.engine_copy); its buffers stay the
+        model's."""
+        self.device = torch.device("cpu")  # the policy's device (wrap): where collectives' tensors go
+        self._model: torch.nn.Module | None = None  # the trained module (FSDP2: sharded in place)
+        self._full: torch.nn.Module | None = None  # FSDP2: an unsharded copy for the engine and the save
+        self._ref: Any = None  # pi_ref (FSDP2: sharded as the policy is; LoRA: the adapter-off policy)
 
     # ------------------------------------------------------------------ the model
     def wrap(self, model: torch.nn.Module, ref: Any = None) -> PolicyHandle:
@@ -211,7 +154,7 @@ class Parallel:
         """The PPO critic over the ranks, as the policy (wrap, after it): FSDP2 shards it in place per decoder
         layer and root, DDP wraps it. Returns what its training forward calls; its no-grad value passes call
         the module itself (under FSDP2 the same sharded module: every rank runs them alike). Its optimizer
-        is made after this, on the module's (sharded) parameters, and handed to keep_critic."""
+        is made after this, on the module's (sharded) parameters; the Checkpointer saves both."""
         if self.size == 1:
             return module
         if self.strategy == "ddp":
@@ -220,10 +163,6 @@ class Parallel:
             return DistributedDataParallel(module, forward_sync_buffers=False)
         self._shard(module)
         return module
-
-    def keep_critic(self, module: torch.nn.Module, adamw: torch.optim.Optimizer) -> None:
-        """The critic and its AdamW, saved with the policy's shards at W > 1 (save_checkpoint)."""
-        self._critic = (module, adamw)
 
     def _handle(self, forward: Any, whole: torch.nn.Module) -> PolicyHandle:
         assert self._model is not None
@@ -296,176 +235,6 @@ class Parallel:
         average gradients over the W ranks; the gradient of the global loss is their sum, hence W x loss."""
         (loss * self.size if self.size > 1 else loss).backward()
 
-    # ------------------------------------------------------------------ checkpoints
-    def save_checkpoint(
-        self, out: Path, step: int, model, adamw, tokenizer, state: dict, keep_last: int
-    ) -> Path:
-        """One process: checkpoint.save_checkpoint (model.safetensors + the trainer state). Several: every
-        rank writes its shards of the weights and AdamW's moments with torch.distributed.checkpoint
-        (checkpoint_sharded.py); rank 0's `state` without the moments (state["optimizer"], per-rank DTensors)
-        goes next to them."""
-        if self.size == 1:
-            return save_checkpoint(out, step, model, tokenizer, state, keep_last)
-        if is_peft(model):
-            return self._save_adapter(out, step, model, adamw, tokenizer, state, keep_last)
-        # pi_ref after a reset and the PPO critic (weights and moments): sharded too
-        rest = {
-            k: v
-            for k, v in state.items()
-            if k not in ("optimizer", "ref_model", "critic", "critic_optimizer")
-        }
-        return save_sharded(
-            out,
-            step,
-            model,
-            adamw,
-            tokenizer,
-            rest,
-            keep_last,
-            self,
-            ref=self._ref if "ref_model" in state else None,
-            critic=self._critic if "critic" in state else None,
-        )
-
-    def _save_adapter(
-        self, out: Path, step: int, model, adamw, tokenizer, state: dict, keep_last: int
-    ) -> Path:
-        """model.lora at W > 1: the checkpoint one process writes (the adapter, PeftModel.save_pretrained,
-        and AdamW's moments keyed by parameter order in trainer_state.pt), from rank 0: the adapter is small,
-        and the frozen base comes from model.name_or_path. The moments are gathered whole to rank 0
-        (full_state_dict); every rank's generators go with them (rank_rng), for a resume at the same W."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
-        # FSDP2: the engine's fp32 copy, refreshed from the shards; without one (vllm colocated) or with a
-        # bf16 one, the shards gathered into a module on rank 0 (whole_module; DDP: the replica); every rank
-        whole = whole_module(self.saved_model()) if is_sharded(model) else model
-        moments: Any = get_optimizer_state_dict(
-            model, adamw, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
-        )  # a collective: rank 0 gets the whole tensors, by parameter name
-        rngs: list[Any] = [None] * self.size
-        dist.all_gather_object(rngs, rng_state())  # every rank's generators, in rank order
-        if self.is_main:
-            names = [n for n, p in model.named_parameters() if p.requires_grad]  # the one-process order
-            index = {n: i for i, n in enumerate(names)}
-            by_index = {
-                "state": {index[n]: v for n, v in moments["state"].items()},
-                "param_groups": [
-                    {**g, "params": [index[n] for n in g["params"]]} for g in moments["param_groups"]
-                ],
-            }
-            save_checkpoint(
-                out, step, whole, tokenizer, {**state, "optimizer": by_index, "rank_rng": rngs}, keep_last
-            )
-        dist.barrier()  # every rank returns once the checkpoint is in place
-        return checkpoint_dir(out, step)
-
-    def load_checkpoint(self, path: Path, state: dict, *, model, adamw, seed: int) -> None:
-        """A checkpoint into this world: weights, AdamW's moments, generators, and pi_ref when the checkpoint
-        holds one (ref_policy=reset). Written by ranks (torch.distributed.checkpoint): at any world size, one
-        process included. Written by one process (model.safetensors, the rest in `state`): as it is, or at
-        several ranks every rank reads the whole tensors and keeps its part
-        (StateDictOptions(full_state_dict=True))."""
-        if is_sharded_checkpoint(path):
-            load_sharded(
-                path,
-                model,
-                adamw,
-                rank=self.rank,
-                seed=seed,
-                step=state["step"],
-                ref=self._ref if isinstance(self._ref, torch.nn.Module) else None,
-                critic=self._critic,
-            )
-        elif self.size == 1:
-            load_weights(path, model)
-            set_rng_state(state["rng"])
-        else:
-            self._load_whole(path, state, model, adamw, seed)
-
-    def _load_whole(self, path: Path, state: dict, model, adamw, seed: int) -> None:
-        """A one-process checkpoint at several ranks. Its moments are keyed by the optimizer's parameter
-        order, which is the model's named_parameters (optim.Optimizer), and are set here by name;
-        state["optimizer"] and state["ref_model"] are consumed, so that the trainer's own loading skips
-        them."""
-        from safetensors.torch import load_file
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            set_model_state_dict,
-            set_optimizer_state_dict,
-        )
-
-        whole, lenient = (
-            StateDictOptions(full_state_dict=True),
-            StateDictOptions(full_state_dict=True, strict=False),
-        )
-        if is_peft(model):
-            self._load_adapter(path, model)
-        else:
-            weights: dict[str, ValueType] = {
-                k: v for f in sorted(Path(path).glob("*.safetensors")) for k, v in load_file(f).items()
-            }
-            missing = [
-                n for n, _ in model.named_parameters() if n not in weights
-            ]  # a tied head is saved once, as the embedding
-            if missing:
-                raise CheckpointError(
-                    f"checkpoint {str(path)!r} does not hold {missing[:3]} of this model; resume it with one "
-                    "process, with the model it was trained from"
-                )
-            set_model_state_dict(model, weights, options=lenient)
-        set_optimizer_state_dict(model, adamw, _by_name(model, state.pop("optimizer")), options=whole)
-        if "ref_model" in state and self._ref is not None:
-            set_model_state_dict(self._ref, state.pop("ref_model"), options=lenient)
-        if "critic" in state and self._critic is not None:  # PPO: the value model and its moments
-            critic, critic_adamw = self._critic
-            set_model_state_dict(critic, state.pop("critic"), options=whole)
-            by_name = _by_name(critic, state.pop("critic_optimizer"))
-            set_optimizer_state_dict(critic, critic_adamw, by_name, options=whole)
-        ranks = state.get("rank_rng") or [state["rng"]]  # a LoRA checkpoint of W ranks holds every rank's
-        if self.rank < len(ranks):
-            set_rng_state(ranks[self.rank])
-        else:
-            seed_everything(hash((seed, self.rank, state["step"])) % 2**31)
-
-    def _load_adapter(self, path: Path, model) -> None:
-        """A LoRA checkpoint (the adapter) at W > 1: peft loads it into the whole module (DDP: the replica;
-        FSDP2: the engine's copy), whose adapter weights each rank then keeps its part of."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
-        if is_sharded(model) and (self._full is None or self.engine_dtype != torch.float32):
-            # FSDP2 without an fp32 copy (vllm; engine_copy=bf16): the file by name into the shards
-            set_model_state_dict(
-                model, _adapter_by_name(path, model), options=StateDictOptions(full_state_dict=True)
-            )
-            return
-        whole = self._full if self._full is not None else model
-        load_weights(path, whole)
-        if whole is not model:
-            adapter = {n: p.detach() for n, p in whole.named_parameters() if p.requires_grad}
-            set_model_state_dict(model, adapter, options=StateDictOptions(full_state_dict=True, strict=False))
-
-
-def _adapter_by_name(path: Path, model) -> dict[str, ValueType]:
-    """A LoRA checkpoint's adapter (peft's file, whose names leave out the adapter's name) keyed by the
-    model's own parameter names, every trainable parameter of the model named once."""
-    from safetensors.torch import load_file
-
-    file = path / "adapter_model.safetensors"
-    if not file.is_file():
-        raise CheckpointError(
-            f"checkpoint {str(path)!r} has no adapter_model.safetensors, but model.lora is set; "
-            "resume with the config it was trained with, or set a new output_dir"
-        )
-    saved, tag = load_file(file), f".{model.active_adapter}"
-    names = {n.replace(tag, ""): n for n, p in model.named_parameters() if p.requires_grad}
-    if set(saved) != set(names):
-        odd = sorted(set(saved) ^ set(names))[:3]
-        raise CheckpointError(
-            f"checkpoint {str(path)!r} does not match the adapter ({odd}); resume with the model and "
-            "model.lora it was trained with, or set a new output_dir"
-        )
-    return {names[k]: v for k, v in saved.items()}
-
 
 def _broadcast(params: list[torch.nn.Parameter]) -> None:
     """Rank 0's values of `params` on every rank. Each rank seeds its generators with seed + rank, so weights
@@ -474,13 +243,3 @@ def _broadcast(params: list[torch.nn.Parameter]) -> None:
     with torch.no_grad():
         for p in params:
             dist.broadcast(p.data, src=0)
-
-
-def _by_name(model: torch.nn.Module, saved: dict) -> OptimizerStateType:
-    """A one-process optimizer state (moments keyed by the index of the trainable parameter, the order of
-    named_parameters) keyed by parameter name, for set_optimizer_state_dict."""
-    names = [n for n, p in model.named_parameters() if p.requires_grad]
-    return {
-        "state": {names[i]: v for i, v in saved["state"].items()},
-        "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in saved["param_groups"]],
-    }

@@ -6,9 +6,10 @@ whole-batch collectives the math needs (share, sum, gather, the metrics' reducti
     n_seq, n_tok = world.sum(len(idx), tokens)   # all_reduce SUM: the normalizers of the global minibatch
     world.teardown()
 
-What the policy becomes over the ranks (FSDP2 / DDP, its handle, the checkpoints) is parallel.py's
-(World derives from its Parallel). At world size 1 nothing here communicates and every method returns what
-the one process has: one process never opens a process group.
+What the policy becomes over the ranks (FSDP2 / DDP, its handle) is parallel.py's: World holds a Parallel
+(world.parallel) and hands wrap, wrap_critic and backward on to it. The checkpoints are grpokit/checkpoint/'s,
+which asks of the world only what its Ranks protocol names. At world size 1 nothing here communicates and
+every method returns what the one process has: one process never opens a process group.
 """
 
 from __future__ import annotations
@@ -23,10 +24,11 @@ import torch.distributed as dist
 from torch import Tensor
 
 from grpokit.batch import PackedBatch, RolloutBatch, ValueTargets
-from grpokit.checkpoint import StopSignals
 from grpokit.config import Config, ConfigError
 from grpokit.distributed.parallel import Parallel
+from grpokit.distributed.signals import StopSignals
 from grpokit.metrics import RANK_REDUCTIONS, MeanAccumulator
+from grpokit.policy_handle import PolicyHandle
 from grpokit.types import RewardOutput
 
 REDUCE: dict[str, Callable[[list[float]], float]] = {
@@ -101,8 +103,10 @@ def gathers_on_push(cfg: Config) -> bool:
     return cfg.rollout.engine == "vllm"
 
 
-class World(Parallel):
-    """This process's place among the ranks, and the collectives the loop needs (see the module docstring)."""
+class World:
+    """This process's place among the ranks, and the collectives the loop needs (see the module docstring).
+    What the policy becomes over the ranks is its Parallel's (world.parallel); wrap, wrap_critic and backward
+    are handed on to it."""
 
     def __init__(
         self,
@@ -111,20 +115,35 @@ class World(Parallel):
         local_rank: int = 0,
         strategy: str = "none",
         mixed_precision: str = "none",
+        *,
+        whole_copy: bool = True,
+        engine_dtype: torch.dtype = torch.float32,
     ):
-        self.rank, self.size, self.local_rank, self.strategy, self.mixed_precision = (
-            rank,
-            size,
-            local_rank,
-            strategy,
-            mixed_precision,
+        self.rank, self.size, self.local_rank = rank, size, local_rank
+        self.parallel = Parallel(
+            rank, size, strategy, mixed_precision, whole_copy=whole_copy, engine_dtype=engine_dtype
         )
-        self.device = torch.device("cpu")  # where collectives' tensors go: the policy's device (wrap)
-        self._model: torch.nn.Module | None = None  # the trained module (FSDP2: sharded in place)
-        self._full: torch.nn.Module | None = (
-            None  # FSDP2: an unsharded copy for the rollout engine and the saved model
-        )
-        self._ref: Any = None  # pi_ref (FSDP2: sharded as the policy is; LoRA: the adapter-off policy)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def device(self) -> torch.device:
+        """Where collectives' tensors go: the policy's device (set by wrap)."""
+        return self.parallel.device
+
+    def wrap(self, model: torch.nn.Module, ref: Any = None) -> PolicyHandle:
+        """The policy over the ranks and its one handle (Parallel.wrap); the process group starts here."""
+        return self.parallel.wrap(model, ref)
+
+    def wrap_critic(self, module: torch.nn.Module) -> torch.nn.Module:
+        """The PPO critic over the ranks, as the policy (Parallel.wrap_critic)."""
+        return self.parallel.wrap_critic(module)
+
+    def backward(self, loss: Tensor) -> None:
+        """loss.backward() for this rank's share of a loss summed over the ranks (Parallel.backward)."""
+        self.parallel.backward(loss)
 
     @classmethod
     def from_env(cls, cfg: Config) -> World:
@@ -134,16 +153,15 @@ class World(Parallel):
         if size <= 1:
             return cls()
         check_config(cfg, size)
-        world = cls(
+        return cls(
             int(os.environ["RANK"]),
             size,
             int(os.environ.get("LOCAL_RANK") or 0),
             cfg.distributed.strategy,
             cfg.distributed.mixed_precision,
+            whole_copy=not gathers_on_push(cfg),
+            engine_dtype={"fp32": torch.float32, "bf16": torch.bfloat16}[cfg.distributed.engine_copy],
         )
-        world.whole_copy = not gathers_on_push(cfg)
-        world.engine_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[cfg.distributed.engine_copy]
-        return world
 
     # ------------------------------------------------------------------ data
     def share(self, items: list) -> list:
@@ -204,6 +222,11 @@ class World(Parallel):
             dist.all_reduce(t)
             values = tuple(type(v)(x) for v, x in zip(values, t.tolist(), strict=True))
         return values[0] if len(values) == 1 else values
+
+    def barrier(self) -> None:
+        """Every rank waits here for the others (a checkpoint's folder is complete before anyone goes on)."""
+        if self.size > 1:
+            dist.barrier()
 
     def all(self, flag: bool) -> bool:
         """True when `flag` holds on every rank: a decision all ranks must take together (they run the same
@@ -269,9 +292,9 @@ class World(Parallel):
 
     # ------------------------------------------------------------------ stop signals
     def stop_signals(self) -> StopSignals:
-        """SIGTERM / SIGINT finish the step, save and stop (checkpoint.StopSignals), on every rank: torchrun
-        passes a signal it gets on to every rank and waits 30 s for them (then SIGKILL); the loop stops when
-        any rank got one (World.signal_received), so that all ranks take part in the save."""
+        """SIGTERM / SIGINT finish the step, save and stop (distributed.signals.StopSignals), on every rank:
+        torchrun passes a signal it gets on to every rank and waits 30 s for them (then SIGKILL); the loop
+        stops when any rank got one (World.signal_received), so that all ranks take part in the save."""
         return StopSignals()
 
     def signal_received(self, received: str | None) -> str | None:

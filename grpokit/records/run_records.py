@@ -20,8 +20,8 @@ from typing import Any
 import yaml
 
 from grpokit.checkpoint import RunLock, list_checkpoints, save_final
+from grpokit.checkpoint.whole import whole_module
 from grpokit.config import Config
-from grpokit.distributed.parallel import whole_module
 from grpokit.records.plots import plot_run
 from grpokit.records.progress import TrainProgress
 from grpokit.records.sinks import MetricLogger

@@ -7,8 +7,11 @@ resumable on another world size.
                                        trainer_state.pt  schedule, data position, step, config (rank 0)
                                        tokenizer files, COMPLETE (written last)
 
-    save_sharded(out_dir, step, model, adamw, tokenizer, state, keep_last, world)   # every rank calls it
-    load_sharded(path, model, adamw, rank)   # at any world size, one process included: DCP reshards
+    save_sharded(out_dir, step, modules, tokenizer, state, keep_last, ranks)   # every rank calls it
+    load_sharded(path, modules, rank=rank, seed=seed, step=step)   # at any world size: DCP reshards
+
+modules: {name: (module, its optimizer or None)}; the policy is "model" (its moments "optim"), pi_ref "ref",
+the critic "critic" (its moments "critic_optim"). checkpointer.py decides what goes in.
 
 The weights and moments are saved by parameter name (torch.distributed.checkpoint.state_dict), as
 DTensor shards under FSDP2 and whole tensors under DDP or in one process, so a checkpoint written by W
@@ -28,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
@@ -38,6 +40,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from grpokit.checkpoint.resume import _why
+from grpokit.checkpoint.run import CheckpointError, rng_state, seed_everything, set_rng_state
 from grpokit.checkpoint.save import (
     DCP_DIR,
     MARKER,
@@ -48,53 +51,53 @@ from grpokit.checkpoint.save import (
     checkpoint_dir,
     list_checkpoints,
 )
-from grpokit.run import CheckpointError, rng_state, seed_everything, set_rng_state
 
 
 def _rng_file(path: Path, rank: int) -> Path:
     return Path(path) / f"rng-{rank}.pt"
 
 
-def _barrier(world) -> None:
-    if world.size > 1:
-        dist.barrier()
+#: {name: (module, its optimizer or None)}: what a sharded checkpoint holds, by DCP key.
+Modules = dict[str, tuple[torch.nn.Module, "torch.optim.Optimizer | None"]]
+
+
+def _optim_key(name: str) -> str:
+    """The DCP key of a module's moments: the policy's are "optim" (its weights "model"), others'
+    name_optim."""
+    return "optim" if name == "model" else f"{name}_optim"
 
 
 def save_sharded(
     out_dir: Path,
     step: int,
-    model,
-    adamw: torch.optim.Optimizer,
+    modules: Modules,
     tokenizer,
     state: dict,
     keep_last: int,
-    world,
-    ref=None,
-    critic=None,
+    ranks,
 ) -> Path:
     """Write the checkpoint of `step` from every rank (a collective: all ranks call it with the same step).
-    `state` is rank 0's trainer state without the optimizer's moments (those go into the DCP shards); `ref`:
-    pi_ref, when it is no longer the initial weights (ref_policy=reset), saved with them; `critic`: PPO's
-    (value model, its AdamW), its weights and moments saved with them too."""
+    `modules`: the weights (and moments) that go into the DCP shards; `state`: rank 0's trainer state, which
+    holds none of them. ranks: rank, size, is_main and barrier() (grpokit's World)."""
     dest, root = checkpoint_dir(out_dir, step), Path(out_dir) / "checkpoints"
     tmp = root / f".tmp-{dest.name}-sharded"
     try:
-        if world.is_main:
+        if ranks.is_main:
             for stale in (
                 *root.glob(".tmp-*"),
                 *root.glob(".old-*"),
             ):  # left by a crash during an earlier save
                 shutil.rmtree(stale, ignore_errors=True)
             tmp.mkdir(parents=True)
-        _barrier(world)
+        ranks.barrier()
         dcp.save(
-            _shards(model, adamw, ref, critic), checkpoint_id=tmp / DCP_DIR
+            _shards(modules), checkpoint_id=tmp / DCP_DIR
         )  # every rank writes its shards; rank 0 the metadata
-        torch.save(rng_state(), _rng_file(tmp, world.rank))
-        _barrier(world)
-        if world.is_main:
+        torch.save(rng_state(), _rng_file(tmp, ranks.rank))
+        ranks.barrier()
+        if ranks.is_main:
             torch.save(
-                {**state, "step": step, "rng": rng_state(), "world_size": world.size}, tmp / STATE_FILE
+                {**state, "step": step, "rng": rng_state(), "world_size": ranks.size}, tmp / STATE_FILE
             )
             if tokenizer is not None:
                 tokenizer.save_pretrained(tmp)
@@ -111,56 +114,37 @@ def save_sharded(
             for _, old in list_checkpoints(out_dir)[:-keep_last]:
                 _remove(old)
     except Exception as exc:  # OSError, or DCP's CheckpointException wrapping one
-        if world.is_main:
+        if ranks.is_main:
             shutil.rmtree(tmp, ignore_errors=True)
         raise CheckpointError(
-            f"could not save to {str(dest)!r} on rank {world.rank}: {_save_failure(exc)} (free disk space or "
+            f"could not save to {str(dest)!r} on rank {ranks.rank}: {_save_failure(exc)} (free disk space or "
             "make output_dir writable; earlier checkpoints are untouched)"
         ) from exc
-    _barrier(world)  # every rank returns once the checkpoint is in place
+    ranks.barrier()  # every rank returns once the checkpoint is in place
     return dest
 
 
-def _shards(model, adamw, ref, critic) -> dict[str, Any]:
-    """What a sharded checkpoint holds, by key: the weights and moments, pi_ref's weights, the critic's."""
-    shards = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, adamw)}
-    if ref is not None:
-        shards["ref"] = get_model_state_dict(ref)
-    if critic is not None:
-        shards["critic"] = get_model_state_dict(critic[0])
-        shards["critic_optim"] = get_optimizer_state_dict(*critic)
+def _shards(modules: Modules, saved: set[str] | None = None) -> dict[str, Any]:
+    """Each module's state dict (DTensor shards under FSDP2) and its optimizer's, by DCP key; given `saved`
+    (the keys a checkpoint holds), only those: what dcp.load fills."""
+    shards: dict[str, Any] = {}
+    for name, (module, optimizer) in modules.items():
+        if saved is None or name in saved:
+            shards[name] = get_model_state_dict(module)
+        if optimizer is not None and (saved is None or _optim_key(name) in saved):
+            shards[_optim_key(name)] = get_optimizer_state_dict(module, optimizer)
     return shards
 
 
-def load_sharded(
-    path: Path,
-    model,
-    adamw: torch.optim.Optimizer | None,
-    *,
-    rank: int,
-    seed: int,
-    step: int,
-    ref=None,
-    critic=None,
-) -> None:
-    """Load a sharded checkpoint's weights (and, given adamw, its moments; given ref, pi_ref when the
-    checkpoint holds one; given critic, PPO's (value model, AdamW) weights and moments) into this rank's
-    modules, whatever the world size that wrote it; restore this rank's generators (or seed them when the
-    writer had fewer ranks)."""
+def load_sharded(path: Path, modules: Modules, *, rank: int, seed: int, step: int) -> None:
+    """Load a sharded checkpoint into this rank's modules, whatever the world size that wrote it: each
+    module's weights, and its optimizer's moments when an optimizer is given, for the keys the checkpoint
+    holds (pi_ref only after a reset); restore this rank's generators (or seed them when the writer had fewer
+    ranks)."""
     reader = dcp.FileSystemReader(Path(path) / DCP_DIR)
     try:
-        saved = {
-            key.split(".", 1)[0] for key in reader.read_metadata().state_dict_metadata
-        }  # "model", "optim", "ref"
-        shards: dict[str, Any] = {"model": get_model_state_dict(model)}  # what dcp.load fills
-        if adamw is not None:
-            shards["optim"] = get_optimizer_state_dict(model, adamw)
-        if ref is not None and "ref" in saved:
-            shards["ref"] = get_model_state_dict(ref)
-        if critic is not None and "critic" in saved:
-            shards["critic"] = get_model_state_dict(critic[0])
-            if adamw is not None:
-                shards["critic_optim"] = get_optimizer_state_dict(*critic)
+        saved = {key.split(".", 1)[0] for key in reader.read_metadata().state_dict_metadata}
+        shards = _shards(modules, saved | {"model"})  # the policy's weights are always there
         with (
             warnings.catch_warnings()
         ):  # one process without a process group is a case this module means to serve
@@ -173,15 +157,11 @@ def load_sharded(
             f"checkpoint {str(path)!r} cannot be read ({_why(exc)}); resume with the model it was trained "
             "from, or delete it to resume from the one before"
         ) from None
-    set_model_state_dict(model, shards["model"])
-    if adamw is not None:
-        set_optimizer_state_dict(model, adamw, shards["optim"])
-    if "ref" in shards:
-        set_model_state_dict(ref, shards["ref"])
-    if "critic" in shards:
-        set_model_state_dict(critic[0], shards["critic"])
-    if "critic_optim" in shards:
-        set_optimizer_state_dict(critic[0], critic[1], shards["critic_optim"])
+    for name, (module, optimizer) in modules.items():
+        if name in shards:
+            set_model_state_dict(module, shards[name])
+        if optimizer is not None and _optim_key(name) in shards:
+            set_optimizer_state_dict(module, optimizer, shards[_optim_key(name)])
     if _rng_file(path, rank).is_file():
         set_rng_state(torch.load(_rng_file(path, rank), weights_only=False))
     else:

@@ -1,10 +1,10 @@
-"""What a run holds while it runs: its output folder (writable, and locked against a second run), the stop
-signals, and the random generators it seeds, saves with each checkpoint and restores on resume.
+"""What a run holds in its output folder while it runs: the folder (writable, and locked against a second run)
+and the random generators it seeds, saves with each checkpoint and restores on resume.
 
     ensure_writable_dir(out)          # before anything starts: a folder files can be written to
-    with RunLock(out), StopSignals() as stop:
+    with RunLock(out):
         seed_everything(cfg.seed)
-        ...                           # stop.received after SIGTERM / SIGINT: finish the step, save, stop
+        ...
     state = rng_state(); set_rng_state(state)   # Python's, NumPy's, torch's (and CUDA's) generators
 
 CheckpointError is the error of the run's folder: a checkpoint that cannot be written or read
@@ -15,9 +15,6 @@ from __future__ import annotations
 
 import os
 import random
-import signal
-from collections.abc import Callable
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -68,72 +65,6 @@ def ensure_writable_dir(path: str | Path) -> Path:
             f"{exc.filename or path}); set output_dir to a folder you can write to"
         ) from None
     return path
-
-
-class StopSignals:
-    """SIGTERM / SIGINT while a run is inside: the first is remembered (`received`, the signal's name) so that
-    the loop finishes its step, saves and stops; a second one stops at once (KeyboardInterrupt), except
-    inside `protecting()`: a save in progress finishes first, says so, and then the run stops.
-    The previous handlers are restored on exit. `reporting(say)`: when a second signal stops the run,
-    say(name) is called on the way out (the trainer prints the newest checkpoint and how to resume).
-
-        with StopSignals().reporting(say) as stop:
-            while ...:
-                ...
-                with stop.protecting("the save of step 3"):
-                    save()
-                if stop.received: return
-    """
-
-    SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-    def __init__(self) -> None:
-        self.received: str | None = None
-        self._previous: dict = {}
-        self._protecting: str | None = None  # what must not be cut short now
-        self._again: str | None = None  # a second signal that arrived while protecting
-        self._stopped: str | None = None  # the second signal, which stopped the run at once
-        self._say: Callable[[str], None] | None = None
-
-    def reporting(self, say: Callable[[str], None] | None) -> StopSignals:
-        """Call say(the second signal's name) on exit when a second signal stopped the run; returns self."""
-        self._say = say
-        return self
-
-    def _handle(self, signum, frame) -> None:
-        name = signal.Signals(signum).name
-        if self.received is None:
-            self.received = name
-        elif self._protecting is not None:  # finish what is in progress, then stop (see protecting)
-            self._again = name
-        else:  # a second Ctrl-C: stop now
-            self._stopped = name
-            raise KeyboardInterrupt
-
-    @contextmanager
-    def protecting(self, what: str):
-        """A second signal inside this block waits for it to end; then the run stops (KeyboardInterrupt)
-        with a line that says what was finished."""
-        self._protecting = what
-        try:
-            yield
-        finally:
-            self._protecting = None
-        if self._again is not None:
-            print(f"{self._again} again during {what}: it finished; stopping now", flush=True)
-            self._stopped = self._again
-            raise KeyboardInterrupt
-
-    def __enter__(self) -> StopSignals:
-        self.received = self._again = self._stopped = None
-        self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
-        return self
-
-    def __exit__(self, exc_type, *exc) -> None:
-        for s, handler in self._previous.items():
-            signal.signal(s, handler)
-        if self._stopped is not None and exc_type is KeyboardInterrupt and self._say is not None:
-            self._say(self._stopped)  # the same line a first signal's save prints: where to resume from
 
 
 class RunLock:
