@@ -40,7 +40,7 @@ from grpokit.policy_handle import PolicyHandle
 from grpokit.rewards import RewardManager, build_rewards, reward_registry
 from grpokit.rollout import SamplerCorrection, make_engine
 from grpokit.rollout.episodes import with_tools
-from grpokit.rollout.pipeline import RolloutPipeline
+from grpokit.rollout.pipeline import RolloutPipeline, make_pipeline
 from grpokit.tools.setup import prompt_tool_schemas
 
 
@@ -169,7 +169,7 @@ def build_pipeline(
         rollout=cfg.rollout,
         max_len=max_len,
     )
-    return RolloutPipeline(
+    return make_pipeline(
         with_tools(engine, cfg, tokenizer),
         cfg.rollout,
         max_lag=cfg.rollout.max_policy_lag,

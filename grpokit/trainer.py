@@ -28,6 +28,7 @@ from grpokit.algorithm import (
     EntropyControl,
     algorithm_loss,
     dynamic_sampling,
+    loss_options,
     make_loss_mask,
     outcome_advantages,
     pass_options,
@@ -88,7 +89,8 @@ class Trainer:
         self.checkpointer = build_checkpointer(cfg, self.world, parts, self.bookmarks, self.entropy)
         # PPO with KL shaping puts the KL into the reward instead of the loss.
         shapes_kl = self.critic is not None and self.critic.shapes_kl_into_reward
-        self.loss_beta = 0.0 if shapes_kl else cfg.algorithm.beta
+        beta = 0.0 if shapes_kl else cfg.algorithm.beta
+        self.loss_options = loss_options(cfg.algorithm, cfg.rollout.max_completion_length, beta=beta)
         self.step = 0
         self.signals = self.world.stop_signals()  # SIGTERM / SIGINT in train(): finish the step, save, stop
         self.interrupted: str | None = None  # the signal (SIGTERM / SIGINT) that made train() stop early
@@ -278,15 +280,13 @@ class Trainer:
             if b.old_logp is not None:
                 old_logp = b.old_logp[sub_idx, :T]
             loss, stats = algorithm_loss(
-                cfg.algorithm,
+                self.loss_options,
                 logp,
                 old_logp,
                 b.advantages[sub_idx] if b.advantages.dim() == 1 else b.advantages[sub_idx, :T],
                 mask,
                 ref_logp=b.ref_logp[sub_idx, :T] if b.ref_logp is not None else None,
-                beta=self.loss_beta,
                 num_tokens=num_tokens,
-                max_completion_length=cfg.rollout.max_completion_length,
                 num_sequences=num_sequences,
                 is_weights=self.correction(b, sub_idx, logp, mask, acc, first_pass),
                 entropy=entropy,

@@ -12,7 +12,7 @@ from grpokit.batch import pack_sequences
 from grpokit.config import ConfigError, load_config
 from grpokit.policy import batched_logprobs, load_policy
 from grpokit.rollout import make_engine
-from grpokit.rollout.pipeline import RolloutPipeline
+from grpokit.rollout.pipeline import make_pipeline
 from grpokit.trainer import Trainer
 from tests.helpers import require
 from tests.test_trainer import Crash, _crash_at, config, read_metrics
@@ -57,7 +57,7 @@ def test_each_batch_is_sampled_by_the_version_it_names(tiny_model_dir, sampler):
         ],
     ).rollout
     engine = make_engine("fast", model, tok, rollout=rollout)
-    pipe = RolloutPipeline(engine, rollout, max_lag=1, version=0, model=model, seed=0)
+    pipe = make_pipeline(engine, rollout, max_lag=1, version=0, model=model, seed=0)
     prompts = [_Row(tok("3 4 5>12=")["input_ids"]), _Row(tok("1 2>3=")["input_ids"])]
     weights = [copy.deepcopy(model.state_dict())]
     try:
@@ -217,7 +217,7 @@ def test_an_engine_without_log_probs_is_refused_at_lag(tiny_model_dir):
             "rollout.max_completion_length=4",
         ],
     ).rollout
-    pipe = RolloutPipeline(HFEngine(model, tok), rollout, max_lag=1, version=0, model=model, seed=0)
+    pipe = make_pipeline(HFEngine(model, tok), rollout, max_lag=1, version=0, model=model, seed=0)
     try:
         with pytest.raises(
             ValueError,

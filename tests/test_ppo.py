@@ -211,7 +211,7 @@ def test_cli_picks_ppo_for_gae(tiny_model_dir, tmp_path):
     tr = Trainer(config(tiny_model_dir, tmp_path / "run", "algorithm.beta=0.04"))
     assert isinstance(tr.critic, Critic)
     # The KL goes into the reward; the policy loss runs with beta = 0 and the reference is kept.
-    assert tr.critic.kl_coef == 0.04 and tr.loss_beta == 0.0 and tr.cfg.algorithm.beta == 0.04
+    assert tr.critic.kl_coef == 0.04 and tr.loss_options.beta == 0.0 and tr.cfg.algorithm.beta == 0.04
     assert tr.ref is not None
     assert sum(p.numel() for p in tr.critic.model.parameters()) > 0.9 * sum(
         p.numel() for p in tr.model.parameters()

@@ -356,10 +356,8 @@ def policy_loss(
 
     logp, old_logp, ref_logp, mask: [N, T] (mask = 1 on completion tokens).
     advantages: [N] (outcome, broadcast to every token) or [N, T] (process / per-token).
-    beta ... max_completion_length: the documented keywords (docs/algorithm.md §3), LossOptions fields.
-    options: every setting of the objective (LossOptions: also dual clip, SAPO, the token selections of
-    docs/algorithm.md §10); with it, leave those keywords at their defaults. knobs: any other LossOptions
-    field as a keyword (dual_clip=1.5, kl_estimator="k1"), without options=.
+    beta ... max_completion_length (docs/algorithm.md §3) and knobs (dual_clip=1.5, ...): LossOptions fields
+    as keywords; or options: every setting of the objective at once (then leave the keywords out).
     num_sequences, num_tokens: the whole batch's counts when this call sees a minibatch of it.
     is_weights: [N, T] importance weights against the sampler-trainer mismatch (grpokit.algo.importance, TRL's
     vllm_importance_sampling_*), times each token's surrogate loss after clipping, before the KL term.

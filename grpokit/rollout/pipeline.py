@@ -1,6 +1,6 @@
 """Rollouts for the loop: one interface, one class per timeline (rollout.max_policy_lag = k).
 
-    pipeline = RolloutPipeline(engine, rollout_cfg, max_lag=k, version=step, model=policy, seed=seed)
+    pipeline = make_pipeline(engine, rollout_cfg, max_lag=k, version=step, model=policy, seed=seed)
     rows, comps, timings = pipeline.batch(step, draw, end)  # draw(b) -> rows of batch b; comps.versions set
     comps = pipeline.extra(rows, timings)               # dynamic sampling's further rounds, version b
     pipeline.idle()                                     # before the update: the engine may free its memory
@@ -8,8 +8,9 @@
     with pipeline.exclusive(policy): evaluate(...)      # the engine on the trainer's current weights
     pipeline.close()                                    # the sampler, then the engine (the pipeline owns it)
 
-`RolloutPipeline` is the interface the loop (trainer.py) calls; calling it builds the timeline max_lag names,
-`SyncPipeline` (k = 0) or `LaggedPipeline` (k > 0). Weight pushes and the metrics are the interface's, shared.
+`RolloutPipeline` is the interface the loop (trainer.py) calls; make_pipeline builds the timeline max_lag
+names, `SyncPipeline` (k = 0) or `LaggedPipeline` (k > 0). Weight pushes and the metrics are the interface's,
+shared.
 
 The policy version is the number of optimizer steps (trainer steps) behind a set of weights. Batch b trains at
 version b and is sampled, with k = max_policy_lag, at version max(v0, b - k) (v0: the version the run started
@@ -48,6 +49,7 @@ this interface beside `close()`, and the checkpointer is handed the pipeline lik
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import copy
 import logging
@@ -91,14 +93,10 @@ def sampling_params(rollout_cfg, generator: torch.Generator | None = None) -> Sa
     )
 
 
-class RolloutPipeline:
+class RolloutPipeline(abc.ABC):
     """The engine as pi_old, behind the calls the loop makes (every timeline implements them all).
-    RolloutPipeline(...) builds the timeline that max_lag names, from the same parts whichever it is (the
+    make_pipeline(...) builds the timeline that max_lag names, from the same parts whichever it is (the
     synchronous one uses no model or seed)."""
-
-    def __new__(cls, *args: Any, max_lag: int, **kwargs: Any) -> RolloutPipeline:
-        timeline = (LaggedPipeline if max_lag else SyncPipeline) if cls is RolloutPipeline else cls
-        return super().__new__(timeline)
 
     def __init__(
         self,
@@ -115,6 +113,7 @@ class RolloutPipeline:
         self.version = version  # the trainer's: weights published so far
         self._closed = False
 
+    @abc.abstractmethod
     def batch(
         self, b: int, draw: Callable[[int], Sequence[Any]], end: int
     ) -> tuple[Sequence[Any], Completions, dict[str, float]]:
@@ -122,18 +121,22 @@ class RolloutPipeline:
         batches from `end` on (the run's max_steps) are never asked for."""
         raise NotImplementedError
 
+    @abc.abstractmethod
     def extra(self, rows: Sequence[Any], timings: dict[str, float]) -> Completions:
         """Completions of more rows now, at the current version (dynamic sampling's further rounds)."""
         raise NotImplementedError
 
+    @abc.abstractmethod
     def idle(self) -> None:
         """This step's rollouts are done: the update comes next."""
         raise NotImplementedError
 
+    @abc.abstractmethod
     def publish(self, version: int, model: torch.nn.Module) -> None:
         """The trainer's weights after `version` optimizer steps: pi_old of the batches asked for from now."""
         raise NotImplementedError
 
+    @abc.abstractmethod
     def exclusive(
         self, current_model: Callable[[], torch.nn.Module]
     ) -> contextlib.AbstractContextManager[RolloutEngine]:
@@ -141,6 +144,7 @@ class RolloutPipeline:
         (held-out evaluation)."""
         raise NotImplementedError
 
+    @abc.abstractmethod
     def close(self, timeout: float = 60.0) -> None:
         """Stop generating, then close the engine (the pipeline owns it). Closing twice does nothing."""
         raise NotImplementedError
@@ -362,3 +366,17 @@ def lag_metrics(comps: Completions, version: int) -> dict[str, float]:
     if not lags:
         return {}
     return {ROLLOUT_VERSION_LAG: sum(lags) / len(lags), ROLLOUT_VERSION_LAG_MAX: float(max(lags))}
+
+
+def make_pipeline(
+    engine: RolloutEngine,
+    rollout_cfg: RolloutConfig,
+    *,
+    max_lag: int,
+    version: int,
+    model: torch.nn.Module,
+    seed: int,
+) -> RolloutPipeline:
+    """The timeline rollout.max_policy_lag = max_lag names: SyncPipeline at 0, LaggedPipeline above."""
+    timeline = LaggedPipeline if max_lag else SyncPipeline
+    return timeline(engine, rollout_cfg, max_lag=max_lag, version=version, model=model, seed=seed)
