@@ -333,12 +333,42 @@ def combo_checkpoints(model_dir: str, out_dir: str, names: list[str]) -> None:
     world.teardown()
 
 
+def nodes(model_dir: str, out_dir: str, names: list[str]) -> None:
+    """tests/test_distributed.py's two-node test, on each node (one rank each): per strategy, one step of each
+    CASES case in `names` (rank 0 saves OUT_DIR/<strategy>-<case>.pt, as the `steps` mode does), and a run of
+    RESUME_CASE to step 2 with a checkpoint after each step into OUT_DIR/<strategy>-whole (rank 0 saves its
+    final weights to OUT_DIR/<strategy>-whole.pt); and where each rank ran (OUT_DIR/nodes.pt: per rank its
+    network namespace, torchrun's GROUP_RANK and the MASTER_ADDR it was given)."""
+    import os
+
+    import torch.distributed as dist
+
+    out, world = Path(out_dir), None
+    for strategy in STRATEGIES:
+        for name in names:
+            result = one_step(model_dir, out / "runs" / f"{strategy}-{name}", strategy, CASES[name])
+            world = result.pop("world")
+            if world.is_main:
+                torch.save(result, out / f"{strategy}-{name}.pt")
+        whole = train(model_dir, out / f"{strategy}-whole", strategy, RESUME_CASE)
+        if world.is_main:
+            torch.save(whole["params"], out / f"{strategy}-whole.pt")
+    where = [None] * world.size
+    here = {"netns": os.readlink("/proc/self/ns/net")}
+    dist.all_gather_object(where, here | {k: os.environ.get(k) for k in ("GROUP_RANK", "MASTER_ADDR")})
+    if world.is_main:
+        torch.save(where, out / "nodes.pt")
+    world.teardown()
+
+
 def main(model_dir: str, out_dir: str, mode: str = "steps", names: str = "") -> None:
     torch.set_num_threads(1)
     if mode == "checkpoints":
         return checkpoints(model_dir, out_dir)
     if mode == "combo_checkpoints":
         return combo_checkpoints(model_dir, out_dir, names.split(","))
+    if mode == "nodes":
+        return nodes(model_dir, out_dir, names.split(","))
     cases = {n: COMBO_CASES[n] for n in names.split(",")} if mode == "combos" else None
     world = None
     for strategy in STRATEGIES:

@@ -671,3 +671,185 @@ def test_every_ranks_rows_repacked_as_one_batch():
     for field in ("loss_mask", "truncated", "rewards", "advantages", "old_logp"):
         assert torch.equal(getattr(parts, field), getattr(whole, field)), field
     assert parts.ref_logp is None
+
+
+# ------------------------------------------------------------------------------------------ two nodes
+from tests.helpers import skip_or_fail  # noqa: E402
+from tests.test_rollout_fleet import TAG, Hosts, _ip  # noqa: E402  (the fleet test's network namespaces)
+from tests.test_rollout_server import _die_with_parent  # noqa: E402
+
+RDZV_PORT = 29400
+
+
+class Nodes(Hosts):
+    """Two hosts for torchrun's two nodes: the fleet test's namespaces, each joined to one bridge by a veth
+    pair, on a subnet and with interface names of their own (10.78.0.x: the fleet test, 10.77.0.x, may run
+    at the same time). `interfaces`: each namespace's end of its veth pair."""
+
+    SUBNET, NAMES = "10.78.0", "gkn"
+
+    def _make(self, n: int) -> None:
+        self.bridge, self.addresses, self.interfaces = f"{self.NAMES}b{TAG}", [], []
+        if os.geteuid() != 0 or shutil.which("ip") is None:
+            raise OSError("needs root and iproute2's `ip`")
+        _ip("link", "add", self.bridge, "type", "bridge")
+        _ip("addr", "add", f"{self.SUBNET}.1/24", "dev", self.bridge)
+        _ip("link", "set", self.bridge, "up")
+        for i in range(1, n + 1):
+            ns, host_end, ns_end = (
+                f"{self.NAMES}node{TAG}_{i}",
+                f"{self.NAMES}{TAG}h{i}",
+                f"{self.NAMES}{TAG}n{i}",
+            )
+            _ip("netns", "add", ns)
+            self.namespaces.append(ns)
+            _ip("link", "add", host_end, "type", "veth", "peer", "name", ns_end)
+            _ip("link", "set", ns_end, "netns", ns)
+            _ip("link", "set", host_end, "master", self.bridge, "up")
+            _ip("-n", ns, "addr", "add", f"{self.SUBNET}.{i + 1}/24", "dev", ns_end)
+            _ip("-n", ns, "link", "set", ns_end, "up")
+            _ip("-n", ns, "link", "set", "lo", "up")
+            self.addresses.append(f"{self.SUBNET}.{i + 1}")
+            self.interfaces.append(ns_end)
+
+
+def _node_argv(nodes: Nodes, i: int, model_dir, out: Path, *args: str) -> list[str]:
+    """torchrun on node i of 2, one rank, in its namespace; c10d rendezvous hosted by node 0, at its address.
+    Each flag is needed where the namespaces share the host's name (here `vm`, 127.0.0.1 in /etc/hosts):
+    is_host: node 0 hosts the rendezvous store (torchrun guesses it by matching the endpoint to the host's
+    name and addresses, and misses a namespace's own address); --local_addr: rank 0's address becomes the
+    ranks' MASTER_ADDR (by default its FQDN, which the other node resolves to itself). --node_rank is what
+    the static rendezvous reads; c10d orders the nodes by --local_addr, so 10.78.0.2 is rank 0 either way."""
+    return nodes.command(
+        i,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes",
+            "2",
+            "--nproc_per_node",
+            "1",
+            "--node_rank",
+            str(i),
+            "--rdzv_backend",
+            "c10d",
+            "--rdzv_endpoint",
+            f"{nodes.addresses[0]}:{RDZV_PORT}",
+            "--rdzv_id",
+            f"grpokit-nodes-{TAG}",
+            "--rdzv_conf",
+            f"is_host={int(i == 0)},join_timeout=300",
+            "--local_addr",
+            nodes.addresses[i],
+            str(TESTS / "dist_cases.py"),
+            str(model_dir),
+            str(out),
+            *args,
+        ],
+    )
+
+
+def _launch_nodes(nodes: Nodes, model_dir, out: Path, *args: str, timeout: float = 900) -> None:
+    """The two nodes' torchrun launches of dist_cases.py at once, each one's output in OUT/node<i>.log;
+    asserts both exit 0. A node that fails leaves the other waiting in a collective: SIGTERM to it (torchrun
+    stops its rank)."""
+    import time
+
+    procs, logs = [], [out / f"node{i}.log" for i in range(2)]
+    for i, log in enumerate(logs):
+        # GLOO_SOCKET_IFNAME: gloo binds to this interface's address and gives it to the other rank. Unset,
+        # gloo binds to the address of the host's name, 127.0.0.1 here, and the other node cannot connect.
+        env = {**_env(), "GLOO_SOCKET_IFNAME": nodes.interfaces[i]}
+        with open(log, "w") as sink:
+            procs.append(
+                subprocess.Popen(
+                    _node_argv(nodes, i, model_dir, out, *args),
+                    env=env,
+                    stdout=sink,
+                    stderr=subprocess.STDOUT,
+                    preexec_fn=_die_with_parent,
+                )
+            )
+    deadline = time.monotonic() + timeout
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+        if any(p.poll() not in (None, 0) for p in procs):
+            break
+        time.sleep(0.5)
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+    outputs = [
+        f"node {i}, exit {p.returncode}:\n"
+        + _output(subprocess.CompletedProcess(p.args, p.returncode, log.read_text(), ""))
+        for i, (p, log) in enumerate(zip(procs, logs, strict=True))
+    ]
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(outputs)
+
+
+@pytest.fixture(scope="module")
+def two_nodes(tiny_model_dir, tmp_path_factory):
+    """One pair of torchrun launches, one per network namespace (dist_cases.py's `nodes` mode): both
+    strategies, every CASES case's one step, and RESUME_CASE's 2-step run with its checkpoints. The
+    namespaces share this machine's file system, as two machines share an NFS output_dir."""
+    import time
+
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        skip_or_fail("two nodes need network namespaces: run as root, with iproute2's `ip`")
+    nodes = Nodes(2)
+    try:
+        if nodes.reason:
+            skip_or_fail(f"two nodes: {nodes.reason}")
+        out = tmp_path_factory.mktemp("two_nodes")
+        started = time.monotonic()
+        _launch_nodes(nodes, tiny_model_dir, out, "nodes", ",".join(dist_cases.CASES))
+        print(f"\ntwo nodes: both launches took {time.monotonic() - started:.0f} s")
+        return out
+    finally:
+        nodes.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", dist_cases.STRATEGIES)
+def test_one_step_on_two_nodes_equals_one_process(strategy, two_nodes, one_process):
+    """torchrun --nnodes 2 --nproc_per_node 1 with c10d rendezvous, each node in a network namespace of its
+    own (10.78.0.2 and 10.78.0.3 on a bridge), so the two ranks talk only over the veth pairs: every CASES
+    case's step (the one-host test's) gives one process's first gradient and weights after the step within
+    1e-6, and its whole-batch metrics."""
+    where = torch.load(two_nodes / "nodes.pt")
+    assert [w["GROUP_RANK"] for w in where] == ["0", "1"], where  # two nodes, one rank each
+    assert all(w["MASTER_ADDR"] == "10.78.0.2" for w in where), where
+    assert len({w["netns"] for w in where} | {os.readlink("/proc/self/ns/net")}) == 3, where
+    worst = {"grads": 0.0, "params": 0.0}
+    for name in dist_cases.CASES:
+        want, got = one_process[name], torch.load(two_nodes / f"{strategy}-{name}.pt")
+        rel = _assert_equal_step(name, want, got)
+        print(f"two nodes, {strategy}, {name}: gradient {rel['grads']:.2e}, weights {rel['params']:.2e}")
+        worst = {k: max(v, rel[k]) for k, v in worst.items()}
+        _assert_same_metrics(name, want["metrics"], got["metrics"], dist_cases.SAME_METRICS)
+    print(f"two nodes, {strategy}, every case: gradient {worst['grads']:.2e}, weights {worst['params']:.2e}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", dist_cases.STRATEGIES)
+def test_saved_on_two_nodes_resumed_in_one_process(strategy, two_nodes, tiny_model_dir, tmp_path):
+    """The two nodes' 2-step run (dr_grpo, beta = 0.04, pi_ref reset every step, mu = 2, 2 minibatches) writes
+    one sharded checkpoint per step, each rank its shards and its generators; its step-1 checkpoint resumed in
+    this process trains to the two-node run's step-2 weights."""
+    from grpokit.checkpoint import checkpoint_dir, is_sharded_checkpoint
+
+    step1 = checkpoint_dir(two_nodes / f"{strategy}-whole", 1)
+    assert is_sharded_checkpoint(step1), step1
+    assert sorted(p.name for p in step1.glob("rng-*.pt")) == ["rng-0.pt", "rng-1.pt"]
+    shutil.copytree(step1, checkpoint_dir(tmp_path / "one", 1))
+    one = dist_cases.train(tiny_model_dir, tmp_path / "one", strategy, dist_cases.RESUME_CASE)
+    assert one.pop("world").size == 1
+    rel = _rel(one["params"], torch.load(two_nodes / f"{strategy}-whole.pt"))
+    print(f"two nodes, {strategy}: step-1 checkpoint resumed in one process {max(rel.values()):.2e}")
+    assert max(rel.values()) < 1e-6, max(rel.items(), key=lambda kv: kv[1])
