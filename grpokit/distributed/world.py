@@ -23,12 +23,12 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from grpokit.batch import PackedBatch, RolloutBatch, ValueTargets
 from grpokit.config import Config, ConfigError
+from grpokit.data.batch import PackedBatch, RolloutBatch, ValueTargets
+from grpokit.distributed.handle import PolicyHandle
 from grpokit.distributed.parallel import Parallel
 from grpokit.distributed.signals import StopSignals
-from grpokit.metrics import RANK_REDUCTIONS, MeanAccumulator
-from grpokit.policy_handle import PolicyHandle
+from grpokit.metrics.compute import RANK_REDUCTIONS, MeanAccumulator
 from grpokit.types import RewardOutput
 
 REDUCE: dict[str, Callable[[list[float]], float]] = {

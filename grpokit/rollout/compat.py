@@ -260,5 +260,5 @@ def table() -> str:
     return "\n".join(lines) + "\n"
 
 
-if __name__ == "__main__":  # python -m grpokit.compat: the table, for docs/compatibility.md
+if __name__ == "__main__":  # python -m grpokit.rollout.compat: the table, for docs/compatibility.md
     print(table(), end="")
