@@ -82,7 +82,7 @@ def run_arm(
 ) -> dict:
     """One GRPO run; `keys`: more metrics to report, as their median over steps (after the first two)."""
     from grpokit.config import load_config
-    from grpokit.metrics import read_metrics
+    from grpokit.metrics.compute import read_metrics
     from grpokit.trainer import Trainer
 
     overrides = [o for o in config_overrides(args, "grpo", seed) if not o.startswith("rollout.engine=")]

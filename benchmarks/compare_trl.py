@@ -367,9 +367,9 @@ def _rss_mb() -> float:
 
 
 def _batch_shapes(tokens) -> dict:
-    """What one grpokit batch runs through the model (a grpokit.batch.PackedBatch): rows, completion tokens,
-    real and padded tokens, and the tokens of the training pass (each distinct prompt once when G rows share
-    it, as grpokit.policy.completion_logprobs decides, + the completions)."""
+    """What one grpokit batch runs through the model (a grpokit.data.batch.PackedBatch): rows, completion
+    tokens, real and padded tokens, and the tokens of the training pass (each distinct prompt once when G rows
+    share it, as grpokit.policy.completion_logprobs decides, + the completions)."""
     import torch
 
     from grpokit import policy

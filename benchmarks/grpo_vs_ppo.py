@@ -8,7 +8,7 @@ memory.
 GRPO's claim (DeepSeekMath §4.1): it needs no critic, so it saves the critic's memory and compute.
 Both arms get the same model folder (--model), the same task (data.task=countdown unless --set
 says otherwise), the same rollout batch (prompts x G completions), the same number of steps and
-the same policy learning rate; PPO also trains a critic (grpokit/critic.py, docs/ppo.md) with its own
+the same policy learning rate; PPO also trains a critic (grpokit/policy/critic.py, docs/ppo.md) with its own
 learning rate (--critic-lr). Reported per arm:
   - held-out greedy pass@1 (eval/pass@1) before and after, on --eval-size test problems;
   - mean training reward over the last 5 steps;

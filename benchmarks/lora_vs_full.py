@@ -3,7 +3,8 @@
 
     .venv/bin/python benchmarks/lora_vs_full.py --out runs/lora_vs_full [--steps 100] [--sft runs/demo/sft]
 
-1. the demo's SFT warm-start (grpokit.demo.FULL: the demo-size tiny Llama, 900 SFT steps), saved to OUT/sft
+1. the demo's SFT warm-start (grpokit.demo.toy.FULL: the demo-size tiny Llama, 900 SFT steps), saved to
+OUT/sft
    once (a second call reuses it); --sft DIR takes one that `grpokit demo --seed 0` wrote (its OUT/sft)
    instead;
 2. `grpokit train` on it twice, each in its own process so that perf/peak_rss_mb (the process's peak resident
@@ -41,7 +42,7 @@ SMOKE_GRPO = ["rollout.prompts_per_step=2", "rollout.num_generations=2", "rollou
 def build_sft(out: Path, steps: int, seed: int, smoke: bool = False) -> Path:
     from grpokit.config import DataConfig
     from grpokit.data import build_datasets
-    from grpokit.demo import FULL
+    from grpokit.demo.toy import FULL
     from grpokit.sft import train_sft
     from grpokit.tasks import get_task
     from grpokit.tasks.tiny_model import build_tiny_llama
@@ -70,7 +71,7 @@ def build_sft(out: Path, steps: int, seed: int, smoke: bool = False) -> Path:
 
 
 def grpo(sft: Path, out: Path, steps: int, eval_size: int, extra: list[str]) -> list[dict]:
-    from grpokit.demo import FULL
+    from grpokit.demo.toy import FULL
 
     keep = [
         o

@@ -34,7 +34,7 @@ ARMS = {"fp32": "none", "bf16": "bfloat16"}
 
 def run_arm(args, arm: str, seed: int, eval_rows: list[dict]) -> dict:
     from grpokit.config import load_config
-    from grpokit.metrics import read_metrics
+    from grpokit.metrics.compute import read_metrics
     from grpokit.trainer import Trainer
 
     overrides = config_overrides(args, "grpo", seed) + [

@@ -98,7 +98,7 @@ def run_one(args, preset: str, seed: int, eval_rows: list[dict]) -> dict:
     """One training run in this process; its held-out curve and times. A run folder holding a finished run of
     the same config (bench_run.json, written at its end) is read instead, so a stopped benchmark continues."""
     from grpokit.config import load_config
-    from grpokit.metrics import read_metrics
+    from grpokit.metrics.compute import read_metrics
     from grpokit.trainer import Trainer
 
     overrides = config_overrides(args, preset, seed)

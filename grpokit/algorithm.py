@@ -27,9 +27,9 @@ from grpokit.algo import (
     policy_loss,
     step_advantages,
 )
-from grpokit.batch import Groups
 from grpokit.config import AlgorithmConfig, ConfigError
-from grpokit.metrics import (
+from grpokit.data.batch import Groups
+from grpokit.metrics.compute import (
     POLICY_ENTROPY,
     POLICY_ENTROPY_COEF,
     ROLLOUT_GROUPS_DRAWN,

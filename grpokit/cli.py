@@ -44,8 +44,8 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from grpokit.checkpoint import CheckpointError
     from grpokit.config import ConfigError
     from grpokit.data import DataError
-    from grpokit.optim import TrainingError
     from grpokit.policy import ModelLoadError
+    from grpokit.policy.optim import TrainingError
     from grpokit.rollout.server import ServerError
 
     return (ConfigError, ModelLoadError, CheckpointError, TrainingError, DataError, ServerError)
@@ -95,7 +95,7 @@ def _threads(requested: int, resumed: int = 0) -> int:
     """Set and print torch's thread count (resumed: the count of the run being resumed); returns it."""
     import torch
 
-    from grpokit.threads import use_threads
+    from grpokit.config.threads import use_threads
 
     typer.echo(use_threads(requested, resumed=resumed))
     return torch.get_num_threads()
@@ -126,7 +126,7 @@ def train(
 
     def go():
         cfg = load_config(config, _with_threads(overrides, threads))
-        from grpokit.threads import run_threads
+        from grpokit.config.threads import run_threads
 
         # auto resumes at the count the run started with; config.yaml records the count used (docs/threads.md)
         resumed = run_threads(cfg.output_dir) if cfg.threads == 0 and cfg.checkpoint.resume else 0
@@ -135,7 +135,8 @@ def train(
         from grpokit.trainer import Trainer
 
         ensure_writable_dir(cfg.output_dir)  # before loading the model, so a bad path fails in a second
-        trainer = Trainer(cfg)  # with a critic (grpokit/critic.py) when algorithm.advantage_estimator=gae
+        # with a critic (grpokit/policy/critic.py) when algorithm.advantage_estimator=gae
+        trainer = Trainer(cfg)
         try:  # under torchrun, each rank runs this (grpokit/distributed/, docs/scaling.md)
             with _disk_full_said_once():
                 last = trainer.train()
@@ -242,9 +243,9 @@ def demo(
 ):
     """Tiny model, SFT warm-start, GRPO on countdown (or --task tools), before / after table and plots; or
     --model smollm2: a real instruct model learns word problems. No GPU, no downloads."""
-    from grpokit.demo import run_demo
-    from grpokit.demo_real import MODELS, run_real_demo
-    from grpokit.demo_tools import run_tools_demo
+    from grpokit.demo.real import MODELS, run_real_demo
+    from grpokit.demo.tools import run_tools_demo
+    from grpokit.demo.toy import run_demo
 
     if task not in ("countdown", "tools"):
         raise typer.BadParameter(f"--task {task!r}; allowed: countdown, tools")
@@ -381,7 +382,7 @@ def config_reference_cmd(
     out: Path = typer.Option(Path("docs/reference/config.md"), "--out", help="the Markdown file to write"),
 ):
     """Write the reference of every config key (type, default, meaning) from the field docstrings."""
-    from grpokit.config_reference import write
+    from grpokit.config.reference import write
 
     typer.echo(f"wrote {write(out)}")
 

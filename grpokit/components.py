@@ -15,9 +15,8 @@ from typing import Any
 import torch
 
 from grpokit.algorithm import EntropyControl
-from grpokit.checkpoint import Checkpointer, Weights
+from grpokit.checkpoint.checkpointer import Checkpointer, Weights
 from grpokit.config import Config
-from grpokit.critic import Critic
 from grpokit.data import (
     PromptDataset,
     PromptSampler,
@@ -26,9 +25,8 @@ from grpokit.data import (
     check_context_length,
 )
 from grpokit.distributed import World
+from grpokit.distributed.handle import PolicyHandle
 from grpokit.evaluate import make_judge
-from grpokit.health import StepHealth
-from grpokit.optim import Optimizer
 from grpokit.policy import (
     build_reference,
     checkpointing_plan,
@@ -36,7 +34,9 @@ from grpokit.policy import (
     load_policy,
     memory_left,
 )
-from grpokit.policy_handle import PolicyHandle
+from grpokit.policy.critic import Critic
+from grpokit.policy.optim import Optimizer
+from grpokit.records.health import StepHealth
 from grpokit.rewards import RewardManager, build_rewards, reward_registry
 from grpokit.rollout import SamplerCorrection, make_engine
 from grpokit.rollout.episodes import with_tools

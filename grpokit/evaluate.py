@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from grpokit.metrics import (
+from grpokit.metrics.compute import (
     EVAL_FORMAT_RATE,
     EVAL_MEAN_LENGTH,
     EVAL_NUM_PROMPTS,

@@ -20,7 +20,7 @@ template with the generation prompt for messages, the system prompt), plus a "co
 column encoded without special tokens and followed by EOS -- the same token boundary as a
 rollout, which samples completion tokens after the prompt's tokens. Batches are right-padded,
 so position ids are simply 0..T-1 for every row. AdamW (no weight decay on norms and biases),
-linear warm-up then cosine or linear decay to 0 (grpokit.optim's schedules), gradient clipping;
+linear warm-up then cosine or linear decay to 0 (grpokit.policy.optim's schedules), gradient clipping;
 deterministic for a given seed on a given machine.
 """
 
@@ -41,7 +41,7 @@ import torch
 from grpokit.checkpoint import RunLock, ensure_writable_dir, save_pretrained_atomic
 from grpokit.config import DataConfig, SFTConfig, SFTSection
 from grpokit.data import PromptDataset, build_datasets
-from grpokit.metrics import (
+from grpokit.metrics.compute import (
     EVAL_EXACT_MATCH,
     EVAL_LOSS,
     PERF_TRAIN_TOKENS_PER_S,
@@ -50,8 +50,8 @@ from grpokit.metrics import (
     SFT_LOSS,
     SFT_LR,
 )
-from grpokit.optim import adamw, lr_lambda
 from grpokit.policy import load_policy
+from grpokit.policy.optim import adamw, lr_lambda
 
 IGNORE_INDEX = -100  # label of tokens the loss skips (prompt, padding)
 
@@ -386,7 +386,7 @@ def run_sft(cfg: SFTConfig, *, console: Any = None) -> dict[str, Any]:
 
 
 def _run_sft(cfg: SFTConfig, out: Path, console: Any) -> dict[str, Any]:
-    from grpokit.metrics import METRICS_FILE
+    from grpokit.metrics.compute import METRICS_FILE
     from grpokit.records import MetricLogger, TrainProgress, plot_metrics
 
     model, tokenizer = load_policy(cfg.model)

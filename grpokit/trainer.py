@@ -34,15 +34,21 @@ from grpokit.algorithm import (
     pass_options,
     process_advantages,
 )
-from grpokit.anchors import anchor_logprobs
-from grpokit.batch import Groups, RolloutBatch, micro_batches, pack_sequences, process_rewards, repeat_rows
 from grpokit.checkpoint import checkpoint_dir, seed_everything
 from grpokit.components import build_checkpointer, build_components
 from grpokit.config import Config
 from grpokit.data import SamplerBookmarks
+from grpokit.data.batch import (
+    Groups,
+    RolloutBatch,
+    micro_batches,
+    pack_sequences,
+    process_rewards,
+    repeat_rows,
+)
 from grpokit.distributed import World
 from grpokit.evaluate import evaluate
-from grpokit.metrics import (
+from grpokit.metrics.compute import (
     PERF_PADDING_FRAC,
     PERF_REF_TIME,
     PERF_REWARD_TIME,
@@ -57,8 +63,9 @@ from grpokit.metrics import (
     rollout_metrics,
     sample_records,
 )
-from grpokit.optim import TrainingError, check_finite_weights, non_finite, out_of_memory_said
 from grpokit.policy import completion_logprobs, is_checkpointing
+from grpokit.policy.anchors import anchor_logprobs
+from grpokit.policy.optim import TrainingError, check_finite_weights, non_finite, out_of_memory_said
 from grpokit.records import plot_run
 from grpokit.records.run_records import RunRecords
 from grpokit.rewards import RewardError

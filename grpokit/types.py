@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from grpokit.metric_names import (
+from grpokit.metrics.names import (
     REWARD_ERROR_FRAC,
     REWARD_NONE_FRAC,
     REWARD_SKIPPED_FRAC,
@@ -170,7 +170,7 @@ class RewardOutput:
     """name -> calls that timed out or found the function still busy with one that had (absent = 0)"""
     scored: int | None = None
     """completions that `errors` counts over: N, or all those of the calls merged into this output
-    (dynamic sampling's rounds, grpokit/batch.py); None = N"""
+    (dynamic sampling's rounds, grpokit/data/batch.py); None = N"""
     skipped: Tensor | None = None
     """[N] bool: samples whose group is dropped from the loss because a call timed out under
     on_timeout=skip_group; their total is 0, so their group's advantages are exactly 0. None = no sample (made
@@ -189,7 +189,7 @@ class RewardOutput:
     @staticmethod
     def take(spans: list[tuple[RewardOutput, slice]]) -> RewardOutput:
         """The samples `slice` of each output, concatenated in order: the groups dynamic sampling keeps
-        (grpokit/batch.py), every rank's batch (grpokit/distributed/). Errors and timeouts, which count
+        (grpokit/data/batch.py), every rank's batch (grpokit/distributed/). Errors and timeouts, which count
         calls' failures, add up once per distinct output."""
         first = spans[0][0]
         sources = {id(src): src for src, _ in spans}.values()

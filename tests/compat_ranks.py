@@ -1,5 +1,5 @@
-"""Cells of the compatibility table (grpokit/compat.py) at world size 2, for tests/test_compat.py: under
-torchrun every rank trains each named cell for two steps with its real engine, one after another:
+"""Cells of the compatibility table (grpokit/rollout/compat.py) at world size 2, for tests/test_compat.py:
+under torchrun every rank trains each named cell for two steps with its real engine, one after another:
 
     torchrun --standalone --nproc_per_node 2 tests/compat_ranks.py MODEL_DIR OUT_DIR SLUG,... [SERVER_URL]
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from grpokit.compat import CELLS
+from grpokit.rollout.compat import CELLS
 from grpokit.trainer import Trainer
 from tests.helpers import tiny_config
 

@@ -98,7 +98,7 @@ def tiny_config(model_dir, out, *overrides: str) -> Config:
 def read_metrics(out) -> list[dict]:
     """The rows of ``out/metrics.jsonl``, each line parsed as JSON.
 
-    Strict, unlike grpokit.metrics.read_metrics, which skips lines that do not parse.
+    Strict, unlike grpokit.metrics.compute.read_metrics, which skips lines that do not parse.
     """
     return [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
 

@@ -8,8 +8,8 @@ import copy
 import pytest
 import torch
 
-from grpokit.batch import pack_sequences
 from grpokit.config import ConfigError, load_config
+from grpokit.data.batch import pack_sequences
 from grpokit.policy import batched_logprobs, load_policy
 from grpokit.rollout import make_engine
 from grpokit.rollout.pipeline import make_pipeline

@@ -1,7 +1,7 @@
-"""The compatibility table (grpokit/compat.py, docs/compatibility.md): every combination of engine mode,
-world size, model.lora, model.compile and the PPO critic is refused with one line that names what to use
-instead, or accepted and run by a named test, or listed as accepted and untested; the docs show the table
-the code generates."""
+"""The compatibility table (grpokit/rollout/compat.py, tests/compat_coverage.py, docs/compatibility.md): every
+combination of engine mode, world size, model.lora, model.compile and the PPO critic is refused with one line
+that names what to use instead, or accepted and run by a named test, or listed as accepted and untested; the
+docs show the table the code generates."""
 
 from __future__ import annotations
 
@@ -16,10 +16,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpokit import compat
-from grpokit.compat import CELLS, TESTED, UNTESTED, Cell, refusal
 from grpokit.config import ConfigError, load_config
 from grpokit.policy import ModelLoadError
+from grpokit.rollout import compat
+from grpokit.rollout.compat import CELLS, Cell, refusal
+from tests import compat_coverage
+from tests.compat_coverage import TESTED, UNTESTED
 from tests.helpers import read_metrics, require, tiny_config
 from tests.test_distributed import TORCHRUN, _env
 from tests.test_rollout_server import START_TIMEOUT_S, server  # noqa: F401 (the fixture of the server cells)
@@ -35,7 +37,7 @@ def test_the_docs_table_is_the_generated_one():
         r"do not edit by hand -->\n(.*?)<!-- end of the compatibility table -->", DOCS.read_text(), re.S
     )
     assert found, "docs/compatibility.md has no generated table"
-    assert found.group(1) == compat.table(), "regenerate it: python -m grpokit.compat"
+    assert found.group(1) == compat_coverage.table(), "regenerate it: python tests/compat_coverage.py"
 
 
 def test_the_cells_are_every_combination_once():

@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from grpokit.config import Config, SFTConfig
-from grpokit.config_reference import COMMAND, _sections, missing_docstrings, render
+from grpokit.config.reference import COMMAND, _sections, missing_docstrings, render
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "reference" / "config.md"

@@ -532,7 +532,7 @@ def test_allowed_changes_are_applied_logged_and_recorded(setup):
 def test_training_longer_resumes_by_default_on_the_longer_runs_schedule(setup):
     """A run to 2 steps resumed to 4 with no allow_changes: it trains steps 3 and 4, says what happens to the
     schedule, and from step 2 on each step's learning rate is the one a 4-step run has at that step."""
-    from grpokit.optim import lr_lambda
+    from grpokit.policy.optim import lr_lambda
 
     model_dir, tmp_path = setup
     cosine = ["optim.lr_scheduler=cosine", "optim.warmup_ratio=0.25"]

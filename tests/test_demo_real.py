@@ -16,7 +16,7 @@ GRPOKIT = str(Path(sys.executable).with_name("grpokit"))
 @pytest.mark.slow
 @pytest.mark.real
 def test_real_demo_quick_outputs(tmp_path):
-    from grpokit.demo_real import ModelMissing, smollm2_path
+    from grpokit.demo.real import ModelMissing, smollm2_path
 
     try:
         smollm2_path()
@@ -44,7 +44,7 @@ def test_real_demo_quick_outputs(tmp_path):
 
 
 def test_a_missing_wheel_is_one_line_naming_the_install(monkeypatch):
-    from grpokit.demo_real import INSTALL, ModelMissing, smollm2_path
+    from grpokit.demo.real import INSTALL, ModelMissing, smollm2_path
 
     real = importlib.util.find_spec
     monkeypatch.setattr(

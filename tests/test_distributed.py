@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpokit.batch import RolloutBatch, pack_sequences
 from grpokit.config import ConfigError, load_config
+from grpokit.data.batch import RolloutBatch, pack_sequences
 from grpokit.distributed import World, cat_batches
 from tests.helpers import read_metrics, require
 

@@ -30,7 +30,7 @@ from typer.testing import CliRunner
 from grpokit.checkpoint import list_checkpoints
 from grpokit.cli import app
 from grpokit.doctor import diagnose
-from grpokit.metrics import read_metrics
+from grpokit.metrics.compute import read_metrics
 from tests.helpers import read_metrics as read_test_metrics
 from tests.helpers import require
 
@@ -764,11 +764,11 @@ def test_slow_reward_call_warns_with_its_time(env, caplog):
 
 
 def test_reward_failing_on_most_of_a_step_warns(env, caplog):
-    with caplog.at_level(logging.WARNING, logger="grpokit.health"):
+    with caplog.at_level(logging.WARNING, logger="grpokit.records.health"):
         r = train(env, rewards(env[0], "sevens", "boom"), "optim.max_steps=2")
     assert r.exit_code == 0, r.output
     (warning,) = [
-        rec.getMessage() for rec in caplog.records if rec.name == "grpokit.health"
+        rec.getMessage() for rec in caplog.records if rec.name == "grpokit.records.health"
     ]  # once, not at every step
     assert warning.startswith(
         "step 1: reward function 'boom' failed on 100% of the step's completions (more than "
@@ -778,19 +778,19 @@ def test_reward_failing_on_most_of_a_step_warns(env, caplog):
         "The run stops after 20 such steps in a row (stop_after_bad_steps)"
     )
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="grpokit.health"):
+    with caplog.at_level(logging.WARNING, logger="grpokit.records.health"):
         r = train(
             env, rewards(env[0], "sevens", "boom"), "reward_error_fraction=1", f"output_dir={env[0] / 'run2'}"
         )
     assert r.exit_code == 0 and not [
-        rec for rec in caplog.records if rec.name == "grpokit.health"
+        rec for rec in caplog.records if rec.name == "grpokit.records.health"
     ]  # 1 = never
 
 
 def test_no_learning_signal_warns_then_stops_after_bad_steps_in_a_row(env, caplog):
     """rollout.temperature 1e-4: the G completions of a prompt are the same, so are their rewards: no
     gradient."""
-    with caplog.at_level(logging.WARNING, logger="grpokit.health"):
+    with caplog.at_level(logging.WARNING, logger="grpokit.records.health"):
         msg = user_error(
             train(
                 env,
@@ -803,7 +803,7 @@ def test_no_learning_signal_warns_then_stops_after_bad_steps_in_a_row(env, caplo
             "stop): no learning signal: in each of the 2 groups all 4 completions got the same reward",
         )
     assert "raise rollout.temperature (now 0.0001) or rollout.num_generations (now 4)" in msg
-    assert [rec.getMessage()[:28] for rec in caplog.records if rec.name == "grpokit.health"] == [
+    assert [rec.getMessage()[:28] for rec in caplog.records if rec.name == "grpokit.records.health"] == [
         "step 1: no learning signal: "
     ]
     assert [row["step"] for row in metrics(env)] == [1, 2]  # the last step is logged ...
@@ -861,7 +861,7 @@ CPU_OOM = (
 
 
 def test_out_of_memory_errors_are_told_from_others():
-    from grpokit.optim import is_out_of_memory
+    from grpokit.policy.optim import is_out_of_memory
 
     assert is_out_of_memory(RuntimeError(CPU_OOM))
     assert is_out_of_memory(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
@@ -879,7 +879,7 @@ def test_out_of_memory_errors_are_told_from_others():
     ],
 )
 def test_out_of_memory_line_names_only_the_settings_that_are_left(micro_batch_size, checkpointing, fixes):
-    from grpokit.optim import TrainingError, out_of_memory_said
+    from grpokit.policy.optim import TrainingError, out_of_memory_said
 
     with pytest.raises(TrainingError, match=re.escape(fixes)):
         with out_of_memory_said(micro_batch_size, checkpointing, 8, 4):

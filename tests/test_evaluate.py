@@ -42,7 +42,7 @@ def test_evaluate_worked_numbers(batch_size):
     assert m["eval/reward_mean"] == pytest.approx(1 / 3)
     assert m["eval/num_prompts"] == 3.0
     assert m["eval/mean_length"] == pytest.approx(1.0)
-    # every key is a name of grpokit.metrics (docs/metrics.md, "eval/")
+    # every key is a name of grpokit.metrics.compute (docs/metrics.md, "eval/")
     assert set(m) == {
         M.EVAL_PASS_AT_1,
         M.EVAL_FORMAT_RATE,

@@ -1,16 +1,16 @@
-"""The bad-step guard (grpokit/health.py) and the metrics it reads: reward/error_frac over dynamic sampling's
-merged rounds, failed_fractions, no_learning_signal. The whole runs are in tests/test_errors.py."""
+"""The bad-step guard (grpokit/records/health.py) and the metrics it reads: reward/error_frac over dynamic
+sampling's merged rounds, failed_fractions, no_learning_signal. The whole runs are in tests/test_errors.py."""
 
 import logging
 
 import pytest
 import torch
 
-from grpokit.batch import Groups
 from grpokit.config import load_config
-from grpokit.health import StepHealth
-from grpokit.metrics import failed_fractions, no_learning_signal
-from grpokit.optim import TrainingError
+from grpokit.data.batch import Groups
+from grpokit.metrics.compute import failed_fractions, no_learning_signal
+from grpokit.policy.optim import TrainingError
+from grpokit.records.health import StepHealth
 from grpokit.rewards.manager import RewardOutput
 from grpokit.rollout import Completions
 
@@ -68,7 +68,10 @@ def test_failed_fractions_and_no_learning_signal():
 def test_warns_when_a_stretch_starts_or_changes_and_stops_after_n_in_a_row(caplog):
     health = StepHealth(config("stop_after_bad_steps=3"))
     steps = [NO_SIGNAL, NO_SIGNAL, HEALTHY, NO_SIGNAL, {**FAILING, **NO_SIGNAL}, FAILING]
-    with caplog.at_level(logging.WARNING, logger="grpokit.health"), pytest.raises(TrainingError) as stop:
+    with (
+        caplog.at_level(logging.WARNING, logger="grpokit.records.health"),
+        pytest.raises(TrainingError) as stop,
+    ):
         for step, metrics in enumerate(steps, 1):
             health.check(step, metrics)
     assert step == 6  # steps 4, 5, 6: three in a row; step 3 broke the first stretch
@@ -99,7 +102,7 @@ def test_never_stops_on_the_last_step_nor_with_0_and_the_fraction_is_the_configs
         health.check(step, NO_SIGNAL)
     health = StepHealth(config("stop_after_bad_steps=0"))
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="grpokit.health"):
+    with caplog.at_level(logging.WARNING, logger="grpokit.records.health"):
         for step in range(1, 51):
             health.check(step, NO_SIGNAL)
     (warning,) = [r.getMessage() for r in caplog.records]

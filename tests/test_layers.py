@@ -1,10 +1,12 @@
 """grpokit's layers run one way: a module imports only from its own layer and the ones below.
 
-    0  base types        the shared containers (grpokit/types.py) and the metric names, which import nothing
-    1  core              config, algo, the batch containers, the sandbox, the registry machinery
-    2  stages, services  data, rollout engines, rewards, tools, policy, optim, distributed, checkpoint,
-                         records, metric computation
-    3  assembly          the step (algorithm.py), the critic, evaluation, the rollout pipeline and episodes
+    0  base types        the shared containers (grpokit/types.py), values.py and the metric names
+                         (grpokit/metrics/names.py), which import nothing
+    1  core              config (with the registry machinery), algo, the sandbox
+    2  stages, services  data (with the batch containers), rollout engines, rewards, tools, policy (with
+                         AdamW), distributed, checkpoint, records, metric computation
+    3  assembly          the step (algorithm.py), the critic, evaluation, the rollout pipeline and episodes,
+                         the compatibility table
     4  loops             trainer, sft
     5  face              api, cli, demo, doctor, the HTML report, the built-in tasks
 
@@ -14,7 +16,7 @@ module must have a layer in LAYERS: a new module without one fails here. An impo
 file and line; the few that still do, in files another change is rewriting, are TEMPORARY_UPWARD_IMPORTS,
 each with its reason, and the test fails once one is gone so that its entry goes too.
 
-The tasks reach the rest only through registries (grpokit/task_registry.py, grpokit/rewards/registry.py)
+The tasks reach the rest only through registries (grpokit/data/tasks.py, grpokit/rewards/registry.py)
 and the entry points pyproject.toml declares, so importing the policy or the algorithms loads no task
 and no tool (fresh interpreters below).
 """
@@ -43,7 +45,8 @@ BASE, CORE, SERVICES, ASSEMBLY, LOOPS, FACE = range(6)
 LAYERS: dict[str, int] = {
     # 0: base types; nothing here imports above it
     "grpokit.types": BASE,
-    "grpokit.metric_names": BASE,
+    "grpokit.metrics": BASE,
+    "grpokit.metrics.names": BASE,
     "grpokit.values": BASE,
     # 1: core
     "grpokit.config": CORE,
@@ -53,9 +56,9 @@ LAYERS: dict[str, int] = {
     "grpokit.config.schema": CORE,
     "grpokit.config.sections": CORE,
     "grpokit.config.sft": CORE,
-    "grpokit.registry": CORE,
-    "grpokit.imports": CORE,
-    "grpokit.batch": CORE,
+    "grpokit.config.registry": CORE,
+    "grpokit.config.imports": CORE,
+    "grpokit.data.batch": SERVICES,
     "grpokit.algo": CORE,
     "grpokit.algo.advantages": CORE,
     "grpokit.algo.fused": CORE,
@@ -75,14 +78,14 @@ LAYERS: dict[str, int] = {
     "grpokit.data.prompts": SERVICES,
     "grpokit.data.sampler": SERVICES,
     "grpokit.data.split": SERVICES,
-    "grpokit.task_registry": SERVICES,
-    "grpokit.metrics": SERVICES,
+    "grpokit.data.tasks": SERVICES,
+    "grpokit.metrics.compute": SERVICES,
     "grpokit.policy": SERVICES,
     "grpokit.policy.gguf": SERVICES,
     "grpokit.policy.loading": SERVICES,
     "grpokit.policy.logprobs": SERVICES,
     "grpokit.policy.memory": SERVICES,
-    "grpokit.optim": SERVICES,
+    "grpokit.policy.optim": SERVICES,
     "grpokit.distributed": SERVICES,
     "grpokit.distributed.parallel": SERVICES,
     "grpokit.distributed.world": SERVICES,
@@ -94,12 +97,12 @@ LAYERS: dict[str, int] = {
     "grpokit.checkpoint.whole": SERVICES,
     "grpokit.distributed.signals": SERVICES,
     "grpokit.checkpoint.sharded": SERVICES,
-    "grpokit.health": SERVICES,
-    "grpokit.threads": SERVICES,
+    "grpokit.records.health": SERVICES,
+    "grpokit.config.threads": SERVICES,
     "grpokit.rollout": SERVICES,
     "grpokit.rollout.base": SERVICES,
     "grpokit.rollout.engines": SERVICES,
-    "grpokit.policy_handle": SERVICES,
+    "grpokit.distributed.handle": SERVICES,
     "grpokit.records.run_records": SERVICES,
     "grpokit.rollout.fast": SERVICES,
     "grpokit.rollout.fleet": SERVICES,
@@ -138,10 +141,10 @@ LAYERS: dict[str, int] = {
     "grpokit.records.trackers": SERVICES,
     # 3: assembly
     "grpokit.algorithm": ASSEMBLY,
-    "grpokit.anchors": ASSEMBLY,
+    "grpokit.policy.anchors": ASSEMBLY,
     "grpokit.components": ASSEMBLY,
-    "grpokit.critic": ASSEMBLY,
-    "grpokit.compat": ASSEMBLY,
+    "grpokit.policy.critic": ASSEMBLY,
+    "grpokit.rollout.compat": ASSEMBLY,
     "grpokit.evaluate": ASSEMBLY,
     "grpokit.rollout.episodes": ASSEMBLY,
     "grpokit.rollout.pipeline": ASSEMBLY,
@@ -153,10 +156,11 @@ LAYERS: dict[str, int] = {
     "grpokit.__main__": FACE,
     "grpokit.api": FACE,
     "grpokit.cli": FACE,
-    "grpokit.config_reference": FACE,
+    "grpokit.config.reference": FACE,
     "grpokit.demo": FACE,
-    "grpokit.demo_tools": FACE,
-    "grpokit.demo_real": FACE,
+    "grpokit.demo.toy": FACE,
+    "grpokit.demo.tools": FACE,
+    "grpokit.demo.real": FACE,
     "grpokit.doctor": FACE,
     "grpokit.doctor.checks": FACE,
     "grpokit.doctor.hacking": FACE,
@@ -257,8 +261,8 @@ def test_importing_a_lower_layer_loads_no_task_and_no_tool(module):
 def test_shared_containers_have_one_home():
     """The old import paths of the moved containers give the very same classes as grpokit.types."""
     import grpokit.data
-    import grpokit.metric_names
-    import grpokit.metrics
+    import grpokit.metrics.compute
+    import grpokit.metrics.names
     import grpokit.rewards
     import grpokit.rewards.manager
     import grpokit.rewards.steps
@@ -267,9 +271,9 @@ def test_shared_containers_have_one_home():
     assert grpokit.data.PromptRow is grpokit.types.PromptRow
     assert grpokit.rewards.RewardOutput is grpokit.rewards.manager.RewardOutput is grpokit.types.RewardOutput
     assert grpokit.rewards.StepScores is grpokit.rewards.steps.StepScores is grpokit.types.StepScores
-    names = [n for n in vars(grpokit.metric_names) if not n.startswith("_")]
+    names = [n for n in vars(grpokit.metrics.names) if not n.startswith("_")]
     assert len(names) > 100 and all(
-        getattr(grpokit.metrics, n) is getattr(grpokit.metric_names, n) for n in names
+        getattr(grpokit.metrics.compute, n) is getattr(grpokit.metrics.names, n) for n in names
     )
 
 
@@ -284,7 +288,7 @@ def test_the_engine_interface_uses_the_shared_containers():
 def test_metric_names_import_nothing():
     import ast
 
-    source = (PACKAGE_DIR / "metric_names.py").read_text(encoding="utf-8")
+    source = (PACKAGE_DIR / "metrics" / "names.py").read_text(encoding="utf-8")
     imports = [n for n in ast.walk(ast.parse(source)) if isinstance(n, (ast.Import, ast.ImportFrom))]
     assert not imports, [ast.unparse(n) for n in imports]
 
@@ -376,7 +380,7 @@ print(json.dumps([task is grpokit.tasks.TASKS["countdown"], list(reward_registry
 
 def test_an_unknown_task_is_a_one_line_error_naming_the_known_ones():
     import grpokit.tasks  # noqa: F401 (registers the built-in tasks)
-    from grpokit.task_registry import get_task
+    from grpokit.data.tasks import get_task
 
     with pytest.raises(
         ValueError, match=r"unknown task 'sudoku'; allowed: \['arithmetic', 'countdown', 'multiply'"

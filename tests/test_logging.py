@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from grpokit.metrics import read_metrics
+from grpokit.metrics.compute import read_metrics
 from grpokit.records import MetricLogger, TrainProgress, plot_metrics, print_samples, series, write_report
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

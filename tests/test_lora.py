@@ -14,8 +14,8 @@ require("peft")  # in the test extra: make test installs it
 from peft import PeftModel  # noqa: E402 (after require("peft"))
 from transformers import AutoModelForCausalLM  # noqa: E402 (after require("peft"))
 
-from grpokit.batch import pack_sequences  # noqa: E402 (after require("peft"))
 from grpokit.checkpoint import list_checkpoints  # noqa: E402 (after require("peft"))
+from grpokit.data.batch import pack_sequences  # noqa: E402 (after require("peft"))
 from grpokit.policy import AdapterOff, batched_logprobs, build_reference, load_policy  # noqa: E402 (after require("peft"))
 from grpokit.trainer import Trainer  # noqa: E402 (after require("peft"))
 

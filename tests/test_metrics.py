@@ -1,5 +1,5 @@
-"""grpokit.metrics: the one reader of metrics.jsonl as each caller needs it, the trainer's metric dicts
-with worked numbers, the reserved reward names, and every name documented."""
+"""grpokit.metrics.compute: the one reader of metrics.jsonl as each caller needs it, the trainer's metric
+dicts with worked numbers, the reserved reward names, and every name documented."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import sys
 import pytest
 import torch
 
-import grpokit.metrics as M
+import grpokit.metrics.compute as M
 from grpokit.doctor import Run
-from grpokit.metrics import (
+from grpokit.metrics.compute import (
     METRICS_FILE,
     RESERVED_REWARD_NAMES,
     MeanAccumulator,
@@ -159,7 +159,7 @@ def test_critic_metrics_worked_numbers():
 
 
 def _sample_batch(advantages):
-    from grpokit.batch import RolloutBatch, pack_sequences
+    from grpokit.data.batch import RolloutBatch, pack_sequences
 
     # 3 prompts x G=2; prompt lengths 2, 3, 1; completion lengths 1, 2, 3, 0, 1, 1
     tokens = pack_sequences(
@@ -320,9 +320,12 @@ def test_every_name_is_documented():
     # reward/<fn>... are documented by their pattern
     missing = [n for n in missing if "correct" not in n]
     assert missing == []
-    assert "grpokit/metrics.py" in (DOCS / "metrics.md").read_text()
+    assert "grpokit/metrics/compute.py" in (DOCS / "metrics.md").read_text()
 
 
 def test_names_and_reader_import_without_torch():
-    code = "import sys, grpokit.metrics, grpokit.records, grpokit.doctor; assert 'torch' not in sys.modules"
+    code = (
+        "import sys, grpokit.metrics.compute, grpokit.records, grpokit.doctor; "
+        "assert 'torch' not in sys.modules"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)

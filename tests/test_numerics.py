@@ -28,7 +28,7 @@ import grpokit.algorithm
 from grpokit.algo import LossOptions, group_advantages, policy_loss
 from grpokit.checkpoint import list_checkpoints
 from grpokit.config import load_config
-from grpokit.optim import TrainingError
+from grpokit.policy.optim import TrainingError
 from grpokit.rewards import RewardManager
 from grpokit.rewards.manager import RewardSpec
 from grpokit.trainer import Trainer

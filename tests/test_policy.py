@@ -7,7 +7,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from grpokit.algo.fused import linear_logprobs
-from grpokit.batch import pack_sequences
+from grpokit.data.batch import pack_sequences
 from grpokit.policy import completion_logprobs
 
 

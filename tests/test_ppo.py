@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from grpokit.algo import explained_variance, gae_advantages, masked_whiten, token_rewards, value_loss
-from grpokit.batch import pack_sequences
 from grpokit.checkpoint import list_checkpoints
+from grpokit.data.batch import pack_sequences
 from tests.helpers import read_metrics, tiny_config
 
 
@@ -205,7 +205,7 @@ def test_critic_values_ignore_padding_and_later_tokens(tiny_model_dir, tmp_path)
 
 
 def test_cli_picks_ppo_for_gae(tiny_model_dir, tmp_path):
-    from grpokit.critic import Critic
+    from grpokit.policy.critic import Critic
     from grpokit.trainer import Trainer
 
     tr = Trainer(config(tiny_model_dir, tmp_path / "run", "algorithm.beta=0.04"))

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpokit.batch import process_rewards, step_token_ends, token_char_ends
 from grpokit.config import ConfigError, load_config
+from grpokit.data.batch import process_rewards, step_token_ends, token_char_ends
 from grpokit.rewards import RewardManager, RewardSpec, StepScores
 from grpokit.tasks import get_task, reward_registry
 from grpokit.tasks.countdown import countdown_steps

@@ -33,9 +33,9 @@ import torch
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from grpokit.batch import pack_sequences
 from grpokit.config import load_config
 from grpokit.data import PromptDataset, build_datasets
+from grpokit.data.batch import pack_sequences
 from grpokit.policy import completion_logprobs, load_tokenizer
 from grpokit.policy.gguf import resolve
 from grpokit.rollout import SamplingParams

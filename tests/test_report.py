@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 from grpokit.cli import app
 from grpokit.config import load_config
 from grpokit.doctor import diagnose
-from grpokit.metrics import read_metrics
+from grpokit.metrics.compute import read_metrics
 from grpokit.records.report import REPORT_PLOTS, write_html_report
 from grpokit.records.table import append_step, read_table
 from grpokit.trainer import Trainer

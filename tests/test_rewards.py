@@ -466,7 +466,8 @@ def test_length_reward():
 @pytest.mark.parametrize("name", ["mean", "std", "zero_std_frac", "group_std_mean", "kl_shaping"])
 def test_a_reward_named_like_a_batch_statistic_is_refused(name):
     # reward/mean, reward/std, ... are the trainer's statistics of the total reward: a function with that
-    # name would be overwritten in the step's metrics without a word (grpokit.metrics.RESERVED_REWARD_NAMES).
+    # name would be overwritten in the step's metrics without a word
+    # (grpokit.metrics.compute.RESERVED_REWARD_NAMES).
     with pytest.raises(ValueError, match=rf"name '{name}' is reserved \(reward/{name} is another metric"):
         RewardManager([RewardSpec("format", name=name)])
     RewardManager([RewardSpec("format", name=f"{name}_ok")])  # a name that merely contains it is fine

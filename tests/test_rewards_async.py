@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from grpokit.algo import group_advantages
-from grpokit.batch import process_rewards
 from grpokit.config import ConfigError, RewardSpec, load_config
+from grpokit.data.batch import process_rewards
 from grpokit.rewards import RewardError, RewardManager, RewardOutput, StepScores
 from grpokit.trainer import Trainer
 from tests.helpers import read_metrics

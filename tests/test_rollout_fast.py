@@ -19,7 +19,7 @@ from transformers import (
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 import grpokit.rollout.fast as fast
-from grpokit.batch import pack_sequences
+from grpokit.data.batch import pack_sequences
 from grpokit.policy import completion_logprobs
 from grpokit.rollout import make_engine
 from grpokit.rollout.base import SamplingParams
@@ -255,7 +255,7 @@ def test_categorical_draw_has_the_distribution_and_never_draws_a_zero():
 def test_stop_token_ids_end_a_row_like_eos_and_are_kept():
     """SamplingParams.stop_token_ids: a row ends right after its first stop sequence (kept) or at EOS, and the
     log-probs of what it kept are the model's (one scoring pass over prompt + completion)."""
-    from grpokit.batch import pack_sequences
+    from grpokit.data.batch import pack_sequences
     from grpokit.policy import completion_logprobs
     from grpokit.rollout import SamplingParams
     from grpokit.rollout.fast import FastEngine

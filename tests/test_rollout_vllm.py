@@ -12,8 +12,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from grpokit.batch import pack_sequences
 from grpokit.config import ConfigError
+from grpokit.data.batch import pack_sequences
 from grpokit.policy import completion_logprobs
 from grpokit.rollout import SamplingParams
 from grpokit.rollout.fast import FastEngine

@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpokit.data import DataError
-from grpokit.optim import lr_lambda
+from grpokit.policy.optim import lr_lambda
 from grpokit.sft import IGNORE_INDEX, collate, completion_loss, encode_pair, load_pairs, train_sft
 from grpokit.tasks.tiny_model import build_tiny_llama
 from grpokit.tasks.tokenizer import build_tokenizer
@@ -94,7 +94,7 @@ def test_lr_schedule_warmup_then_decay_to_zero():
 def test_training_and_sft_share_the_optimizer_fields_with_their_own_defaults():
     """One set of optimizer fields (OptimizerSettings); SFT's defaults differ only where stated."""
     from grpokit.config import SFT_OPTIMIZER_DEFAULTS, OptimConfig, OptimizerSettings, SFTSection
-    from grpokit.optim import Optimizer
+    from grpokit.policy.optim import Optimizer
 
     shared = set(OptimizerSettings.model_fields)
     assert shared <= set(OptimConfig.model_fields) and shared <= set(SFTSection.model_fields)

@@ -4,10 +4,10 @@ their own vocabulary with (grpokit.tasks.tokenizer / tiny_model parameters)."""
 import pytest
 import torch
 
-from grpokit import threads
+from grpokit.config import threads
+from grpokit.config.threads import choose_threads, use_threads
 from grpokit.tasks.tiny_model import build_tiny_llama
 from grpokit.tasks.tokenizer import build_tokenizer
-from grpokit.threads import choose_threads, use_threads
 from tests.helpers import read_metrics
 
 
@@ -175,7 +175,7 @@ def test_tiny_llama_takes_any_config_field():
 # ---------------------------------------------------------------- bit-identical runs at one thread count
 def _grouped_batch(prompts=8, G=8, prompt_len=12, completion_len=8):
     """prompts x G rows, each prompt's G completions after it: what a GRPO step's log-prob passes see."""
-    from grpokit.batch import pack_sequences
+    from grpokit.data.batch import pack_sequences
 
     g = torch.Generator().manual_seed(0)
     ps = [torch.randint(3, 24, (prompt_len,), generator=g).tolist() for _ in range(prompts)]

@@ -17,8 +17,8 @@ import torch
 
 from grpokit.algo import policy_loss, token_logprobs
 from grpokit.algorithm import make_loss_mask
-from grpokit.batch import pack_sequences, process_rewards
 from grpokit.config import AlgorithmConfig, ConfigError, load_config
+from grpokit.data.batch import pack_sequences, process_rewards
 from grpokit.policy import completion_logprobs
 from grpokit.rewards import RewardManager, RewardSpec, StepScores
 from grpokit.rollout import SamplingParams, make_engine

@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpokit.batch import pack_sequences
 from grpokit.checkpoint import list_checkpoints
+from grpokit.data.batch import pack_sequences
 from grpokit.policy import batched_logprobs
 from grpokit.rewards.build import reward_specs
 from grpokit.trainer import Trainer
@@ -217,8 +217,8 @@ def test_compile_gives_the_eager_numbers(tiny_model_dir, tmp_path):
 
 
 def test_micro_batches_of_similar_length_pad_less_and_give_the_same_gradient(tiny_model_dir, tmp_path):
-    from grpokit.batch import micro_batches
-    from grpokit.metrics import MeanAccumulator
+    from grpokit.data.batch import micro_batches
+    from grpokit.metrics.compute import MeanAccumulator
 
     # Four prompts, one row each: the rows order (longest first) pads least.
     single = pack_sequences([[1], [2], [3], [4]], [[5], [5, 5, 5, 5], [5, 5], [5, 5, 5]], pad_id=0)

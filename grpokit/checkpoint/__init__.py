@@ -1,5 +1,6 @@
 """Checkpoints, one owner: every stateful part of a run saved and restored at any world size, atomically.
 
+    from grpokit.checkpoint.checkpointer import Checkpointer, Weights   # (torch.distributed.checkpoint)
     checkpointer = Checkpointer(out_dir, world, policy=Weights(...), modules={...}, states={...}, ...)
     checkpointer.save(step)            # the trainer says when; checkpointer.py says how
     checkpointer.load()                # the newest complete checkpoint, or None
@@ -21,12 +22,13 @@ The rooms: checkpointer.py (the parts, the layouts, save and load), save.py (the
 the final model), sharded.py (torch.distributed.checkpoint's shards of several ranks), resume.py (the config
 compared with the checkpoint's, the weights and the one adapter loader), run.py (the lock that keeps a second
 run out of the folder, RunLock; the random generators; CheckpointError). Nothing outside this folder imports
-torch.distributed.checkpoint, writes safetensors for a checkpoint or renames one into place.
+torch.distributed.checkpoint, writes safetensors for a checkpoint or renames one into place. The package
+itself loads neither checkpointer.py nor sharded.py: `import grpokit.checkpoint` stays light (the lock, the
+error, the listing), and DCP loads with the Checkpointer.
 """
 
 from __future__ import annotations
 
-from grpokit.checkpoint.checkpointer import Checkpointer, Weights
 from grpokit.checkpoint.resume import (
     FREE_ON_RESUME,
     config_changes,
@@ -62,9 +64,7 @@ __all__ = [
     "MARKER",
     "STATE_FILE",
     "CheckpointError",
-    "Checkpointer",
     "RunLock",
-    "Weights",
     "checkpoint_dir",
     "config_changes",
     "ensure_writable_dir",

@@ -137,7 +137,7 @@ def describe(model: type[BaseModel] = Config, prefix: str = "") -> list[tuple[st
     """(dotted key, default, docstring) for every field of the sections: the table `grpokit config` prints.
 
     The same docstrings make docs/reference/config.md (lists and optional sections included), written by
-    `python -m grpokit.config_reference`; a test keeps that page equal to the code."""
+    `python -m grpokit.config.reference`; a test keeps that page equal to the code."""
     rows = []
     for name, field in model.model_fields.items():
         ann = field.annotation

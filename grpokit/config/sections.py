@@ -330,7 +330,7 @@ class AlgorithmConfig(Section):
 
 
 class PPOConfig(Section):
-    """Settings of the PPO baseline (`grpokit/critic.py`, algorithm.advantage_estimator=gae); unused by
+    """Settings of the PPO baseline (`grpokit/policy/critic.py`, algorithm.advantage_estimator=gae); unused by
     GRPO."""
 
     gamma: float = Field(1.0, ge=0, le=1)

@@ -29,7 +29,7 @@ from grpokit.data.files import SUPPORTED_FILES, DataError, load_located_rows, lo
 from grpokit.data.prompts import OVERLONG_CHOICES, PromptDataset
 from grpokit.data.sampler import PromptSampler, SamplerBookmarks
 from grpokit.data.split import split_indices, split_rows
-from grpokit.task_registry import get_task
+from grpokit.data.tasks import get_task
 from grpokit.types import Prompt, PromptRow
 
 __all__ = [

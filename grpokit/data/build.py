@@ -10,14 +10,14 @@ from grpokit.config import ConfigError
 from grpokit.data.files import DataError, column_names, load_located_rows
 from grpokit.data.prompts import PromptDataset
 from grpokit.data.split import split_indices, take
-from grpokit.task_registry import get_task
+from grpokit.data.tasks import get_task
 
 
 @dataclass
 class Datasets:
     train: PromptDataset
     eval: PromptDataset | None  # None: no held-out prompts
-    task: Any | None  # the task (grpokit/task_registry.py) the rows came from: its reward is the default
+    task: Any | None  # the task (grpokit/data/tasks.py) the rows came from: its reward is the default
 
 
 def build_datasets(

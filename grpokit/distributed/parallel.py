@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from grpokit.checkpoint.whole import is_peft
-from grpokit.policy_handle import PolicyHandle
+from grpokit.distributed.handle import PolicyHandle
 
 if TYPE_CHECKING:
     from torch.distributed.fsdp import FSDPModule
@@ -74,7 +74,7 @@ class Parallel:
 
     # ------------------------------------------------------------------ the model
     def wrap(self, model: torch.nn.Module, ref: Any = None) -> PolicyHandle:
-        """The policy's one handle (grpokit/policy_handle.py): the module whose parameters the optimizer
+        """The policy's one handle (grpokit/distributed/handle.py): the module whose parameters the optimizer
         steps, what the training forward calls, pi_ref, and the module the rollout engine generates and
         evaluates with (full() refreshes it). One process: the model itself for all three.
 

@@ -23,12 +23,12 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from grpokit.batch import PackedBatch, RolloutBatch, ValueTargets
 from grpokit.config import Config, ConfigError
+from grpokit.data.batch import PackedBatch, RolloutBatch, ValueTargets
+from grpokit.distributed.handle import PolicyHandle
 from grpokit.distributed.parallel import Parallel
 from grpokit.distributed.signals import StopSignals
-from grpokit.metrics import RANK_REDUCTIONS, MeanAccumulator
-from grpokit.policy_handle import PolicyHandle
+from grpokit.metrics.compute import RANK_REDUCTIONS, MeanAccumulator
 from grpokit.types import RewardOutput
 
 REDUCE: dict[str, Callable[[list[float]], float]] = {
@@ -68,13 +68,17 @@ def check_config(cfg: Config, world_size: int) -> None:
             f"optim.micro_batch_size={cfg.optim.micro_batch_size} must divide each rank's share of a "
             f"minibatch, {share} completions {where}"
         )
-    if cfg.rollout.engine == "vllm" and cfg.rollout.vllm_mode == "server" and cfg.rollout.max_policy_lag:
+    from grpokit.rollout.engines import select  # at start-up only: importing the policy loads no engine
+
+    engine = select(cfg.rollout)  # what it can do is its EngineCaps' to say, never its name's
+    if not engine.caps.lag_at_ranks and cfg.rollout.max_policy_lag:
+        which = f"rollout.{engine.variant}" if engine.variant else engine.setting
         raise ConfigError(
-            f"rollout.max_policy_lag={cfg.rollout.max_policy_lag} with rollout.vllm_mode=server {where} "
+            f"rollout.max_policy_lag={cfg.rollout.max_policy_lag} with {which} {where} "
             "would have each rank's background sampler push to the server beside the training's "
             "collectives; use rollout.max_policy_lag=0, or one trainer process"
         )
-    if gathers_on_push(cfg) and cfg.distributed.strategy == "fsdp2" and cfg.rollout.max_policy_lag:
+    if engine.caps.pushes_from_shards and cfg.distributed.strategy == "fsdp2" and cfg.rollout.max_policy_lag:
         raise ConfigError(
             f"rollout.max_policy_lag={cfg.rollout.max_policy_lag} with rollout.engine=vllm under "
             f"distributed.strategy=fsdp2 {where} would need a whole copy of the policy per rank for the "
@@ -87,7 +91,7 @@ def check_config(cfg: Config, world_size: int) -> None:
             "distributed.mixed_precision=none (or model.autocast=bfloat16) with the critic"
         )
     copy = cfg.distributed.engine_copy
-    if copy != "fp32" and (cfg.distributed.strategy != "fsdp2" or gathers_on_push(cfg)):
+    if copy != "fp32" and (cfg.distributed.strategy != "fsdp2" or engine.caps.pushes_from_shards):
         raise ConfigError(
             f"distributed.engine_copy={copy} is the dtype of the whole copy of the policy that "
             "rollout.engine=fast or hf keeps under distributed.strategy=fsdp2; with distributed.strategy="
@@ -97,10 +101,12 @@ def check_config(cfg: Config, world_size: int) -> None:
 
 
 def gathers_on_push(cfg: Config) -> bool:
-    """The run's engine is vLLM, which under FSDP2 takes the policy from its shards as it pushes: colocated,
-    each rank into its own engine (grpokit/rollout/vllm.py); in server mode, rank 0 to the server
-    (grpokit/rollout/server.py). No whole copy of the policy for it (Parallel.whole_copy)."""
-    return cfg.rollout.engine == "vllm"
+    """The run's engine takes the policy from its FSDP2 shards as it pushes (EngineCaps.pushes_from_shards:
+    vLLM colocated, each rank into its own engine, or rank 0 to a server). No whole copy of the policy for it
+    (Parallel.whole_copy)."""
+    from grpokit.rollout.engines import select
+
+    return select(cfg.rollout).caps.pushes_from_shards
 
 
 class World:

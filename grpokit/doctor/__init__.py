@@ -4,7 +4,7 @@ finds in it, with the step range and the fix.
     grpokit doctor runs/x        # table of findings; exit 0 healthy, 1 findings, 2 no readable run
 
     from grpokit.doctor import diagnose
-    from grpokit.metrics import read_metrics
+    from grpokit.metrics.compute import read_metrics
     findings = diagnose(read_metrics("runs/x/metrics.jsonl"), config_dict_or_None)
 
 Each check is a small function of the run, listed in CHECKS in the order one debugs a run:

@@ -16,7 +16,7 @@ from grpokit.doctor.thresholds import (
     SPAM_MIN_RISE,
     SPAM_Z,
 )
-from grpokit.metrics import (
+from grpokit.metrics.compute import (
     EVAL_PASS_AT_1,
     REWARD_MEAN,
     REWARD_STD,

@@ -15,7 +15,7 @@ from grpokit.doctor.thresholds import (
     GRAD_SPIKE_Z,
     NONFINITE_KEYS,
 )
-from grpokit.metrics import (
+from grpokit.metrics.compute import (
     POLICY_GRAD_NORM,
     POLICY_SKIPPED_UPDATES,
 )

@@ -26,7 +26,7 @@ from grpokit.doctor.thresholds import (
     MIN_STEPS,
     RATIO_TOL,
 )
-from grpokit.metrics import (
+from grpokit.metrics.compute import (
     POLICY_CLIP_FRAC,
     POLICY_ENTROPY,
     POLICY_GRAD_NORM,

@@ -8,7 +8,7 @@ from pathlib import Path
 from grpokit.doctor.checks import run_checks
 from grpokit.doctor.run import CONFIG_FILE, Finding, Run, row_step
 from grpokit.doctor.thresholds import MIN_STEPS
-from grpokit.metrics import (
+from grpokit.metrics.compute import (
     METRICS_FILE,
     read_metrics,
 )

@@ -28,7 +28,7 @@ from grpokit.doctor.thresholds import (
     ZERO_STD_ERROR,
     ZERO_STD_MAX,
 )
-from grpokit.metrics import (
+from grpokit.metrics.compute import (
     REWARD_ERROR_FRAC,
     REWARD_MEAN,
     REWARD_NONE_FRAC,

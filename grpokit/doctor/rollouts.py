@@ -7,7 +7,7 @@ import numpy as np
 from grpokit.doctor.run import Finding, Run
 from grpokit.doctor.stats import percent, rounded, start_level, sustained
 from grpokit.doctor.thresholds import LEN_BLOWUP_FACTOR, LEN_COLLAPSE_FRAC, MIN_STEPS, TRUNC_ERROR, TRUNC_MAX
-from grpokit.metrics import (
+from grpokit.metrics.compute import (
     ROLLOUT_COMPLETION_LEN_MEAN,
     ROLLOUT_TRUNCATED_FRAC,
 )

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from grpokit.metrics import (
+from grpokit.metrics.compute import (
     record_step,
 )
 from grpokit.values import finite_number

@@ -3,7 +3,7 @@ and fix."""
 
 from __future__ import annotations
 
-from grpokit.metrics import (
+from grpokit.metrics.compute import (
     ADVANTAGE_MEAN,
     POLICY_ENTROPY,
     POLICY_GRAD_NORM,

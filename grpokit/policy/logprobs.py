@@ -5,7 +5,7 @@
     # (fused=None: auto)
     logp = batched_logprobs(model_or_adapter_off, packed, micro_batch_size=8)   # no grad, eval mode
 
-`packed` is a grpokit.batch.PackedBatch (pack_sequences: left-padded prompts, right-padded completions).
+`packed` is a grpokit.data.batch.PackedBatch (pack_sequences: left-padded prompts, right-padded completions).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from torch import Tensor
 
 from grpokit.algo import token_entropy, token_logprobs
 from grpokit.algo.fused import linear_logprobs
-from grpokit.batch import PackedBatch, micro_batches
+from grpokit.data.batch import PackedBatch, micro_batches
 from grpokit.distributed import is_sharded
 from grpokit.policy.loading import AdapterOff, autocast_of, is_checkpointing, is_lora
 

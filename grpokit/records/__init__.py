@@ -19,7 +19,8 @@ plots.py     plot_metrics, draw_plot, write_report (report.md), series
 table.py     the completion table: completions.parquet, read_table, `grpokit show` (print_table)
 report.py    write_html_report: the self-contained HTML page of `grpokit report` (docs/report.md)
 
-Metric names, the file names and the one reader of metrics.jsonl (read_metrics) are grpokit/metrics.py.
+Metric names, the file names and the one reader of metrics.jsonl (read_metrics) are
+grpokit/metrics/compute.py.
 """
 
 from grpokit.records.plots import PLOTS, PlotSpec, plot_metrics, plot_run, series, write_report

@@ -3,12 +3,12 @@
     paths = plot_metrics("runs/x/metrics.jsonl", "runs/x/plots")   # reward.png, eval.png, kl.png, ...
     write_report("runs/x", title="countdown, Qwen2.5-0.5B", summary_rows=[("metric", "before", "after"),
                  ("eval/pass@1", "0.12", "0.41")], plots=paths)
-    # read_metrics: grpokit.metrics.read_metrics
+    # read_metrics: grpokit.metrics.compute.read_metrics
     steps, values = series(read_metrics("runs/x/metrics.jsonl"), "reward/mean")
 
 A plot whose metrics are all absent is skipped; missing keys and null values are gaps, never errors.
 Figures are drawn on matplotlib's Agg canvas directly: no pyplot, no global backend switch, no display.
-The metric names are defined in docs/metrics.md and grpokit/metrics.py.
+The metric names are defined in docs/metrics.md and grpokit/metrics/compute.py.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grpokit.metrics import (
+from grpokit.metrics.compute import (
     EVAL_PASS_AT_1,
     EVAL_PREFIX,
     METRICS_FILE,

@@ -18,7 +18,14 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from grpokit.metrics import EVAL_PASS_AT_1, POLICY_KL, REWARD_MEAN, REWARD_PREFIX, as_number, reward_fn
+from grpokit.metrics.compute import (
+    EVAL_PASS_AT_1,
+    POLICY_KL,
+    REWARD_MEAN,
+    REWARD_PREFIX,
+    as_number,
+    reward_fn,
+)
 from grpokit.values import shorten
 
 if TYPE_CHECKING:

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from grpokit.metrics import (
+from grpokit.metrics.compute import (
     EVAL_PASS_AT_1,
     EVAL_PREFIX,
     METRICS_FILE,

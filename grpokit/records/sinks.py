@@ -7,7 +7,7 @@ installed, Weights & Biases, MLflow and trackio when asked for (their classes: t
     log.log_samples(step, [{"prompt": ..., "completion": ..., "reward": 1.0}])
     log.close()
 
-Every metric name is defined in docs/metrics.md and grpokit/metrics.py. Only the main process should
+Every metric name is defined in docs/metrics.md and grpokit/metrics/compute.py. Only the main process should
 hold a MetricLogger (the JSONL files are appended to without locking).
 """
 
@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from grpokit.metrics import (
+from grpokit.metrics.compute import (
     METRICS_FILE,
     RECORD_FIELDS,
     SAMPLES_FILE,

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from grpokit.metrics import (
+from grpokit.metrics.compute import (
     COMPLETIONS_FILE,
     METRICS_FILE,
     REWARD_PREFIX,

@@ -56,8 +56,8 @@ import torch
 from torch import Tensor
 
 from grpokit.config import RewardSpec, check_on_timeout
-from grpokit.imports import did_you_mean, load_object
-from grpokit.metrics import RESERVED_REWARD_NAMES
+from grpokit.config.imports import did_you_mean, load_object
+from grpokit.metrics.compute import RESERVED_REWARD_NAMES
 from grpokit.rewards.builtins import BUILTIN_REWARDS
 from grpokit.rewards.concurrent import LoopThread, Pending, RewardLimit, is_async
 from grpokit.rewards.steps import StepScores
@@ -74,7 +74,8 @@ CALL_ARGS = ("prompts", "completions", "completion_ids")
 #: name)
 EPISODE_ARGS = ("episodes", "environments")
 #: names a reward may not take: they would collide with the summary metrics
-_RESERVED_NAMES = RESERVED_REWARD_NAMES  # reward/<name> of these is another metric (grpokit/metrics.py)
+# reward/<name> of these is another metric (grpokit/metrics/compute.py)
+_RESERVED_NAMES = RESERVED_REWARD_NAMES
 
 
 #: reward name -> function: the names a spec's `function` may use (BUILTIN_REWARDS by default;

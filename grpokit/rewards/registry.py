@@ -9,7 +9,7 @@ tools and other packages register.
 grpokit.tasks registers the built-in tasks' rewards (countdown, countdown_steps, multiply, word_problems) and
 grpokit.tools.rewards the process rewards on tool use, when they are imported; pyproject.toml names
 them as "grpokit.rewards" entry points too, so that reward_registry() has them when nothing imported
-those modules (grpokit/registry.py). Rewards never import tasks or tools.
+those modules (grpokit/config/registry.py). Rewards never import tasks or tools.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from grpokit.registry import Registry
+from grpokit.config.registry import Registry
 from grpokit.rewards.builtins import BUILTIN_REWARDS
 
 #: the order names are listed in (error messages, docs/errors.md): the answer checkers, the tasks' rewards,

@@ -8,10 +8,10 @@ A reward function returns, for each completion, a float (an outcome reward), Non
 applicable) or a StepScores: one score per step and the character offset in the completion
 text where each step ends (`text[:ends[k]]` is the text up to and including step k). Offsets
 are characters because reward functions see text; the trainer maps them to completion tokens
-with the tokenizer (`token_char_ends`, `step_token_ends` in grpokit/batch.py).
+with the tokenizer (`token_char_ends`, `step_token_ends` in grpokit/data/batch.py).
 
 How a batch's rewards become the step rewards of each completion (`process_rewards`,
-grpokit/batch.py), the rule when outcome and step rewards are mixed: every reward function
+grpokit/data/batch.py), the rule when outcome and step rewards are mixed: every reward function
 contributes weight x score at the token where each of its steps ends; an outcome reward (a
 float) is a single step ending at the completion's last token. Contributions that land on the
 same token add up into one step.

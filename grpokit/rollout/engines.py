@@ -216,6 +216,8 @@ ROWS = {
     "sleep": "frees GPU memory during the update (CUDA)",
     "own_process": "samples in a process of its own",
     "compiles": "compiles its forward with model.compile",
+    "pushes_from_shards": "takes the weights from FSDP2's shards as it pushes (no whole copy kept)",
+    "lag_at_ranks": "samples ahead (max_policy_lag > 0) under torchrun",
 }
 
 

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from grpokit.algo.importance import importance_weights, sampler_mismatch, weight_stats
-from grpokit.metrics import (
+from grpokit.metrics.compute import (
     ROLLOUT_IS_CLIP_FRAC,
     ROLLOUT_IS_WEIGHT_MEAN,
     ROLLOUT_LOGP_DIFF_MAX,

@@ -62,7 +62,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from grpokit.metrics import (
+from grpokit.metrics.compute import (
     PERF_ROLLOUT_TIME,
     PERF_ROLLOUT_WAIT,
     PERF_WEIGHTS_WAIT,

@@ -237,7 +237,14 @@ class VLLMServerEngine(RolloutEngine):
     fleet of them, over HTTP."""
 
     # Under torchrun every rank is a client and rank 0 alone pushes (sync_weights). LoRA: merged weights.
-    caps = EngineCaps(sampling_logprobs=True, several_ranks=True, stop_sequences=True, own_process=True)
+    caps = EngineCaps(
+        sampling_logprobs=True,
+        several_ranks=True,
+        stop_sequences=True,
+        own_process=True,
+        pushes_from_shards=True,
+        lag_at_ranks=False,
+    )
 
     @classmethod
     def from_config(cls, model, tokenizer, *, batch_size: int = 0, compile: bool = False, rollout=None):

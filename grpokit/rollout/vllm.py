@@ -266,7 +266,14 @@ class VLLMEngine(RolloutEngine):
     """rollout.engine=vllm: generates with vLLM in this process; sync_weights pushes the policy's tensors."""
 
     # Under torchrun each rank runs an engine of its own; LoRA: merged weights pushed; sleep on CUDA only.
-    caps = EngineCaps(sampling_logprobs=True, several_ranks=True, lora=True, stop_sequences=True, sleep=True)
+    caps = EngineCaps(
+        sampling_logprobs=True,
+        several_ranks=True,
+        lora=True,
+        stop_sequences=True,
+        sleep=True,
+        pushes_from_shards=True,
+    )
 
     @classmethod
     def from_config(

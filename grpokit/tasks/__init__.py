@@ -8,7 +8,7 @@
 Every task has the same small interface (`Task`, grpokit/tasks/base.py, with the train / test
 split by hash). Text formats are compact because the demo model is character-level and pays per
 character. Tasks use rewards (grpokit.rewards), never the reverse: importing this package registers
-the tasks with the data layer (grpokit/task_registry.py, so data.task may name them) and their rewards,
+the tasks with the data layer (grpokit/data/tasks.py, so data.task may name them) and their rewards,
 TASK_REWARDS, with the rewards' registry (grpokit/rewards/registry.py: `reward_registry()` is every
 name a config's `rewards` may use, for RewardManager(specs, registry=reward_registry())). The
 "grpokit.tasks" and "grpokit.rewards" entry points in pyproject.toml name them too, so a run finds
@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import grpokit.tools.rewards  # noqa: F401 (importing it registers the process rewards on tool use)
+from grpokit.data.tasks import get_task, register_task
 from grpokit.rewards.registry import TASK, register_reward, reward_registry
-from grpokit.task_registry import get_task, register_task
 from grpokit.tasks.arithmetic import ArithmeticTask
 from grpokit.tasks.base import TEST_PERCENT, Split, Task, check_split, split_of
 from grpokit.tasks.countdown import CountdownTask, countdown_reward, countdown_steps

@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from grpokit.metrics import ROLLOUT_TOOLS_PREFIX, TOOL_METRICS
+from grpokit.metrics.compute import ROLLOUT_TOOLS_PREFIX, TOOL_METRICS
 
 #: ToolCall.error values that mean the model's call itself was wrong (vs. the tool failing or timing out)
 CALL_ERRORS = ("parse", "unknown_tool", "bad_args")

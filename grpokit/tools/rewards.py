@@ -1,7 +1,7 @@
 """Process rewards on tool use, from objective evidence only: what the parser, the tools' signatures
 and the tools' own results say, never "more steps". Each is a TRL-style reward taking `episodes=` (multi-turn
 rollouts with tools); a per-call score is a StepScores whose step ends at the call's last character, so the
-process-reward path (DeepSeekMath §4.1.3, grpokit/batch.py) credits the tokens of that call.
+process-reward path (DeepSeekMath §4.1.3, grpokit/data/batch.py) credits the tokens of that call.
 
     name              per call (StepScores, step = one call)              outcome (reward/<name>)    no call
     tool_call_valid   1 if it parsed and named an existing tool, else 0   fraction valid             None

@@ -14,14 +14,14 @@ from collections.abc import Callable
 from typing import Any
 
 from grpokit.config import ConfigError, RewardSpec, ToolsConfig
-from grpokit.imports import load_object
+from grpokit.config.imports import load_object
 from grpokit.tools.builtin import BUILTIN_TOOLS
 from grpokit.tools.registry import Tool, ToolBox, as_tool, check_environment_class
 
 
 def resolve_callable(spec: str | Callable[..., Any], key: str) -> Callable[..., Any]:
     """package.module:name or path/to/file.py:name (a dotted attribute path works) -> the object
-    (grpokit/imports.py); a callable as is."""
+    (grpokit/config/imports.py); a callable as is."""
     if callable(spec):
         return spec
     hint = "point at a class or a factory" if key == "tools.environment" else "point at a function"

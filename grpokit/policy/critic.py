@@ -28,10 +28,10 @@ import torch
 from torch import Tensor, nn
 
 from grpokit.algo import gae_advantages, masked_whiten, token_rewards, value_loss
-from grpokit.batch import PackedBatch, ValueTargets
 from grpokit.checkpoint import CheckpointError
+from grpokit.data.batch import PackedBatch, ValueTargets
 from grpokit.distributed import World
-from grpokit.metrics import (
+from grpokit.metrics.compute import (
     PERF_CRITIC_TRAIN_TIME,
     PERF_VALUE_TIME,
     VALUE_SKIPPED_UPDATES,
@@ -39,8 +39,8 @@ from grpokit.metrics import (
     critic_metrics,
     value_name,
 )
-from grpokit.optim import Optimizer
 from grpokit.policy import is_checkpointing, load_model_from_config
+from grpokit.policy.optim import Optimizer
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig

@@ -1,5 +1,5 @@
 """Named registries that other modules and packages add to: the reward functions a config may name
-(grpokit/rewards/registry.py) and the tasks data.task may name (grpokit/task_registry.py).
+(grpokit/rewards/registry.py) and the tasks data.task may name (grpokit/data/tasks.py).
 
     REWARDS = Registry("grpokit.rewards", "reward")
     REWARDS.register("mine", my_reward)

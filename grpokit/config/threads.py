@@ -80,7 +80,7 @@ def busy_cores(window: float = WINDOW_S) -> float | None:
 def choose_threads(
     requested: int,
     *,
-    environ: dict | None = None,
+    environ: dict[str, str] | None = None,
     cores: int | None = None,
     busy: float | None = None,
     resumed: int = 0,

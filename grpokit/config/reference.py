@@ -1,6 +1,6 @@
 """The reference of every config key, written from the config's own field docstrings.
 
-    python -m grpokit.config_reference [--out docs/reference/config.md]
+    python -m grpokit.config.reference [--out docs/reference/config.md]
     grpokit config-reference [--out docs/reference/config.md]
 
 `render()` returns the Markdown page: one table per section (key, type, default, description) for
@@ -23,7 +23,7 @@ from pydantic.fields import FieldInfo
 from grpokit.config import Config, SFTConfig
 
 DEFAULT_OUT = Path("docs/reference/config.md")
-COMMAND = "python -m grpokit.config_reference"
+COMMAND = "python -m grpokit.config.reference"
 
 
 def _section_model(annotation: Any) -> type[BaseModel] | None:
@@ -72,10 +72,12 @@ def _cell(text: str) -> str:
     return text.replace("<", "&lt;").replace(">", "&gt;")
 
 
-def _sections(model: type[BaseModel], prefix: str = "") -> list[tuple[str, type[BaseModel], list]]:
+def _sections(
+    model: type[BaseModel], prefix: str = ""
+) -> list[tuple[str, type[BaseModel], list[tuple[str, FieldInfo]]]]:
     """[(section key, its model, [(key, field), ...]), ...]: top-level keys first, then each section."""
     rows: list[tuple[str, FieldInfo]] = []
-    nested: list[tuple[str, type[BaseModel], list]] = []
+    nested: list[tuple[str, type[BaseModel], list[tuple[str, FieldInfo]]]] = []
     for name, field in model.model_fields.items():
         inner = _section_model(field.annotation)
         if inner is None:
@@ -93,7 +95,9 @@ def _doc(model: type[BaseModel]) -> str:
     return " ".join(own.split()) if own else ""
 
 
-def _table(section: str, model: type[BaseModel], rows: list, parent_doc: str) -> list[str]:
+def _table(
+    section: str, model: type[BaseModel], rows: list[tuple[str, FieldInfo]], parent_doc: str
+) -> list[str]:
     title = f"`{section}`" if section else "top level"
     out = [f"### {title}", ""]
     doc = _doc(model) or parent_doc

@@ -16,10 +16,10 @@ from typing import Literal
 
 from torch import Tensor
 
-from grpokit.batch import PackedBatch
 from grpokit.config import Config
+from grpokit.data.batch import PackedBatch
+from grpokit.distributed.handle import PolicyHandle
 from grpokit.policy import batched_logprobs
-from grpokit.policy_handle import PolicyHandle
 
 
 def pi_old_source(cfg: Config) -> Literal["sampler", "policy", "none"]:

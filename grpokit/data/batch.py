@@ -140,7 +140,7 @@ def repeat_rows(rows: list[PromptRow], G: int) -> tuple[list[Any], dict[str, lis
 
 @dataclass
 class ValueTargets:
-    """What the PPO critic's update needs from the rollout (grpokit/critic.py)."""
+    """What the PPO critic's update needs from the rollout (grpokit/policy/critic.py)."""
 
     values: Tensor  # [N, T] V_old: the critic at rollout time (the value-clipping anchor)
     returns: Tensor  # [N, T] GAE returns A + V_old: the critic's targets

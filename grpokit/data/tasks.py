@@ -1,10 +1,10 @@
 """The tasks data.task may name: grpokit/data/build.py builds a run's rows from one, and its reward is the
 run's default. The data layer owns this registry; grpokit.tasks (the built-in tasks) registers into it
 when imported, and pyproject.toml names them as "grpokit.tasks" entry points, so that a config naming
-one finds it when nothing imported grpokit.tasks (grpokit/registry.py). Another package adds its tasks
+one finds it when nothing imported grpokit.tasks (grpokit/config/registry.py). Another package adds its tasks
 with an entry point of its own, or register_task.
 
-    from grpokit.task_registry import get_task, register_task
+    from grpokit.data.tasks import get_task, register_task
     register_task("mine", MyTask())     # make_rows(split, n, seed), reward(...), name (grpokit.tasks.Task)
     get_task("countdown")
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from grpokit.registry import Registry
+from grpokit.config.registry import Registry
 
 #: a "grpokit.tasks" entry point may name a task or its class (made with no arguments)
 TASKS = Registry("grpokit.tasks", "task", make=lambda obj: obj() if isinstance(obj, type) else obj)

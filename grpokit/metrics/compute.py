@@ -1,9 +1,9 @@
 """The metrics log's one reader and the pure functions that turn a step's tensors into the trainer's
-metric dicts. The names themselves are in grpokit/metric_names.py, which imports nothing; every name
-there is importable from here too, so `grpokit.metrics` stays the one import path for both.
-docs/metrics.md defines each name.
+metric dicts. The names themselves are in grpokit/metrics/names.py, which imports nothing; every name
+there is importable from here too, so one import serves a module that needs both. docs/metrics.md defines
+each name.
 
-    from grpokit import metrics as M
+    from grpokit.metrics import compute as M
     rows = M.read_metrics("runs/x/metrics.jsonl")    # [{"step": 1, "time": 1.7e9, "reward/mean": 0.4, ...},
                                                      # ...]
     M.rollout_metrics(rewards, advantages, completion_mask, truncated, prompt_lengths, 8, prompts_truncated)
@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-# Every name, re-exported: grpokit.metrics stays an import path for the names.
-from grpokit.metric_names import *  # noqa: F403 (re-export of every metric name)
-from grpokit.metric_names import (
+# Every name, re-exported: grpokit.metrics.compute stays an import path for the names.
+from grpokit.metrics.names import *  # noqa: F403 (re-export of every metric name)
+from grpokit.metrics.names import (
     ADVANTAGE_ABS_MEAN,
     ADVANTAGE_MEAN,
     ADVANTAGE_RAW_MEAN,
@@ -65,7 +65,7 @@ from grpokit.metric_names import (
 if TYPE_CHECKING:
     from torch import Tensor
 
-    from grpokit.batch import RolloutBatch
+    from grpokit.data.batch import RolloutBatch
 
 
 # ---------------------------------------------------------------------------------------------
@@ -115,7 +115,7 @@ def as_number(value: Any) -> float | None:
 def no_learning_signal(record: Mapping[str, Any]) -> bool:
     """The step had no learning signal: every group's G rewards were equal (reward/zero_std_frac = 1), so
     every advantage was 0 (advantage/abs_mean = 0; PPO's critic and process rewards can still have some). The
-    trainer's bad-step guard (grpokit/health.py) and the doctor both ask this."""
+    trainer's bad-step guard (grpokit/records/health.py) and the doctor both ask this."""
     return record.get(REWARD_ZERO_STD_FRAC) == 1.0 and record.get(ADVANTAGE_ABS_MEAN, 0.0) == 0.0
 
 
@@ -216,7 +216,7 @@ def perf_metrics(
 ) -> dict[str, float]:
     """perf/ throughput of one step. completion_tokens: generated (the completion mask's sum);
     train_tokens: prompt + completion tokens through forward and backward, counted once per pass;
-    threads: torch's CPU thread count (grpokit/threads.py)."""
+    threads: torch's CPU thread count (grpokit/config/threads.py)."""
     return {
         PERF_STEP_TIME: step_time,
         PERF_TRAIN_TIME: train_time,

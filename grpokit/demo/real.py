@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 
 from grpokit.config import ConfigError
-from grpokit.demo import eval_rows, train_grpo
-from grpokit.metrics import (
+from grpokit.demo.toy import eval_rows, train_grpo
+from grpokit.metrics.compute import (
     EVAL_MEAN_LENGTH,
     EVAL_NUM_PROMPTS,
     EVAL_PASS_AT_1,

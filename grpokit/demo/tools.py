@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from grpokit.demo import (
+from grpokit.demo.toy import (
     DemoSettings,
     demo_result,
     eval_rows,
@@ -34,7 +34,7 @@ from grpokit.demo import (
     train_grpo,
     warm_start,
 )
-from grpokit.metrics import (
+from grpokit.metrics.compute import (
     EVAL_NUM_PROMPTS,
     EVAL_PASS_AT_1,
     EVAL_TOOLS_CALLS_PER_EPISODE,

@@ -2,7 +2,7 @@
 warning that says what to change; `stop_after_bad_steps` of them in a row stop the run with a TrainingError.
 
     health = StepHealth(cfg)
-    health.check(step, metrics)   # after the step is logged: warns (logger "grpokit.health") or raises
+    health.check(step, metrics)   # after the step is logged: warns (logger grpokit.records.health) or raises
                                   # TrainingError
 
 A step is bad when
@@ -28,10 +28,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from grpokit.config import Config
-from grpokit.metrics import failed_fractions, no_learning_signal
-from grpokit.optim import TrainingError
+from grpokit.metrics.compute import failed_fractions, no_learning_signal
+from grpokit.policy.optim import TrainingError
 
-logger = logging.getLogger("grpokit.health")
+logger = logging.getLogger("grpokit.records.health")
 
 
 class StepHealth:

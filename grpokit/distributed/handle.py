@@ -21,8 +21,6 @@ from typing import Any
 
 import torch
 
-from grpokit.checkpoint.whole import whole_module
-
 
 class PolicyHandle:
     def __init__(
@@ -72,6 +70,8 @@ class PolicyHandle:
     def gathered(self) -> torch.nn.Module | None:
         """saved(), whole in one module on rank 0 (FSDP2: the shards gathered, checkpoint.whole_module; every
         rank calls it); the others get None. One process and DDP: the module itself."""
+        from grpokit.checkpoint.whole import whole_module  # a save's business: not loaded with the policy
+
         return whole_module(self.saved())
 
     def reset_reference(self) -> None:

@@ -1,7 +1,7 @@
 """Every metric name grpokit logs and the metrics log's file names: constants and the builders of names
 with a part chosen at run time. docs/metrics.md defines each name.
 
-    from grpokit import metric_names as M      # or grpokit.metrics, which re-exports every name here
+    from grpokit.metrics import names as M      # or grpokit.metrics.compute, which re-exports every name here
     M.REWARD_MEAN                               # "reward/mean"
     M.reward_fn("correct")                      # "reward/correct"
 
@@ -12,7 +12,7 @@ function's name, a key of a loss's metrics, eval's k) comes from a builder below
 -> "reward/correct"); every other name is a constant.
 
 This module imports nothing: every layer of grpokit may use the names (the metric computation and
-the reader of metrics.jsonl are in grpokit/metrics.py).
+the reader of metrics.jsonl are in grpokit/metrics/compute.py).
 """
 
 # ---------------------------------------------------------------------------------------------

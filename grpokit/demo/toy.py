@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, TypedDict
 
 import torch
 
-from grpokit.metrics import (
+from grpokit.metrics.compute import (
     EVAL_FORMAT_RATE,
     EVAL_MEAN_LENGTH,
     EVAL_NUM_PROMPTS,

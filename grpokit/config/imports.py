@@ -22,7 +22,7 @@ import pkgutil
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 
 def did_you_mean(name: str, candidates: Iterable[str]) -> str:
@@ -126,4 +126,4 @@ def load_object(
         obj = getattr(obj, attr)
     if not callable(obj):
         raise error(f"{what}: {attr_path!r} is a {type(obj).__name__}, not callable; {hint}")
-    return obj
+    return cast("Callable[..., Any]", obj)
