@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import fields, replace
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -37,30 +37,19 @@ from grpokit.metrics.compute import (
     ROLLOUT_GROUPS_TOPPED_UP,
     ROLLOUT_SAMPLING_ROUNDS,
 )
+from grpokit.types import Ranks
 
 #: advantage scales whose statistics are over the whole batch (the others are per group: local to a rank)
 BATCH_SCALES = ("batch", "batch_centered")
 
 
-class Ranks(Protocol):
-    """What these functions ask of the ranks (grpokit.distributed.World has it all)."""
-
-    size: int
-    rank: int
-
-    def sum(self, value: Any) -> Any: ...
-
-    def gather(self, obj: Any) -> list[Any]: ...
-
-    def all_rows(self, x: Tensor) -> Tensor: ...
-
-    def my_rows(self, x: Tensor) -> Tensor: ...
-
-
 class _OneProcess:
     """The ranks of a caller that passes none: one, whose collectives return what it has (as World's at 1)."""
 
-    size, rank = 1, 0
+    size, rank, is_main = 1, 0, True
+
+    def barrier(self) -> None:
+        return None
 
     def sum(self, value: Any) -> Any:
         return value

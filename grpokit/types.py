@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -255,3 +255,26 @@ def _nanmean(x: Tensor) -> float:
 def _nanstd(x: Tensor) -> float:
     x = x[~x.isnan()]
     return x.std().item() if x.numel() >= 2 else float("nan")
+
+
+class Ranks(Protocol):
+    """What the modules below the loop ask of the ranks: grpokit.distributed.World has it all, and at world
+    size 1 every collective returns what the one process has. The math (grpokit/algorithm.py) and the
+    checkpoints (grpokit/checkpoint/) take a Ranks, never the World, so that neither reads the world's
+    wrapping or its process group."""
+
+    size: int
+    rank: int
+
+    @property
+    def is_main(self) -> bool: ...
+
+    def sum(self, value: Any) -> Any: ...
+
+    def gather(self, obj: Any) -> list[Any]: ...
+
+    def barrier(self) -> None: ...
+
+    def all_rows(self, x: Tensor) -> Tensor: ...
+
+    def my_rows(self, x: Tensor) -> Tensor: ...

@@ -36,7 +36,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch.distributed.checkpoint.stateful import Stateful
@@ -46,20 +46,7 @@ from grpokit.checkpoint.run import CheckpointError, rng_state, seed_everything, 
 from grpokit.checkpoint.save import checkpoint_dir, is_sharded_checkpoint, save_checkpoint
 from grpokit.checkpoint.sharded import Modules, load_sharded, save_sharded
 from grpokit.checkpoint.whole import is_peft
-
-
-class Ranks(Protocol):
-    """What the Checkpointer asks of the ranks (grpokit.distributed.World has it all)."""
-
-    rank: int
-    size: int
-
-    @property
-    def is_main(self) -> bool: ...
-
-    def gather(self, obj: Any) -> list[Any]: ...
-
-    def barrier(self) -> None: ...
+from grpokit.types import Ranks
 
 
 @dataclass
