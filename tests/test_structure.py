@@ -512,6 +512,7 @@ def test_long_function_allowlist_is_current():
     assert not stale, "stale LONG_FUNCTION_ALLOWLIST entries (gone or now short enough): " + ", ".join(stale)
 
 
+@pytest.mark.slow  # a fork per module, ~40 s: make test runs it, make test-fast leaves it out
 def test_every_module_imports_alone():
     modules = sorted(discover_modules(PACKAGE_DIR, PACKAGE_NAME))
     assert PACKAGE_NAME in modules and len(modules) > 1
