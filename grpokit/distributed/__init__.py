@@ -27,7 +27,7 @@ sharding is FSDP2's fully_shard and the replication DDP's. Checkpoints are grpok
 Checkpointer is handed the modules and the ranks). docs/scaling.md has the whole picture.
 
 One module per job: world.py (World: the ranks, the process group, the collectives), signals.py (the stop
-signals) and parallel.py (FSDP2 / DDP wrapping, the policy's handle).
+signals), parallel.py (FSDP2 / DDP wrapping) and handle.py (the policy's one handle).
 """
 
 from __future__ import annotations
