@@ -56,6 +56,7 @@ LAYERS: dict[str, int] = {
     "grpokit.config.schema": CORE,
     "grpokit.config.sections": CORE,
     "grpokit.config.sft": CORE,
+    "grpokit.config.world": CORE,
     "grpokit.config.registry": CORE,
     "grpokit.config.imports": CORE,
     "grpokit.data.batch": SERVICES,

@@ -23,7 +23,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from grpokit.config import Config, ConfigError
+from grpokit.config import Config
+from grpokit.config.world import check_world
 from grpokit.data.batch import PackedBatch, RolloutBatch, ValueTargets
 from grpokit.distributed.handle import PolicyHandle
 from grpokit.distributed.parallel import Parallel
@@ -40,73 +41,22 @@ REDUCE: dict[str, Callable[[list[float]], float]] = {
 
 
 def check_config(cfg: Config, world_size: int) -> None:
-    """ConfigError (one line) for a config that cannot run on `world_size` processes in this version."""
-    where = f"at world size {world_size} (WORLD_SIZE from torchrun)"
-    if cfg.distributed.strategy == "none":
-        raise ConfigError(f"distributed.strategy=none is for one process; {where} use fsdp2 or ddp")
-    if cfg.distributed.mixed_precision != "none" and cfg.distributed.strategy != "fsdp2":
-        raise ConfigError(
-            f"distributed.mixed_precision={cfg.distributed.mixed_precision} is FSDP2's MixedPrecisionPolicy; "
-            f"with distributed.strategy={cfg.distributed.strategy} use model.autocast=bfloat16 instead"
-        )
-    B, M = cfg.rollout.prompts_per_step, cfg.optim.num_minibatches
-    if B % world_size:
-        raise ConfigError(
-            f"rollout.prompts_per_step={B} is not a multiple of the world size {world_size}: every rank "
-            f"rolls out an equal share of whole groups; use a multiple of {world_size} (the global batch "
-            "stays prompts_per_step x G)"
-        )
-    if cfg.minibatch_size % world_size:
-        raise ConfigError(
-            f"the minibatch of {cfg.minibatch_size} completions (rollout batch / optim.num_minibatches={M}) "
-            f"does not split into {world_size} equal shares {where}; change optim.num_minibatches or "
-            "rollout.prompts_per_step"
-        )
-    share = cfg.minibatch_size // world_size
-    if cfg.optim.micro_batch_size and share % cfg.optim.micro_batch_size:
-        raise ConfigError(
-            f"optim.micro_batch_size={cfg.optim.micro_batch_size} must divide each rank's share of a "
-            f"minibatch, {share} completions {where}"
-        )
-    from grpokit.rollout.engines import select  # at start-up only: importing the policy loads no engine
+    """ConfigError (one line) for a config that cannot run on `world_size` processes: the config's own rules
+    at that size (config.world.check_world), then what the engine can do there (rollout.engines: its
+    EngineCaps against FEATURES). Every rule lives in one of those two."""
+    from grpokit.rollout.engines import check_engine  # at start-up only: importing the world loads no engine
 
-    engine = select(cfg.rollout)  # what it can do is its EngineCaps' to say, never its name's
-    if not engine.caps.lag_at_ranks and cfg.rollout.max_policy_lag:
-        which = f"rollout.{engine.variant}" if engine.variant else engine.setting
-        raise ConfigError(
-            f"rollout.max_policy_lag={cfg.rollout.max_policy_lag} with {which} {where} "
-            "would have each rank's background sampler push to the server beside the training's "
-            "collectives; use rollout.max_policy_lag=0, or one trainer process"
-        )
-    if engine.caps.pushes_from_shards and cfg.distributed.strategy == "fsdp2" and cfg.rollout.max_policy_lag:
-        raise ConfigError(
-            f"rollout.max_policy_lag={cfg.rollout.max_policy_lag} with rollout.engine=vllm under "
-            f"distributed.strategy=fsdp2 {where} would need a whole copy of the policy per rank for the "
-            "sampler; use distributed.strategy=ddp, or rollout.max_policy_lag=0"
-        )
-    if cfg.algorithm.advantage_estimator == "gae" and cfg.distributed.mixed_precision != "none":
-        raise ConfigError(
-            f"distributed.mixed_precision={cfg.distributed.mixed_precision} does not cover the PPO critic "
-            "(algorithm.advantage_estimator=gae) yet: its value head runs in fp32; use "
-            "distributed.mixed_precision=none (or model.autocast=bfloat16) with the critic"
-        )
-    copy = cfg.distributed.engine_copy
-    if copy != "fp32" and (cfg.distributed.strategy != "fsdp2" or engine.caps.pushes_from_shards):
-        raise ConfigError(
-            f"distributed.engine_copy={copy} is the dtype of the whole copy of the policy that "
-            "rollout.engine=fast or hf keeps under distributed.strategy=fsdp2; with distributed.strategy="
-            f"{cfg.distributed.strategy} and rollout.engine={cfg.rollout.engine} there is none: leave it "
-            "at fp32"
-        )
+    check_world(cfg, world_size)
+    check_engine(cfg, world_size)
 
 
 def gathers_on_push(cfg: Config) -> bool:
-    """The run's engine takes the policy from its FSDP2 shards as it pushes (EngineCaps.pushes_from_shards:
-    vLLM colocated, each rank into its own engine, or rank 0 to a server). No whole copy of the policy for it
+    """The run's engine takes the policy from its FSDP2 shards as it pushes (not EngineCaps.whole_copy: vLLM
+    colocated, each rank into its own engine, or rank 0 to a server). No whole copy of the policy for it
     (Parallel.whole_copy)."""
     from grpokit.rollout.engines import select
 
-    return select(cfg.rollout).caps.pushes_from_shards
+    return not select(cfg.rollout).caps.whole_copy
 
 
 class World:

@@ -44,9 +44,10 @@ class EngineCaps:
     """Samples in a process of its own (a server, or a child process) rather than in the trainer's."""
     compiles: bool = False
     """Puts its forward through torch.compile when model.compile is set."""
-    pushes_from_shards: bool = False
-    """Under FSDP2, takes the policy's weights from its shards as it pushes them (each tensor gathered), so no
-    whole copy of the policy is kept for it; a background sampler (max_policy_lag > 0) would need one."""
+    whole_copy: bool = True
+    """Under FSDP2, samples from a whole copy of the policy that the trainer refills from the shards after
+    each update (distributed.engine_copy: its dtype). False: takes the weights from the shards itself as it
+    pushes (each tensor gathered), so no whole copy is kept, and a background sampler would have none."""
     lag_at_ranks: bool = True
     """Samples ahead of the trainer (max_policy_lag > 0) under torchrun: a background sampler per rank whose
     pushes run beside the training's collectives (a server cannot take them)."""

@@ -9,7 +9,7 @@ Which test runs each accepted combination, and the table of docs/compatibility.m
 
 refusal() builds the Config from dotted overrides as `grpokit train` does (load_config: the config's own
 checks) and runs the checks a run makes before it loads a model (Trainer.__init__: World.from_env's
-check_config at a world size above 1, then check_engine), without starting a run or torch.distributed.
+check_world at a world size above 1, then check_engine), without starting a run or torch.distributed.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import itertools
 from dataclasses import dataclass
 
 from grpokit.config import ConfigError, load_config
-from grpokit.distributed.world import check_config
+from grpokit.config.world import check_world
 from grpokit.rollout.engines import check_engine
 
 #: the rollout engine and its mode (as engines.ENGINES names them) -> the overrides that pick it
@@ -98,7 +98,7 @@ def refusal(cell: Cell) -> str | None:
     try:
         cfg = load_config(None, cell.overrides())
         if cell.world_size > 1:
-            check_config(cfg, cell.world_size)  # World.from_env, under torchrun
+            check_world(cfg, cell.world_size)  # World.from_env, under torchrun
         check_engine(cfg, cell.world_size)
     except ConfigError as exc:
         return str(exc)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from grpokit.config import Config, ConfigError
+from grpokit.config.world import where
 from grpokit.rollout.base import EngineCaps, RolloutEngine
 
 if TYPE_CHECKING:
@@ -119,33 +120,59 @@ class Feature:
     """The EngineCaps field it needs."""
     on: Callable[[Config, int], bool]
     """(config, world size) -> whether the run uses it."""
-    error: Callable[[Config, EngineSpec, str], str]
-    """(config, the engine, "rollout.engine=A or B": the engines that can) -> the one-line error."""
+    error: Callable[[Config, EngineSpec, str, int], str]
+    """(config, the engine, "rollout.engine=A or B": the engines that can, world size) -> the one-line
+    error."""
 
 
-def _importance(cfg: Config, engine: EngineSpec, use: str) -> str:
+def _importance(cfg: Config, engine: EngineSpec, use: str, w: int) -> str:
     return (
         f"rollout.importance_correction={cfg.rollout.importance_correction} needs the sampler's log-probs, "
         f"which {engine.setting} does not return; use {use}, or importance_correction=none"
     )
 
 
-def _lag(cfg: Config, engine: EngineSpec, use: str) -> str:
+def _lag(cfg: Config, engine: EngineSpec, use: str, w: int) -> str:
     return (
         f"rollout.max_policy_lag={cfg.rollout.max_policy_lag} needs the sampler's log-probs (pi_old of "
         f"samples from older weights), which {engine.setting} does not return; use {use}, or max_policy_lag=0"
     )
 
 
-def _lora(cfg: Config, engine: EngineSpec, use: str) -> str:
+def _lora(cfg: Config, engine: EngineSpec, use: str, w: int) -> str:
     return (
         f"model.lora does not work with {engine.setting} yet; drop model.lora or change that key "
         f"(LoRA runs with ref_policy frozen or none, the grpo / rloo estimators, {use})"
     )
 
 
-def _ranks(cfg: Config, engine: EngineSpec, use: str) -> str:
+def _ranks(cfg: Config, engine: EngineSpec, use: str, w: int) -> str:
     return f"{engine.setting} takes one trainer process; under torchrun use {use}"
+
+
+def _lag_at_ranks(cfg: Config, engine: EngineSpec, use: str, w: int) -> str:
+    which = f"rollout.{engine.variant}" if engine.variant else engine.setting
+    return (
+        f"rollout.max_policy_lag={cfg.rollout.max_policy_lag} with {which} {where(w)} would have each rank's "
+        "background sampler push to the server beside the training's collectives; use "
+        "rollout.max_policy_lag=0, or one trainer process"
+    )
+
+
+def _lag_sharded(cfg: Config, engine: EngineSpec, use: str, w: int) -> str:
+    return (
+        f"rollout.max_policy_lag={cfg.rollout.max_policy_lag} with rollout.engine={cfg.rollout.engine} under "
+        f"distributed.strategy=fsdp2 {where(w)} would need a whole copy of the policy per rank for the "
+        "sampler; use distributed.strategy=ddp, or rollout.max_policy_lag=0"
+    )
+
+
+def _engine_copy(cfg: Config, engine: EngineSpec, use: str, w: int) -> str:
+    return (
+        f"distributed.engine_copy={cfg.distributed.engine_copy} is the dtype of the whole copy of the policy "
+        f"that {use} keeps under distributed.strategy=fsdp2; with distributed.strategy="
+        f"{cfg.distributed.strategy} and {engine.setting} there is none: leave it at fp32"
+    )
 
 
 FEATURES = (
@@ -160,6 +187,24 @@ FEATURES = (
     ),
     Feature("model.lora", "lora", lambda c, w: c.model.lora is not None, _lora),
     Feature("torchrun (WORLD_SIZE > 1)", "several_ranks", lambda c, w: w > 1, _ranks),
+    Feature(
+        "rollout.max_policy_lag > 0 under torchrun",
+        "lag_at_ranks",
+        lambda c, w: w > 1 and c.rollout.max_policy_lag > 0,
+        _lag_at_ranks,
+    ),
+    Feature(
+        "rollout.max_policy_lag > 0 under FSDP2",
+        "whole_copy",
+        lambda c, w: w > 1 and c.distributed.strategy == "fsdp2" and c.rollout.max_policy_lag > 0,
+        _lag_sharded,
+    ),
+    Feature(
+        "distributed.engine_copy other than fp32",
+        "whole_copy",
+        lambda c, w: w > 1 and c.distributed.engine_copy != "fp32",
+        _engine_copy,
+    ),
 )
 
 
@@ -175,7 +220,7 @@ def check_engine(cfg: Config, world_size: int = 1) -> EngineSpec:
     for feature in FEATURES:
         if feature.on(cfg, world_size) and not getattr(engine.caps, feature.needs):
             raise ConfigError(
-                feature.error(cfg, engine, "rollout.engine=" + " or ".join(able(feature.needs)))
+                feature.error(cfg, engine, "rollout.engine=" + " or ".join(able(feature.needs)), world_size)
             )
     return engine
 
@@ -216,7 +261,7 @@ ROWS = {
     "sleep": "frees GPU memory during the update (CUDA)",
     "own_process": "samples in a process of its own",
     "compiles": "compiles its forward with model.compile",
-    "pushes_from_shards": "takes the weights from FSDP2's shards as it pushes (no whole copy kept)",
+    "whole_copy": "under FSDP2, samples from a whole copy of the policy (else from the shards as it pushes)",
     "lag_at_ranks": "samples ahead (max_policy_lag > 0) under torchrun",
 }
 

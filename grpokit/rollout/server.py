@@ -242,7 +242,7 @@ class VLLMServerEngine(RolloutEngine):
         several_ranks=True,
         stop_sequences=True,
         own_process=True,
-        pushes_from_shards=True,
+        whole_copy=False,
         lag_at_ranks=False,
     )
 

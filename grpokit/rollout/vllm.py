@@ -272,7 +272,7 @@ class VLLMEngine(RolloutEngine):
         lora=True,
         stop_sequences=True,
         sleep=True,
-        pushes_from_shards=True,
+        whole_copy=False,
     )
 
     @classmethod
