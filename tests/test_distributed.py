@@ -546,7 +546,9 @@ def test_only_an_engine_that_gathers_as_it_pushes_goes_without_a_whole_copy(
     the server), so no rank keeps a whole copy for it."""
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")
-    assert World.from_env(_config(tmp_path, "distributed.strategy=fsdp2", *extra)).whole_copy is whole
+    assert (
+        World.from_env(_config(tmp_path, "distributed.strategy=fsdp2", *extra)).parallel.whole_copy is whole
+    )
 
 
 @pytest.fixture(scope="module")

@@ -74,10 +74,13 @@ def read_adapter(path: Path, model) -> dict[str, Any]:
         raise CheckpointError(
             f"checkpoint {str(path)!r} cannot be read ({_why(exc)}); delete it to resume from the one before"
         ) from None
+    # peft's file leaves the adapter's name out of every key; besides the adapters it may hold frozen weights
+    # (the base layer of an adapted head tied to the embeddings): those load as they are, by their own name
     tag = f".{model.active_adapter}"
-    names = {n.replace(tag, ""): n for n, p in model.named_parameters() if p.requires_grad}
-    if set(saved) != set(names):
-        odd = sorted(set(saved) ^ set(names))[:3]
+    names = {n.replace(tag, ""): n for n, _ in model.named_parameters(remove_duplicate=False)}
+    trained = {n.replace(tag, "") for n, p in model.named_parameters() if p.requires_grad}
+    if not trained <= set(saved) or not set(saved) <= set(names):
+        odd = sorted((trained - set(saved)) | (set(saved) - set(names)))[:3]
         raise CheckpointError(
             f"checkpoint {str(path)!r} does not match the adapter ({odd}); resume with the model and "
             "model.lora it was trained with, or set a new output_dir"
