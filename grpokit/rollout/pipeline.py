@@ -119,22 +119,18 @@ class RolloutPipeline(abc.ABC):
     ) -> tuple[Sequence[Any], Completions, dict[str, float]]:
         """Rows, completions (comps.versions set) and timings of batch b; draw(i) gives the rows of batch i;
         batches from `end` on (the run's max_steps) are never asked for."""
-        raise NotImplementedError
 
     @abc.abstractmethod
     def extra(self, rows: Sequence[Any], timings: dict[str, float]) -> Completions:
         """Completions of more rows now, at the current version (dynamic sampling's further rounds)."""
-        raise NotImplementedError
 
     @abc.abstractmethod
     def idle(self) -> None:
         """This step's rollouts are done: the update comes next."""
-        raise NotImplementedError
 
     @abc.abstractmethod
     def publish(self, version: int, model: torch.nn.Module) -> None:
         """The trainer's weights after `version` optimizer steps: pi_old of the batches asked for from now."""
-        raise NotImplementedError
 
     @abc.abstractmethod
     def exclusive(
@@ -142,12 +138,10 @@ class RolloutPipeline(abc.ABC):
     ) -> contextlib.AbstractContextManager[RolloutEngine]:
         """The engine on the trainer's current weights (current_model() gives them), nothing else generating
         (held-out evaluation)."""
-        raise NotImplementedError
 
     @abc.abstractmethod
     def close(self, timeout: float = 60.0) -> None:
         """Stop generating, then close the engine (the pipeline owns it). Closing twice does nothing."""
-        raise NotImplementedError
 
     # ------------------------------------------------------------------ shared by the timelines
     def _sync(self, model: torch.nn.Module, version: int) -> None:
