@@ -1,7 +1,7 @@
 """One GRPO step on a fixed global batch, for tests/test_distributed.py: the same function runs in one process
 (the reference) and, under torchrun, on every rank of a 2-process gloo world, for each strategy and case:
 
-    torchrun --standalone --nproc_per_node 2 tests/dist_cases.py MODEL_DIR OUT_DIR
+    PYTHONPATH=. torchrun --standalone --nproc_per_node 2 tests/dist_cases.py MODEL_DIR OUT_DIR
 
 Rank 0 saves, per strategy and case, the whole parameters after the step and the step's metrics to OUT_DIR.
 Completions come from FixedEngine: each is a function of its prompt and its index in the group, so
@@ -17,11 +17,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from grpokit.config import load_config
 from grpokit.rollout import Completions, RolloutEngine
 from grpokit.trainer import Trainer
+from tests.helpers import tiny_config
 
-REWARD = f"{Path(__file__).parent / 'reward_fns.py'}:count_sevens"
 CONSTANT_IF_EVEN = f"{Path(__file__).parent / 'reward_fns.py'}:even_target_constant"
 STRATEGIES = ("fsdp2", "ddp")
 #: every loss type; scale_rewards group and batch (and batch_centered); beta > 0; mu = 2 with 2 minibatches
@@ -114,31 +113,23 @@ class FixedEngine(RolloutEngine):
 
 
 def config(model_dir, out, strategy: str, case: list[str]):
-    return load_config(
-        None,
-        [
-            f"model.name_or_path={model_dir}",
-            "data.task=countdown",
-            "data.task_train_size=64",
-            "data.eval_size=0",
-            f"rewards=[{{function: '{REWARD}'}}]",
-            "rollout.prompts_per_step=4",
-            "rollout.num_generations=4",
-            "rollout.max_completion_length=6",
-            "optim.learning_rate=1e-3",
-            "checkpoint.save_every=0",
-            "eval.at_start=false",
-            # AdamW's first steps move each parameter by about lr x g / (|g| + eps): at eps = 1e-8 an element
-            # whose gradient is float rounding (a sum that cancels) moves by up to +-lr whichever way the
-            # rounding falls, so any change of summation order (one process with another micro-batch size too)
-            # parts the weights by ~5e-6 relative. At 1e-4 the update is smooth in g and the weights show what
-            # the gradients show (which are compared as well).
-            "optim.adam_epsilon=1e-4",
-            "logging.sample_every=0",
-            f"output_dir={out}",
-            f"distributed.strategy={strategy}",
-            *case,
-        ],
+    return tiny_config(
+        model_dir,
+        out,
+        "data.task_train_size=64",
+        "rollout.num_generations=4",
+        "rollout.max_completion_length=6",
+        "optim.learning_rate=1e-3",
+        "algorithm.beta=0.04",  # the default (TINY_RUN's is 0.0); the cases set their own
+        "checkpoint.save_every=0",
+        # AdamW's first steps move each parameter by about lr x g / (|g| + eps): at eps = 1e-8 an element
+        # whose gradient is float rounding (a sum that cancels) moves by up to +-lr whichever way the
+        # rounding falls, so any change of summation order (one process with another micro-batch size too)
+        # parts the weights by ~5e-6 relative. At 1e-4 the update is smooth in g and the weights show what
+        # the gradients show (which are compared as well).
+        "optim.adam_epsilon=1e-4",
+        f"distributed.strategy={strategy}",
+        *case,
     )
 
 

@@ -86,10 +86,20 @@ TINY_RUN = [
     "logging.sample_every=0",
 ]
 
+# TINY_RUN without its countdown task (data.task and data.task_train_size back at the config's defaults): the
+# overrides of a tiny run on data of its own (data.train_path, or rows passed to the Trainer).
+NO_TASK = ["data.task=null", "data.task_train_size=20000"]
+
+
+def tiny_overrides(model_dir, out, *overrides: str) -> list[str]:
+    """The ``key=value`` list of a TINY_RUN of ``model_dir`` into ``out`` (what follows the config file on a
+    ``grpokit train`` command line); ``overrides`` go last, so they win."""
+    return [f"model.name_or_path={model_dir}", *TINY_RUN, f"output_dir={out}", *overrides]
+
 
 def tiny_config(model_dir, out, *overrides: str) -> Config:
     """The config of a TINY_RUN of ``model_dir`` into ``out``; ``overrides`` (``key=value``) go last."""
-    return load_config(None, [f"model.name_or_path={model_dir}", *TINY_RUN, f"output_dir={out}", *overrides])
+    return load_config(None, tiny_overrides(model_dir, out, *overrides))
 
 
 # --------------------------------------------------------------------------- metrics

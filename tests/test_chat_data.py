@@ -11,11 +11,10 @@ import shutil
 import pytest
 from transformers import AutoTokenizer
 
-from grpokit.config import load_config
 from grpokit.data import PromptDataset
 from grpokit.rewards import RewardManager
 from grpokit.trainer import Trainer
-from tests.helpers import read_metrics
+from tests.helpers import NO_TASK, read_metrics, tiny_config
 
 # A small Jinja chat template in the tiny tokenizer's characters: the system turn, then "(" user ")" per user
 # turn, an assistant turn as its text followed by ",", and "=" as the generation prompt.
@@ -106,23 +105,14 @@ def test_a_trl_chat_reward_function_runs_unchanged_and_drives_learning(chat_mode
     data, rewards_py, out = tmp_path / "chat.jsonl", tmp_path / "trl_rewards.py", tmp_path / "run"
     data.write_text("".join(json.dumps(r) + "\n" for r in chat_rows()))
     rewards_py.write_text(REWARD_FILE)
-    cfg = load_config(
-        None,
-        [
-            f"model.name_or_path={chat_model_dir}",
-            f"data.train_path={data}",
-            f"rewards=[{{function: '{rewards_py}:sevens_reward_func'}}]",
-            "rollout.prompts_per_step=4",
-            "rollout.num_generations=8",
-            "rollout.max_completion_length=8",
-            "optim.learning_rate=3e-3",
-            "algorithm.beta=0.0",
-            "eval.at_start=false",
-            "logging.sample_every=0",
-            "optim.max_steps=30",
-            "checkpoint.save_every=0",
-            f"output_dir={out}",
-        ],
+    cfg = tiny_config(
+        chat_model_dir,
+        out,
+        *NO_TASK,
+        f"data.train_path={data}",
+        f"rewards=[{{function: '{rewards_py}:sevens_reward_func'}}]",
+        "optim.max_steps=30",
+        "checkpoint.save_every=0",
     )
     trainer = Trainer(cfg)
     assert trainer.train_data[0].prompt_text.endswith(")=")  # rendered with the chat template

@@ -35,30 +35,25 @@ from grpokit.checkpoint import MARKER, STATE_FILE, CheckpointError, list_checkpo
 from grpokit.cli import app
 from grpokit.config import load_config
 from grpokit.trainer import Trainer
-from tests.helpers import read_metrics
+from tests.helpers import NO_TASK, read_metrics, tiny_overrides
 
-REWARD = f"{Path(__file__).parent / 'reward_fns.py'}:count_sevens"
 PROMPTS = [{"prompt": f"{a} {b}>{a + b}=", "target": a + b} for a in range(1, 5) for b in range(1, 3)]
 
 
 def overrides(model_dir, tmp_path, out="run", max_steps=6):
-    return [
-        f"model.name_or_path={model_dir}",
+    return tiny_overrides(
+        model_dir,
+        tmp_path / out,
+        *NO_TASK,
         f"data.train_path={tmp_path / 'prompts.jsonl'}",
-        f"rewards=[{{function: '{REWARD}'}}]",
         "rollout.prompts_per_step=2",
         "rollout.num_generations=4",
         "rollout.max_completion_length=4",
-        "optim.learning_rate=3e-3",
         f"optim.max_steps={max_steps}",
-        "algorithm.beta=0.0",
-        "eval.at_start=false",
-        "logging.sample_every=0",
         "logging.tensorboard=false",
         "checkpoint.save_every=1",
         "checkpoint.keep_last=2",
-        f"output_dir={tmp_path / out}",
-    ]
+    )
 
 
 @pytest.fixture

@@ -31,8 +31,8 @@ from grpokit.checkpoint import list_checkpoints
 from grpokit.cli import app
 from grpokit.doctor import diagnose
 from grpokit.metrics.compute import read_metrics
+from tests.helpers import NO_TASK, require, tiny_overrides
 from tests.helpers import read_metrics as read_test_metrics
-from tests.helpers import require
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = [
@@ -108,21 +108,20 @@ def env(tiny_model_dir, tmp_path):
     (tmp_path / "config.yaml").write_text("{}\n")
     write_jsonl(tmp_path / "prompts.jsonl", PROMPTS)
     (tmp_path / "bad_rewards.py").write_text(BAD_REWARDS)
-    base = [
-        f"model.name_or_path={tiny_model_dir}",
+    base = tiny_overrides(
+        tiny_model_dir,
+        tmp_path / "run",
+        *NO_TASK,
         f"data.train_path={tmp_path / 'prompts.jsonl'}",
         f"rewards=[{{function: '{tmp_path / 'bad_rewards.py'}:sevens'}}]",
         "rollout.prompts_per_step=2",
         "rollout.num_generations=4",
         "rollout.max_completion_length=4",
+        "optim.learning_rate=1e-6",  # the default (TINY_RUN's is 3e-3)
         "optim.max_steps=1",
-        "algorithm.beta=0.0",
-        "eval.at_start=false",
-        "logging.sample_every=0",
         "logging.tensorboard=false",
         "checkpoint.save_every=0",
-        f"output_dir={tmp_path / 'run'}",
-    ]
+    )
     return tmp_path, base
 
 

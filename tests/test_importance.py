@@ -15,7 +15,7 @@ import torch
 
 from grpokit.algo import policy_loss
 from grpokit.algo.importance import MODES, importance_weights, sampler_mismatch, weight_stats
-from tests.helpers import read_metrics
+from tests.helpers import read_metrics, tiny_config
 
 LN = math.log
 
@@ -131,30 +131,22 @@ def test_the_loop_logs_the_mismatch_for_engines_with_logprobs_and_corrects_only_
     """fast returns its log-probs: the mismatch is logged (float noise: the same model and code) and, with
     rollout.importance_correction on, the weights' stats; hf returns none: no mismatch metrics."""
 
-    from grpokit.config import load_config
     from grpokit.trainer import Trainer
 
     def run(name, *extra):
         out = tmp_path / name
-        cfg = load_config(
-            None,
-            [
-                f"model.name_or_path={tiny_model_dir}",
-                "data.task=countdown",
-                "data.task_train_size=50",
-                "data.eval_size=0",
-                "rewards=[{function: countdown}]",
-                "rollout.prompts_per_step=2",
-                "rollout.num_generations=4",
-                "rollout.max_completion_length=6",
-                "optim.max_steps=2",
-                "algorithm.beta=0.0",
-                "eval.at_start=false",
-                "logging.sample_every=0",
-                "checkpoint.save_every=0",
-                f"output_dir={out}",
-                *extra,
-            ],
+        cfg = tiny_config(
+            tiny_model_dir,
+            out,
+            "data.task_train_size=50",
+            "rewards=[{function: countdown}]",
+            "rollout.prompts_per_step=2",
+            "rollout.num_generations=4",
+            "rollout.max_completion_length=6",
+            "optim.learning_rate=1e-6",  # the default (TINY_RUN's is 3e-3)
+            "optim.max_steps=2",
+            "checkpoint.save_every=0",
+            *extra,
         )
         Trainer(cfg).train()
         return [row for row in read_metrics(out) if "reward/mean" in row]

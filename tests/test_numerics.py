@@ -27,14 +27,12 @@ from hypothesis import strategies as st
 import grpokit.algorithm
 from grpokit.algo import LossOptions, group_advantages, policy_loss
 from grpokit.checkpoint import list_checkpoints
-from grpokit.config import load_config
 from grpokit.policy.optim import TrainingError
 from grpokit.rewards import RewardManager
 from grpokit.rewards.manager import RewardSpec
 from grpokit.trainer import Trainer
-from tests.helpers import read_metrics
+from tests.helpers import NO_TASK, read_metrics, tiny_config
 
-REWARD = f"{Path(__file__).parent / 'reward_fns.py'}:count_sevens"
 SETTINGS = settings(max_examples=60, deadline=None)
 
 
@@ -43,22 +41,17 @@ def config(model_dir, out, *extra):
     prompts.write_text(
         "".join(json.dumps({"prompt": f"{a} {b}>{a + b}="}) + "\n" for a in range(1, 5) for b in range(1, 3))
     )
-    return load_config(
-        None,
-        [
-            f"model.name_or_path={model_dir}",
-            f"data.train_path={prompts}",
-            f"rewards=[{{function: '{REWARD}'}}]",
-            "rollout.prompts_per_step=2",
-            "rollout.num_generations=4",
-            "rollout.max_completion_length=4",
-            "algorithm.beta=0.0",
-            "eval.at_start=false",
-            "logging.sample_every=0",
-            "logging.tensorboard=false",
-            f"output_dir={out}",
-            *extra,
-        ],
+    return tiny_config(
+        model_dir,
+        out,
+        *NO_TASK,
+        f"data.train_path={prompts}",
+        "rollout.prompts_per_step=2",
+        "rollout.num_generations=4",
+        "rollout.max_completion_length=4",
+        "optim.learning_rate=1e-6",  # the default (TINY_RUN's is 3e-3)
+        "logging.tensorboard=false",
+        *extra,
     )
 
 

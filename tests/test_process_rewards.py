@@ -7,14 +7,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpokit.config import ConfigError, load_config
+from grpokit.config import ConfigError
 from grpokit.data.batch import process_rewards, step_token_ends, token_char_ends
 from grpokit.rewards import RewardManager, RewardSpec, StepScores
 from grpokit.tasks import get_task, reward_registry
 from grpokit.tasks.countdown import countdown_steps
 from grpokit.tasks.tokenizer import build_tokenizer
 from grpokit.trainer import Trainer
-from tests.helpers import ScriptedEngine, read_metrics
+from tests.helpers import NO_TASK, ScriptedEngine, read_metrics, tiny_config
 
 HERE = Path(__file__)
 
@@ -194,21 +194,17 @@ def scripted_engine(tokenizer):
 
 
 def trainer_config(model_dir, out, rewards, *extra):
-    return load_config(
-        None,
-        [
-            f"model.name_or_path={model_dir}",
-            f"rewards={rewards}",
-            "rollout.prompts_per_step=2",
-            "rollout.num_generations=4",
-            "rollout.max_completion_length=24",
-            "algorithm.beta=0.0",
-            "eval.at_start=false",
-            "logging.sample_every=0",
-            "checkpoint.save_every=0",
-            f"output_dir={out}",
-            *extra,
-        ],
+    return tiny_config(
+        model_dir,
+        out,
+        *NO_TASK,
+        f"rewards={rewards}",
+        "rollout.prompts_per_step=2",
+        "rollout.num_generations=4",
+        "rollout.max_completion_length=24",
+        "optim.learning_rate=1e-6",  # the default (TINY_RUN's is 3e-3)
+        "checkpoint.save_every=0",
+        *extra,
     )
 
 

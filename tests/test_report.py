@@ -18,15 +18,13 @@ import pytest
 from typer.testing import CliRunner
 
 from grpokit.cli import app
-from grpokit.config import load_config
 from grpokit.doctor import diagnose
 from grpokit.metrics.compute import read_metrics
 from grpokit.records.report import REPORT_PLOTS, write_html_report
 from grpokit.records.table import append_step, read_table
 from grpokit.trainer import Trainer
-from tests.helpers import require, skip_or_fail
+from tests.helpers import REWARD, require, skip_or_fail, tiny_config
 
-TESTS = Path(__file__).parent
 C0 = (31, 119, 180)  # matplotlib's first line color: every plot draws its first metric in it
 
 
@@ -98,28 +96,22 @@ def run_dir(tiny_model_dir, tmp_path_factory):
     """6 GRPO steps with beta > 0, two reward functions, held-out evaluation and recorded completions:
     a run that logs every metric the report plots."""
     out = tmp_path_factory.mktemp("report") / "run"
-    cfg = load_config(
-        None,
-        [
-            f"model.name_or_path={tiny_model_dir}",
-            "data.task=countdown",
-            "data.task_train_size=200",
-            "data.eval_size=8",
-            f"rewards=[{{function: '{TESTS / 'reward_fns.py'}:count_sevens'}}, {{function: countdown}}]",
-            "rollout.prompts_per_step=4",
-            "rollout.num_generations=4",
-            "rollout.max_completion_length=8",
-            "optim.learning_rate=3e-3",
-            "optim.max_steps=6",
-            "algorithm.beta=0.04",
-            "eval.every=3",
-            "eval.k=2",
-            "logging.sample_every=2",
-            "logging.num_samples=2",
-            "logging.tensorboard=false",
-            "checkpoint.save_every=0",
-            f"output_dir={out}",
-        ],
+    cfg = tiny_config(
+        tiny_model_dir,
+        out,
+        "data.task_train_size=200",
+        "data.eval_size=8",
+        f"rewards=[{{function: '{REWARD}'}}, {{function: countdown}}]",
+        "rollout.num_generations=4",
+        "optim.max_steps=6",
+        "algorithm.beta=0.04",
+        "eval.at_start=true",
+        "eval.every=3",
+        "eval.k=2",
+        "logging.sample_every=2",
+        "logging.num_samples=2",
+        "logging.tensorboard=false",
+        "checkpoint.save_every=0",
     )
     Trainer(cfg).train()
     return out

@@ -22,7 +22,7 @@ from grpokit.config import ConfigError, RewardSpec, load_config
 from grpokit.data.batch import process_rewards
 from grpokit.rewards import RewardError, RewardManager, RewardOutput, StepScores
 from grpokit.trainer import Trainer
-from tests.helpers import read_metrics
+from tests.helpers import read_metrics, tiny_config
 
 G = 2  # completions per prompt in these batches
 
@@ -346,24 +346,18 @@ def test_a_run_with_an_async_reward_that_hangs_on_some_calls_finishes_and_counts
     tiny_model_dir, tmp_path
 ):
     _calls["n"] = 0
-    cfg = load_config(
-        None,
-        [
-            f"model.name_or_path={tiny_model_dir}",
-            "data.task=countdown",
-            "data.task_train_size=50",
-            "data.eval_size=0",
-            "rollout.prompts_per_step=2",
-            "rollout.num_generations=4",
-            "rollout.max_completion_length=6",
-            "optim.max_steps=3",
-            "algorithm.beta=0.0",
-            "eval.at_start=false",
-            "logging.sample_every=0",
-            "checkpoint.save_every=0",
-            "reward_timeout=0.5",
-            f"output_dir={tmp_path / 'run'}",
-        ],
+    cfg = tiny_config(
+        tiny_model_dir,
+        tmp_path / "run",
+        "data.task_train_size=50",
+        "rewards=[]",  # set below
+        "rollout.prompts_per_step=2",
+        "rollout.num_generations=4",
+        "rollout.max_completion_length=6",
+        "optim.learning_rate=1e-6",  # the default (TINY_RUN's is 3e-3)
+        "optim.max_steps=3",
+        "checkpoint.save_every=0",
+        "reward_timeout=0.5",
     )
     cfg.rewards = [RewardSpec(judge_that_hangs_on_its_second_call, name="judge", on_timeout="skip_group")]
     Trainer(cfg).train()

@@ -3,7 +3,6 @@ reward, the advantage and the lengths in completions.parquet; `grpokit show` pri
 completions."""
 
 import json
-from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -12,12 +11,11 @@ from typer.testing import CliRunner
 
 from grpokit.algo import group_advantages
 from grpokit.cli import app
-from grpokit.config import load_config
 from grpokit.records import MetricLogger
 from grpokit.records.table import append_step, read_table
 from grpokit.trainer import Trainer
+from tests.helpers import REWARD, tiny_config
 
-TESTS = Path(__file__).parent
 G, K, T = 4, 2, 8  # num_generations, logging.num_samples (prompts recorded per step), max_completion_length
 
 
@@ -25,27 +23,19 @@ G, K, T = 4, 2, 8  # num_generations, logging.num_samples (prompts recorded per 
 def run_dir(tiny_model_dir, tmp_path_factory):
     """6 GRPO steps of a tiny model with two reward functions, completions recorded at steps 2, 4 and 6."""
     out = tmp_path_factory.mktemp("table") / "run"
-    cfg = load_config(
-        None,
-        [
-            f"model.name_or_path={tiny_model_dir}",
-            "data.task=countdown",
-            "data.task_train_size=200",
-            "data.eval_size=0",
-            f"rewards=[{{function: '{TESTS / 'reward_fns.py'}:count_sevens'}}, {{function: countdown, "
-            "weight: 2.0}]",
-            "rollout.prompts_per_step=4",
-            f"rollout.num_generations={G}",
-            f"rollout.max_completion_length={T}",
-            "optim.learning_rate=3e-3",
-            "optim.max_steps=6",
-            "eval.at_start=false",
-            "logging.sample_every=2",
-            f"logging.num_samples={K}",
-            "logging.tensorboard=false",
-            "checkpoint.save_every=0",
-            f"output_dir={out}",
-        ],
+    cfg = tiny_config(
+        tiny_model_dir,
+        out,
+        "data.task_train_size=200",
+        f"rewards=[{{function: '{REWARD}'}}, {{function: countdown, weight: 2.0}}]",
+        f"rollout.num_generations={G}",
+        f"rollout.max_completion_length={T}",
+        "optim.max_steps=6",
+        "algorithm.beta=0.04",  # the default (TINY_RUN's is 0.0)
+        "logging.sample_every=2",
+        f"logging.num_samples={K}",
+        "logging.tensorboard=false",
+        "checkpoint.save_every=0",
     )
     Trainer(cfg).train()
     return out
@@ -179,8 +169,6 @@ def test_a_run_from_before_the_table_is_read_from_samples_jsonl(tmp_path):
 def test_a_run_shorter_than_sample_every_records_its_last_step(tiny_model_dir, tmp_path):
     """2 steps under the default logging.sample_every (10): the last step is recorded, so `grpokit show`
     has something to show."""
-    from tests.helpers import tiny_config
-
     out = tmp_path / "run"
     cfg = tiny_config(
         tiny_model_dir,

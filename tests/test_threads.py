@@ -8,7 +8,7 @@ from grpokit.config import threads
 from grpokit.config.threads import choose_threads, use_threads
 from grpokit.tasks.tiny_model import build_tiny_llama
 from grpokit.tasks.tokenizer import build_tokenizer
-from tests.helpers import read_metrics
+from tests.helpers import read_metrics, tiny_config
 
 
 @pytest.mark.parametrize(
@@ -89,29 +89,24 @@ def test_use_threads_sets_torch_and_says_so():
 
 
 def test_trainer_takes_the_threads_setting_and_logs_it(tiny_model_dir, tmp_path):
-    from grpokit.config import load_config
     from grpokit.trainer import Trainer
 
     before = torch.get_num_threads()
     try:
-        cfg = load_config(
-            None,
-            [
-                f"model.name_or_path={tiny_model_dir}",
-                "data.task=countdown",
-                "data.task_train_size=50",
-                "rollout.prompts_per_step=2",
-                "rollout.num_generations=2",
-                "rollout.max_completion_length=4",
-                "optim.max_steps=1",
-                "algorithm.beta=0",
-                "eval.at_start=false",
-                "data.eval_size=0",
-                "threads=1",
-                "checkpoint.save_every=0",
-                "logging.tensorboard=false",
-                f"output_dir={tmp_path}",
-            ],
+        cfg = tiny_config(
+            tiny_model_dir,
+            tmp_path,
+            "data.task_train_size=50",
+            "rewards=[]",
+            "rollout.prompts_per_step=2",
+            "rollout.num_generations=2",
+            "rollout.max_completion_length=4",
+            "optim.learning_rate=1e-6",  # the default (TINY_RUN's is 3e-3)
+            "logging.sample_every=10",  # the default (TINY_RUN's is 0)
+            "optim.max_steps=1",
+            "threads=1",
+            "checkpoint.save_every=0",
+            "logging.tensorboard=false",
         )
         Trainer(cfg).train()
         assert torch.get_num_threads() == 1

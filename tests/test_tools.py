@@ -41,7 +41,7 @@ from grpokit.tools import (
 from grpokit.tools.formats import ParsedCall
 from grpokit.tools.rewards import step_cost, tool_args_valid, tool_call_valid, tool_result_used
 from grpokit.tools.setup import environment_reward_spec, load_tools
-from tests.helpers import ScriptedEngine
+from tests.helpers import NO_TASK, ScriptedEngine, tiny_config
 
 CHARS = "0123456789+-*/=()<>_,.:;'\"{}[] abcdefghijklmnopqrstuvwxyz"
 
@@ -756,24 +756,17 @@ def test_grpo_with_tools_learns_to_call_and_trains_only_on_model_tokens(tmp_path
     tok = build_tokenizer("0123456789+*=ab{}")
     build_tiny_llama(tok, size="test", seed=0).save_pretrained(tmp_path / "model")
     tok.save_pretrained(tmp_path / "model")
-    cfg = load_config(
-        None,
-        [
-            f"model.name_or_path={tmp_path / 'model'}",
-            f"output_dir={tmp_path / 'run'}",
-            "tools.builtin=[calculator]",
-            "rollout.max_turns=3",
-            "rollout.engine=fast",
-            "rollout.prompts_per_step=4",
-            "rollout.num_generations=8",
-            "rollout.max_completion_length=32",
-            "optim.learning_rate=3e-3",
-            "algorithm.beta=0.0",
-            "optim.max_steps=24",
-            "eval.at_start=false",
-            "logging.sample_every=0",
-            "checkpoint.save_every=0",
-        ],
+    cfg = tiny_config(
+        tmp_path / "model",
+        tmp_path / "run",
+        *NO_TASK,
+        "rewards=[]",  # set below
+        "tools.builtin=[calculator]",
+        "rollout.max_turns=3",
+        "rollout.engine=fast",
+        "rollout.max_completion_length=32",
+        "optim.max_steps=24",
+        "checkpoint.save_every=0",
     )
     cfg.rewards = [RewardSpec(made_a_call)]
     rows = [{"prompt": f"{i}*{j}"} for i in range(10) for j in range(10)]
