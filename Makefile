@@ -30,12 +30,18 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/grpokit demo --out runs/demo
 
+# The suite runs in WORKERS processes (pytest-xdist), a test module to a process (--dist loadscope), so a module's
+# shared set-ups (a torchrun launch, a vLLM server) run once. Each test keeps to one thread; WORKERS=0 runs
+# everything in this process.
+WORKERS ?= 2
+XDIST    = -n $(WORKERS) --dist loadscope
+
 test: $(STAMP)
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest tests $(XDIST)
 
 # The edit-test loop: unit and contract tests and runs of a few tiny steps; the tests marked slow are left out.
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest tests -m "not slow"
+	$(BIN)/python -m pytest tests -m "not slow" $(XDIST)
 
 # The formatter, the linter and the type checker (configured in pyproject.toml; .pre-commit-config.yaml runs the
 # same). CI runs this before the tests.

@@ -1,10 +1,20 @@
 """Shared fixtures: a tiny real Llama model + character tokenizer, saved and loaded with from_pretrained."""
 
+from collections import Counter
+
 import pytest
 import torch
 
 # Tiny models are overhead-bound: one thread is faster than two, and steadier on a busy machine.
 torch.set_num_threads(1)
+
+
+def pytest_collection_modifyitems(items):
+    """The modules with the most slow tests first, each module's tests in their order. make test splits the
+    suite over processes a module at a time (pytest-xdist, --dist loadscope): the long modules start early
+    and the short ones fill in at the end, so the processes finish together."""
+    slow = Counter(item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow"))
+    items.sort(key=lambda item: -slow[item.nodeid.split("::")[0]])  # stable: ties keep collection order
 
 
 @pytest.fixture(scope="session")

@@ -237,8 +237,8 @@ COMBO_CASES: dict[str, list[str]] = {
         "optim.num_minibatches=2",
         "optim.micro_batch_size=2",
     ],
-    "compile-grpo-beta": [*CASES["grpo-group-beta"], "model.compile=true"],
-    "compile-bnpo-mu2": [*CASES["bnpo-batch-mu2"], "model.compile=true"],
+    # beta > 0 (pi_ref's forward compiled too), mu = 2 and 2 minibatches: every compiled graph in one case
+    "compile-dr_grpo-beta-mu2": [*CASES["dr_grpo-batch-beta-mu2"], "model.compile=true"],
 }
 #: the resume cases of LoRA (the adapter checkpoint, from rank 0) and of the critic (in the sharded one)
 COMBO_RESUME_CASES: dict[str, list[str]] = {

@@ -7,6 +7,7 @@ no mocks of torch.distributed. One torchrun launch runs every case for both stra
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
@@ -200,10 +201,33 @@ def _assert_same_metrics(name: str, want: dict, got: dict, keys) -> None:
             assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), (name, key)
 
 
+def _runs_here(name: str) -> bool:
+    """Whether this machine runs COMBO_CASES `name`: LoRA needs peft, model.compile a C++ compiler."""
+    if name.startswith("lora-"):
+        return importlib.util.find_spec("peft") is not None
+    if name.startswith("compile-"):
+        return shutil.which("g++") is not None  # inductor builds C++ kernels on CPU
+    return True
+
+
 @pytest.fixture(scope="module")
-def lora_runs(tiny_model_dir, tmp_path_factory):
+def combo_runs(tiny_model_dir, tmp_path_factory):
+    """Every COMBO_CASES case this machine runs, in one torchrun launch (each launch starts two ranks)."""
+    return _combos(tiny_model_dir, tmp_path_factory, [n for n in dist_cases.COMBO_CASES if _runs_here(n)])
+
+
+def _of(combo_runs, prefix: str) -> tuple[dict, dict]:
+    """combo_runs' one-process results of the cases named `prefix`..., and every 2-rank result."""
+    one, two = combo_runs
+    mine = {n: r for n, r in one.items() if n.startswith(prefix)}
+    assert mine, (prefix, list(one))
+    return mine, two
+
+
+@pytest.fixture(scope="module")
+def lora_runs(combo_runs):
     require("peft")
-    return _combos(tiny_model_dir, tmp_path_factory, ["lora-grpo-beta", "lora-dapo-beta-mu2-micro"])
+    return _of(combo_runs, "lora-")
 
 
 @pytest.mark.slow
@@ -222,8 +246,8 @@ def test_lora_on_two_ranks_equals_one_process(strategy, lora_runs):
 
 
 @pytest.fixture(scope="module")
-def critic_runs(tiny_model_dir, tmp_path_factory):
-    return _combos(tiny_model_dir, tmp_path_factory, ["critic-beta", "critic-mu2-micro"])
+def critic_runs(combo_runs):
+    return _of(combo_runs, "critic-")
 
 
 @pytest.mark.slow
@@ -269,10 +293,10 @@ def test_ppo_critic_saved_at_two_ranks_resumes(strategy, combo_resumes):
 
 
 @pytest.fixture(scope="module")
-def compile_runs(tiny_model_dir, tmp_path_factory):
-    if shutil.which("g++") is None:
+def compile_runs(combo_runs):
+    if not _runs_here("compile-"):
         pytest.skip("torch.compile needs inductor and a C++ compiler")
-    return _combos(tiny_model_dir, tmp_path_factory, ["compile-grpo-beta", "compile-bnpo-mu2"])
+    return _of(combo_runs, "compile-")
 
 
 @pytest.mark.slow
