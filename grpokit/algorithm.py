@@ -263,12 +263,13 @@ class EntropyControl:
 def pass_options(cfg: Any, first_pass: bool) -> dict[str, Any]:
     """completion_logprobs' options for a training pass of the policy (cfg: the Config): the rollout's
     temperature, and the entropy for the metric (first pass) or for the loss (every pass), with its gradient
-    when the loss has an entropy bonus."""
+    when the loss has an entropy bonus; padding-free rows with model.padding_free."""
     alg = cfg.algorithm
     return {
         "temperature": cfg.rollout.temperature,
         "with_entropy": first_pass or needs_entropy(alg),
         "entropy_grad": has_entropy_bonus(alg),
+        "padding_free": cfg.model.padding_free,
     }
 
 

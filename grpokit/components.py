@@ -29,6 +29,7 @@ from grpokit.distributed.handle import PolicyHandle
 from grpokit.evaluate import make_judge
 from grpokit.policy import (
     build_reference,
+    check_padding_free,
     checkpointing_plan,
     enable_checkpointing,
     load_policy,
@@ -67,6 +68,8 @@ def build_components(
     instead of data.*."""
     if model is None:
         model, tokenizer = load_policy(cfg.model)
+    if cfg.model.padding_free:  # before FSDP2 shards it: the check runs the whole model on each rank
+        check_padding_free(model)
     # pi_ref: the policy as loaded, before any resume replaces the weights
     policy = world.wrap(model, build_reference(model, cfg.algorithm))
     if cfg.model.compile:

@@ -305,10 +305,9 @@ class Trainer:
             with out_of_memory_said(cfg.micro_batch_size, is_checkpointing(self.model), len(sub_idx), T):
                 self.world.backward(loss)
             acc.add({policy_name(k): v for k, v in stats.items()}, mask.sum().item())
-            acc.add(
-                {PERF_PADDING_FRAC: 1 - tokens.completion_mask.float().mean().item()},
-                tokens.completion_mask.numel(),
-            )
+            # model.padding_free: the micro-batch ran as one row, no completion position was padding
+            padding = 0.0 if cfg.model.padding_free else 1 - tokens.completion_mask.float().mean().item()
+            acc.add({PERF_PADDING_FRAC: padding}, tokens.completion_mask.numel())
             minibatch_loss += loss.item()  # micro-batch losses add up to the minibatch's loss
             if entropy is not None and first_pass:
                 acc.add(

@@ -151,7 +151,8 @@ def render() -> str:
     lines += _part(
         "`grpokit sft`",
         "The keys of `grpokit sft CONFIG` (`grpokit.config.SFTConfig`). The `model`, `data` and `logging`"
-        " sections are the ones above (`model.lora` is refused: SFT trains every weight).",
+        " sections are the ones above (`model.lora` is refused: SFT trains every weight; so is"
+        " `model.padding_free`).",
         SFTConfig,
         skip=shared,
     )

@@ -60,6 +60,12 @@ class ModelConfig(Section):
     (grpokit/policy/memory.py); the run prints the decision."""
     attn_implementation: str | None = None
     """Passed to from_pretrained (e.g. "sdpa", "eager", "flash_attention_2"); None = transformers' default."""
+    padding_free: bool = False
+    """The policy's log-prob passes (training, pi_old, pi_ref) run each micro-batch's sequences back to back
+    in one row with position ids restarting at each, no padding (transformers' packed sequences): same
+    log-probs and gradients, fewer positions computed. Checked when the run starts: refused for an attention
+    implementation or model that does not keep attention inside each sequence
+    (grpokit/policy/padding_free.py)."""
     trust_remote_code: bool = False
     """Allow model code from the hub folder (only for models you trust)."""
     disable_dropout: bool = True

@@ -5,6 +5,7 @@
     groups = Groups(rows, completions, scored)                     # B prompts x G completions, scored
     groups = Groups.take([(groups, 0), (more, 3)], G)              # DAPO dynamic sampling keeps some groups
     step_rewards, step_ends = process_rewards(scored, texts, token_ids, tokenizer)  # DeepSeekMath §4.1.3
+    row = one_row(tokens)     # model.padding_free: the N sequences back to back in one row [1, L], no padding
 
 N = prompts x G completions, groups contiguous (prompt-major), everywhere in this file.
 Position ids follow the attention mask (cumsum - 1), so left padding never shifts a position: a
@@ -86,6 +87,57 @@ def pack_sequences(prompt_ids: list[list[int]], completion_ids: list[list[int]],
             cmask[i, : len(c)] = 1
     position_ids = (attn.cumsum(-1) - 1).clamp_min(0)
     return PackedBatch(input_ids, attn, position_ids, input_ids[:, P:], cmask)
+
+
+@dataclass
+class OneRow:
+    """A batch's sequences back to back in one row (model.padding_free), position ids restarting at each.
+
+    transformers (masking_utils.find_packed_sequence_indices) reads position ids that restart, passed with no
+    attention mask and no KV cache, as sequences packed in a row: sdpa, eager and flex attention then mask
+    attention to each sequence, flash-attention takes its varlen path (one row only). So every sequence gets
+    the log-probs it gets alone, and the model computes L positions instead of N x (P + T):
+
+        logits = model(input_ids=row.input_ids, position_ids=row.position_ids, use_cache=False,
+                       logits_to_keep=row.predicts).logits      # [1, K, V]: K = completion tokens
+        logp = row.unpack(token_logprobs(logits, row.targets))  # [N, T] as the padded pass, 0 on padding
+    """
+
+    input_ids: Tensor  # [1, L]  each sequence's prompt then completion, back to back, no padding
+    position_ids: Tensor  # [1, L]  0, 1, ... from each sequence's first token (pack_sequences' positions)
+    predicts: Tensor  # [K]  the positions whose logits predict a completion token, in the mask's order
+    targets: Tensor  # [1, K]  those completion tokens
+    mask: Tensor  # [N, T] bool  where the K tokens sit in the padded layout (the batch's completion_mask)
+
+    def unpack(self, values: Tensor) -> Tensor:
+        """[1, K, ...] values of the completion tokens -> [N, T, ...] in the padded layout, 0 on padding
+        (differentiable: its backward gathers the K values' gradients)."""
+        out = values.new_zeros(*self.mask.shape, *values.shape[2:])
+        out[self.mask] = values[0]
+        return out
+
+    @property
+    def positions(self) -> int:
+        """L: the positions the model computes (the padded pass computes N x (P + T))."""
+        return self.input_ids.shape[1]
+
+
+def one_row(batch: PackedBatch) -> OneRow:
+    """The batch's N sequences (left-padded prompt, right-padded completion) as one padding-free row."""
+    N, W = batch.input_ids.shape
+    P = W - batch.completion_width
+    real = batch.attention_mask.bool()  # [N, P + T]
+    mask = batch.completion_mask.bool()  # [N, T]
+    if P == 0 or (mask.any(1) & ~real[:, P - 1]).any():
+        raise ValueError("a completion with an empty prompt: no position predicts its first token")
+    place = real.flatten().cumsum(0).view(N, W) - 1  # [N, P + T]: each real token's place in the row
+    return OneRow(
+        batch.input_ids[real][None],
+        batch.position_ids[real][None],
+        place[:, P:][mask] - 1,  # the token before each completion token (its prompt's last, for the first)
+        batch.completion_ids[mask][None],
+        mask,
+    )
 
 
 @dataclass

@@ -7,8 +7,9 @@
     logp, entropy = completion_logprobs(model, packed, temperature=1.0, with_entropy=True)   # [N, T] each
 
 One module per job: loading.py (loading and the model.* training settings: dropout, checkpointing, autocast,
-LoRA, pi_ref), logprobs.py (the log-prob and entropy kernels: plain, shared-prompt and fused passes) and
-memory.py (model.gradient_checkpointing=auto: which layers to checkpoint for the memory left).
+LoRA, pi_ref), logprobs.py (the log-prob and entropy kernels: plain, shared-prompt, fused and padding-free
+passes), padding_free.py (whether a model may run padding-free rows: model.padding_free) and memory.py
+(model.gradient_checkpointing=auto: which layers to checkpoint for the memory left).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from grpokit.policy.logprobs import (
     shared_prompt_logits,
 )
 from grpokit.policy.memory import checkpointing_plan, memory_left
+from grpokit.policy.padding_free import check_padding_free
 
 __all__ = [
     "AUTO_CLASSES",
@@ -54,6 +56,7 @@ __all__ = [
     "autocast_of",
     "batched_logprobs",
     "build_reference",
+    "check_padding_free",
     "checkpointing_plan",
     "completion_logprobs",
     "disable_dropout",

@@ -46,6 +46,7 @@ def anchor_logprobs(
             micro_batch_size=cfg.micro_batch_size,
             temperature=cfg.rollout.temperature,
             by_length=cfg.optim.group_by_length,
+            padding_free=cfg.model.padding_free,
         )
 
     source = pi_old_source(cfg)

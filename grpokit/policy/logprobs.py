@@ -4,6 +4,7 @@
     # at large vocabularies from the hidden states and the LM head in chunks, never [N, T, V]
     # (fused=None: auto)
     logp = batched_logprobs(model_or_adapter_off, packed, micro_batch_size=8)   # no grad, eval mode
+    # padding_free=True (model.padding_free): the rows back to back in one row (data/batch.py: one_row)
 
 `packed` is a grpokit.data.batch.PackedBatch (pack_sequences: left-padded prompts, right-padded completions).
 """
@@ -15,7 +16,7 @@ from torch import Tensor
 
 from grpokit.algo import token_entropy, token_logprobs
 from grpokit.algo.fused import linear_logprobs
-from grpokit.data.batch import PackedBatch, micro_batches
+from grpokit.data.batch import PackedBatch, micro_batches, one_row
 from grpokit.distributed import is_sharded
 from grpokit.policy.loading import AdapterOff, autocast_of, is_checkpointing, is_lora
 
@@ -29,6 +30,7 @@ def completion_logprobs(
     share_prompts: bool = True,
     fused: bool | None = None,
     entropy_grad: bool = False,
+    padding_free: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """log pi(completion token | prefix) for every completion position: [N, T] (and entropy [N, T]).
 
@@ -47,6 +49,11 @@ def completion_logprobs(
     fused_head). Same values and gradients either way.
 
     entropy_grad: the entropy carries its gradient (an entropy bonus in the loss); otherwise it has none.
+
+    padding_free: the N sequences run back to back in one row with restarting position ids (one_row), and
+    only the K positions that predict a completion token reach the LM head; same values and gradients, 0 on
+    padding. Exact only for models that confine attention to each packed sequence: model.padding_free checks
+    the model once (grpokit/policy/padding_free.py). No prompt sharing then (it needs a KV cache).
     """
     if fused is None:
         rows, width = batch.completion_ids.shape
@@ -55,6 +62,8 @@ def completion_logprobs(
         raise ValueError(
             "fused log-probs need a model whose logits are a Linear head on its backbone's output"
         )
+    if padding_free:
+        return _padding_free_logprobs(model, batch, fused, temperature, with_entropy, entropy_grad)
     T = batch.completion_width
     out = None
     if share_prompts and _can_share(model):
@@ -71,12 +80,29 @@ def completion_logprobs(
             :, :-1
         ]  # [N, T, V], or [N, T, H] fused
     if fused:
-        return _fused_logprobs(model, out, batch, temperature, with_entropy, entropy_grad)
-    return _logp_entropy(out, batch, temperature, with_entropy, entropy_grad)
+        return _fused_logprobs(model, out, batch.completion_ids, temperature, with_entropy, entropy_grad)
+    return _logp_entropy(out, batch.completion_ids, temperature, with_entropy, entropy_grad)
+
+
+def _padding_free_logprobs(
+    model, batch: PackedBatch, fused: bool, temperature: float, with_entropy: bool, entropy_grad: bool
+) -> tuple[Tensor, Tensor | None]:
+    """completion_logprobs of the batch run as one padding-free row, unpacked to [N, T]."""
+    row = one_row(batch)
+    # No attention mask and no KV cache (use_cache=False): transformers then reads the restarting position ids
+    # as packed sequences; with either one it would let every sequence attend to those before it.
+    out = _forward(
+        model, fused, row.predicts, input_ids=row.input_ids, position_ids=row.position_ids, use_cache=False
+    )  # [1, K, V], or [1, K, H] fused
+    if fused:
+        logp, entropy = _fused_logprobs(model, out, row.targets, temperature, with_entropy, entropy_grad)
+    else:
+        logp, entropy = _logp_entropy(out, row.targets, temperature, with_entropy, entropy_grad)
+    return row.unpack(logp), None if entropy is None else row.unpack(entropy)
 
 
 def _fused_logprobs(
-    model, hidden: Tensor, batch: PackedBatch, temperature: float, with_entropy: bool, entropy_grad: bool
+    model, hidden: Tensor, targets: Tensor, temperature: float, with_entropy: bool, entropy_grad: bool
 ) -> tuple[Tensor, Tensor | None]:
     """The LM head applied to the backbone's hidden states in chunks (grpokit/algo/fused.py), under the
     model's autocast, or in float32 outside it with model.cast_lm_head_to_fp32."""
@@ -91,7 +117,7 @@ def _fused_logprobs(
         return linear_logprobs(
             hidden,
             weight,
-            batch.completion_ids,
+            targets,
             bias=None if head.bias is None else head.bias.to(weight.dtype),
             temperature=temperature,
             with_entropy=with_entropy,
@@ -115,10 +141,12 @@ def _backbone(model):
     return model.get_base_model().base_model if is_lora(model) else getattr(model, "base_model", model)
 
 
-def _forward(model, fused: bool, keep: int, **inputs) -> Tensor:
-    """The last `keep` positions' logits, or (fused) the backbone's hidden states there."""
+def _forward(model, fused: bool, keep: int | Tensor, **inputs) -> Tensor:
+    """The last `keep` positions' logits, or (fused) the backbone's hidden states there; keep a Tensor [K]:
+    those positions (transformers' logits_to_keep)."""
     if fused:
-        return _backbone(model)(**inputs).last_hidden_state[:, -keep:]
+        at = slice(-keep, None) if isinstance(keep, int) else keep
+        return _backbone(model)(**inputs).last_hidden_state[:, at]
     return model(**inputs, logits_to_keep=keep).logits
 
 
@@ -155,9 +183,9 @@ def fused_head(model) -> torch.nn.Linear | None:
 
 
 def _logp_entropy(
-    logits: Tensor, batch: PackedBatch, temperature: float, with_entropy: bool, entropy_grad: bool = False
+    logits: Tensor, targets: Tensor, temperature: float, with_entropy: bool, entropy_grad: bool = False
 ) -> tuple[Tensor, Tensor | None]:
-    logp = token_logprobs(logits, batch.completion_ids, temperature=temperature)
+    logp = token_logprobs(logits, targets, temperature=temperature)
     entropy = token_entropy(logits, temperature=temperature, grad=entropy_grad) if with_entropy else None
     return logp, entropy
 
@@ -248,11 +276,18 @@ def select_cache_rows(cache, index: Tensor) -> None:
 
 @torch.no_grad()
 def batched_logprobs(
-    model, tokens: PackedBatch, *, micro_batch_size: int, temperature: float = 1.0, by_length: bool = False
+    model,
+    tokens: PackedBatch,
+    *,
+    micro_batch_size: int,
+    temperature: float = 1.0,
+    by_length: bool = False,
+    padding_free: bool = False,
 ) -> Tensor:
     """Log-probs [N, T] (float32, 0 on padding) under a model in eval mode, no gradient, in micro-batches
     (by_length: of rows of similar completion length, batch.micro_batches): the pi_old and pi_ref passes.
-    An AdapterOff (pi_ref of a LoRA policy): the policy's passes with its adapter disabled."""
+    An AdapterOff (pi_ref of a LoRA policy): the policy's passes with its adapter disabled. padding_free: each
+    micro-batch as one padding-free row (completion_logprobs)."""
     if isinstance(model, AdapterOff):
         with model.policy.disable_adapter():
             return batched_logprobs(
@@ -261,6 +296,7 @@ def batched_logprobs(
                 micro_batch_size=micro_batch_size,
                 temperature=temperature,
                 by_length=by_length,
+                padding_free=padding_free,
             )
     out = torch.zeros(tokens.completion_ids.shape, dtype=torch.float32)
     was_training = model.training
@@ -269,7 +305,7 @@ def batched_logprobs(
         rows = torch.arange(out.shape[0])
         for idx in micro_batches(rows, tokens, micro_batch_size, by_length):
             sub = tokens.rows(idx)
-            logp, _ = completion_logprobs(model, sub, temperature=temperature)
+            logp, _ = completion_logprobs(model, sub, temperature=temperature, padding_free=padding_free)
             out[idx, : sub.completion_width] = logp.float()
     finally:
         model.train(was_training)

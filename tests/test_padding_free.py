@@ -1,0 +1,116 @@
+"""model.padding_free: a micro-batch's sequences back to back in one row give the padded pass's log-probs,
+gradients and training step; models that would let packed sequences see each other are refused."""
+
+import pytest
+import torch
+from transformers import BloomConfig, BloomForCausalLM
+
+from grpokit.algo import policy_loss
+from grpokit.config import SFTConfig
+from grpokit.data.batch import one_row, pack_sequences
+from grpokit.policy import check_padding_free, completion_logprobs, load_model
+from grpokit.trainer import Trainer
+from tests.helpers import read_metrics, tiny_config
+
+# Very different lengths: prompts of 1 to 14 tokens, completions of 0 to 12.
+PROMPTS = [[1, 5], [1, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19], [1], [1, 2, 3, 4]]
+COMPS = [[3, 4, 2, 6, 7, 8, 9, 10, 11, 12, 13, 14], [12], [13, 14, 15, 16, 17], []]
+
+
+@pytest.fixture(scope="module")
+def batch():
+    return pack_sequences(PROMPTS, COMPS, pad_id=0)
+
+
+def model_of(model_dir, attn="sdpa"):
+    return load_model(str(model_dir), attn_implementation=attn).eval()
+
+
+def test_one_row_drops_every_pad(batch):
+    row = one_row(batch)
+    real = sum(len(p) + len(c) for p, c in zip(PROMPTS, COMPS, strict=True))  # 39 real tokens
+    assert row.positions == real and batch.input_ids.numel() == 4 * (14 + 12)  # 104 positions padded
+    assert row.position_ids[0, :16].tolist() == [*range(14), 0, 1]  # restart at each sequence
+    assert row.targets[0].tolist() == [t for c in COMPS for t in c]
+
+
+@pytest.mark.parametrize("attn, fused", [("sdpa", False), ("eager", False), ("sdpa", True)])
+def test_padding_free_logprobs_equal_padded(tiny_model_dir, batch, attn, fused):
+    model = model_of(tiny_model_dir, attn)
+    mask = batch.completion_mask.bool()
+    with torch.no_grad():
+        padded = completion_logprobs(model, batch, with_entropy=True, fused=fused, share_prompts=False)
+        packed = completion_logprobs(model, batch, with_entropy=True, fused=fused, padding_free=True)
+    for a, b in zip(packed, padded, strict=True):
+        assert a is not None and b is not None
+        torch.testing.assert_close(a[mask], b[mask], rtol=1e-5, atol=1e-5)
+        assert (a[~mask] == 0).all()  # nothing on padding
+
+
+def test_padding_free_gradient_equals_padded(tiny_model_dir, batch):
+    model = model_of(tiny_model_dir).train()
+    mask = batch.completion_mask.float()
+    torch.manual_seed(0)
+    advantages = torch.randn(len(PROMPTS))
+    old = torch.randn(mask.shape) * 0.1  # offsets of pi_old from pi_theta: some ratios clip
+    grads = {}
+    for padding_free in (False, True):
+        model.zero_grad()
+        logp, _ = completion_logprobs(model, batch, padding_free=padding_free, share_prompts=False)
+        loss, _ = policy_loss(logp, logp.detach() + old, advantages, mask, eps_low=0.05, loss_type="dapo")
+        loss.backward()
+        grads[padding_free] = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    assert grads[True].keys() == grads[False].keys() and len(grads[True]) > 0
+    for name, g in grads[False].items():
+        torch.testing.assert_close(grads[True][name], g, rtol=1e-4, atol=1e-7, msg=name)
+
+
+def test_one_training_step_is_the_same_padding_free(tiny_model_dir, tmp_path, monkeypatch):
+    """pi_theta (two micro-batches, two passes), pi_old and pi_ref (beta > 0) all run padding-free."""
+    import grpokit.policy.logprobs as logprobs
+
+    rows = []  # the padding-free rows the passes ran: [1, L] each
+    monkeypatch.setattr(logprobs, "one_row", lambda b: rows.append(one_row(b)) or rows[-1])
+    weights, padding = {}, {}
+    for padding_free in (False, True):
+        cfg = tiny_config(
+            tiny_model_dir,
+            tmp_path / str(padding_free),
+            "optim.max_steps=1",
+            "checkpoint.save_every=0",
+            "optim.micro_batch_size=16",
+            "algorithm.num_iterations=2",
+            "algorithm.beta=0.04",
+            # Adam's first steps are sign(g) where |g| >> eps: float noise in a gradient that is ~0 (1e-7 of
+            # the largest) would flip a whole step. A larger eps keeps those steps in proportion to it.
+            "optim.adam_epsilon=1e-4",
+            f"model.padding_free={str(padding_free).lower()}",
+        )
+        trainer = Trainer(cfg)
+        trainer.train()
+        padding[padding_free] = read_metrics(tmp_path / str(padding_free))[-1]["perf/padding_frac"]
+        weights[padding_free] = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    # 2 micro-batches x (pi_old + pi_ref + 2 training passes), each one row of real tokens only
+    assert len(rows) == 8 and all(r.input_ids.shape[0] == 1 for r in rows)
+    assert padding[True] == 0 < padding[False]
+    for name, w in weights[False].items():
+        torch.testing.assert_close(weights[True][name], w, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_refused_where_attention_crosses_sequences(tiny_model_dir):
+    torch.manual_seed(0)  # ALiBi and no position ids: the second sequence attends to the first
+    bloom = BloomForCausalLM(BloomConfig(vocab_size=50, hidden_size=32, n_layer=2, n_head=4))
+    with pytest.raises(
+        ValueError, match=r"^model\.padding_free=true: BloomForCausalLM .* see the ones before"
+    ):
+        check_padding_free(bloom)
+    llama = model_of(tiny_model_dir)
+    check_padding_free(llama)  # sdpa: accepted
+    llama.config._attn_implementation = "paged|sdpa"  # continuous batching's: no packed-sequence masks
+    with pytest.raises(ValueError, match=r"^model\.padding_free=true needs .* 'paged\|sdpa'"):
+        check_padding_free(llama)
+
+
+def test_sft_refuses_padding_free():
+    with pytest.raises(ValueError, match=r"model\.padding_free is for `grpokit train`"):
+        SFTConfig.model_validate({"model": {"padding_free": True}})
