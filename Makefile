@@ -32,9 +32,9 @@ demo: $(STAMP)
 
 # The suite runs in WORKERS processes (pytest-xdist), a test module to a process (--dist loadscope), so a module's
 # shared set-ups (a torchrun launch, a vLLM server) run once. Each test keeps to one thread; WORKERS=0 runs
-# everything in this process.
+# everything in this process. The 25 slowest set-ups and tests are listed at the end.
 WORKERS ?= 2
-XDIST    = -n $(WORKERS) --dist loadscope
+XDIST    = -n $(WORKERS) --dist loadscope --durations=25
 
 test: $(STAMP)
 	$(BIN)/python -m pytest tests $(XDIST)

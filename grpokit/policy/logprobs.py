@@ -76,9 +76,8 @@ def completion_logprobs(
         inputs = dict(
             input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids
         )
-        out = _forward(model, fused, T + 1, use_cache=False, **inputs)[
-            :, :-1
-        ]  # [N, T, V], or [N, T, H] fused
+        out = _forward(model, fused, T + 1, use_cache=False, **inputs)
+        out = out[:, :-1]  # [N, T, V], or [N, T, H] fused
     if fused:
         return _fused_logprobs(model, out, batch.completion_ids, temperature, with_entropy, entropy_grad)
     return _logp_entropy(out, batch.completion_ids, temperature, with_entropy, entropy_grad)
