@@ -84,7 +84,9 @@ def held_out_metrics(cfg: Config) -> dict[str, float]:
     # Evaluation draws no training prompts: one per step, so that a held-out file smaller than the training
     # batch (rollout.prompts_per_step rows) still evaluates.
     one_prompt = cfg.rollout.model_copy(update={"prompts_per_step": 1})
-    whole = cfg.optim.model_copy(update={"num_minibatches": 1, "micro_batch_size": 0})
+    whole = cfg.optim.model_copy(
+        update={"num_minibatches": 1, "micro_batch_size": 0, "max_tokens_per_micro_batch": 0}
+    )
     trainer = Trainer(cfg.model_copy(update={"algorithm": no_kl, "rollout": one_prompt, "optim": whole}))
     try:
         return trainer.evaluate()

@@ -24,6 +24,7 @@ from grpokit.data import (
     build_datasets,
     check_context_length,
 )
+from grpokit.data.micro_batches import MicroBatching
 from grpokit.distributed import World
 from grpokit.distributed.handle import PolicyHandle
 from grpokit.evaluate import make_judge
@@ -90,7 +91,7 @@ def build_components(
     max_len = check_context_length(data, getattr(model, "config", None), cfg.rollout.max_completion_length)
     pipeline = build_pipeline(cfg, policy, tokenizer, seed=cfg.seed + world.rank, max_len=max_len)
     if cfg.model.gradient_checkpointing == "auto":  # before the critic, which follows the policy's setting
-        auto_checkpointing(model, world, cfg.micro_batch_size, max_len)
+        auto_checkpointing(model, world, *MicroBatching.of(cfg).worst(max_len))
     total = cfg.optim.max_steps * cfg.algorithm.num_iterations * cfg.optim.num_minibatches
     try:
         optimizer = Optimizer(

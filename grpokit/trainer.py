@@ -38,17 +38,12 @@ from grpokit.checkpoint import checkpoint_dir, seed_everything
 from grpokit.components import build_checkpointer, build_components
 from grpokit.config import Config
 from grpokit.data import SamplerBookmarks
-from grpokit.data.batch import (
-    Groups,
-    RolloutBatch,
-    micro_batches,
-    pack_sequences,
-    process_rewards,
-    repeat_rows,
-)
+from grpokit.data.batch import Groups, RolloutBatch, pack_sequences, process_rewards, repeat_rows
+from grpokit.data.micro_batches import MicroBatching
 from grpokit.distributed import World
 from grpokit.evaluate import evaluate
 from grpokit.metrics.compute import (
+    PERF_MICRO_BATCHES,
     PERF_PADDING_FRAC,
     PERF_REF_TIME,
     PERF_REWARD_TIME,
@@ -98,6 +93,7 @@ class Trainer:
         shapes_kl = self.critic is not None and self.critic.shapes_kl_into_reward
         beta = 0.0 if shapes_kl else cfg.algorithm.beta
         self.loss_options = loss_options(cfg.algorithm, cfg.rollout.max_completion_length, beta=beta)
+        self.batching = MicroBatching.of(cfg)  # micro-batches in rows or in tokens (data/micro_batches.py)
         self.step = 0
         self.signals = self.world.stop_signals()  # SIGTERM / SIGINT in train(): finish the step, save, stop
         self.interrupted: str | None = None  # the signal (SIGTERM / SIGINT) that made train() stop early
@@ -183,7 +179,7 @@ class Trainer:
         t, sampler_logp = time.perf_counter(), sampler_logprobs(comps, tokens)  # the engine's [N, T], or None
         kl_shaping = self.critic is not None and bool(self.critic.kl_coef)
         old_logp, ref_logp, kl_old = anchor_logprobs(
-            cfg, self.policy, tokens, sampler_logp, kl_shaping=kl_shaping
+            cfg, self.policy, tokens, sampler_logp, kl_shaping=kl_shaping, most=self.world.most
         )
         metrics[PERF_REF_TIME] = time.perf_counter() - t
 
@@ -248,7 +244,8 @@ class Trainer:
             b = self.world.gather_batch(b, self.tokenizer.pad_token_id)
         for it in range(cfg.algorithm.num_iterations):
             # A fresh minibatch split each pass (this rank's share of each); one minibatch needs no shuffle.
-            for m, idx in enumerate(self.world.minibatches(b.rewards.numel(), M)):
+            costs = self.batching.costs(b.tokens)  # several minibatches: rows dealt to ranks by tokens
+            for m, idx in enumerate(self.world.minibatches(b.rewards.numel(), M, costs)):
                 self.optimizer.zero_grad()
                 loss, why = self._accumulate_gradient(b, idx, first_pass=it == 0, acc=acc)
                 done = self.optimizer.step(
@@ -274,14 +271,13 @@ class Trainer:
         micro-batch's loss is non-finite, (None, what was seen)."""
         # Normalizers of the whole minibatch, over every rank's share: accumulation and ranks agree.
         cfg, (num_sequences, num_tokens) = self.cfg, self.world.sum(len(idx), b.loss_mask[idx].sum().item())
-        minibatch_loss = 0.0
-        for sub_idx in micro_batches(idx, b.tokens, cfg.micro_batch_size, cfg.optim.group_by_length):
-            tokens = b.tokens.rows(sub_idx)  # trimmed to this micro-batch's longest completion
+        minibatch_loss, runs = 0.0, self.batching.plan(idx, b.tokens, self.world.most)
+        acc.add({PERF_MICRO_BATCHES: len(runs)})
+        for sub_idx, filler in runs:  # a filler evens out the ranks' counts: its loss counts 0 times
+            tokens, first = b.tokens.rows(sub_idx), first_pass and not filler  # trimmed to the longest
             T = tokens.completion_width
-            with out_of_memory_said(cfg.micro_batch_size, is_checkpointing(self.model), len(sub_idx), T):
-                logp, entropy = completion_logprobs(
-                    self.policy.forward, tokens, **pass_options(cfg, first_pass)
-                )
+            with out_of_memory_said(*self.batching.limit, is_checkpointing(self.model), len(sub_idx), T):
+                logp, entropy = completion_logprobs(self.policy.forward, tokens, **pass_options(cfg, first))
             mask = b.loss_mask[sub_idx, :T]
             old_logp = logp.detach()  # no pi_old pass (anchors.pi_old_source: "none"): pi_old = pi_theta
             if b.old_logp is not None:
@@ -295,21 +291,23 @@ class Trainer:
                 ref_logp=b.ref_logp[sub_idx, :T] if b.ref_logp is not None else None,
                 num_tokens=num_tokens,
                 num_sequences=num_sequences,
-                is_weights=self.correction(b, sub_idx, logp, mask, acc, first_pass),
+                is_weights=self.correction(b, sub_idx, logp, mask, acc, first),
                 entropy=entropy,
                 entropy_coef=self.entropy.coef,
             )
             if not self.world.all_finite(loss):  # every rank skips together
                 bad_logp = not torch.isfinite(logp.detach()[mask.bool()]).all()
                 return None, ": the policy's log-probs were non-finite" if bad_logp else ""
-            with out_of_memory_said(cfg.micro_batch_size, is_checkpointing(self.model), len(sub_idx), T):
-                self.world.backward(loss)
+            with out_of_memory_said(*self.batching.limit, is_checkpointing(self.model), len(sub_idx), T):
+                self.world.backward(loss * 0.0 if filler else loss)
+            if filler:
+                continue
             acc.add({policy_name(k): v for k, v in stats.items()}, mask.sum().item())
             # model.padding_free: the micro-batch ran as one row, no completion position was padding
             padding = 0.0 if cfg.model.padding_free else 1 - tokens.completion_mask.float().mean().item()
             acc.add({PERF_PADDING_FRAC: padding}, tokens.completion_mask.numel())
             minibatch_loss += loss.item()  # micro-batch losses add up to the minibatch's loss
-            if entropy is not None and first_pass:
+            if entropy is not None and first:
                 acc.add(
                     {POLICY_ENTROPY: masked_mean(entropy, tokens.completion_mask).item()},
                     tokens.completion_mask.sum().item(),

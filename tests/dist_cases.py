@@ -49,6 +49,16 @@ CASES: dict[str, list[str]] = {
         "optim.num_minibatches=2",
         "algorithm.mask_truncated_completions=true",
     ],
+    # micro-batches of at most 32 tokens (padded: rows x longest): the ranks' counts differ and are evened out
+    "dapo-tokens": ["algorithm.loss_type=dapo", "optim.max_tokens_per_micro_batch=32"],
+    # padding-free, mu = 2 with 2 minibatches: every minibatch's rows dealt to the ranks by tokens
+    "grpo-tokens-mu2-packed": [
+        "algorithm.loss_type=grpo",
+        "algorithm.num_iterations=2",
+        "optim.num_minibatches=2",
+        "model.padding_free=true",
+        "optim.max_tokens_per_micro_batch=32",
+    ],
     # half the prompts (even targets) give groups of equal rewards: dropped, more rounds drawn, the batch
     # topped up
     "dapo-dynamic_sampling": [
@@ -192,6 +202,9 @@ def one_step(model_dir, out, strategy: str, case: list[str]) -> dict:
         _record_first_grads(trainer.critic.model, trainer.critic.optimizer, critic_grads)
     in_update: list[int] = []
     _record_update_bytes(trainer, in_update)
+    counts: list[int] = []  # this rank's micro-batch counts before they are evened out (token budgets)
+    most = trainer.world.most
+    trainer.world.most = lambda n: counts.append(n) or most(n)
     metrics, _ = trainer._step()
     trainer.world.parallel.full_model()
     out = {
@@ -200,6 +213,7 @@ def one_step(model_dir, out, strategy: str, case: list[str]) -> dict:
         "grads": grads,
         "metrics": metrics,
         "world": trainer.world,
+        "micro_batch_counts": trainer.world.gather(counts),  # [rank][pass]
         "compiled": hasattr(trainer.policy.forward, "_orig_mod"),  # torch.compile's OptimizedModule
     }
     if trainer.critic is not None:
@@ -236,6 +250,12 @@ COMBO_CASES: dict[str, list[str]] = {
         "algorithm.num_iterations=2",
         "optim.num_minibatches=2",
         "optim.micro_batch_size=2",
+    ],
+    "critic-tokens-mu2": [
+        *PPO,
+        "algorithm.num_iterations=2",
+        "optim.num_minibatches=2",
+        "optim.max_tokens_per_micro_batch=32",
     ],
     # beta > 0 (pi_ref's forward compiled too), mu = 2 and 2 minibatches: every compiled graph in one case
     "compile-dr_grpo-beta-mu2": [*CASES["dr_grpo-batch-beta-mu2"], "model.compile=true"],

@@ -10,6 +10,7 @@ import torch
 
 from grpokit.config import ConfigError, load_config
 from grpokit.data.batch import pack_sequences
+from grpokit.data.micro_batches import MicroBatching
 from grpokit.policy import batched_logprobs, load_policy
 from grpokit.rollout import make_engine
 from grpokit.rollout.pipeline import make_pipeline
@@ -30,7 +31,7 @@ def _logp(model, rows, comps, pad_id):
     tokens = pack_sequences(
         [r.prompt_ids for r in rows for _ in range(len(comps) // len(rows))], comps.token_ids, pad_id
     )
-    lp = batched_logprobs(model, tokens, micro_batch_size=len(comps), temperature=1.0)
+    lp = batched_logprobs(model, tokens, MicroBatching(len(comps)), temperature=1.0)
     return [lp[i, : len(ids)] for i, ids in enumerate(comps.token_ids)]
 
 

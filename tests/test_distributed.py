@@ -104,6 +104,7 @@ def test_one_step_on_two_ranks_equals_one_process(strategy, one_process, two_pro
             got["params"], want["params"]
         )  # after the whole step (mu x minibatches AdamW steps, clipping)
         assert max(params.values()) < 1e-6, (name, max(params.items(), key=lambda kv: kv[1]))
+        print(f"{strategy} {name}: gradient {max(grads.values()):.2e}, weights {max(params.values()):.2e}")
         for key in dist_cases.SAME_METRICS:  # whole-batch metrics, reduced over the ranks
             assert (key in got["metrics"]) == (key in want["metrics"]), (name, key)
             if key not in want["metrics"]:
@@ -111,6 +112,8 @@ def test_one_step_on_two_ranks_equals_one_process(strategy, one_process, two_pro
             assert got["metrics"][key] == pytest.approx(want["metrics"][key], rel=1e-5, abs=1e-6), (name, key)
         # per-rank counts add up: the global batch's completion tokens; the perf times are the slower rank's
         assert got["metrics"]["rollout/tokens"] == want["metrics"]["rollout/tokens"]
+        if "tokens" in name:  # the cases do exercise evening out: the ranks' own counts differ
+            _assert_counts_differ(name, got)
     dapo = one_process["dapo-dynamic_sampling"]["metrics"]  # the case does exercise dynamic sampling's rounds
     assert dapo["rollout/groups_dropped"] > 0 and dapo["rollout/sampling_rounds"] > 1, dapo
 
@@ -194,6 +197,13 @@ def _assert_equal_step(name: str, want: dict, got: dict, prefix: str = "") -> di
     return {f"{prefix}grads": max(grads.values()), f"{prefix}params": max(params.values())}
 
 
+def _assert_counts_differ(name: str, got: dict) -> None:
+    """A token-budget case split some pass into more micro-batches on one rank than on the other (which then
+    evened out: split a micro-batch or ran a filler)."""
+    counts = got["micro_batch_counts"]  # [rank][pass]
+    assert any(a != b for a, b in zip(*counts, strict=True)), (name, counts)
+
+
 def _assert_same_metrics(name: str, want: dict, got: dict, keys) -> None:
     for key in keys:
         assert (key in got) == (key in want), (name, key)
@@ -270,6 +280,8 @@ def test_ppo_critic_on_two_ranks_equals_one_process(strategy, critic_runs):
         assert "value/explained_variance" in keys and "value/loss" in keys, keys
         _assert_same_metrics(name, want["metrics"], got["metrics"], [*dist_cases.SAME_METRICS, *keys])
         assert max(v.abs().max() for v in want["critic_grads"].values()) > 0  # the value head learns
+        if "tokens" in name:
+            _assert_counts_differ(name, got)
 
 
 @pytest.mark.slow

@@ -870,21 +870,24 @@ def test_out_of_memory_errors_are_told_from_others():
 
 
 @pytest.mark.parametrize(
-    "micro_batch_size, checkpointing, fixes",
+    "key, size, rows, checkpointing, fixes",
     [
-        (8, False, "optim.micro_batch_size=4 (now 8) or model.gradient_checkpointing=true or a lower"),
-        (1, False, "set model.gradient_checkpointing=true or a lower"),  # nothing left to halve
-        (1, True, "set a lower rollout.max_completion_length;"),
+        ("optim.micro_batch_size", 8, 8, False, "optim.micro_batch_size=4 (now 8) or model.gradient_che"),
+        ("optim.micro_batch_size", 1, 1, False, "set model.gradient_checkpointing=true or a lower"),
+        ("optim.micro_batch_size", 1, 1, True, "set a lower rollout.max_completion_length;"),
+        # sized in tokens: the budget halves while a micro-batch holds several completions
+        ("optim.max_tokens_per_micro_batch", 4096, 8, True, "set optim.max_tokens_per_micro_batch=2048 (now"),
+        ("optim.max_tokens_per_micro_batch", 4096, 1, True, "set a lower rollout.max_completion_length;"),
     ],
 )
-def test_out_of_memory_line_names_only_the_settings_that_are_left(micro_batch_size, checkpointing, fixes):
+def test_out_of_memory_line_names_only_the_settings_that_are_left(key, size, rows, checkpointing, fixes):
     from grpokit.policy.optim import TrainingError, out_of_memory_said
 
     with pytest.raises(TrainingError, match=re.escape(fixes)):
-        with out_of_memory_said(micro_batch_size, checkpointing, 8, 4):
+        with out_of_memory_said(key, size, checkpointing, rows, 4):
             raise RuntimeError(CPU_OOM)
     with pytest.raises(RuntimeError, match="shapes"):  # other errors pass through as they are
-        with out_of_memory_said(micro_batch_size, checkpointing, 8, 4):
+        with out_of_memory_said(key, size, checkpointing, rows, 4):
             raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
 
 

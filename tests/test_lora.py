@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM  # noqa: E402 (after require("peft
 
 from grpokit.checkpoint import list_checkpoints  # noqa: E402 (after require("peft"))
 from grpokit.data.batch import pack_sequences  # noqa: E402 (after require("peft"))
+from grpokit.data.micro_batches import MicroBatching  # noqa: E402
 from grpokit.policy import AdapterOff, batched_logprobs, build_reference, load_policy  # noqa: E402 (after require("peft"))
 from grpokit.trainer import Trainer  # noqa: E402 (after require("peft"))
 
@@ -57,9 +58,9 @@ def test_reference_is_the_base_model_with_the_adapter_off(tiny_model_dir):
     assert isinstance(ref, AdapterOff) and ref.policy is model  # no second copy of the weights
     tokens = some_tokens(tok)
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    ref_logp = batched_logprobs(ref, tokens, micro_batch_size=2)
-    base_logp = batched_logprobs(base, tokens, micro_batch_size=2)
-    policy_logp = batched_logprobs(model, tokens, micro_batch_size=2)
+    ref_logp = batched_logprobs(ref, tokens, MicroBatching(2))
+    base_logp = batched_logprobs(base, tokens, MicroBatching(2))
+    policy_logp = batched_logprobs(model, tokens, MicroBatching(2))
     mask = tokens.completion_mask.bool()
     torch.testing.assert_close(ref_logp[mask], base_logp[mask], rtol=0, atol=1e-6)
     assert (
@@ -67,9 +68,7 @@ def test_reference_is_the_base_model_with_the_adapter_off(tiny_model_dir):
     ).abs().max() > 1e-2  # the adapter is on outside the reference pass
     with model.disable_adapter():  # the context gives the adapter back on the way out
         pass
-    torch.testing.assert_close(
-        batched_logprobs(model, tokens, micro_batch_size=2), policy_logp, rtol=0, atol=0
-    )
+    torch.testing.assert_close(batched_logprobs(model, tokens, MicroBatching(2)), policy_logp, rtol=0, atol=0)
 
 
 @pytest.mark.slow
@@ -108,7 +107,7 @@ def test_lora_learns_trains_only_the_adapter_and_saves_loadable_models(tiny_mode
     final = out / "final"
     assert (final / "adapter_model.safetensors").is_file() and not (final / "model.safetensors").exists()
     tokens = some_tokens(trainer.tokenizer)
-    want = batched_logprobs(trainer.model, tokens, micro_batch_size=2)
+    want = batched_logprobs(trainer.model, tokens, MicroBatching(2))
     adapter = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), final)
     auto = AutoModelForCausalLM.from_pretrained(
         final
@@ -118,7 +117,7 @@ def test_lora_learns_trains_only_the_adapter_and_saves_loadable_models(tiny_mode
     mask = tokens.completion_mask.bool()
     for loaded in (adapter, auto, merged):
         torch.testing.assert_close(
-            batched_logprobs(loaded, tokens, micro_batch_size=2)[mask], want[mask], rtol=0, atol=1e-5
+            batched_logprobs(loaded, tokens, MicroBatching(2))[mask], want[mask], rtol=0, atol=1e-5
         )
 
 

@@ -7,6 +7,7 @@ import torch
 
 from grpokit.checkpoint import list_checkpoints
 from grpokit.data.batch import pack_sequences
+from grpokit.data.micro_batches import MicroBatching
 from grpokit.policy import batched_logprobs
 from grpokit.rewards.build import reward_specs
 from grpokit.trainer import Trainer
@@ -194,9 +195,7 @@ def test_compile_gives_the_eager_numbers(tiny_model_dir, tmp_path):
 
     torch.manual_seed(0)
     batch, _, _ = eager.rollout(rows)
-    ref = batched_logprobs(
-        compiled.policy.ref_forward, batch.tokens, micro_batch_size=compiled.cfg.micro_batch_size
-    )
+    ref = batched_logprobs(compiled.policy.ref_forward, batch.tokens, MicroBatching.of(compiled.cfg))
     mask = batch.tokens.completion_mask.bool()
     torch.testing.assert_close(ref[mask], batch.ref_logp[mask], rtol=1e-4, atol=1e-5)
 
@@ -217,7 +216,7 @@ def test_compile_gives_the_eager_numbers(tiny_model_dir, tmp_path):
 
 
 def test_micro_batches_of_similar_length_pad_less_and_give_the_same_gradient(tiny_model_dir, tmp_path):
-    from grpokit.data.batch import micro_batches
+    from grpokit.data.micro_batches import micro_batches
     from grpokit.metrics.compute import MeanAccumulator
 
     # Four prompts, one row each: the rows order (longest first) pads least.

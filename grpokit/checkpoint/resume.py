@@ -116,6 +116,7 @@ FREE_ON_RESUME = (
     "checkpoint",
     "distributed",
     "optim.micro_batch_size",
+    "optim.max_tokens_per_micro_batch",
     "model.gradient_checkpointing",
     "reward_timeout",
     "reward_slow_warning",

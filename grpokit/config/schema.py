@@ -120,6 +120,12 @@ class Config(Section):
                 f"(rollout.prompts_per_step x rollout.num_generations = {n})"
             )
         mb = n // self.optim.num_minibatches
+        if self.optim.micro_batch_size and self.optim.max_tokens_per_micro_batch:
+            o = self.optim
+            raise ValueError(
+                f"optim.micro_batch_size={o.micro_batch_size} and optim.max_tokens_per_micro_batch="
+                f"{o.max_tokens_per_micro_batch} both size micro-batches: set one of them (the other 0)"
+            )
         if self.optim.micro_batch_size and mb % self.optim.micro_batch_size:
             raise ValueError(
                 f"optim.micro_batch_size={self.optim.micro_batch_size} must divide the minibatch size {mb}"

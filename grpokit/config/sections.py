@@ -409,6 +409,13 @@ class OptimConfig(OptimizerSettings):
     longest first, so a long-tailed batch does not pad every row to its longest (HF Trainer's
     group_by_length). Same gradient up to the order of float sums; matters only when micro_batch_size splits a
     minibatch."""
+    max_tokens_per_micro_batch: int = Field(0, ge=0)
+    """Micro-batches sized in tokens instead of rows (verl: ppo_max_token_len_per_gpu): a minibatch's
+    sequences go into micro-batches of at most this many prompt + completion tokens each, as the model
+    computes them (padded: rows x longest; model.padding_free: their sum), longest first; a longer sequence
+    runs alone. Same gradient as the whole minibatch up to the order of float sums; under torchrun the ranks
+    run as many micro-batches each. 0 = counted in rows (micro_batch_size); set one of the two. Also sizes
+    the pi_old / pi_ref passes and the PPO critic's."""
     max_consecutive_skips: int = Field(10, ge=1)
     """Stop after this many optimizer steps in a row were skipped for a non-finite loss or gradient."""
 

@@ -198,39 +198,6 @@ class ValueTargets:
     returns: Tensor  # [N, T] GAE returns A + V_old: the critic's targets
 
 
-def micro_batches(idx: Tensor, tokens: PackedBatch, size: int, by_length: bool) -> list[Tensor]:
-    """Rows idx of `tokens` in runs of `size`. by_length: in the order of the two below that runs fewer tokens
-    through the model (each micro-batch trimmed to its longest prompt and completion; a prompt shared by at
-    least half its rows counted once, as completion_logprobs runs it):
-      rows:   longest completion first: the least padding, but a prompt's G rows may split up;
-      groups: whole groups (rows with one prompt), the group with the longest completion first.
-    The micro-batch losses add up to the same minibatch loss: the gradient is the same up to the order of
-    sums."""
-    if not by_length or len(idx) <= size:
-        return list(idx.split(size))
-    P = tokens.input_ids.shape[1] - tokens.completion_width
-    lengths = tokens.completion_mask[idx].sum(1)  # [n]
-    prompt_len = tokens.attention_mask[idx, :P].sum(1)  # [n]
-    group = torch.unique(tokens.input_ids[idx, :P], dim=0, return_inverse=True)[
-        1
-    ]  # [n]: rows with one prompt
-    longest = torch.zeros(int(group.max()) + 1, dtype=lengths.dtype).scatter_reduce(0, group, lengths, "amax")
-    by_rows = torch.argsort(lengths, descending=True, stable=True)
-    by_groups = by_rows[torch.argsort(group[by_rows], stable=True)]  # a group's rows together, longest first
-    by_groups = by_groups[torch.argsort(longest[group[by_groups]], descending=True, stable=True)]
-
-    def cost(order: Tensor) -> int:
-        total = 0
-        for mb in order.split(size):
-            n, shared = len(mb), int(torch.unique(group[mb]).numel())
-            prompts = shared if 2 * shared <= n else n
-            total += n * int(lengths[mb].max()) + prompts * int(prompt_len[mb].max())
-        return total
-
-    best = min((by_groups, by_rows), key=cost)  # groups first: on a tie, keep the prompts shared
-    return list(idx[best].split(size))
-
-
 @dataclass
 class RolloutBatch:
     """Everything one step trains on. N = prompts_per_step x G completions, groups contiguous."""

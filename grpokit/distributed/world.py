@@ -26,6 +26,7 @@ from torch import Tensor
 from grpokit.config import Config
 from grpokit.config.world import check_world
 from grpokit.data.batch import PackedBatch, RolloutBatch, ValueTargets
+from grpokit.data.micro_batches import balance
 from grpokit.distributed.handle import PolicyHandle
 from grpokit.distributed.parallel import Parallel
 from grpokit.distributed.signals import StopSignals
@@ -126,18 +127,22 @@ class World:
         n = len(items) // self.size
         return items[self.rank * n : (self.rank + 1) * n]
 
-    def minibatches(self, num_rows: int, num_minibatches: int) -> list[Tensor]:
+    def minibatches(self, num_rows: int, num_minibatches: int, costs: Tensor | None = None) -> list[Tensor]:
         """This rank's rows of each minibatch of a pass. One minibatch: the rank's own rows, unshuffled.
         Several: a permutation of all num_rows rows of gather_batch (rank 0's draw, as one process draws it),
         each minibatch cut into W equal shares, rank r taking the r-th; so the minibatches are those of one
-        process."""
+        process. costs [num_rows]: the shares dealt by cost instead (micro_batches.balance: equal counts,
+        about equal tokens)."""
         if num_minibatches == 1:
             return [torch.arange(num_rows)]
         order = torch.randperm(num_rows)
         if self.size > 1:
             dist.broadcast(order, src=0)
         size = num_rows // num_minibatches
-        return [order[m * size : (m + 1) * size].chunk(self.size)[self.rank] for m in range(num_minibatches)]
+        minibatches = [order[m * size : (m + 1) * size] for m in range(num_minibatches)]
+        if costs is not None and self.size > 1:
+            return [balance(rows, costs, self.size)[self.rank] for rows in minibatches]
+        return [rows.chunk(self.size)[self.rank] for rows in minibatches]
 
     def gather_batch(self, b: RolloutBatch, pad_id: int) -> RolloutBatch:
         """Every rank's rollout batch, in rank order (the global batch), re-padded to the widest prompt and
@@ -192,6 +197,14 @@ class World:
         t = torch.tensor([int(bool(flag))], device=self.device)
         dist.all_reduce(t, op=dist.ReduceOp.MIN)
         return bool(t.item())
+
+    def most(self, n: int) -> int:
+        """The largest n of any rank (the micro-batches every rank must run: MicroBatching.plan)."""
+        if self.size == 1:
+            return n
+        t = torch.tensor([n], device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return int(t.item())
 
     def all_finite(self, loss: Tensor) -> bool:
         """The loss is finite on every rank: otherwise every rank skips the backward (and the optimizer step)

@@ -12,12 +12,14 @@ policy). docs/rollout.md has the table.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 from torch import Tensor
 
 from grpokit.config import Config
 from grpokit.data.batch import PackedBatch
+from grpokit.data.micro_batches import MicroBatching
 from grpokit.distributed.handle import PolicyHandle
 from grpokit.policy import batched_logprobs
 
@@ -34,19 +36,21 @@ def pi_old_source(cfg: Config) -> Literal["sampler", "policy", "none"]:
 
 
 def anchor_logprobs(
-    cfg: Config, policy: PolicyHandle, tokens: PackedBatch, sampler_logp: Tensor | None, *, kl_shaping: bool
+    cfg: Config,
+    policy: PolicyHandle,
+    tokens: PackedBatch,
+    sampler_logp: Tensor | None,
+    *,
+    kl_shaping: bool,
+    most: Callable[[int], int] | None = None,
 ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
     """(pi_old, pi_ref, the pi_old of PPO's KL shaping) log-probs [N, T] of the batch, None where not needed.
-    kl_shaping: the critic puts a KL into the reward, which needs pi_old's log-probs even at one pass."""
+    kl_shaping: the critic puts a KL into the reward, which needs pi_old's log-probs even at one pass. most:
+    World.most, so that every rank runs as many micro-batches (optim.max_tokens_per_micro_batch)."""
 
     def logprobs(model) -> Tensor:
         return batched_logprobs(
-            model,
-            tokens,
-            micro_batch_size=cfg.micro_batch_size,
-            temperature=cfg.rollout.temperature,
-            by_length=cfg.optim.group_by_length,
-            padding_free=cfg.model.padding_free,
+            model, tokens, MicroBatching.of(cfg), temperature=cfg.rollout.temperature, most=most
         )
 
     source = pi_old_source(cfg)

@@ -21,6 +21,7 @@ forward + backward pass of it per step. benchmarks/grpo_vs_ppo.py measures both 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 from typing import TYPE_CHECKING, cast
 
@@ -30,6 +31,7 @@ from torch import Tensor, nn
 from grpokit.algo import gae_advantages, masked_whiten, token_rewards, value_loss
 from grpokit.checkpoint import CheckpointError
 from grpokit.data.batch import PackedBatch, ValueTargets
+from grpokit.data.micro_batches import MicroBatching
 from grpokit.distributed import World
 from grpokit.metrics.compute import (
     PERF_CRITIC_TRAIN_TIME,
@@ -103,6 +105,8 @@ class Critic:
         self.kl_coef = cfg.algorithm.beta if (cfg.ppo.kl_in_reward and has_ref) else 0.0
         self.model = build_value_model(cfg.model, policy)
         self.forward = self.world.wrap_critic(self.model)  # the training forward (DDP: the wrapper)
+        # the policy's micro-batches, costed padded: the value model runs its rows padded
+        self.batching = dataclasses.replace(MicroBatching.of(cfg), packed=False)
         self.optimizer = Optimizer(
             self.model.named_parameters(),
             cfg.optim,
@@ -124,15 +128,13 @@ class Critic:
     def values(self, tokens: PackedBatch) -> Tensor:
         """V_old [N, T] under the critic, no gradient, in micro-batches; 0 on padding."""
         out = torch.zeros(tokens.completion_ids.shape, dtype=torch.float32)
-        mb = self.cfg.micro_batch_size
         self.model.eval()
         try:
-            for s in range(0, out.shape[0], mb):
-                sub = tokens.rows(slice(s, s + mb))
+            for idx, filler in self.batching.plan(torch.arange(out.shape[0]), tokens, self.world.most):
+                sub = tokens.rows(idx)
                 v = self.model(sub)  # [mb, T_sub]
-                out[s : s + mb, : sub.completion_width] = torch.where(
-                    sub.completion_mask.bool(), v, torch.zeros_like(v)
-                )
+                if not filler:  # a filler only evens out the ranks' forwards
+                    out[idx, : sub.completion_width] = torch.where(sub.completion_mask.bool(), v, 0.0)
         finally:
             self.model.train()
         return out
@@ -180,7 +182,7 @@ class Critic:
         acc = MeanAccumulator()
         for _ in range(cfg.algorithm.num_iterations):
             # One process's split: a fresh permutation per pass (rank 0's), this rank's share of each.
-            for idx in world.minibatches(loss_mask.shape[0], M):
+            for idx in world.minibatches(loss_mask.shape[0], M, self.batching.costs(tokens)):
                 self.optimizer.zero_grad()
                 finite = self._accumulate(tokens, loss_mask, targets, idx, acc)
                 done = self.optimizer.step(loss_finite=finite, at_step=at_step)
@@ -200,8 +202,7 @@ class Critic:
         when a micro-batch's loss is non-finite on any rank (every rank then skips the step)."""
         ppo, world = self.cfg.ppo, self.world
         num_tokens = world.sum(loss_mask[idx].sum().item())  # the minibatch's token mean, over every rank
-        for s in range(0, len(idx), self.cfg.micro_batch_size):
-            sub_idx = idx[s : s + self.cfg.micro_batch_size]
+        for sub_idx, filler in self.batching.plan(idx, tokens, world.most):
             sub = tokens.rows(sub_idx)
             T = sub.completion_width
             mask = loss_mask[sub_idx, :T]
@@ -216,7 +217,9 @@ class Critic:
             if not world.all_finite(loss):
                 return False
             # With its own AdamW, vf_coef only scales the critic's gradient before clipping.
-            world.backward(ppo.vf_coef * loss)
+            world.backward(ppo.vf_coef * loss * (0.0 if filler else 1.0))  # a filler: no gradient
+            if filler:
+                continue
             acc.add({value_name(k): v for k, v in stats.items()}, mask.sum().item())
         return True
 

@@ -3,20 +3,23 @@
     logp, entropy = completion_logprobs(model, packed, temperature=1.0, with_entropy=True)   # [N, T] each
     # at large vocabularies from the hidden states and the LM head in chunks, never [N, T, V]
     # (fused=None: auto)
-    logp = batched_logprobs(model_or_adapter_off, packed, micro_batch_size=8)   # no grad, eval mode
-    # padding_free=True (model.padding_free): the rows back to back in one row (data/batch.py: one_row)
+    logp = batched_logprobs(model_or_adapter_off, packed, MicroBatching(size=8))   # no grad, eval mode
+    # MicroBatching(packed=True) (model.padding_free): each micro-batch's rows back to back in one row
 
 `packed` is a grpokit.data.batch.PackedBatch (pack_sequences: left-padded prompts, right-padded completions).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
 from grpokit.algo import token_entropy, token_logprobs
 from grpokit.algo.fused import linear_logprobs
-from grpokit.data.batch import PackedBatch, micro_batches, one_row
+from grpokit.data.batch import PackedBatch, one_row
+from grpokit.data.micro_batches import MicroBatching
 from grpokit.distributed import is_sharded
 from grpokit.policy.loading import AdapterOff, autocast_of, is_checkpointing, is_lora
 
@@ -277,35 +280,29 @@ def select_cache_rows(cache, index: Tensor) -> None:
 def batched_logprobs(
     model,
     tokens: PackedBatch,
+    batching: MicroBatching,
     *,
-    micro_batch_size: int,
     temperature: float = 1.0,
-    by_length: bool = False,
-    padding_free: bool = False,
+    most: Callable[[int], int] | None = None,
 ) -> Tensor:
-    """Log-probs [N, T] (float32, 0 on padding) under a model in eval mode, no gradient, in micro-batches
-    (by_length: of rows of similar completion length, batch.micro_batches): the pi_old and pi_ref passes.
-    An AdapterOff (pi_ref of a LoRA policy): the policy's passes with its adapter disabled. padding_free: each
-    micro-batch as one padding-free row (completion_logprobs)."""
+    """Log-probs [N, T] (float32, 0 on padding) under a model in eval mode, no gradient, in the micro-batches
+    of `batching` (rows or tokens; packed: each as one padding-free row): the pi_old and pi_ref passes. most:
+    the largest micro-batch count of any rank (World.most), so that every rank runs as many forwards (FSDP2
+    gathers weights in each). An AdapterOff (pi_ref of a LoRA policy): the policy's passes with its adapter
+    disabled."""
     if isinstance(model, AdapterOff):
         with model.policy.disable_adapter():
-            return batched_logprobs(
-                model.policy,
-                tokens,
-                micro_batch_size=micro_batch_size,
-                temperature=temperature,
-                by_length=by_length,
-                padding_free=padding_free,
-            )
+            return batched_logprobs(model.policy, tokens, batching, temperature=temperature, most=most)
     out = torch.zeros(tokens.completion_ids.shape, dtype=torch.float32)
     was_training = model.training
     model.eval()
     try:
         rows = torch.arange(out.shape[0])
-        for idx in micro_batches(rows, tokens, micro_batch_size, by_length):
+        for idx, filler in batching.plan(rows, tokens, most or (lambda n: n)):
             sub = tokens.rows(idx)
-            logp, _ = completion_logprobs(model, sub, temperature=temperature, padding_free=padding_free)
-            out[idx, : sub.completion_width] = logp.float()
+            logp, _ = completion_logprobs(model, sub, temperature=temperature, padding_free=batching.packed)
+            if not filler:  # a filler only evens out the ranks' forwards
+                out[idx, : sub.completion_width] = logp.float()
     finally:
         model.train(was_training)
     return out

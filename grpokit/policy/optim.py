@@ -32,19 +32,19 @@ def is_out_of_memory(exc: BaseException) -> bool:
 
 
 @contextlib.contextmanager
-def out_of_memory_said(micro_batch_size: int, checkpointing: bool, rows: int, width: int):
+def out_of_memory_said(key: str, size: int, checkpointing: bool, rows: int, width: int):
     """An out-of-memory error inside a micro-batch's forward / backward (`rows` completions x `width`
     tokens) becomes a TrainingError that names the micro-batch and the settings that make it smaller
-    (the micro-batch size and, when the model does not checkpoint yet, checkpointing), instead of the
-    allocator's message. (On Linux, a process past the machine's memory is usually killed by the kernel
-    before the allocator fails: this is the case where it fails first, as on a GPU.)"""
+    (`key`, the config key that sizes micro-batches, now `size`; and, when the model does not checkpoint
+    yet, checkpointing), instead of the allocator's message. (On Linux, a process past the machine's memory
+    is usually killed by the kernel before the allocator fails: this is the case where it fails first, as on
+    a GPU.)"""
     try:
         yield
     except (RuntimeError, MemoryError) as exc:
         if not is_out_of_memory(exc):
             raise
-        halve = f"optim.micro_batch_size={micro_batch_size // 2} (now {micro_batch_size})"
-        fixes = [halve] if micro_batch_size > 1 else []  # one completion a micro-batch: nothing to halve
+        fixes = [f"{key}={size // 2} (now {size})"] if rows > 1 else []  # one completion: nothing to halve
         if not checkpointing:
             fixes.append("model.gradient_checkpointing=true")
         fixes.append("a lower rollout.max_completion_length")
