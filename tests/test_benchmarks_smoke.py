@@ -96,6 +96,7 @@ SMOKES: dict[str, tuple[Smoke, ...]] = {
         Smoke((), (r"^\| run \| pass@1 before \|", r"^\| full fine-tune \| ", r"^\| LoRA "), ("peft",)),
         Smoke(("--memory",), (r"^\| run \| peak RSS MB \|", r"^\| LoRA r=16, all-linear \| \d"), ("peft",)),
     ),
+    "long_chains.py": (Smoke((), (r"^\| step \| reward \| length mean", r"^\| 2 \| 0\.\d+ \| \d+ \|")),),
     "padding.py": (
         Smoke((), (r"^\| group_by_length \| padding_frac", r"^\| True \| \d", r"^\| False \| \d")),
     ),

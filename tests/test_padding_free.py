@@ -97,6 +97,40 @@ def test_one_training_step_is_the_same_padding_free(tiny_model_dir, tmp_path, mo
         torch.testing.assert_close(weights[True][name], w, rtol=1e-5, atol=1e-6, msg=name)
 
 
+@pytest.mark.slow
+def test_ppo_step_is_the_same_padding_free(tiny_model_dir, tmp_path):
+    """The PPO critic's passes (V_old, its update) padding-free too: the values and, after a PPO step, the
+    policy's and the critic's weights are the padded run's."""
+    weights, values = {}, {}
+    for padding_free in (False, True):
+        cfg = tiny_config(
+            tiny_model_dir,
+            tmp_path / str(padding_free),
+            "optim.max_steps=2",
+            "checkpoint.save_every=0",
+            "optim.micro_batch_size=16",
+            "algorithm.advantage_estimator=gae",
+            "ppo.critic_learning_rate=1e-3",
+            "optim.adam_epsilon=1e-4",  # as above: float noise must not flip Adam's first sign steps
+            f"model.padding_free={str(padding_free).lower()}",
+        )
+        torch.manual_seed(0)
+        trainer = Trainer(cfg)
+        assert trainer.critic is not None and trainer.critic.model.padding_free is padding_free
+        trainer.train()
+        tokens = pack_sequences(PROMPTS, COMPS, pad_id=0)
+        values[padding_free] = trainer.critic.values(tokens)
+        modules = {"policy": trainer.model, "critic": trainer.critic.model}
+        weights[padding_free] = {
+            f"{k}.{n}": p.detach().clone() for k, m in modules.items() for n, p in m.named_parameters()
+        }
+    mask = pack_sequences(PROMPTS, COMPS, pad_id=0).completion_mask.bool()
+    assert values[False][mask].abs().max() > 0  # the head has learned something after two steps
+    torch.testing.assert_close(values[True][mask], values[False][mask], rtol=1e-5, atol=1e-6)
+    for name, w in weights[False].items():
+        torch.testing.assert_close(weights[True][name], w, rtol=1e-5, atol=1e-6, msg=name)
+
+
 def test_refused_where_attention_crosses_sequences(tiny_model_dir):
     torch.manual_seed(0)  # ALiBi and no position ids: the second sequence attends to the first
     bloom = BloomForCausalLM(BloomConfig(vocab_size=50, hidden_size=32, n_layer=2, n_head=4))

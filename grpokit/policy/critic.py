@@ -21,7 +21,6 @@ forward + backward pass of it per step. benchmarks/grpo_vs_ppo.py measures both 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import time
 from typing import TYPE_CHECKING, cast
 
@@ -30,7 +29,7 @@ from torch import Tensor, nn
 
 from grpokit.algo import gae_advantages, masked_whiten, token_rewards, value_loss
 from grpokit.checkpoint import CheckpointError
-from grpokit.data.batch import PackedBatch, ValueTargets
+from grpokit.data.batch import PackedBatch, ValueTargets, one_row
 from grpokit.data.micro_batches import MicroBatching
 from grpokit.distributed import World
 from grpokit.metrics.compute import (
@@ -50,11 +49,12 @@ if TYPE_CHECKING:
 
 class ValueModel(nn.Module):
     """V(s_t) for every completion token: a transformer backbone whose last hidden states feed a
-    scalar head (nn.Linear(hidden, 1), zero-initialized, float32)."""
+    scalar head (nn.Linear(hidden, 1), zero-initialized, float32). padding_free (model.padding_free): a
+    batch's sequences run back to back in one row, as the policy's passes do (data/batch.py: one_row)."""
 
-    def __init__(self, backbone: nn.Module):
+    def __init__(self, backbone: nn.Module, padding_free: bool = False):
         super().__init__()
-        self.backbone = backbone
+        self.backbone, self.padding_free = backbone, padding_free
         config = cast("PretrainedConfig", backbone.config)  # a transformers model's
         hidden = config.get_text_config().hidden_size
         self.head = nn.Linear(hidden, 1)
@@ -64,6 +64,12 @@ class ValueModel(nn.Module):
         nn.init.zeros_(self.head.bias)
 
     def forward(self, batch: PackedBatch) -> Tensor:
+        if self.padding_free:
+            row = one_row(batch)  # no attention mask, no cache: attention stays inside each sequence
+            h = self.backbone(input_ids=row.input_ids, position_ids=row.position_ids, use_cache=False)
+            # the positions that predict the completion tokens: the states before them, as below
+            values = self.head(h.last_hidden_state[:, row.predicts].float()).squeeze(-1)  # [1, K]
+            return row.unpack(values)  # [N, T], 0 on padding
         T = batch.completion_width
         h = self.backbone(
             input_ids=batch.input_ids,
@@ -84,11 +90,11 @@ def build_value_model(model_cfg, policy: nn.Module) -> ValueModel:
     if not model_cfg.name_or_path:
         base = policy.base_model
         assert isinstance(base, nn.Module)  # a transformers model's backbone
-        return ValueModel(copy.deepcopy(base))
+        return ValueModel(copy.deepcopy(base), model_cfg.padding_free)
     backbone = load_model_from_config(model_cfg, head="backbone")
     if is_checkpointing(policy):  # model.gradient_checkpointing=true, or auto found it needed
         backbone.gradient_checkpointing_enable()
-    return ValueModel(backbone).train()
+    return ValueModel(backbone, model_cfg.padding_free).train()
 
 
 class Critic:
@@ -105,8 +111,7 @@ class Critic:
         self.kl_coef = cfg.algorithm.beta if (cfg.ppo.kl_in_reward and has_ref) else 0.0
         self.model = build_value_model(cfg.model, policy)
         self.forward = self.world.wrap_critic(self.model)  # the training forward (DDP: the wrapper)
-        # the policy's micro-batches, costed padded: the value model runs its rows padded
-        self.batching = dataclasses.replace(MicroBatching.of(cfg), packed=False)
+        self.batching = MicroBatching.of(cfg)  # the policy's micro-batches (padding-free or padded)
         self.optimizer = Optimizer(
             self.model.named_parameters(),
             cfg.optim,
