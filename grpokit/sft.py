@@ -50,7 +50,7 @@ from grpokit.metrics.compute import (
     SFT_LOSS,
     SFT_LR,
 )
-from grpokit.policy import load_policy
+from grpokit.policy import check_padding_free, load_policy
 from grpokit.policy.optim import adamw, lr_lambda
 
 IGNORE_INDEX = -100  # label of tokens the loss skips (prompt, padding)
@@ -88,8 +88,18 @@ def encode_pair(
     return ids[:max_length], labels[:max_length], truncated
 
 
-def collate(examples: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-padded batch: with the padding at the end, position ids are 0..T-1 on every row."""
+def collate(
+    examples: list[tuple[list[int], list[int]]], pad_id: int, packed: bool = False
+) -> dict[str, torch.Tensor]:
+    """Right-padded batch: with the padding at the end, position ids are 0..T-1 on every row. packed
+    (model.padding_free): the examples back to back in one row [1, L], position ids restarting at each and
+    no attention mask, which transformers reads as packed sequences (attention stays inside each); the
+    first token of each example is never a target (no position of its own example predicts it)."""
+    if packed:
+        input_ids = torch.tensor([[t for ids, _ in examples for t in ids]])  # [1, L]
+        labels = torch.tensor([[x for _, lab in examples for x in [IGNORE_INDEX, *lab[1:]]]])  # [1, L]
+        position_ids = torch.tensor([[p for ids, _ in examples for p in range(len(ids))]])  # [1, L]
+        return {"input_ids": input_ids, "labels": labels, "position_ids": position_ids}
     T = max(len(ids) for ids, _ in examples)
     input_ids = torch.full((len(examples), T), pad_id, dtype=torch.long)  # [B, T]
     labels = torch.full((len(examples), T), IGNORE_INDEX, dtype=torch.long)  # [B, T]
@@ -109,11 +119,10 @@ def collate(examples: list[tuple[list[int], list[int]]], pad_id: int) -> dict[st
 
 def completion_loss(model: Any, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
     """Mean cross-entropy over the completion tokens of the batch, and how many there are."""
-    logits = model(
-        input_ids=batch["input_ids"],
-        attention_mask=batch["attention_mask"],
-        position_ids=batch["position_ids"],
-    ).logits  # [B, T, V]
+    # a packed batch has no attention mask (collate); use_cache=False: with a cache, packed sequences would
+    # attend to the ones before them
+    inputs = {k: v for k, v in batch.items() if k != "labels"}
+    logits = model(**inputs, use_cache=False).logits  # [B, T, V]
     targets = batch["labels"][:, 1:]  # token t+1 is predicted at position t
     n_tokens = int((targets != IGNORE_INDEX).sum())
     loss = torch.nn.functional.cross_entropy(
@@ -166,6 +175,7 @@ def evaluate_sft(
     column: str = "completion",
     max_length: int = 1024,
     batch_size: int = 32,
+    packed: bool = False,
 ) -> dict[str, float]:
     """Held-out eval/loss (completion cross-entropy per token) and eval/exact_match (the greedy completion,
     stripped, equals the reference): the two numbers that say whether SFT has taught the format and the
@@ -178,7 +188,8 @@ def evaluate_sft(
     model.eval()
     loss_sum, tokens = 0.0, 0
     for s in range(0, len(examples), batch_size):
-        batch = {k: v.to(_device(model)) for k, v in collate(examples[s : s + batch_size], pad_id).items()}
+        rows = collate(examples[s : s + batch_size], pad_id, packed)
+        batch = {k: v.to(_device(model)) for k, v in rows.items()}
         loss, n = completion_loss(model, batch)
         loss_sum, tokens = loss_sum + loss.item() * n, tokens + n
     rows = [pairs[i] for i in range(len(pairs))]
@@ -220,7 +231,7 @@ def _training_data(
 
 
 def _evaluate_held_out(
-    model: Any, tokenizer: Any, held_out: PromptDataset | None, cfg: SFTSection
+    model: Any, tokenizer: Any, held_out: PromptDataset | None, cfg: SFTSection, packed: bool = False
 ) -> dict[str, float]:
     """evaluate_sft on the held-out pairs with the run's settings; {} without held-out pairs."""
     if not held_out:
@@ -232,6 +243,7 @@ def _evaluate_held_out(
         column=cfg.completion_column,
         max_length=cfg.max_length,
         batch_size=cfg.batch_size,
+        packed=packed,
     )
 
 
@@ -293,6 +305,7 @@ def _train_loop(
     order_rng: random.Random,
     evaluate: Callable[[], dict[str, float]],
     on_step: Callable[[int, dict[str, float]], None] | None,
+    packed: bool = False,
 ) -> _LoopResult:
     """The `total` optimizer steps, with logging every log_every steps and held-out evaluation every
     eval_every steps and at the end."""
@@ -300,13 +313,13 @@ def _train_loop(
     window = _LogWindow(start=time.perf_counter())
     result = _LoopResult(losses=[], completion_tokens=0, last_metrics={})
     for step in range(1, total + 1):
-        batch = {
-            k: v.to(_device(model)) for k, v in collate([examples[i] for i in next(batches)], pad_id).items()
-        }
+        rows = collate([examples[i] for i in next(batches)], pad_id, packed)
+        batch = {k: v.to(_device(model)) for k, v in rows.items()}
         loss, n_tokens, grad_norm = _update(model, optimizer, scheduler, batch, cfg.max_grad_norm)
         result.losses.append(loss.item())
         result.completion_tokens += n_tokens
-        window.add(loss.item(), n_tokens, int(batch["attention_mask"].sum()))
+        real = batch["attention_mask"].sum() if not packed else batch["input_ids"].numel()  # all real
+        window.add(loss.item(), n_tokens, int(real))
         metrics: dict[str, float] = {}
         if step % cfg.log_every == 0 or step == total:
             metrics = window.flush(scheduler, grad_norm, step * cfg.batch_size / len(examples))
@@ -327,6 +340,7 @@ def train_sft(
     eval_pairs: Sequence[dict[str, Any]] | PromptDataset | None = None,
     seed: int = 0,
     on_step: Callable[[int, dict[str, float]], None] | None = None,
+    padding_free: bool = False,
     **settings: Any,
 ) -> dict[str, Any]:
     """Fine-tune `model` in place on `pairs` (rows with "prompt" and the completion column, or a PromptDataset
@@ -337,12 +351,15 @@ def train_sft(
     eval_every), with its defaults; a bad value is a ValueError that names the key.
     eval_pairs: held-out pairs, evaluated (evaluate_sft) before training, every eval_every steps and at the
     end. on_step(step, metrics): after every step; metrics hold sft/* (and eval/*) on log (and eval) steps,
-    else {}; and with step 0 and the held-out metrics before training.
+    else {}; and with step 0 and the held-out metrics before training. padding_free (model.padding_free):
+    each batch's pairs back to back in one row, no padding (collate); the same loss and gradients.
     """
     cfg = SFTSection(**settings)
+    if padding_free:
+        check_padding_free(model)  # attention must stay inside each packed pair
     examples, n_truncated, held_out = _training_data(tokenizer, pairs, eval_pairs, cfg)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    evaluate = functools.partial(_evaluate_held_out, model, tokenizer, held_out, cfg)
+    evaluate = functools.partial(_evaluate_held_out, model, tokenizer, held_out, cfg, padding_free)
     total = sft_steps(cfg, len(examples))
     torch.manual_seed(seed)  # dropout, if the model has any
     order_rng = random.Random(seed)
@@ -356,7 +373,7 @@ def train_sft(
     model.train()
     start = time.perf_counter()
     loop = _train_loop(
-        model, optimizer, scheduler, examples, pad_id, cfg, total, order_rng, evaluate, on_step
+        model, optimizer, scheduler, examples, pad_id, cfg, total, order_rng, evaluate, on_step, padding_free
     )
     model.train(was_training)
     tail = loop.losses[-max(1, len(loop.losses) // 10) :]  # the last 10% of steps
@@ -410,6 +427,7 @@ def _run_sft(cfg: SFTConfig, out: Path, console: Any) -> dict[str, Any]:
                 eval_pairs=data.eval,
                 seed=cfg.seed,
                 on_step=on_step,
+                padding_free=cfg.model.padding_free,
                 **cfg.sft.model_dump(),
             )
     finally:

@@ -3,7 +3,7 @@ gradients and training step; models that would let packed sequences see each oth
 
 import pytest
 import torch
-from transformers import BloomConfig, BloomForCausalLM
+from transformers import AutoTokenizer, BloomConfig, BloomForCausalLM
 
 from grpokit.algo import policy_loss
 from grpokit.config import SFTConfig
@@ -145,6 +145,39 @@ def test_refused_where_attention_crosses_sequences(tiny_model_dir):
         check_padding_free(llama)
 
 
-def test_sft_refuses_padding_free():
-    with pytest.raises(ValueError, match=r"model\.padding_free is for `grpokit train`"):
-        SFTConfig.model_validate({"model": {"padding_free": True}})
+def test_sft_padding_free_gives_the_padded_loss_gradient_and_run(tiny_model_dir):
+    """SFT's pairs back to back in one row: the padded batch's loss, token count and gradients; and a few
+    steps of train_sft end on the padded run's weights."""
+    from grpokit.sft import collate, completion_loss, train_sft
+
+    examples = [(p + c, [-100] * len(p) + c) for p, c in zip(PROMPTS, COMPS, strict=True)]
+    packed = collate(examples, 0, packed=True)
+    assert packed["input_ids"].shape == (1, 39) and "attention_mask" not in packed  # 39 real tokens
+    model = model_of(tiny_model_dir).train()
+    out = {}
+    for is_packed in (False, True):
+        model.zero_grad()
+        loss, n = completion_loss(model, collate(examples, 0, packed=is_packed))
+        loss.backward()
+        out[is_packed] = loss, n, {k: p.grad.clone() for k, p in model.named_parameters()}
+    assert out[True][1] == out[False][1] == sum(len(c) for c in COMPS)  # the completion tokens only
+    torch.testing.assert_close(out[True][0], out[False][0], rtol=1e-5, atol=1e-6)
+    for name, g in out[False][2].items():
+        torch.testing.assert_close(out[True][2][name], g, rtol=1e-4, atol=1e-7, msg=name)
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    pairs = [{"prompt": f"{a}+{b}=", "completion": str(a + b)} for a in range(6) for b in range(4)]
+    weights, stats = {}, {}
+    for is_packed in (False, True):
+        torch.manual_seed(0)
+        m = model_of(tiny_model_dir).train()
+        stats[is_packed] = train_sft(
+            m, tok, pairs, max_steps=3, batch_size=8, learning_rate=1e-3, padding_free=is_packed
+        )
+        weights[is_packed] = {k: p.detach().clone() for k, p in m.named_parameters()}
+    assert stats[True]["first_loss"] == pytest.approx(stats[False]["first_loss"], rel=1e-6)
+    assert stats[True]["final_loss"] == pytest.approx(stats[False]["final_loss"], rel=1e-4)
+    # SFT's AdamW has eps 1e-8: an element whose gradient is float rounding moves +-lr whichever way the
+    # rounding falls, so the weights agree in norm, not to the last element
+    for name, w in weights[False].items():
+        assert (weights[True][name] - w).norm() <= 1e-3 * w.norm(), name
+    assert SFTConfig.model_validate({"model": {"padding_free": True}}).model.padding_free

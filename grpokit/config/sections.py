@@ -61,8 +61,8 @@ class ModelConfig(Section):
     attn_implementation: str | None = None
     """Passed to from_pretrained (e.g. "sdpa", "eager", "flash_attention_2"); None = transformers' default."""
     padding_free: bool = False
-    """The policy's log-prob passes (training, pi_old, pi_ref) and the PPO critic's run each micro-batch's
-    sequences back to back
+    """The policy's log-prob passes (training, pi_old, pi_ref), the PPO critic's and SFT's run each
+    micro-batch's sequences back to back
     in one row with position ids restarting at each, no padding (transformers' packed sequences): same
     log-probs and gradients, fewer positions computed. Checked when the run starts: refused for an attention
     implementation or model that does not keep attention inside each sequence

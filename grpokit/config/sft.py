@@ -57,7 +57,7 @@ class SFTConfig(Section):
     """Seeds the order of the pairs and torch."""
     threads: int = Field(0, ge=0, description=THREADS_DOC)
     model: ModelConfig = Field(default_factory=ModelConfig)
-    """The model to fine-tune (the same section as in training; LoRA and padding_free are refused)."""
+    """The model to fine-tune (the same section as in training; LoRA is refused)."""
     data: DataConfig = Field(default_factory=DataConfig)
     """The (prompt, completion) pairs: the same section as in training, plus sft.completion_column."""
     sft: SFTSection = Field(default_factory=SFTSection)
@@ -70,11 +70,6 @@ class SFTConfig(Section):
         if self.model.lora is not None:
             raise ValueError(
                 "model.lora is for `grpokit train`; `grpokit sft` trains every weight: drop model.lora from "
-                "the SFT config"
-            )
-        if self.model.padding_free:
-            raise ValueError(
-                "model.padding_free is for `grpokit train` (SFT's pass still runs padded rows): drop it from "
                 "the SFT config"
             )
         return self
