@@ -10,7 +10,7 @@ from grpokit.config import SFTConfig
 from grpokit.data.batch import one_row, pack_sequences
 from grpokit.policy import check_padding_free, completion_logprobs, load_model
 from grpokit.trainer import Trainer
-from tests.helpers import read_metrics, tiny_config
+from tests.helpers import read_metrics, require, tiny_config
 
 # Very different lengths: prompts of 1 to 14 tokens, completions of 0 to 12.
 PROMPTS = [[1, 5], [1, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19], [1], [1, 2, 3, 4]]
@@ -65,8 +65,13 @@ def test_padding_free_gradient_equals_padded(tiny_model_dir, batch):
         torch.testing.assert_close(grads[True][name], g, rtol=1e-4, atol=1e-7, msg=name)
 
 
-def test_one_training_step_is_the_same_padding_free(tiny_model_dir, tmp_path, monkeypatch):
-    """pi_theta (two micro-batches, two passes), pi_old and pi_ref (beta > 0) all run padding-free."""
+@pytest.mark.parametrize("lora", [False, True])
+def test_one_training_step_is_the_same_padding_free(tiny_model_dir, tmp_path, monkeypatch, lora):
+    """pi_theta (two micro-batches, two passes), pi_old and pi_ref (beta > 0) all run padding-free; with LoRA
+    too (pi_ref: the adapter off)."""
+    adapters = ["model.lora={r: 4, alpha: 8, target_modules: all-linear}"] if lora else []
+    if lora:
+        require("peft")
     import grpokit.policy.logprobs as logprobs
 
     rows = []  # the padding-free rows the passes ran: [1, L] each
@@ -85,6 +90,7 @@ def test_one_training_step_is_the_same_padding_free(tiny_model_dir, tmp_path, mo
             # the largest) would flip a whole step. A larger eps keeps those steps in proportion to it.
             "optim.adam_epsilon=1e-4",
             f"model.padding_free={str(padding_free).lower()}",
+            *adapters,
         )
         trainer = Trainer(cfg)
         trainer.train()
