@@ -274,24 +274,22 @@ class Trainer:
         minibatch_loss, runs = 0.0, self.batching.plan(idx, b.tokens, self.world.most)
         acc.add({PERF_MICRO_BATCHES: len(runs)})
         for sub_idx, filler in runs:  # a filler evens out the ranks' counts: its loss counts 0 times
-            tokens, first = b.tokens.rows(sub_idx), first_pass and not filler  # trimmed to the longest
-            T = tokens.completion_width
+            mb, first = b.rows(sub_idx), first_pass and not filler  # trimmed to its longest completion
+            tokens, mask, T = mb.tokens, mb.loss_mask, mb.tokens.completion_width
             with out_of_memory_said(*self.batching.limit, is_checkpointing(self.model), len(sub_idx), T):
                 logp, entropy = completion_logprobs(self.policy.forward, tokens, **pass_options(cfg, first))
-            mask = b.loss_mask[sub_idx, :T]
-            old_logp = logp.detach()  # no pi_old pass (anchors.pi_old_source: "none"): pi_old = pi_theta
-            if b.old_logp is not None:
-                old_logp = b.old_logp[sub_idx, :T]
+            # no pi_old pass (anchors.pi_old_source: "none"): pi_old = pi_theta
+            old_logp = logp.detach() if mb.old_logp is None else mb.old_logp
             loss, stats = algorithm_loss(
                 self.loss_options,
                 logp,
                 old_logp,
-                b.advantages[sub_idx] if b.advantages.dim() == 1 else b.advantages[sub_idx, :T],
+                mb.advantages,
                 mask,
-                ref_logp=b.ref_logp[sub_idx, :T] if b.ref_logp is not None else None,
+                ref_logp=mb.ref_logp,
                 num_tokens=num_tokens,
                 num_sequences=num_sequences,
-                is_weights=self.correction(b, sub_idx, logp, mask, acc, first),
+                is_weights=self.correction(mb, logp, mask, acc, first),
                 entropy=entropy,
                 entropy_coef=self.entropy.coef,
             )

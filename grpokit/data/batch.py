@@ -215,6 +215,28 @@ class RolloutBatch:
     # none (hf). The one field with a default: batches built without an engine (tests, benchmarks) have none.
     sampler_logp: Tensor | None = None
 
+    def rows(self, idx: Tensor) -> RolloutBatch:
+        """Rows idx (a micro-batch), every [N, T] field trimmed to their longest completion as tokens.rows
+        trims the tokens."""
+        tokens = self.tokens.rows(idx)
+        T = tokens.completion_width
+
+        def cut(x: Tensor | None) -> Any:
+            return None if x is None else x[idx, :T]
+
+        targets = self.value_targets
+        return RolloutBatch(
+            tokens,
+            cut(self.loss_mask),
+            self.truncated[idx],
+            self.rewards[idx],
+            self.advantages[idx] if self.advantages.dim() == 1 else cut(self.advantages),
+            cut(self.old_logp),
+            cut(self.ref_logp),
+            None if targets is None else ValueTargets(cut(targets.values), cut(targets.returns)),
+            cut(self.sampler_logp),
+        )
+
 
 # ---------------------------------------------------------------- process rewards: characters -> tokens
 # Reward functions see text and say where each step ends in characters (grpokit.rewards.StepScores);

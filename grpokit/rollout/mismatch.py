@@ -3,7 +3,7 @@ rollout.importance_correction's weights (the math: grpokit/algo/importance.py).
 
     batch = RolloutBatch(..., sampler_logp=sampler_logprobs(comps, tokens))   # [N, T] or None (hf)
     correction = SamplerCorrection(cfg.rollout)
-    is_weights = correction(batch, rows, logp, mask, acc, first_pass)   # per micro-batch; None = off
+    is_weights = correction(batch.rows(idx), logp, mask, acc, first_pass)   # per micro-batch; None = off
     metrics = correction.pop_metrics()                                  # the max |diff|, once per step
 
 pi_old is what the ratio of the loss divides by: the trainer's log-probs of the batch before any update
@@ -56,16 +56,15 @@ class SamplerCorrection:
         self._max: float | None = None
 
     def __call__(
-        self, b, rows: Tensor, logp: Tensor, mask: Tensor, acc: MeanAccumulator, first_pass: bool
+        self, mb, logp: Tensor, mask: Tensor, acc: MeanAccumulator, first_pass: bool
     ) -> Tensor | None:
-        """[n, T] weights for the micro-batch `rows` of batch b (None: no correction). logp: pi_theta's [n,
-        T], which is pi_old when the batch has no old_logp; mask: the micro-batch's loss mask [n, T]."""
-        if b.sampler_logp is None:
+        """[n, T] weights for the micro-batch mb (a RolloutBatch.rows; None: no correction). logp: pi_theta's
+        [n, T], which is pi_old when the batch has no old_logp; mask: the micro-batch's loss mask [n, T]."""
+        if mb.sampler_logp is None:
             return None
-        T = logp.shape[1]
-        own = b.old_logp is not None and not self.old_is_sampler
-        old = b.old_logp[rows, :T] if own else logp.detach()  # [n, T]
-        sampler = b.sampler_logp[rows, :T].to(old.dtype)  # [n, T]
+        own = mb.old_logp is not None and not self.old_is_sampler
+        old = mb.old_logp if own else logp.detach()  # [n, T]
+        sampler = mb.sampler_logp.to(old.dtype)  # [n, T]
         n = mask.sum().item()
         if first_pass and n > 0:
             stats = sampler_mismatch(old, sampler, mask)
