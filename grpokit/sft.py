@@ -188,8 +188,8 @@ def evaluate_sft(
     model.eval()
     loss_sum, tokens = 0.0, 0
     for s in range(0, len(examples), batch_size):
-        rows = collate(examples[s : s + batch_size], pad_id, packed)
-        batch = {k: v.to(_device(model)) for k, v in rows.items()}
+        collated = collate(examples[s : s + batch_size], pad_id, packed)
+        batch = {k: v.to(_device(model)) for k, v in collated.items()}
         loss, n = completion_loss(model, batch)
         loss_sum, tokens = loss_sum + loss.item() * n, tokens + n
     rows = [pairs[i] for i in range(len(pairs))]
