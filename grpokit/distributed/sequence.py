@@ -292,18 +292,22 @@ def sequence_parallel_logprobs(
     fused = use_fused(model, batch, fused)  # before the row is registered: fused_head may run a small forward
     row = one_row(batch)
     shard = shard_row(row, sp.rank, sp.size)
+    predicts, targets, count = shard.predicts, shard.targets, len(shard.predicts)
+    if count == 0:  # a rank that predicts nothing still needs a backward through every layer: its all-to-alls
+        predicts, targets = predicts.new_zeros(1), targets.new_zeros(1, 1)  # pair with the other ranks'
     with running(model, shard, sp):
         logp, entropy = row_logprobs(
             model,
             shard.input_ids,
             shard.position_ids,
-            shard.predicts,
-            shard.targets,
+            predicts,
+            targets,
             fused=fused,
             temperature=temperature,
             with_entropy=with_entropy,
             entropy_grad=entropy_grad,
         )  # [1, K_r] each: this rank's share of the row's completion tokens
+    logp, entropy = logp[:, :count], None if entropy is None else entropy[:, :count]
     logp = _GatherShares.apply(logp, shard.counts, sp.rank, sp.group)  # [1, K]
     if entropy is not None:
         entropy = _GatherShares.apply(entropy, shard.counts, sp.rank, sp.group)
