@@ -174,6 +174,15 @@ class _Active:
     sp: SequenceGroup
     mask: Tensor  # [1, 1, length, length] bool
     calls: int = 0
+    additive: Tensor | None = None  # [1, 1, length, length] 0 / -inf in the attention's dtype, built once
+
+    def bias(self, dtype: torch.dtype) -> Tensor:
+        """The mask as sdpa adds it: one tensor for every layer (sdpa would convert a bool mask in each layer,
+        and each layer's backward would keep its own [length, length] copy)."""
+        if self.additive is None or self.additive.dtype != dtype:
+            zero = torch.zeros((), dtype=dtype, device=self.mask.device)
+            self.additive = zero.masked_fill(~self.mask, float("-inf"))
+        return self.additive
 
 
 #: id(model config) -> its row in flight (the attention layers share their model's config object)
@@ -225,7 +234,7 @@ def ulysses_attention(
         q,
         repeat_kv(k, groups),
         repeat_kv(v, groups),
-        attn_mask=active.mask,
+        attn_mask=active.bias(q.dtype),
         dropout_p=dropout,
         scale=scaling,
     )  # [B, H / N, L, D]
