@@ -126,6 +126,11 @@ def main() -> None:
             ]
         ),
         "",
+        "Everything but the masks is split over the ranks (other activations x 0.50). The masks are not: one "
+        "process keeps transformers' packed-sequence mask once per layer; a sequence rank keeps one additive "
+        "[1, 1, L, L] mask for every layer (grpokit/distributed/sequence.py), 4 L^2 bytes at any N. A kernel "
+        "that takes the sequence boundaries instead (flash-attention varlen, flex attention) would drop it.",
+        "",
         f"Largest log-prob difference between the two runs: {diff:.1e}.",
     ]
     text = "\n".join(lines) + "\n"

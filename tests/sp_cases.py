@@ -21,9 +21,10 @@ from torch.distributed.device_mesh import init_device_mesh
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from grpokit.algo import policy_loss
+from grpokit.config.sections import LoraConfig
 from grpokit.data.batch import pack_sequences
 from grpokit.distributed.sequence import SequenceGroup, enable, sequence_parallel_logprobs, shard_row
-from grpokit.policy import completion_logprobs, load_model
+from grpokit.policy import apply_lora, completion_logprobs, is_checkpointing, load_model
 
 #: packed rows (prompts, completions) and where their sequence boundaries fall against the 2 shards
 ROWS: dict[str, tuple[list[list[int]], list[list[int]]]] = {
@@ -51,13 +52,24 @@ QWEN2 = dict(
 
 
 def models(model_dir: str) -> dict[str, torch.nn.Module]:
-    """The reference models (sdpa): the tiny Llama from disk, tiny Qwen2s with 1 (< N = 2) and 2 KV heads."""
+    """The reference models (sdpa): the tiny Llama from disk, tiny Qwen2s with 1 (< N = 2) and 2 KV heads,
+    the Llama with LoRA adapters (nonzero: B drawn at random), and the Llama recomputing its layers in the
+    backward (gradient checkpointing: the Ulysses attention runs again there)."""
     out = {"llama": load_model(model_dir, attn_implementation="sdpa")}
     for kv in (1, 2):
         torch.manual_seed(kv)
         out[f"qwen2_kv{kv}"] = Qwen2ForCausalLM(
             Qwen2Config(**QWEN2, num_key_value_heads=kv, attn_implementation="sdpa")
         )
+    lora = apply_lora(load_model(model_dir, attn_implementation="sdpa"), LoraConfig(r=4, alpha=8))
+    torch.manual_seed(3)
+    for name, p in lora.named_parameters():
+        if "lora_B" in name:
+            p.data.normal_(0, 0.1)
+    out["llama_lora"] = lora
+    checkpointed = load_model(model_dir, attn_implementation="sdpa").train()
+    checkpointed.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    out["llama_checkpointed"] = checkpointed
     return out
 
 
@@ -72,6 +84,7 @@ def run_case(ref, model, sp: SequenceGroup, prompts, completions, fused: bool, l
     generator = torch.Generator().manual_seed(0)
     advantages = torch.randn(mask.shape[0], generator=generator)
     offsets = torch.randn(mask.shape, generator=generator) * 0.1  # pi_old off pi_theta: some ratios clip
+    old = None  # the reference's log-probs plus the offsets, in both runs (a loss that depends on logp)
     results = []
     for net, run in (
         (ref, lambda m: completion_logprobs(m, batch, with_entropy=True, fused=fused, padding_free=True)),
@@ -79,9 +92,8 @@ def run_case(ref, model, sp: SequenceGroup, prompts, completions, fused: bool, l
     ):
         net.zero_grad()
         logp, entropy = run(net)
-        loss, _ = policy_loss(
-            logp, logp.detach() + offsets, advantages, mask, eps_low=0.05, loss_type=loss_type
-        )
+        old = logp.detach() + offsets if old is None else old
+        loss, _ = policy_loss(logp, old, advantages, mask, eps_low=0.05, loss_type=loss_type)
         loss.backward()
         if net is model:
             sp.sum_gradients(model)
@@ -127,15 +139,17 @@ def main(model_dir: str, out_dir: str) -> None:
     mesh = init_device_mesh("cpu", (1, dist.get_world_size()), mesh_dim_names=("data", "sequence"))
     sp = SequenceGroup.from_mesh(mesh, "sequence")
     results: dict = {}
-    for name, ref in models(model_dir).items():
+    refs = models(model_dir)
+    for name, ref in refs.items():
         model = copy.deepcopy(ref)  # its own config: switching it leaves the reference on sdpa
         enable(model)
         assert ref.config._attn_implementation == "sdpa"
+        assert is_checkpointing(model) == (name == "llama_checkpointed")
         for row, (prompts, completions) in ROWS.items():
             for fused, loss_type in ((False, "grpo"), (True, "dapo")):
                 key = f"{name}-{row}-{'fused' if fused else 'plain'}-{loss_type}"
                 results[key] = run_case(ref, model, sp, prompts, completions, fused, loss_type)
-    results["unswitched_error"] = unswitched_error(ref, sp, *ROWS["across_edge_odd"])
+    results["unswitched_error"] = unswitched_error(refs["qwen2_kv1"], sp, *ROWS["across_edge_odd"])
     if sp.rank == 0:
         torch.save(results, f"{out_dir}/results.pt")
     dist.destroy_process_group()

@@ -71,14 +71,15 @@ def two_ranks(tiny_model_dir, tmp_path_factory):
 
 @pytest.mark.slow
 def test_two_sequence_ranks_equal_one_process(two_ranks):
-    """Llama, Qwen2 with 1 KV head (< N = 2: repeated) and with 2; rows with a sequence boundary on the
+    """Llama, Qwen2 with 1 KV head (< N = 2: repeated) and with 2, Llama with LoRA, Llama with gradient
+    checkpointing; rows with a sequence boundary on the
     shard edge, a completion across it (odd length, padded), a rank that predicts nothing; plain and fused
     head; GRPO and DAPO losses: log-probs, entropy, loss and every parameter's gradient (summed over the
     sequence ranks) equal one process's padding-free pass."""
     cases = {k: v for k, v in two_ranks.items() if k != "unswitched_error"}
     expected = {
         f"{m}-{r}-{h}"
-        for m in ("llama", "qwen2_kv1", "qwen2_kv2")
+        for m in ("llama", "qwen2_kv1", "qwen2_kv2", "llama_lora", "llama_checkpointed")
         for r in sp_cases.ROWS
         for h in ("plain-grpo", "fused-dapo")
     }

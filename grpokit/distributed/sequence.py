@@ -45,7 +45,7 @@ from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_f
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
 from grpokit.data.batch import OneRow, PackedBatch, one_row
-from grpokit.policy.loading import is_lora
+from grpokit.policy.loading import is_checkpointing, is_lora
 from grpokit.policy.logprobs import row_logprobs, use_fused
 
 #: the name of the Ulysses attention in transformers' AttentionInterface (config._attn_implementation)
@@ -106,11 +106,14 @@ def shard_row(row: OneRow, rank: int, size: int) -> RowShard:
     S = -(-L // size)
     pad = S * size - L
     ids = torch.cat([row.input_ids[0], row.input_ids.new_zeros(pad)])
-    positions = torch.cat([row.position_ids[0], torch.arange(pad, dtype=row.position_ids.dtype)])
+    device = row.input_ids.device
+    positions = torch.cat(
+        [row.position_ids[0], torch.arange(pad, dtype=row.position_ids.dtype, device=device)]
+    )
     # transformers' rule (masking_utils.find_packed_sequence_indices): a sequence starts where the position
     # does not follow the one before
     starts = torch.diff(positions, prepend=positions[:1] - 1) != 1
-    edges = torch.arange(size + 1) * S
+    edges = torch.arange(size + 1, device=device) * S
     bounds = torch.searchsorted(row.predicts, edges).tolist()  # predicts ascend: each rank's run of them
     mine = slice(bounds[rank], bounds[rank + 1])
     return RowShard(
@@ -174,6 +177,7 @@ class _Active:
     sp: SequenceGroup
     mask: Tensor  # [1, 1, length, length] bool
     calls: int = 0
+    recomputing: bool = False  # the forward is over: only the backward's recomputation may run the row again
     additive: Tensor | None = None  # [1, 1, length, length] 0 / -inf in the attention's dtype, built once
 
     def bias(self, dtype: torch.dtype) -> Tensor:
@@ -203,6 +207,9 @@ def ulysses_attention(
     sequence ranks: all-to-all to [B, H / N, L, D], attention over the whole row, all-to-all back. Outside a
     sequence-parallel forward (generation, a check on a few tokens) it is transformers' sdpa."""
     active = _ACTIVE.get(id(module.config))
+    # torch.utils.checkpoint tells its recomputation apart the same way: a backward is running (private API)
+    if active is not None and active.recomputing and torch._C._current_graph_task_id() == -1:
+        active = None
     if active is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
     if kwargs.get("sliding_window") is not None or kwargs.get("softcap") is not None:
@@ -249,7 +256,7 @@ AttentionInterface.register(ATTENTION, ulysses_attention)
 ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION, sdpa_mask)
 
 
-def enable(model: torch.nn.Module) -> None:
+def enable(model) -> None:
     """The model's attention becomes ulysses_attention (transformers' set_attn_implementation): plain sdpa
     outside a sequence-parallel forward, the all-to-all inside one."""
     base = model.get_base_model() if is_lora(model) else model
@@ -257,16 +264,18 @@ def enable(model: torch.nn.Module) -> None:
 
 
 @contextmanager
-def running(model: torch.nn.Module, shard: RowShard, sp: SequenceGroup) -> Iterator[None]:
+def running(model, shard: RowShard, sp: SequenceGroup) -> Iterator[None]:
     """The model's attention layers run `shard`'s row while inside; on leaving, every layer must have run the
-    Ulysses attention once with the whole row (a silent no-op fails here, naming the model class). The row
-    stays registered while the model recomputes activations in its backward (gradient checkpointing)."""
+    Ulysses attention once with the whole row (a silent no-op fails here, naming the model class). A model
+    that recomputes its activations in the backward (gradient checkpointing) keeps the row for that backward
+    (a forward outside it runs plain sdpa)."""
     config = model.config
     active = _Active(shard, sp, shard.attention_mask())
     _ACTIVE[id(config)] = active
     try:
         yield
     finally:
+        active.recomputing = True
         if not _checkpointing(model):
             _ACTIVE.pop(id(config), None)
     layers = config.get_text_config().num_hidden_layers
@@ -279,9 +288,7 @@ def running(model: torch.nn.Module, shard: RowShard, sp: SequenceGroup) -> Itera
         )
 
 
-def _checkpointing(model: torch.nn.Module) -> bool:
-    from grpokit.policy.loading import is_checkpointing
-
+def _checkpointing(model) -> bool:
     return is_checkpointing(model.get_base_model() if is_lora(model) else model)
 
 
