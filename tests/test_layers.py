@@ -92,6 +92,7 @@ LAYERS: dict[str, int] = {
     "grpokit.distributed": SERVICES,
     "grpokit.distributed.parallel": SERVICES,
     "grpokit.distributed.world": SERVICES,
+    "grpokit.distributed.sequence": SERVICES,
     "grpokit.checkpoint": SERVICES,
     "grpokit.checkpoint.resume": SERVICES,
     "grpokit.checkpoint.save": SERVICES,
