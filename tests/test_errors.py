@@ -896,9 +896,10 @@ def test_out_of_memory_in_the_training_pass_stops_with_one_line_and_resumes(env,
     """The allocator failing in step 2's training pass: one line naming the micro-batch and the settings
     that shrink it; step 1's checkpoint is kept, and the command with either setting the line names resumes
     from it (they change only how the same math is laid out in memory)."""
+    import grpokit.distributed.sequence_turns as passes
     import grpokit.trainer
 
-    calls, real = [], grpokit.trainer.completion_logprobs
+    calls, real = [], passes.completion_logprobs
     if where == "forward":
 
         def forward(model, tokens, **kwargs):
@@ -907,7 +908,7 @@ def test_out_of_memory_in_the_training_pass_stops_with_one_line_and_resumes(env,
                 raise RuntimeError(CPU_OOM)
             return real(model, tokens, **kwargs)
 
-        monkeypatch.setattr(grpokit.trainer, "completion_logprobs", forward)
+        monkeypatch.setattr(passes, "completion_logprobs", forward)  # the training pass's (policy_logprobs)
     else:
         real_backward = grpokit.trainer.World.backward
 

@@ -93,6 +93,7 @@ LAYERS: dict[str, int] = {
     "grpokit.distributed.parallel": SERVICES,
     "grpokit.distributed.world": SERVICES,
     "grpokit.distributed.sequence": SERVICES,
+    "grpokit.distributed.sequence_turns": SERVICES,
     "grpokit.checkpoint": SERVICES,
     "grpokit.checkpoint.resume": SERVICES,
     "grpokit.checkpoint.save": SERVICES,

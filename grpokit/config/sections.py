@@ -505,6 +505,12 @@ class DistributedConfig(Section):
     with, gathered from the shards after each update and freed during the update. fp32 samples what one
     process samples; bf16 halves the copy (the sampler then rounds pi_theta's weights: pair it with
     mixed_precision=bf16, or rollout.importance_correction; docs/scaling.md)."""
+    sequence_parallel: int = Field(1, ge=1)
+    """Sequence parallelism (DeepSpeed-Ulysses, grpokit/distributed/sequence.py): groups of this many ranks
+    run each training micro-batch's padding-free row split along its tokens, attention exchanging heads by
+    all-to-all, so a rank keeps 1/N of a sequence's activations. Every rank still rolls out its own prompts;
+    in the training and pi_old / pi_ref passes a group runs each member's micro-batches in turn. Must divide
+    WORLD_SIZE and the attention heads; needs model.padding_free=true. 1 = off."""
 
 
 class ToolsConfig(Section):

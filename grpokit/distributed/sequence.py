@@ -268,7 +268,8 @@ def running(model, shard: RowShard, sp: SequenceGroup) -> Iterator[None]:
     """The model's attention layers run `shard`'s row while inside; on leaving, every layer must have run the
     Ulysses attention once with the whole row (a silent no-op fails here, naming the model class). A model
     that recomputes its activations in the backward (gradient checkpointing) keeps the row for that backward
-    (a forward outside it runs plain sdpa)."""
+    (a forward outside it runs plain sdpa). model: the module, or the DDP wrapper whose forward runs it."""
+    model = getattr(model, "module", model)  # DDP: the wrapped model (its forward goes through DDP)
     config = model.config
     active = _Active(shard, sp, shard.attention_mask())
     _ACTIVE[id(config)] = active
