@@ -92,11 +92,14 @@ def rank_main(tokens: int, out: str) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=4096)
-    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--out", type=Path, default=None, help="also write the table here (default: stdout only)")
+    ap.add_argument("--smoke", action="store_true", help="a 64-token row: a check that the benchmark runs")
     ap.add_argument("--rank-out", default=None, help=argparse.SUPPRESS)  # set when torchrun runs this file
     args = ap.parse_args()
     if args.rank_out:
         return rank_main(args.tokens, args.rank_out)
+    if args.smoke:
+        args.tokens, args.out = 64, None
     one, logp = one_process(args.tokens)
     rank_out = Path(os.environ.get("TMPDIR", "/tmp")) / f"sequence_parallel_{os.getpid()}.pt"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
@@ -137,6 +140,8 @@ def main() -> None:
     print(text)
     if args.out:
         args.out.write_text(text)
+    if diff > 1e-5:
+        sys.exit(f"the sequence ranks' log-probs differ from one process's by {diff:.1e}")
 
 
 if __name__ == "__main__":
