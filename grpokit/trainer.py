@@ -281,9 +281,9 @@ class Trainer:
         minibatch_loss, runs = 0.0, self.batching.plan(idx, b.tokens, self.world.most)
         acc.add({PERF_MICRO_BATCHES: len(runs)})
         # a filler evens out the ranks' counts (its loss counts 0 times); sequence parallelism: every member's
-        # micro-batches in turn, split over the group (only a rank's own count in its metrics)
+        # micro-batches in turn, the same pass on each, split over the group (metrics: a rank's own only)
         for mb, filler, mine in turns(self.sequence, b, runs):
-            first, (tokens, mask) = first_pass and mine and not filler, (mb.tokens, mb.loss_mask)
+            first, (tokens, mask) = first_pass and not filler, (mb.tokens, mb.loss_mask)
             n, T = len(mb.rewards), tokens.completion_width  # trimmed to the micro-batch's longest completion
             with out_of_memory_said(*self.batching.limit, is_checkpointing(self.model), n, T):
                 logp, entropy = policy_logprobs(
@@ -300,7 +300,7 @@ class Trainer:
                 ref_logp=mb.ref_logp,
                 num_tokens=num_tokens,
                 num_sequences=num_sequences,
-                is_weights=self.correction(mb, logp, mask, acc, first),
+                is_weights=self.correction(mb, logp, mask, acc, first and mine),
                 entropy=entropy,
                 entropy_coef=self.entropy.coef,
             )
