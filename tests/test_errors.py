@@ -18,6 +18,7 @@ import json
 import logging
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -1125,6 +1126,36 @@ def test_console_script_one_line(env):
     assert r.returncode == 2, r.stderr
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: reward 'needs_answer'"), r.stderr
+
+
+def _sigint_once_importing(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """Start cmd and send it SIGINT as soon as it loads a compiled module of its dependencies (transformers'
+    imports, which take seconds, have begun): a new user's Ctrl-C in the first seconds of a command."""
+    p = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    maps = Path(f"/proc/{p.pid}/maps")
+    while p.poll() is None and not any(
+        "site-packages" in line and ".so" in line for line in maps.read_text().splitlines()
+    ):
+        pass
+    assert p.poll() is None, p.communicate()  # still importing when the signal goes
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate()
+    return subprocess.CompletedProcess(cmd, p.returncode, out, err)
+
+
+def test_ctrl_c_while_starting_is_one_line(env):
+    """A real `python -m grpokit train` process interrupted while it imports: one line, exit status 130."""
+    tmp_path, base = env
+    r = _sigint_once_importing(
+        [sys.executable, "-m", "grpokit", "train", str(tmp_path / "config.yaml"), *base], tmp_path
+    )
+    assert r.returncode == 130, (r.stdout, r.stderr)
+    lines = [line for line in (r.stdout + r.stderr).splitlines() if line.strip()]
+    assert lines == [
+        "SIGINT (Ctrl-C): stopped while grpokit was starting up; nothing was saved: run the same command to "
+        "start again"
+    ], lines
+    assert not (tmp_path / "run").exists()
 
 
 def test_every_row_has_a_test():
