@@ -13,6 +13,7 @@ the trackers), the progress bar, the final model and the plots. On other ranks (
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,11 +28,26 @@ from grpokit.records.progress import TrainProgress
 from grpokit.records.sinks import MetricLogger
 
 
+class StepUnderWay(logging.Filter):
+    """Starts each line of the reward functions' log (logger grpokit.rewards: a failure reported once, a slow
+    or timed-out call) with the step under way, which the reward functions' manager does not know."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__()
+        self.step = step
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith("step "):
+            record.msg = f"step {self.step}: {record.msg}"
+        return True
+
+
 class RunRecords:
     def __init__(self, out: Path, cfg: Config, *, main: bool, plot: Callable[[Path], Any] = plot_run) -> None:
         self.out, self.cfg, self.main, self._plot = Path(out), cfg, main, plot
         self._log: MetricLogger | None = None
         self._progress: TrainProgress | None = None
+        self._under_way = StepUnderWay(1)
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
@@ -46,7 +62,19 @@ class RunRecords:
     @contextlib.contextmanager
     def open(self, step: int, resumed: int | None) -> Iterator[None]:
         """The metric log from `step` on (a fresh run never appends to an old log) and the progress bar; a
-        resumed run says where from. Closed on the way out, whatever happens."""
+        resumed run says where from. Closed on the way out, whatever happens. Meanwhile the reward functions'
+        log lines name the step under way (every rank's)."""
+        self._under_way.step = step + 1
+        rewards_log = logging.getLogger("grpokit.rewards")
+        rewards_log.addFilter(self._under_way)
+        try:
+            with self._opened(step, resumed):
+                yield
+        finally:
+            rewards_log.removeFilter(self._under_way)
+
+    @contextlib.contextmanager
+    def _opened(self, step: int, resumed: int | None) -> Iterator[None]:
         if not self.main:
             yield
             return
@@ -69,16 +97,17 @@ class RunRecords:
             self._progress.update(step, metrics)
 
     def log_step(self, step: int, metrics: Mapping[str, float], samples: Sequence[Mapping[str, Any]]) -> None:
+        self._under_way.step = step + 1
         if self._log is None or self._progress is None:
             return
-        logging = self.cfg.logging
+        settings = self.cfg.logging
         self._log.log_step(
             step,
             metrics,
             samples,
             last=step == self.cfg.optim.max_steps,
-            every=logging.log_every,
-            samples_every=logging.sample_every,
+            every=settings.log_every,
+            samples_every=settings.sample_every,
         )
         self._progress.update(step, metrics)
 
