@@ -8,6 +8,9 @@ the trackers), the progress bar, the final model and the plots. On other ranks (
             records.log_step(step, metrics, samples)   # as logging.* says; the progress bar follows
         records.save_final(full_model, tokenizer)      # output_dir/final
     records.plot()                                     # output_dir/plots
+
+Every logging.doctor_every steps, log_step runs the doctor's checks on the steps so far and prints each new
+finding as one line (grpokit/doctor/live.py, docs/doctor.md).
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import yaml
 from grpokit.checkpoint import RunLock, list_checkpoints, save_final
 from grpokit.checkpoint.whole import whole_module
 from grpokit.config import Config
+from grpokit.doctor.live import LiveDoctor
+from grpokit.metrics.compute import read_metrics
 from grpokit.records.plots import plot_run
 from grpokit.records.progress import TrainProgress
 from grpokit.records.sinks import MetricLogger
@@ -48,6 +53,7 @@ class RunRecords:
         self._log: MetricLogger | None = None
         self._progress: TrainProgress | None = None
         self._under_way = StepUnderWay(1)
+        self._doctor: LiveDoctor | None = None
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
@@ -83,11 +89,14 @@ class RunRecords:
         try:
             with TrainProgress(cfg.optim.max_steps, start_step=step) as self._progress:
                 self._log.truncate_after(step if resumed is not None else -1)
+                if cfg.logging.doctor_every:  # a resumed run's checks see its earlier steps too
+                    earlier = read_metrics(self._log.metrics_path) if resumed is not None else []
+                    self._doctor = LiveDoctor(cfg.model_dump(), cfg.logging.doctor_every, earlier)
                 if resumed is not None:
                     self.print(f"resuming from checkpoint step {resumed} in {self.out / 'checkpoints'}")
                 yield
         finally:
-            self._progress = None
+            self._progress = self._doctor = None
             self._log.close()
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
@@ -95,6 +104,8 @@ class RunRecords:
         if self._log is not None and self._progress is not None:
             self._log.log(step, metrics)
             self._progress.update(step, metrics)
+        if self._doctor is not None:
+            self._doctor.note(step, metrics)
 
     def log_step(self, step: int, metrics: Mapping[str, float], samples: Sequence[Mapping[str, Any]]) -> None:
         self._under_way.step = step + 1
@@ -110,6 +121,9 @@ class RunRecords:
             samples_every=settings.sample_every,
         )
         self._progress.update(step, metrics)
+        if self._doctor is not None:  # the doctor's checks on the steps so far (docs/doctor.md)
+            for line in self._doctor.add(step, metrics, last=step == self.cfg.optim.max_steps):
+                self.print(line)
 
     def print(self, message: str) -> None:
         if self._progress is not None:
