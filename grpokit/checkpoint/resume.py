@@ -254,10 +254,10 @@ def architecture_changes(path: Path, model) -> list[str]:
     LoRA checkpoint holds the adapter's)."""
     import json
 
-    saved_file, config = Path(path) / "config.json", getattr(model, "config", None)
-    if not saved_file.is_file() or not hasattr(config, "to_dict"):
+    saved_file, to_dict = Path(path) / "config.json", getattr(getattr(model, "config", None), "to_dict", None)
+    if not saved_file.is_file() or to_dict is None:
         return []
-    saved, now = json.loads(saved_file.read_text()), config.to_dict()
+    saved, now = json.loads(saved_file.read_text()), to_dict()
     keys = sorted((saved.keys() & now.keys()) - NOT_ARCHITECTURE)
     return [f"{k} {saved[k]!r} -> {now[k]!r}" for k in keys if saved[k] != now[k]]
 

@@ -168,9 +168,9 @@ def check_reward_flat(run: Run) -> list[Finding]:
 
 def check_reward_drop(run: Run) -> list[Finding]:
     """A fall after a rise: the last block DROP_Z standard errors below the best earlier one, which rose
-    FLAT_Z standard errors above the first (a rise as reward_flat counts one). From DROP_MIN_STEPS logged steps
-    on, in blocks of at least DROP_MIN_BLOCK steps, so that a short run (16 steps), or the live doctor on a run
-    so far, can show one."""
+    FLAT_Z standard errors above the first (a rise as reward_flat counts one). From DROP_MIN_STEPS logged
+    steps on, in blocks of at least DROP_MIN_BLOCK steps, so that a short run (16 steps), or the live doctor
+    on a run so far, can show one."""
     reward = run.series(REWARD_MEAN)
     if reward is None or len(reward) < DROP_MIN_STEPS:
         return []
