@@ -443,6 +443,10 @@ class EvalConfig(Section):
 class LoggingConfig(Section):
     log_every: int = Field(1, ge=1)
     """Write metrics every this many steps."""
+    doctor_every: int = Field(5, ge=0)
+    """Run the doctor's checks (`grpokit doctor`) on the metrics so far every this many steps and at the last
+    one; a finding is printed once, the first time its check fires, as one line with its steps and fix
+    (0 = never; docs/doctor.md)."""
     sample_every: int = Field(10, ge=0)
     """Print and save a few sample completions every this many steps and at the last one (0 = never)."""
     num_samples: int = Field(3, ge=0)
