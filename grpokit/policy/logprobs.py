@@ -18,6 +18,7 @@ from torch import Tensor
 
 from grpokit.algo import token_entropy, token_logprobs
 from grpokit.algo.fused import linear_logprobs
+from grpokit.algo.truncation import truncated_logprobs
 from grpokit.data.batch import PackedBatch, one_row
 from grpokit.data.micro_batches import MicroBatching
 from grpokit.distributed import is_sharded
@@ -57,6 +58,10 @@ def completion_logprobs(
     only the K positions that predict a completion token reach the LM head; same values and gradients, 0 on
     padding. Exact only for models that confine attention to each packed sequence: model.padding_free checks
     the model once (grpokit/policy/padding_free.py). No prompt sharing then (it needs a KV cache).
+
+    batch.kept (the sampler's top-k / top-p kept sets, when the engine recorded them): each log-prob is that
+    of the distribution truncated to its token's kept set, the one the token was drawn from
+    (grpokit/algo/truncation.py); the entropy stays the full distribution's.
     """
     if fused is None:
         rows, width = batch.completion_ids.shape
@@ -82,8 +87,10 @@ def completion_logprobs(
         out = _forward(model, fused, T + 1, use_cache=False, **inputs)
         out = out[:, :-1]  # [N, T, V], or [N, T, H] fused
     if fused:
-        return _fused_logprobs(model, out, batch.completion_ids, temperature, with_entropy, entropy_grad)
-    return _logp_entropy(out, batch.completion_ids, temperature, with_entropy, entropy_grad)
+        return _fused_logprobs(
+            model, out, batch.completion_ids, temperature, with_entropy, entropy_grad, batch.kept
+        )
+    return _logp_entropy(out, batch.completion_ids, temperature, with_entropy, entropy_grad, batch.kept)
 
 
 def _padding_free_logprobs(
@@ -97,14 +104,22 @@ def _padding_free_logprobs(
         model, fused, row.predicts, input_ids=row.input_ids, position_ids=row.position_ids, use_cache=False
     )  # [1, K, V], or [1, K, H] fused
     if fused:
-        logp, entropy = _fused_logprobs(model, out, row.targets, temperature, with_entropy, entropy_grad)
+        logp, entropy = _fused_logprobs(
+            model, out, row.targets, temperature, with_entropy, entropy_grad, row.kept
+        )
     else:
-        logp, entropy = _logp_entropy(out, row.targets, temperature, with_entropy, entropy_grad)
+        logp, entropy = _logp_entropy(out, row.targets, temperature, with_entropy, entropy_grad, row.kept)
     return row.unpack(logp), None if entropy is None else row.unpack(entropy)
 
 
 def _fused_logprobs(
-    model, hidden: Tensor, targets: Tensor, temperature: float, with_entropy: bool, entropy_grad: bool
+    model,
+    hidden: Tensor,
+    targets: Tensor,
+    temperature: float,
+    with_entropy: bool,
+    entropy_grad: bool,
+    kept: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """The LM head applied to the backbone's hidden states in chunks (grpokit/algo/fused.py), under the
     model's autocast, or in float32 outside it with model.cast_lm_head_to_fp32."""
@@ -124,6 +139,7 @@ def _fused_logprobs(
             temperature=temperature,
             with_entropy=with_entropy,
             entropy_grad=entropy_grad,
+            kept=kept,
         )
 
 
@@ -185,9 +201,18 @@ def fused_head(model) -> torch.nn.Linear | None:
 
 
 def _logp_entropy(
-    logits: Tensor, targets: Tensor, temperature: float, with_entropy: bool, entropy_grad: bool = False
+    logits: Tensor,
+    targets: Tensor,
+    temperature: float,
+    with_entropy: bool,
+    entropy_grad: bool = False,
+    kept: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
-    logp = token_logprobs(logits, targets, temperature=temperature)
+    """Log-probs of the targets (under the kept sets' truncation when there are any) and the full entropy."""
+    if kept is None:
+        logp = token_logprobs(logits, targets, temperature=temperature)
+    else:
+        logp = truncated_logprobs(logits, targets, kept, temperature=temperature)
     entropy = token_entropy(logits, temperature=temperature, grad=entropy_grad) if with_entropy else None
     return logp, entropy
 
