@@ -1,6 +1,6 @@
-"""The sampler's truncation replayed: top-k / top-p kept sets recorded by the fast engine, and log-probs of the
-distribution truncated to them (grpokit/algo/truncation.py), against worked numbers, a direct reference (values
-and gradients), the fused head, and the engine's own sampling log-probs."""
+"""The sampler's truncation replayed: top-k / top-p kept sets recorded by the fast engine, and log-probs of
+the distribution truncated to them (grpokit/algo/truncation.py), against worked numbers, a direct reference
+(values and gradients), the fused head, and the engine's own sampling log-probs."""
 
 import math
 
@@ -28,7 +28,9 @@ def test_worked_numbers():
     trunc = truncated_logprobs(logits, target, kept)
     full = truncated_logprobs(logits, target, None)
     assert trunc.item() == pytest.approx(1 - math.log(math.e**2 + math.e), abs=1e-6)
-    assert trunc.item() == pytest.approx(-1.3133, abs=1e-4) and full.item() == pytest.approx(-1.4402, abs=1e-4)
+    assert trunc.item() == pytest.approx(-1.3133, abs=1e-4) and full.item() == pytest.approx(
+        -1.4402, abs=1e-4
+    )
     assert (full - trunc).item() == pytest.approx(math.log(0.8808), abs=1e-4)
     # at temperature 2 the set is the same, the logits halved: 0.5 - log(e + e^0.5)
     half = truncated_logprobs(logits, target, kept, temperature=2.0)
@@ -144,7 +146,9 @@ PROMPTS = ["1 2>3=", "45 6 7>99=", "8>8=", "12 34 5 6>100="]
 def sample(model, tok, record_kept: bool = True, **kw):
     prompts = [tok.encode(t) for t in PROMPTS]
     torch.manual_seed(5)
-    sampling = SamplingParams(max_tokens=12, temperature=0.9, top_k=20, top_p=0.9, record_kept=record_kept, **kw)
+    sampling = SamplingParams(
+        max_tokens=12, temperature=0.9, top_k=20, top_p=0.9, record_kept=record_kept, **kw
+    )
     out = FastEngine(model, tok).generate(prompts, 4, sampling)
     kept = out.kept if record_kept else None
     batch = pack_sequences([p for p in prompts for _ in range(4)], out.token_ids, tok.pad_token_id, kept=kept)
