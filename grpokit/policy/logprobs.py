@@ -7,6 +7,10 @@
     # MicroBatching(packed=True) (model.padding_free): each micro-batch's rows back to back in one row
 
 `packed` is a grpokit.data.batch.PackedBatch (pack_sequences: left-padded prompts, right-padded completions).
+With packed.kept, the top-k / top-p sampler's kept set of each completion token (the fast engine records them:
+rollout.replay_truncation), every log-prob is that of the distribution truncated to its token's kept set, the
+one the token was drawn from (grpokit/algo/truncation.py), in every path (plain, shared prompts, fused head,
+padding-free); the entropy stays the full distribution's.
 """
 
 from __future__ import annotations
@@ -58,10 +62,7 @@ def completion_logprobs(
     only the K positions that predict a completion token reach the LM head; same values and gradients, 0 on
     padding. Exact only for models that confine attention to each packed sequence: model.padding_free checks
     the model once (grpokit/policy/padding_free.py). No prompt sharing then (it needs a KV cache).
-
-    batch.kept (the sampler's top-k / top-p kept sets, when the engine recorded them): each log-prob is that
-    of the distribution truncated to its token's kept set, the one the token was drawn from
-    (grpokit/algo/truncation.py); the entropy stays the full distribution's.
+    batch.kept (top-k / top-p kept sets, when the engine recorded them): see the module's docstring.
     """
     if fused is None:
         rows, width = batch.completion_ids.shape
@@ -86,11 +87,8 @@ def completion_logprobs(
         )
         out = _forward(model, fused, T + 1, use_cache=False, **inputs)
         out = out[:, :-1]  # [N, T, V], or [N, T, H] fused
-    if fused:
-        return _fused_logprobs(
-            model, out, batch.completion_ids, temperature, with_entropy, entropy_grad, batch.kept
-        )
-    return _logp_entropy(out, batch.completion_ids, temperature, with_entropy, entropy_grad, batch.kept)
+    args = (batch.completion_ids, temperature, with_entropy, entropy_grad, batch.kept)
+    return _fused_logprobs(model, out, *args) if fused else _logp_entropy(out, *args)
 
 
 def _padding_free_logprobs(
