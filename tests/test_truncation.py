@@ -246,9 +246,8 @@ def test_the_trainers_pi_old_is_the_distribution_the_engine_sampled_from(tiny_mo
     """A GRPO run on the fast engine at top_p=0.9, top_k=20 with pi_old recomputed (num_iterations=2) and a
     KL term (pi_ref): with the kept sets replayed, rollout/logp_diff_max (|log pi_old - log pi_sampler| over
     the step's tokens) is float noise; with rollout.replay_truncation=false it is the log of the kept mass."""
-    from tests.helpers import read_metrics, tiny_config
-
     from grpokit.trainer import Trainer
+    from tests.helpers import read_metrics, tiny_config
 
     def run(name, *extra):
         out = tmp_path / name
@@ -271,6 +270,7 @@ def test_the_trainers_pi_old_is_the_distribution_the_engine_sampled_from(tiny_mo
         return [row for row in read_metrics(out) if "rollout/logp_diff_max" in row]
 
     full = run("full", "rollout.replay_truncation=false")
-    assert len(full) == 2 and all(r["rollout/logp_diff_mean"] > 0.05 for r in full)  # the log of the kept mass
+    # without the sets: |log pi_old - log pi_sampler| is the log of the kept mass
+    assert len(full) == 2 and all(r["rollout/logp_diff_mean"] > 0.05 for r in full)
     replayed = run("replayed")
     assert len(replayed) == 2 and all(r["rollout/logp_diff_max"] < 1e-4 for r in replayed)

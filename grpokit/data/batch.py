@@ -44,16 +44,11 @@ class PackedBatch:
 
     def rows(self, idx: Tensor | slice) -> PackedBatch:
         b = PackedBatch(
-            *(
-                t[idx]
-                for t in (
-                    self.input_ids,
-                    self.attention_mask,
-                    self.position_ids,
-                    self.completion_ids,
-                    self.completion_mask,
-                )
-            ),
+            self.input_ids[idx],
+            self.attention_mask[idx],
+            self.position_ids[idx],
+            self.completion_ids[idx],
+            self.completion_mask[idx],
             None if self.kept is None else self.kept[idx],
         )
         return b.trimmed()

@@ -309,8 +309,8 @@ class FastEngine(RolloutEngine):
         lengths = torch.where(is_eos.any(-1), is_eos.int().argmax(-1) + 1, T)  # argmax: the first EOS
         cut = torch.minimum(lengths, stop_at).tolist()
         tokens, lps = out_tokens.tolist(), out_logp.tolist()
-        kept = gather_kept(steps_kept, B, cut) if records_kept(sampling) else None
-        return [tokens[i][: cut[i]] for i in range(B)], [lps[i][: cut[i]] for i in range(B)], kept
+        sets = gather_kept(steps_kept, B, cut) if records_kept(sampling) else None
+        return [tokens[i][: cut[i]] for i in range(B)], [lps[i][: cut[i]] for i in range(B)], sets
 
     def _sample(self, logits: Tensor, sampling: SamplingParams) -> tuple[Tensor, Tensor, Tensor | None]:
         """Next token per row, its log-prob under the distribution it was drawn from (log_softmax of the
