@@ -274,3 +274,24 @@ def test_the_trainers_pi_old_is_the_distribution_the_engine_sampled_from(tiny_mo
     assert len(full) == 2 and all(r["rollout/logp_diff_mean"] > 0.05 for r in full)
     replayed = run("replayed")
     assert len(replayed) == 2 and all(r["rollout/logp_diff_max"] < 1e-4 for r in replayed)
+
+
+@pytest.mark.slow
+def test_the_fast_engine_in_its_own_process_returns_the_kept_sets(model_and_tok):
+    """rollout.async_sampler=process: the child's kept sets cross the pipe; they replay its log-probs."""
+    from grpokit.rollout.process import ProcessEngine
+
+    model, tok = model_and_tok
+    prompts = [tok.encode(t) for t in PROMPTS]
+    engine = ProcessEngine(model, tok)
+    try:
+        sampling = SamplingParams(max_tokens=8, temperature=0.9, top_k=20, top_p=0.9, record_kept=True)
+        out = engine.generate(prompts, 2, sampling)
+    finally:
+        engine.close()
+    assert out.kept is not None and [len(k) for k in out.kept] == [len(ids) for ids in out.token_ids]
+    batch = pack_sequences([p for p in prompts for _ in range(2)], out.token_ids, tok.pad_token_id, out.kept)
+    with torch.no_grad():
+        logp, _ = completion_logprobs(model, batch, temperature=0.9)
+    for i, lp in enumerate(out.logprobs):
+        torch.testing.assert_close(logp[i, : len(lp)], torch.tensor(lp), rtol=0, atol=2e-5)
