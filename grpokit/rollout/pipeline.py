@@ -125,7 +125,7 @@ class RolloutPipeline(abc.ABC):
     ) -> None:
         self.engine = engine  # the pipeline's: close() closes it
         self.cfg, self.G = rollout_cfg, rollout_cfg.num_generations
-        if (note := truncation_note(rollout_cfg, engine.caps)) is not None:
+        if (note := truncation_note(rollout_cfg, getattr(engine, "caps", EngineCaps()))) is not None:
             logger.warning(note)
         self.version = version  # the trainer's: weights published so far
         self._closed = False
