@@ -156,7 +156,7 @@ def one_row(batch: PackedBatch) -> OneRow:
         place[:, P:][mask] - 1,  # the token before each completion token (its prompt's last, for the first)
         batch.completion_ids[mask][None],
         mask,
-        None if batch.kept is None else batch.kept[mask][None],
+        None if batch.kept is None else batch.kept[mask.to(batch.kept.device)][None],
     )
 
 
