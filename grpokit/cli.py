@@ -28,12 +28,29 @@ from __future__ import annotations
 
 import errno
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import NoReturn
 
-import typer
+#: the line of a Ctrl-C before a command has begun its work (imports, config, model loading): exit status 130
+STARTING = (
+    "SIGINT (Ctrl-C): stopped while grpokit was starting up; nothing was saved: run the same command to "
+    "start again"
+)
+
+try:  # typer and rich load in the first tenth of a second of every command: a Ctrl-C there is one line too
+    import typer
+except KeyboardInterrupt:
+    print(STARTING, file=sys.stderr)
+    raise SystemExit(128 + signal.SIGINT.value) from None
+
+#: how to go on after a Ctrl-C outside the training loop of `grpokit train`
+RESUME = "the checkpoints in output_dir are as they were: run the same command to resume"
+#: a Ctrl-C of the other commands, once they have begun
+STOPPED = "SIGINT (Ctrl-C): stopped; run the same command to start again"
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, help="GRPO and its family for Hugging Face causal LMs."
@@ -51,8 +68,8 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     return (ConfigError, ModelLoadError, CheckpointError, TrainingError, DataError, ServerError)
 
 
-def _fail(msg: str, code: int = 2) -> None:
-    typer.echo(f"error: {msg}", err=True)
+def _fail(msg: str, code: int = 2, prefix: str = "error: ") -> NoReturn:
+    typer.echo(f"{prefix}{msg}", err=True)
     raise typer.Exit(code)
 
 
@@ -106,10 +123,13 @@ def _with_threads(overrides: list[str] | None, threads: int | None) -> list[str]
     return [*(overrides or []), *([f"threads={threads}"] if threads is not None else [])]
 
 
-def _run(fn):
-    """Run fn, turning a user mistake into one line on stderr and exit status 2 (no traceback)."""
+def _run(fn, interrupted: str = STARTING):
+    """Run fn, turning a user mistake into one line on stderr and exit status 2 (no traceback), and a Ctrl-C
+    into the line `interrupted` and exit status 130 (typer's own would exit in silence)."""
     try:
         return fn()
+    except KeyboardInterrupt:  # first: _user_errors() imports torch, which a Ctrl-C may have left half-loaded
+        _fail(interrupted, 128 + signal.SIGINT.value, prefix="")
     except _user_errors() as exc:
         _fail(str(exc))
 
@@ -140,6 +160,10 @@ def train(
         try:  # under torchrun, each rank runs this (grpokit/distributed/, docs/scaling.md)
             with _disk_full_said_once():
                 last = trainer.train()
+        except KeyboardInterrupt:  # a second Ctrl-C: the trainer said where to resume; else it came outside
+            if trainer.signals.received is None:  # the loop, which takes the signals over (a resume's load)
+                _fail(f"SIGINT (Ctrl-C): stopped at step {trainer.step}; {RESUME}", 130, prefix="")
+            raise typer.Exit(130) from None
         except OSError as exc:  # the records closed first: what they held is written where it fits
             if (line := _disk_full(exc, cfg.output_dir)) is None:
                 raise
@@ -186,7 +210,7 @@ def eval_cmd(
             table.add_row(k, f"{v:.4f}")
         Console().print(table)
 
-    _run(go)
+    _run(go, STOPPED)
 
 
 @app.command()
@@ -219,7 +243,7 @@ def sft(
             f"{Path(cfg.output_dir) / 'metrics.jsonl'}"
         )
 
-    _run(go)
+    _run(go, STOPPED)
 
 
 @app.command()
@@ -243,21 +267,24 @@ def demo(
 ):
     """Tiny model, SFT warm-start, GRPO on countdown (or --task tools), before / after table and plots; or
     --model smollm2: a real instruct model learns word problems. No GPU, no downloads."""
-    from grpokit.demo.real import MODELS, run_real_demo
-    from grpokit.demo.tools import run_tools_demo
-    from grpokit.demo.toy import run_demo
-
     if task not in ("countdown", "tools"):
         raise typer.BadParameter(f"--task {task!r}; allowed: countdown, tools")
-    if model not in MODELS:
-        raise typer.BadParameter(f"--model {model!r}; allowed: {', '.join(MODELS)}")
-    _threads(threads)
-    if model == "smollm2":
-        _run(lambda: run_real_demo(out, quick=quick, seed=seed))
-    elif task == "tools":
-        _run(lambda: run_tools_demo(out, quick=quick, seed=seed, process_only=process_only))
-    else:
-        _run(lambda: run_demo(out, quick=quick, seed=seed))
+
+    def go():  # the imports load torch (seconds): inside _run, where a Ctrl-C is one line
+        from grpokit.demo.real import MODELS, run_real_demo
+        from grpokit.demo.tools import run_tools_demo
+        from grpokit.demo.toy import run_demo
+
+        if model not in MODELS:
+            raise typer.BadParameter(f"--model {model!r}; allowed: {', '.join(MODELS)}")
+        _threads(threads)
+        if model == "smollm2":
+            return run_real_demo(out, quick=quick, seed=seed)
+        if task == "tools":
+            return run_tools_demo(out, quick=quick, seed=seed, process_only=process_only)
+        return run_demo(out, quick=quick, seed=seed)
+
+    _run(go, STOPPED)
 
 
 @app.command()
@@ -310,7 +337,8 @@ def serve(
             max_seqs=max_num_seqs,
             kv_cache_mb=kv_cache_mb,
             gpu_memory_utilization=gpu_memory_utilization,
-        )
+        ),
+        STOPPED,
     )
 
 
@@ -394,6 +422,9 @@ def main() -> None:
         hf_logging.disable_progress_bar()
     except ImportError:
         pass
+    except KeyboardInterrupt:  # this import takes seconds: the likeliest moment for a Ctrl-C of a new user
+        print(STARTING, file=sys.stderr)
+        raise SystemExit(128 + signal.SIGINT.value) from None
     app()
 
 

@@ -27,6 +27,8 @@ from grpokit.data import (
 from grpokit.data.micro_batches import MicroBatching
 from grpokit.distributed import World
 from grpokit.distributed.handle import PolicyHandle
+from grpokit.distributed.sequence import SequenceGroup
+from grpokit.distributed.sequence_turns import sequence_group
 from grpokit.evaluate import make_judge
 from grpokit.policy import (
     build_reference,
@@ -60,6 +62,7 @@ class Components:
     pipeline: RolloutPipeline
     optimizer: Optimizer
     critic: Critic | None
+    sequence: SequenceGroup | None = None  # distributed.sequence_parallel > 1: this rank's group
 
 
 def build_components(
@@ -75,6 +78,7 @@ def build_components(
     policy = world.wrap(model, build_reference(model, cfg.algorithm))
     if cfg.model.compile:
         policy.compile()
+    sequence = sequence_group(cfg.distributed.sequence_parallel, world, [model, policy.ref])
     data = build_datasets(
         cfg.data,
         tokenizer,
@@ -116,6 +120,7 @@ def build_components(
         pipeline,
         optimizer,
         critic,
+        sequence,
     )
 
 

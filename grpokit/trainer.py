@@ -41,6 +41,7 @@ from grpokit.data import SamplerBookmarks
 from grpokit.data.batch import Groups, RolloutBatch, pack_sequences, process_rewards, repeat_rows
 from grpokit.data.micro_batches import MicroBatching
 from grpokit.distributed import World
+from grpokit.distributed.sequence_turns import policy_logprobs, turns
 from grpokit.evaluate import evaluate
 from grpokit.metrics.compute import (
     PERF_MICRO_BATCHES,
@@ -58,7 +59,7 @@ from grpokit.metrics.compute import (
     rollout_metrics,
     sample_records,
 )
-from grpokit.policy import completion_logprobs, is_checkpointing
+from grpokit.policy import is_checkpointing
 from grpokit.policy.anchors import anchor_logprobs
 from grpokit.policy.optim import TrainingError, check_finite_weights, non_finite, out_of_memory_said
 from grpokit.records import plot_run
@@ -85,7 +86,7 @@ class Trainer:
         self.rewards, self.judge = parts.rewards, parts.judge
         self.health, self.correction = parts.health, parts.correction  # bad steps; sampler-trainer mismatch
         self.pipeline = parts.pipeline  # the engine as pi_old (rollout/pipeline.py): it owns and closes it
-        self.optimizer, self.critic = parts.optimizer, parts.critic
+        self.optimizer, self.critic, self.sequence = parts.optimizer, parts.critic, parts.sequence
         self.entropy = EntropyControl(cfg.algorithm)  # the entropy bonus coefficient of the next step
         self.bookmarks = SamplerBookmarks(self.sampler, lambda: self.step)  # checkpointed: the next batch's
         self.checkpointer = build_checkpointer(cfg, self.world, parts, self.bookmarks, self.entropy)
@@ -179,7 +180,13 @@ class Trainer:
         t, sampler_logp = time.perf_counter(), sampler_logprobs(comps, tokens)  # the engine's [N, T], or None
         kl_shaping = self.critic is not None and bool(self.critic.kl_coef)
         old_logp, ref_logp, kl_old = anchor_logprobs(
-            cfg, self.policy, tokens, sampler_logp, kl_shaping=kl_shaping, most=self.world.most
+            cfg,
+            self.policy,
+            tokens,
+            sampler_logp,
+            kl_shaping=kl_shaping,
+            most=self.world.most,
+            sp=self.sequence,
         )
         metrics[PERF_REF_TIME] = time.perf_counter() - t
 
@@ -273,11 +280,15 @@ class Trainer:
         cfg, (num_sequences, num_tokens) = self.cfg, self.world.sum(len(idx), b.loss_mask[idx].sum().item())
         minibatch_loss, runs = 0.0, self.batching.plan(idx, b.tokens, self.world.most)
         acc.add({PERF_MICRO_BATCHES: len(runs)})
-        for sub_idx, filler in runs:  # a filler evens out the ranks' counts: its loss counts 0 times
-            mb, first = b.rows(sub_idx), first_pass and not filler  # trimmed to its longest completion
-            tokens, mask, T = mb.tokens, mb.loss_mask, mb.tokens.completion_width
-            with out_of_memory_said(*self.batching.limit, is_checkpointing(self.model), len(sub_idx), T):
-                logp, entropy = completion_logprobs(self.policy.forward, tokens, **pass_options(cfg, first))
+        # a filler evens out the ranks' counts (its loss counts 0 times); sequence parallelism: every member's
+        # micro-batches in turn, the same pass on each, split over the group (metrics: a rank's own only)
+        for mb, filler, mine in turns(self.sequence, b, runs):
+            first, (tokens, mask) = first_pass and not filler, (mb.tokens, mb.loss_mask)
+            n, T = len(mb.rewards), tokens.completion_width  # trimmed to the micro-batch's longest completion
+            with out_of_memory_said(*self.batching.limit, is_checkpointing(self.model), n, T):
+                logp, entropy = policy_logprobs(
+                    self.sequence, self.policy.forward, tokens, **pass_options(cfg, first)
+                )
             # no pi_old pass (anchors.pi_old_source: "none"): pi_old = pi_theta
             old_logp = logp.detach() if mb.old_logp is None else mb.old_logp
             loss, stats = algorithm_loss(
@@ -289,16 +300,16 @@ class Trainer:
                 ref_logp=mb.ref_logp,
                 num_tokens=num_tokens,
                 num_sequences=num_sequences,
-                is_weights=self.correction(mb, logp, mask, acc, first),
+                is_weights=self.correction(mb, logp, mask, acc, first and mine),
                 entropy=entropy,
                 entropy_coef=self.entropy.coef,
             )
             if not self.world.all_finite(loss):  # every rank skips together
                 bad_logp = not torch.isfinite(logp.detach()[mask.bool()]).all()
                 return None, ": the policy's log-probs were non-finite" if bad_logp else ""
-            with out_of_memory_said(*self.batching.limit, is_checkpointing(self.model), len(sub_idx), T):
+            with out_of_memory_said(*self.batching.limit, is_checkpointing(self.model), n, T):
                 self.world.backward(loss * 0.0 if filler else loss)
-            if filler:
+            if filler or not mine:
                 continue
             acc.add({policy_name(k): v for k, v in stats.items()}, mask.sum().item())
             # model.padding_free: the micro-batch ran as one row, no completion position was padding

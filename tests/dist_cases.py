@@ -59,6 +59,23 @@ CASES: dict[str, list[str]] = {
         "model.padding_free=true",
         "optim.max_tokens_per_micro_batch=32",
     ],
+    # sequence parallelism over both ranks: each rank's micro-batches run as rows split over the two, in the
+    # pi_old, pi_ref and training passes (beta > 0, mu = 2 with 2 minibatches)
+    "grpo-sp2-beta-mu2": [
+        "algorithm.loss_type=grpo",
+        "algorithm.beta=0.04",
+        "algorithm.num_iterations=2",
+        "optim.num_minibatches=2",
+        "model.padding_free=true",
+        "distributed.sequence_parallel=2",
+    ],
+    # with micro-batches sized in tokens: the ranks' counts evened out, then each one's run in turn
+    "dapo-sp2-tokens": [
+        "algorithm.loss_type=dapo",
+        "model.padding_free=true",
+        "optim.max_tokens_per_micro_batch=34",
+        "distributed.sequence_parallel=2",
+    ],
     # half the prompts (even targets) give groups of equal rewards: dropped, more rounds drawn, the batch
     # topped up
     "dapo-dynamic_sampling": [
@@ -264,6 +281,7 @@ COMBO_CASES: dict[str, list[str]] = {
 COMBO_RESUME_CASES: dict[str, list[str]] = {
     "lora": [*CASES["dapo-batch_centered-beta-mu2-micro"], *LORA],
     "critic": [*PPO, "algorithm.num_iterations=2", "optim.num_minibatches=2"],
+    "sp": CASES["grpo-sp2-beta-mu2"],  # sequence parallelism over both ranks
 }
 
 

@@ -112,6 +112,16 @@ SMOKES: dict[str, tuple[Smoke, ...]] = {
             ("--threads", "1"), (r"^\| piece of one micro-step \|", r"^\| variant \(full optimizer step\) \|")
         ),
     ),
+    "sequence_parallel.py": (
+        # 2 gloo ranks under torchrun; the benchmark exits 1 when their log-probs differ from one process's
+        Smoke(
+            (),
+            (
+                r"^\| sequence ranks \| tokens per rank \|",
+                r"^\| 2 \(rank 1\) \| 32 \| [\d.]+ MiB \| 0\.\d\d \|",
+            ),
+        ),
+    ),
     "threads.py": (Smoke((), (r"^\| a spinning process \|", r"^\| no \| .* \| 0 \(auto\) \| `threads: \d")),),
     "vllm_engine.py": (
         Smoke(

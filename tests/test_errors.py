@@ -18,6 +18,7 @@ import json
 import logging
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -79,6 +80,12 @@ def sleepy(completions, **kwargs):
 def slowish(completions, **kwargs):
     time.sleep(0.2)
     return [0.0] * len(completions)
+
+def short_from_step_two(completions, **kwargs):
+    # one reward too few from its second call (step 2) on
+    global calls3
+    calls3 = globals().get("calls3", 0) + 1
+    return [0.0] * (len(completions) - (calls3 >= 2))
 
 def huge(completions, **kwargs):
     # finite floats, but 10 x this overflows float32: the weighted total is inf (once: the run goes on)
@@ -172,6 +179,20 @@ def test_config_not_yaml(env):
     user_error(train(env, config=bad), "is not valid YAML at line")
 
 
+def test_config_file_empty(env):
+    """An empty file (or one of comments only) is named so, not blamed on the first key it lacks."""
+    for text in ("", "# model: {name_or_path: ...}\n\n"):
+        empty = env[0] / "empty.yaml"
+        empty.write_text(text)
+        line = user_error(train(env, config=empty))
+        assert line == (
+            f"error: config file {str(empty)!r} is empty: give it the sections of a run (model:, data:, "
+            "rewards:, ...; examples/config.yaml is one, `grpokit config` lists every key), or write {} to "
+            "set everything with key=value overrides"
+        )
+    assert train(env, config=env[0] / "config.yaml").exit_code == 0  # `{}` and overrides: a run
+
+
 def test_config_typo_did_you_mean(env):
     user_error(
         train(env, "algorithm.betaa=0.1"), "unknown config key 'algorithm.betaa'", "did you mean 'beta'?"
@@ -179,7 +200,8 @@ def test_config_typo_did_you_mean(env):
 
 
 def test_config_bad_value_lists_allowed(env):
-    user_error(train(env, "algorithm.loss_type=foo"), "'algorithm.loss_type'", "'foo'", "'grpo'", "'dr_grpo'")
+    line = user_error(train(env, "algorithm.loss_type=foo"), "'algorithm.loss_type'", "'foo'", "'grpo'")
+    assert f"`{line}`" in (ROOT / "docs" / "errors.md").read_text()  # the table quotes today's list
 
 
 def test_group_size_below_two(env):
@@ -396,6 +418,36 @@ def test_context_shorter_than_the_prompts(env, tiny_model_dir):
     assert not (env[0] / "run" / "metrics.jsonl").exists()  # nothing trained
 
 
+def test_gguf_file_cut_short(env, monkeypatch):
+    """An interrupted download: cut inside its tensor data, and inside its metadata."""
+    import numpy as np
+    from gguf import GGUFWriter
+
+    monkeypatch.setenv("GRPOKIT_CACHE", str(env[0] / "cache"))
+    model = env[0] / "model.gguf"
+    writer = GGUFWriter(str(model), "llama")
+    writer.add_string("general.name", "a GGUF file whose end is missing")
+    writer.add_tensor("token_embd.weight", np.zeros((16, 4), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    whole = model.read_bytes()
+    key = "model.tokenizer / model.name_or_path"
+    model.write_bytes(whole[:-64])
+    line = user_error(train(env, f"model.name_or_path={model}"))
+    assert line == (
+        f"error: {key}={str(model)!r} is truncated: its tensors end at byte {len(whole):,} but the file has "
+        f"{len(whole) - 64:,} bytes ({(len(whole) - 64) / len(whole):.0%}); download or copy it again"
+    )
+    model.write_bytes(whole[:100])
+    line = user_error(train(env, f"model.name_or_path={model}"))
+    assert line == (
+        f"error: {key}={str(model)!r} is truncated or damaged: its header (metadata and tensor list) cannot "
+        "be read in its 100 bytes; download or copy it again"
+    )
+
+
 def test_model_folder_with_only_a_tokenizer(env, tiny_model_dir):
     from transformers import AutoTokenizer
 
@@ -576,9 +628,46 @@ def test_resume_with_another_model(env):
             "optim.max_steps=2",
             "checkpoint.allow_changes=[model.name_or_path,optim.max_steps]",
         ),
-        "step-000001' does not match the model (size mismatch for",
-        "set a new output_dir",
+        "step-000001' holds weights of another architecture than model.name_or_path=",
+        "hidden_size 96 -> 64",
+        "give this run a new output_dir",
     )
+
+
+def test_resume_with_a_same_shaped_model_of_another_architecture(env):
+    """A run of a 3-head model resumed with a 2-head one (checkpoint.allow_changes=[model.name_or_path]):
+    every weight has the same shape and loads, and computes another function. The resume is refused naming
+    the fields; final/ keeps the model the run trained."""
+    from transformers import AutoTokenizer
+
+    from grpokit.tasks.tiny_model import build_tiny_llama
+
+    tok = AutoTokenizer.from_pretrained(env[1][0].split("=", 1)[1])
+    models = {}
+    for heads in (3, 2):
+        models[heads] = env[0] / f"{heads}-heads"
+        build_tiny_llama(tok, size="test", num_heads=heads).save_pretrained(models[heads])
+        tok.save_pretrained(models[heads])
+    assert train(env, f"model.name_or_path={models[3]}").exit_code == 0
+    final = (env[0] / "run" / "final" / "config.json").read_text()
+    line = user_error(
+        train(
+            env,
+            f"model.name_or_path={models[2]}",
+            "optim.max_steps=2",
+            "checkpoint.allow_changes=[model.name_or_path]",
+        )
+    )
+    step_1 = env[0] / "run" / "checkpoints" / "step-000001"
+    assert line == (
+        f"error: {str(step_1)!r} holds weights of another architecture than "
+        f"model.name_or_path={str(models[2])!r} (head_dim 32 -> 48; num_attention_heads 3 -> 2; "
+        "num_key_value_heads 3 -> 2): they fit its shapes but would compute another function; resume with "
+        f"the model it was trained from ({str(models[3])!r}), or give this run a new output_dir to start "
+        "from this model"
+    )
+    assert (env[0] / "run" / "final" / "config.json").read_text() == final
+    assert [s for s, _ in list_checkpoints(env[0] / "run")] == [1]
 
 
 def test_damaged_checkpoint(env):
@@ -654,8 +743,13 @@ def test_reward_needs_a_missing_column(env, monkeypatch):
     user_error(
         train(env, rewards(env[0], "needs_answer")),
         "needs argument 'answer'",
-        "dataset columns: ['target']",
-        "Add the column",
+        "dataset columns: ['prompt', 'target'] (the prompt column 'prompt' is passed as `prompts`). Add the "
+        "column",
+    )
+    only_prompts = write_jsonl(env[0] / "only_prompts.jsonl", [{"prompt": r["prompt"]} for r in PROMPTS])
+    user_error(
+        train(env, rewards(env[0], "needs_answer"), f"data.train_path={only_prompts}"),
+        "dataset columns: ['prompt'] (the prompt column 'prompt' is passed as `prompts`). Add the column",
     )
     assert not rolled  # found at start, not at the first rollout
 
@@ -678,6 +772,18 @@ def test_misbehaving_rewards_are_counted_not_fatal(env, caplog):
     assert "'strings'" in text and "returned 8 invalid reward(s) of 8, e.g. '1.0'" in text
     assert "'nan_and_inf'" in text and "returned 8 invalid reward(s) of 8, e.g. inf" in text
     assert text.count("raised ZeroDivisionError") == 1  # logged once, then only counted
+
+
+def test_a_misbehaving_reward_s_log_line_names_its_step(env, caplog):
+    with caplog.at_level(logging.ERROR, logger="grpokit.rewards"):
+        r = train(env, rewards(env[0], "short_from_step_two"), "optim.max_steps=3")
+    assert r.exit_code == 0, r.output
+    assert caplog.messages == [
+        f"step 2: reward function 'short_from_step_two' ({env[0] / 'bad_rewards.py'}:short_from_step_two) "
+        "returned 7 rewards for 8 completions; the affected samples get no reward from it (NaN in "
+        "per_function). Reported once: later failures are only counted in reward/errors/short_from_step_two"
+    ]
+    assert [row["reward/errors/short_from_step_two"] for row in metrics(env)] == [0, 8, 8]
 
 
 def test_reward_raises_with_reward_errors_raise(env):
@@ -904,9 +1010,10 @@ def test_out_of_memory_in_the_training_pass_stops_with_one_line_and_resumes(env,
     """The allocator failing in step 2's training pass: one line naming the micro-batch and the settings
     that shrink it; step 1's checkpoint is kept, and the command with either setting the line names resumes
     from it (they change only how the same math is laid out in memory)."""
+    import grpokit.distributed.sequence_turns as passes
     import grpokit.trainer
 
-    calls, real = [], grpokit.trainer.completion_logprobs
+    calls, real = [], passes.completion_logprobs
     if where == "forward":
 
         def forward(model, tokens, **kwargs):
@@ -915,7 +1022,7 @@ def test_out_of_memory_in_the_training_pass_stops_with_one_line_and_resumes(env,
                 raise RuntimeError(CPU_OOM)
             return real(model, tokens, **kwargs)
 
-        monkeypatch.setattr(grpokit.trainer, "completion_logprobs", forward)
+        monkeypatch.setattr(passes, "completion_logprobs", forward)  # the training pass's (policy_logprobs)
     else:
         real_backward = grpokit.trainer.World.backward
 
@@ -1136,6 +1243,70 @@ def test_console_script_one_line(env):
     assert r.returncode == 2, r.stderr
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: reward 'needs_answer'"), r.stderr
+
+
+def test_the_only_rollout_server_gone_is_one_line_with_one_fix():
+    """The server stops mid-run (here a socket that reads the request and closes): the run's line lists it
+    with what went wrong and gives the fix once."""
+    from grpokit.rollout.server import ServerClient, ServerError, VLLMServerEngine
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+
+        def hang_up():
+            conn, _ = listener.accept()
+            conn.recv(65536)
+            conn.close()
+
+        import threading
+
+        threading.Thread(target=hang_up, daemon=True).start()
+        client = ServerClient(url, timeout=30)
+        with pytest.raises(ServerError) as dropped:
+            client.request("/generate", {})
+    engine = VLLMServerEngine.__new__(VLLMServerEngine)  # the fleet's bookkeeping, without a vLLM server
+    engine.servers, engine.gone, engine.group = [client], [], None
+    with pytest.raises(ServerError) as gone:
+        engine._drop(client, dropped.value, "its prompts go to the others")
+    line = str(gone.value)
+    assert line == (
+        f"no rollout server is left (rollout.vllm_server_url): {url} (the rollout server at {url} dropped "
+        "the connection during POST /generate (RemoteDisconnected('Remote end closed connection without "
+        "response'))); start them again with `grpokit serve` and resume the run"
+    )
+    assert line.count("again") == 1 and line.count("resume") == 1
+
+
+def _sigint_once_importing(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """Start cmd and send it SIGINT as soon as it loads a compiled module of its dependencies (transformers'
+    imports, which take seconds, have begun): a new user's Ctrl-C in the first seconds of a command."""
+    p = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    maps = Path(f"/proc/{p.pid}/maps")
+    while p.poll() is None and not any(
+        "site-packages" in line and ".so" in line for line in maps.read_text().splitlines()
+    ):
+        pass
+    assert p.poll() is None, p.communicate()  # still importing when the signal goes
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate()
+    return subprocess.CompletedProcess(cmd, p.returncode, out, err)
+
+
+def test_ctrl_c_while_starting_is_one_line(env):
+    """A real `python -m grpokit train` process interrupted while it imports: one line, exit status 130."""
+    tmp_path, base = env
+    r = _sigint_once_importing(
+        [sys.executable, "-m", "grpokit", "train", str(tmp_path / "config.yaml"), *base], tmp_path
+    )
+    assert r.returncode == 130, (r.stdout, r.stderr)
+    lines = [line for line in (r.stdout + r.stderr).splitlines() if line.strip()]
+    assert lines == [
+        "SIGINT (Ctrl-C): stopped while grpokit was starting up; nothing was saved: run the same command to "
+        "start again"
+    ], lines
+    assert not (tmp_path / "run").exists()
 
 
 def test_every_row_has_a_test():

@@ -21,9 +21,26 @@ def cache(tmp_path, monkeypatch):
     return root
 
 
-def fake_gguf(path, content=b"GGUF not a real model"):
+def fake_gguf(path, content=b"not a real model", tensor=None):
+    """A GGUF file that is no model: its metadata holds `content` (two contents hash apart), and `tensor`
+    (a numpy array) when given."""
+    from gguf import GGUFWriter
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(content)
+    writer = GGUFWriter(str(path), "llama")
+    writer.add_string("test.content", content.decode())
+    if tensor is not None:
+        writer.add_tensor("token_embd.weight", tensor)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def cut(path, size: int):
+    """The file cut to its first `size` bytes, as an interrupted download leaves it."""
+    path.write_bytes(path.read_bytes()[:size])
     return path
 
 
@@ -133,9 +150,37 @@ def test_resolve_converts_once_into_a_folder_keyed_by_the_hash_that_others_can_r
     for path in [cache / "gguf" / sha[:16], *(cache / "gguf" / sha[:16]).iterdir()]:
         assert path.stat().st_mode & stat.S_IROTH, path  # a shared cache: readable by every user
 
-    other = fake_gguf(tmp_path / "other.gguf", b"GGUF another model")
+    other = fake_gguf(tmp_path / "other.gguf", b"another model")
     assert resolve(str(other)) == str(cache / "gguf" / file_sha256(other)[:16]) != folder
     assert calls == [model, other]
+
+
+# --------------------------------------------------------------------------- a file cut short
+
+
+def test_a_file_cut_inside_its_header_or_its_tensors_is_named_truncated(tmp_path, cache, monkeypatch):
+    """An interrupted download: transformers' reader would raise struct.error (cut in the metadata) or a
+    reshape error that blames the architecture (cut in the tensor data); resolve names the file truncated."""
+    import numpy as np
+
+    monkeypatch.setattr(gguf, "convert", never_convert)
+    whole = fake_gguf(tmp_path / "whole.gguf", tensor=np.zeros((16, 4), np.float32))
+    size = whole.stat().st_size
+    header = cut(fake_gguf(tmp_path / "header.gguf", tensor=np.zeros((16, 4), np.float32)), 40)
+    with pytest.raises(GGUFError) as err:
+        resolve(str(header))
+    assert str(err.value) == (
+        f"model.name_or_path={str(header)!r} is truncated or damaged: its header (metadata and tensor list) "
+        "cannot be read in its 40 bytes; download or copy it again"
+    )
+    data = cut(fake_gguf(tmp_path / "data.gguf", tensor=np.zeros((16, 4), np.float32)), size - 100)
+    with pytest.raises(GGUFError) as err:
+        resolve(str(data), key="reward_model.name_or_path")
+    assert str(err.value) == (
+        f"reward_model.name_or_path={str(data)!r} is truncated: its tensors end at byte {size:,} but the "
+        f"file has {size - 100:,} bytes ({(size - 100) / size:.0%}); download or copy it again"
+    )
+    assert not cache.exists()  # nothing converted, nothing left in the cache
 
 
 # --------------------------------------------------------------------------- missing packages

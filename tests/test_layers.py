@@ -4,11 +4,12 @@
                          (grpokit/metrics/names.py), which import nothing
     1  core              config (with the registry machinery), algo, the sandbox
     2  stages, services  data (with the batch containers), rollout engines, rewards, tools, policy (with
-                         AdamW), distributed, checkpoint, records, metric computation
+                         AdamW), distributed, checkpoint, records, metric computation, the doctor (pure
+                         functions of the metric rows, which the records run during a run)
     3  assembly          the step (algorithm.py), the critic, evaluation, the rollout pipeline and episodes,
                          the compatibility table
     4  loops             trainer, sft
-    5  face              api, cli, demo, doctor, the HTML report, the built-in tasks
+    5  face              api, cli, demo, the HTML report, the built-in tasks
 
 Every import counts: inside functions, under ``if TYPE_CHECKING:``, and the package ``__init__`` that an
 import of a submodule runs (tests/test_structure.py's graph builder, with both options on). Every grpokit
@@ -93,6 +94,8 @@ LAYERS: dict[str, int] = {
     "grpokit.distributed": SERVICES,
     "grpokit.distributed.parallel": SERVICES,
     "grpokit.distributed.world": SERVICES,
+    "grpokit.distributed.sequence": SERVICES,
+    "grpokit.distributed.sequence_turns": SERVICES,
     "grpokit.checkpoint": SERVICES,
     "grpokit.checkpoint.resume": SERVICES,
     "grpokit.checkpoint.save": SERVICES,
@@ -143,6 +146,19 @@ LAYERS: dict[str, int] = {
     "grpokit.records.sinks": SERVICES,
     "grpokit.records.table": SERVICES,
     "grpokit.records.trackers": SERVICES,
+    # the doctor's checks read metric rows only: the records run them during a run (grpokit/doctor/live.py)
+    "grpokit.doctor": SERVICES,
+    "grpokit.doctor.live": SERVICES,
+    "grpokit.doctor.checks": SERVICES,
+    "grpokit.doctor.hacking": SERVICES,
+    "grpokit.doctor.optimizer": SERVICES,
+    "grpokit.doctor.policy": SERVICES,
+    "grpokit.doctor.report": SERVICES,
+    "grpokit.doctor.rewards": SERVICES,
+    "grpokit.doctor.rollouts": SERVICES,
+    "grpokit.doctor.run": SERVICES,
+    "grpokit.doctor.stats": SERVICES,
+    "grpokit.doctor.thresholds": SERVICES,
     # 3: assembly
     "grpokit.algorithm": ASSEMBLY,
     "grpokit.policy.anchors": ASSEMBLY,
@@ -165,17 +181,6 @@ LAYERS: dict[str, int] = {
     "grpokit.demo.toy": FACE,
     "grpokit.demo.tools": FACE,
     "grpokit.demo.real": FACE,
-    "grpokit.doctor": FACE,
-    "grpokit.doctor.checks": FACE,
-    "grpokit.doctor.hacking": FACE,
-    "grpokit.doctor.optimizer": FACE,
-    "grpokit.doctor.policy": FACE,
-    "grpokit.doctor.report": FACE,
-    "grpokit.doctor.rewards": FACE,
-    "grpokit.doctor.rollouts": FACE,
-    "grpokit.doctor.run": FACE,
-    "grpokit.doctor.stats": FACE,
-    "grpokit.doctor.thresholds": FACE,
     "grpokit.records.report": FACE,
     "grpokit.tasks": FACE,
     "grpokit.tasks.arithmetic": FACE,

@@ -222,6 +222,7 @@ def resume(
             "config, give this run a new output_dir, or let them change with "
             f"checkpoint.allow_changes=[{keys}]"
         )
+    _check_architecture(path, model, saved, config)
     others = [c for c in changed if not c.startswith(f"{MAX_STEPS}:")]
     if others:
         print(f"resuming with changes allowed by checkpoint.allow_changes: {'; '.join(others)}")
@@ -238,6 +239,41 @@ def resume(
         load_weights(path, model)
         set_rng_state(state["rng"])
     return step, state, changed
+
+
+#: config.json keys that do not change what a model computes (names, versions, dtype, caching, special ids)
+NOT_ARCHITECTURE = frozenset(
+    {"_name_or_path", "transformers_version", "torch_dtype", "dtype", "use_cache", "bos_token_id",
+     "eos_token_id", "pad_token_id", "quantization_config", "_attn_implementation", "attn_implementation"}
+)  # fmt: skip
+
+
+def architecture_changes(path: Path, model) -> list[str]:
+    """The architecture fields ("num_attention_heads 3 -> 2") where the checkpoint's config.json and the
+    model's config differ: a model of the same shapes (another head count, head size, RoPE base, norm epsilon)
+    would load the weights without an error and compute another function. [] where either has no config (a
+    LoRA checkpoint holds the adapter's)."""
+    import json
+
+    saved_file, to_dict = Path(path) / "config.json", getattr(getattr(model, "config", None), "to_dict", None)
+    if not saved_file.is_file() or to_dict is None:
+        return []
+    saved, now = json.loads(saved_file.read_text()), to_dict()
+    keys = sorted((saved.keys() & now.keys()) - NOT_ARCHITECTURE)
+    return [f"{k} {saved[k]!r} -> {now[k]!r}" for k in keys if saved[k] != now[k]]
+
+
+def _check_architecture(path: Path, model, saved: dict | None, now: dict) -> None:
+    """A CheckpointError when checkpoint.allow_changes let model.name_or_path change to a model of another
+    architecture: allowing the path is for the same model moved, not for another one."""
+    if changes := architecture_changes(path, model):
+        was = _flat(saved or {}).get("model.name_or_path")
+        raise CheckpointError(
+            f"{str(path)!r} holds weights of another architecture than "
+            f"model.name_or_path={_flat(now).get('model.name_or_path')!r} ({'; '.join(changes)}): they fit "
+            "its shapes but would compute another function; resume with the model it was trained from"
+            f"{f' ({was!r})' if was else ''}, or give this run a new output_dir to start from this model"
+        )
 
 
 def _recorded_config(out_dir: Path) -> dict | None:

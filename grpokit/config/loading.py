@@ -112,11 +112,17 @@ def load_config(
         if not p.is_file():
             raise ConfigError(f"config file {str(p)!r} not found")
         try:
-            loaded = yaml.safe_load(p.read_text()) or {}
+            loaded = yaml.safe_load(p.read_text())
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             where = f" at line {mark.line + 1}" if mark else ""
             raise ConfigError(f"config file {str(p)!r} is not valid YAML{where}") from None
+        if loaded is None:  # nothing but blank lines and comments; `{}` is an explicit empty config
+            raise ConfigError(
+                f"config file {str(p)!r} is empty: give it the sections of a run (model:, data:, rewards:, "
+                "...; examples/config.yaml is one, `grpokit config` lists every key), or write {} to set "
+                "everything with key=value overrides"
+            )
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {str(p)!r} must be a mapping of sections (model:, data:, ...)")
         tree.update(loaded)

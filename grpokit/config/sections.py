@@ -448,6 +448,10 @@ class EvalConfig(Section):
 class LoggingConfig(Section):
     log_every: int = Field(1, ge=1)
     """Write metrics every this many steps."""
+    doctor_every: int = Field(5, ge=0)
+    """Run the doctor's checks (`grpokit doctor`) on the metrics so far every this many steps and at the last
+    one; a finding is printed once, the first time its check fires, as one line with its steps and fix
+    (0 = never; docs/doctor.md)."""
     sample_every: int = Field(10, ge=0)
     """Print and save a few sample completions every this many steps and at the last one (0 = never)."""
     num_samples: int = Field(3, ge=0)
@@ -510,6 +514,12 @@ class DistributedConfig(Section):
     with, gathered from the shards after each update and freed during the update. fp32 samples what one
     process samples; bf16 halves the copy (the sampler then rounds pi_theta's weights: pair it with
     mixed_precision=bf16, or rollout.importance_correction; docs/scaling.md)."""
+    sequence_parallel: int = Field(1, ge=1)
+    """Sequence parallelism (DeepSpeed-Ulysses, grpokit/distributed/sequence.py): groups of this many ranks
+    run each training micro-batch's padding-free row split along its tokens, attention exchanging heads by
+    all-to-all, so a rank keeps 1/N of a sequence's activations. Every rank still rolls out its own prompts;
+    in the training and pi_old / pi_ref passes a group runs each member's micro-batches in turn. Must divide
+    WORLD_SIZE and the attention heads; needs model.padding_free=true. 1 = off."""
 
 
 class ToolsConfig(Section):

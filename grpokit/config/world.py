@@ -51,6 +51,7 @@ def check_world(cfg: Config, world_size: int) -> None:
             "(algorithm.advantage_estimator=gae) yet: its value head runs in fp32; use "
             "distributed.mixed_precision=none (or model.autocast=bfloat16) with the critic"
         )
+    check_sequence_parallel(cfg, world_size)
     copy = cfg.distributed.engine_copy
     if copy != "fp32" and cfg.distributed.strategy != "fsdp2":
         raise ConfigError(
@@ -59,3 +60,21 @@ def check_world(cfg: Config, world_size: int) -> None:
             f"{cfg.distributed.strategy} and rollout.engine={cfg.rollout.engine} there is none: leave it "
             "at fp32"
         )
+
+
+def check_sequence_parallel(cfg: Config, world_size: int) -> None:
+    """distributed.sequence_parallel against the world size and what it covers in this version."""
+    N = cfg.distributed.sequence_parallel
+    if N == 1:
+        return
+    key = f"distributed.sequence_parallel={N}"
+    if world_size % N:
+        raise ConfigError(f"{key} must divide the world size {world_size} (WORLD_SIZE from torchrun)")
+    if not cfg.model.padding_free:
+        raise ConfigError(f"{key} splits padding-free rows over the ranks: set model.padding_free=true")
+    if cfg.algorithm.advantage_estimator == "gae":
+        raise ConfigError(
+            f"{key} does not cover the PPO critic yet: use 1 with algorithm.advantage_estimator=gae"
+        )
+    if cfg.model.compile:
+        raise ConfigError(f"{key} does not run under model.compile yet: set model.compile=false")

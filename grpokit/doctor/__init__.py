@@ -19,7 +19,8 @@ and no row has, so the report can list the checks that had nothing to read.
 
 The modules: run.py (the run reader: Run, Series, Finding), stats.py (the robust statistics), thresholds.py,
 the checks by area (rewards.py, policy.py, rollouts.py, optimizer.py, hacking.py), checks.py (CHECKS,
-run_checks, diagnose) and report.py (the command and its report). Every name is importable from here.
+run_checks, diagnose), report.py (the command and its report) and live.py (the checks during a run, which the
+run's records call every logging.doctor_every steps). Every name is importable from here.
 """
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ from grpokit.doctor.thresholds import (
     CLIP_FRAC_ERROR,
     CLIP_FRAC_MAX,
     DROP_FRAC,
+    DROP_MIN_BLOCK,
+    DROP_MIN_STEPS,
     DROP_Z,
     ENTROPY_COLLAPSE_FRAC,
     ERROR_FRAC_ERROR_STEPS,
@@ -103,6 +106,8 @@ __all__ = [
     "CONFIG_FILE",
     "Check",
     "DROP_FRAC",
+    "DROP_MIN_BLOCK",
+    "DROP_MIN_STEPS",
     "DROP_Z",
     "ENTROPY_COLLAPSE_FRAC",
     "ERROR_FRAC_ERROR_STEPS",

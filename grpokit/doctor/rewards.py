@@ -18,6 +18,8 @@ from grpokit.doctor.stats import (
 )
 from grpokit.doctor.thresholds import (
     DROP_FRAC,
+    DROP_MIN_BLOCK,
+    DROP_MIN_STEPS,
     DROP_Z,
     ERROR_FRAC_ERROR_STEPS,
     ERROR_FRAC_MAX,
@@ -165,15 +167,20 @@ def check_reward_flat(run: Run) -> list[Finding]:
 
 
 def check_reward_drop(run: Run) -> list[Finding]:
+    """A fall after a rise: the last block DROP_Z standard errors below the best earlier one, which rose
+    FLAT_Z standard errors above the first (a rise as reward_flat counts one). From DROP_MIN_STEPS logged
+    steps on, in blocks of at least DROP_MIN_BLOCK steps, so that a short run (16 steps), or the live doctor
+    on a run so far, can show one."""
     reward = run.series(REWARD_MEAN)
-    if reward is None or len(reward) < FLAT_MIN_STEPS:
+    if reward is None or len(reward) < DROP_MIN_STEPS:
         return []
-    block, block_means = blocks(reward.values)
+    block, block_means = blocks(reward.values, DROP_MIN_BLOCK)
     stderr = mean_diff_se(step_noise(reward.values), block)
     best = int(np.argmax(block_means[:-1]))  # the best block before the last
     peak, last = float(block_means[best]), float(block_means[-1])
     drop, swing = peak - last, peak - min(float(block_means[0]), last)
-    if drop <= DROP_Z * stderr or drop < DROP_FRAC * swing:
+    rise = peak - float(block_means[0])  # a flat run's noise is no fall: it must have risen first
+    if drop <= DROP_Z * stderr or rise <= FLAT_Z * stderr or drop < DROP_FRAC * swing:
         return []
     peak_first, peak_last = best * block, min(best * block + block, len(reward)) - 1
     return [

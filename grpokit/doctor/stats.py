@@ -85,9 +85,10 @@ def start_level(s: Series) -> float:
     return float(np.median(s.values[: window(len(s))]))
 
 
-def blocks(x: np.ndarray) -> tuple[int, np.ndarray]:
-    """Block size b and the means of consecutive blocks of b points (the last block is the last b points)."""
-    b = max(MIN_WINDOW, len(x) // FLAT_BLOCKS)
+def blocks(x: np.ndarray, min_block: int = MIN_WINDOW) -> tuple[int, np.ndarray]:
+    """Block size b (n / FLAT_BLOCKS, at least min_block) and the means of consecutive blocks of b points (the
+    last block is the last b points)."""
+    b = max(min_block, len(x) // FLAT_BLOCKS)
     means = [np.mean(x[i : i + b]) for i in range(0, len(x) - b + 1, b)]
     if len(x) % b:
         means.append(np.mean(x[-b:]))

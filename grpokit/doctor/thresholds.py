@@ -26,6 +26,10 @@ FLAT_BLOCKS = 8  # the run is cut into this many blocks of steps for trend tests
 FLAT_Z = 3.0  # a rise counts when it exceeds FLAT_Z standard errors (block means, or the run's slope)
 DROP_Z = 4.0  # a fall from the best block counts when it exceeds DROP_Z standard errors ...
 DROP_FRAC = 0.5  # ... and gives back at least this fraction of the rise
+DROP_MIN_STEPS = (
+    12  # logged steps before a fall can be judged (a short run, or a run so far: the live doctor)
+)
+DROP_MIN_BLOCK = 3  # steps in the blocks the fall is judged on: n / FLAT_BLOCKS, at least this many
 NONE_FRAC_MAX = 0.5  # reward/none_frac: no reward function applied to most completions
 ZERO_STD_MAX = 0.5  # reward/zero_std_frac: most groups carry no gradient
 ZERO_STD_ERROR = 0.9

@@ -21,6 +21,8 @@ from grpokit.config import Config
 from grpokit.data.batch import PackedBatch
 from grpokit.data.micro_batches import MicroBatching
 from grpokit.distributed.handle import PolicyHandle
+from grpokit.distributed.sequence import SequenceGroup
+from grpokit.distributed.sequence_turns import sequence_parallel_batched_logprobs
 from grpokit.policy import batched_logprobs
 
 
@@ -43,15 +45,20 @@ def anchor_logprobs(
     *,
     kl_shaping: bool,
     most: Callable[[int], int] | None = None,
+    sp: SequenceGroup | None = None,
 ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
     """(pi_old, pi_ref, the pi_old of PPO's KL shaping) log-probs [N, T] of the batch, None where not needed.
     kl_shaping: the critic puts a KL into the reward, which needs pi_old's log-probs even at one pass. most:
-    World.most, so that every rank runs as many micro-batches (optim.max_tokens_per_micro_batch)."""
+    World.most, so that every rank runs as many micro-batches (optim.max_tokens_per_micro_batch). sp: the
+    sequence group, whose members run each other's micro-batches split over the group."""
 
     def logprobs(model) -> Tensor:
-        return batched_logprobs(
-            model, tokens, MicroBatching.of(cfg), temperature=cfg.rollout.temperature, most=most
-        )
+        batching, temperature = MicroBatching.of(cfg), cfg.rollout.temperature
+        if sp is not None:
+            return sequence_parallel_batched_logprobs(
+                model, tokens, batching, sp, temperature=temperature, most=most or (lambda n: n)
+            )
+        return batched_logprobs(model, tokens, batching, temperature=temperature, most=most)
 
     source = pi_old_source(cfg)
     old = sampler_logp if source == "sampler" else None

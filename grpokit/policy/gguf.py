@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import shutil
+import struct
 import tempfile
 import time
 from pathlib import Path
@@ -107,6 +108,7 @@ def resolve(name_or_path: str, key: str = "model.name_or_path") -> str:
         raise GGUFError(
             f"{key}={name_or_path!r} is a GGUF file; reading it needs {' and '.join(missing)}: {GGUF_EXTRA}"
         )
+    check_whole(gguf, key)
     size_mb = gguf.stat().st_size / 2**20
     logger.warning(
         "%s: converting %s (%.0f MB) to a Hugging Face folder in %s, once (about a minute; later runs "
@@ -147,6 +149,42 @@ def resolve(name_or_path: str, key: str = "model.name_or_path") -> str:
     return str(folder)
 
 
+def data_end(gguf: Path) -> int:
+    """The size the file must have: where its last tensor's data ends, from the header (metadata and tensor
+    list) alone. Raises what gguf's reader raises on a header it cannot read (a file cut inside it)."""
+    import numpy as np
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
+
+    class Header(GGUFReader):
+        def _build_tensors(self, start_offs, fields):  # the sizes only: a cut file has data too short to view
+            self.end = start_offs
+            for field in fields:
+                _, _, _, dims, dtype, offset = field.parts  # as GGUFReader._build_tensors reads them
+                block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(int(dtype[0]))]
+                size = int(np.prod(dims)) * type_size // block
+                self.end = max(self.end, start_offs + int(offset[0]) + size)
+
+    return Header(gguf).end
+
+
+def check_whole(gguf: Path, key: str = "model.name_or_path") -> None:
+    """A GGUFError naming a file cut short (an interrupted download or copy) before transformers reads it:
+    its reader fails there with a struct.error, or with a reshape error that blames nothing."""
+    size, fix = gguf.stat().st_size, "download or copy it again"
+    try:
+        end = data_end(gguf)
+    except (ValueError, IndexError, KeyError, OverflowError, struct.error):  # numpy's words, not the cause
+        raise GGUFError(
+            f"{key}={str(gguf)!r} is truncated or damaged: its header (metadata and tensor list) cannot be "
+            f"read in its {size:,} bytes; {fix}"
+        ) from None
+    if end > size:
+        raise GGUFError(
+            f"{key}={str(gguf)!r} is truncated: its tensors end at byte {end:,} but the file has {size:,} "
+            f"bytes ({size / end:.0%}); {fix}"
+        )
+
+
 def convert(gguf: Path, out: Path, *, key: str = "model.name_or_path") -> None:
     """Dequantize `gguf` with transformers and write a plain Hugging Face folder (fp32 safetensors, config,
     generation config, tokenizer) to `out`. A model loaded from GGUF refuses save_pretrained, so its weights
@@ -158,7 +196,7 @@ def convert(gguf: Path, out: Path, *, key: str = "model.name_or_path") -> None:
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
         loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-    except (OSError, ValueError, KeyError, RuntimeError) as exc:
+    except (OSError, ValueError, KeyError, RuntimeError, struct.error) as exc:
         raise GGUFError(
             f"{key}={str(gguf)!r}: transformers could not read this GGUF file ({str(exc).splitlines()[0]}); "
             "its architecture or quantization may not be supported (transformers' GGUF docs list them)"

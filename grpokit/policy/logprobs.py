@@ -64,13 +64,7 @@ def completion_logprobs(
     the model once (grpokit/policy/padding_free.py). No prompt sharing then (it needs a KV cache).
     batch.kept (top-k / top-p kept sets, when the engine recorded them): see the module's docstring.
     """
-    if fused is None:
-        rows, width = batch.completion_ids.shape
-        fused = rows * width * _vocab_size(model) >= FUSED_MIN_LOGITS and fused_head(model) is not None
-    elif fused and fused_head(model) is None:
-        raise ValueError(
-            "fused log-probs need a model whose logits are a Linear head on its backbone's output"
-        )
+    fused = use_fused(model, batch, fused)
     if padding_free:
         return _padding_free_logprobs(model, batch, fused, temperature, with_entropy, entropy_grad)
     T = batch.completion_width
@@ -96,18 +90,58 @@ def _padding_free_logprobs(
 ) -> tuple[Tensor, Tensor | None]:
     """completion_logprobs of the batch run as one padding-free row, unpacked to [N, T]."""
     row = one_row(batch)
+    logp, entropy = row_logprobs(
+        model,
+        row.input_ids,
+        row.position_ids,
+        row.predicts,
+        row.targets,
+        fused=fused,
+        temperature=temperature,
+        with_entropy=with_entropy,
+        entropy_grad=entropy_grad,
+        kept=row.kept,
+    )
+    return row.unpack(logp), None if entropy is None else row.unpack(entropy)
+
+
+def use_fused(model, batch: PackedBatch, fused: bool | None) -> bool:
+    """completion_logprobs' `fused` resolved: None = when the batch's logits would be large and the model's
+    head is fusable (fused_head); True for a model without such a head is a ValueError."""
+    if fused is None:
+        rows, width = batch.completion_ids.shape
+        return rows * width * _vocab_size(model) >= FUSED_MIN_LOGITS and fused_head(model) is not None
+    if fused and fused_head(model) is None:
+        raise ValueError(
+            "fused log-probs need a model whose logits are a Linear head on its backbone's output"
+        )
+    return fused
+
+
+def row_logprobs(
+    model,
+    input_ids: Tensor,
+    position_ids: Tensor,
+    predicts: Tensor,
+    targets: Tensor,
+    *,
+    fused: bool,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    entropy_grad: bool = False,
+    kept: Tensor | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """The log-probs [1, K] (and entropies) of `targets` [1, K] predicted at positions `predicts` [K] of one
+    padding-free row input_ids / position_ids [1, L] (a OneRow, or a sequence rank's share of one); kept
+    [1, K, W]: the targets' kept sets (OneRow.kept), or None."""
     # No attention mask and no KV cache (use_cache=False): transformers then reads the restarting position ids
     # as packed sequences; with either one it would let every sequence attend to those before it.
     out = _forward(
-        model, fused, row.predicts, input_ids=row.input_ids, position_ids=row.position_ids, use_cache=False
+        model, fused, predicts, input_ids=input_ids, position_ids=position_ids, use_cache=False
     )  # [1, K, V], or [1, K, H] fused
     if fused:
-        logp, entropy = _fused_logprobs(
-            model, out, row.targets, temperature, with_entropy, entropy_grad, row.kept
-        )
-    else:
-        logp, entropy = _logp_entropy(out, row.targets, temperature, with_entropy, entropy_grad, row.kept)
-    return row.unpack(logp), None if entropy is None else row.unpack(entropy)
+        return _fused_logprobs(model, out, targets, temperature, with_entropy, entropy_grad, kept)
+    return _logp_entropy(out, targets, temperature, with_entropy, entropy_grad, kept)
 
 
 def _fused_logprobs(

@@ -72,7 +72,9 @@ def build_rewards(
         )  # multi-turn rollouts with tools
         for reward in rewards.rewards:
             reward.arguments(
-                {"prompts": [], "completions": [], "completion_ids": [], **episode_args}, columns
+                {"prompts": [], "completions": [], "completion_ids": [], **episode_args},
+                columns,
+                cfg.data.prompt_column,
             )
     except ValueError as exc:
         raise ConfigError(str(exc)) from None

@@ -236,7 +236,11 @@ class _Reward:
             name, fn, float(weight), kwargs, str(label), accepts_any, params, required, timeout, on_timeout
         )
 
-    def arguments(self, call_args: dict[str, Any], columns: Mapping[str, Any]) -> dict[str, Any]:
+    def arguments(
+        self, call_args: dict[str, Any], columns: Mapping[str, Any], prompt_column: str | None = None
+    ) -> dict[str, Any]:
+        """The keyword arguments of a call. prompt_column: the dataset's prompt column, which `columns` leave
+        out (it reaches the function as `prompts`), for the message of a missing column."""
         available = {**columns, **call_args, **self.kwargs}
         if missing := [a for a in self.required if a not in available]:
             if missing[0] in EPISODE_ARGS:
@@ -248,12 +252,23 @@ class _Reward:
             raise ValueError(
                 f"reward {self.name!r} ({self.spec}) needs argument {missing[0]!r}, which is not "
                 f"one of {list(CALL_ARGS)} (nor, with tools, {list(EPISODE_ARGS)}), not in the spec's "
-                f"kwargs, and not a dataset column; dataset columns: {sorted(columns)}. Add the column to "
-                "the dataset or set it in kwargs"
+                f"kwargs, and not a dataset column; {_columns_text(columns, prompt_column)}. Add the column "
+                "to the dataset or set it in kwargs"
             )
         if self.accepts_any:
             return available
         return {k: v for k, v in available.items() if k in self.params}
+
+
+def _columns_text(columns: Mapping[str, Any], prompt_column: str | None) -> str:
+    """The dataset's columns as a missing-column message names them: the prompt column too, said to be passed
+    as `prompts` (a bare [] would read as a dataset without columns)."""
+    if prompt_column is None:
+        return f"dataset columns besides the prompt: {sorted(columns)}"
+    return (
+        f"dataset columns: {sorted([prompt_column, *columns])} (the prompt column {prompt_column!r} is "
+        "passed as `prompts`)"
+    )
 
 
 # -- the combination ---------------------------------------------------------------------

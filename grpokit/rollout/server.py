@@ -80,7 +80,11 @@ logger = logging.getLogger("grpokit.rollout")
 
 class ServerError(RolloutError):
     """The rollout server cannot be reached, serves another model, or did not answer in time (a user's
-    fix)."""
+    fix). problem: the message without its fix, for a line about several servers that gives one fix."""
+
+    def __init__(self, message: str, problem: str | None = None):
+        super().__init__(message)
+        self.problem = problem or message
 
 
 class ServerDown(ServerError):
@@ -170,24 +174,34 @@ class ServerClient:
         except urllib.error.URLError as exc:
             if isinstance(exc.reason, (TimeoutError, socket.timeout)):
                 raise self._timed_out(method, path) from None
-            raise ServerDown(self._down(f"({exc.reason})")) from None
+            raise ServerDown(*self._down(f"({exc.reason})")) from None
         except (ConnectionError, http.client.HTTPException) as exc:
+            problem = (
+                f"the rollout server at {self.url} dropped the connection during {method} {path} ({exc!r})"
+            )
             raise ServerError(
-                f"the rollout server at {self.url} dropped the connection during {method} {path} ({exc!r}): "
-                "did it stop? Its output says why; start it again with `grpokit serve` and resume"
+                f"{problem}: did it stop? Its output says why; start it again with `grpokit serve` and "
+                "resume",
+                problem,
             ) from None
 
     def _timed_out(self, method: str, path: str) -> ServerError:
-        return ServerError(
+        problem = (
             f"the rollout server at {self.url} did not answer {method} {path} within {self.timeout:g} s "
-            "(rollout.vllm_server_timeout): raise rollout.vllm_server_timeout, or see the server's output"
+            "(rollout.vllm_server_timeout)"
+        )
+        return ServerError(
+            f"{problem}: raise rollout.vllm_server_timeout, or see the server's output", problem
         )
 
-    def _down(self, detail: str) -> str:
+    def _down(self, detail: str) -> tuple[str, str]:
+        """(the line, the problem alone) of a URL where nothing answers."""
         port = urllib.parse.urlsplit(self.url).port or 80
+        problem = f"no rollout server answers at {self.url} (rollout.vllm_server_url) {detail}"
         return (
-            f"no rollout server answers at {self.url} (rollout.vllm_server_url) {detail}: start one with "
-            f"`grpokit serve MODEL_DIR --port {port}`, or use rollout.vllm_mode=colocate"
+            f"{problem}: start one with `grpokit serve MODEL_DIR --port {port}`, or use "
+            "rollout.vllm_mode=colocate",
+            problem,
         )
 
     def wait_until_up(self) -> dict:
@@ -207,7 +221,7 @@ class ServerClient:
                         f"the rollout server at {self.url} was still loading after {self.timeout:g} s "
                         "(rollout.vllm_server_timeout): wait for its 'ready' line, or raise the timeout"
                     )
-                raise ServerError(self._down(f"after {self.timeout:g} s (rollout.vllm_server_timeout)"))
+                raise ServerError(*self._down(f"after {self.timeout:g} s (rollout.vllm_server_timeout)"))
             time.sleep(0.5)
 
     def local_address(self) -> str:
@@ -340,7 +354,7 @@ class VLLMServerEngine(RolloutEngine):
         if server not in self.servers:
             return
         self.servers.remove(server)
-        self.gone.append(f"{server.url} ({why})")
+        self.gone.append(f"{server.url} ({why.problem if isinstance(why, ServerError) else why})")  # one fix
         self.group = None
         if not self.servers:
             raise ServerError(
