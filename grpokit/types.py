@@ -69,6 +69,9 @@ class SamplingParams:
     """Token sequences that end a completion as EOS does (kept in it): the fast engine stops a row there; an
     engine without them (hf) generates on and the caller cuts (multi-turn episodes stop a turn at a tool call
     this way)."""
+    record_kept: bool = False
+    """Return each sampled token's kept set under top-k / top-p (Completions.kept), for the log-prob passes to
+    replay the truncation (rollout.replay_truncation); engines that cannot leave Completions.kept None."""
     generator: torch.Generator | None = None
     """The random stream that draws the samples; None = torch's global generator (the run's, which a resume
     restores). Asynchronous rollouts give their background sampler one of its own, so that the trainer's draws
@@ -97,6 +100,11 @@ class Completions:
     # server engine reports it per sample; asynchronous rollouts (rollout.max_policy_lag) fill it and log the
     # lag.
     versions: list[int] | None = None
+    # [N] per completion its tokens' kept sets [len_i, W_i] int32 under top-k / top-p
+    # (grpokit/algo/truncation.py: the set each token was drawn from, which the log-prob passes replay), when
+    # the engine records them
+    # (SamplingParams.record_kept; fast: yes; hf, vllm: no) and None otherwise.
+    kept: list[Tensor] | None = None
 
     def __len__(self) -> int:
         return len(self.token_ids)

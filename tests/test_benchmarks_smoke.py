@@ -130,6 +130,9 @@ SMOKES: dict[str, tuple[Smoke, ...]] = {
             ("vllm",),
         ),
     ),
+    "truncation.py": (
+        Smoke((), (r"^\| top_k \| top_p \|", r"^\| 20 \| 0.9 \| \d", r"^\| 0 \| 0.9 \| \d"), ("gguf",)),
+    ),
     "vllm_server.py": (
         Smoke((), (r"^server: 16 prompts", r"^colocated: 16 prompts", r"^last server check"), ("vllm",)),
     ),

@@ -715,12 +715,15 @@ def test_one_process_is_left_alone(tmp_path, monkeypatch):
 
 def test_every_ranks_rows_repacked_as_one_batch():
     """cat_batches (what gather_batch does with every rank's batch) lays rows out as pack_sequences lays out
-    the whole."""
+    the whole, the sampler's kept sets (top-k / top-p, each of its own width) included."""
     prompts = [[3, 4], [3, 4], [5, 6, 7], [5, 6, 7]]
     completions = [[1], [1, 2, 9], [2, 2], [9]]
+    kept = [torch.tensor(k) for k in ([[1, 4, 5]], [[1, -1], [2, 3], [9, -1]], [[2], [2]], [[0, 9, 11, 12]])]
 
     def batch(rows):
-        tokens = pack_sequences([prompts[i] for i in rows], [completions[i] for i in rows], pad_id=0)
+        tokens = pack_sequences(
+            [prompts[i] for i in rows], [completions[i] for i in rows], pad_id=0, kept=[kept[i] for i in rows]
+        )
         n, T = tokens.completion_ids.shape
         f = torch.tensor(rows, dtype=torch.float32)
         return RolloutBatch(
@@ -735,8 +738,9 @@ def test_every_ranks_rows_repacked_as_one_batch():
         )
 
     whole, parts = batch([0, 1, 2, 3]), cat_batches([batch([0, 1]), batch([2, 3])], pad_id=0)
-    for field in ("input_ids", "attention_mask", "position_ids", "completion_ids", "completion_mask"):
+    for field in ("input_ids", "attention_mask", "position_ids", "completion_ids", "completion_mask", "kept"):
         assert torch.equal(getattr(parts.tokens, field), getattr(whole.tokens, field)), field
+    assert whole.tokens.kept is not None and whole.tokens.kept.shape == (4, 3, 4)
     for field in ("loss_mask", "truncated", "rewards", "advantages", "old_logp"):
         assert torch.equal(getattr(parts, field), getattr(whole, field)), field
     assert parts.ref_logp is None

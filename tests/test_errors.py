@@ -473,6 +473,14 @@ def test_tokenizer_without_pad_token_falls_back_to_eos(env, tiny_model_dir, capl
     assert "has no pad token; padding with its EOS token '</s>'" in caplog.text
 
 
+def test_top_p_on_an_engine_without_kept_sets_says_so(env, caplog):
+    with caplog.at_level(logging.WARNING, logger="grpokit"):
+        r = train(env, "rollout.engine=hf", "rollout.top_p=0.9", "rollout.top_k=20")
+    assert r.exit_code == 0, r.output
+    said = [m for m in caplog.messages if "does not record the tokens top_k / top_p kept" in m]
+    assert len(said) == 1 and "rollout.engine=hf" in said[0] and "untruncated distribution" in said[0]
+
+
 # ----------------------------------------------------------------------------- data
 
 

@@ -70,6 +70,7 @@ LAYERS: dict[str, int] = {
     "grpokit.algo.kl": CORE,
     "grpokit.algo.losses": CORE,
     "grpokit.algo.ops": CORE,
+    "grpokit.algo.truncation": CORE,
     "grpokit.sandbox": CORE,
     "grpokit.sandbox.cgroup": CORE,
     "grpokit.sandbox.harness": CORE,
@@ -199,7 +200,7 @@ TEMPORARY_UPWARD_IMPORTS: dict[tuple[str, str], str] = {}
 #: layers ran one way: policy 46, tasks and tools among them; algo 7; batch 41; data 28. With them: policy 17,
 #: algo 7, batch 4, data 7. A count may not grow back past the old one, except by a new module of a layer at
 #: or below the imported one's: policy + 1 for grpokit.data.micro_batches (its log-prob passes' splits).
-LOADED_BEFORE = {"grpokit.policy": 47, "grpokit.algo": 7, "grpokit.data": 28}
+LOADED_BEFORE = {"grpokit.policy": 48, "grpokit.algo": 7, "grpokit.data": 28}
 FRESH_IMPORTS = ("grpokit.policy", "grpokit.algo", "grpokit.data")
 
 

@@ -182,6 +182,10 @@ def test_first_token_frequencies_match_processed_distribution(model_and_tok, pro
     )
     first = torch.tensor([ids[0] for ids in out.token_ids])
     assert torch.isin(first, support).all(), "sampled a token outside the top-k / top-p support"
+    # the engine's log-probs are those of this distribution, the one the tokens were drawn from
+    lp = torch.tensor([lps[0] for lps in out.logprobs])
+    by_hand = p.log()[(first[:, None] == support[None]).int().argmax(-1)]
+    torch.testing.assert_close(lp, by_hand, rtol=0, atol=1e-5)
     counts = torch.stack([(first == t).sum() for t in support]).double()
     chi2 = float(((counts - N * p.double()) ** 2 / (N * p.double())).sum())
     critical = 13.82  # chi-square 0.999 quantile, df = keep - 1 = 2
@@ -217,19 +221,20 @@ def test_eos_and_length(model_and_tok, prompts):
 def test_logprobs_equal_trainer_logprobs(model_and_tok, prompts, monkeypatch, compact_fraction, top_k, top_p):
     """Sampled completions (rows leaving the batch at different steps): the engine's log-probs are the ones
     completion_logprobs computes with the same temperature, so the prompt-major order, the shared prompt
-    cache, positions and masks after compaction are all right. With top-k / top-p they are still the
-    log-probs before filtering (the documented choice), not the renormalized sampler's."""
+    cache, positions and masks after compaction are all right. With top-k / top-p they are the renormalized
+    sampler's, which completion_logprobs computes from the kept sets the engine records."""
     monkeypatch.setattr(fast, "COMPACT_FRACTION", compact_fraction)
     model, tok = model_and_tok
     n, T = 4, 0.8
     torch.manual_seed(3)
     out = FastEngine(model, tok).generate(
-        prompts, n, SamplingParams(max_tokens=12, temperature=T, top_k=top_k, top_p=top_p)
+        prompts, n, SamplingParams(max_tokens=12, temperature=T, top_k=top_k, top_p=top_p, record_kept=True)
     )
     assert (
         len({len(ids) for ids in out.token_ids}) > 2
     )  # ragged completions: rows left the batch at different steps
-    batch = pack_sequences([p for p in prompts for _ in range(n)], out.token_ids, tok.pad_token_id)
+    assert (out.kept is None) == (top_k == 0 and top_p == 1.0)  # recorded only where the sampler truncates
+    batch = pack_sequences([p for p in prompts for _ in range(n)], out.token_ids, tok.pad_token_id, out.kept)
     model.eval()
     with torch.no_grad():
         ref, _ = completion_logprobs(model, batch, temperature=T)

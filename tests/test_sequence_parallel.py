@@ -37,6 +37,16 @@ def test_shards_hold_ceil_l_over_n_tokens_and_predict_the_whole_row(size):
     predicted = torch.cat([s.predicts + r * S for r, s in enumerate(shards)])
     assert predicted.tolist() == row.predicts.tolist()
     assert torch.cat([s.targets for s in shards], dim=1).tolist() == row.targets.tolist()
+    assert all(s.kept is None for s in shards)
+    sets = [
+        torch.arange(len(c))[:, None].repeat(1, 2) + 100 * i
+        for i, c in enumerate(sp_cases.ROWS["across_edge_odd"][1])
+    ]
+    kept_row = one_row(pack_sequences(*sp_cases.ROWS["across_edge_odd"], pad_id=0, kept=sets))
+    kept_shards = [
+        shard_row(kept_row, r, size).kept for r in range(size)
+    ]  # the targets' kept sets travel too
+    assert torch.cat(kept_shards, dim=1).tolist() == kept_row.kept.tolist()
     if size == 2:  # position 10 (rank 0's last) predicts token 11, the first of rank 1
         assert shards[0].predicts[-1] == S - 1 and shards[0].targets[0, -1] == row.input_ids[0, S]
 

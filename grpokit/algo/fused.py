@@ -24,6 +24,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from grpokit.algo.truncation import keep_only
+
 #: bytes of fp32 logits one chunk may hold: the chunk's row count is this over 4 * V
 CHUNK_BYTES = 64 << 20
 
@@ -49,18 +51,25 @@ class _LinearLogprobs(torch.autograd.Function):
         chunk: int,
         with_entropy: bool,
         entropy_grad: bool,
+        kept: Tensor | None,
     ) -> tuple[Tensor, Tensor | None]:
         logp = hidden.new_empty(targets.shape, dtype=torch.float32)
-        lse = torch.empty_like(logp)
+        lse = torch.empty_like(logp)  # over the kept set with `kept`: the log-probs' normalizer
+        lse_full = lse if kept is None else torch.empty_like(logp)  # the entropy's
         entropy = torch.empty_like(logp) if with_entropy else None
         for s in range(0, targets.shape[0], chunk):
             z = _chunk_logits(hidden[s : s + chunk], weight, bias, temperature)
-            lse[s : s + chunk] = torch.logsumexp(z, dim=-1)
+            lse_full[s : s + chunk] = torch.logsumexp(z, dim=-1)
+            if kept is not None:
+                lse[s : s + chunk] = torch.logsumexp(
+                    keep_only(z, kept[s : s + chunk], targets[s : s + chunk]), -1
+                )
             logp[s : s + chunk] = z.gather(-1, targets[s : s + chunk, None]).squeeze(-1) - lse[s : s + chunk]
             if entropy is not None:  # with_entropy
-                logp_all = z - lse[s : s + chunk, None]
+                logp_all = z - lse_full[s : s + chunk, None]
                 entropy[s : s + chunk] = -(logp_all.exp() * logp_all).sum(-1)
         ctx.save_for_backward(hidden, weight, bias, targets, lse, entropy if entropy_grad else None)
+        ctx.kept, ctx.lse_full = kept, lse_full
         ctx.temperature, ctx.chunk = temperature, chunk
         device = hidden.device.type  # the backward recomputes the logits as the forward computed them
         ctx.autocast = (
@@ -91,7 +100,9 @@ class _LinearLogprobs(torch.autograd.Function):
         for s in range(0, targets.shape[0], chunk):
             g = grad_logp[s : s + chunk].float()
             z = _chunk_logits(hidden[s : s + chunk], weight, bias, tau)
-            if entropy is not None and grad_entropy is not None:  # + dH/dz * gH = -p (log p + H) * gH
+            if ctx.kept is not None:
+                dz = _kept_dz(z, ctx, s, g, entropy, grad_entropy)
+            elif entropy is not None and grad_entropy is not None:  # + dH/dz * gH = -p (log p + H) * gH
                 logp_all = z.sub_(lse[s : s + chunk, None])
                 gh = grad_entropy[s : s + chunk, None].float()
                 dz = logp_all.exp() * (-g[:, None] - gh * (logp_all + entropy[s : s + chunk, None]))
@@ -108,7 +119,22 @@ class _LinearLogprobs(torch.autograd.Function):
                 grad_b += dz.to(acc).sum(0)
         grad_w = grad_w.to(weight.dtype) if grad_w is not None else None
         grad_b = grad_b.to(bias.dtype) if grad_b is not None else None
-        return grad_h, grad_w, grad_b, None, None, None, None, None
+        return grad_h, grad_w, grad_b, None, None, None, None, None, None
+
+
+def _kept_dz(
+    z: Tensor, ctx: Any, s: int, g: Tensor, entropy: Tensor | None, grad_entropy: Tensor | None
+) -> Tensor:
+    """d / dz of one chunk with kept sets: -softmax over the kept set * g (0 outside it), plus the entropy's
+    -p (log p + H) * gH on the full distribution; the caller adds onehot * g."""
+    chunk, targets = ctx.chunk, ctx.saved_tensors[3]
+    lse = ctx.saved_tensors[4][s : s + chunk, None]
+    dz = keep_only(z, ctx.kept[s : s + chunk], targets[s : s + chunk]).sub_(lse).exp_().mul_(-g[:, None])
+    if entropy is not None and grad_entropy is not None:
+        logp_all = z - ctx.lse_full[s : s + chunk, None]
+        gh = grad_entropy[s : s + chunk, None].float()
+        dz -= logp_all.exp() * gh * (logp_all + entropy[s : s + chunk, None])
+    return dz
 
 
 def linear_logprobs(
@@ -121,15 +147,27 @@ def linear_logprobs(
     with_entropy: bool = False,
     entropy_grad: bool = False,
     chunk: int | None = None,
+    kept: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """log softmax((hidden W^T + b) / temperature)[target] per position: hidden [..., H], weight [V, H],
     targets [...] -> float32 [...] (and the entropy: no gradient, or with entropy_grad its own). Same values
-    and gradients as token_logprobs(linear(hidden, weight, bias), targets), without the [..., V] logits."""
+    and gradients as token_logprobs(linear(hidden, weight, bias), targets), without the [..., V] logits.
+    kept [..., W]: the sampler's kept sets (grpokit/algo/truncation.py): the log-probs are those of the
+    distribution truncated to them, truncated_logprobs' values and gradients; the entropy stays the full
+    distribution's."""
     shape = targets.shape
     flat_h = hidden.reshape(-1, hidden.shape[-1])
     flat_t = targets.reshape(-1)
     rows = chunk or chunk_rows(weight.shape[0])
     logp, entropy = _LinearLogprobs.apply(  # type: ignore[no-untyped-call]  # torch leaves apply unannotated
-        flat_h, weight, bias, flat_t, float(temperature), rows, with_entropy, with_entropy and entropy_grad
+        flat_h,
+        weight,
+        bias,
+        flat_t,
+        float(temperature),
+        rows,
+        with_entropy,
+        with_entropy and entropy_grad,
+        None if kept is None else kept.reshape(-1, kept.shape[-1]),
     )
     return logp.view(shape), entropy.view(shape) if entropy is not None else None

@@ -120,6 +120,11 @@ class RolloutConfig(Section):
     """Nucleus sampling; 1.0 = off."""
     top_k: int = Field(0, ge=0)
     """Top-k sampling; 0 = off."""
+    replay_truncation: bool = True
+    """With top_p < 1 or top_k > 0: the engine records the token set its sampler kept at each step, and the
+    pi_theta, pi_old and pi_ref log-probs (hence the ratio and the importance weights) are those of the
+    distribution truncated to it, the one each token was drawn from. Engines that cannot record it (hf, vllm)
+    use the full distribution, said in one line at start; false: the full distribution with every engine."""
     max_completion_length: int = Field(256, ge=1)
     """Completions stop here; those without EOS by then count as truncated."""
     generation_batch_size: int = Field(0, ge=0)

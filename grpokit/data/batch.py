@@ -33,6 +33,10 @@ class PackedBatch:
     position_ids: Tensor  # [N, P + T]  cumsum(attention_mask) - 1: padding never shifts a position
     completion_ids: Tensor  # [N, T]
     completion_mask: Tensor  # [N, T]  1 on completion tokens (EOS included), 0 on padding
+    # [N, T, W] the sampler's kept set of each completion token (top-k / top-p: grpokit/algo/truncation.py's
+    # form, -1 rows where nothing was recorded), which every log-prob pass replays; None: the full
+    # distribution
+    kept: Tensor | None = None
 
     @property
     def completion_width(self) -> int:
@@ -40,16 +44,12 @@ class PackedBatch:
 
     def rows(self, idx: Tensor | slice) -> PackedBatch:
         b = PackedBatch(
-            *(
-                t[idx]
-                for t in (
-                    self.input_ids,
-                    self.attention_mask,
-                    self.position_ids,
-                    self.completion_ids,
-                    self.completion_mask,
-                )
-            )
+            self.input_ids[idx],
+            self.attention_mask[idx],
+            self.position_ids[idx],
+            self.completion_ids[idx],
+            self.completion_mask[idx],
+            None if self.kept is None else self.kept[idx],
         )
         return b.trimmed()
 
@@ -66,10 +66,17 @@ class PackedBatch:
             self.position_ids[:, left:stop],
             self.completion_ids[:, :T],
             self.completion_mask[:, :T],
+            None if self.kept is None else self.kept[:, :T],
         )
 
 
-def pack_sequences(prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int) -> PackedBatch:
+def pack_sequences(
+    prompt_ids: list[list[int]],
+    completion_ids: list[list[int]],
+    pad_id: int,
+    kept: list[Tensor] | None = None,
+) -> PackedBatch:
+    """kept: the engine's kept sets of each completion's tokens [len_i, W_i] (Completions.kept), or None."""
     N = len(prompt_ids)
     if N != len(completion_ids):
         raise ValueError(f"{N} prompts but {len(completion_ids)} completions")
@@ -86,7 +93,18 @@ def pack_sequences(prompt_ids: list[list[int]], completion_ids: list[list[int]],
             attn[i, P : P + len(c)] = 1
             cmask[i, : len(c)] = 1
     position_ids = (attn.cumsum(-1) - 1).clamp_min(0)
-    return PackedBatch(input_ids, attn, position_ids, input_ids[:, P:], cmask)
+    return PackedBatch(input_ids, attn, position_ids, input_ids[:, P:], cmask, pad_kept(kept, T))
+
+
+def pad_kept(kept: list[Tensor] | None, T: int) -> Tensor | None:
+    """Completions' kept sets [len_i, W_i] as one [N, T, W] int32 tensor, -1 (no record) around them."""
+    if kept is None:
+        return None
+    W = max([1] + [k.shape[1] for k in kept if k.numel()])
+    out = torch.full((len(kept), T, W), -1, dtype=torch.int32)
+    for i, k in enumerate(kept):
+        out[i, : k.shape[0], : k.shape[1]] = k
+    return out
 
 
 @dataclass
@@ -108,6 +126,7 @@ class OneRow:
     predicts: Tensor  # [K]  the positions whose logits predict a completion token, in the mask's order
     targets: Tensor  # [1, K]  those completion tokens
     mask: Tensor  # [N, T] bool  where the K tokens sit in the padded layout (the batch's completion_mask)
+    kept: Tensor | None = None  # [1, K, W]  their kept sets (PackedBatch.kept), or None
 
     def unpack(self, values: Tensor) -> Tensor:
         """[1, K, ...] values of the completion tokens -> [N, T, ...] in the padded layout, 0 on padding
@@ -137,6 +156,7 @@ def one_row(batch: PackedBatch) -> OneRow:
         place[:, P:][mask] - 1,  # the token before each completion token (its prompt's last, for the first)
         batch.completion_ids[mask][None],
         mask,
+        None if batch.kept is None else batch.kept[mask.to(batch.kept.device)][None],
     )
 
 
@@ -178,6 +198,8 @@ class Groups:
             )
         if all(src.comps.versions is not None for src, _ in spans):
             comps.versions = cat(lambda s: s.comps.versions)
+        if all(src.comps.kept is not None for src, _ in spans):
+            comps.kept = cat(lambda s: s.comps.kept)
         scored = RewardOutput.take([(src.scored, sl) for src, sl in spans])
         return Groups([src.rows[g] for src, g in chosen], comps, scored)
 

@@ -90,6 +90,7 @@ class RowShard:
     targets: Tensor  # [1, K_r]  those tokens, taken from the whole row (across the shard edge too)
     counts: list[int]  # [N]  K_r of every rank: the row's K completion tokens, rank after rank
     length: int  # the padded row's length, N x S
+    kept: Tensor | None = None  # [1, K_r, W]  the targets' top-k / top-p kept sets (OneRow.kept), or None
 
     def attention_mask(self) -> Tensor:
         """[1, 1, length, length] bool: causal and within one packed sequence."""
@@ -124,6 +125,7 @@ def shard_row(row: OneRow, rank: int, size: int) -> RowShard:
         targets=row.targets[:, mine],
         counts=[b - a for a, b in zip(bounds, bounds[1:], strict=False)],
         length=S * size,
+        kept=None if row.kept is None else row.kept[:, mine],
     )
 
 
@@ -323,6 +325,7 @@ def sequence_parallel_logprobs(
             temperature=temperature,
             with_entropy=with_entropy,
             entropy_grad=entropy_grad,
+            kept=shard.kept if count else None,
         )  # [1, K_r] each: this rank's share of the row's completion tokens
     logp, entropy = logp[:, :count], None if entropy is None else entropy[:, :count]
     logp = _GatherShares.apply(logp, shard.counts, sp.rank, sp.group)  # [1, K]

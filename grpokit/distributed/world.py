@@ -317,7 +317,16 @@ def _cat_packed(parts: list[PackedBatch], pad_id: int) -> PackedBatch:
     ids = torch.cat([widen(p.input_ids, p, pad_id) for p in parts])
     attn = torch.cat([widen(p.attention_mask, p, 0) for p in parts])
     cmask = _cat([p.completion_mask for p in parts])
-    return PackedBatch(ids, attn, (attn.cumsum(-1) - 1).clamp_min(0), ids[:, P:], cmask)
+    kept = None
+    if all(p.kept is not None for p in parts):  # [N, T, W]: widened with -1 (no record)
+        W = max(p.kept.shape[2] for p in parts if p.kept is not None)
+        kept = torch.full((len(ids), T, W), -1, dtype=torch.int32)
+        row = 0
+        for p in parts:
+            assert p.kept is not None
+            kept[row : row + len(p.kept), : p.kept.shape[1], : p.kept.shape[2]] = p.kept
+            row += len(p.kept)
+    return PackedBatch(ids, attn, (attn.cumsum(-1) - 1).clamp_min(0), ids[:, P:], cmask, kept)
 
 
 def cat_batches(parts: list[RolloutBatch], pad_id: int) -> RolloutBatch:

@@ -7,6 +7,10 @@
     # MicroBatching(packed=True) (model.padding_free): each micro-batch's rows back to back in one row
 
 `packed` is a grpokit.data.batch.PackedBatch (pack_sequences: left-padded prompts, right-padded completions).
+With packed.kept, the top-k / top-p sampler's kept set of each completion token (the fast engine records them:
+rollout.replay_truncation), every log-prob is that of the distribution truncated to its token's kept set, the
+one the token was drawn from (grpokit/algo/truncation.py), in every path (plain, shared prompts, fused head,
+padding-free); the entropy stays the full distribution's.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from torch import Tensor
 
 from grpokit.algo import token_entropy, token_logprobs
 from grpokit.algo.fused import linear_logprobs
+from grpokit.algo.truncation import truncated_logprobs
 from grpokit.data.batch import PackedBatch, one_row
 from grpokit.data.micro_batches import MicroBatching
 from grpokit.distributed import is_sharded
@@ -57,6 +62,7 @@ def completion_logprobs(
     only the K positions that predict a completion token reach the LM head; same values and gradients, 0 on
     padding. Exact only for models that confine attention to each packed sequence: model.padding_free checks
     the model once (grpokit/policy/padding_free.py). No prompt sharing then (it needs a KV cache).
+    batch.kept (top-k / top-p kept sets, when the engine recorded them): see the module's docstring.
     """
     fused = use_fused(model, batch, fused)
     if padding_free:
@@ -75,9 +81,8 @@ def completion_logprobs(
         )
         out = _forward(model, fused, T + 1, use_cache=False, **inputs)
         out = out[:, :-1]  # [N, T, V], or [N, T, H] fused
-    if fused:
-        return _fused_logprobs(model, out, batch.completion_ids, temperature, with_entropy, entropy_grad)
-    return _logp_entropy(out, batch.completion_ids, temperature, with_entropy, entropy_grad)
+    args = (batch.completion_ids, temperature, with_entropy, entropy_grad, batch.kept)
+    return _fused_logprobs(model, out, *args) if fused else _logp_entropy(out, *args)
 
 
 def _padding_free_logprobs(
@@ -95,6 +100,7 @@ def _padding_free_logprobs(
         temperature=temperature,
         with_entropy=with_entropy,
         entropy_grad=entropy_grad,
+        kept=row.kept,
     )
     return row.unpack(logp), None if entropy is None else row.unpack(entropy)
 
@@ -123,21 +129,29 @@ def row_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     entropy_grad: bool = False,
+    kept: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """The log-probs [1, K] (and entropies) of `targets` [1, K] predicted at positions `predicts` [K] of one
-    padding-free row input_ids / position_ids [1, L] (a OneRow, or a sequence rank's share of one)."""
+    padding-free row input_ids / position_ids [1, L] (a OneRow, or a sequence rank's share of one); kept
+    [1, K, W]: the targets' kept sets (OneRow.kept), or None."""
     # No attention mask and no KV cache (use_cache=False): transformers then reads the restarting position ids
     # as packed sequences; with either one it would let every sequence attend to those before it.
     out = _forward(
         model, fused, predicts, input_ids=input_ids, position_ids=position_ids, use_cache=False
     )  # [1, K, V], or [1, K, H] fused
     if fused:
-        return _fused_logprobs(model, out, targets, temperature, with_entropy, entropy_grad)
-    return _logp_entropy(out, targets, temperature, with_entropy, entropy_grad)
+        return _fused_logprobs(model, out, targets, temperature, with_entropy, entropy_grad, kept)
+    return _logp_entropy(out, targets, temperature, with_entropy, entropy_grad, kept)
 
 
 def _fused_logprobs(
-    model, hidden: Tensor, targets: Tensor, temperature: float, with_entropy: bool, entropy_grad: bool
+    model,
+    hidden: Tensor,
+    targets: Tensor,
+    temperature: float,
+    with_entropy: bool,
+    entropy_grad: bool,
+    kept: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """The LM head applied to the backbone's hidden states in chunks (grpokit/algo/fused.py), under the
     model's autocast, or in float32 outside it with model.cast_lm_head_to_fp32."""
@@ -157,6 +171,7 @@ def _fused_logprobs(
             temperature=temperature,
             with_entropy=with_entropy,
             entropy_grad=entropy_grad,
+            kept=kept,
         )
 
 
@@ -218,9 +233,18 @@ def fused_head(model) -> torch.nn.Linear | None:
 
 
 def _logp_entropy(
-    logits: Tensor, targets: Tensor, temperature: float, with_entropy: bool, entropy_grad: bool = False
+    logits: Tensor,
+    targets: Tensor,
+    temperature: float,
+    with_entropy: bool,
+    entropy_grad: bool = False,
+    kept: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
-    logp = token_logprobs(logits, targets, temperature=temperature)
+    """Log-probs of the targets (under the kept sets' truncation when there are any) and the full entropy."""
+    if kept is None:
+        logp = token_logprobs(logits, targets, temperature=temperature)
+    else:
+        logp = truncated_logprobs(logits, targets, kept, temperature=temperature)
     entropy = token_entropy(logits, temperature=temperature, grad=entropy_grad) if with_entropy else None
     return logp, entropy
 

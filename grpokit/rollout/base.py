@@ -44,6 +44,9 @@ class EngineCaps:
     """Samples in a process of its own (a server, or a child process) rather than in the trainer's."""
     compiles: bool = False
     """Puts its forward through torch.compile when model.compile is set."""
+    kept_sets: bool = False
+    """Records the set of tokens its top-k / top-p sampler kept at each step (Completions.kept), which the
+    log-prob passes replay (rollout.replay_truncation)."""
     whole_copy: bool = True
     """Under FSDP2, samples from a whole copy of the policy that the trainer refills from the shards after
     each update (distributed.engine_copy: its dtype). False: takes the weights from the shards itself as it

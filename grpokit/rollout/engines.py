@@ -261,6 +261,7 @@ ROWS = {
     "sleep": "frees GPU memory during the update (CUDA)",
     "own_process": "samples in a process of its own",
     "compiles": "compiles its forward with model.compile",
+    "kept_sets": "records the top-k / top-p kept sets (rollout.replay_truncation)",
     "whole_copy": "under FSDP2, samples from a whole copy of the policy (else from the shards as it pushes)",
     "lag_at_ranks": "samples ahead (max_policy_lag > 0) under torchrun",
 }

@@ -103,8 +103,8 @@ class ToolRollout:
         ToolBox(self.tools)  # distinct names, checked now
 
     @property
-    def caps(self) -> EngineCaps:  # what the engine underneath can do
-        return self.engine.caps
+    def caps(self) -> EngineCaps:  # what the engine underneath can do, but episodes carry no kept sets
+        return replace(self.engine.caps, kept_sets=False)
 
     def sync_weights(self, model, version: int | None = None) -> None:
         self.engine.sync_weights(model, version=version)

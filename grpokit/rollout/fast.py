@@ -20,16 +20,19 @@ first-token frequencies against the exact processed distribution); what it does 
   tie rules of transformers' TemperatureLogitsWarper / TopKLogitsWarper / TopPLogitsWarper
   (min_tokens_to_keep=1); top_k=0 and top_p=1 are off (generate would silently fill a None top_k with its
   default 50);
-- it returns log-probs of the chosen tokens (see below).
+- it returns log-probs of the chosen tokens and, with SamplingParams.record_kept, the set each was drawn from
+  (see below).
 
 Not here: beam search, repetition penalties, stop strings, min_p; architectures whose cache is not
 transformers' Cache API (the cache is transformers' DynamicCache with preallocated full-attention
 layers; sliding-window and linear-attention layers keep transformers' own classes).
 
-Log-probs: log_softmax(logits / temperature)[token], BEFORE top-k / top-p filtering: exactly what
-grpokit.policy.completion_logprobs computes for pi_old at the same temperature, whatever the filters.
-They are the sampler's own log-probs only when top_k=0 and top_p=1 (with filters the sampler's
-distribution is renormalized over the kept tokens). Greedy decoding reports temperature-1 log-probs.
+Log-probs: those of the distribution each token was drawn from, log_softmax of the processed logits
+(temperature, then top-k / top-p: renormalized over the kept tokens). With SamplingParams.record_kept and a
+filter on, Completions.kept holds each token's kept set (grpokit/algo/truncation.py's form: at most V / 2 ids
+a token, the dropped ones when more than half is kept), with which grpokit.policy.completion_logprobs computes
+the same log-probs for pi_old (rollout.replay_truncation); without it, completion_logprobs' full-distribution
+log-probs differ from these by the log of the kept mass. Greedy decoding reports temperature-1 log-probs.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ import torch
 from torch import Tensor
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
+from grpokit.algo.truncation import NO_RECORD, encode_kept
 from grpokit.rollout.base import Completions, EngineCaps, RolloutEngine, SamplingParams, cache_kwarg
 from grpokit.rollout.hf import eos_token_ids, left_pad
 
@@ -166,7 +170,7 @@ class FastEngine(RolloutEngine):
     """Generates with the training model (no copy); `batch_size` caps the sequences per batch, like
     HFEngine."""
 
-    caps = EngineCaps(sampling_logprobs=True, stop_sequences=True, compiles=True)
+    caps = EngineCaps(sampling_logprobs=True, stop_sequences=True, compiles=True, kept_sets=True)
 
     @classmethod
     def from_config(cls, model, tokenizer, *, batch_size: int = 0, compile: bool = False, rollout=None):
@@ -201,20 +205,25 @@ class FastEngine(RolloutEngine):
         # no_grad rather than inference_mode: a module that creates a buffer during the forward (some RoPE
         # variants do) would otherwise keep an inference tensor that the next backward pass refuses.
         per_call = max(1, (self.batch_size or len(prompt_token_ids) * n) // n)
-        token_ids, logprobs, reasons = [], [], []
+        token_ids, logprobs, reasons, kept = [], [], [], []
         try:
             with torch.no_grad():
                 for start in range(0, len(prompt_token_ids), per_call):
-                    ids, lps = self._generate_batch(prompt_token_ids[start : start + per_call], n, sampling)
+                    ids, lps, ks = self._generate_batch(
+                        prompt_token_ids[start : start + per_call], n, sampling
+                    )
                     for row, lp in zip(ids, lps, strict=True):
                         stopped = bool(row) and row[-1] in self.eos_ids
                         token_ids.append(row)
                         logprobs.append(lp)
                         reasons.append("stop" if stopped else "length")
+                    kept += ks or []
         finally:
             model.train(was_training)
         texts = self.tokenizer.batch_decode(token_ids, skip_special_tokens=True)
-        return Completions(token_ids=token_ids, texts=texts, finish_reasons=reasons, logprobs=logprobs)
+        comps = Completions(token_ids=token_ids, texts=texts, finish_reasons=reasons, logprobs=logprobs)
+        comps.kept = kept if records_kept(sampling) else None
+        return comps
 
     def _forward(self, cache, **inputs) -> Tensor:
         out = self._step_fn(**inputs, **{self._cache_arg: cache}, use_cache=True, logits_to_keep=1)
@@ -222,12 +231,13 @@ class FastEngine(RolloutEngine):
 
     def _generate_batch(
         self, prompts: list[list[int]], n: int, sampling: SamplingParams
-    ) -> tuple[list[list[int]], list[list[float]]]:
-        """Completions for `prompts` x n, prompt-major: (token ids [B*n][len_i], log-probs [B*n][len_i])."""
+    ) -> tuple[list[list[int]], list[list[float]], list[Tensor] | None]:
+        """Completions for `prompts` x n, prompt-major: (token ids [B*n][len_i], log-probs [B*n][len_i], kept
+        sets [B*n] of [len_i, W_i] or None)."""
         T = sampling.max_tokens
         B = len(prompts) * n
         if T <= 0:
-            return [[] for _ in range(B)], [[] for _ in range(B)]
+            return [[] for _ in range(B)], [[] for _ in range(B)], None
         device = next(self.model.parameters()).device
         ids, mask = left_pad(prompts, self.pad_id)  # [b, P]
         ids, mask = ids.to(device), mask.to(device)
@@ -255,10 +265,13 @@ class FastEngine(RolloutEngine):
         stop_at = torch.full(
             (B,), T, dtype=torch.long, device=device
         )  # [B] length of a row a stop sequence ended
+        steps_kept: list[tuple[Tensor, Tensor]] = []  # per step (rows, their kept sets [B_active, W_t])
         for t in range(T):
-            tok, logp = self._sample(logits, sampling)  # [B_active], [B_active]
+            tok, logp, kept = self._sample(logits, sampling)  # [B_active], [B_active], [B_active, W_t] | None
             out_tokens[rows, t] = tok  # rows past EOS write junk after their EOS; the cut below ignores it
             out_logp[rows, t] = logp
+            if kept is not None:
+                steps_kept.append((rows, kept))
             if t == T - 1:
                 break
             alive &= ~torch.isin(tok, eos)
@@ -296,17 +309,41 @@ class FastEngine(RolloutEngine):
         lengths = torch.where(is_eos.any(-1), is_eos.int().argmax(-1) + 1, T)  # argmax: the first EOS
         cut = torch.minimum(lengths, stop_at).tolist()
         tokens, lps = out_tokens.tolist(), out_logp.tolist()
-        return [tokens[i][: cut[i]] for i in range(B)], [lps[i][: cut[i]] for i in range(B)]
+        sets = gather_kept(steps_kept, B, cut) if records_kept(sampling) else None
+        return [tokens[i][: cut[i]] for i in range(B)], [lps[i][: cut[i]] for i in range(B)], sets
 
-    def _sample(self, logits: Tensor, sampling: SamplingParams) -> tuple[Tensor, Tensor]:
-        """Next token per row and its log-prob log_softmax(logits / temperature) (before top-k / top-p)."""
+    def _sample(self, logits: Tensor, sampling: SamplingParams) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Next token per row, its log-prob under the distribution it was drawn from (log_softmax of the
+        processed logits: temperature, top-k, top-p) and, with records_kept(sampling), the kept sets
+        [B, W] (grpokit/algo/truncation.py's form)."""
         if sampling.greedy:
             tok = logits.argmax(-1)
-            return tok, logits.log_softmax(-1).gather(-1, tok[:, None]).squeeze(-1)
-        scaled = logits / sampling.temperature if sampling.temperature != 1.0 else logits
+            return tok, logits.log_softmax(-1).gather(-1, tok[:, None]).squeeze(-1), None
         scores = process_logits(logits, sampling)
         tok = sample_categorical(scores.softmax(-1), sampling.generator)
-        return tok, scaled.log_softmax(-1).gather(-1, tok[:, None]).squeeze(-1)
+        kept = encode_kept(scores.isfinite()).cpu() if records_kept(sampling) else None
+        return tok, scores.log_softmax(-1).gather(-1, tok[:, None]).squeeze(-1), kept
+
+
+def records_kept(sampling: SamplingParams) -> bool:
+    """Whether the engine records kept sets: asked for, and a sampler that truncates (top-k or top-p)."""
+    return sampling.record_kept and not sampling.greedy and (sampling.top_k > 0 or sampling.top_p < 1.0)
+
+
+def gather_kept(steps: list[tuple[Tensor, Tensor]], B: int, lengths: list[int]) -> list[Tensor]:
+    """Per output row its kept sets [len_i, W_i] (-1 padded), from each step's (rows [B_t], sets
+    [B_t, W_t])."""
+    W = max(k.shape[1] for _, k in steps)
+    out = torch.full((B, len(steps), W), -1, dtype=torch.int32)  # [B, steps, W]
+    for t, (rows, k) in enumerate(steps):
+        out[rows.cpu(), t, : k.shape[1]] = k
+    rows_kept = [out[i, : lengths[i]] for i in range(B)]
+    return [k[:, : _width(k)].clone() for k in rows_kept]
+
+
+def _width(kept: Tensor) -> int:
+    """The widest row of a completion's kept sets [len, W] (each row's entries come first)."""
+    return max(1, int((kept != NO_RECORD).sum(-1).max())) if kept.numel() else 1
 
 
 def sample_categorical(probs: Tensor, generator: torch.Generator | None = None) -> Tensor:

@@ -72,7 +72,7 @@ from grpokit.metrics.compute import (
     ROLLOUT_VERSION_LAG,
     ROLLOUT_VERSION_LAG_MAX,
 )
-from grpokit.rollout.base import Completions, RolloutEngine, SamplingParams
+from grpokit.rollout.base import Completions, EngineCaps, RolloutEngine, SamplingParams
 from grpokit.rollout.episodes import generate_groups
 
 if TYPE_CHECKING:
@@ -89,7 +89,22 @@ def sampling_params(rollout_cfg, generator: torch.Generator | None = None) -> Sa
         temperature=rollout_cfg.temperature,
         top_p=rollout_cfg.top_p,
         top_k=rollout_cfg.top_k,
+        record_kept=rollout_cfg.replay_truncation,
         generator=generator,
+    )
+
+
+def truncation_note(rollout_cfg, caps: EngineCaps) -> str | None:
+    """The line said at start when the sampler truncates (top-k / top-p) and rollout.replay_truncation asks
+    for its kept sets, but the engine cannot record them: the log-prob passes then use the full
+    distribution."""
+    truncates = rollout_cfg.top_k > 0 or rollout_cfg.top_p < 1.0
+    if not (truncates and rollout_cfg.replay_truncation) or caps.kept_sets:
+        return None
+    return (
+        f"rollout.engine={rollout_cfg.engine} does not record the tokens top_k / top_p kept: the trainer's "
+        "log-probs use the untruncated distribution (the sampler's differ by the log of the kept mass); "
+        "rollout.engine=fast replays the truncation"
     )
 
 
@@ -110,6 +125,8 @@ class RolloutPipeline(abc.ABC):
     ) -> None:
         self.engine = engine  # the pipeline's: close() closes it
         self.cfg, self.G = rollout_cfg, rollout_cfg.num_generations
+        if (note := truncation_note(rollout_cfg, getattr(engine, "caps", EngineCaps()))) is not None:
+            logger.warning(note)
         self.version = version  # the trainer's: weights published so far
         self._closed = False
 

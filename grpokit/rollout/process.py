@@ -13,12 +13,12 @@ small model on a CPU is thousands of tiny ops, and a thread then mostly takes tu
 side by side, as with a `grpokit serve` server for vLLM.
 
 What crosses the pipe: requests (prompt ids, n, sampling parameters, a seed) and replies (token ids,
-log-probs, finish reasons) as plain lists; weights as tensors, which torch.multiprocessing moves through
-shared memory (each push is one copy of the state dict). Seeds: each generate call draws one seed from
-sampling.generator (or torch's global generator) and the child samples with a generator seeded with it, so the
-run's seed decides the samples. The child is started with spawn, holds its own copy of the model, runs
-`threads` torch threads, and stops when this object is closed or garbage-collected (its end of the pipe
-closes) or the parent dies (daemon).
+log-probs, finish reasons) as plain lists, the kept sets (top-k / top-p) as tensors; weights as tensors, which
+torch.multiprocessing moves through shared memory (each push is one copy of the state dict). Seeds: each
+generate call draws one seed from sampling.generator (or torch's global generator) and the child samples with
+a generator seeded with it, so the run's seed decides the samples. The child is started with spawn, holds its
+own copy of the model, runs `threads` torch threads, and stops when this object is closed or garbage-collected
+(its end of the pipe closes) or the parent dies (daemon).
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def _child(conn, model, tokenizer, batch_size: int, threads: int) -> None:
                 _, prompt_ids, n, sampling, seed = msg
                 gen = torch.Generator().manual_seed(seed)
                 comps = engine.generate(prompt_ids, n, replace(sampling, generator=gen))
-                conn.send(("ok", (comps.token_ids, comps.logprobs, comps.finish_reasons)))
+                conn.send(("ok", (comps.token_ids, comps.logprobs, comps.finish_reasons, comps.kept)))
         except Exception:
             conn.send(("error", traceback.format_exc()))
 
@@ -68,7 +68,7 @@ def _child(conn, model, tokenizer, batch_size: int, threads: int) -> None:
 class ProcessEngine(RolloutEngine):
     """A FastEngine in a child process, behind the engine interface (generate, sync_weights)."""
 
-    caps = EngineCaps(sampling_logprobs=True, stop_sequences=True, own_process=True)
+    caps = EngineCaps(sampling_logprobs=True, stop_sequences=True, own_process=True, kept_sets=True)
 
     @classmethod
     def from_config(cls, model, tokenizer, *, batch_size: int = 0, compile: bool = False, rollout=None):
@@ -93,11 +93,13 @@ class ProcessEngine(RolloutEngine):
 
     def generate(self, prompt_token_ids: list[list[int]], n: int, sampling: SamplingParams) -> Completions:
         seed = draw_seed(sampling)
-        token_ids, logprobs, reasons = self._ask(
+        token_ids, logprobs, reasons, kept = self._ask(
             ("generate", [list(p) for p in prompt_token_ids], n, replace(sampling, generator=None), seed)
         )
         texts = self.tokenizer.batch_decode(token_ids, skip_special_tokens=True)
-        return Completions(token_ids=token_ids, texts=texts, finish_reasons=reasons, logprobs=logprobs)
+        return Completions(
+            token_ids=token_ids, texts=texts, finish_reasons=reasons, logprobs=logprobs, kept=kept
+        )
 
     def sync_weights(self, model, version: int | None = None) -> None:
         state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
