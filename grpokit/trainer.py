@@ -172,7 +172,7 @@ class Trainer:
         rows, comps, scored = groups.rows, groups.comps, groups.scored
         rewards = scored.total.float()  # [N]
         prompt_ids = [r.prompt_ids for r in rows for _ in range(G)]
-        tokens = pack_sequences(prompt_ids, comps.token_ids, self.tokenizer.pad_token_id)
+        tokens = pack_sequences(prompt_ids, comps.token_ids, self.tokenizer.pad_token_id, comps.kept)
         truncated = torch.tensor(comps.truncated, dtype=torch.bool)  # [N]
         # [N, T]: the completion tokens a loss reaches (tool results and, under DAPO, truncated rows: none)
         loss_mask = make_loss_mask(alg, tokens.completion_mask, truncated, comps.model_mask)

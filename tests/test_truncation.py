@@ -233,15 +233,7 @@ def test_engines_without_kept_sets_say_so_at_start():
     assert truncation_note(Cfg, EngineCaps()) is None
 
 
-# The trainer passes the engine's kept sets on with one line (grpokit/trainer.py, Trainer.rollout):
-#     tokens = pack_sequences(prompt_ids, comps.token_ids, self.tokenizer.pad_token_id, comps.kept)
-# Until it does, the replayed run below fails (its pi_old is the full distribution's): strict xfail, to be
-# dropped with that line.
-TRAINER_PASSES_KEPT = "grpokit/trainer.py does not pass comps.kept to pack_sequences yet"
-
-
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=TRAINER_PASSES_KEPT)
 def test_the_trainers_pi_old_is_the_distribution_the_engine_sampled_from(tiny_model_dir, tmp_path):
     """A GRPO run on the fast engine at top_p=0.9, top_k=20 with pi_old recomputed (num_iterations=2) and a
     KL term (pi_ref): with the kept sets replayed, rollout/logp_diff_max (|log pi_old - log pi_sampler| over
