@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import time
@@ -182,10 +183,7 @@ def grid(quick: bool, real: bool) -> list[dict]:
 def measure(work: Path, ranks: int, args: list[str]) -> dict:
     """Run one grid row in fresh processes; the largest rank's peak and baseline (MiB)."""
     out = work / "measure"
-    if out.exists():
-        import shutil
-
-        shutil.rmtree(out)
+    shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     launch = [sys.executable]
     if ranks > 1:
@@ -193,6 +191,7 @@ def measure(work: Path, ranks: int, args: list[str]) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     run_dir = args[-1].split("=", 1)[1]
+    shutil.rmtree(f"{run_dir}-{ranks}", ignore_errors=True)  # a run folder left over would resume, not train
     proc = subprocess.run(
         [*launch, __file__, "child", str(out), *args, f"output_dir={run_dir}-{ranks}"],
         env=env,
@@ -225,21 +224,42 @@ def main() -> None:
     parser.add_argument(
         "--real", action="store_true", help="and SmolLM2-135M-Instruct at 256 and 1024 tokens"
     )
+    parser.add_argument(
+        "--rows", default="", help="only these rows: MODEL:TOKENS:LORA:RANKS,... (model:4096:False:1)"
+    )
+    parser.add_argument(
+        "--report-only", action="store_true", help="the table again from WORK/rows.jsonl, predictions anew"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     build_model(args.work, real=args.real)
-    rows = []
-    for row in grid(args.quick, args.real):
-        cli = overrides(args.work, row["tokens"], row["micro"], row["ckpt"], row["lora"], row["model"])
-        start = time.time()
-        row.update(predicted=predict(cli, row["ranks"]), measured=measure(args.work, row["ranks"], cli))
-        row["seconds"] = time.time() - start
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-        with (args.work / "rows.jsonl").open("a") as f:
-            f.write(json.dumps(row) + "\n")
-    write_table(rows, args.out, " ".join(sys.argv[1:]))
+    done = args.work / "rows.jsonl"
+    if not args.report_only:
+        chosen = set(filter(None, args.rows.split(",")))
+        for row in grid(args.quick, args.real):
+            if chosen and _key(row) not in chosen:
+                continue
+            start = time.time()
+            row["measured"] = measure(args.work, row["ranks"], _cli(args.work, row))
+            row["seconds"] = time.time() - start
+            print(json.dumps(row), flush=True)
+            with done.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+    rows = {_key(r): r for r in map(json.loads, done.read_text().splitlines())}  # the last run of each row
+    order = [_key(r) for r in grid(False, True)]
+    table = sorted(rows.values(), key=lambda r: order.index(_key(r)))
+    for row in table:
+        row["predicted"] = predict(_cli(args.work, row), row["ranks"])
+    write_table(table, args.out, " ".join(a for a in sys.argv[1:] if a != "--report-only"))
+
+
+def _key(row: dict) -> str:
+    return f"{row['model']}:{row['tokens']}:{row['lora']}:{row['ranks']}"
+
+
+def _cli(work: Path, row: dict) -> list[str]:
+    return overrides(work, row["tokens"], row["micro"], row["ckpt"], row["lora"], row["model"])
 
 
 def write_table(rows: list[dict], out: Path, argv: str) -> None:

@@ -68,8 +68,8 @@ class ModelConfig(Section):
     (grpokit/policy/padding_free.py)."""
     memory_check: bool = True
     """Before the model loads, compute the run's memory plan (per rank and phase: weights, pi_ref, AdamW,
-    gradients, the engine's KV cache, activations; `grpokit plan`, docs/memory.md), print it, and refuse a run
-    whose peak exceeds the available memory with one line naming what to change. false: print, never refuse."""
+    gradients, the engine's KV cache, activations; `grpokit plan`, docs/memory.md), print it, and refuse a
+    run whose peak exceeds the available memory with one line naming what to change. false: print only."""
     trust_remote_code: bool = False
     """Allow model code from the hub folder (only for models you trust)."""
     disable_dropout: bool = True

@@ -1,21 +1,22 @@
 """The memory plan: what each rank holds in each phase of a run, from the config and the model's shapes,
 before the model loads (`grpokit plan`, and the block `grpokit train` prints; docs/memory.md).
 
-    shapes = model_shapes(cfg.model)                          # AutoConfig + a model on the meta device
+    shapes = model_shapes(cfg.model)                    # AutoConfig + a model on the meta device
     plan = memory_plan(cfg, shapes, Setup(ranks=2, memory=16 * GIB))
-    print(plan.table())                                       # bytes per rank per phase, the peak, the advice
-    plan.refusal()                                            # None when it fits, else one line: what to change
+    print(plan.table())                                 # bytes per rank per phase, the peak, the advice
+    plan.refusal()                                      # None when it fits, else one line: what to change
 
 Per rank, with P parameters of b bytes, T of them trained, W ranks (FSDP2 divides the first four by W):
-  weights P b; pi_ref P b when beta > 0 without LoRA (LoRA's pi_ref is the adapter off); AdamW's two moments
-  2 T b once the first step ran; gradients T b in the update only (set to None after each optimizer step).
-  rollout: the engine's whole copy (FSDP2 with fast / hf: P x the engine_copy dtype), its KV cache
-  2 x layers x kv heads x head dim x rows x (prompt + completion) b, and the log-prob passes' temporaries.
-  update: the activations a micro-batch keeps for the backward (memory.py's per-token sizes: all of each layer
-  without checkpointing, each layer's input with it plus one layer recomputed), divided by the sequence-parallel
-  degree, and the LM head's logits: chunks of fused.CHUNK_BYTES with the fused head, else the whole
-  micro-batch's logits, their log-softmax and its gradient in fp32.
-The prompt is counted at data.max_prompt_length: the plan is a bound for the longest rows the run allows.
+- weights P b; pi_ref P b when beta > 0 without LoRA (LoRA's pi_ref is the adapter off); AdamW's two
+  moments 2 T b once the first step ran; gradients T b in the update only (set to None after each step).
+- rollout: the engine's whole copy (FSDP2 with fast / hf: P x the engine_copy dtype), its KV cache
+  2 x layers x kv heads x head dim x rows x (prompt + completion) b, the pi_old / pi_ref passes' temporaries.
+- update: the activations a micro-batch keeps for the backward (memory.py's per-token sizes: all of each
+  layer without checkpointing; with it each layer's input and one layer recomputed), the attention masks
+  of padded rows (sdpa keeps one [rows, 1, T, T] a layer), a layer's worth of the backward's temporaries,
+  and the LM head's fp32 logits: chunks with the fused head, else the whole logits (_head says which
+  temporaries come with them). A sequence-parallel degree divides a rank's tokens (a prediction: no such runs yet).
+The prompt is counted at data.max_prompt_length: the plan bounds the longest rows the run allows.
 """
 
 from __future__ import annotations
@@ -142,7 +143,7 @@ def plan_lines(cfg: Config, s: Shapes, setup: Setup) -> tuple[list[Line], int, i
     update = [Line(UPDATE, name, n) for name, n in state]
     update.append(Line(UPDATE, "gradients", s.trained * b // shard))
     if shard > 1:  # FSDP2 gathers one decoder layer at a time, and the root's own parameters
-        update.append(Line(UPDATE, "FSDP2 gathered layer and root", _unsharded_bytes(s)))
+        update.append(Line(UPDATE, "FSDP2 buffers (the root and 2 layers whole)", _fsdp_buffers(s)))
     # auto decides as policy/memory.py does: on rows x the longest row, against the memory left
     whole = activations(s, rows * -(-tokens // setup.sp))[0]
     left = setup.memory - sum(line.bytes for line in update)
@@ -216,18 +217,29 @@ def activations(s: Shapes, tokens: int) -> tuple[int, int]:
 
 
 def _head(s: Shapes, tokens: int, shard: int, *, backward: bool) -> int:
-    """The LM head's fp32 logits for `tokens` positions: with the fused head (one process, or DDP, from
-    FUSED_MIN_LOGITS on) a chunk's logits, their softmax and its gradient; else the whole logits and their
-    log-softmax (with no gradient), and in the backward their two gradients too."""
-    logits = tokens * s.vocab
-    if shard == 1 and logits >= FUSED_MIN_LOGITS:
-        return 3 * chunk_rows(s.vocab) * s.vocab * 4
-    return (4 if backward else 2) * logits * 4
+    """The LM head's fp32 logits for `tokens` positions at their peak. The fused head (one process, or DDP,
+    from FUSED_MIN_LOGITS on) holds a chunk's logits and 4 temporaries of its size (logsumexp's, the
+    entropy's log-softmax, its exp and their product; the backward needs fewer). Else the whole logits and
+    the same 4 temporaries per chunk of ops.token_logprobs' 1,024 rows; in the backward 3 whole logits (the
+    saved logits, the gradient they accumulate, a chunk's zero-filled gradient) and a chunk, if more."""
+    logits = tokens * s.vocab * 4
+    if shard == 1 and tokens * s.vocab >= FUSED_MIN_LOGITS:
+        return 5 * chunk_rows(s.vocab) * s.vocab * 4
+    chunk = min(tokens, 1024) * s.vocab * 4
+    if not backward:
+        return logits + 2 * chunk  # no gradient, no entropy: logsumexp's temporaries
+    return max(logits + 4 * chunk, 3 * logits + chunk)
 
 
-def _unsharded_bytes(s: Shapes) -> int:
+def _fsdp_buffers(s: Shapes) -> int:
+    """FSDP2's unsharded buffers in the update: the root's own parameters (embeddings, final norm, an untied
+    head) and two decoder layers (one computing, the next prefetched), each all-gathered whole (1x) from a
+    copied-in shard (1/2x, at 2 ranks), and where they train their whole gradients (1x) and the flat copy
+    the reduce-scatter sends (1x)."""
     layer = 2 * s.hidden * s.hidden + 2 * s.hidden * s.kv_heads * s.head_dim + 3 * s.hidden * s.intermediate
-    return (s.params - s.layers * layer + layer) * s.element_size
+    whole = (s.params - s.layers * layer + 2 * layer) * s.element_size
+    trained = 2.0 if s.trained == s.params else 0.0
+    return int(whole * (1.5 + trained))
 
 
 def _peak(cfg: Config, shapes: Shapes, setup: Setup) -> int:
@@ -313,7 +325,30 @@ def _candidates(cfg: Config, shapes: Shapes, setup: Setup) -> list[tuple[str, in
         if sp > setup.sp:
             out.append((f"sequence parallelism of degree {sp}", _peak(cfg, shapes, replace(setup, sp=sp))))
             break
+    out.append(_together(cfg, shapes, setup))
     return [(change, peak) for change, peak in out if peak < _peak(cfg, shapes, setup)]
+
+
+def _together(cfg: Config, shapes: Shapes, setup: Setup) -> tuple[str, int]:
+    """The settings that cost no quality together: checkpointing, padding-free rows, one prompt's group a
+    generate call, and the largest micro-batch that fits with them (1 when none does)."""
+    keys = {
+        ("model", "gradient_checkpointing"): True,
+        ("model", "padding_free"): True,
+        ("rollout", "generation_batch_size"): cfg.rollout.num_generations,
+    }
+    for (section, key), value in keys.items():
+        cfg = _with(cfg, section, **{key: value})
+    rows = micro_rows(cfg, setup.ranks)
+    sizes = [k for k in range(rows, 0, -1) if cfg.minibatch_size % k == 0]
+    k = next((k for k in sizes if _fits(_with(cfg, "optim", micro_batch_size=k), shapes, setup)), 1)
+    cfg = _with(cfg, "optim", micro_batch_size=k)
+    change = " ".join(f"{section}.{key}={str(v).lower()}" for (section, key), v in keys.items())
+    return f"{change} optim.micro_batch_size={k}", _peak(cfg, shapes, setup)
+
+
+def _fits(cfg: Config, shapes: Shapes, setup: Setup) -> bool:
+    return setup.memory <= 0 or _peak(cfg, shapes, setup) <= setup.memory
 
 
 def lora_parameters_estimate(s: Shapes, r: int) -> int:
@@ -368,7 +403,8 @@ def model_shapes(model_cfg) -> Shapes:
 def lora_parameters(model: torch.nn.Module, lora_cfg) -> int:
     """The parameters peft's LoRA adds to `model` (on any device): r x (in + out) for each Linear that
     lora.target_modules names (all-linear: every Linear but the output embeddings)."""
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    output_embeddings = getattr(model, "get_output_embeddings", None)
+    head = output_embeddings() if callable(output_embeddings) else None
     targets = lora_cfg.target_modules
     total = 0
     for name, module in model.named_modules():
