@@ -15,7 +15,8 @@ Per rank, with P parameters of b bytes, T of them trained, W ranks (FSDP2 divide
   layer without checkpointing; with it each layer's input and one layer recomputed), the attention masks
   of padded rows (sdpa keeps one [rows, 1, T, T] a layer), a layer's worth of the backward's temporaries,
   and the LM head's fp32 logits: chunks with the fused head, else the whole logits (_head says which
-  temporaries come with them). A sequence-parallel degree divides a rank's tokens (a prediction: no such runs yet).
+  temporaries come with them). A sequence-parallel degree divides a rank's tokens (a prediction: grpokit
+  has no sequence parallelism yet, so no run measured it).
 The prompt is counted at data.max_prompt_length: the plan bounds the longest rows the run allows.
 """
 
