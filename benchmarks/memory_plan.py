@@ -1,7 +1,9 @@
 """Check `grpokit plan` against measured peak memory: real training steps in subprocesses on a grid.
 
-    python benchmarks/memory_plan.py                 # the grid; writes benchmarks/results/memory_plan.md
+    python benchmarks/memory_plan.py --real          # the grid; writes benchmarks/results/memory_plan.md
     python benchmarks/memory_plan.py --quick         # 256 and 1024 tokens only
+    python benchmarks/memory_plan.py --report-only   # the table again from runs/memory_plan/rows.jsonl
+    python benchmarks/memory_plan.py --smoke         # one row of 32 tokens, into runs/memory_plan/smoke
 
 Each row runs `grpokit train` for 2 steps (so AdamW's state exists when the second step's activations are
 kept) in a process of its own, 1 rank or 2 ranks (torchrun, gloo, FSDP2), on a tiny random Llama over
@@ -157,9 +159,12 @@ def overrides(
     ]
 
 
-def grid(quick: bool, real: bool) -> list[dict]:
+def grid(quick: bool, real: bool, smoke: bool = False) -> list[dict]:
     """The rows: each length of LENGTHS with LoRA off and on, at 1 and 2 ranks (the micro-batch within a
-    rank's share of the 4 completions); with `real`, SmolLM2-135M-Instruct at 256 and 1024 tokens."""
+    rank's share of the 4 completions); with `real`, SmolLM2-135M-Instruct at 256 and 1024 tokens; `smoke`:
+    one row of 32 tokens."""
+    if smoke:
+        return [dict(model="model", tokens=32, micro=4, ckpt="false", lora=False, ranks=1)]
     rows = []
     for tokens, micro, checkpointing in LENGTHS[:2] if quick else LENGTHS:
         for lora in (False, True):
@@ -219,7 +224,9 @@ def predict(args: list[str], ranks: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--work", type=Path, default=Path("/tmp/grpokit-memory-plan"))
+    parser.add_argument(
+        "--work", type=Path, default=Path("runs/memory_plan"), help="models, runs, rows.jsonl"
+    )
     parser.add_argument("--quick", action="store_true", help="256 and 1024 tokens only")
     parser.add_argument(
         "--real", action="store_true", help="and SmolLM2-135M-Instruct at 256 and 1024 tokens"
@@ -228,30 +235,36 @@ def main() -> None:
         "--rows", default="", help="only these rows: MODEL:TOKENS:LORA:RANKS,... (model:4096:False:1)"
     )
     parser.add_argument(
-        "--report-only", action="store_true", help="the table again from WORK/rows.jsonl, predictions anew"
+        "--report-only", action="store_true", help="the table from WORK/rows.jsonl, predicted anew"
+    )
+    parser.add_argument(
+        "--smoke", action="store_true", help="one row of 32 tokens into runs/memory_plan/smoke"
     )
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
+    if args.smoke:
+        args.work = args.work / "smoke" if args.work == Path("runs/memory_plan") else args.work
+        args.out = args.work / "memory_plan.md"
     args.work.mkdir(parents=True, exist_ok=True)
     build_model(args.work, real=args.real)
     done = args.work / "rows.jsonl"
+    rows = grid(args.quick, args.real, args.smoke)
     if not args.report_only:
         chosen = set(filter(None, args.rows.split(",")))
-        for row in grid(args.quick, args.real):
-            if chosen and _key(row) not in chosen:
-                continue
+        for row in (r for r in rows if not chosen or _key(r) in chosen):
             start = time.time()
             row["measured"] = measure(args.work, row["ranks"], _cli(args.work, row))
             row["seconds"] = time.time() - start
             print(json.dumps(row), flush=True)
             with done.open("a") as f:
                 f.write(json.dumps(row) + "\n")
-    rows = {_key(r): r for r in map(json.loads, done.read_text().splitlines())}  # the last run of each row
-    order = [_key(r) for r in grid(False, True)]
-    table = sorted(rows.values(), key=lambda r: order.index(_key(r)))
-    for row in table:
+    order = [_key(r) for r in [*grid(False, True), *grid(False, False, True)]]
+    table = {_key(r): r for r in map(json.loads, done.read_text().splitlines())}  # a row's last run
+    table_rows = sorted(table.values(), key=lambda r: order.index(_key(r)))
+    for row in table_rows:
         row["predicted"] = predict(_cli(args.work, row), row["ranks"])
-    write_table(table, args.out, " ".join(a for a in sys.argv[1:] if a != "--report-only"))
+    command = " ".join(a for a in sys.argv[1:] if a != "--report-only")
+    print(write_table(table_rows, args.out, command))
 
 
 def _key(row: dict) -> str:
@@ -262,36 +275,42 @@ def _cli(work: Path, row: dict) -> list[str]:
     return overrides(work, row["tokens"], row["micro"], row["ckpt"], row["lora"], row["model"])
 
 
-def write_table(rows: list[dict], out: Path, argv: str) -> None:
-    """The markdown table of the grid: predicted and measured peak per rank (MiB), the error."""
+def write_table(rows: list[dict], out: Path, argv: str) -> str:
+    """The grid's markdown table (predicted and measured peak per rank, MiB; the error), written and
+    returned."""
+    head = (
+        "| model | completion tokens | micro-batch | checkpointing | LoRA | ranks | predicted MiB "
+        "| measured MiB | error | measured rollout / update MiB | s |"
+    )
     lines = [
         "# `grpokit plan` against measured peak memory",
         "",
         f"Command: `python benchmarks/memory_plan.py{(' ' + argv) if argv else ''}`",
         "",
-        "Measured: per rank, peak resident memory (ru_maxrss, and VmHWM per phase) less the resident memory once",
-        "torch, transformers and grpokit are imported, the run's tokenizer is loaded and a toy forward and",
-        "backward has run; the largest rank's. Predicted: the peak of `grpokit plan` for the same config and",
-        "ranks (no --memory: the plan as computed, not a fit). Model: a tiny random Llama over SmolLM2's",
-        "tokenizer (hidden 256, 4 layers, vocab 49152, 16.8 M parameters, fp32); 2 prompts x 2 completions a",
-        "step, 2 steps, prompts of at most 64 tokens, the fast engine, beta = 0.04 (pi_ref), 2 ranks = torchrun",
-        "FSDP2 on gloo. CPU, one thread a rank.",
+        "Measured, per rank: the peak resident set (ru_maxrss; VmHWM per phase) less the resident set",
+        "once torch, transformers and grpokit are imported, the run's tokenizer is loaded and a toy forward",
+        "and backward has run; the largest rank's. Predicted: the peak of `grpokit plan` for the same config",
+        "and ranks. tiny: a random Llama over SmolLM2's tokenizer (hidden 256, 4 layers, vocabulary 49,152,",
+        "16.8 M parameters); smollm2: SmolLM2-135M-Instruct. fp32; 2 steps of 2 prompts x 2 completions",
+        "(prompts of at most 64 tokens), the fast engine, beta = 0.04; 2 ranks: torchrun, FSDP2 on gloo.",
+        "CPU, one thread a rank.",
         "",
-        "| completion tokens | micro-batch | checkpointing | LoRA | ranks | predicted MiB | measured MiB | error |"
-        " measured rollout / update MiB | s |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        head,
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         p, m = r["predicted"]["peak"], r["measured"]["peak"]
+        model = "tiny" if r["model"] == "model" else r["model"]
         lines.append(
-            f"| {r['tokens']} | {r['micro']} | {r['ckpt']} | {'r=16' if r['lora'] else 'off'} | {r['ranks']} | "
-            f"{p:,.0f} | {m:,.0f} | {(p - m) / m:+.1%} | {r['measured']['rollout']:,.0f} / "
-            f"{r['measured']['update']:,.0f} | {r['seconds']:.0f} |"
+            f"| {model} | {r['tokens']} | {r['micro']} | {r['ckpt']} | "
+            f"{'r=16' if r['lora'] else 'off'} | {r['ranks']} | {p:,.0f} | {m:,.0f} | {(p - m) / m:+.1%} | "
+            f"{r['measured']['rollout']:,.0f} / {r['measured']['update']:,.0f} | {r['seconds']:.0f} |"
         )
     worst = max(abs(r["predicted"]["peak"] - r["measured"]["peak"]) / r["measured"]["peak"] for r in rows)
     lines += ["", f"Largest error: {worst:.1%} (target: within 15%).", ""]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines))
+    return "\n".join(lines)
 
 
 if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "child":

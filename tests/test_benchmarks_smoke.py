@@ -96,6 +96,13 @@ SMOKES: dict[str, tuple[Smoke, ...]] = {
         Smoke((), (r"^\| run \| pass@1 before \|", r"^\| full fine-tune \| ", r"^\| LoRA "), ("peft",)),
         Smoke(("--memory",), (r"^\| run \| peak RSS MB \|", r"^\| LoRA r=16, all-linear \| \d"), ("peft",)),
     ),
+    "memory_plan.py": (
+        Smoke(
+            (),
+            (r"^\| model \| completion tokens \|", r"^\| tiny \| 32 \| 4 \| false \| off \| 1 \| \d"),
+            ("gguf",),
+        ),
+    ),
     "padding.py": (
         Smoke((), (r"^\| group_by_length \| padding_frac", r"^\| True \| \d", r"^\| False \| \d")),
     ),
