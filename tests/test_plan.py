@@ -86,8 +86,9 @@ def test_the_plan_of_a_tiny_llama_in_worked_numbers(tiny_dir):
         "AdamW moments": 2 * weights,
         "engine's whole copy (FSDP2)": 0,
         "KV cache": kv,
-        # logits and logsumexp's 2 temporaries (3 x 128 tokens x 1000 x 4 B), a layer's activations, the mask
-        "log-prob passes (pi_old, pi_ref)": 3 * 128 * 1000 * 4
+        # the 96 completion positions' logits and logsumexp's 2 temporaries (3 x 96 x 1000 x 4 B), a layer's
+        # activations of the 2 x 64 tokens, the mask [2, 1, 64, 64]
+        "log-prob passes (pi_old, pi_ref)": 3 * 96 * 1000 * 4
         + 128 * (12 * 64 + 5 * 128) * 4
         + 2 * 64 * 64 * 4,
     }
@@ -102,6 +103,7 @@ def test_the_plan_of_a_tiny_llama_in_worked_numbers(tiny_dir):
         "activations, checkpointing off": 112 * (2 * layer + 2 * 64 * 4),  # 1,318,912
         "attention masks (padded rows)": 3 * 2 * 48 * 64 * 4,  # [2, 1, 48, 64]: one a layer and one built
         "backward's temporaries (a layer)": 112 * layer,
+        "LoRA adapters' outputs": 0,
         # fp32 logits of the 96 completion tokens and 4 temporaries of their size (one chunk of 1,024 rows)
         "LM head (logits)": 5 * 2 * 48 * 1000 * 4,
     }
@@ -121,6 +123,8 @@ def test_ranks_shard_the_state_under_fsdp2_and_lora_drops_pi_ref_and_most_of_the
     lora = lines(memory_plan(lora_cfg, model_shapes(lora_cfg.model)), UPDATE)
     assert lora["pi_ref (beta > 0)"] == 0  # the adapter off is pi_ref
     assert lora["AdamW moments"] == 2 * ADAPTERS * 4 and lora["gradients"] == ADAPTERS * 4
+    # a [tokens, out] output of each adapter: q and o 64, k and v 32, gate and up 128, down 64: 512 a layer
+    assert lora["LoRA adapters' outputs"] == 112 * 2 * 512 * 4
 
 
 def test_sequence_parallelism_and_checkpointing_shrink_the_activations(tiny_dir):

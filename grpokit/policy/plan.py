@@ -139,7 +139,10 @@ def plan_lines(cfg: Config, s: Shapes, setup: Setup) -> tuple[list[Line], int, i
     rows = micro_rows(cfg, setup.ranks)
     rollout = [Line(ROLLOUT, name, n) for name, n in [*state, *engine_lines(cfg, s, setup, tokens, shard)]]
     mask = 0 if cfg.model.padding_free else rows * tokens * -(-tokens // setup.sp) * b
-    passes = _head(s, rows * tokens, shard, backward=False) + rows * tokens * _layer_bytes(s) + mask
+    completions = rows * cfg.rollout.max_completion_length  # the positions that reach the LM head
+    plain = shard > 1  # FSDP2 runs no shared-prompt pass: its logits are sliced, then copied
+    head = _head(s, completions, shard, backward=False, copied=plain and rows > 1)
+    passes = head + rows * tokens * _layer_bytes(s) + mask
     rollout.append(Line(ROLLOUT, "log-prob passes (pi_old, pi_ref)", passes if beta or shard > 1 else 0))
     update = [Line(UPDATE, name, n) for name, n in state]
     update.append(Line(UPDATE, "gradients", s.trained * b // shard))
@@ -166,6 +169,8 @@ def _activation_lines(cfg: Config, s: Shapes, setup: Setup, rows: int, shard: in
     prompts = -(-rows // cfg.rollout.num_generations) if shared else 0
     n = -(-(rows * queries + prompts * prompt) // setup.sp)  # tokens a rank runs through the layers
     whole, kept = activations(s, n)
+    logits = rows * completion  # only the positions that predict a completion token reach the LM head
+    copied = not shared and rows > 1  # the plain pass's logits [N, T + 1, V], sliced to T and copied whole
     b = s.element_size
     # sdpa keeps the padded rows' mask [rows, 1, queries, keys] once a layer for the backward, built once
     mask = 0 if cfg.model.padding_free else rows * -(-queries // setup.sp) * (prompt + completion) * b
@@ -174,7 +179,12 @@ def _activation_lines(cfg: Config, s: Shapes, setup: Setup, rows: int, shard: in
         Line(UPDATE, "activations, checkpointing every layer", kept, counted=on),
         Line(UPDATE, "attention masks (padded rows)", (2 if on else s.layers + 1) * mask),
         Line(UPDATE, "backward's temporaries (a layer)", n * _layer_bytes(s)),
-        Line(UPDATE, "LM head (logits)", _head(s, -(-rows * queries // setup.sp), shard, backward=True)),
+        Line(
+            UPDATE, "LoRA adapters' outputs", n * _adapter_outputs(s) * b if cfg.model.lora is not None else 0
+        ),
+        Line(
+            UPDATE, "LM head (logits)", _head(s, -(-logits // setup.sp), shard, backward=True, copied=copied)
+        ),
     ]
 
 
@@ -217,19 +227,29 @@ def activations(s: Shapes, tokens: int) -> tuple[int, int]:
     )
 
 
-def _head(s: Shapes, tokens: int, shard: int, *, backward: bool) -> int:
+def _head(s: Shapes, tokens: int, shard: int, *, backward: bool, copied: bool = False) -> int:
     """The LM head's fp32 logits for `tokens` positions at their peak. The fused head (one process, or DDP,
     from FUSED_MIN_LOGITS on) holds a chunk's logits and 4 temporaries of its size (logsumexp's, the
-    entropy's log-softmax, its exp and their product; the backward needs fewer). Else the whole logits and
-    the same 4 temporaries per chunk of ops.token_logprobs' 1,024 rows; in the backward 3 whole logits (the
-    saved logits, the gradient they accumulate, a chunk's zero-filled gradient) and a chunk, if more."""
+    entropy's log-softmax, its exp and their product). Else the whole logits (twice when `copied`: the
+    plain pass slices them, and reshaping the slice copies it) and the same 4 temporaries per chunk of
+    ops.token_logprobs' 1,024 rows; in the backward the saved logits, the gradient they accumulate and a
+    chunk's zero-filled gradient, each whole, and a chunk. No gradient: logsumexp's 2 temporaries."""
     logits = tokens * s.vocab * 4
     if shard == 1 and tokens * s.vocab >= FUSED_MIN_LOGITS:
         return 5 * chunk_rows(s.vocab) * s.vocab * 4
     chunk = min(tokens, 1024) * s.vocab * 4
+    whole = (2 if copied else 1) * logits
     if not backward:
-        return logits + 2 * chunk  # no gradient, no entropy: logsumexp's temporaries
-    return max(logits + 4 * chunk, 3 * logits + chunk)
+        return whole + 2 * chunk
+    return max(whole + 4 * chunk, whole + 2 * logits + chunk)
+
+
+def _adapter_outputs(s: Shapes) -> int:
+    """Values a token's LoRA adapters output in a forward (all-linear: q, k, v, o, gate, up and down of every
+    layer), each a [tokens, out] tensor beside the base layer's: freed in the forward, but in blocks below
+    glibc's mmap threshold that its heap keeps (measured: 90 MiB more than the full model's forward at 1,280
+    tokens on the benchmark's tiny Llama, against 68 MiB here)."""
+    return s.layers * (3 * s.hidden + 2 * s.kv_heads * s.head_dim + 2 * s.intermediate)
 
 
 def _fsdp_buffers(s: Shapes) -> int:
