@@ -138,12 +138,6 @@ def plan_lines(cfg: Config, s: Shapes, setup: Setup) -> tuple[list[Line], int, i
     tokens = cfg.data.max_prompt_length + cfg.rollout.max_completion_length
     rows = micro_rows(cfg, setup.ranks)
     rollout = [Line(ROLLOUT, name, n) for name, n in [*state, *engine_lines(cfg, s, setup, tokens, shard)]]
-    mask = 0 if cfg.model.padding_free else rows * tokens * -(-tokens // setup.sp) * b
-    completions = rows * cfg.rollout.max_completion_length  # the positions that reach the LM head
-    plain = shard > 1  # FSDP2 runs no shared-prompt pass: its logits are sliced, then copied
-    head = _head(s, completions, shard, backward=False, copied=plain and rows > 1)
-    passes = head + rows * tokens * _layer_bytes(s) + mask
-    rollout.append(Line(ROLLOUT, "log-prob passes (pi_old, pi_ref)", passes if beta or shard > 1 else 0))
     update = [Line(UPDATE, name, n) for name, n in state]
     update.append(Line(UPDATE, "gradients", s.trained * b // shard))
     if shard > 1:  # FSDP2 gathers one decoder layer at a time, and the root's own parameters
@@ -155,6 +149,12 @@ def plan_lines(cfg: Config, s: Shapes, setup: Setup) -> tuple[list[Line], int, i
         cfg.model.gradient_checkpointing == "auto" and setup.memory > 0 and whole > SHARE * left
     )
     update += _activation_lines(cfg, s, setup, rows, shard, on)
+    # pi_ref's (and under FSDP2 pi_old's) pass; with FSDP2 or checkpointing a plain one: logits sliced, copied
+    mask = 0 if cfg.model.padding_free else rows * tokens * -(-tokens // setup.sp) * b
+    completions = rows * cfg.rollout.max_completion_length  # the positions that reach the LM head
+    head = _head(s, completions, shard, backward=False, copied=(shard > 1 or on) and rows > 1)
+    passes = head + rows * tokens * _layer_bytes(s) + mask
+    rollout.append(Line(ROLLOUT, "log-prob passes (pi_old, pi_ref)", passes if beta or shard > 1 else 0))
     return [*rollout, *update], rows, tokens, on
 
 
