@@ -3,6 +3,8 @@
     grpokit train config.yaml [section.key=value ...]     train (resumes when output_dir holds a checkpoint)
     torchrun --nproc_per_node N -m grpokit train ...      the same on N processes (FSDP2 / DDP,
                                                           docs/scaling.md)
+    grpokit plan config.yaml [key=value ...] [--memory GB] [--ranks N]   memory per rank and phase before a
+                                                           run: the peak, the longest completion that fits
     grpokit eval MODEL_DIR --config config.yaml            held-out pass@1 / pass@k / maj@k
     grpokit sft sft.yaml [section.key=value ...]           supervised warm-start on prompt / completion pairs
     grpokit demo [--quick] [--out DIR] [--task tools]      the whole pipeline on a tiny model, no downloads
@@ -175,6 +177,41 @@ def train(
         if trainer.world.is_main:
             typer.echo(f"done: step {trainer.step}; final model in {Path(cfg.output_dir) / 'final'}")
         return last
+
+    _run(go)
+
+
+@app.command()
+def plan(
+    config: Path = typer.Argument(..., help="YAML config file"),
+    overrides: list[str] | None = typer.Argument(None, help="section.key=value overrides"),
+    memory: float | None = typer.Option(
+        None,
+        "--memory",
+        min=0,
+        help="GiB each rank may take; default: the free memory of this machine's GPU, else its available "
+        "memory shared by the ranks",
+    ),
+    ranks: int = typer.Option(1, "--ranks", min=1, help="processes under torchrun"),
+    sp: int = typer.Option(1, "--sp", min=1, help="sequence-parallel degree (a prediction)"),
+):
+    """The run's memory per rank and phase, from the config and the model's shapes, without loading the
+    model: the peak, the longest completion that fits, what to change (docs/memory.md). Exit 2 when it does
+    not fit."""
+    from grpokit.config import load_config
+
+    def go():
+        cfg = load_config(config, overrides or [])
+        from grpokit.policy.plan import GIB, Setup, available_memory, memory_plan, model_shapes
+
+        free, device = available_memory(ranks)
+        size = free if memory is None else int(memory * GIB)
+        plan = memory_plan(
+            cfg, model_shapes(cfg.model), Setup(ranks=ranks, sp=sp, memory=size, device=device)
+        )
+        typer.echo(plan.table())
+        if (line := plan.refusal()) is not None:
+            _fail(line)
 
     _run(go)
 

@@ -40,6 +40,7 @@ from grpokit.policy import (
 )
 from grpokit.policy.critic import Critic
 from grpokit.policy.optim import Optimizer
+from grpokit.policy.plan import check_memory
 from grpokit.records.health import StepHealth
 from grpokit.rewards import RewardManager, build_rewards, reward_registry
 from grpokit.rollout import SamplerCorrection, make_engine
@@ -70,7 +71,8 @@ def build_components(
 ) -> Components:
     """model / tokenizer: an already loaded policy instead of model.name_or_path; train_rows / eval_rows: rows
     instead of data.*."""
-    if model is None:
+    if model is None:  # the memory plan first: a run that cannot fit stops before its model loads
+        check_memory(cfg, world.size, echo=world.rank == 0)
         model, tokenizer = load_policy(cfg.model)
     if cfg.model.padding_free:  # before FSDP2 shards it: the check runs the whole model on each rank
         check_padding_free(model)

@@ -97,6 +97,13 @@ SMOKES: dict[str, tuple[Smoke, ...]] = {
         Smoke(("--memory",), (r"^\| run \| peak RSS MB \|", r"^\| LoRA r=16, all-linear \| \d"), ("peft",)),
     ),
     "long_chains.py": (Smoke((), (r"^\| step \| reward \| length mean", r"^\| 2 \| 0\.\d+ \| \d+ \|")),),
+    "memory_plan.py": (
+        Smoke(
+            (),
+            (r"^\| model \| completion tokens \|", r"^\| tiny \| 32 \| 4 \| false \| off \| 1 \| \d"),
+            ("gguf",),
+        ),
+    ),
     "padding.py": (
         Smoke((), (r"^\| group_by_length \| padding_frac", r"^\| True \| \d", r"^\| False \| \d")),
     ),

@@ -376,6 +376,14 @@ def test_model_path_missing(env):
     )
 
 
+def test_a_run_whose_memory_plan_cannot_fit_is_refused_before_its_model_loads(env, monkeypatch):
+    monkeypatch.setattr("grpokit.policy.plan.available_memory", lambda ranks: (1 << 20, "cpu"))  # 1 MiB
+    loaded = []
+    monkeypatch.setattr("grpokit.policy.loading.load_model", lambda *a, **k: loaded.append(1))
+    msg = user_error(train(env), "memory plan: the update needs", "0.00 GiB available", "grpokit plan")
+    assert "model.memory_check=false" in msg and not loaded
+
+
 def test_output_dir_not_writable(env, monkeypatch):
     # We run as root, so chmod would not stop us: a path under a regular file cannot be created by anyone.
     (env[0] / "file.txt").write_text("x")

@@ -89,6 +89,7 @@ LAYERS: dict[str, int] = {
     "grpokit.policy.loading": SERVICES,
     "grpokit.policy.logprobs": SERVICES,
     "grpokit.policy.memory": SERVICES,
+    "grpokit.policy.plan": SERVICES,
     "grpokit.policy.padding_free": SERVICES,
     "grpokit.policy.optim": SERVICES,
     "grpokit.distributed": SERVICES,

@@ -67,6 +67,10 @@ class ModelConfig(Section):
     log-probs and gradients, fewer positions computed. Checked when the run starts: refused for an attention
     implementation or model that does not keep attention inside each sequence
     (grpokit/policy/padding_free.py)."""
+    memory_check: bool = True
+    """Before the model loads, compute the run's memory plan (per rank and phase: weights, pi_ref, AdamW,
+    gradients, the engine's KV cache, activations; `grpokit plan`, docs/memory.md), print it, and refuse a
+    run whose peak exceeds the available memory with one line naming what to change. false: print only."""
     trust_remote_code: bool = False
     """Allow model code from the hub folder (only for models you trust)."""
     disable_dropout: bool = True

@@ -82,7 +82,13 @@ def sizes(model, rows: int, tokens: int) -> Sizes | None:
     intermediate = getattr(config, "intermediate_size", None) or 4 * hidden
     vocab = getattr(config, "vocab_size", 0) or 0
     size = next(model.parameters()).element_size()
-    logits = 3 * min(rows * tokens * vocab, FUSED_MIN_LOGITS) * 4
+    return layer_sizes(hidden, intermediate, layers, vocab, size, rows * tokens)
+
+
+def layer_sizes(hidden: int, intermediate: int, layers: int, vocab: int, size: int, tokens: int) -> Sizes:
+    """Sizes of a decoder of `layers` layers of width `hidden` (MLP `intermediate`) in `size`-byte elements,
+    for a micro-batch of `tokens` tokens in all (the logits' part: below the fused head's threshold)."""
+    logits = 3 * min(tokens * vocab, FUSED_MIN_LOGITS) * 4
     return Sizes(layers, (12 * hidden + 5 * intermediate) * size, hidden * size, logits)
 
 
