@@ -29,6 +29,7 @@ number (143 / 130); the same command resumes. docs/errors.md lists every message
 from __future__ import annotations
 
 import errno
+import os
 import signal
 import sys
 import threading
@@ -125,6 +126,18 @@ def _with_threads(overrides: list[str] | None, threads: int | None) -> list[str]
     return [*(overrides or []), *([f"threads={threads}"] if threads is not None else [])]
 
 
+def _leave(code: int) -> None:
+    """Exit a torchrun rank now, its work done and its process group destroyed: gloo's worker threads may
+    still free tensors while the interpreter finalizes, which aborts the process now and then ("terminate
+    called without an active exception"; pytorch/pytorch#179291); os._exit skips that finalization."""
+    import logging
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def _run(fn, interrupted: str = STARTING):
     """Run fn, turning a user mistake into one line on stderr and exit status 2 (no traceback), and a Ctrl-C
     into the line `interrupted` and exit status 130 (typer's own would exit in silence)."""
@@ -172,10 +185,13 @@ def train(
             _fail(line)
         finally:
             trainer.world.teardown()
-        if trainer.interrupted:  # saved; the trainer printed the step and how to resume
-            raise typer.Exit(128 + signal.Signals[trainer.interrupted].value)
-        if trainer.world.is_main:
+        code = 128 + signal.Signals[trainer.interrupted].value if trainer.interrupted else 0
+        if not code and trainer.world.is_main:
             typer.echo(f"done: step {trainer.step}; final model in {Path(cfg.output_dir) / 'final'}")
+        if trainer.world.size > 1:  # the process group is gone: leave without the interpreter's finalization
+            _leave(code)
+        if code:  # saved; the trainer printed the step and how to resume
+            raise typer.Exit(code)
         return last
 
     _run(go)
