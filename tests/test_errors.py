@@ -1294,7 +1294,16 @@ def _sigint_once_importing(cmd: list[str], cwd: Path) -> subprocess.CompletedPro
     machine the signal may still land after the start-up (the run then takes it as a stop request and, at
     one step, ends normally): such a miss is started again, up to three times."""
     for _ in range(3):
-        p = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        p = subprocess.Popen(
+            cmd,
+            cwd=cwd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            # as a shell starts a command: Ctrl-C's default action, whatever this process inherited (a
+            # suite's worker may ignore SIGINT, and an ignored SIGINT is inherited across exec)
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
         maps = Path(f"/proc/{p.pid}/maps")
         while p.poll() is None and not any(
             "site-packages/torch/lib/" in line for line in maps.read_text().splitlines()
