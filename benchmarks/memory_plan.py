@@ -8,7 +8,7 @@
 Each row runs `grpokit train` for 2 steps (so AdamW's state exists when the second step's activations are
 kept) in a process of its own, 1 rank or 2 ranks (torchrun, gloo, FSDP2), on a tiny random Llama over
 SmolLM2-135M-Instruct's tokenizer (hidden 256, 4 layers, vocab 49152: weights, logits and activations all
-matter). What is measured, per rank: the peak resident memory (ru_maxrss) of the process over the run, less
+matter). What is measured, per rank: the peak resident memory (VmHWM) of the process over the run, less
 its resident memory once torch, transformers and grpokit are imported and a forward and backward of a
 2-layer toy model has run (the allocator's and the kernels' own start-up cost, which no plan of this run's
 tensors includes). The plan's prediction is the peak of `grpokit plan` for the same config, ranks and
@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -82,7 +81,9 @@ def child(out: Path, overrides: list[str]) -> None:
     finally:
         trainer.world.teardown()
     rank = int(os.environ.get("RANK", "0"))
-    peak = max(*phases.values(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)  # KiB on Linux
+    # VmHWM, not getrusage's ru_maxrss: Linux carries ru_maxrss across exec from the process that spawned
+    # this one (a 4.6 GB pytest worker made a 1.5 GB run read 4.6 GB); VmHWM belongs to this image alone.
+    peak = max(*phases.values(), _high_water_kb())
     record = {"baseline_kb": baseline, "peak_kb": peak, **{f"{k}_kb": v for k, v in phases.items()}}
     (out / f"rank{rank}.json").write_text(json.dumps(record))
 
@@ -287,7 +288,7 @@ def write_table(rows: list[dict], out: Path, argv: str) -> str:
         "",
         f"Command: `python benchmarks/memory_plan.py{(' ' + argv) if argv else ''}`",
         "",
-        "Measured, per rank: the peak resident set (ru_maxrss; VmHWM per phase) less the resident set",
+        "Measured, per rank: the peak resident set (VmHWM, over the run and per phase) less the resident set",
         "once torch, transformers and grpokit are imported, the run's tokenizer is loaded and a toy forward",
         "and backward has run; the largest rank's. Predicted: the peak of `grpokit plan` for the same config",
         "and ranks. tiny: a random Llama over SmolLM2's tokenizer (hidden 256, 4 layers, vocabulary 49,152,",
