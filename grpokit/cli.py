@@ -217,8 +217,10 @@ def plan(
     from grpokit.config import load_config
 
     def go():
-        cfg = load_config(config, overrides or [])
         from grpokit.policy.plan import GIB, Setup, available_memory, memory_plan, model_shapes
+        from grpokit.rollout.engines import choose_engine
+
+        cfg, _ = choose_engine(load_config(config, overrides or []), ranks)  # rollout.engine=auto: as a run
 
         free, device = available_memory(ranks)
         size = free if memory is None else int(memory * GIB)

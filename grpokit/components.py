@@ -9,6 +9,7 @@ the run's seeded random stream, and an exact resume expects the same draws.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,11 +40,13 @@ from grpokit.policy import (
     memory_left,
 )
 from grpokit.policy.critic import Critic
+from grpokit.policy.loading import model_folder
 from grpokit.policy.optim import Optimizer
 from grpokit.policy.plan import check_memory
 from grpokit.records.health import StepHealth
 from grpokit.rewards import RewardManager, build_rewards, reward_registry
 from grpokit.rollout import SamplerCorrection, make_engine
+from grpokit.rollout.engines import choose_engine
 from grpokit.rollout.episodes import with_tools
 from grpokit.rollout.pipeline import RolloutPipeline, make_pipeline
 from grpokit.tools.setup import prompt_tool_schemas
@@ -124,6 +127,39 @@ def build_components(
         critic,
         sequence,
     )
+
+
+def chosen_engine(cfg: Config, model: Any = None) -> Config:
+    """rollout.engine=auto made concrete (rollout/engines.py: choose_engine) for the run torchrun describes
+    (WORLD_SIZE; one process without it), its line printed by rank 0. `model`: the model object the Python
+    API was given, if any; else the model's config says whether it keeps a recurrent state."""
+    chosen, line = choose_engine(cfg, int(os.environ.get("WORLD_SIZE") or 1), recurrent_state(cfg, model))
+    if line is not None and int(os.environ.get("RANK") or 0) == 0:
+        print(line, flush=True)
+    return chosen
+
+
+def recurrent_state(cfg: Config, model: Any = None) -> str:
+    """The model's class name when transformers marks it stateful (Mamba, RecurrentGemma, ...), else "":
+    from the model object, or from the config of model.name_or_path without loading weights. Only asked for
+    rollout.engine=auto; a config that cannot be read says nothing here (loading the model says why)."""
+    if cfg.rollout.engine != "auto":
+        return ""
+    if model is not None:
+        return type(model).__name__ if getattr(type(model), "_is_stateful", False) else ""
+    import transformers
+
+    try:
+        folder = model_folder(cfg.model.name_or_path, "model.name_or_path")
+        config = transformers.AutoConfig.from_pretrained(
+            folder, trust_remote_code=cfg.model.trust_remote_code
+        )
+    except Exception:  # noqa: BLE001  (the loader's own line says what is wrong with the model)
+        return ""
+    stateful = [
+        a for a in config.architectures or [] if getattr(getattr(transformers, a, None), "_is_stateful", 0)
+    ]
+    return stateful[0] if stateful else ""
 
 
 def build_checkpointer(

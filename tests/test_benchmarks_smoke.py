@@ -96,6 +96,7 @@ SMOKES: dict[str, tuple[Smoke, ...]] = {
         Smoke((), (r"^\| run \| pass@1 before \|", r"^\| full fine-tune \| ", r"^\| LoRA "), ("peft",)),
         Smoke(("--memory",), (r"^\| run \| peak RSS MB \|", r"^\| LoRA r=16, all-linear \| \d"), ("peft",)),
     ),
+    "engine_default.py": (Smoke((), (r"^\| hf \| \d+\.\d+ \|", r"^\| auto \(default\) \| \d+\.\d+ \|")),),
     "long_chains.py": (Smoke((), (r"^\| step \| reward \| length mean", r"^\| 2 \| 0\.\d+ \| \d+ \|")),),
     "memory_plan.py": (
         Smoke(

@@ -563,7 +563,7 @@ def _config(tmp_path, *extra):
             ["distributed.strategy=ddp", "distributed.engine_copy=bf16"],
             "distributed.engine_copy=bf16 is the dtype of the whole copy of the policy that "
             "rollout.engine=fast or hf keeps under distributed.strategy=fsdp2; with "
-            "distributed.strategy=ddp and rollout.engine=hf there is none: leave it at fp32",
+            "distributed.strategy=ddp and rollout.engine=fast there is none: leave it at fp32",
         ),
         (
             ["distributed.sequence_parallel=4", "model.padding_free=true"],

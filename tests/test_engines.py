@@ -11,7 +11,8 @@ import torch
 
 from grpokit.config import ConfigError, load_config
 from grpokit.rollout import RolloutEngine
-from grpokit.rollout.engines import ENGINES, capability_table, check_engine
+from grpokit.rollout.engines import ENGINES, capability_table, check_engine, choose_engine
+from tests.helpers import require
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "rollout.md"
 
@@ -36,14 +37,26 @@ def test_every_engine_declares_its_capabilities_and_the_whole_interface():
 @pytest.mark.parametrize(
     "overrides, world_size, message",
     [
-        (["rollout.max_policy_lag=1"], 1, "rollout.max_policy_lag=1 needs the sampler's log-probs"),
-        (["rollout.importance_correction=token_mask"], 1, "use rollout.engine=fast or vllm"),
+        (
+            ["rollout.engine=hf", "rollout.max_policy_lag=1"],
+            1,
+            "rollout.max_policy_lag=1 needs the sampler's log-probs",
+        ),
+        (
+            ["rollout.engine=hf", "rollout.importance_correction=token_mask"],
+            1,
+            "use rollout.engine=fast or vllm",
+        ),
         (
             ["rollout.engine=fast", "rollout.vllm_mode=server"],
             1,
             "rollout.vllm_mode=server samples from a vLLM",
         ),
-        (["rollout.async_sampler=process"], 1, "rollout.async_sampler=process runs the fast engine"),
+        (
+            ["rollout.engine=hf", "rollout.async_sampler=process"],
+            1,
+            "rollout.async_sampler=process runs the fast engine",
+        ),
     ],
 )
 def test_a_feature_the_engine_lacks_is_one_line_naming_the_engines_that_have_it(
@@ -118,3 +131,62 @@ def test_the_vllm_kv_cache_is_sized_for_the_runs_sequences_not_the_models_contex
     assert kv_cache_bytes(model, context_length(model, None), 64, 0) == per_token * 8192 * 64
     assert context_length(model, 10_000) == 8192 and context_length(model, 5) == 17  # the probe fits
     assert kv_cache_bytes(model, length, 64, 96) == 96 << 20
+
+
+# ----------------------------------------------------------------------------- rollout.engine=auto
+def test_auto_is_the_default_and_picks_the_fast_engine_without_a_gpu(tiny_model_dir, monkeypatch):
+    from grpokit.components import chosen_engine
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    cfg = load_config(None, [f"model.name_or_path={tiny_model_dir}"])
+    assert cfg.rollout.engine == "auto"
+    chosen, line = choose_engine(cfg)
+    assert chosen.rollout.engine == "fast" and cfg.rollout.engine == "auto"  # a new config, the given kept
+    assert line == (
+        "rollout.engine=auto chose fast (the built-in engine: no GPU); set rollout.engine=hf, fast or vllm "
+        "to choose"
+    )
+    assert check_engine(cfg).name == "fast"  # the start-up check sees the engine the run starts with
+    assert chosen_engine(cfg).rollout.engine == "fast"
+
+
+def test_auto_picks_vllm_with_a_gpu_and_vllm_and_keeps_a_named_engine(monkeypatch):
+    require("vllm")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    chosen, line = choose_engine(load_config(None, []))
+    assert chosen.rollout.engine == "vllm" and line is not None and "(a GPU and vLLM are here)" in line
+    for name in ("hf", "fast", "vllm"):
+        named = load_config(None, [f"rollout.engine={name}"])
+        assert choose_engine(named) == (named, None)
+
+
+def test_auto_follows_the_keys_that_name_an_engine_variant(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    server, _ = choose_engine(load_config(None, ["rollout.vllm_mode=server"]))
+    assert server.rollout.engine == "vllm" and check_engine(server).variant == "vllm_mode=server"
+    process, _ = choose_engine(
+        load_config(None, ["rollout.async_sampler=process", "rollout.max_policy_lag=1"])
+    )
+    assert check_engine(process).variant == "async_sampler=process"
+
+
+def test_auto_picks_hf_for_a_model_with_a_recurrent_state(tmp_path, tiny_model_dir):
+    """A Mamba (transformers marks its class _is_stateful) on disk: the fast engine's attention cache cannot
+    hold its state, so auto picks transformers' generate and says why."""
+    from transformers import MambaConfig, MambaForCausalLM
+
+    from grpokit.components import chosen_engine, recurrent_state
+
+    MambaForCausalLM(MambaConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1)).save_pretrained(
+        tmp_path
+    )
+    cfg = load_config(None, [f"model.name_or_path={tmp_path}"])
+    assert recurrent_state(cfg) == "MambaForCausalLM"
+    chosen, line = choose_engine(cfg, 1, recurrent_state(cfg))
+    assert chosen.rollout.engine == "hf" and line is not None
+    assert "(MambaForCausalLM keeps a recurrent state, which the fast engine's KV cache cannot hold)" in line
+    assert chosen_engine(cfg).rollout.engine == "hf"
+    llama = load_config(None, [f"model.name_or_path={tiny_model_dir}"])
+    assert (
+        recurrent_state(llama) == "" and recurrent_state(cfg.model_copy(), model=torch.nn.Linear(1, 1)) == ""
+    )

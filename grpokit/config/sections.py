@@ -111,9 +111,11 @@ class DataConfig(Section):
 
 
 class RolloutConfig(Section):
-    engine: Literal["hf", "fast", "vllm"] = "hf"
+    engine: Literal["auto", "hf", "fast", "vllm"] = "auto"
     """Generation engine for rollouts: hf (transformers generate), fast (built-in KV-cache engine, CPU / small
-    GPUs) or vllm (vLLM in this process, or a `grpokit serve` process: vllm_mode; docs/rollout.md)."""
+    GPUs) or vllm (vLLM in this process, or a `grpokit serve` process: vllm_mode; docs/rollout.md). auto:
+    chosen when the run starts and said in one line: vllm with a GPU and vLLM installed, else fast (hf for a
+    model with a recurrent state)."""
     num_generations: int = Field(8, ge=2)
     """G: completions sampled per prompt; the group its advantages are relative to (DeepSeekMath §4.1.2)."""
     prompts_per_step: int = Field(8, ge=1)

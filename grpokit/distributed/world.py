@@ -45,8 +45,9 @@ def check_config(cfg: Config, world_size: int) -> None:
     """ConfigError (one line) for a config that cannot run on `world_size` processes: the config's own rules
     at that size (config.world.check_world), then what the engine can do there (rollout.engines: its
     EngineCaps against FEATURES). Every rule lives in one of those two."""
-    from grpokit.rollout.engines import check_engine  # at start-up only: importing the world loads no engine
+    from grpokit.rollout.engines import check_engine, choose_engine  # at start-up only: no engine loaded
 
+    cfg, _ = choose_engine(cfg, world_size)  # rollout.engine=auto: the engine the run starts with
     check_world(cfg, world_size)
     check_engine(cfg, world_size)
 

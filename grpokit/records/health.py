@@ -40,7 +40,7 @@ class StepHealth:
     def __init__(self, cfg: Config):
         self.cfg = cfg
         self.bad_steps: list[int] = []  # the current stretch of bad steps in a row
-        self._warned: frozenset[str] = frozenset()  # the reasons of the last warning in this stretch
+        self._warned: frozenset[str] = frozenset()  # the reasons said in this stretch of bad steps
 
     def reasons(self, metrics: Mapping[str, Any]) -> dict[str, str]:
         """What makes this step bad, by kind ("no_signal", or a reward function's name), with what to
@@ -81,8 +81,8 @@ class StepHealth:
                 f"stopped at step {step} after {len(self.bad_steps)} bad steps in a row (steps "
                 f"{self.bad_steps[0]}-{step}; stop_after_bad_steps={limit}, 0 = never stop): {text}"
             )
-        if set(reasons) != self._warned:
-            self._warned = frozenset(reasons)
+        if not set(reasons) <= self._warned:  # a reason not yet said in this run of bad steps
+            self._warned |= frozenset(reasons)
             then = (
                 f"the run stops after {limit} such steps in a row (stop_after_bad_steps)"
                 if limit

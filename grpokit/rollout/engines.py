@@ -1,5 +1,6 @@
 """Which engine a config runs, what each engine can do, and the one check of the config against it.
 
+    cfg, line = choose_engine(cfg, world_size)  # rollout.engine=auto made concrete, and the line saying why
     check_engine(cfg, world_size)        # at start-up: ConfigError (one line) for a feature the engine lacks
     engine = make_engine(cfg.rollout.engine, model, tokenizer, rollout=cfg.rollout)
     capability_table()                   # the markdown table in docs/rollout.md (a test keeps it current)
@@ -11,9 +12,12 @@ ENGINES entry, and docs/rollout.md's table regenerated from capability_table().
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+import torch
 
 from grpokit.config import Config, ConfigError
 from grpokit.config.world import where
@@ -216,6 +220,7 @@ def able(needs: str) -> list[str]:
 def check_engine(cfg: Config, world_size: int = 1) -> EngineSpec:
     """The engine the config picks, checked against every feature the run uses: ConfigError (one line) naming
     the first one it lacks and the engines that have it. Called once, when a run starts."""
+    cfg, _ = choose_engine(cfg, world_size)  # rollout.engine=auto: the engine the run would start with
     engine = select(cfg.rollout)
     for feature in FEATURES:
         if feature.on(cfg, world_size) and not getattr(engine.caps, feature.needs):
@@ -223,6 +228,43 @@ def check_engine(cfg: Config, world_size: int = 1) -> EngineSpec:
                 feature.error(cfg, engine, "rollout.engine=" + " or ".join(able(feature.needs)), world_size)
             )
     return engine
+
+
+# ----------------------------------------------------------------------------- rollout.engine=auto
+def choose_engine(cfg: Config, world_size: int = 1, recurrent: str = "") -> tuple[Config, str | None]:
+    """rollout.engine=auto made concrete when a run starts: (the config with the engine it runs, the line
+    that says which and why); a named engine is kept, with no line. The choice is the fastest engine that can
+    run the model and everything the run asks of an engine (FEATURES): vLLM where it is installed and a GPU is
+    present; else the built-in fast engine (exact: the trainer's log-probs of its samples agree to float
+    rounding); transformers' generate (hf) for a model with a recurrent state, which the fast engine's
+    preallocated attention cache cannot hold. `recurrent`: the model's class name when it has such a state
+    (components.chosen_engine reads it from the model's config), else ""."""
+    r = cfg.rollout
+    if r.engine != "auto":
+        return cfg, None
+    gpu, vllm = torch.cuda.is_available(), importlib.util.find_spec("vllm") is not None
+    if r.vllm_mode == "server":
+        name, why = "vllm", "rollout.vllm_mode=server samples from a vLLM server"
+    elif r.async_sampler == "process":
+        name, why = "fast", "rollout.async_sampler=process runs the fast engine in a process of its own"
+    elif gpu and vllm and not _lacks(cfg, "vllm", world_size):
+        name, why = "vllm", "a GPU and vLLM are here"
+    elif recurrent:
+        name, why = "hf", f"{recurrent} keeps a recurrent state, which the fast engine's KV cache cannot hold"
+    else:
+        reason = (
+            "no GPU" if not gpu else "vLLM is not installed" if not vllm else _lacks(cfg, "vllm", world_size)
+        )
+        name, why = "fast", f"the built-in engine: {reason}"
+    chosen = cfg.model_copy(update={"rollout": r.model_copy(update={"engine": name})})
+    return chosen, f"rollout.engine=auto chose {name} ({why}); set rollout.engine=hf, fast or vllm to choose"
+
+
+def _lacks(cfg: Config, name: str, world_size: int) -> str:
+    """The first feature the run uses that engine `name` cannot do, as a phrase ("" when none)."""
+    caps = select(cfg.rollout.model_copy(update={"engine": name})).caps
+    missing = [f.key for f in FEATURES if f.on(cfg, world_size) and not getattr(caps, f.needs)]
+    return f"{missing[0]} needs what vLLM lacks" if missing else ""
 
 
 # ----------------------------------------------------------------------------- building one
