@@ -42,7 +42,7 @@ from grpokit.policy import (
 from grpokit.policy.critic import Critic
 from grpokit.policy.loading import model_folder
 from grpokit.policy.optim import Optimizer
-from grpokit.policy.plan import check_memory
+from grpokit.policy.plan import check_memory, with_automatic_budget
 from grpokit.records.health import StepHealth
 from grpokit.rewards import RewardManager, build_rewards, reward_registry
 from grpokit.rollout import SamplerCorrection, make_engine
@@ -129,14 +129,20 @@ def build_components(
     )
 
 
-def chosen_engine(cfg: Config, model: Any = None) -> Config:
-    """rollout.engine=auto made concrete (rollout/engines.py: choose_engine) for the run torchrun describes
-    (WORLD_SIZE; one process without it), its line printed by rank 0. `model`: the model object the Python
+def resolved(cfg: Config, model: Any = None) -> Config:
+    """The config the run runs, for the ranks torchrun describes (WORLD_SIZE; one process without it), each
+    automatic choice said in one line by rank 0: rollout.engine=auto made concrete (rollout/engines.py:
+    choose_engine), and a token budget when neither micro-batch key is set and the whole minibatch would
+    not fit this machine's memory (policy/plan.py: automatic_budget). `model`: the model object the Python
     API was given, if any; else the model's config says whether it keeps a recurrent state."""
-    chosen, line = choose_engine(cfg, int(os.environ.get("WORLD_SIZE") or 1), recurrent_state(cfg, model))
-    if line is not None and int(os.environ.get("RANK") or 0) == 0:
-        print(line, flush=True)
-    return chosen
+    ranks = int(os.environ.get("WORLD_SIZE") or 1)
+    cfg, engine_line = choose_engine(cfg, ranks, recurrent_state(cfg, model))
+    cfg, budget_line = with_automatic_budget(cfg, ranks)
+    if int(os.environ.get("RANK") or 0) == 0:
+        for line in (engine_line, budget_line):
+            if line is not None:
+                print(line, flush=True)
+    return cfg
 
 
 def recurrent_state(cfg: Config, model: Any = None) -> str:

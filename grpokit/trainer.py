@@ -35,7 +35,7 @@ from grpokit.algorithm import (
     process_advantages,
 )
 from grpokit.checkpoint import checkpoint_dir, seed_everything
-from grpokit.components import build_checkpointer, build_components, chosen_engine
+from grpokit.components import build_checkpointer, build_components, resolved
 from grpokit.config import Config
 from grpokit.data import SamplerBookmarks
 from grpokit.data.batch import Groups, RolloutBatch, pack_sequences, process_rewards, repeat_rows
@@ -71,7 +71,7 @@ from grpokit.rollout.pipeline import lag_metrics
 
 class Trainer:
     def __init__(self, cfg: Config, *, model=None, tokenizer=None, train_rows=None, eval_rows=None):
-        cfg = chosen_engine(cfg, model)  # rollout.engine=auto made concrete, and said in one line
+        cfg = resolved(cfg, model)  # rollout.engine=auto, the automatic token budget: made concrete, and said
         self.cfg, self.out = cfg, Path(cfg.output_dir)
         # The command line also resolves threads=0 (auto); the Python API leaves torch's setting alone.
         if cfg.threads:

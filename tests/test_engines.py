@@ -135,7 +135,7 @@ def test_the_vllm_kv_cache_is_sized_for_the_runs_sequences_not_the_models_contex
 
 # ----------------------------------------------------------------------------- rollout.engine=auto
 def test_auto_is_the_default_and_picks_the_fast_engine_without_a_gpu(tiny_model_dir, monkeypatch):
-    from grpokit.components import chosen_engine
+    from grpokit.components import resolved
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     cfg = load_config(None, [f"model.name_or_path={tiny_model_dir}"])
@@ -147,7 +147,7 @@ def test_auto_is_the_default_and_picks_the_fast_engine_without_a_gpu(tiny_model_
         "to choose"
     )
     assert check_engine(cfg).name == "fast"  # the start-up check sees the engine the run starts with
-    assert chosen_engine(cfg).rollout.engine == "fast"
+    assert resolved(cfg).rollout.engine == "fast"
 
 
 def test_auto_picks_vllm_with_a_gpu_and_vllm_and_keeps_a_named_engine(monkeypatch):
@@ -175,7 +175,7 @@ def test_auto_picks_hf_for_a_model_with_a_recurrent_state(tmp_path, tiny_model_d
     hold its state, so auto picks transformers' generate and says why."""
     from transformers import MambaConfig, MambaForCausalLM
 
-    from grpokit.components import chosen_engine, recurrent_state
+    from grpokit.components import recurrent_state, resolved
 
     MambaForCausalLM(MambaConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1)).save_pretrained(
         tmp_path
@@ -185,7 +185,7 @@ def test_auto_picks_hf_for_a_model_with_a_recurrent_state(tmp_path, tiny_model_d
     chosen, line = choose_engine(cfg, 1, recurrent_state(cfg))
     assert chosen.rollout.engine == "hf" and line is not None
     assert "(MambaForCausalLM keeps a recurrent state, which the fast engine's KV cache cannot hold)" in line
-    assert chosen_engine(cfg).rollout.engine == "hf"
+    assert resolved(cfg).rollout.engine == "hf"
     llama = load_config(None, [f"model.name_or_path={tiny_model_dir}"])
     assert (
         recurrent_state(llama) == "" and recurrent_state(cfg.model_copy(), model=torch.nn.Linear(1, 1)) == ""

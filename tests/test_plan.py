@@ -165,6 +165,74 @@ def test_a_plan_that_does_not_fit_is_refused_in_one_line_naming_a_change_that_fi
     assert at.peak <= memory < over.peak
 
 
+def test_a_token_budget_sizes_the_planned_micro_batch_as_the_run_packs_it(tiny_dir):
+    """optim.max_tokens_per_micro_batch=B: the plan's micro-batch is as many sequences of the longest length
+    (64 tokens) as B holds, at least one (MicroBatching.worst), not micro_batch_size's rows."""
+    whole_cfg = run_config(tiny_dir, "rollout.prompts_per_step=8", "optim.micro_batch_size=0")
+    shapes = model_shapes(whole_cfg.model)
+    whole = memory_plan(whole_cfg, shapes)
+    budget_cfg = run_config(
+        tiny_dir,
+        "rollout.prompts_per_step=8",
+        "optim.micro_batch_size=0",
+        "optim.max_tokens_per_micro_batch=256",
+    )
+    budget = memory_plan(budget_cfg, shapes)
+    assert (whole.rows, budget.rows) == (16, 4) and budget.peak < whole.peak
+    rows4 = memory_plan(
+        run_config(tiny_dir, "rollout.prompts_per_step=8", "optim.micro_batch_size=4"), shapes
+    )
+    assert budget.lines == rows4.lines  # 4 sequences of 64 tokens either way
+    short = run_config(
+        tiny_dir,
+        "rollout.prompts_per_step=8",
+        "optim.micro_batch_size=0",
+        "optim.max_tokens_per_micro_batch=10",
+    )
+    assert memory_plan(short, shapes).rows == 1  # a sequence longer than the budget runs alone
+    advice = memory_plan(budget_cfg, shapes).advice  # a smaller budget, in the key the config uses
+    assert any(a.startswith("optim.max_tokens_per_micro_batch=192 ") for a in advice), advice
+    assert advice[-1].split(" (peak")[0].endswith("optim.max_tokens_per_micro_batch=256"), advice
+
+
+def test_a_run_that_sets_no_micro_batch_gets_the_largest_token_budget_that_fits(tiny_dir, monkeypatch):
+    """Neither micro-batch key set: the whole minibatch while it fits; else the largest budget of k longest
+    sequences whose plan fits, said in one line; none where the config sizes micro-batches itself."""
+    cfg = run_config(tiny_dir, "rollout.prompts_per_step=8", "optim.micro_batch_size=0")
+    shapes = model_shapes(cfg.model)
+    peak = {
+        k: memory_plan(
+            run_config(
+                tiny_dir,
+                "rollout.prompts_per_step=8",
+                "optim.micro_batch_size=0",
+                f"optim.max_tokens_per_micro_batch={k * 64}",
+            ),
+            shapes,
+        ).peak
+        for k in (4, 5)
+    }
+    assert peak[4] < peak[5]
+    memory = (peak[4] + peak[5]) // 2  # 4 sequences fit, 5 do not
+    assert plan_module.automatic_budget(cfg, shapes, Setup(memory=memory)) == 4 * 64
+    assert plan_module.automatic_budget(cfg, shapes, Setup(memory=memory_plan(cfg, shapes).peak)) == 0
+    own = run_config(tiny_dir, "rollout.prompts_per_step=8", "optim.micro_batch_size=8")
+    assert plan_module.automatic_budget(own, shapes, Setup(memory=memory)) == 0
+    assert plan_module.automatic_budget(cfg, shapes, Setup(memory=1)) == 0  # nothing fits: the refusal says
+    monkeypatch.setattr(plan_module, "available_memory", lambda ranks: (memory, "cpu"))
+    chosen, line = plan_module.with_automatic_budget(cfg, 1)
+    assert chosen.optim.max_tokens_per_micro_batch == 256 and cfg.optim.max_tokens_per_micro_batch == 0
+    assert line is not None and line.startswith(
+        "optim.max_tokens_per_micro_batch: 256 tokens a micro-batch (4 sequences of up to 64 tokens), chosen "
+        "by the memory plan: the whole minibatch (16 sequences a rank) would need"
+    )
+    assert memory_plan(chosen, shapes, Setup(memory=memory)).fits
+    off = run_config(
+        tiny_dir, "rollout.prompts_per_step=8", "optim.micro_batch_size=0", "model.memory_check=false"
+    )
+    assert plan_module.with_automatic_budget(off, 1) == (off, None)
+
+
 def test_grpokit_plan_prints_the_table_and_exits_2_with_one_line_when_it_cannot_fit(tiny_dir, tmp_path):
     config = tmp_path / "run.yaml"
     config.write_text(f"model: {{name_or_path: '{tiny_dir}'}}\n")
@@ -195,3 +263,28 @@ def test_the_plan_is_within_15_percent_of_a_real_runs_measured_peak(tmp_path):
     predicted = bench.predict(args, ranks=1)["peak"]
     measured = bench.measure(tmp_path, 1, args)["peak"]
     assert abs(predicted - measured) <= 0.15 * measured, (predicted, measured)
+
+
+def test_the_trainer_runs_the_automatic_budget_and_says_so(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    """The run's micro-batches are the budget the plan chose (before anything is built), and one line says
+    it; the memory plan printed next fits."""
+    from grpokit.trainer import Trainer
+
+    task = ("data.task=countdown", "data.max_prompt_length=64", "rollout.prompts_per_step=8")
+    cfg = run_config(tiny_model_dir, *task, "optim.micro_batch_size=0", f"output_dir={tmp_path / 'run'}")
+    shapes = model_shapes(cfg.model)
+    budget = run_config(
+        tiny_model_dir, *task, "optim.micro_batch_size=0", "optim.max_tokens_per_micro_batch=224"
+    )
+    memory = (
+        memory_plan(budget, shapes).peak + memory_plan(cfg, shapes).peak
+    ) // 2  # 2 sequences fit, 16 not
+    monkeypatch.setattr(plan_module, "available_memory", lambda ranks: (memory, "cpu"))
+    trainer = Trainer(cfg)
+    try:
+        assert trainer.batching.max_tokens == plan_module.automatic_budget(cfg, shapes, Setup(memory=memory))
+        assert trainer.batching.max_tokens >= 224 and trainer.cfg.optim.max_tokens_per_micro_batch > 0
+        out = capsys.readouterr().out
+        assert "optim.max_tokens_per_micro_batch: " in out and "chosen by the memory plan" in out
+    finally:
+        trainer.close()

@@ -427,7 +427,9 @@ class OptimConfig(OptimizerSettings):
     computes them (padded: rows x longest; model.padding_free: their sum), longest first; a longer sequence
     runs alone. Same gradient as the whole minibatch up to the order of float sums; under torchrun the ranks
     run as many micro-batches each. 0 = counted in rows (micro_batch_size); set one of the two. Also sizes
-    the pi_old / pi_ref passes and the PPO critic's."""
+    the pi_old / pi_ref passes and the PPO critic's. With neither set, a run takes the whole minibatch while
+    the memory plan says it fits (model.memory_check), else the largest budget of k longest sequences that
+    fits, said in one line at start (docs/memory.md)."""
     max_consecutive_skips: int = Field(10, ge=1)
     """Stop after this many optimizer steps in a row were skipped for a non-finite loss or gradient."""
 

@@ -189,9 +189,27 @@ def _activation_lines(cfg: Config, s: Shapes, setup: Setup, rows: int, shard: in
 
 
 def micro_rows(cfg: Config, ranks: int) -> int:
-    """Sequences in a rank's largest micro-batch: micro_batch_size, within the rank's share of a
-    minibatch."""
-    return max(1, min(cfg.micro_batch_size, -(-cfg.minibatch_size // ranks)))
+    """Sequences in a rank's largest micro-batch: micro_batch_size, within the rank's share of a minibatch;
+    with optim.max_tokens_per_micro_batch, as many sequences of the longest length as the budget holds (at
+    least one: a longer sequence runs alone)."""
+    share = -(-cfg.minibatch_size // ranks)
+    if budget := cfg.optim.max_tokens_per_micro_batch:
+        return max(1, min(share, budget // (cfg.data.max_prompt_length + cfg.rollout.max_completion_length)))
+    return max(1, min(cfg.micro_batch_size, share))
+
+
+def automatic_budget(cfg: Config, shapes: Shapes, setup: Setup) -> int:
+    """The token budget a run that sets neither micro-batch key gets (optim.max_tokens_per_micro_batch, 0
+    = none): none while the whole minibatch fits setup.memory, else the largest budget of k longest
+    sequences whose plan fits (the same gradient, in more forwards), or none when not even one fits (the
+    plan's refusal then says what to change)."""
+    if cfg.optim.micro_batch_size or cfg.optim.max_tokens_per_micro_batch or _fits(cfg, shapes, setup):
+        return 0
+    tokens = cfg.data.max_prompt_length + cfg.rollout.max_completion_length
+    for k in range(micro_rows(cfg, setup.ranks) - 1, 0, -1):
+        if _fits(_with(cfg, "optim", max_tokens_per_micro_batch=k * tokens), shapes, setup):
+            return k * tokens
+    return 0
 
 
 def engine_lines(cfg: Config, s: Shapes, setup: Setup, tokens: int, shard: int) -> list[tuple[str, int]]:
@@ -323,10 +341,19 @@ def _candidates(cfg: Config, shapes: Shapes, setup: Setup) -> list[tuple[str, in
         out.append(("model.padding_free=true", _peak(free, shapes, setup)))
     rows = micro_rows(cfg, setup.ranks)
     tokens = cfg.data.max_prompt_length + cfg.rollout.max_completion_length
-    for k in sorted((k for k in range(1, rows) if cfg.minibatch_size % k == 0), reverse=True):
-        smaller = _with(cfg, "optim", micro_batch_size=k)
+    budget = cfg.optim.max_tokens_per_micro_batch  # set: a smaller budget; else fewer rows
+    for k in sorted((k for k in range(1, rows) if budget or cfg.minibatch_size % k == 0), reverse=True):
+        smaller = _with(
+            cfg,
+            "optim",
+            **({"max_tokens_per_micro_batch": k * tokens} if budget else {"micro_batch_size": k}),
+        )
         if setup.memory <= 0 or _peak(smaller, shapes, setup) <= setup.memory or k == 1:
-            change = f"optim.micro_batch_size={k} (a token budget of {k * tokens} tokens a micro-batch)"
+            change = (
+                f"optim.max_tokens_per_micro_batch={k * tokens}"
+                if budget
+                else f"optim.micro_batch_size={k} (a token budget of {k * tokens} tokens a micro-batch)"
+            )
             out.append((change, _peak(smaller, shapes, setup)))
             break
     gen = cfg.rollout.generation_batch_size or -(-cfg.rollout_batch_size // setup.ranks)
@@ -362,11 +389,15 @@ def _together(cfg: Config, shapes: Shapes, setup: Setup) -> tuple[str, int]:
     for (section, key), value in keys.items():
         cfg = _with(cfg, section, **{key: value})
     rows = micro_rows(cfg, setup.ranks)
-    sizes = [k for k in range(rows, 0, -1) if cfg.minibatch_size % k == 0]
-    k = next((k for k in sizes if _fits(_with(cfg, "optim", micro_batch_size=k), shapes, setup)), 1)
-    cfg = _with(cfg, "optim", micro_batch_size=k)
+    tokens = cfg.data.max_prompt_length + cfg.rollout.max_completion_length
+    # the micro-batch in the key the config sizes it by: tokens (a budget of k longest sequences) or rows
+    by = "max_tokens_per_micro_batch" if cfg.optim.max_tokens_per_micro_batch else "micro_batch_size"
+    sizes = [k * tokens if by != "micro_batch_size" else k for k in range(rows, 0, -1)]
+    sizes = [n for n in sizes if by != "micro_batch_size" or cfg.minibatch_size % n == 0]
+    size = next((n for n in sizes if _fits(_with(cfg, "optim", **{by: n}), shapes, setup)), sizes[-1])
+    cfg = _with(cfg, "optim", **{by: size})
     change = " ".join(f"{section}.{key}={str(v).lower()}" for (section, key), v in keys.items())
-    return f"{change} optim.micro_batch_size={k}", _peak(cfg, shapes, setup)
+    return f"{change} optim.{by}={size}", _peak(cfg, shapes, setup)
 
 
 def _fits(cfg: Config, shapes: Shapes, setup: Setup) -> bool:
@@ -493,6 +524,32 @@ def summary(plan: MemoryPlan) -> str:
     if plan.setup.memory > 0:
         lines.append(f"  longest completion that fits: {plan.longest} tokens; `grpokit plan` shows each item")
     return "\n".join(lines)
+
+
+def with_automatic_budget(cfg: Config, ranks: int) -> tuple[Config, str | None]:
+    """cfg with the automatic token budget (automatic_budget) on this machine, and the line that says so;
+    (cfg, None) when it needs none, sets a micro-batch key itself, turned model.memory_check off, or has a
+    model whose config cannot be read."""
+    if not cfg.model.memory_check or cfg.optim.micro_batch_size or cfg.optim.max_tokens_per_micro_batch:
+        return cfg, None
+    try:
+        shapes = model_shapes(cfg.model)
+    except ModelLoadError:
+        return cfg, None
+    memory, device = available_memory(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    setup = Setup(ranks=ranks, memory=memory, device=device)
+    budget = automatic_budget(cfg, shapes, setup)
+    if not budget:
+        return cfg, None
+    whole, rows = _peak(cfg, shapes, setup), micro_rows(cfg, ranks)
+    cfg = _with(cfg, "optim", max_tokens_per_micro_batch=budget)
+    tokens = cfg.data.max_prompt_length + cfg.rollout.max_completion_length
+    return cfg, (
+        f"optim.max_tokens_per_micro_batch: {budget} tokens a micro-batch ({budget // tokens} sequences of "
+        f"up to {tokens} tokens), chosen by the memory plan: the whole minibatch ({rows} sequences a "
+        f"rank) would need {_gib(whole)} of the {_gib(memory)} available; the same gradient in "
+        "more forwards (set optim.micro_batch_size or max_tokens_per_micro_batch to choose)"
+    )
 
 
 def check_memory(cfg: Config, ranks: int, *, echo: bool = True) -> MemoryPlan | None:
