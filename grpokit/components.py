@@ -48,6 +48,7 @@ from grpokit.rewards import RewardManager, build_rewards, reward_registry
 from grpokit.rollout import SamplerCorrection, make_engine
 from grpokit.rollout.engines import choose_engine
 from grpokit.rollout.episodes import with_tools
+from grpokit.rollout.partial import PartialPipeline
 from grpokit.rollout.pipeline import RolloutPipeline, make_pipeline
 from grpokit.tools.setup import prompt_tool_schemas
 
@@ -210,8 +211,9 @@ def auto_checkpointing(model, world: World, rows: int, tokens: int) -> None:
 def build_pipeline(
     cfg: Config, policy: PolicyHandle, tokenizer: Any, *, seed: int, max_len: int = 0
 ) -> RolloutPipeline:
-    """The engine the config names (with tools: episodes around it), playing pi_old: synchronous, or
-    rollout.max_policy_lag steps ahead in a background thread. The pipeline owns the engine and closes it.
+    """The engine the config names (with tools: episodes around it), playing pi_old: synchronous,
+    rollout.max_policy_lag steps ahead in a background thread, or partial rollouts. The pipeline owns the
+    engine and closes it.
     max_len: the longest prompt + completion of the run (vllm sizes its context and KV cache for it)."""
     engine = make_engine(
         cfg.rollout.engine,
@@ -222,7 +224,8 @@ def build_pipeline(
         rollout=cfg.rollout,
         max_len=max_len,
     )
-    return make_pipeline(
+    timeline = PartialPipeline if cfg.rollout.partial_rollouts else make_pipeline  # rollout/partial.py
+    return timeline(
         with_tools(engine, cfg, tokenizer),
         cfg.rollout,
         max_lag=cfg.rollout.max_policy_lag,

@@ -169,6 +169,7 @@ LAYERS: dict[str, int] = {
     "grpokit.evaluate": ASSEMBLY,
     "grpokit.rollout.episodes": ASSEMBLY,
     "grpokit.rollout.pipeline": ASSEMBLY,
+    "grpokit.rollout.partial": ASSEMBLY,
     # 4: loops
     "grpokit.trainer": LOOPS,
     "grpokit.sft": LOOPS,

@@ -154,6 +154,15 @@ class Config(Section):
         return self
 
     @model_validator(mode="after")
+    def _check_partial_rollouts(self) -> Config:
+        if self.rollout.partial_rollouts and self.tools.enabled:
+            raise ValueError(
+                "rollout.partial_rollouts carries a completion's tokens to the next step, which multi-turn "
+                "episodes with tools do not support yet; drop the tools section or partial_rollouts"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _check_lora(self) -> Config:
         if self.model.lora is None:
             return self

@@ -155,6 +155,23 @@ class RolloutConfig(Section):
     trains, in a background thread (samples exactly k versions old once the run is k steps in). pi_old is then
     the sampler's log-probs, or with importance_correction the trainer's own with that correction (decoupled
     PPO); 0 = the synchronous loop. Needs an engine that returns log-probs (fast, vllm); docs/rollout.md."""
+    partial_rollouts: bool = False
+    """A step trains on the groups that finished; completions still going keep their tokens and go on under
+    the next weights, each token with the version that sampled it and its sampler log-prob (its pi_old), so
+    the longest completion no longer sets every step's length (grpokit/rollout/partial.py, docs/rollout.md).
+    Needs an engine that returns log-probs (fast, vllm); not with max_policy_lag or tools."""
+    partial_chunk_tokens: int = Field(0, ge=0)
+    """With partial_rollouts: tokens a completion may add in one generation round; 0 = the smallest chunk
+    with which the longest completion finishes within max_staleness versions
+    (ceil(max_completion_length / (max_staleness + 1))). At least max_completion_length: the synchronous
+    loop."""
+    partial_in_flight: int = Field(2, ge=1)
+    """With partial_rollouts: groups kept in flight (or complete and waiting), in steps' worth of
+    prompts_per_step. A step ends once prompts_per_step of them are complete, so the slowest wait; 1 = no more
+    in flight than a step takes."""
+    max_staleness: int = Field(2, ge=0)
+    """With partial_rollouts: versions a completion's tokens may span after its first token's; an older
+    completion is restarted from its prompt, counted in rollout/partial_restarted."""
     async_sampler: Literal["thread", "process"] = "thread"
     """With max_policy_lag > 0: where the fast engine samples. thread: a thread of the trainer's process
     (overlaps training when ops are large: GPUs, real models); process: a CPU process of its own
@@ -192,6 +209,12 @@ class RolloutConfig(Section):
         items = urls.split(",") if isinstance(urls, str) else urls
         return [u.strip().rstrip("/") for u in items if u.strip()] or [""]
 
+    @property
+    def off_policy(self) -> bool:
+        """Samples come from older weights than the ones they train: asynchronous or partial rollouts (pi_old
+        is then the sampler's log-probs, or with importance_correction a pass of the trainer's own)."""
+        return self.max_policy_lag > 0 or self.partial_rollouts
+
     @model_validator(mode="after")
     def _check_importance_correction(self) -> RolloutConfig:
         lo, hi = self.importance_c_min, self.importance_c_max
@@ -205,6 +228,20 @@ class RolloutConfig(Section):
                 )
         if len(set(self.server_urls)) < len(self.server_urls):
             raise ValueError(f"rollout.vllm_server_url lists a server twice: {', '.join(self.server_urls)}")
+        if self.partial_rollouts and self.max_policy_lag:
+            raise ValueError(
+                f"rollout.partial_rollouts and rollout.max_policy_lag={self.max_policy_lag} are two "
+                "timelines: set one (partial rollouts carry unfinished completions; the lag samples whole "
+                "batches ahead)"
+            )
+        chunk = self.partial_chunk_tokens
+        if self.partial_rollouts and chunk and chunk * (self.max_staleness + 1) < self.max_completion_length:
+            raise ValueError(
+                f"rollout.partial_chunk_tokens={chunk} over rollout.max_staleness={self.max_staleness} + 1 "
+                f"versions reaches {chunk * (self.max_staleness + 1)} tokens, fewer than "
+                f"max_completion_length={self.max_completion_length}: the longest completions would restart "
+                "forever; raise either, or set partial_chunk_tokens=0 (chosen from them)"
+            )
         # What the engine can do (log-probs, a sampler process, a server) is checked against its capabilities
         # when the run starts: grpokit/rollout/engines.py.
         return self

@@ -185,6 +185,13 @@ ROLLOUT_IS_CLIP_FRAC = "rollout/is_clip_frac"
 # (grpokit/rollout/pipeline.py).
 ROLLOUT_VERSION_LAG = "rollout/version_lag"
 ROLLOUT_VERSION_LAG_MAX = "rollout/version_lag_max"
+# rollout.partial_rollouts (grpokit/rollout/partial.py): what the step's batch carried over from earlier steps
+ROLLOUT_PARTIAL_FRAC = "rollout/partial_frac"
+ROLLOUT_VERSIONS_SPANNED = "rollout/versions_spanned"
+ROLLOUT_VERSIONS_SPANNED_MAX = "rollout/versions_spanned_max"
+ROLLOUT_TOKENS_CARRIED = "rollout/tokens_carried"
+ROLLOUT_PARTIAL_RESTARTED = "rollout/partial_restarted"
+ROLLOUT_PARTIAL_ROUNDS = "rollout/partial_rounds"
 # The check of the weight push behind the step's samples, for engines that push (vllm; under torchrun one
 # engine per rank): its max |diff| and how many engines were checked.
 ROLLOUT_PUSH_ERROR = "rollout/push_error"
@@ -274,9 +281,13 @@ RANK_REDUCTIONS: dict[str, str] = {
             ROLLOUT_GROUPS_DROPPED,
             ROLLOUT_GROUPS_TOPPED_UP,
             ROLLOUT_PUSH_CHECKS,
+            ROLLOUT_TOKENS_CARRIED,
+            ROLLOUT_PARTIAL_RESTARTED,
         )
     },
     ROLLOUT_PUSH_ERROR: "max",
+    ROLLOUT_VERSIONS_SPANNED_MAX: "max",
+    ROLLOUT_PARTIAL_ROUNDS: "max",
     ROLLOUT_SERVERS: "max",
     ROLLOUT_LOGP_DIFF_MAX: "max",
     ROLLOUT_VERSION_LAG_MAX: "max",

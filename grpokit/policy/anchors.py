@@ -29,7 +29,7 @@ from grpokit.policy import batched_logprobs
 def pi_old_source(cfg: Config) -> Literal["sampler", "policy", "none"]:
     """Where pi_old's log-probs come from: the engine's ("sampler"), a pass of the policy ("policy"), or
     nowhere ("none": pi_old = pi_theta)."""
-    lagged, correct = cfg.rollout.max_policy_lag > 0, cfg.rollout.importance_correction != "none"
+    lagged, correct = cfg.rollout.off_policy, cfg.rollout.importance_correction != "none"
     if lagged and not correct:
         return "sampler"
     if cfg.algorithm.num_iterations > 1 or cfg.optim.num_minibatches > 1 or lagged:

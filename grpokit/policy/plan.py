@@ -437,6 +437,12 @@ def model_shapes(model_cfg) -> Shapes:
     params = sum(p.numel() for p in model.parameters())  # a tied head is the embeddings' parameter: once
     adapters = 0 if model_cfg.lora is None else lora_parameters(model, model_cfg.lora)
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    missing = [k for k in ("hidden_size", "num_attention_heads", "num_hidden_layers") if not hasattr(text, k)]
+    if missing:  # a recurrent model (Mamba): no attention to plan for
+        raise ModelLoadError(
+            f"model.name_or_path={model_cfg.name_or_path!r}: its config has no {missing[0]}, which the "
+            "memory plan needs (it plans attention models)"
+        )
     hidden = text.hidden_size
     heads = text.num_attention_heads
     return Shapes(

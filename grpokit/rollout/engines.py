@@ -189,6 +189,15 @@ FEATURES = (
     Feature(
         "rollout.max_policy_lag > 0", "sampling_logprobs", lambda c, w: c.rollout.max_policy_lag > 0, _lag
     ),
+    Feature(
+        "rollout.partial_rollouts",
+        "sampling_logprobs",
+        lambda c, w: c.rollout.partial_rollouts,
+        lambda c, e, use, w: (
+            "rollout.partial_rollouts keeps each token's sampler log-prob as its pi_old, which "
+            f"{e.setting} does not return; use {use}, or partial_rollouts=false"
+        ),
+    ),
     Feature("model.lora", "lora", lambda c, w: c.model.lora is not None, _lora),
     Feature("torchrun (WORLD_SIZE > 1)", "several_ranks", lambda c, w: w > 1, _ranks),
     Feature(

@@ -50,9 +50,9 @@ class SamplerCorrection:
     def __init__(self, rollout_cfg) -> None:
         self.mode = rollout_cfg.importance_correction
         self.c_min, self.c_max = rollout_cfg.importance_c_min, rollout_cfg.importance_c_max
-        # pi_old is the sampler itself with rollout.max_policy_lag and no correction: measure against the
-        # policy trained.
-        self.old_is_sampler = rollout_cfg.max_policy_lag > 0 and self.mode == "none"
+        # pi_old is the sampler itself with rollout.max_policy_lag or partial rollouts and no correction:
+        # measure against the policy trained.
+        self.old_is_sampler = rollout_cfg.off_policy and self.mode == "none"
         self._max: float | None = None
 
     def __call__(
