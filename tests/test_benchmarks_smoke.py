@@ -42,6 +42,7 @@ ARMS_HEAD = r"^\| arm \| seed \| mean@8 before \| mean@8 after \| pass@1 before 
 # script -> its smoke runs
 SMOKES: dict[str, tuple[Smoke, ...]] = {
     "async_lag.py": (Smoke((), (ARMS_HEAD, r"^\| lag0 \| 0 \| ", r"^\| lag1_tis \| 0 \| ")),),
+    "long_tail.py": (Smoke((), (ARMS_HEAD, r"^\| sync \| 0 \| ", r"^\| partial \| 0 \| ")),),
     "compare_trl.py": (
         Smoke(
             ("--workloads", "vocab", "--threads", "1", "--work", "work", "--out", "out"),
@@ -150,7 +151,9 @@ SMOKES: dict[str, tuple[Smoke, ...]] = {
     "vllm_vs_fast.py": (Smoke((), (ARMS_HEAD, r"^\| fast \| 0 \| ", r"^\| vllm \| 0 \| "), ("vllm",)),),
 }
 # modules the scripts import, not run on their own -> the scripts whose smoke runs run them
-LIBRARIES: dict[str, tuple[str, ...]] = {"arms.py": ("async_lag.py", "precision.py", "vllm_vs_fast.py")}
+LIBRARIES: dict[str, tuple[str, ...]] = {
+    "arms.py": ("async_lag.py", "long_tail.py", "precision.py", "vllm_vs_fast.py")
+}
 
 
 def test_every_benchmark_has_a_smoke_run():
