@@ -18,8 +18,13 @@ import pytest
 import torch
 
 from grpokit.checkpoint import STATE_FILE, checkpoint_dir, list_checkpoints
+from grpokit.config import load_config
+from grpokit.policy import load_policy
+from grpokit.rollout import make_engine
+from grpokit.rollout.pipeline import make_pipeline
 from grpokit.trainer import Trainer
 from tests.helpers import read_metrics
+from tests.test_async_rollouts import _Row
 from tests.test_trainer import Crash, _crash_at, config
 
 STEPS = ["optim.max_steps=6", "checkpoint.save_every=2", "checkpoint.keep_last=5", "rollout.engine=fast"]
@@ -77,6 +82,51 @@ def _assert_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> Non
     assert a.keys() == b.keys()
     differ = [k for k in a if not torch.equal(a[k], b[k])]
     assert not differ, f"{len(differ)} of {len(a)} tensors differ, e.g. {differ[:3]}"
+
+
+def test_a_pipeline_gives_back_its_batches_in_flight(tiny_model_dir):
+    """The pipeline alone, lag 1, 4 batches: one saved after batch 1 (batch 2 in flight) and restored into a
+    new pipeline (also saved again before its first batch: the same state) returns the saved batch 2 and then
+    generates batch 3 as the uninterrupted pipeline does, token for token; the weights never move, so only
+    the restored generators make batch 3 the same."""
+    cfg = load_config(
+        None,
+        [
+            f"model.name_or_path={tiny_model_dir}",
+            "rollout.engine=fast",
+            "rollout.num_generations=3",
+            "rollout.max_completion_length=5",
+            "rollout.max_policy_lag=1",
+        ],
+    )
+    model, tok = load_policy(cfg.model)
+    rows = [_Row(tok("1 2>3=")["input_ids"]), _Row(tok("3 4 5>12=")["input_ids"])]
+
+    def pipeline():
+        engine = make_engine("fast", model, tok, rollout=cfg.rollout)
+        return make_pipeline(engine, cfg.rollout, max_lag=1, version=0, model=model, seed=0)
+
+    def take(pipe, batches, into):
+        for b in batches:
+            into.append(pipe.batch(b, lambda i: rows, 4)[1].token_ids)
+            pipe.publish(b + 1, model)
+
+    straight, resumed, first, second = [], [], pipeline(), pipeline()
+    try:
+        take(first, [0, 1, 2, 3], straight)
+        first.close()
+        first = pipeline()
+        take(first, [0, 1], [])
+        state = first.state_dict()
+        assert sorted(state["batches"]) == [2] and state["next"] == 3
+        second.load_state_dict(state)
+        assert second.state_dict()["batches"].keys() == {2}
+        second.publish(2, model)
+        take(second, [2, 3], resumed)
+    finally:
+        first.close()
+        second.close()
+    assert resumed == straight[2:] and straight[2] != straight[3]
 
 
 def _stop_and_resume(model_dir, tmp_path, lag: int, moment: str, *extra: str):

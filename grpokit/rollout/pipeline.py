@@ -7,6 +7,8 @@
     pipeline.publish(step + 1, policy)                  # after the update: pi_old <- pi_theta (version b + 1)
     with pipeline.exclusive(policy): evaluate(...)      # the engine on the trainer's current weights
     pipeline.close()                                    # the sampler, then the engine (the pipeline owns it)
+    state = pipeline.state_dict()                       # a checkpoint's: the batches in flight (per rank)
+    pipeline.load_state_dict(state)                     # a resume's, before the first batch
 
 `RolloutPipeline` is the interface the loop (trainer.py) calls; make_pipeline builds the timeline max_lag
 names, `SyncPipeline` (k = 0) or `LaggedPipeline` (k > 0). Weight pushes and the metrics are the interface's,
@@ -368,6 +370,7 @@ class LaggedPipeline(RolloutPipeline):
             )
             return
         self._results, self._next = dict(state["batches"]), state["next"]
+        self._finished = self._next  # all finished: a save before the first batch keeps them as they are
         self._gen.set_state(state["generator"])
         self._extra_gen.set_state(state["extra_generator"])
 
