@@ -1,7 +1,7 @@
 """Kill a `grpokit train` run with SIGKILL at random moments, resume it with the same command each time.
 
     .venv/bin/python benchmarks/kill_resume.py [--kills 20] [--max-steps 80] [--seed 0] \\
-        [--out runs/kill_resume]
+        [--lag K] [--ranks 2] [--out runs/kill_resume]
 
 Builds a tiny Llama and a prompt file (no download), writes one config, then `--kills` times:
 start `grpokit train CONFIG` (the same command every time), wait until it has resumed (it prints
@@ -14,11 +14,17 @@ the next start must resume from the newest of them. Finally the command runs to 
 max_steps, log each step once, and (unless --no-reference) end with the same weights, bit for bit,
 as a run that was never killed. Prints a table of the kills and the command behind it; exits 1 if
 any check failed. Tested in small by tests/test_crash.py.
+
+--lag K: rollout.max_policy_lag=K on the fast engine (a sampler thread generates K batches ahead; each
+checkpoint holds them, rollout/pipeline.py). --ranks N: the command is `torchrun --nproc_per_node N -m grpokit
+train CONFIG` (distributed.strategy=ddp, gloo on CPU, sharded checkpoints); each kill is a SIGKILL to the
+launcher and every process below it, at once (each rank). Results: benchmarks/results/.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -33,13 +39,42 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def grpokit_cmd() -> list[str]:
+def grpokit_cmd(ranks: int = 1) -> list[str]:
+    if ranks > 1:
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node"]
+        return [*launcher, str(ranks), "-m", "grpokit"]
     script = Path(sys.executable).parent / "grpokit"
     return [str(script)] if script.exists() else [sys.executable, "-m", "grpokit.cli"]
 
 
-def build(out: Path, max_steps: int) -> Path:
-    """Tiny model, prompts and config under out/; returns the config path."""
+def descendants(pid: int) -> list[int]:
+    """The processes below `pid` (torchrun's ranks run in process groups of their own), from /proc."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # a process that ended meanwhile
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        found += kids
+        todo += kids
+    return found
+
+
+def kill9(proc: subprocess.Popen) -> None:
+    """SIGKILL to the run and every process below it, all at once: the launcher and each rank."""
+    for pid in [proc.pid, *descendants(proc.pid)]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    proc.wait()
+
+
+def build(out: Path, max_steps: int, lag: int = 0, ranks: int = 1) -> Path:
+    """Tiny model, prompts and config under out/ (lag: rollout.max_policy_lag on the fast engine; ranks > 1:
+    DDP); returns the config path."""
     from grpokit.tasks import get_task
     from grpokit.tasks.tiny_model import build_tiny_llama
     from grpokit.tasks.tokenizer import build_tokenizer
@@ -53,11 +88,12 @@ def build(out: Path, max_steps: int) -> Path:
         "def count_sevens(completions, **kwargs):\n"
         "    return [c.count('7') / max(len(c), 1) for c in completions]\n"
     )
+    lagged = f", engine: fast, max_policy_lag: {lag}" if lag else ""
     config = f"""\
 model: {{name_or_path: {out / "model"}}}
 data: {{train_path: {out / "prompts.jsonl"}}}
 rewards: [{{function: '{out / "rewards.py"}:count_sevens'}}]
-rollout: {{num_generations: 4, prompts_per_step: 4, max_completion_length: 8}}
+rollout: {{num_generations: 4, prompts_per_step: 4, max_completion_length: 8{lagged}}}
 algorithm: {{beta: 0.04}}
 optim: {{learning_rate: 3.0e-3, max_steps: {max_steps}}}
 eval: {{at_start: false}}
@@ -65,6 +101,8 @@ logging: {{sample_every: 0, tensorboard: false}}
 checkpoint: {{save_every: 1, keep_last: 2}}
 output_dir: {out / "run"}
 """
+    if ranks > 1:
+        config += "distributed: {strategy: ddp}\n"
     (out / "config.yaml").write_text(config)
     (out / "reference.yaml").write_text(config.replace(str(out / "run"), str(out / "reference")))
     return out / "config.yaml"
@@ -77,18 +115,23 @@ def checkpoint_steps(run: Path) -> list[int]:
 
 
 def check_readable(run: Path) -> list[str]:
-    """Problems with any step-N folder: missing COMPLETE, weights or trainer state that do not load."""
+    """Problems with any step-N folder: missing COMPLETE, weights or trainer state that do not load (a sharded
+    checkpoint's weights: its torch.distributed.checkpoint metadata)."""
     import torch
+    import torch.distributed.checkpoint as dcp
     from transformers import AutoModelForCausalLM
 
-    from grpokit.checkpoint import MARKER, STATE_FILE
+    from grpokit.checkpoint import DCP_DIR, MARKER, STATE_FILE, is_sharded_checkpoint
 
     problems = []
     root = run / "checkpoints"
     for p in sorted(root.glob("step-*")) if root.is_dir() else []:
         try:
             assert (p / MARKER).is_file(), f"no {MARKER}"
-            AutoModelForCausalLM.from_pretrained(p)
+            if is_sharded_checkpoint(p):
+                dcp.FileSystemReader(p / DCP_DIR).read_metadata()
+            else:
+                AutoModelForCausalLM.from_pretrained(p)
             state = torch.load(p / STATE_FILE, weights_only=False)
             assert state["step"] == int(p.name.split("-")[1]), f"state says step {state['step']}"
         except Exception as exc:  # report every unreadable checkpoint, not just the first
@@ -110,9 +153,12 @@ def logged_steps(run: Path) -> list[int]:
 
 
 def hidden_of(run: Path, pid: int) -> list[Path]:
-    """Temporary folders a process left: .tmp-step-N-PID (a save) or .old-step-N-PID (a deletion)."""
+    """Temporary folders a process left: .tmp-step-N-PID (a save) or .old-step-N-PID (a deletion); at several
+    ranks .tmp-step-N-sharded (the ranks' save) too."""
     root = run / "checkpoints"
-    return sorted(p for p in root.glob(f".*-{pid}")) if root.is_dir() else []
+    if not root.is_dir():
+        return []
+    return sorted({*root.glob(f".*-{pid}"), *root.glob(".tmp-*-sharded")})
 
 
 def step_seconds(run: Path) -> float:
@@ -141,6 +187,8 @@ def main() -> int:
     ap.add_argument("--kills", type=int, default=20)
     ap.add_argument("--max-steps", type=int, default=80)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--lag", type=int, default=0, help="rollout.max_policy_lag (fast engine)")
+    ap.add_argument("--ranks", type=int, default=1, help="trainer processes under torchrun (DDP)")
     ap.add_argument(
         "--out", type=Path, help="scratch folder (default: runs/kill_resume; --smoke: runs/kill_resume/smoke)"
     )
@@ -166,10 +214,13 @@ def main() -> int:
     out = args.out.resolve()
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    config = build(out, args.max_steps)
+    config = build(out, args.max_steps, args.lag, args.ranks)
     run = out / "run"
-    cmd = [*grpokit_cmd(), "train", str(config)]
+    cmd = [*grpokit_cmd(args.ranks), "train", str(config)]
     env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error"}
+    if args.ranks > 1:  # one thread per rank; no outer launcher's variables
+        env = {k: v for k, v in env.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
+        env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     rng = random.Random(args.seed)
     rows, failures = [], []
     t_start = time.monotonic()
@@ -190,8 +241,8 @@ def main() -> int:
             started = wait_until(lambda: run.joinpath("metrics.jsonl").exists(), proc, 300, 0.01)
         if not started:
             failures.append(f"attempt {i}: the run did not resume (exit {proc.poll()}); see {log}")
-            proc.kill()
-            proc.wait()
+            if proc.poll() is None:
+                kill9(proc)
             break
         m = resumed_line()
         resumed_from = int(m.group(1)) if m else None
@@ -226,8 +277,7 @@ def main() -> int:
                 "--max-steps"
             )
             break
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+        kill9(proc)
         at = time.monotonic() - t0
         left = hidden_of(run, proc.pid)
         if left:
@@ -281,7 +331,7 @@ def main() -> int:
         from safetensors.torch import load_file
 
         subprocess.run(
-            [*grpokit_cmd(), "train", str(out / "reference.yaml")],
+            [*grpokit_cmd(args.ranks), "train", str(out / "reference.yaml")],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             env=env,
@@ -295,9 +345,11 @@ def main() -> int:
             failures.append("the killed-and-resumed run's final weights differ from the uninterrupted run's")
 
     # ------------------------------------------------------------------ report
+    where = f", rollout.max_policy_lag={args.lag} (fast engine)" if args.lag else ""
+    where += f", {args.ranks} ranks (DDP, gloo)" if args.ranks > 1 else ""
     print(
         f"\n{len(rows)} SIGKILLs of `{' '.join(cmd)}` (tiny Llama, max_steps={args.max_steps}, "
-        f"save_every=1, keep_last=2, seed={args.seed})\n"
+        f"save_every=1, keep_last=2, seed={args.seed}{where})\n"
     )
     print(
         "| # | mode | killed at | last logged step | during a save? (temporary folder [contents]) | "
@@ -324,6 +376,8 @@ def main() -> int:
     print(
         f"wall time {elapsed:.0f} s; command: .venv/bin/python benchmarks/kill_resume.py --kills "
         f"{args.kills} --max-steps {args.max_steps} --seed {args.seed}"
+        + (f" --lag {args.lag}" if args.lag else "")
+        + (f" --ranks {args.ranks}" if args.ranks > 1 else "")
     )
     for f in failures:
         print("FAIL:", f)

@@ -173,8 +173,9 @@ def build_checkpointer(
     cfg: Config, world: World, parts: Components, sampler: SamplerBookmarks, entropy: EntropyControl
 ) -> Checkpointer:
     """What a checkpoint holds (grpokit/checkpoint/ decides how): the policy and its moments, pi_ref once it
-    moves (ref_policy=reset), the critic's weights and moments, and the small states: the schedules, the
-    sampler's position at the next batch, the adaptive entropy coefficient."""
+    moves (ref_policy=reset), the critic's weights and moments, the small states: the schedules, the
+    prompt sampler's position, the adaptive entropy coefficient; and each rank's own: the rollout pipeline's
+    batches in flight (rollout.max_policy_lag)."""
     policy, critic = parts.policy, parts.critic
     modules: dict[str, Weights] = {}
     if cfg.algorithm.ref_policy == "reset" and isinstance(policy.ref, torch.nn.Module):
@@ -189,6 +190,7 @@ def build_checkpointer(
         policy=Weights(policy.module, parts.optimizer.adamw, whole=policy.gathered),
         modules=modules,
         states=states,
+        rank_states={"pipeline": parts.pipeline},
         tokenizer=parts.tokenizer,
         config=cfg.model_dump(),
         allow_changes=cfg.checkpoint.allow_changes,

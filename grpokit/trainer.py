@@ -117,8 +117,7 @@ class Trainer:
     # ------------------------------------------------------------------ rollout -> rewards -> advantages
     def _draw(self, b: int | None = None) -> list:
         """The rows of the next prompts: batch b for the pipeline, or (None) dynamic sampling's next round."""
-        if b is not None:
-            self.bookmarks.mark(b)
+        self.bookmarks.mark(b)
         return [self.train_data[i] for i in self.world.share(self.sampler.next())]
 
     def _score(self, rows, comps: Completions, timings: dict[str, float]) -> Groups:

@@ -282,21 +282,33 @@ COMBO_RESUME_CASES: dict[str, list[str]] = {
     "lora": [*CASES["dapo-batch_centered-beta-mu2-micro"], *LORA],
     "critic": [*PPO, "algorithm.num_iterations=2", "optim.num_minibatches=2"],
     "sp": CASES["grpo-sp2-beta-mu2"],  # sequence parallelism over both ranks
+    # rollout.max_policy_lag=1 on the fast engine (DDP only: FSDP2 refuses lag), 3 steps: the step-1
+    # checkpoint holds each rank's batch 1, generated ahead, and its sampler's generators (rank states)
+    "lag": ["rollout.engine=fast", "rollout.max_policy_lag=1", "optim.max_steps=3"],
 }
+#: the cases a strategy cannot run
+UNSUPPORTED = {("fsdp2", "lag")}
+
+
+def lagged(case: list[str]) -> bool:
+    """Whether a case samples ahead (rollout.max_policy_lag > 0): it keeps the engine that gives log-probs."""
+    return any(c.startswith("rollout.max_policy_lag=") and c != "rollout.max_policy_lag=0" for c in case)
 
 
 def train(model_dir, out, strategy: str, case: list[str], *extra: str) -> dict:
-    """Trainer.train() to optim.max_steps=2 with a checkpoint after every step (resuming from `out` when it
-    holds one): the whole parameters at the end, and the world."""
+    """Trainer.train() to optim.max_steps=2 (unless the case says) with a checkpoint after every step
+    (resuming from `out` when it holds one): the whole parameters at the end, and the world. The completions
+    are FixedEngine's, except at lag (the run's own engine: lag needs its log-probs)."""
     trainer = Trainer(
         config(
             model_dir,
             out,
             strategy,
-            [*case, "optim.max_steps=2", "checkpoint.save_every=1", "checkpoint.keep_last=5", *extra],
+            ["optim.max_steps=2", "checkpoint.save_every=1", "checkpoint.keep_last=5", *case, *extra],
         )
     )
-    trainer.pipeline.engine = FixedEngine(trainer.tokenizer)
+    if not lagged(case):
+        trainer.pipeline.engine = FixedEngine(trainer.tokenizer)
     trainer.train()
     return {
         "params": {k: v.detach().clone() for k, v in trainer.world.parallel.full_model().named_parameters()},
@@ -338,9 +350,9 @@ def checkpoints(model_dir: str, out_dir: str) -> None:
 
 
 def combo_checkpoints(model_dir: str, out_dir: str, names: list[str]) -> None:
-    """Per strategy and COMBO_RESUME_CASES case, at world size 2: a run of 2 steps (checkpoints at steps 1
-    and 2), and a copy of it cut back to step 1 and resumed to step 2. Rank 0 saves both ends' parameters (and
-    the critic's) to OUT_DIR/<strategy>-<case>.pt."""
+    """Per strategy and COMBO_RESUME_CASES case (but UNSUPPORTED), at world size 2: a run of 2 steps (the
+    case may say more; a checkpoint after each), and a copy of it cut back to step 1 and resumed to the end.
+    Rank 0 saves both ends' parameters (and the critic's) to OUT_DIR/<strategy>-<case>.pt."""
     import shutil
 
     import torch.distributed as dist
@@ -348,6 +360,8 @@ def combo_checkpoints(model_dir: str, out_dir: str, names: list[str]) -> None:
     out, world = Path(out_dir), None
     for strategy in STRATEGIES:
         for name in names:
+            if (strategy, name) in UNSUPPORTED:
+                continue
             case = COMBO_RESUME_CASES[name]
             run, cut = out / f"{strategy}-{name}-whole", out / f"{strategy}-{name}-resumed"
             whole = train(model_dir, run, strategy, case)

@@ -152,8 +152,9 @@ def test_importance_correction_with_lag_anchors_on_the_trainer(tiny_model_dir, t
 
 @pytest.mark.slow
 def test_resume_at_lag_draws_the_prompts_of_the_uninterrupted_run(tiny_model_dir, tmp_path):
-    """Batches generated ahead are not in the checkpoint; their prompts are drawn again after the resume (the
-    weights that sample them are the checkpoint's: docs/rollout.md)."""
+    """Batches generated ahead are in the checkpoint (rollout/pipeline.py): after a resume the prompt stream
+    goes on after theirs, so the prompts drawn over both runs are the uninterrupted run's, none twice, none
+    skipped (tests/test_async_resume.py: the weights too)."""
 
     def run(out, on_log=None):
         trainer = Trainer(config(tiny_model_dir, out, "optim.max_steps=5", "checkpoint.save_every=2", *LAG))
@@ -164,11 +165,11 @@ def test_resume_at_lag_draws_the_prompts_of_the_uninterrupted_run(tiny_model_dir
         return drawn
 
     straight = run(tmp_path / "a")
-    run(
-        tmp_path / "b", _crash_at(3)
-    )  # saved step 2 with batches 3 and 4 drawn and generated ahead; crashed in step 3
+    # saved step 2 with batch 2 generated ahead (in the checkpoint); drew batch 3 in step 3, then crashed
+    crashed = run(tmp_path / "b", _crash_at(3))
     resumed = run(tmp_path / "b")
-    assert len(straight) == 5 and resumed == straight[2:5]  # batches 2, 3, 4 again (no batch 5: max_steps=5)
+    assert len(straight) == 5 and crashed == straight[:4]
+    assert resumed == straight[3:5]  # batches 3 and 4: batch 2 came back from the checkpoint
 
 
 def test_lag_needs_an_engine_with_log_probs(tiny_model_dir, tmp_path):

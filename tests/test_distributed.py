@@ -314,6 +314,33 @@ def test_sequence_parallel_saved_at_two_ranks_resumes(strategy, combo_resumes):
         assert torch.equal(runs["resumed"]["params"][name], w), name
 
 
+@pytest.mark.slow
+def test_lag_saved_at_two_ranks_resumes(combo_resumes, tiny_model_dir, tmp_path, caplog):
+    """rollout.max_policy_lag=1 under DDP on the fast engine: the step-1 checkpoint holds each rank's own
+    batch 1, generated ahead from its share of the prompts (rank_states-R.pt), and resumed at W = 2 the run
+    trains to the uninterrupted run's step-3 weights, bit for bit. Resumed in one process, the batches in
+    flight are another world's: they are generated again, a line says so, and the run finishes."""
+    import logging
+    import shutil
+
+    from grpokit.checkpoint import checkpoint_dir
+
+    step1 = checkpoint_dir(combo_resumes / "ddp-lag-whole", 1)
+    in_flight = [torch.load(step1 / f"rank_states-{r}.pt", weights_only=False)["pipeline"] for r in (0, 1)]
+    rows = [[r.prompt_text for r in state["batches"][1][0]] for state in in_flight]
+    assert all(sorted(state["batches"]) == [1] for state in in_flight) and rows[0] != rows[1], rows
+    runs = torch.load(combo_resumes / "ddp-lag.pt")
+    for name, w in runs["whole"]["params"].items():
+        assert torch.equal(runs["resumed"]["params"][name], w), name
+
+    shutil.copytree(step1, checkpoint_dir(tmp_path / "one", 1))
+    with caplog.at_level(logging.WARNING):
+        one = dist_cases.train(tiny_model_dir, tmp_path / "one", "ddp", dist_cases.COMBO_RESUME_CASES["lag"])
+    assert one.pop("world").size == 1
+    assert "was written at world size 2 and resumes at 1" in caplog.text
+    assert "the checkpoint holds no batches generated ahead" in caplog.text
+
+
 @pytest.fixture(scope="module")
 def compile_runs(combo_runs):
     if not _runs_here("compile-"):

@@ -1,12 +1,14 @@
 """Checkpoints, one owner: every stateful part of a run saved and restored at any world size, atomically.
 
     from grpokit.checkpoint.checkpointer import Checkpointer, Weights   # (torch.distributed.checkpoint)
-    checkpointer = Checkpointer(out_dir, world, policy=Weights(...), modules={...}, states={...}, ...)
+    checkpointer = Checkpointer(out_dir, world, policy=Weights(...), modules={...}, states={...},
+                                rank_states={...}, ...)   # rank_states: each rank's own (rollouts in flight)
     checkpointer.save(step)            # the trainer says when; checkpointer.py says how
     checkpointer.load()                # the newest complete checkpoint, or None
 
     out_dir/checkpoints/step-000050/   model.safetensors, config.json, tokenizer files,
-                                       trainer_state.pt (optimizer, scheduler, RNG, data position, step)
+                                       trainer_state.pt (optimizer, scheduler, RNG, data position, step,
+                                       the rank states: the rollout batches in flight at max_policy_lag > 0)
                                        COMPLETE (written last)
     out_dir/final/                      the model to load with AutoModelForCausalLM.from_pretrained
     (model.lora: adapter_model.safetensors + adapter_config.json instead of model.safetensors, in both; with

@@ -5,6 +5,7 @@
         policy=Weights(model, adamw, whole=handle.gathered),
         modules={"ref": Weights(ref), "critic": Weights(value_model, critic_adamw)},
         states={"optimizer": optimizer, "sampler": position, "entropy": entropy, "critic": critic},
+        rank_states={"pipeline": pipeline},          # each rank's own (its rollouts in flight)
         tokenizer=tokenizer, config=cfg.model_dump(), allow_changes=[...], keep_last=2, seed=cfg.seed,
     )
     checkpointer.save(step)        # every rank calls it
@@ -14,18 +15,24 @@ The parts arrive as objects; nothing here imports them. The weights and moments 
 its optimizer). The rest are states: anything with state_dict() / load_state_dict()
 (torch.distributed.checkpoint.stateful.Stateful's protocol), small and the same on every rank. Each state
 gives top-level keys of trainer_state.pt, no two states the same key, and gets those keys back on load, once
-the weights and moments are in place. The random generators are this module's own part.
+the weights and moments are in place. Rank states are states that differ from rank to rank (the rollout
+pipeline's batches in flight): each rank's {name: state_dict()} is kept per rank, as the generators are, and
+each rank gets its own back, last, when the world size is the writer's (at another one every rank gets {}, and
+a line says so: a rank's work does not carry over to another rank's share). The random generators are this
+module's own part.
 
 Three layouts, each readable at any world size:
 
     whole      one process: model.safetensors (a LoRA policy: its adapter) and trainer_state.pt, which holds
                AdamW's moments keyed by parameter order, pi_ref's and the critic's weights and moments, the
-               states, the config, the step and the generators (checkpoint/save.py)
+               states, the config, the step, the generators and the rank states (rank_states, one entry)
+               (checkpoint/save.py)
     gathered   model.lora at several ranks: the whole layout, written by rank 0 from the gathered adapter
                and moments (the adapter is small; the frozen base comes from model.name_or_path), with every
-               rank's generators (rank_rng)
+               rank's generators (rank_rng) and rank states (rank_states), in rank order
     sharded    several ranks: every rank's shards of the weights and moments (torch.distributed.checkpoint,
-               checkpoint/sharded.py), rank 0's trainer_state.pt, one generators file per rank
+               checkpoint/sharded.py), rank 0's trainer_state.pt, one generators file and one rank states
+               file per rank
 
 A whole checkpoint read at several ranks: every rank reads the whole tensors and keeps its part
 (StateDictOptions(full_state_dict=True)). A sharded one read at any world size: DCP reshards.
@@ -33,6 +40,7 @@ A whole checkpoint read at several ranks: every rank reads the whole tensors and
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,9 +52,11 @@ from torch.distributed.checkpoint.stateful import Stateful
 from grpokit.checkpoint.resume import read_adapter, resume
 from grpokit.checkpoint.run import CheckpointError, rng_state, seed_everything, set_rng_state
 from grpokit.checkpoint.save import checkpoint_dir, is_sharded_checkpoint, save_checkpoint
-from grpokit.checkpoint.sharded import Modules, load_sharded, save_sharded
+from grpokit.checkpoint.sharded import Modules, load_rank_states, load_sharded, save_sharded
 from grpokit.checkpoint.whole import is_peft
 from grpokit.types import Ranks
+
+logger = logging.getLogger("grpokit.checkpoint")
 
 
 @dataclass
@@ -74,6 +84,7 @@ class Checkpointer:
         policy: Weights,
         modules: dict[str, Weights],
         states: dict[str, Stateful],
+        rank_states: dict[str, Stateful] | None = None,
         tokenizer: Any,
         config: dict[str, Any],
         allow_changes: list[str],
@@ -89,6 +100,7 @@ class Checkpointer:
             modules,
             states,
         )
+        self.rank_states = rank_states or {}
         self.tokenizer, self.config, self.allow_changes = tokenizer, config, allow_changes
         self.keep_last, self.seed = keep_last, seed
 
@@ -97,19 +109,20 @@ class Checkpointer:
         """The checkpoint of `step` (every rank calls it): whole in one process, gathered for a LoRA policy
         at several ranks, sharded otherwise. Atomic: a crash leaves the previous checkpoint as it was."""
         state = self._states() | {"config": self.config}
+        mine = {name: part.state_dict() for name, part in self.rank_states.items()}
         if self.ranks.size == 1:
             return save_checkpoint(
                 self.out,
                 step,
                 self.policy.module,
                 self.tokenizer,
-                state | self._whole_tensors(),
+                state | self._whole_tensors() | {"rank_states": [mine]},
                 self.keep_last,
             )
         if is_peft(self.policy.module):
-            return self._save_gathered(step, state)
+            return self._save_gathered(step, state, mine)
         return save_sharded(
-            self.out, step, self._dcp_modules(), self.tokenizer, state, self.keep_last, self.ranks
+            self.out, step, self._dcp_modules(), self.tokenizer, state, self.keep_last, self.ranks, mine
         )
 
     def _states(self) -> dict[str, Any]:
@@ -139,10 +152,10 @@ class Checkpointer:
             **{name: (w.module, w.optimizer) for name, w in self.modules.items()},
         }
 
-    def _save_gathered(self, step: int, state: dict[str, Any]) -> Path:
+    def _save_gathered(self, step: int, state: dict[str, Any], mine: dict[str, Any]) -> Path:
         """model.lora at W > 1: the whole layout from rank 0. The policy's adapter and every module's moments
         are gathered whole to rank 0 (collectives: every rank takes part), the moments keyed by parameter
-        order as one process keys them; every rank's generators go with them."""
+        order as one process keys them; every rank's generators and rank states go with them."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         gather = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -156,10 +169,11 @@ class Checkpointer:
             if part.optimizer is not None and moments_key is not None:
                 tensors[moments_key] = _gathered_moments(part.module, part.optimizer)
         rngs = self.ranks.gather(rng_state())  # every rank's generators, in rank order
+        per_rank = {"rank_rng": rngs, "rank_states": self.ranks.gather(mine)}
         if self.ranks.is_main:
             assert policy is not None  # rank 0 holds the gathered policy
             save_checkpoint(
-                self.out, step, policy, self.tokenizer, state | tensors | {"rank_rng": rngs}, self.keep_last
+                self.out, step, policy, self.tokenizer, state | tensors | per_rank, self.keep_last
             )
         self.ranks.barrier()  # every rank returns once the checkpoint is in place
         return checkpoint_dir(self.out, step)
@@ -168,8 +182,8 @@ class Checkpointer:
     def load(self) -> tuple[int, int] | None:
         """Continue from the newest complete checkpoint in out_dir: the config compared with this run's
         (checkpoint.resume: a refused change is a CheckpointError naming every one), then the weights and
-        moments, the generators, and last the states. (the checkpoint's step, the trainer's step), or None
-        when there is none."""
+        moments, the generators, the states, and last this rank's own states. (the checkpoint's step, the
+        trainer's step), or None when there is none."""
         found = resume(self.out, self.policy.module, self.config, self.allow_changes, self._load_tensors)
         if found is None:
             return None
@@ -179,7 +193,31 @@ class Checkpointer:
                 part.load_state_dict({k: state[k] for k in part.state_dict() if k in state})
             except CheckpointError as exc:  # a part says what is wrong; the path is the checkpoint's
                 raise CheckpointError(f"checkpoint {str(checkpoint_dir(self.out, step))!r} {exc}") from None
+        mine = self._my_rank_states(checkpoint_dir(self.out, step), state)
+        for name, part in self.rank_states.items():
+            part.load_state_dict(mine.get(name, {}))
         return step, state["step"]
+
+    def _my_rank_states(self, path: Path, state: dict[str, Any]) -> dict[str, Any]:
+        """This rank's own states in the checkpoint: {} when it has none (written before they were kept) or
+        was written at another world size (said in one line: each rank's work was its share of the batch)."""
+        if is_sharded_checkpoint(path):
+            written_by = state.get("world_size", self.ranks.size)
+            mine = load_rank_states(path, self.ranks.rank) if written_by == self.ranks.size else None
+        else:
+            per_rank = state.get("rank_states") or []
+            written_by = len(per_rank) or self.ranks.size
+            mine = per_rank[self.ranks.rank] if len(per_rank) == self.ranks.size else None
+        if written_by != self.ranks.size and self.ranks.is_main and self.rank_states:
+            logger.warning(
+                "checkpoint %r was written at world size %d and resumes at %d: each rank's own state (%s) "
+                "starts afresh",
+                str(path),
+                written_by,
+                self.ranks.size,
+                ", ".join(self.rank_states),
+            )
+        return mine or {}
 
     def _load_tensors(self, path: Path, state: dict[str, Any]) -> None:
         if is_sharded_checkpoint(path):

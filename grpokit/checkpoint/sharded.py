@@ -4,11 +4,13 @@ resumable on another world size.
     out_dir/checkpoints/step-000050/   dcp/            every rank's shards of the weights and AdamW's moments
                                                        (.metadata + one __R_0.distcp file per rank), by name
                                        rng-R.pt        rank R's Python / NumPy / torch generators
+                                       rank_states-R.pt  rank R's own states (its rollouts in flight)
                                        trainer_state.pt  schedule, data position, step, config (rank 0)
                                        tokenizer files, COMPLETE (written last)
 
-    save_sharded(out_dir, step, modules, tokenizer, state, keep_last, ranks)   # every rank calls it
+    save_sharded(out_dir, step, modules, tokenizer, state, keep_last, ranks, mine)   # every rank calls it
     load_sharded(path, modules, rank=rank, seed=seed, step=step)   # at any world size: DCP reshards
+    load_rank_states(path, rank)           # rank R's own states (checkpointer.py: at the writer's world size)
 
 modules: {name: (module, its optimizer or None)}; the policy is "model" (its moments "optim"), pi_ref "ref",
 the critic "critic" (its moments "critic_optim"). checkpointer.py decides what goes in.
@@ -57,6 +59,10 @@ def _rng_file(path: Path, rank: int) -> Path:
     return Path(path) / f"rng-{rank}.pt"
 
 
+def _rank_states_file(path: Path, rank: int) -> Path:
+    return Path(path) / f"rank_states-{rank}.pt"
+
+
 #: {name: (module, its optimizer or None)}: what a sharded checkpoint holds, by DCP key.
 Modules = dict[str, tuple[torch.nn.Module, "torch.optim.Optimizer | None"]]
 
@@ -75,10 +81,12 @@ def save_sharded(
     state: dict,
     keep_last: int,
     ranks,
+    mine: dict[str, Any] | None = None,
 ) -> Path:
     """Write the checkpoint of `step` from every rank (a collective: all ranks call it with the same step).
     `modules`: the weights (and moments) that go into the DCP shards; `state`: rank 0's trainer state, which
-    holds none of them. ranks: rank, size, is_main and barrier() (grpokit's World)."""
+    holds none of them; `mine`: this rank's own states (rank_states-R.pt). ranks: rank, size, is_main and
+    barrier() (grpokit's World)."""
     dest, root = checkpoint_dir(out_dir, step), Path(out_dir) / "checkpoints"
     tmp = root / f".tmp-{dest.name}-sharded"
     try:
@@ -94,6 +102,7 @@ def save_sharded(
             _shards(modules), checkpoint_id=tmp / DCP_DIR
         )  # every rank writes its shards; rank 0 the metadata
         torch.save(rng_state(), _rng_file(tmp, ranks.rank))
+        torch.save(mine or {}, _rank_states_file(tmp, ranks.rank))
         ranks.barrier()
         if ranks.is_main:
             torch.save(
@@ -166,3 +175,10 @@ def load_sharded(path: Path, modules: Modules, *, rank: int, seed: int, step: in
         set_rng_state(torch.load(_rng_file(path, rank), weights_only=False))
     else:
         seed_everything(hash((seed, rank, step)) % 2**31)
+
+
+def load_rank_states(path: Path, rank: int) -> dict[str, Any] | None:
+    """Rank `rank`'s own states in a sharded checkpoint, or None when it holds none (written before they were
+    kept)."""
+    file = _rank_states_file(path, rank)
+    return torch.load(file, weights_only=False) if file.is_file() else None

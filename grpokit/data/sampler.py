@@ -79,24 +79,41 @@ class PromptSampler:
 
 
 class SamplerBookmarks:
-    """The prompt sampler's position before each batch's prompts were drawn: a checkpoint part
-    (grpokit/checkpoint/). A checkpoint after step s holds the position before batch s, the next to train, so
-    that batches generated ahead of it (rollout.max_policy_lag) are drawn again after a resume.
+    """The prompt sampler's position as a checkpoint part (grpokit/checkpoint/): where the stream stands now
+    ("sampler_ahead") and before the prompts of the next batch to train ("sampler"). They differ when batches
+    were drawn ahead (rollout.max_policy_lag = k): a checkpoint after step s holds batches s .. s + k - 1 in
+    flight (rollout/pipeline.py), whose prompts the stream has already given.
 
         bookmarks = SamplerBookmarks(sampler, lambda: trainer.step)
-        bookmarks.mark(b)        # just before batch b's prompts are drawn
+        bookmarks.mark(b)        # just before batch b's prompts are drawn (None: dynamic sampling's rounds)
+
+    Resumed, the first draw says which position to continue from: batch s itself when the pipeline generates
+    the batches ahead again (a checkpoint without them, or at another lag or world size), so their prompts
+    come again in the same order; a later batch, or an extra round, when the pipeline took them back, so no
+    prompt is drawn twice and none is skipped.
     """
 
     def __init__(self, sampler: PromptSampler, step: Callable[[], int]) -> None:
         self.sampler, self.step = sampler, step
         self.before: dict[int, dict[str, Any]] = {}  # batch -> the sampler's state before its prompts
+        # a checkpoint's two positions (before batch s, now), until the first draw after it picks one
+        self._resumed: tuple[dict[str, Any], dict[str, Any] | None] | None = None
 
-    def mark(self, batch: int) -> None:
-        self.before = {b: s for b, s in self.before.items() if b >= self.step()}
-        self.before[batch] = self.sampler.state_dict()
+    def mark(self, batch: int | None) -> None:
+        if self._resumed is not None:
+            before, ahead = self._resumed
+            self._resumed = None
+            self.sampler.load_state_dict(before if batch == self.step() or ahead is None else ahead)
+        if batch is not None:
+            self.before = {b: s for b, s in self.before.items() if b >= self.step()}
+            self.before[batch] = self.sampler.state_dict()
 
     def state_dict(self) -> dict[str, Any]:
-        return {"sampler": self.before.get(self.step(), self.sampler.state_dict())}
+        now = self.sampler.state_dict()
+        return {"sampler": self.before.get(self.step(), now), "sampler_ahead": now}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The position before batch s (a checkpoint from before "sampler_ahead" holds only this one) until
+        the first draw picks."""
         self.sampler.load_state_dict(state["sampler"])
+        self._resumed = (state["sampler"], state.get("sampler_ahead"))

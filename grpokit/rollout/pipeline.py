@@ -7,6 +7,8 @@
     pipeline.publish(step + 1, policy)                  # after the update: pi_old <- pi_theta (version b + 1)
     with pipeline.exclusive(policy): evaluate(...)      # the engine on the trainer's current weights
     pipeline.close()                                    # the sampler, then the engine (the pipeline owns it)
+    state = pipeline.state_dict()                       # a checkpoint's: the batches in flight (per rank)
+    pipeline.load_state_dict(state)                     # a resume's, before the first batch
 
 `RolloutPipeline` is the interface the loop (trainer.py) calls; make_pipeline builds the timeline max_lag
 names, `SyncPipeline` (k = 0) or `LaggedPipeline` (k > 0). Weight pushes and the metrics are the interface's,
@@ -41,10 +43,19 @@ GPU memory: at k = 0 a colocated engine that can sleep (vLLM on CUDA) is put to 
 (`sleep()`) and woken before the next push (`wake_up()`); at k > 0 it generates during the update and stays
 awake.
 
-Checkpoints: neither timeline holds work a checkpoint must keep (the lagged one drops what it sampled ahead
-and, resumed, starts again at v0). Partial rollouts (docs/DESIGN.md) will: that timeline's in-flight work
-(groups ahead, partial completions, sampler state) is Stateful, so `state_dict()` / `load_state_dict()` join
-this interface beside `close()`, and the checkpointer is handed the pipeline like any other stateful part.
+Checkpoints: the pipeline is a per-rank stateful part of the checkpoint (state_dict / load_state_dict, handed
+to the checkpointer as a rank state: each rank's sampler holds its own batches). The synchronous one holds
+nothing. The lagged one, at the checkpoint after step s (version s published), holds the batches in flight: s
+.. s + k - 1, already asked for at versions max(v0, i - k). state_dict() waits until the sampler has finished
+every batch asked for (only at checkpoint steps: the overlap elsewhere is unchanged) and returns them whole
+(rows, completions with their tokens, log-probs, versions and kept sets, timings), the next batch to ask for,
+and the sampler's two generators. The sampler then needs only version s for its next batch, s + k: the
+trainer's weights, which the resume publishes. Resumed, batch(s) returns the saved batch and the sampler goes
+on with batch s + k at version s from the saved generator states, as the uninterrupted run does: the weights
+at the end are the same, bit for bit (tests/test_async_resume.py). A checkpoint without that state (written
+before it existed, at another lag, or at another world size) is resumed as before: the batches ahead are
+generated again at the checkpoint's weights, their prompts drawn again (data/sampler.py's SamplerBookmarks
+rewinds), with a logged line.
 """
 
 from __future__ import annotations
@@ -160,6 +171,15 @@ class RolloutPipeline(abc.ABC):
     def close(self, timeout: float = 60.0) -> None:
         """Stop generating, then close the engine (the pipeline owns it). Closing twice does nothing."""
 
+    @abc.abstractmethod
+    def state_dict(self) -> dict[str, Any]:
+        """The work in flight that a checkpoint after the last published version keeps ({}: none)."""
+
+    @abc.abstractmethod
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Take back a checkpoint's work in flight ({}: none, or a checkpoint from before it was kept), before
+        the first batch."""
+
     # ------------------------------------------------------------------ shared by the timelines
     def _sync(self, model: torch.nn.Module, version: int) -> None:
         # an engine that reports versions (the server) uses it
@@ -208,6 +228,18 @@ class SyncPipeline(RolloutPipeline):
             self._closed = True
             self.engine.close()
 
+    def state_dict(self) -> dict[str, Any]:
+        return {}  # each batch is generated when it is asked for: nothing ahead
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("batches"):
+            logger.warning(
+                "the checkpoint holds %d batches generated ahead (rollout.max_policy_lag=%d); at "
+                "max_policy_lag=0 they are generated again, their prompts drawn again",
+                len(state["batches"]),
+                state["max_lag"],
+            )
+
 
 class LaggedPipeline(RolloutPipeline):
     """k > 0: a sampler thread generates batch b + k with version b while the trainer updates on batch b."""
@@ -234,9 +266,10 @@ class LaggedPipeline(RolloutPipeline):
         self._loaded: int | None = None  # the version in the engine (None: another, e.g. after an evaluation)
         self._engine_lock = threading.Lock()
         self._requests: queue.Queue = queue.Queue()
-        self._results: dict[int, Any] = {}
+        self._results: dict[int, Any] = {}  # batch -> (rows, completions, timings) or the sampler's error
         self._done = threading.Condition()
         self._next: int | None = None  # the next batch to hand the sampler, from the first batch() on
+        self._finished: int | None = None  # the sampler has finished every batch before this one
         # The run's thread count: OpenMP's count is per thread, and a new thread gets the default.
         self._threads = torch.get_num_threads()
         self._thread = threading.Thread(target=self._sampler, name="grpokit-sampler", daemon=True)
@@ -245,9 +278,9 @@ class LaggedPipeline(RolloutPipeline):
     def batch(
         self, b: int, draw: Callable[[int], Sequence[Any]], end: int
     ) -> tuple[Sequence[Any], Completions, dict[str, float]]:
-        if self._next is None:  # the first batch of the run, or of a resume: the sampler starts here
-            self._next = b
-            self._thread.start()
+        if self._thread.ident is None:  # the first batch of the run, or of a resume: the sampler starts
+            self._next = self._start(b)
+        assert self._next is not None
         # In order, in this thread: the data order does not depend on timing. Batch b + k: this step's weights
         while self._next <= min(b + self.max_lag, end - 1):
             self._requests.put((self._next, draw(self._next), self.version))
@@ -296,6 +329,70 @@ class LaggedPipeline(RolloutPipeline):
         if self._stop_sampler(timeout):
             self.engine.close()
 
+    def state_dict(self) -> dict[str, Any]:
+        """The batches asked for and not yet taken, once the sampler has finished them all (this waits for
+        it), the next batch to ask for and the sampler's generators: {} before the first batch or once closed
+        (nothing in flight to keep)."""
+        if self._next is None or self._closed:
+            return {}
+        with self._done:
+            self._done.wait_for(lambda: self._finished == self._next or self._closed or self._failed())
+            batches = dict(self._results)
+        if self._closed:
+            return {}
+        for out in batches.values():
+            if isinstance(out, BaseException):  # the run fails with the sampler's error, not a checkpoint
+                raise out
+        return {
+            "max_lag": self.max_lag,
+            "next": self._next,
+            "batches": batches,
+            "generator": self._gen.get_state(),
+            "extra_generator": self._extra_gen.get_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if not state:
+            logger.warning(
+                "the checkpoint holds no batches generated ahead (written at max_policy_lag=0, at another "
+                "world size, or before checkpoints kept them): the sampler starts again at the checkpoint's "
+                "weights and their prompts are drawn again, so the run is not the uninterrupted run's"
+            )
+            return
+        if state["max_lag"] != self.max_lag:
+            logger.warning(
+                "the checkpoint's %d batches generated ahead were sampled at rollout.max_policy_lag=%d, "
+                "this run's is %d: they are generated again at the checkpoint's weights, their prompts "
+                "drawn again",
+                len(state["batches"]),
+                state["max_lag"],
+                self.max_lag,
+            )
+            return
+        self._results, self._next = dict(state["batches"]), state["next"]
+        self._finished = self._next  # all finished: a save before the first batch keeps them as they are
+        self._gen.set_state(state["generator"])
+        self._extra_gen.set_state(state["extra_generator"])
+
+    def _failed(self) -> bool:
+        """Whether the sampler stopped on an error (it hands the error over as a batch's result)."""
+        return any(isinstance(out, BaseException) for out in self._results.values())
+
+    def _start(self, b: int) -> int:
+        """Start the sampler at batch b: after the batches a checkpoint gave back when b is the first of them
+        (a resume), else at b (the run's first batch, or a checkpoint without them)."""
+        if self._next is not None and b not in self._results and self._next != b:
+            logger.warning(
+                "the checkpoint's batches generated ahead (%s) do not follow batch %d; generating again "
+                "from it",
+                sorted(self._results),
+                b,
+            )
+            self._results, self._next = {}, None
+        self._finished = b if self._next is None else self._next
+        self._thread.start()
+        return self._finished
+
     def _stop_sampler(self, timeout: float) -> bool:
         """Whether the sampler thread stopped (or never started)."""
         self._requests.put(None)
@@ -326,7 +423,7 @@ class LaggedPipeline(RolloutPipeline):
             except BaseException as exc:  # handed to the trainer, which raises it; the sampler stops
                 out = exc
             with self._done:
-                self._results[b] = out
+                self._results[b], self._finished = out, b + 1
                 self._done.notify_all()
             if isinstance(out, BaseException):
                 return
