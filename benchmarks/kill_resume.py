@@ -1,7 +1,7 @@
 """Kill a `grpokit train` run with SIGKILL at random moments, resume it with the same command each time.
 
     .venv/bin/python benchmarks/kill_resume.py [--kills 20] [--max-steps 80] [--seed 0] \\
-        [--lag K] [--ranks 2] [--out runs/kill_resume]
+        [--lag K | --partial C] [--ranks 2] [--out runs/kill_resume]
 
 Builds a tiny Llama and a prompt file (no download), writes one config, then `--kills` times:
 start `grpokit train CONFIG` (the same command every time), wait until it has resumed (it prints
@@ -16,7 +16,9 @@ as a run that was never killed. Prints a table of the kills and the command behi
 any check failed. Tested in small by tests/test_crash.py.
 
 --lag K: rollout.max_policy_lag=K on the fast engine (a sampler thread generates K batches ahead; each
-checkpoint holds them, rollout/pipeline.py). --ranks N: the command is `torchrun --nproc_per_node N -m grpokit
+checkpoint holds them, rollout/pipeline.py). --partial C: rollout.partial_rollouts on the fast engine with
+chunks of C tokens (completions under way carried from step to step; each checkpoint holds them,
+rollout/partial.py). --ranks N: the command is `torchrun --nproc_per_node N -m grpokit
 train CONFIG` (distributed.strategy=ddp, gloo on CPU, sharded checkpoints); each kill is a SIGKILL to the
 launcher and every process below it, at once (each rank). Results: benchmarks/results/.
 """
@@ -72,7 +74,7 @@ def kill9(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def build(out: Path, max_steps: int, lag: int = 0, ranks: int = 1) -> Path:
+def build(out: Path, max_steps: int, lag: int = 0, ranks: int = 1, partial: int = 0) -> Path:
     """Tiny model, prompts and config under out/ (lag: rollout.max_policy_lag on the fast engine; ranks > 1:
     DDP); returns the config path."""
     from grpokit.tasks import get_task
@@ -89,6 +91,9 @@ def build(out: Path, max_steps: int, lag: int = 0, ranks: int = 1) -> Path:
         "    return [c.count('7') / max(len(c), 1) for c in completions]\n"
     )
     lagged = f", engine: fast, max_policy_lag: {lag}" if lag else ""
+    if partial:  # chunks of `partial` tokens of 8: as many versions as that takes
+        lagged = f", engine: fast, partial_rollouts: true, partial_chunk_tokens: {partial}"
+        lagged += f", max_staleness: {-(-8 // partial)}, temperature: 1.5"
     config = f"""\
 model: {{name_or_path: {out / "model"}}}
 data: {{train_path: {out / "prompts.jsonl"}}}
@@ -188,6 +193,7 @@ def main() -> int:
     ap.add_argument("--max-steps", type=int, default=80)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--lag", type=int, default=0, help="rollout.max_policy_lag (fast engine)")
+    ap.add_argument("--partial", type=int, default=0, help="rollout.partial_rollouts, chunks of C tokens")
     ap.add_argument("--ranks", type=int, default=1, help="trainer processes under torchrun (DDP)")
     ap.add_argument(
         "--out", type=Path, help="scratch folder (default: runs/kill_resume; --smoke: runs/kill_resume/smoke)"
@@ -214,7 +220,7 @@ def main() -> int:
     out = args.out.resolve()
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    config = build(out, args.max_steps, args.lag, args.ranks)
+    config = build(out, args.max_steps, args.lag, args.ranks, args.partial)
     run = out / "run"
     cmd = [*grpokit_cmd(args.ranks), "train", str(config)]
     env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error"}
@@ -346,6 +352,7 @@ def main() -> int:
 
     # ------------------------------------------------------------------ report
     where = f", rollout.max_policy_lag={args.lag} (fast engine)" if args.lag else ""
+    where += f", rollout.partial_rollouts with chunks of {args.partial} (fast engine)" if args.partial else ""
     where += f", {args.ranks} ranks (DDP, gloo)" if args.ranks > 1 else ""
     print(
         f"\n{len(rows)} SIGKILLs of `{' '.join(cmd)}` (tiny Llama, max_steps={args.max_steps}, "
@@ -377,6 +384,7 @@ def main() -> int:
         f"wall time {elapsed:.0f} s; command: .venv/bin/python benchmarks/kill_resume.py --kills "
         f"{args.kills} --max-steps {args.max_steps} --seed {args.seed}"
         + (f" --lag {args.lag}" if args.lag else "")
+        + (f" --partial {args.partial}" if args.partial else "")
         + (f" --ranks {args.ranks}" if args.ranks > 1 else "")
     )
     for f in failures:

@@ -239,3 +239,31 @@ def test_partial_rollouts_under_torchrun_are_refused_in_one_line(tiny_model_dir,
         ConfigError, match="rollout.partial_rollouts runs in one process in this version; at "
     ):
         check_config(cfg, 2)
+
+
+@pytest.mark.parametrize("moment", ["after-save", "between"])
+def test_a_partial_run_stopped_and_resumed_is_the_uninterrupted_run(tiny_model_dir, tmp_path, moment):
+    """The checkpoint holds the groups in flight and waiting (rank_states), the prompt stream resumes after
+    them: stopped right after the checkpoint of step 2 or after step 3, and resumed, the run ends with the
+    uninterrupted run's weights (torch.equal), and the checkpoint held completions under way."""
+    from grpokit.checkpoint import STATE_FILE, checkpoint_dir
+    from tests.test_async_resume import _assert_equal, _Run, _weights
+    from tests.test_trainer import _crash_at
+
+    extra = [*PARTIAL, "rollout.partial_chunk_tokens=2", "rollout.max_staleness=3", "rollout.temperature=1.5"]
+    straight = _Run(tiny_model_dir, tmp_path / "straight", *extra)
+    straight.train()
+    stopped = _Run(tiny_model_dir, tmp_path / "run", *extra)
+    if moment == "after-save":
+        stopped.crash_after_save = 2
+        stopped.train()
+    else:
+        stopped.train(on_log=_crash_at(3))
+    state = torch.load(checkpoint_dir(tmp_path / "run", 2) / STATE_FILE, weights_only=False)
+    (kept,) = [r["pipeline"]["partial"] for r in state["rank_states"]]
+    assert any(s.tokens and s.finish is None for g in kept["flying"] for s in g.samples)
+    resumed = _Run(tiny_model_dir, tmp_path / "run", *extra)
+    resumed.train()
+    _assert_equal(_weights(resumed.trainer), _weights(straight.trainer))
+    drawn = [texts for _, texts in stopped.drawn[: stopped.at_save[2]] + resumed.drawn]
+    assert drawn == [texts for _, texts in straight.drawn]  # no prompt drawn twice, none skipped

@@ -33,6 +33,8 @@ whole rollout here (it runs in the loop's thread).
 from __future__ import annotations
 
 import contextlib
+import copy
+import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -51,6 +53,8 @@ from grpokit.metrics.names import (
 )
 from grpokit.rollout.base import Completions, RolloutEngine
 from grpokit.rollout.pipeline import RolloutPipeline, push_metrics, sampling_params
+
+logger = logging.getLogger("grpokit.rollout")
 
 
 @dataclass
@@ -159,6 +163,23 @@ class PartialPipeline(RolloutPipeline):
         if not self._closed:
             self._closed = True
             self.engine.close()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The groups in flight and waiting, each completion with its tokens, log-probs, versions and kept
+        sets: a checkpoint keeps them, so a resumed run goes on with them (the rounds draw from the run's own
+        random stream, which the checkpoint keeps too)."""
+        return {"partial": {"flying": self.flying, "done": self.done, "share": self.share}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "partial" not in state:
+            logger.warning(
+                "the checkpoint holds no partial rollouts in flight (written by another timeline, or before "
+                "checkpoints kept them): the pipeline starts empty, and the prompts that were in flight are "
+                "not drawn again, so the run is not the uninterrupted run's"
+            )
+            return
+        kept = copy.deepcopy(state["partial"])
+        self.flying, self.done, self.share = kept["flying"], kept["done"], kept["share"]
 
     # ------------------------------------------------------------------ rounds
     def _restart_stale(self, groups: list[Group]) -> int:
