@@ -124,19 +124,16 @@ class PartialPipeline(RolloutPipeline):
         timings: dict[str, float] = {}
         t = time.perf_counter()
         restarted = self._restart_stale(self.done) + self._restart_stale(self.flying)
-        rounds = 0
+        rounds, share = 0, self.share
         while True:
-            capacity = None if self.share is None else self.in_flight * self.share
-            while capacity is None or len(self.flying) + len(self.done) < capacity:  # top up: fresh prompts
-                rows = draw(None)
-                self.share = self.share or len(rows)  # the rank's share of prompts_per_step
-                capacity = self.in_flight * self.share
+            while share is None or len(self.flying) + len(self.done) < self.in_flight * share:  # top up
+                rows = draw(None)  # fresh prompts
+                share = self.share = share or len(rows)  # the rank's share of prompts_per_step
                 self.flying += [Group(r, [Sample() for _ in range(self.G)]) for r in rows]
-            if rounds and len(self.done) >= self.share:
+            if rounds and len(self.done) >= share:
                 break
             self._round(timings)  # at least one a step: every completion under way goes on at each version
             rounds += 1
-        share = self.share
         groups, self.done = self.done[:share], self.done[share:]
         rows, comps = [g.row for g in groups], self._completions(groups)
         timings[PERF_ROLLOUT_WAIT] = time.perf_counter() - t
