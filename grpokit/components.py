@@ -10,6 +10,7 @@ the run's seeded random stream, and an exact resume expects the same draws.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,7 +100,9 @@ def build_components(
     health = StepHealth(cfg)  # bad steps in a row stop the run
     correction = SamplerCorrection(cfg.rollout)  # the sampler-trainer mismatch: metrics, importance weights
     max_len = check_context_length(data, getattr(model, "config", None), cfg.rollout.max_completion_length)
-    pipeline = build_pipeline(cfg, policy, tokenizer, seed=cfg.seed + world.rank, max_len=max_len)
+    pipeline = build_pipeline(
+        cfg, policy, tokenizer, seed=cfg.seed + world.rank, max_len=max_len, most=world.most
+    )
     if cfg.model.gradient_checkpointing == "auto":  # before the critic, which follows the policy's setting
         auto_checkpointing(model, world, *MicroBatching.of(cfg).worst(max_len))
     total = cfg.optim.max_steps * cfg.algorithm.num_iterations * cfg.optim.num_minibatches
@@ -211,12 +214,19 @@ def auto_checkpointing(model, world: World, rows: int, tokens: int) -> None:
 
 
 def build_pipeline(
-    cfg: Config, policy: PolicyHandle, tokenizer: Any, *, seed: int, max_len: int = 0
+    cfg: Config,
+    policy: PolicyHandle,
+    tokenizer: Any,
+    *,
+    seed: int,
+    max_len: int = 0,
+    most: Callable[[int], int] = lambda n: n,
 ) -> RolloutPipeline:
     """The engine the config names (with tools: episodes around it), playing pi_old: synchronous,
     rollout.max_policy_lag steps ahead in a background thread, or partial rollouts. The pipeline owns the
     engine and closes it.
-    max_len: the longest prompt + completion of the run (vllm sizes its context and KV cache for it)."""
+    max_len: the longest prompt + completion of the run (vllm sizes its context and KV cache for it). most:
+    World.most (partial rollouts keep the ranks' draws and rounds in step)."""
     engine = make_engine(
         cfg.rollout.engine,
         policy.whole,
@@ -226,8 +236,11 @@ def build_pipeline(
         rollout=cfg.rollout,
         max_len=max_len,
     )
-    timeline = PartialPipeline if cfg.rollout.partial_rollouts else make_pipeline  # rollout/partial.py
-    return timeline(
+    if cfg.rollout.partial_rollouts:  # rollout/partial.py: every rank draws and generates in step
+        return PartialPipeline(
+            engine, cfg.rollout, max_lag=0, version=0, model=policy.whole, seed=seed, most=most
+        )
+    return make_pipeline(
         with_tools(engine, cfg, tokenizer),
         cfg.rollout,
         max_lag=cfg.rollout.max_policy_lag,

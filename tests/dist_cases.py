@@ -285,14 +285,27 @@ COMBO_RESUME_CASES: dict[str, list[str]] = {
     # rollout.max_policy_lag=1 on the fast engine (DDP only: FSDP2 refuses lag), 3 steps: the step-1
     # checkpoint holds each rank's batch 1, generated ahead, and its sampler's generators (rank states)
     "lag": ["rollout.engine=fast", "rollout.max_policy_lag=1", "optim.max_steps=3"],
+    # partial rollouts on the fast engine, chunks of 2 of 6 tokens, 4 steps: the step-1 checkpoint holds each
+    # rank's groups in flight (rank states); the ranks draw and run rounds in step
+    "partial": [
+        "rollout.engine=fast",
+        "rollout.partial_rollouts=true",
+        "rollout.partial_chunk_tokens=2",
+        "rollout.max_staleness=2",
+        "rollout.temperature=1.5",
+        "optim.max_steps=4",
+    ],
 }
 #: the cases a strategy cannot run
 UNSUPPORTED = {("fsdp2", "lag")}
 
 
 def lagged(case: list[str]) -> bool:
-    """Whether a case samples ahead (rollout.max_policy_lag > 0): it keeps the engine that gives log-probs."""
-    return any(c.startswith("rollout.max_policy_lag=") and c != "rollout.max_policy_lag=0" for c in case)
+    """Whether a case samples from older weights (rollout.max_policy_lag > 0, or partial rollouts): it keeps
+    the engine that gives log-probs."""
+    return "rollout.partial_rollouts=true" in case or any(
+        c.startswith("rollout.max_policy_lag=") and c != "rollout.max_policy_lag=0" for c in case
+    )
 
 
 def train(model_dir, out, strategy: str, case: list[str], *extra: str) -> dict:

@@ -341,6 +341,28 @@ def test_lag_saved_at_two_ranks_resumes(combo_resumes, tiny_model_dir, tmp_path,
     assert "the checkpoint holds no batches generated ahead" in caplog.text
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", dist_cases.STRATEGIES)
+def test_partial_rollouts_saved_at_two_ranks_resume(strategy, combo_resumes):
+    """rollout.partial_rollouts at W = 2: the step-1 checkpoint holds each rank's own groups in flight (its
+    share of the prompts, completions under way), and resumed at W = 2 the run trains to the uninterrupted
+    run's step-4 weights, bit for bit (the ranks draw and run rounds in step)."""
+    from grpokit.checkpoint import checkpoint_dir
+
+    def groups(step: int) -> list[list]:  # per rank, the groups in flight and waiting (a file a rank)
+        at = checkpoint_dir(combo_resumes / f"{strategy}-partial-whole", step)
+        kept = [torch.load(at / f"rank_states-{r}.pt", weights_only=False)["pipeline"] for r in (0, 1)]
+        return [state["partial"]["flying"] + state["partial"]["done"] for state in kept]
+
+    prompts = [[g.row.prompt_text for g in rank] for rank in groups(1)]
+    assert all(prompts) and not set(prompts[0]) & set(prompts[1]), prompts  # each rank its own share
+    # after step 2 the fresh groups of its one round are under way: 2 of their 6 tokens
+    assert any(s.tokens and s.finish is None for rank in groups(2) for g in rank for s in g.samples)
+    runs = torch.load(combo_resumes / f"{strategy}-partial.pt")
+    for name, w in runs["whole"]["params"].items():
+        assert torch.equal(runs["resumed"]["params"][name], w), name
+
+
 @pytest.fixture(scope="module")
 def compile_runs(combo_runs):
     if not _runs_here("compile-"):

@@ -907,9 +907,7 @@ def test_reward_failing_on_most_of_a_step_warns(env, caplog):
             env, rewards(env[0], "sevens", "boom"), "reward_error_fraction=1", f"output_dir={env[0] / 'run2'}"
         )
     assert r.exit_code == 0 and not [
-        rec
-        for rec in caplog.records
-        if rec.name == "grpokit.records.health" and "'boom'" in rec.getMessage()
+        rec for rec in caplog.records if rec.name == "grpokit.records.health" and "'boom'" in rec.getMessage()
     ]  # 1 = never
 
 

@@ -231,16 +231,6 @@ def test_an_engine_without_log_probs_is_refused_naming_those_that_have_them(tiny
         Trainer(cfg)
 
 
-def test_partial_rollouts_under_torchrun_are_refused_in_one_line(tiny_model_dir, tmp_path):
-    from grpokit.distributed.world import check_config
-
-    cfg = config(tiny_model_dir, tmp_path / "run", *PARTIAL)
-    with pytest.raises(
-        ConfigError, match="rollout.partial_rollouts runs in one process in this version; at "
-    ):
-        check_config(cfg, 2)
-
-
 @pytest.mark.parametrize("moment", ["after-save", "between"])
 def test_a_partial_run_stopped_and_resumed_is_the_uninterrupted_run(tiny_model_dir, tmp_path, moment):
     """The checkpoint holds the groups in flight and waiting (rank_states), the prompt stream resumes after

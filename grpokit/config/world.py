@@ -26,11 +26,6 @@ def check_world(cfg: Config, world_size: int) -> None:
             f"distributed.mixed_precision={cfg.distributed.mixed_precision} is FSDP2's MixedPrecisionPolicy; "
             f"with distributed.strategy={cfg.distributed.strategy} use model.autocast=bfloat16 instead"
         )
-    if cfg.rollout.partial_rollouts:
-        raise ConfigError(
-            f"rollout.partial_rollouts runs in one process in this version; {at} use rollout.max_policy_lag "
-            "for asynchronous rollouts, or one process"
-        )
     B, M = cfg.rollout.prompts_per_step, cfg.optim.num_minibatches
     if B % world_size:
         raise ConfigError(

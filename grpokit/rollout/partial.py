@@ -109,8 +109,10 @@ class PartialPipeline(RolloutPipeline):
         version: int,
         model: torch.nn.Module,
         seed: int,
+        most: Callable[[int], int] = lambda n: n,
     ) -> None:
         super().__init__(engine, rollout_cfg, max_lag=max_lag, version=version, model=model, seed=seed)
+        self.most = most  # World.most: the max over the ranks (one process: n itself)
         self.chunk, self.max_staleness = chunk_tokens(rollout_cfg), rollout_cfg.max_staleness
         self.in_flight = rollout_cfg.partial_in_flight  # groups in flight or waiting, in steps' worth
         self.flying: list[Group] = []  # groups with a completion under way, oldest first
@@ -125,12 +127,15 @@ class PartialPipeline(RolloutPipeline):
         t = time.perf_counter()
         restarted = self._restart_stale(self.done) + self._restart_stale(self.flying)
         rounds, share = 0, self.share
+        # Under torchrun every rank draws as often (a draw is every rank's share of one global batch, so the
+        # prompt stream stays one stream) and runs as many rounds: each decision is the max over the ranks.
         while True:
-            while share is None or len(self.flying) + len(self.done) < self.in_flight * share:  # top up
+            while self.most(int(share is None or len(self.flying) + len(self.done) < self.in_flight * share)):
                 rows = draw(None)  # fresh prompts
                 share = self.share = share or len(rows)  # the rank's share of prompts_per_step
                 self.flying += [Group(r, [Sample() for _ in range(self.G)]) for r in rows]
-            if rounds and len(self.done) >= share:
+            assert share is not None
+            if rounds and not self.most(int(len(self.done) < share)):
                 break
             self._round(timings)  # at least one a step: every completion under way goes on at each version
             rounds += 1
