@@ -237,23 +237,13 @@ def test_a_partial_run_stopped_and_resumed_is_the_uninterrupted_run(tiny_model_d
     them: stopped right after the checkpoint of step 2 or after step 3, and resumed, the run ends with the
     uninterrupted run's weights (torch.equal), and the checkpoint held completions under way."""
     from grpokit.checkpoint import STATE_FILE, checkpoint_dir
-    from tests.test_async_resume import _assert_equal, _Run, _weights
-    from tests.test_trainer import _crash_at
+    from tests.test_async_resume import _assert_equal, _stop_and_resume, _weights
 
     extra = [*PARTIAL, "rollout.partial_chunk_tokens=2", "rollout.max_staleness=3", "rollout.temperature=1.5"]
-    straight = _Run(tiny_model_dir, tmp_path / "straight", *extra)
-    straight.train()
-    stopped = _Run(tiny_model_dir, tmp_path / "run", *extra)
-    if moment == "after-save":
-        stopped.crash_after_save = 2
-        stopped.train()
-    else:
-        stopped.train(on_log=_crash_at(3))
+    straight, stopped, resumed = _stop_and_resume(tiny_model_dir, tmp_path, 0, moment, *extra)
     state = torch.load(checkpoint_dir(tmp_path / "run", 2) / STATE_FILE, weights_only=False)
     (kept,) = [r["pipeline"]["partial"] for r in state["rank_states"]]
     assert any(s.tokens and s.finish is None for g in kept["flying"] for s in g.samples)
-    resumed = _Run(tiny_model_dir, tmp_path / "run", *extra)
-    resumed.train()
     _assert_equal(_weights(resumed.trainer), _weights(straight.trainer))
     drawn = [texts for _, texts in stopped.drawn[: stopped.at_save[2]] + resumed.drawn]
     assert drawn == [texts for _, texts in straight.drawn]  # no prompt drawn twice, none skipped

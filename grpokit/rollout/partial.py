@@ -32,11 +32,10 @@ whole rollout here (it runs in the loop's thread).
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -52,7 +51,7 @@ from grpokit.metrics.names import (
     ROLLOUT_VERSIONS_SPANNED_MAX,
 )
 from grpokit.rollout.base import Completions, RolloutEngine
-from grpokit.rollout.pipeline import RolloutPipeline, push_metrics, sampling_params
+from grpokit.rollout.pipeline import SyncPipeline, push_metrics, sampling_params
 
 logger = logging.getLogger("grpokit.rollout")
 
@@ -96,9 +95,11 @@ def chunk_tokens(rollout_cfg) -> int:
     return -(-rollout_cfg.max_completion_length // (rollout_cfg.max_staleness + 1))
 
 
-class PartialPipeline(RolloutPipeline):
+class PartialPipeline(SyncPipeline):
     """The partial-rollout timeline: rounds of at most C tokens per completion in the loop's thread, with
-    the run's random stream (so a run is the same every time for a seed)."""
+    the run's random stream (so a run is the same every time for a seed). The rest is the synchronous
+    timeline's: dynamic sampling's extra rounds generate whole completions at the current version, the engine
+    sleeps during the update and gets each version's weights after it."""
 
     def __init__(
         self,
@@ -144,27 +145,6 @@ class PartialPipeline(RolloutPipeline):
         timings[PERF_ROLLOUT_WAIT] = time.perf_counter() - t
         timings.update(self._metrics(groups, b, restarted, rounds))
         return rows, comps, timings
-
-    def extra(self, rows: Sequence[Any], timings: dict[str, float]) -> Completions:
-        # dynamic sampling's further rounds: whole completions now, at the current version
-        return self._generate(rows, self.version, sampling_params(self.cfg), timings)
-
-    def idle(self) -> None:
-        self.engine.sleep()
-
-    def publish(self, version: int, model: torch.nn.Module) -> None:
-        self.version = version
-        self.engine.wake_up()
-        self._sync(model, version)
-
-    @contextlib.contextmanager
-    def exclusive(self, current_model: Callable[[], torch.nn.Module]) -> Iterator[RolloutEngine]:
-        yield self.engine  # the engine runs the trainer's weights: publish pushed them
-
-    def close(self, timeout: float = 60.0) -> None:
-        if not self._closed:
-            self._closed = True
-            self.engine.close()
 
     def state_dict(self) -> dict[str, Any]:
         """The groups in flight and waiting, each completion with its tokens, log-probs, versions and kept
