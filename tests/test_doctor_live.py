@@ -16,7 +16,7 @@ from grpokit.doctor.live import LIVE_CHECKS, LiveDoctor
 from tests.helpers import read_metrics, tiny_config
 from tests.test_doctor import CONFIG, healthy, rows_of
 
-#: the demo's settings (grpokit/demo/real.py FULL) as config.yaml has them
+#: the settings of that run (grpokit/demo/real.py FULL before its recipe changed), as config.yaml has them
 DEMO_CONFIG = {
     "algorithm": {
         "beta": 0.0,
