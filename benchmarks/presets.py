@@ -1,7 +1,7 @@
 """Every algorithm preset on countdown from the same SFT warm start, budget and seeds: held-out accuracy per
 step.
 
-    python benchmarks/presets.py                        # warm start runs/demo/sft (make demo); 25 runs,
+    python benchmarks/presets.py                        # warm start runs/demo/sft (grpokit demo --model tiny); 25 runs,
                                                         # ~60 min on 1 idle CPU thread
     python benchmarks/presets.py --model runs/demo/sft --steps 50 --presets grpo,dapo --seeds 0
     python benchmarks/presets.py --report-only          # redraw the report from runs/presets/runs.json
@@ -26,7 +26,7 @@ the steps resolution is --eval-every. Training seconds are the sum of perf/step_
 excluded); on a shared machine they are noisy, so the load average is recorded with each run.
 
 A warm start is any countdown-SFT'd model folder with its tokenizer; benchmarks/grpo_vs_ppo.py
---make-sft DIR builds one (~12 min), `grpokit demo` leaves one in runs/demo/sft.
+--make-sft DIR builds one (~12 min), `grpokit demo --model tiny` leaves one in runs/demo/sft.
 
 --smoke: grpo and dapo, seed 0, 2 steps of 2 prompts x G=2 with 8 tokens, 4 held-out problems evaluated every
 step, from a random test-size model built in OUT/smoke-model (unless --model); the runs and the report in
@@ -462,7 +462,7 @@ def parse_args(argv: list[str] | None = None):
         "--model",
         default="runs/demo/sft",
         help="warm-start model folder (every run starts from it); "
-        "the default is the SFT warm start that `make demo` writes (the recorded results' warm start)",
+        "the default is the SFT warm start that `grpokit demo --model tiny` writes (the recorded results' warm start)",
     )
     p.add_argument("--presets", default=",".join(ALL_PRESETS))
     p.add_argument(

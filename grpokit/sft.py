@@ -50,8 +50,9 @@ from grpokit.metrics.compute import (
     SFT_LOSS,
     SFT_LR,
 )
-from grpokit.policy import check_padding_free, load_policy
+from grpokit.policy import load_policy
 from grpokit.policy.optim import adamw, lr_lambda
+from grpokit.policy.padding_free import resolve_padding_free
 
 IGNORE_INDEX = -100  # label of tokens the loss skips (prompt, padding)
 
@@ -340,7 +341,7 @@ def train_sft(
     eval_pairs: Sequence[dict[str, Any]] | PromptDataset | None = None,
     seed: int = 0,
     on_step: Callable[[int, dict[str, float]], None] | None = None,
-    padding_free: bool = False,
+    padding_free: bool | str = False,
     **settings: Any,
 ) -> dict[str, Any]:
     """Fine-tune `model` in place on `pairs` (rows with "prompt" and the completion column, or a PromptDataset
@@ -352,11 +353,13 @@ def train_sft(
     eval_pairs: held-out pairs, evaluated (evaluate_sft) before training, every eval_every steps and at the
     end. on_step(step, metrics): after every step; metrics hold sft/* (and eval/*) on log (and eval) steps,
     else {}; and with step 0 and the held-out metrics before training. padding_free (model.padding_free):
-    each batch's pairs back to back in one row, no padding (collate); the same loss and gradients.
+    each batch's pairs back to back in one row, no padding (collate); the same loss and gradients. "auto":
+    where the model keeps packed pairs apart (else padded, said in one line).
     """
     cfg = SFTSection(**settings)
-    if padding_free:
-        check_padding_free(model)  # attention must stay inside each packed pair
+    padding_free, line = resolve_padding_free(model, padding_free)  # attention must stay inside each pair
+    if line is not None:
+        print(line, flush=True)
     examples, n_truncated, held_out = _training_data(tokenizer, pairs, eval_pairs, cfg)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     evaluate = functools.partial(_evaluate_held_out, model, tokenizer, held_out, cfg, padding_free)

@@ -61,6 +61,7 @@ from grpokit.metrics.compute import (
 )
 from grpokit.policy import is_checkpointing
 from grpokit.policy.anchors import anchor_logprobs
+from grpokit.policy.logprobs import runs_packed
 from grpokit.policy.optim import TrainingError, check_finite_weights, non_finite, out_of_memory_said
 from grpokit.records import plot_run
 from grpokit.records.run_records import RunRecords
@@ -82,6 +83,7 @@ class Trainer:
         parts = build_components(
             cfg, self.world, model=model, tokenizer=tokenizer, train_rows=train_rows, eval_rows=eval_rows
         )
+        cfg = self.cfg = parts.cfg  # model.padding_free=auto made concrete for the model
         self.policy, self.tokenizer = parts.policy, parts.tokenizer  # the policy's one handle
         self.train_data, self.eval_data, self.sampler = parts.train_data, parts.eval_data, parts.sampler
         self.rewards, self.judge = parts.rewards, parts.judge
@@ -312,8 +314,11 @@ class Trainer:
             if filler or not mine:
                 continue
             acc.add({policy_name(k): v for k, v in stats.items()}, mask.sum().item())
-            # model.padding_free: the micro-batch ran as one row, no completion position was padding
-            padding = 0.0 if cfg.model.padding_free else 1 - tokens.completion_mask.float().mean().item()
+            # one padding-free row (model.padding_free, where a shared prompt is not cheaper): no padding
+            packed = self.sequence is not None or runs_packed(
+                self.policy.forward, tokens, cfg.model.padding_free is True
+            )
+            padding = 0.0 if packed else 1 - tokens.completion_mask.float().mean().item()
             acc.add({PERF_PADDING_FRAC: padding}, tokens.completion_mask.numel())
             minibatch_loss += loss.item()  # micro-batch losses add up to the minibatch's loss
             if entropy is not None and first:

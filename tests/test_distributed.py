@@ -619,9 +619,9 @@ def _config(tmp_path, *extra):
             "distributed.sequence_parallel=4 must divide the world size 2",
         ),
         (
-            ["distributed.sequence_parallel=2"],
+            ["distributed.sequence_parallel=2", "model.padding_free=false"],
             "distributed.sequence_parallel=2 splits padding-free rows over the ranks: set "
-            "model.padding_free=true",
+            "model.padding_free=auto or true",
         ),
         (
             [

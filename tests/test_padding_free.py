@@ -76,6 +76,8 @@ def test_one_training_step_is_the_same_padding_free(tiny_model_dir, tmp_path, mo
 
     rows = []  # the padding-free rows the passes ran: [1, L] each
     monkeypatch.setattr(logprobs, "one_row", lambda b: rows.append(one_row(b)) or rows[-1])
+    # these short prompts would run once on shared prompts (cheaper: see the next test); here every pass packs
+    monkeypatch.setattr(logprobs, "_sharing_is_cheaper", lambda batch, shared: False)
     weights, padding = {}, {}
     for padding_free in (False, True):
         cfg = tiny_config(
@@ -101,6 +103,28 @@ def test_one_training_step_is_the_same_padding_free(tiny_model_dir, tmp_path, mo
     assert padding[True] == 0 < padding[False]
     for name, w in weights[False].items():
         torch.testing.assert_close(weights[True][name], w, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_padding_free_passes_take_shared_prompts_where_those_compute_fewer_positions(tiny_model_dir):
+    """With model.padding_free on, a pass whose rows share prompts runs them once (padded, on their KV cache)
+    when U x P + N x T is below the real tokens, else the padding-free row; the log-probs are the same."""
+    import grpokit.policy.logprobs as logprobs
+
+    model = model_of(tiny_model_dir)
+    long_prompt = list(range(3, 23))  # 20 tokens
+    G = 4
+    short = pack_sequences(
+        [long_prompt] * G, [[5, 6], [7, 8, 9], [5], [6, 7]], pad_id=0
+    )  # 1 x 20 + 4 x 3 < 88
+    tail = pack_sequences([[3, 4]] * G, [[5] * 30, [6], [7], [8]], pad_id=0)  # 2 + 4 x 30 > 4 x 2 + 33
+    assert logprobs.runs_packed(model, short, True) is False and logprobs.runs_packed(model, tail, True)
+    assert logprobs.runs_packed(model, short, True, share_prompts=False)  # no sharing: the row
+    assert not logprobs.runs_packed(model, tail, False)  # padding_free off: padded rows
+    for batch in (short, tail):
+        packed, _ = completion_logprobs(model, batch, padding_free=True)
+        padded, _ = completion_logprobs(model, batch, share_prompts=False)
+        mask = batch.completion_mask.bool()
+        torch.testing.assert_close(packed[mask], padded[mask], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.slow
@@ -147,8 +171,31 @@ def test_refused_where_attention_crosses_sequences(tiny_model_dir):
     llama = model_of(tiny_model_dir)
     check_padding_free(llama)  # sdpa: accepted
     llama.config._attn_implementation = "paged|sdpa"  # continuous batching's: no packed-sequence masks
-    with pytest.raises(ValueError, match=r"^model\.padding_free=true needs .* 'paged\|sdpa'"):
+    with pytest.raises(
+        ValueError, match=r"^model\.padding_free=true: packed sequences .* this model runs 'paged\|sdpa'"
+    ):
         check_padding_free(llama)
+
+
+def test_auto_is_on_where_exact_and_padded_with_one_line_where_not(tiny_model_dir):
+    from grpokit.policy.padding_free import resolve_padding_free
+
+    torch.manual_seed(0)
+    bloom = BloomForCausalLM(BloomConfig(vocab_size=50, hidden_size=32, n_layer=2, n_head=4))
+    llama = model_of(tiny_model_dir)
+    assert resolve_padding_free(llama, "auto") == (True, None)
+    assert resolve_padding_free(bloom, False) == (False, None)  # false: not even checked
+    on, line = resolve_padding_free(bloom, "auto")
+    assert not on and line.count("\n") == 0
+    assert line.startswith(
+        "model.padding_free=auto: padded rows, since BloomForCausalLM (eager) lets a packed"
+    )
+    with pytest.raises(
+        ValueError, match=r"^distributed.sequence_parallel=2 needs padding-free rows, but Bloom"
+    ):
+        resolve_padding_free(bloom, "auto", required="distributed.sequence_parallel=2")
+    with pytest.raises(ValueError, match=r"^model\.padding_free=true: BloomForCausalLM"):
+        resolve_padding_free(bloom, True)
 
 
 def test_sft_padding_free_gives_the_padded_loss_gradient_and_run(tiny_model_dir):

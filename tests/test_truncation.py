@@ -178,7 +178,7 @@ def test_engine_kept_sets_replay_the_sampler_logprobs(model_and_tok):
     with torch.no_grad():
         replayed, _ = completion_logprobs(model, batch, temperature=0.9, fused=False)
         fused, _ = completion_logprobs(model, batch, temperature=0.9, fused=True)
-        packed, _ = completion_logprobs(model, batch, temperature=0.9, padding_free=True)
+        packed, _ = completion_logprobs(model, batch, temperature=0.9, padding_free=True, share_prompts=False)
         untruncated, _ = completion_logprobs(model, pack_sequences_without_kept(batch), temperature=0.9)
     old = batched_logprobs(model, batch, MicroBatching(size=5), temperature=0.9)
     for logp in (replayed, fused, packed, old):

@@ -60,13 +60,13 @@ class ModelConfig(Section):
     (grpokit/policy/memory.py); the run prints the decision."""
     attn_implementation: str | None = None
     """Passed to from_pretrained (e.g. "sdpa", "eager", "flash_attention_2"); None = transformers' default."""
-    padding_free: bool = False
+    padding_free: bool | Literal["auto"] = "auto"
     """The policy's log-prob passes (training, pi_old, pi_ref), the PPO critic's and SFT's run each
-    micro-batch's sequences back to back
-    in one row with position ids restarting at each, no padding (transformers' packed sequences): same
-    log-probs and gradients, fewer positions computed. Checked when the run starts: refused for an attention
-    implementation or model that does not keep attention inside each sequence
-    (grpokit/policy/padding_free.py)."""
+    micro-batch's sequences back to back in one row with position ids restarting at each, no padding
+    (transformers' packed sequences): same log-probs and gradients, fewer positions computed (where a
+    group's shared prompt run once costs less, the policy's passes run the padded rows on it instead). The
+    model is checked when the run starts (grpokit/policy/padding_free.py): auto = on where the check passes,
+    else padded rows with one line saying why; true = refused where it fails; false = padded rows."""
     memory_check: bool = True
     """Before the model loads, compute the run's memory plan (per rank and phase: weights, pi_ref, AdamW,
     gradients, the engine's KV cache, activations; `grpokit plan`, docs/memory.md), print it, and refuse a

@@ -71,7 +71,9 @@ def check_sequence_parallel(cfg: Config, world_size: int) -> None:
     if world_size % N:
         raise ConfigError(f"{key} must divide the world size {world_size} (WORLD_SIZE from torchrun)")
     if not cfg.model.padding_free:
-        raise ConfigError(f"{key} splits padding-free rows over the ranks: set model.padding_free=true")
+        raise ConfigError(
+            f"{key} splits padding-free rows over the ranks: set model.padding_free=auto or true"
+        )
     if cfg.algorithm.advantage_estimator == "gae":
         raise ConfigError(
             f"{key} does not cover the PPO critic yet: use 1 with algorithm.advantage_estimator=gae"

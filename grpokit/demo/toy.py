@@ -1,7 +1,7 @@
-"""`grpokit demo`: the whole pipeline on 2 CPU cores, no GPU, no downloads.
+"""`grpokit demo --model tiny`: the whole pipeline on 2 CPU cores, no GPU, no downloads, no model wheel.
 
-    grpokit demo              # ~10 minutes: countdown, SFT warm-start then GRPO, 500 held-out problems
-    grpokit demo --quick      # ~1 minute smoke test with the same outputs
+    grpokit demo --model tiny           # ~10 minutes: countdown, SFT warm-start, GRPO, 500 held-out problems
+    grpokit demo --model tiny --quick   # ~1 minute smoke test with the same outputs
 
 1. builds a character tokenizer and a tiny Llama (a few million parameters) from a config;
 2. warms it up with SFT on countdown problems with one reference solution each;
@@ -231,7 +231,8 @@ def _write_reports(out: Path, rows: list[tuple[str, ...]], plots, notes: str) ->
 
 
 def run_demo(out: Path, *, quick: bool = False, seed: int = 0, overrides: list[str] | None = None) -> dict:
-    """`grpokit demo`: the three stages on countdown, then the before / after table, plots and reports."""
+    """`grpokit demo --model tiny`: the three stages on countdown, then the before / after table, plots and
+    reports."""
     from rich.console import Console
 
     from grpokit.records import plot_metrics
@@ -262,8 +263,8 @@ def run_demo(out: Path, *, quick: bool = False, seed: int = 0, overrides: list[s
     notes = (
         f"Model: tiny Llama, {n_params / 1e6:.2f}M parameters. SFT: {len(pairs)} problems, {sft_time:.0f}s. "
         f"GRPO: {cfg.optim.max_steps} steps, {grpo_time:.0f}s. Total {total:.0f}s on "
-        f"{torch.get_num_threads()} threads.\n\nReproduce: `grpokit demo{' --quick' if quick else ''} --seed "
-        f"{seed}`"
+        f"{torch.get_num_threads()} threads.\n\nReproduce: `grpokit demo --model tiny"
+        f"{' --quick' if quick else ''} --seed {seed}`"
     )
     report, page = _write_reports(out, rows, plots, notes)
     console.print(

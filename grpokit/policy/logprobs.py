@@ -61,20 +61,21 @@ def completion_logprobs(
     padding_free: the N sequences run back to back in one row with restarting position ids (one_row), and
     only the K positions that predict a completion token reach the LM head; same values and gradients, 0 on
     padding. Exact only for models that confine attention to each packed sequence: model.padding_free checks
-    the model once (grpokit/policy/padding_free.py). No prompt sharing then (it needs a KV cache).
+    the model once (grpokit/policy/padding_free.py). Where the prompts can be shared (share_prompts) and that
+    computes fewer positions than the row (U x P + N x T against the real tokens: long prompts, short
+    completions), the padded pass on shared prompts runs instead (runs_packed says which).
     batch.kept (top-k / top-p kept sets, when the engine recorded them): see the module's docstring.
     """
     fused = use_fused(model, batch, fused)
-    if padding_free:
+    shared = _shared_prompts(model, batch) if share_prompts else None
+    if padding_free and not _sharing_is_cheaper(batch, shared):
         return _padding_free_logprobs(model, batch, fused, temperature, with_entropy, entropy_grad)
     T = batch.completion_width
     out = None
-    if share_prompts and _can_share(model):
-        P = batch.input_ids.shape[1] - T
-        prompts = torch.cat([batch.input_ids[:, :P], batch.attention_mask[:, :P]], dim=1)  # [N, 2P]
-        unique, inverse = torch.unique(prompts, dim=0, return_inverse=True)  # [U, 2P], [N]
-        if unique.shape[0] * 2 <= prompts.shape[0]:
-            out = shared_prompt_logits(model, batch, unique[:, :P], unique[:, P:], inverse, fused=fused)
+    if shared is not None:
+        unique, inverse = shared
+        P = unique.shape[1] // 2
+        out = shared_prompt_logits(model, batch, unique[:, :P], unique[:, P:], inverse, fused=fused)
     if out is None:
         inputs = dict(
             input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids
@@ -83,6 +84,36 @@ def completion_logprobs(
         out = out[:, :-1]  # [N, T, V], or [N, T, H] fused
     args = (batch.completion_ids, temperature, with_entropy, entropy_grad, batch.kept)
     return _fused_logprobs(model, out, *args) if fused else _logp_entropy(out, *args)
+
+
+def runs_packed(model, batch: PackedBatch, padding_free: bool, share_prompts: bool = True) -> bool:
+    """Whether completion_logprobs(model, batch, padding_free=..., share_prompts=...) runs the batch as one
+    padding-free row (else padded rows, with or without shared prompts)."""
+    if not padding_free:
+        return False
+    return not _sharing_is_cheaper(batch, _shared_prompts(model, batch) if share_prompts else None)
+
+
+def _shared_prompts(model, batch: PackedBatch) -> tuple[Tensor, Tensor] | None:
+    """(unique [U, 2P]: each distinct prompt's ids then mask, inverse [N]: row -> its prompt) when the prompts
+    may be shared: the model takes a KV cache with gradients and at most half the rows have a distinct
+    prompt; else None."""
+    if not _can_share(model):
+        return None
+    P = batch.input_ids.shape[1] - batch.completion_width
+    prompts = torch.cat([batch.input_ids[:, :P], batch.attention_mask[:, :P]], dim=1)  # [N, 2P]
+    unique, inverse = torch.unique(prompts, dim=0, return_inverse=True)  # [U, 2P], [N]
+    return (unique, inverse) if unique.shape[0] * 2 <= prompts.shape[0] else None
+
+
+def _sharing_is_cheaper(batch: PackedBatch, shared: tuple[Tensor, Tensor] | None) -> bool:
+    """Padded rows on shared prompts compute fewer positions than the padding-free row: U x P + N x T
+    against the real tokens (long prompts, short completions of similar lengths). Either is exact."""
+    if shared is None:
+        return False
+    N, T = batch.completion_ids.shape
+    U, P = shared[0].shape[0], batch.input_ids.shape[1] - T
+    return U * P + N * T < int(batch.attention_mask.sum())
 
 
 def _padding_free_logprobs(

@@ -1,6 +1,8 @@
 """model.padding_free: may this model's log-prob passes run padding-free rows? Checked when the run starts.
 
-    check_padding_free(model)   # ValueError naming model.padding_free and why, or nothing
+    check_padding_free(model)                       # ValueError naming model.padding_free and why, or nothing
+    on, line = resolve_padding_free(model, "auto")  # auto: on where the check passes, else off and why
+    packs(model_section)                            # before the model loads (the memory plan): auto's guess
 
 Padding-free rows (grpokit/data/batch.py: one_row) are exact when the model keeps attention inside each
 sequence of a row. transformers does it from the position ids alone (they restart at 0; no attention mask, no
@@ -30,21 +32,29 @@ PACKED_ATTENTION = (
 
 def check_padding_free(model) -> None:
     """ValueError (one line: the key, why, what to do) unless padding-free rows give this model's logits."""
+    why = why_not_packed(model)
+    if why is not None:
+        other = "model.attn_implementation or " if why.startswith("packed") else ""
+        raise ValueError(f"model.padding_free=true: {why}; set {other}model.padding_free=false")
+
+
+def why_not_packed(model) -> str | None:
+    """Why padding-free rows would not give this model's logits (one clause), or None when they do."""
     config = getattr(model, "config", None)
     impl = getattr(config, "_attn_implementation", None)
     if impl not in PACKED_ATTENTION:
-        raise ValueError(
-            f"model.padding_free=true needs an attention implementation that keeps packed sequences apart "
-            f"({', '.join(PACKED_ATTENTION)}); this model runs {impl!r}: set model.attn_implementation or "
-            "model.padding_free=false"
+        return (
+            "packed sequences are kept apart by the attention implementations "
+            f"{', '.join(PACKED_ATTENTION)}; this model runs {impl!r}"
         )
     diff = _packed_difference(model)
     if diff is None or diff > (1e-4 if getattr(model, "_grpokit_autocast", None) is None else 2e-2):
         seen = "fails on packed rows" if diff is None else f"differ by {diff:.2g}"
-        raise ValueError(
-            f"model.padding_free=true: {type(model).__name__} ({impl}) lets a packed sequence see the ones "
-            f"before it (two sequences' logits in one row and alone {seen}); set model.padding_free=false"
+        return (
+            f"{type(model).__name__} ({impl}) lets a packed sequence see the ones before it (two sequences' "
+            f"logits in one row and alone {seen})"
         )
+    return None
 
 
 def _packed_difference(model) -> float | None:
@@ -71,3 +81,30 @@ def _packed_difference(model) -> float | None:
         return None
     finally:
         model.train(was_training)
+
+
+def resolve_padding_free(model, setting: bool | str, required: str = "") -> tuple[bool, str | None]:
+    """model.padding_free made concrete for this model: (on, the line that says why auto turned it off, or
+    None). true is refused where the check fails (ValueError); so is auto when `required` names a setting
+    that needs padding-free rows (distributed.sequence_parallel=N)."""
+    if setting is False:
+        return False, None
+    if setting is True:
+        check_padding_free(model)
+        return True, None
+    why = why_not_packed(model)
+    if why is None:
+        return True, None
+    if required:
+        raise ValueError(f"{required} needs padding-free rows, but {why}; set it to 1")
+    return False, f"model.padding_free=auto: padded rows, since {why}"
+
+
+def packs(model_section) -> bool:
+    """Whether the run's passes will be padding-free, before the model loads (the memory plan): true, or auto
+    with an attention implementation that keeps packed sequences apart (transformers' default, sdpa, is one;
+    the check when the run starts has the last word)."""
+    setting = model_section.padding_free
+    if setting != "auto":
+        return bool(setting)
+    return model_section.attn_implementation in (None, *PACKED_ATTENTION)

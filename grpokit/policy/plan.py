@@ -33,6 +33,7 @@ from grpokit.config.sections import LoraConfig
 from grpokit.policy.loading import DTYPES, ModelLoadError, model_folder
 from grpokit.policy.logprobs import FUSED_MIN_LOGITS
 from grpokit.policy.memory import GIB, SHARE, cpu_memory_available, layer_sizes
+from grpokit.policy.padding_free import packs
 
 ROLLOUT, UPDATE = "rollout", "update"
 
@@ -150,7 +151,9 @@ def plan_lines(cfg: Config, s: Shapes, setup: Setup) -> tuple[list[Line], int, i
     )
     update += _activation_lines(cfg, s, setup, rows, shard, on)
     # pi_ref's (and under FSDP2 pi_old's) pass; with FSDP2 or checkpointing a plain one: logits sliced, copied
-    mask = 0 if cfg.model.padding_free else rows * tokens * -(-tokens // setup.sp) * b
+    # padded rows' mask, unless the pass runs one padding-free row (not when shared prompts are cheaper)
+    shared = not on and shard == 1 and cfg.rollout.num_generations > 1
+    mask = 0 if packs(cfg.model) and not shared else rows * tokens * -(-tokens // setup.sp) * b
     completions = rows * cfg.rollout.max_completion_length  # the positions that reach the LM head
     head = _head(s, completions, shard, backward=False, copied=(shard > 1 or on) and rows > 1)
     passes = head + rows * tokens * _layer_bytes(s) + mask
@@ -172,8 +175,11 @@ def _activation_lines(cfg: Config, s: Shapes, setup: Setup, rows: int, shard: in
     logits = rows * completion  # only the positions that predict a completion token reach the LM head
     copied = not shared and rows > 1  # the plain pass's logits [N, T + 1, V], sliced to T and copied whole
     b = s.element_size
-    # sdpa keeps the padded rows' mask [rows, 1, queries, keys] once a layer for the backward, built once
-    mask = 0 if cfg.model.padding_free else rows * -(-queries // setup.sp) * (prompt + completion) * b
+    # sdpa keeps the padded rows' mask [rows, 1, queries, keys] once a layer for the backward, built once;
+    # padding-free rows have none (at the longest rows, shared prompts cost less: those run padded)
+    mask = (
+        0 if packs(cfg.model) and not shared else rows * -(-queries // setup.sp) * (prompt + completion) * b
+    )
     return [
         Line(UPDATE, "activations, checkpointing off", whole, counted=not on),
         Line(UPDATE, "activations, checkpointing every layer", kept, counted=on),
@@ -336,7 +342,7 @@ def _candidates(cfg: Config, shapes: Shapes, setup: Setup) -> list[tuple[str, in
     if cfg.model.gradient_checkpointing is not True:
         on = _with(cfg, "model", gradient_checkpointing=True)
         out.append(("model.gradient_checkpointing=true", _peak(on, shapes, setup)))
-    if not cfg.model.padding_free:  # no padded rows, no [rows, 1, T, T] masks
+    if not packs(cfg.model):  # no padded rows, no [rows, 1, T, T] masks
         free = _with(cfg, "model", padding_free=True)
         out.append(("model.padding_free=true", _peak(free, shapes, setup)))
     rows = micro_rows(cfg, setup.ranks)
