@@ -3,7 +3,7 @@
     PYTHONPATH=. torchrun --standalone --nproc_per_node 2 tests/sp_cases.py MODEL_DIR OUT_DIR
 
 Every rank builds a data x sequence DeviceMesh (1 x 2, gloo), and for each model (the tests' tiny Llama, a
-tiny Qwen2 with 1 and with 2 KV heads), packed row and head (plain, fused) runs grpokit.distributed.sequence's
+tiny Qwen2 with 1 and with 2 KV heads, one with 3 query heads), packed row and head (plain, fused) runs grpokit.distributed.sequence's
 log-probs, entropy, a GRPO loss and its backward, the gradients summed over the sequence ranks. The reference
 is completion_logprobs(padding_free=True) in the same process on a separate copy of the model (its own config,
 never switched to the Ulysses attention, no collective in its pass). Rank 0 saves the largest differences, the
@@ -52,7 +52,8 @@ QWEN2 = dict(
 
 
 def models(model_dir: str) -> dict[str, torch.nn.Module]:
-    """The reference models (sdpa): the tiny Llama from disk, tiny Qwen2s with 1 (< N = 2) and 2 KV heads,
+    """The reference models (sdpa): the tiny Llama from disk, tiny Qwen2s with 1 (< N = 2) and 2 KV heads and
+    one with 3 query heads (not a multiple of N),
     the Llama with LoRA adapters (nonzero: B drawn at random), and the Llama recomputing its layers in the
     backward (gradient checkpointing: the Ulysses attention runs again there)."""
     out = {"llama": load_model(model_dir, attn_implementation="sdpa")}
@@ -61,6 +62,9 @@ def models(model_dir: str) -> dict[str, torch.nn.Module]:
         out[f"qwen2_kv{kv}"] = Qwen2ForCausalLM(
             Qwen2Config(**QWEN2, num_key_value_heads=kv, attn_implementation="sdpa")
         )
+    torch.manual_seed(3)  # 3 query heads over N = 2 (SmolLM2: 9 and 3), GQA: zero heads pad them to 4
+    odd = {**QWEN2, "hidden_size": 48, "num_attention_heads": 3, "num_key_value_heads": 1}
+    out["qwen2_heads3"] = Qwen2ForCausalLM(Qwen2Config(**odd, attn_implementation="sdpa"))
     lora = apply_lora(load_model(model_dir, attn_implementation="sdpa"), LoraConfig(r=4, alpha=8))
     torch.manual_seed(3)
     for name, p in lora.named_parameters():

