@@ -4,8 +4,9 @@ accuracy after the same steps, and seconds per step.
     .venv/bin/python benchmarks/async_lag.py --model runs/demo/sft   # -> benchmarks/results/async_lag.md
     .venv/bin/python benchmarks/async_lag.py --model runs/demo/sft --steps 20 --seeds 0   # a quick look
 
-The warm start is the demo's SFT model (`grpokit demo --model tiny` leaves it in runs/demo/sft). Three arms of one config
-(benchmarks/arms.py, presets.py's: 16 prompts x G=8, 16-token completions, T=1, lr 1e-4; rollout.engine=fast):
+The warm start is the demo's SFT model (`grpokit demo --model tiny` leaves it in runs/demo/sft). Three arms
+of one config (benchmarks/arms.py, presets.py's: 16 prompts x G=8, 16-token completions, T=1, lr 1e-4;
+rollout.engine=fast):
   lag0        the synchronous loop
   lag1        max_policy_lag=1: batch b+1 is generated with the weights of step b while step b trains, and
               pi_old is the sampler's log-probs (off-policy PPO: the clip is around the behaviour policy)
@@ -58,7 +59,10 @@ def main() -> None:
 
         make_sft(args.model, size="test", lr=1e-3, seed=0, threads=args.threads, **SMOKE_SFT)
     if not Path(args.model).exists():
-        sys.exit(f"no warm start at {args.model}: run `grpokit demo --model tiny` (it leaves runs/demo/sft) or pass --model")
+        sys.exit(
+            f"no warm start at {args.model}: run `grpokit demo --model tiny` (it leaves runs/demo/sft) or "
+            "pass --model"
+        )
     setup = (
         f"warm start {args.model}; {args.steps} GRPO steps of {args.prompts} prompts x G={args.G}; "
         f"{args.eval_size} held-out problems; {args.threads} thread(s)"

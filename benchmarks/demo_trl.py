@@ -162,7 +162,8 @@ def table(results: list[dict]) -> str:
         lines.append(
             f"| {r['seed']} | {r['steps']} | {r['n']} | {100 * b['eval/pass@1']:.1f}% → "
             f"{100 * a['eval/pass@1']:.1f}% ({100 * (a['eval/pass@1'] - b['eval/pass@1']):+.1f}) | "
-            f"{100 * b[m]:.1f}% → {100 * a[m]:.1f}% (k={k}) | {r['train_s']:.0f} | {r['total_s']:.0f} |"
+            + (f"{100 * b[m]:.1f}% → {100 * a[m]:.1f}% (k={k})" if m in b and m in a else "greedy only (k=1)")
+            + f" | {r['train_s']:.0f} | {r['total_s']:.0f} |"
         )
     return "\n".join(lines)
 

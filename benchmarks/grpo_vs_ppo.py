@@ -21,8 +21,8 @@ learning rate (--critic-lr). Reported per arm:
   - seconds in training steps (evaluation excluded), and of those the critic's (its forward pass at
     rollout time, GAE, its updates): noisy on a shared machine; per-phase times are in metrics.jsonl.
 
-A warm start: any folder with a countdown-SFT'd causal LM and its tokenizer. `grpokit demo --model tiny` writes
-one to runs/demo/sft (the demo's 1.78M-parameter model); `--make-sft DIR` here builds a smaller one
+A warm start: any folder with a countdown-SFT'd causal LM and its tokenizer. `grpokit demo --model tiny`
+writes one to runs/demo/sft (the demo's 1.78M-parameter model); `--make-sft DIR` here builds a smaller one
 (the tests' 0.2M-parameter Llama, 3 epochs of SFT on 16,000 countdown solutions); the demo-tuning
 experiments' exp_sft.py --save DIR (removed from the tree; last in commit e102b80, see docs/demo_tuning.md)
 saved the warm start "G" of docs/ppo.md. Extra config overrides for both arms

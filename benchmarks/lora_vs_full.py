@@ -5,8 +5,8 @@
 
 1. the demo's SFT warm-start (grpokit.demo.toy.FULL: the demo-size tiny Llama, 900 SFT steps), saved to
 OUT/sft
-   once (a second call reuses it); --sft DIR takes one that `grpokit demo --model tiny --seed 0` wrote (its OUT/sft)
-   instead;
+   once (a second call reuses it); --sft DIR takes one that `grpokit demo --model tiny --seed 0` wrote (its
+   OUT/sft) instead;
 2. `grpokit train` on it twice, each in its own process so that perf/peak_rss_mb (the process's peak resident
    memory, ru_maxrss) is the run's own: the demo's GRPO settings (beta raised to 0.04 so that pi_ref is in
    memory), shortened to --steps, once as a full fine-tune and once with model.lora;

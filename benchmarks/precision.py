@@ -4,10 +4,10 @@
     .venv/bin/python benchmarks/precision.py --steps 40 --seeds 0  # a quick look
 
 From one countdown SFT warm start (--model; built into runs/precision/sft when missing: the demo's
-1.78M-parameter Llama, ~2.9 epochs of SFT on 20,000 solutions, as `grpokit demo --model tiny` does), each seed runs GRPO
-twice with the same config (benchmarks/presets.py's: 16 prompts x G=8, 16-token completions, T=1, lr 1e-4,
-fast engine) but for model.autocast: none (fp32) and bfloat16 (forward passes under torch.autocast, fp32
-weights, gradients and AdamW state). The two arms of a seed run back to back, in alternating order, so a
+1.78M-parameter Llama, ~2.9 epochs of SFT on 20,000 solutions, as `grpokit demo --model tiny` does), each seed
+runs GRPO twice with the same config (benchmarks/presets.py's: 16 prompts x G=8, 16-token completions, T=1,
+lr 1e-4, fast engine) but for model.autocast: none (fp32) and bfloat16 (forward passes under torch.autocast,
+fp32 weights, gradients and AdamW state). The two arms of a seed run back to back, in alternating order, so a
 change of the machine's load hits both. Reported per run: held-out eval/mean@8 and greedy eval/pass@1 on the
 same --eval-size test problems before step 1 and after the last step, and the median perf/step_time (steps
 after the first two).

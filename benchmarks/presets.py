@@ -1,8 +1,8 @@
 """Every algorithm preset on countdown from the same SFT warm start, budget and seeds: held-out accuracy per
 step.
 
-    python benchmarks/presets.py                        # warm start runs/demo/sft (grpokit demo --model tiny); 25 runs,
-                                                        # ~60 min on 1 idle CPU thread
+    python benchmarks/presets.py                        # warm start runs/demo/sft (from grpokit demo
+                                                        # --model tiny); 25 runs, ~60 min on 1 idle thread
     python benchmarks/presets.py --model runs/demo/sft --steps 50 --presets grpo,dapo --seeds 0
     python benchmarks/presets.py --report-only          # redraw the report from runs/presets/runs.json
 
@@ -462,7 +462,8 @@ def parse_args(argv: list[str] | None = None):
         "--model",
         default="runs/demo/sft",
         help="warm-start model folder (every run starts from it); "
-        "the default is the SFT warm start that `grpokit demo --model tiny` writes (the recorded results' warm start)",
+        "the default is the SFT warm start that `grpokit demo --model tiny` writes (the recorded results' "
+        "warm start)",
     )
     p.add_argument("--presets", default=",".join(ALL_PRESETS))
     p.add_argument(

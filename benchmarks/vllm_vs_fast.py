@@ -6,13 +6,13 @@
 vLLM's CPU attention kernel takes head sizes 32, 64, 80, ...; the demo's Llama has 4 heads of 48. So the warm
 start here (--model; built into runs/vllm_vs_fast/sft when missing) is the demo's Llama with 3 heads of 64:
 the same hidden size 192, 4 layers, MLP 512 and so the same 1.78M parameters (q, k, v, o are 192 x 192
-whatever the head count), SFT'd as `grpokit demo --model tiny` does (20,000 countdown solutions, 900 steps of 64, lr 1e-3).
-Each seed then runs GRPO twice with one config (benchmarks/presets.py's: 16 prompts x G=8, 16-token
-completions, T=1, lr 1e-4) that differs only in rollout.engine; the two arms of a seed run back to back in
-alternating order, so a change of the machine's load hits both. Reported per run: held-out eval/mean@8 and
-greedy eval/pass@1 on the same --eval-size test problems before step 1 and after the last step (evaluation
-runs on the run's engine too), the median perf/step_time and perf/rollout_time (steps after the first two),
-and vLLM's mismatch to the trainer (max over steps of rollout/logp_diff_max).
+whatever the head count), SFT'd as `grpokit demo --model tiny` does (20,000 countdown solutions, 900 steps of
+64, lr 1e-3). Each seed then runs GRPO twice with one config (benchmarks/presets.py's: 16 prompts x G=8,
+16-token completions, T=1, lr 1e-4) that differs only in rollout.engine; the two arms of a seed run back to
+back in alternating order, so a change of the machine's load hits both. Reported per run: held-out
+eval/mean@8 and greedy eval/pass@1 on the same --eval-size test problems before step 1 and after the last
+step (evaluation runs on the run's engine too), the median perf/step_time and perf/rollout_time (steps after
+the first two), and vLLM's mismatch to the trainer (max over steps of rollout/logp_diff_max).
 """
 
 from __future__ import annotations

@@ -80,8 +80,7 @@ def build_components(
     if model is None:  # the memory plan first: a run that cannot fit stops before its model loads
         check_memory(cfg, world.size, echo=world.rank == 0)
         model, tokenizer = load_policy(cfg.model)
-    # before FSDP2 shards it: the check runs the whole model on each rank
-    cfg = with_padding_free(cfg, model, echo=world.rank == 0)
+    cfg = with_padding_free(cfg, model, echo=world.rank == 0)  # before FSDP2 shards it: the whole model
     # pi_ref: the policy as loaded, before any resume replaces the weights
     policy = world.wrap(model, build_reference(model, cfg.algorithm))
     if cfg.model.compile:

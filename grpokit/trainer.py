@@ -59,9 +59,8 @@ from grpokit.metrics.compute import (
     rollout_metrics,
     sample_records,
 )
-from grpokit.policy import is_checkpointing
+from grpokit.policy import is_checkpointing, padding_fraction
 from grpokit.policy.anchors import anchor_logprobs
-from grpokit.policy.logprobs import runs_packed
 from grpokit.policy.optim import TrainingError, check_finite_weights, non_finite, out_of_memory_said
 from grpokit.records import plot_run
 from grpokit.records.run_records import RunRecords
@@ -314,11 +313,8 @@ class Trainer:
             if filler or not mine:
                 continue
             acc.add({policy_name(k): v for k, v in stats.items()}, mask.sum().item())
-            # one padding-free row (model.padding_free, where a shared prompt is not cheaper): no padding
-            packed = self.sequence is not None or runs_packed(
-                self.policy.forward, tokens, cfg.model.padding_free is True
-            )
-            padding = 0.0 if packed else 1 - tokens.completion_mask.float().mean().item()
+            split = self.sequence is not None  # sequence parallelism: always one padding-free row
+            padding = padding_fraction(self.policy.forward, tokens, cfg.model.padding_free is True, split)
             acc.add({PERF_PADDING_FRAC: padding}, tokens.completion_mask.numel())
             minibatch_loss += loss.item()  # micro-batch losses add up to the minibatch's loss
             if entropy is not None and first:

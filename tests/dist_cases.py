@@ -50,7 +50,11 @@ CASES: dict[str, list[str]] = {
         "algorithm.mask_truncated_completions=true",
     ],
     # micro-batches of at most 32 tokens (padded: rows x longest): the ranks' counts differ and are evened out
-    "dapo-tokens": ["algorithm.loss_type=dapo", "optim.max_tokens_per_micro_batch=32"],
+    "dapo-tokens": [
+        "algorithm.loss_type=dapo",
+        "optim.max_tokens_per_micro_batch=32",
+        "model.padding_free=false",
+    ],
     # padding-free, mu = 2 with 2 minibatches: every minibatch's rows dealt to the ranks by tokens
     "grpo-tokens-mu2-packed": [
         "algorithm.loss_type=grpo",

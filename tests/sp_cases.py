@@ -3,11 +3,11 @@
     PYTHONPATH=. torchrun --standalone --nproc_per_node 2 tests/sp_cases.py MODEL_DIR OUT_DIR
 
 Every rank builds a data x sequence DeviceMesh (1 x 2, gloo), and for each model (the tests' tiny Llama, a
-tiny Qwen2 with 1 and with 2 KV heads, one with 3 query heads), packed row and head (plain, fused) runs grpokit.distributed.sequence's
-log-probs, entropy, a GRPO loss and its backward, the gradients summed over the sequence ranks. The reference
-is completion_logprobs(padding_free=True) in the same process on a separate copy of the model (its own config,
-never switched to the Ulysses attention, no collective in its pass). Rank 0 saves the largest differences, the
-tensors compared and each rank's share of tokens to OUT_DIR/results.pt.
+tiny Qwen2 with 1 and with 2 KV heads, one with 3 query heads), packed row and head (plain, fused) runs
+grpokit.distributed.sequence's log-probs, entropy, a GRPO loss and its backward, the gradients summed over the
+sequence ranks. The reference is completion_logprobs(padding_free=True) in the same process on a separate
+copy of the model (its own config, never switched to the Ulysses attention, no collective in its pass). Rank
+0 saves the largest differences, the tensors compared and each rank's share of tokens to OUT_DIR/results.pt.
 """
 
 from __future__ import annotations

@@ -94,6 +94,14 @@ def runs_packed(model, batch: PackedBatch, padding_free: bool, share_prompts: bo
     return not _sharing_is_cheaper(batch, _shared_prompts(model, batch) if share_prompts else None)
 
 
+def padding_fraction(model, batch: PackedBatch, padding_free: bool, split: bool = False) -> float:
+    """perf/padding_frac of completion_logprobs(model, batch, padding_free=...): the share of the completion
+    positions it computes that are padding; 0 for one padding-free row (split: a sequence-parallel one)."""
+    if split or runs_packed(model, batch, padding_free):
+        return 0.0
+    return 1 - batch.completion_mask.float().mean().item()
+
+
 def _shared_prompts(model, batch: PackedBatch) -> tuple[Tensor, Tensor] | None:
     """(unique [U, 2P]: each distinct prompt's ids then mask, inverse [N]: row -> its prompt) when the prompts
     may be shared: the model takes a KV cache with gradients and at most half the rows have a distinct

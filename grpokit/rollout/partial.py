@@ -143,7 +143,7 @@ class PartialPipeline(SyncPipeline):
         groups, self.done = self.done[:share], self.done[share:]
         rows, comps = [g.row for g in groups], self._completions(groups)
         timings[PERF_ROLLOUT_WAIT] = time.perf_counter() - t
-        timings.update(self._metrics(groups, b, restarted, rounds))
+        timings.update(self._metrics(groups, restarted, rounds))
         return rows, comps, timings
 
     def state_dict(self) -> dict[str, Any]:
@@ -249,7 +249,7 @@ class PartialPipeline(SyncPipeline):
             )
         return tokenizer.batch_decode(token_ids, skip_special_tokens=True)
 
-    def _metrics(self, groups: list[Group], b: int, restarted: int, rounds: int) -> dict[str, float]:
+    def _metrics(self, groups: list[Group], restarted: int, rounds: int) -> dict[str, float]:
         samples = [s for g in groups for s in g.samples]
         spans = [s.versions[-1] - s.versions[0] + 1 if s.versions else 1 for s in samples]
         carried = sum(sum(v < self.version for v in s.versions) for s in samples)
