@@ -67,3 +67,15 @@ def test_a_task_of_the_tiny_model_with_smollm2_is_one_line(tmp_path):
     assert r.returncode == 2 and "Traceback" not in r.stderr
     words = " ".join(w for w in r.stderr.split() if w != "│")  # typer's error box, unwrapped
     assert "--task tools runs on the tiny model; use --model tiny --task tools" in words
+
+
+def test_the_table_of_a_greedy_only_evaluation_has_one_row_a_metric():
+    from grpokit.demo.real import table_rows
+
+    before = {"eval/pass@1": 0.195, "eval/mean_length": 44.655}
+    after = {"eval/pass@1": 0.47, "eval/mean_length": 37.2}
+    assert table_rows(before, after, 1) == [
+        ("metric", "base model", "after GRPO", "change"),
+        ("greedy accuracy", "19.5%", "47.0%", "+27.5 pts"),
+        ("mean_length (tokens)", "44.7", "37.2", "-7.5"),
+    ]

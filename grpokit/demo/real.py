@@ -116,7 +116,8 @@ def table_rows(before: dict, after: dict, k: int) -> list[tuple[str, ...]]:
     """The before / after rows (header first): greedy and sampled accuracy, pass@k, mean length."""
     names = {EVAL_PASS_AT_1: "greedy accuracy", eval_mean_at(k): f"sampled accuracy (mean@{k})"}
     rows: list[tuple[str, ...]] = [("metric", "base model", "after GRPO", "change")]
-    for key in (EVAL_PASS_AT_1, eval_mean_at(k), eval_pass_at(k), EVAL_MEAN_LENGTH):
+    # dict.fromkeys: with k = 1 (greedy only) pass@k is pass@1, one row
+    for key in dict.fromkeys((EVAL_PASS_AT_1, eval_mean_at(k), eval_pass_at(k), EVAL_MEAN_LENGTH)):
         b, a = before.get(key), after.get(key)
         if b is None or a is None:
             continue
