@@ -9,8 +9,8 @@ Each cell is a fresh process (torchrun with 2 gloo ranks for SP = 2), so its pea
 pass is the policy's training pass as the trainer runs it on one padding-free row: a 64-token prompt and a
 completion of T tokens (seeded random ids), gradient checkpointing on every layer (what fits a long row), the
 LM head in chunks (fused), forward and backward of the mean log-prob; SP = 2 splits the row over the ranks
-(grpokit/distributed/sequence.py) and sums the gradients. `pass s` is the forward + backward (the second of
-two passes: the first warms up), `peak` the process's peak RSS, `above weights` the peak less the RSS once the
+(grpokit/distributed/sequence.py) and sums the gradients. `pass s` is the forward + backward (after a warm-up
+pass on 256 tokens), `peak` the process's peak RSS, `above weights` the peak less the RSS once the
 model and its gradients are allocated; per rank for SP = 2. One sequence per row, so padded and padding-free
 rows are the same work here.
 """
@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 PROMPT = 64
+WARMUP = 256  # the warm-up pass's completion tokens
 
 
 def vm_hwm_mib() -> float:
@@ -92,12 +93,12 @@ def child(length: int, smoke: bool, out: str) -> None:
     model, vocab = load(smoke)
     if sp is not None:
         enable(model)
-    batch = batch_of(length, vocab)
     for p in model.parameters():  # the gradients exist before the pass, as in training
         p.grad = torch.zeros_like(p)
     base = vm_rss_mib()
     times = []
-    for _ in range(2):
+    for tokens in (min(length, WARMUP), length):  # a short pass warms up, then the measured one
+        batch = batch_of(tokens, vocab)
         t = time.perf_counter()
         if sp is None:
             logp, _ = completion_logprobs(model, batch, padding_free=True, fused=True)
@@ -179,7 +180,7 @@ def main() -> None:
         f"{'A random 2-layer Llama (smoke)' if args.smoke else 'SmolLM2-135M-Instruct'}, CPU fp32, "
         f"{args.threads} threads in all; a {PROMPT}-token prompt and a T-token completion in one "
         "padding-free row, gradient checkpointing on every layer, the fused LM head; the forward and "
-        f"backward of the mean log-prob (the second of two). Load at the start: {uptime()}.",
+        f"backward of the mean log-prob (after a {WARMUP}-token warm-up pass). Load at the start: {uptime()}.",
         "",
         "| T | SP | rank | pass s | s per 1k tokens | peak RSS MiB | above weights MiB | above weights KiB "
         "per token |",
