@@ -450,6 +450,7 @@ def child_grpokit(spec: dict) -> dict:
         tree["rewards"] = [{"function": "bench_number"}]
     cfg = load_config(base=tree, overrides=spec.get("overrides") or None)
     engine = cfg.rollout.engine + (", compile" if getattr(cfg.model, "compile", False) else "")
+    engine += ", padded rows" if cfg.model.padding_free is False else ""
     shapes = (
         f"grpokit: rollout batch {cfg.rollout_batch_size} = {cfg.rollout.prompts_per_step} prompts x "
         f"G={cfg.rollout.num_generations}; {cfg.optim.num_minibatches} minibatch(es) of "
@@ -473,6 +474,7 @@ def child_grpokit(spec: dict) -> dict:
                 reward_s=m.get("perf/reward_time", 0.0),
                 prep_s=m["perf/step_time"] - m["perf/train_time"],  # the rollout phase: up to the update
                 train_s=m["perf/train_time"],
+                model_pad_frac=m.get("perf/padding_frac", float("nan")),
                 reward=m["reward/mean"],
                 rss_mb=memory.logged(step) if memory is not None else _rss_mb(),
             )
@@ -764,11 +766,16 @@ def _proc_kb(path: str, *keys: str) -> dict[str, int]:
     return out
 
 
+_VARIANT_LABELS = {"model.compile=true": ", compile", "model.padding_free=false": ", padded rows"}
+
+
 def _failed_run(framework: str, spec: dict, why: str, peak_kb: int, wall: float) -> dict:
     """A child that did not finish (out of memory, killed, timed out): a row of its own in the tables."""
     grpo = framework.startswith("grpokit")
     engine = (
-        spec["engine"] + (", compile" if spec.get("overrides") else "") if grpo else "transformers generate"
+        spec["engine"] + "".join(_VARIANT_LABELS.get(o, "") for o in spec.get("overrides") or [])
+        if grpo
+        else "transformers generate"
     )
     return {
         "framework": "grpokit" if grpo else "TRL",
@@ -918,6 +925,11 @@ def summarize(res: dict, warmup: int, mu: int, n_nonemb: int, n_head: int = 0) -
         "train_tps": med(lambda s: s["completion_tokens"] * mu / s["train_s"]),
         "len": statistics.mean(s["completion_tokens"] / s["n_seqs"] for s in timed),
         "pad_frac": statistics.mean(1 - s["real_tokens"] / s["padded_tokens"] for s in timed),
+        # what the training pass ran: grpokit's perf/padding_frac (its completion positions that were
+        # padding); TRL pads every pass to the batch's longest row, so its batch's padding
+        "model_pad_frac": statistics.mean(
+            s.get("model_pad_frac", 1 - s["real_tokens"] / s["padded_tokens"]) for s in timed
+        ),
         "rss": max(
             s["rss_mb"] for s in res["steps"]
         ),  # ru_maxrss by the last step: the final save is not counted
@@ -1179,7 +1191,12 @@ def child_spec(args, engine: str, workload: str, wl: dict, model_dir, data_path,
 
 def variants_of(args) -> dict[str, list[str]]:
     """variant -> grpokit's config overrides; TRL runs last in each round."""
-    return {"grpokit": [], **({"grpokit-compile": ["model.compile=true"]} if args.compile else {}), "trl": []}
+    return {
+        "grpokit": [],
+        **({"grpokit-padded": ["model.padding_free=false"]} if args.padded else {}),
+        **({"grpokit-compile": ["model.compile=true"]} if args.compile else {}),
+        "trl": [],
+    }
 
 
 def fastest_cells(runs: dict[str, list[dict]], summ: dict[str, list[tuple[dict, dict]]]) -> dict:
@@ -1221,16 +1238,17 @@ def real_table(rows: list[tuple[dict, dict]]) -> list[str]:
         ("peak RSS MB", "rss", "{:.0f}"),
     ]
     lines = [
-        "| | " + " | ".join(c[0] for c in cols) + " | mean completion len |",
-        "|---" * (len(cols) + 2) + "|",
+        "| | " + " | ".join(c[0] for c in cols) + " | mean completion len | padding run |",
+        "|---" * (len(cols) + 3) + "|",
     ]
     for s, res in rows:
-        cells = [f.format(s[k]) for _, k, f in cols] + [f"{s['len']:.1f}"]
+        pad = s.get("model_pad_frac", float("nan"))
+        cells = [f.format(s[k]) for _, k, f in cols] + [f"{s['len']:.1f}", f"{100 * pad:.1f}%"]
         lines.append(f"| {_label(res)} | " + " | ".join(cells) + " |")
     t = rows[-1][0]
     for g, res in rows[:-1]:
         ratios = [f"{g[k] / t[k]:.2f}x" if t[k] else "-" for _, k, _ in cols]
-        lines.append(f"| **{_label(res)} / TRL** | " + " | ".join(ratios) + " | |")
+        lines.append(f"| **{_label(res)} / TRL** | " + " | ".join(ratios) + " | | |")
     return lines
 
 
@@ -1521,7 +1539,8 @@ def run_real(args, engine: str, work: Path, out: Path, command: str) -> None:
         "reference model's log-probs, batch packing, advantages); rewards s: the reward calls; train s: the "
         "update (forward, backward, AdamW; grpokit also pushes the weights to its engine). tok/s (step): "
         "completion tokens / s per step. peak RSS: the process's high-water mark by the end of its last "
-        "step.",
+        "step. padding run: the share of the completion positions the training pass ran that were padding "
+        "(grpokit's perf/padding_frac; TRL pads each pass to its longest row).",
         "",
         *real_table([(per_round[fw][best[fw]], runs[fw][best[fw]]) for fw in runs]),
         "",
@@ -1644,6 +1663,11 @@ def main(argv=None) -> None:
         "--compile",
         action="store_true",
         help="also run grpokit with model.compile=true (a third run per round)",
+    )
+    ap.add_argument(
+        "--padded",
+        action="store_true",
+        help="also run grpokit with model.padding_free=false (padded rows; a run more per round)",
     )
     ap.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads in each child")
     ap.add_argument(
