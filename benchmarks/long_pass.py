@@ -180,7 +180,8 @@ def main() -> None:
         f"{'A random 2-layer Llama (smoke)' if args.smoke else 'SmolLM2-135M-Instruct'}, CPU fp32, "
         f"{args.threads} threads in all; a {PROMPT}-token prompt and a T-token completion in one "
         "padding-free row, gradient checkpointing on every layer, the fused LM head; the forward and "
-        f"backward of the mean log-prob (after a {WARMUP}-token warm-up pass). Load at the start: {uptime()}.",
+        f"backward of the mean log-prob (after a {WARMUP}-token warm-up pass). "
+        f"Load at the start: {uptime()}.",
         "",
         "| T | SP | rank | pass s | s per 1k tokens | peak RSS MiB | above weights MiB | above weights KiB "
         "per token |",
