@@ -11,7 +11,7 @@ How a row runs. The batch becomes one padding-free row (grpokit.data.batch.one_r
 multiple of N with tokens of their own sequence that predict nothing; rank r holds tokens [r S, (r + 1) S),
 S = L / N, with their true position ids (RoPE is per token). In every attention layer, after the q / k / v
 projections and RoPE, an all-to-all turns [B, H, S, D] into [B, H / N, L, D]: each rank attends over the whole
-row with H / N heads, causal and confined to each packed sequence (the row's sequence ids, computed from
+row with H / N heads, causal within each packed sequence, one sdpa call each (the row's sequence ids, from
 the whole row's position ids before sharding: a rank's own slice cannot tell where sequences start). A second
 all-to-all gives [B, H, S, D] back before o_proj. With fewer KV heads than N (GQA), each KV head is repeated
 so that every rank receives the KV heads of its query heads. A head count that N does not divide (SmolLM2's 9
@@ -94,11 +94,12 @@ class RowShard:
     length: int  # the padded row's length, N x S
     kept: Tensor | None = None  # [1, K_r, W]  the targets' top-k / top-p kept sets (OneRow.kept), or None
 
-    def attention_mask(self) -> Tensor:
-        """[1, 1, length, length] bool: causal and within one packed sequence."""
+    def segments(self) -> list[tuple[int, int]]:
+        """(start, end) of each packed sequence in the whole row, the padding's last: attention is causal
+        within each and never crosses one's edge."""
         ids = self.sequence_ids
-        causal = torch.ones(self.length, self.length, dtype=torch.bool, device=ids.device).tril()
-        return (causal & (ids[:, None] == ids[None, :]))[None, None]
+        edges = [0, *(torch.nonzero(ids[1:] != ids[:-1]).flatten() + 1).tolist(), ids.numel()]
+        return list(zip(edges, edges[1:], strict=False))
 
 
 def shard_row(row: OneRow, rank: int, size: int) -> RowShard:
@@ -179,18 +180,9 @@ class _Active:
 
     shard: RowShard
     sp: SequenceGroup
-    mask: Tensor  # [1, 1, length, length] bool
+    segments: list[tuple[int, int]]  # the row's packed sequences (RowShard.segments)
     calls: int = 0
     recomputing: bool = False  # the forward is over: only the backward's recomputation may run the row again
-    additive: Tensor | None = None  # [1, 1, length, length] 0 / -inf in the attention's dtype, built once
-
-    def bias(self, dtype: torch.dtype) -> Tensor:
-        """The mask as sdpa adds it: one tensor for every layer (sdpa would convert a bool mask in each layer,
-        and each layer's backward would keep its own [length, length] copy)."""
-        if self.additive is None or self.additive.dtype != dtype:
-            zero = torch.zeros((), dtype=dtype, device=self.mask.device)
-            self.additive = zero.masked_fill(~self.mask, float("-inf"))
-        return self.additive
 
 
 #: id(model config) -> its row in flight (the attention layers share their model's config object)
@@ -243,14 +235,16 @@ def ulysses_attention(
         )
     active.calls += 1
     groups = q.shape[1] // k.shape[1]
-    out = scaled_dot_product_attention(
-        q,
-        repeat_kv(k, groups),
-        repeat_kv(v, groups),
-        attn_mask=active.bias(q.dtype),
-        dropout_p=dropout,
-        scale=scaling,
-    )  # [B, H / N, L, D]
+    k, v = repeat_kv(k, groups), repeat_kv(v, groups)
+    # each packed sequence on its own, causal: no [L, L] mask, and the kernel skips the blocks above the
+    # diagonal (a mask would make it compute them); sum(l_i^2) work, not L^2
+    parts = [
+        scaled_dot_product_attention(
+            q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], dropout_p=dropout, is_causal=True, scale=scaling
+        )
+        for a, b in active.segments
+    ]
+    out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)  # [B, H / N, L, D]
     out = _AllToAll.apply(out, 2, 1, sp.group)[:, :heads]  # [B, H, S, D]
     return out.transpose(1, 2).contiguous(), None
 
@@ -277,7 +271,7 @@ def running(model, shard: RowShard, sp: SequenceGroup) -> Iterator[None]:
     (a forward outside it runs plain sdpa). model: the module, or the DDP wrapper whose forward runs it."""
     model = getattr(model, "module", model)  # DDP: the wrapped model (its forward goes through DDP)
     config = model.config
-    active = _Active(shard, sp, shard.attention_mask())
+    active = _Active(shard, sp, shard.segments())
     _ACTIVE[id(config)] = active
     try:
         yield
