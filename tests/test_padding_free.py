@@ -9,6 +9,7 @@ from grpokit.algo import policy_loss
 from grpokit.config import SFTConfig
 from grpokit.data.batch import one_row, pack_sequences
 from grpokit.policy import check_padding_free, completion_logprobs, load_model
+from grpokit.policy.attention import ATTENTION, segments, use_segment_attention
 from grpokit.trainer import Trainer
 from tests.helpers import read_metrics, require, tiny_config
 
@@ -23,7 +24,11 @@ def batch():
 
 
 def model_of(model_dir, attn="sdpa"):
-    return load_model(str(model_dir), attn_implementation=attn).eval()
+    """The tiny model with `attn`; grpokit_sdpa: loaded with sdpa, then switched as padding-free runs do."""
+    model = load_model(str(model_dir), attn_implementation="sdpa" if attn == ATTENTION else attn).eval()
+    if attn == ATTENTION:
+        assert use_segment_attention(model) and model.config._attn_implementation == ATTENTION
+    return model
 
 
 def test_one_row_drops_every_pad(batch):
@@ -34,7 +39,9 @@ def test_one_row_drops_every_pad(batch):
     assert row.targets[0].tolist() == [t for c in COMPS for t in c]
 
 
-@pytest.mark.parametrize("attn, fused", [("sdpa", False), ("eager", False), ("sdpa", True)])
+@pytest.mark.parametrize(
+    "attn, fused", [("sdpa", False), ("eager", False), ("sdpa", True), (ATTENTION, False), (ATTENTION, True)]
+)
 def test_padding_free_logprobs_equal_padded(tiny_model_dir, batch, attn, fused):
     model = model_of(tiny_model_dir, attn)
     mask = batch.completion_mask.bool()
@@ -47,8 +54,9 @@ def test_padding_free_logprobs_equal_padded(tiny_model_dir, batch, attn, fused):
         assert (a[~mask] == 0).all()  # nothing on padding
 
 
-def test_padding_free_gradient_equals_padded(tiny_model_dir, batch):
-    model = model_of(tiny_model_dir).train()
+@pytest.mark.parametrize("attn", ["sdpa", ATTENTION])
+def test_padding_free_gradient_equals_padded(tiny_model_dir, batch, attn):
+    model = model_of(tiny_model_dir, attn).train()
     mask = batch.completion_mask.float()
     torch.manual_seed(0)
     advantages = torch.randn(len(PROMPTS))
@@ -234,3 +242,23 @@ def test_sft_padding_free_gives_the_padded_loss_gradient_and_run(tiny_model_dir)
     for name, w in weights[False].items():
         assert (weights[True][name] - w).norm() <= 1e-3 * w.norm(), name
     assert SFTConfig.model_validate({"model": {"padding_free": True}}).model.padding_free
+
+
+def test_segment_attention_keeps_no_row_by_row_mask(tiny_model_dir, batch):
+    """With grpokit_sdpa a padding-free row runs each sequence alone: autograd keeps no [L, L] tensor (sdpa on
+    transformers' block-causal mask keeps one a layer), and the segments are where the positions restart."""
+    row = one_row(batch)
+    L = row.positions
+    assert segments(row.position_ids[0]) == [(0, 14), (14, 29), (29, 35), (35, 39)]
+    for attn, kept in (("sdpa", True), (ATTENTION, False)):
+        model = model_of(tiny_model_dir, attn).train()
+        shapes: list[tuple[int, ...]] = []
+
+        def pack(t, shapes=shapes):
+            shapes.append(tuple(t.shape))
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            completion_logprobs(model, batch, padding_free=True)
+        square = [s for s in shapes if len(s) >= 2 and s[-2:] == (L, L)]
+        assert bool(square) == kept, (attn, square)

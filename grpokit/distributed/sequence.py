@@ -41,12 +41,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import Tensor
-from torch.nn.functional import scaled_dot_product_attention
 from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
-from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+from transformers.integrations.sdpa_attention import repeat_kv
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
 from grpokit.data.batch import OneRow, PackedBatch, one_row
+from grpokit.policy.attention import mask_or_segments, segment_attention, segment_sdpa
 from grpokit.policy.loading import is_checkpointing, is_lora
 from grpokit.policy.logprobs import row_logprobs, use_fused
 
@@ -201,13 +201,14 @@ def ulysses_attention(
 ) -> tuple[Tensor, None]:
     """transformers' attention contract (q / k / v [B, H, S, D] after RoPE; returns [B, S, H, D]) over the
     sequence ranks: all-to-all to [B, H / N, L, D], attention over the whole row, all-to-all back. Outside a
-    sequence-parallel forward (generation, a check on a few tokens) it is transformers' sdpa."""
+    sequence-parallel forward (generation, a check on a few tokens) it is segment_sdpa (transformers' sdpa
+    but on a padding-free row)."""
     active = _ACTIVE.get(id(module.config))
     # torch.utils.checkpoint tells its recomputation apart the same way: a backward is running (private API)
     if active is not None and active.recomputing and torch._C._current_graph_task_id() == -1:
         active = None
     if active is None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+        return segment_sdpa(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
     if kwargs.get("sliding_window") is not None or kwargs.get("softcap") is not None:
         raise ValueError(
             f"{type(module).__name__}: sliding-window or soft-capped attention has no sequence-parallel "
@@ -235,25 +236,18 @@ def ulysses_attention(
         )
     active.calls += 1
     groups = q.shape[1] // k.shape[1]
-    k, v = repeat_kv(k, groups), repeat_kv(v, groups)
-    # each packed sequence on its own, causal: no [L, L] mask, and the kernel skips the blocks above the
-    # diagonal (a mask would make it compute them); sum(l_i^2) work, not L^2
-    parts = [
-        scaled_dot_product_attention(
-            q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], dropout_p=dropout, is_causal=True, scale=scaling
-        )
-        for a, b in active.segments
-    ]
-    out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)  # [B, H / N, L, D]
+    # each packed sequence on its own, causal: no [L, L] mask (policy/attention.py)
+    out = segment_attention(
+        q, repeat_kv(k, groups), repeat_kv(v, groups), active.segments, dropout, scaling
+    )  # [B, H / N, L, D]
     out = _AllToAll.apply(out, 2, 1, sp.group)[:, :heads]  # [B, H, S, D]
     return out.transpose(1, 2).contiguous(), None
 
 
 AttentionInterface.register(ATTENTION, ulysses_attention)
-# transformers builds no mask for an attention name it does not know: with sdpa's, the plain forwards outside
-# a sequence-parallel one keep their padding and packed-sequence masks (a sequence-parallel forward builds its
-# own from the whole row and ignores the one of its share)
-ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION, sdpa_mask)
+# transformers builds no mask for an attention name it does not know: with segment_sdpa's, the plain forwards
+# outside a sequence-parallel one keep their padding masks (a sequence-parallel forward ignores its share's)
+ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION, mask_or_segments)
 
 
 def enable(model) -> None:

@@ -1,7 +1,8 @@
 """model.padding_free: may this model's log-prob passes run padding-free rows? Checked when the run starts.
 
     check_padding_free(model)                       # ValueError naming model.padding_free and why, or nothing
-    on, line = resolve_padding_free(model, "auto")  # auto: on where the check passes, else off and why
+    on, line = resolve_padding_free(model, "auto")  # auto: on where the check passes, else off and why;
+                                                    # on: sdpa runs each packed sequence alone (attention.py)
     packs(model_section)                            # before the model loads (the memory plan): auto's guess
 
 Padding-free rows (grpokit/data/batch.py: one_row) are exact when the model keeps attention inside each
@@ -18,6 +19,8 @@ from __future__ import annotations
 
 import torch
 
+from grpokit.policy.attention import use_segment_attention
+
 #: attention implementations that transformers' packed-sequence detection reaches (masking_utils'
 #: ALL_MASK_ATTENTION_FUNCTIONS, transformers 5.x)
 PACKED_ATTENTION = (
@@ -27,6 +30,8 @@ PACKED_ATTENTION = (
     "flash_attention_2",
     "flash_attention_3",
     "flash_attention_4",
+    "grpokit_sdpa",  # sdpa, each packed sequence in a call of its own (policy/attention.py)
+    "grpokit_ulysses",  # the same over sequence ranks (distributed/sequence.py)
 )
 
 
@@ -91,9 +96,11 @@ def resolve_padding_free(model, setting: bool | str, required: str = "") -> tupl
         return False, None
     if setting is True:
         check_padding_free(model)
+        use_segment_attention(model)
         return True, None
     why = why_not_packed(model)
     if why is None:
+        use_segment_attention(model)
         return True, None
     if required:
         raise ValueError(f"{required} needs padding-free rows, but {why}; set it to 1")
