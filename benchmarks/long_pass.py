@@ -149,6 +149,8 @@ def planned_mib(length: int, sp: int) -> float:
             "rollout.num_generations=2",
             "optim.micro_batch_size=1",
             "algorithm.beta=0",
+            f"distributed.sequence_parallel={sp}",
+            "distributed.strategy=ddp",  # whole weights on each rank, as here (FSDP2 would shard them)
             "data.task=countdown",
             "rewards=[{function: countdown}]",
         ],
