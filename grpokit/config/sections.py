@@ -66,7 +66,9 @@ class ModelConfig(Section):
     (transformers' packed sequences): same log-probs and gradients, fewer positions computed (where a
     group's shared prompt run once costs less, the policy's passes run the padded rows on it instead). The
     model is checked when the run starts (grpokit/policy/padding_free.py): auto = on where the check passes,
-    else padded rows with one line saying why; true = refused where it fails; false = padded rows."""
+    else padded rows with one line saying why; true = refused where it fails; false = padded rows. When on,
+    an sdpa model's attention becomes grpokit_sdpa: each packed sequence in a causal call of its own, no
+    [L, L] mask (grpokit/policy/attention.py)."""
     memory_check: bool = True
     """Before the model loads, compute the run's memory plan (per rank and phase: weights, pi_ref, AdamW,
     gradients, the engine's KV cache, activations; `grpokit plan`, docs/memory.md), print it, and refuse a
