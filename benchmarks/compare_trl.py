@@ -693,6 +693,7 @@ def child_trl(spec: dict) -> dict:
                     completion_tokens=int(cm.sum()),
                     real_tokens=int(pm.sum() + cm.sum()),
                     padded_tokens=int(pm.shape[0] * (pm.shape[1] + cm.shape[1])),
+                    model_pad_frac=1 - float(cm.sum()) / cm.numel(),  # its passes run [rows, width]
                 )
             return out
 
@@ -925,11 +926,9 @@ def summarize(res: dict, warmup: int, mu: int, n_nonemb: int, n_head: int = 0) -
         "train_tps": med(lambda s: s["completion_tokens"] * mu / s["train_s"]),
         "len": statistics.mean(s["completion_tokens"] / s["n_seqs"] for s in timed),
         "pad_frac": statistics.mean(1 - s["real_tokens"] / s["padded_tokens"] for s in timed),
-        # what the training pass ran: grpokit's perf/padding_frac (its completion positions that were
-        # padding); TRL pads every pass to the batch's longest row, so its batch's padding
-        "model_pad_frac": statistics.mean(
-            s.get("model_pad_frac", 1 - s["real_tokens"] / s["padded_tokens"]) for s in timed
-        ),
+        # what the training pass ran: the share of its completion positions that were padding (grpokit's
+        # perf/padding_frac; TRL runs [rows, longest completion]); NaN where not recorded
+        "model_pad_frac": statistics.mean(s.get("model_pad_frac", float("nan")) for s in timed),
         "rss": max(
             s["rss_mb"] for s in res["steps"]
         ),  # ru_maxrss by the last step: the final save is not counted
@@ -1243,7 +1242,10 @@ def real_table(rows: list[tuple[dict, dict]]) -> list[str]:
     ]
     for s, res in rows:
         pad = s.get("model_pad_frac", float("nan"))
-        cells = [f.format(s[k]) for _, k, f in cols] + [f"{s['len']:.1f}", f"{100 * pad:.1f}%"]
+        cells = [f.format(s[k]) for _, k, f in cols] + [
+            f"{s['len']:.1f}",
+            "-" if pad != pad else f"{100 * pad:.1f}%",
+        ]
         lines.append(f"| {_label(res)} | " + " | ".join(cells) + " |")
     t = rows[-1][0]
     for g, res in rows[:-1]:
