@@ -91,6 +91,7 @@ LAYERS: dict[str, int] = {
     "grpokit.policy.memory": SERVICES,
     "grpokit.policy.plan": SERVICES,
     "grpokit.policy.padding_free": SERVICES,
+    "grpokit.policy.attention": SERVICES,
     "grpokit.policy.optim": SERVICES,
     "grpokit.distributed": SERVICES,
     "grpokit.distributed.parallel": SERVICES,
@@ -201,8 +202,9 @@ TEMPORARY_UPWARD_IMPORTS: dict[tuple[str, str], str] = {}
 #: grpokit modules (the package included) that `import <module>` loads in a fresh interpreter before the
 #: layers ran one way: policy 46, tasks and tools among them; algo 7; batch 41; data 28. With them: policy 17,
 #: algo 7, batch 4, data 7. A count may not grow back past the old one, except by a new module of a layer at
-#: or below the imported one's: policy + 1 for grpokit.data.micro_batches (its log-prob passes' splits).
-LOADED_BEFORE = {"grpokit.policy": 48, "grpokit.algo": 7, "grpokit.data": 28}
+#: or below the imported one's: policy + 1 for grpokit.data.micro_batches (its log-prob passes' splits),
+#: + 1 for grpokit.policy.attention (padding-free rows' attention).
+LOADED_BEFORE = {"grpokit.policy": 49, "grpokit.algo": 7, "grpokit.data": 28}
 FRESH_IMPORTS = ("grpokit.policy", "grpokit.algo", "grpokit.data")
 
 
