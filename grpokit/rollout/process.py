@@ -39,6 +39,7 @@ from grpokit.rollout.vllm import draw_seed
 def _child(conn, model, tokenizer, batch_size: int, threads: int) -> None:
     """The child's loop: ("sync", state) | ("generate", prompt_ids, n, sampling, seed) | ("stop",) ->
     replies."""
+    import grpokit.policy.attention  # noqa: F401  registers grpokit_sdpa, which a padding-free model runs
     from grpokit.rollout.fast import FastEngine
 
     torch.set_num_threads(threads)
