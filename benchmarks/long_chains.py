@@ -2,7 +2,7 @@
 sevens.
 
     .venv/bin/python benchmarks/long_chains.py                  # -> benchmarks/results/long_chains.md
-    .venv/bin/python benchmarks/long_chains.py --target 8192 --steps 40
+    .venv/bin/python benchmarks/long_chains.py --steps 40 --threads 1   # shorter, on one thread
 
 The reward of a completion is min(its '7's, target) / target, so it rises only as completions grow long and
 fill with sevens: at the target (8,192 by default, rollout.max_completion_length the same) the best
@@ -11,8 +11,8 @@ completion is 8,192 tokens. The model is a random test-size Llama (2 layers, hid
 stop after about a dozen tokens (EOS is one token in fifteen). The run is the real trainer and the fast
 engine, with the settings long sequences need: model.padding_free (each micro-batch one row of real tokens)
 and optim.max_tokens_per_micro_batch (micro-batches sized in tokens: one long completion, or many short
-ones). Reported per step: reward, completion lengths (mean, max), the share cut at the limit, micro-batches,
-seconds (rollout, step) and peak RSS.
+ones). Reported per step: reward, completion lengths (mean, max), the share cut at the limit, the share of
+the step's tokens that are sevens, micro-batches, seconds (rollout, step) and peak RSS.
 
 --smoke: 2 steps at target 64 (a check that the benchmark runs), into OUT/smoke.
 """
@@ -54,10 +54,10 @@ def build(out: Path, target: int, prompts: int) -> tuple[str, str]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", type=int, default=8192, help="sevens wanted (= rollout.max_completion_length)")
-    p.add_argument("--steps", type=int, default=40)
-    p.add_argument("--prompts", type=int, default=2, help="rollout.prompts_per_step")
+    p.add_argument("--steps", type=int, default=90)
+    p.add_argument("--prompts", type=int, default=1, help="rollout.prompts_per_step")
     p.add_argument("--G", type=int, default=8, help="rollout.num_generations")
-    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--lr", type=float, default=5e-3)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", default=None, help="scratch folder (default runs/long_chains)")
     p.add_argument("--results", default=None, help="the table (default benchmarks/results/long_chains.md)")
@@ -131,15 +131,20 @@ def write_table(args, rows: list[tuple[int, dict]], minutes: float, results: Pat
         f"optim.max_tokens_per_micro_batch={args.target + 64}; "
         f"{args.threads} thread(s); {minutes:.1f} min so far; load average {os.getloadavg()[0]:.2f}",
         "",
-        "| step | reward | length mean | length max | cut at the limit | micro-batches | rollout s "
-        "| step s | peak RSS MB |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| step | reward | length mean | length max | cut at the limit | sevens per token | micro-batches "
+        "| rollout s | step s | peak RSS MB |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for step, m in rows:
+        # a completion has at most its length in sevens (<= target), so mean reward x target / mean length
+        # is the share of all the step's tokens that are sevens: what the reward measures once lengths are
+        # at the limit
+        share = m["reward/mean"] * args.target / max(m["rollout/completion_len_mean"], 1.0)
         lines.append(
             f"| {step} | {m['reward/mean']:.4f} | {m['rollout/completion_len_mean']:.0f} | "
             f"{m['rollout/completion_len_max']:.0f} | {100 * m['rollout/truncated_frac']:.0f}% | "
-            f"{m['perf/micro_batches']:.1f} | {m['perf/rollout_time']:.1f} | {m['perf/step_time']:.1f} | "
+            f"{100 * share:.1f}% | {m['perf/micro_batches']:.1f} | {m['perf/rollout_time']:.1f} | "
+            f"{m['perf/step_time']:.1f} | "
             f"{m['perf/peak_rss_mb']:.0f} |"
         )
     results.parent.mkdir(parents=True, exist_ok=True)
