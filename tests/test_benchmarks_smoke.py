@@ -99,6 +99,12 @@ SMOKES: dict[str, tuple[Smoke, ...]] = {
     ),
     "engine_default.py": (Smoke((), (r"^\| hf \| \d+\.\d+ \|", r"^\| auto \(default\) \| \d+\.\d+ \|")),),
     "long_chains.py": (Smoke((), (r"^\| step \| reward \| length mean", r"^\| 2 \| 0\.\d+ \| \d+ \|")),),
+    "long_rollout.py": (
+        Smoke(
+            ("--threads", "1"),
+            (r"^\| T \| gen s \| tok/s \|", r"^\| 64 \| [\d.]+ \| [\d.]+ \| [\d.]+ \| \d+ \|"),
+        ),
+    ),
     "long_pass.py": (
         # one process, then 2 gloo ranks under torchrun (a failed cell prints "failed" instead of its numbers)
         Smoke(
