@@ -44,8 +44,13 @@ def test_each_batch_is_sampled_by_the_version_it_names(tiny_model_dir, sampler):
     """Lag 1: batch b is generated with the weights of version max(0, b - 1), whatever the timing. The
     sampler's log-probs equal those weights' own (float noise) and differ from the newer ones' (so the test
     can fail). process: the fast engine in a child process (rollout.async_sampler=process), the weights
-    through shared memory."""
+    through shared memory. The model runs grpokit_sdpa, as a padding-free run's does (the child registers it
+    too)."""
+    from grpokit.policy.padding_free import resolve_padding_free
+
     model, tok = load_policy(load_config(None, [f"model.name_or_path={tiny_model_dir}"]).model)
+    assert resolve_padding_free(model, True) == (True, None)
+    assert model.config._attn_implementation == "grpokit_sdpa"
     rollout = load_config(
         None,
         [

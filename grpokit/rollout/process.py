@@ -27,21 +27,39 @@ import copy
 import traceback
 import weakref
 from dataclasses import replace
+from typing import Any
 
 import torch
 import torch.multiprocessing as mp
+from transformers import AttentionInterface
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from grpokit.rollout.base import Completions, EngineCaps, RolloutEngine, SamplingParams
 from grpokit.rollout.hf import eos_token_ids
 from grpokit.rollout.vllm import draw_seed
 
 
-def _child(conn, model, tokenizer, batch_size: int, threads: int) -> None:
+def _attention(model) -> tuple[str, Any, Any] | None:
+    """(name, attention function, mask function) of the model's attention implementation, as transformers'
+    registries hold them in this process. A run-time registration (grpokit_sdpa, where padding-free rows are
+    on) lives only in the process that made it: the child registers the same functions under the same name
+    (they cross the pipe by reference, so unpickling them imports the module that defines them)."""
+    impl = getattr(model.config, "_attn_implementation", None)
+    if isinstance(impl, str) and impl in ALL_ATTENTION_FUNCTIONS and impl in ALL_MASK_ATTENTION_FUNCTIONS:
+        return impl, ALL_ATTENTION_FUNCTIONS[impl], ALL_MASK_ATTENTION_FUNCTIONS[impl]
+    return None
+
+
+def _child(conn, model, tokenizer, batch_size: int, threads: int, attention=None) -> None:
     """The child's loop: ("sync", state) | ("generate", prompt_ids, n, sampling, seed) | ("stop",) ->
     replies."""
-    import grpokit.policy.attention  # noqa: F401  registers grpokit_sdpa, which a padding-free model runs
     from grpokit.rollout.fast import FastEngine
 
+    if attention is not None:
+        name, forward, mask = attention
+        AttentionInterface.register(name, forward)
+        AttentionMaskInterface.register(name, mask)
     torch.set_num_threads(threads)
     model = copy.deepcopy(model)  # storage of its own: nothing the parent writes later reaches it
     engine = FastEngine(model, tokenizer, batch_size=batch_size)
@@ -84,7 +102,7 @@ class ProcessEngine(RolloutEngine):
         model = copy.deepcopy(model).cpu().eval()
         self._proc = ctx.Process(
             target=_child,
-            args=(child, model, tokenizer, batch_size, threads),
+            args=(child, model, tokenizer, batch_size, threads, _attention(model)),
             daemon=True,
             name="grpokit-sampler-process",
         )
