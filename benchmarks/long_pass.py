@@ -177,6 +177,11 @@ def run_cell(length: int, sp: int, smoke: bool, threads: int) -> list[dict] | st
             str(sp),
             *args,
         ]
+    return run_child(cmd, env, out)
+
+
+def run_child(cmd: list[str], env: dict, out: Path):
+    """Run a cell's process; what it wrote to `out` (JSON), or the line that says how it failed."""
     r = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if r.returncode != 0:
         return (

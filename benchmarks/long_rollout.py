@@ -20,22 +20,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
 
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from long_pass import run_child, uptime, vm_hwm_mib, vm_rss_mib  # noqa: E402 (after sys.path gets benchmarks/)
+
 PROMPT = 64
 WARMUP = 16
-
-
-def _status_mib(key: str) -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def load(smoke: bool):
@@ -76,7 +73,7 @@ def child(length: int, n: int, smoke: bool, out: str) -> None:
     engine.generate(
         [prompt], 1, SamplingParams(max_tokens=WARMUP, generator=torch.Generator().manual_seed(1))
     )
-    base = _status_mib("VmRSS")
+    base = vm_rss_mib()
     t = time.perf_counter()
     comps = engine.generate([prompt], n, SamplingParams(max_tokens=length, generator=g))
     gen_s = time.perf_counter() - t
@@ -85,7 +82,7 @@ def child(length: int, n: int, smoke: bool, out: str) -> None:
         raise SystemExit(f"completions of {lengths} tokens, not all {length}")
     row = {
         "gen_s": gen_s,
-        "peak_mib": _status_mib("VmHWM"),
+        "peak_mib": vm_hwm_mib(),
         "base_mib": base,
         "kv_mib": n * (PROMPT + length) * kv_per_token / 2**20,
         "threads": torch.get_num_threads(),
@@ -120,20 +117,9 @@ def planned_kv_mib(length: int, n: int) -> float:
 
 def run_cell(length: int, n: int, smoke: bool, threads: int) -> dict | str:
     out = Path(os.environ.get("TMPDIR", "/tmp")) / f"long_rollout_{os.getpid()}_{length}_{n}.json"
-    here = str(Path(__file__).resolve().parents[1])
-    env = {**os.environ, "PYTHONPATH": here, "OMP_NUM_THREADS": str(threads)}
+    env = {**os.environ, "PYTHONPATH": str(HERE.parent), "OMP_NUM_THREADS": str(threads)}
     cmd = [sys.executable, __file__, "--child", str(length), "--n", str(n), "--child-out", str(out)]
-    r = subprocess.run(cmd + (["--smoke"] if smoke else []), env=env, capture_output=True, text=True)
-    if r.returncode != 0:
-        tail = r.stderr.strip().splitlines()[-1] if r.stderr.strip() else ""
-        return f"failed (exit {r.returncode}): {tail}"
-    row = json.loads(out.read_text())
-    out.unlink()
-    return row
-
-
-def uptime() -> str:
-    return subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
+    return run_child(cmd + (["--smoke"] if smoke else []), env, out)
 
 
 def main() -> None:
