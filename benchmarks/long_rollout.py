@@ -105,7 +105,8 @@ def planned_kv_mib(length: int, n: int) -> float:
             f"data.max_prompt_length={PROMPT}",
             f"rollout.max_completion_length={length}",
             "rollout.prompts_per_step=1",
-            f"rollout.num_generations={n}",
+            f"rollout.num_generations={max(n, 2)}",  # a group has 2 at least; the rows are n:
+            f"rollout.generation_batch_size={n}",
             "algorithm.beta=0",
             "data.task=countdown",
             "rewards=[{function: countdown}]",
@@ -152,6 +153,7 @@ def main() -> None:
     print("\n".join(lines), flush=True)
     for length in lengths:
         row = run_cell(length, args.n, args.smoke, args.threads)
+        print(f"measured: {row}", flush=True)  # kept in the log whatever follows
         if isinstance(row, str):
             new = f"| {length} | {row} | | | | | | | |"
         else:
