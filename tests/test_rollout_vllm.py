@@ -6,6 +6,7 @@ recomputed ones (fp32, max |diff| < 1e-3), and before the push they differ.
 """
 
 import random
+import tempfile
 
 import numpy as np
 import pytest
@@ -141,7 +142,10 @@ def test_sleep_frees_gpu_memory_and_wake_up_brings_the_same_engine_back(vllm_mod
         engine.close()
 
 
-def test_starting_vllm_leaves_the_process_as_it_was(vllm_model_dir):
+def test_starting_vllm_leaves_the_process_as_it_was(vllm_model_dir, tmp_path, monkeypatch):
+    """Its RNG states and thread count as they were, and no folder left behind: the config folder vLLM
+    starts from is removed once it has started."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     model, tok = load(vllm_model_dir)
     torch.set_num_threads(1)
     random.seed(3)
@@ -159,6 +163,7 @@ def test_starting_vllm_leaves_the_process_as_it_was(vllm_model_dir):
         assert torch.get_num_threads() == 1
         torch.set_num_threads(2)  # vLLM's CPU worker replaces set_num_threads with a no-op; it is back
         assert torch.get_num_threads() == 2
+        assert not list(tmp_path.glob("grpokit-vllm-*"))
     finally:
         torch.set_num_threads(1)
         engine.close()

@@ -142,16 +142,17 @@ def preserved_process_state():
         torch.random.set_rng_state(states[2])
 
 
-def _config_dir(model) -> str:
+@contextlib.contextmanager
+def _config_dir(model):
     """A folder holding only the model's config.json: what vLLM needs to build the architecture (weights:
-    dummy)."""
-    folder = tempfile.mkdtemp(prefix="grpokit-vllm-")
-    model.config.save_pretrained(folder)
-    cfg_path = Path(folder) / "config.json"
-    cfg = json.loads(cfg_path.read_text())
-    cfg["torch_dtype"] = cfg["dtype"] = str(next(model.parameters()).dtype).removeprefix("torch.")
-    cfg_path.write_text(json.dumps(cfg))
-    return folder
+    dummy). vLLM reads it while it starts; the folder is removed once it has."""
+    with tempfile.TemporaryDirectory(prefix="grpokit-vllm-") as folder:
+        model.config.save_pretrained(folder)
+        cfg_path = Path(folder) / "config.json"
+        cfg = json.loads(cfg_path.read_text())
+        cfg["torch_dtype"] = cfg["dtype"] = str(next(model.parameters()).dtype).removeprefix("torch.")
+        cfg_path.write_text(json.dumps(cfg))
+        yield folder
 
 
 def head_size(model) -> int:
@@ -322,9 +323,9 @@ class VLLMEngine(RolloutEngine):
             memory = {"kv_cache_memory_bytes": kv_cache_bytes(model, max_model_len, max_seqs, kv_cache_mb)}
         for name in _EXPECTED_WARNINGS.loggers:
             logging.getLogger(name).addFilter(_EXPECTED_WARNINGS)
-        with preserved_process_state():
+        with preserved_process_state(), _config_dir(model) as config_folder:
             self.llm = LLM(
-                model=_config_dir(model),
+                model=config_folder,
                 skip_tokenizer_init=True,
                 load_format="dummy",
                 dtype=str(self.dtype).removeprefix("torch."),  # type: ignore[arg-type, unused-ignore]  # a name in vLLM's Literal
