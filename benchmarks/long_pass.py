@@ -12,8 +12,10 @@ LM head as the trainer applies it (in chunks, fused, from 64M logits), forward a
 log-prob; SP = 2 splits the row over the ranks
 (grpokit/distributed/sequence.py) and sums the gradients. `pass s` is the forward + backward (after a warm-up
 pass on 256 tokens), `peak` the process's peak RSS, `above weights` the peak less the RSS once the
-model and its gradients are allocated; per rank for SP = 2; `plan` what `grpokit plan` predicts for the
-same (its update's activation lines). One sequence per row, so padded and padding-free rows are the same
+model and its gradients are allocated and its weights read (from_pretrained maps the weights file: its pages
+become resident as the first pass reads them); per rank for SP = 2; `tensors` the most glibc's malloc had
+handed out at once above the same point (mallinfo2 sampled every 5 ms): the peak RSS less the freed blocks
+the allocator keeps; `plan` what `grpokit plan` predicts for the same (its update's activation lines). One sequence per row, so padded and padding-free rows are the same
 work here.
 """
 
@@ -46,6 +48,46 @@ def vm_rss_mib() -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+class TensorPeak:
+    """The most glibc's malloc has handed out and not taken back (in use: heap and mmapped blocks, mallinfo2),
+    sampled every 5 ms on a thread of its own, above what it was at the start: the tensors' peak, without the
+    freed blocks the allocator keeps resident (which the peak RSS counts). NaN without glibc 2.33."""
+
+    def __init__(self):
+        import ctypes
+        import threading
+
+        class Info(ctypes.Structure):
+            _fields_ = [(n, ctypes.c_size_t) for n in ("arena ordblks smblks hblks hblkhd usmblks fsmblks "
+                                                       "uordblks fordblks keepcost").split()]  # fmt: skip
+
+        try:
+            self.info = ctypes.CDLL("libc.so.6").mallinfo2
+        except (OSError, AttributeError):
+            self.info = None
+            return
+        self.info.restype = Info
+        self.base = self.peak = self.in_use()
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self.sample, daemon=True)
+        self.thread.start()
+
+    def in_use(self) -> float:
+        m = self.info()
+        return (m.uordblks + m.hblkhd) / 2**20
+
+    def sample(self) -> None:
+        while not self.done.wait(0.005):
+            self.peak = max(self.peak, self.in_use())
+
+    def stop(self) -> float:
+        if self.info is None:
+            return float("nan")
+        self.done.set()
+        self.thread.join()
+        return max(self.peak, self.in_use()) - self.base
 
 
 def load(smoke: bool):
@@ -97,7 +139,9 @@ def child(length: int, smoke: bool, out: str) -> None:
         enable(model)
     for p in model.parameters():  # the gradients exist before the pass, as in training
         p.grad = torch.zeros_like(p)
+        p.detach().sum()  # and the weights are resident: from_pretrained maps the file, read on first use
     base = vm_rss_mib()
+    tensors = TensorPeak()
     times = []
     for tokens in (min(length, WARMUP), length):  # a short pass warms up, then the measured one
         batch = batch_of(tokens, vocab)
@@ -112,6 +156,7 @@ def child(length: int, smoke: bool, out: str) -> None:
         times.append(time.perf_counter() - t)
     row = {
         "pass_s": times[-1],
+        "tensors_mib": tensors.stop(),
         "peak_mib": vm_hwm_mib(),
         "base_mib": base,
         "threads": torch.get_num_threads(),
@@ -223,15 +268,15 @@ def main() -> None:
         f"pass). Load at the start: {uptime()}.",
         "",
         "| T | SP | rank | pass s | s per 1k tokens | peak RSS MiB | above weights MiB | above weights KiB "
-        "per token | plan MiB | plan error |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "per token | tensors MiB | plan MiB | plan error (RSS) | plan error (tensors) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     print("\n".join(lines), flush=True)
     for length in lengths:
         for sp in degrees:
             rows = run_cell(length, sp, args.smoke, args.threads)
             if isinstance(rows, str):
-                new = [f"| {length} | {sp} | | {rows} | | | | | | |"]
+                new = [f"| {length} | {sp} | | {rows} | | | | | | | | |"]
             else:
                 tokens = PROMPT + length
                 plan = float("nan") if args.smoke else planned_mib(length, sp)
@@ -239,8 +284,9 @@ def main() -> None:
                     f"| {length} | {sp} | {r if sp > 1 else ''} | {row['pass_s']:.1f} | "
                     f"{1000 * row['pass_s'] / tokens:.2f} | {row['peak_mib']:.0f} | "
                     f"{row['peak_mib'] - row['base_mib']:.0f} | "
-                    f"{1024 * (row['peak_mib'] - row['base_mib']) / tokens:.1f} | {plan:.0f} | "
-                    f"{100 * (plan / (row['peak_mib'] - row['base_mib']) - 1):+.1f}% |"
+                    f"{1024 * (row['peak_mib'] - row['base_mib']) / tokens:.1f} | {row['tensors_mib']:.0f} | "
+                    f"{plan:.0f} | {100 * (plan / (row['peak_mib'] - row['base_mib']) - 1):+.1f}% | "
+                    f"{100 * (plan / row['tensors_mib'] - 1):+.1f}% |"
                     for r, row in enumerate(rows)
                 ]
             print("\n".join(new), flush=True)
