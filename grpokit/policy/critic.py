@@ -41,6 +41,7 @@ from grpokit.metrics.compute import (
     value_name,
 )
 from grpokit.policy import is_checkpointing, load_model_from_config
+from grpokit.policy.heap import release_between_layers
 from grpokit.policy.optim import Optimizer
 
 if TYPE_CHECKING:
@@ -94,6 +95,8 @@ def build_value_model(model_cfg, policy: nn.Module) -> ValueModel:
     backbone = load_model_from_config(model_cfg, head="backbone")
     if is_checkpointing(policy):  # model.gradient_checkpointing=true, or auto found it needed
         backbone.gradient_checkpointing_enable()
+        if model_cfg.release_freed_memory:
+            release_between_layers(backbone)
     return ValueModel(backbone, model_cfg.padding_free).train()
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from grpokit.policy.gguf import GGUFError, resolve
+from grpokit.policy.heap import release_between_layers
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 logger = logging.getLogger("grpokit.policy")
@@ -201,14 +202,15 @@ def prepare(model, model_cfg):
     if model_cfg.disable_dropout:
         disable_dropout(model)
     if model_cfg.gradient_checkpointing is True:  # auto: decided once the run is built (components.py)
-        enable_checkpointing(model)
+        enable_checkpointing(model, release=model_cfg.release_freed_memory)
     return model.train()
 
 
-def enable_checkpointing(model, every_n_layers: int = 1) -> None:
+def enable_checkpointing(model, every_n_layers: int = 1, *, release: bool = True) -> None:
     """transformers' gradient checkpointing (non-reentrant torch.utils.checkpoint) on every
     `every_n_layers`-th decoder layer; the KV cache off in training passes. A LoRA model's frozen
-    embeddings get an output that carries a gradient, as the checkpointed layers' inputs must."""
+    embeddings get an output that carries a gradient, as the checkpointed layers' inputs must. `release`
+    (model.release_freed_memory): on the CPU, the freed heap back to the OS between layers (heap.py)."""
     if every_n_layers == 1:
         model.gradient_checkpointing_enable()
     else:
@@ -216,6 +218,8 @@ def enable_checkpointing(model, every_n_layers: int = 1) -> None:
     model.config.use_cache = False
     if is_lora(model):
         model.enable_input_require_grads()
+    if release:
+        release_between_layers(model)
 
 
 def is_checkpointing(model) -> bool:
