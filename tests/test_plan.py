@@ -137,9 +137,23 @@ def test_sequence_parallelism_and_checkpointing_shrink_the_activations(tiny_dir)
         lines(memory_plan(cfg, shapes, Setup(sp=2)), UPDATE)["activations, checkpointing off"] == whole // 2
     )
     on = memory_plan(run_config(tiny_dir, "model.gradient_checkpointing=true"), shapes)
-    # each layer's input (2 x 64 x 4 B a token) and one layer recomputed, the embeddings' output
-    kept = 2 * 64 * (2 * 64 * 4 + (12 * 64 + 5 * 128) * 4 + 2 * 64 * 4)
-    assert on.checkpointing and lines(on, UPDATE)["activations, checkpointing every layer"] == kept
+    # each layer's input (2 x 64 x 4 B a token), the final norm's input and output
+    kept = 2 * 64 * (2 * 64 * 4 + 2 * 64 * 4)
+    update = {x.name: x for x in on.lines if x.phase == UPDATE}
+    assert on.checkpointing and update["activations, checkpointing every layer"].bytes == kept
+    # the backward's peak: the last layer recomputed (7 x 64 + 2 x 2 x 16 + 2 x 16 + 4 x 128 = 1,056 values
+    # a token, saved, and as much in its gradients) or the LM head with its weight's gradient (1000 x 64),
+    # whichever is larger; the other is shown, not counted
+    layer, head = update["a layer recomputed, and its gradients"], update["LM head (logits)"]
+    assert layer.bytes == 2 * 128 * 1056 * 4
+    # the plain pass's logits (96 x 1000, fp32) twice (sliced, then copied) and 4 temporaries of their size
+    assert head.bytes == 6 * 96 * 1000 * 4 + 1000 * 64 * 4
+    assert (
+        head.counted
+        and not layer.counted
+        and on.total(UPDATE) == sum(x.bytes for x in update.values() if x.counted)
+    )
+    assert "backward's temporaries (a layer)" not in update
 
 
 def test_a_plan_that_does_not_fit_is_refused_in_one_line_naming_a_change_that_fits(tiny_dir):

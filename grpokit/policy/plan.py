@@ -12,11 +12,12 @@ Per rank, with P parameters of b bytes, T of them trained, W ranks (FSDP2 divide
 - rollout: the engine's whole copy (FSDP2 with fast / hf: P x the engine_copy dtype), its KV cache
   2 x layers x kv heads x head dim x rows x (prompt + completion) b, the pi_old / pi_ref passes' temporaries.
 - update: the activations a micro-batch keeps for the backward (memory.py's per-token sizes: all of each
-  layer without checkpointing; with it each layer's input and one layer recomputed), the attention masks
-  of padded rows (sdpa keeps one [rows, 1, T, T] a layer), a layer's worth of the backward's temporaries,
-  and the LM head's fp32 logits: chunks with the fused head, else the whole logits (_head says which
-  temporaries come with them). A sequence-parallel degree divides a rank's tokens (a prediction: grpokit
-  has no sequence parallelism yet, so no run measured it).
+  layer without checkpointing; with it each layer's input), the attention masks of padded rows (sdpa keeps
+  one [rows, 1, T, T] a layer), and without checkpointing a layer's worth of the backward's temporaries and
+  the LM head's fp32 logits: chunks with the fused head, else the whole logits (_head says which
+  temporaries come with them); with checkpointing the larger of the backward's two peaks: the last layer
+  recomputed with its gradients, or the LM head with its weight's gradient. A sequence-parallel degree
+  divides a rank's tokens (benchmarks/long_pass.py measures the training pass at SP = 2).
 The prompt is counted at data.max_prompt_length: the plan bounds the longest rows the run allows.
 """
 
@@ -180,17 +181,30 @@ def _activation_lines(cfg: Config, s: Shapes, setup: Setup, rows: int, shard: in
     mask = (
         0 if packs(cfg.model) and not shared else rows * -(-queries // setup.sp) * (prompt + completion) * b
     )
-    return [
+    head = _head(s, -(-logits // setup.sp), shard, backward=True, copied=copied)
+    lines = [
         Line(UPDATE, "activations, checkpointing off", whole, counted=not on),
         Line(UPDATE, "activations, checkpointing every layer", kept, counted=on),
         Line(UPDATE, "attention masks (padded rows)", (2 if on else s.layers + 1) * mask),
-        Line(UPDATE, "backward's temporaries (a layer)", n * _layer_bytes(s)),
         Line(
             UPDATE, "LoRA adapters' outputs", n * _adapter_outputs(s) * b if cfg.model.lora is not None else 0
         ),
-        Line(
-            UPDATE, "LM head (logits)", _head(s, -(-logits // setup.sp), shard, backward=True, copied=copied)
-        ),
+    ]
+    if not on:
+        return [
+            *lines,
+            Line(UPDATE, "backward's temporaries (a layer)", n * _layer_bytes(s)),
+            Line(UPDATE, "LM head (logits)", head),
+        ]
+    # With checkpointing the backward's peak is one of two moments that do not coexist: the LM head's (its
+    # logits' chunks, and its weight's gradient where it trains), or the last layer recomputed, what it
+    # saves, with its gradients (measured: 1.0 x what it saves)
+    head += s.vocab * s.hidden * b if s.trained == s.params else 0
+    layer = 2 * n * _recomputed_layer_bytes(s)
+    return [
+        *lines,
+        Line(UPDATE, "a layer recomputed, and its gradients", layer, counted=layer >= head),
+        Line(UPDATE, "LM head (logits)", head, counted=head > layer),
     ]
 
 
@@ -242,13 +256,24 @@ def _layer_bytes(s: Shapes) -> int:
 
 def activations(s: Shapes, tokens: int) -> tuple[int, int]:
     """(bytes a micro-batch of `tokens` tokens in all keeps for the backward without checkpointing, with it
-    on every layer: each layer's input, and one layer recomputed in the backward)."""
+    on every layer: each layer's input, and the final norm's input and output; the layer the backward
+    recomputes is counted with its gradients, in _activation_lines)."""
     sizes = layer_sizes(s.hidden, s.intermediate, s.layers, s.vocab, s.element_size, tokens)
     embeddings = 2 * s.hidden * s.element_size  # the embeddings' output and the final norm's input
     return (
         tokens * (s.layers * sizes.layer + embeddings),
-        tokens * (s.layers * sizes.layer_input + sizes.layer + embeddings),
+        tokens * (s.layers * sizes.layer_input + embeddings),
     )
+
+
+def _recomputed_layer_bytes(s: Shapes) -> int:
+    """What a decoder layer saves for its backward, a token, beyond its input: measured on SmolLM2's layer
+    with torch's saved-tensor hooks (42,796 B a token, parameters left out): 7 hidden-sized tensors (the
+    norms' outputs, the second norm's input, the rotated queries, the keys and values repeated to every
+    head, the attention's output), the keys and values before their repetition, the rotary cos and sin,
+    and 4 MLP-sized ones (gate, up, the activation, the product)."""
+    kv = s.kv_heads * s.head_dim
+    return (7 * s.hidden + 2 * kv + 2 * s.head_dim + 4 * s.intermediate) * s.element_size
 
 
 def _head(s: Shapes, tokens: int, shard: int, *, backward: bool, copied: bool = False) -> int:
@@ -502,7 +527,10 @@ def format_plan(plan: MemoryPlan) -> str:
         if any(c not in ("", "0 MiB") for c in cells):
             out.append(f"  {name:46}{cells[0]:>12}{cells[1]:>12}")
     out.append(f"  {'total':46}{_mib(plan.total(ROLLOUT)):>12}{_mib(plan.total(UPDATE)):>12}")
-    out.append("  (* not counted: the other checkpointing choice, for comparison)")
+    out.append(
+        "  (* not counted: the other checkpointing choice, for comparison; with checkpointing, the smaller of"
+        " the backward's two peaks, which do not coexist)"
+    )
     verdict = "fits" if plan.fits else "does NOT fit"
     out.append(f"peak {_gib(plan.peak)} in the {plan.peak_phase}: {verdict}")
     if s.memory > 0:

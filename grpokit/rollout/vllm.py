@@ -143,7 +143,7 @@ def preserved_process_state():
 
 
 @contextlib.contextmanager
-def _config_dir(model):
+def config_folder(model):
     """A folder holding only the model's config.json: what vLLM needs to build the architecture (weights:
     dummy). vLLM reads it while it starts; the folder is removed once it has."""
     with tempfile.TemporaryDirectory(prefix="grpokit-vllm-") as folder:
@@ -323,9 +323,9 @@ class VLLMEngine(RolloutEngine):
             memory = {"kv_cache_memory_bytes": kv_cache_bytes(model, max_model_len, max_seqs, kv_cache_mb)}
         for name in _EXPECTED_WARNINGS.loggers:
             logging.getLogger(name).addFilter(_EXPECTED_WARNINGS)
-        with preserved_process_state(), _config_dir(model) as config_folder:
+        with preserved_process_state(), config_folder(model) as folder:
             self.llm = LLM(
-                model=config_folder,
+                model=folder,
                 skip_tokenizer_init=True,
                 load_format="dummy",
                 dtype=str(self.dtype).removeprefix("torch."),  # type: ignore[arg-type, unused-ignore]  # a name in vLLM's Literal
