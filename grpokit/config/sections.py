@@ -62,8 +62,8 @@ class ModelConfig(Section):
     """On the CPU under glibc, with gradient checkpointing: hand what each checkpointed decoder layer frees
     back to the OS after its forward and before its backward (malloc_trim), in the passes with a gradient.
     glibc's malloc keeps freed blocks resident, and a checkpointed pass fragments its heap: one 4k-token row
-    held 3x its tensors (docs/memory.md). The cost: 0-20% of such a pass's time, for re-faulting the pages.
-    false: leave the allocator alone."""
+    held 3.4x its tensors (docs/memory.md). The cost: 1-2% of such a pass's time at 4k tokens, 11-25% at 1k,
+    for re-faulting the pages. false: leave the allocator alone."""
     attn_implementation: str | None = None
     """Passed to from_pretrained (e.g. "sdpa", "eager", "flash_attention_2"); None = transformers' default."""
     padding_free: bool | Literal["auto"] = "auto"

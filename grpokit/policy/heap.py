@@ -4,13 +4,13 @@ glibc's malloc serves a block below its mmap threshold from its heaps, and the t
 of a larger mmapped block, up to 32 MiB: soon every activation of a layer comes from a heap. What is freed
 there stays resident. A checkpointed pass allocates and frees each layer's activations with the layer's
 output (the next checkpoint) left among the holes, so the heap fragments and grows by a layer's worth at a
-time. On SmolLM2-135M's training pass over one row of 4,160 tokens the process held 2,086 MiB above its
+time. On SmolLM2-135M's training pass over one row of 4,160 tokens the process held 2,194 MiB above its
 weights for 636 MiB of tensors at their peak; calling malloc_trim(0) after each checkpointed layer's forward
-and before its backward, 737 MiB (benchmarks/results/long_pass.md). The backward's recomputation of a layer
+and before its backward, 759 MiB (benchmarks/results/long_pass.md). The backward's recomputation of a layer
 stops at the last tensor it needs (torch's early stop), before the layer's hooks.
 
-What it costs is the pages' faults when the heap reuses them: nothing measurable at 4k tokens in one
-process, 15-20% of the pass at 1k tokens or on two single-thread sequence ranks. It acts only where the
+What it costs is the pages' faults when the heap reuses them: 1-2% of the pass at 4k tokens, 11-25% at 1k
+tokens (the same benchmark). It acts only where the
 memory is the constraint: on the CPU, in passes with a gradient, on layers that checkpoint.
 """
 

@@ -527,10 +527,7 @@ def format_plan(plan: MemoryPlan) -> str:
         if any(c not in ("", "0 MiB") for c in cells):
             out.append(f"  {name:46}{cells[0]:>12}{cells[1]:>12}")
     out.append(f"  {'total':46}{_mib(plan.total(ROLLOUT)):>12}{_mib(plan.total(UPDATE)):>12}")
-    out.append(
-        "  (* not counted: the other checkpointing choice, for comparison; with checkpointing, the smaller of"
-        " the backward's two peaks, which do not coexist)"
-    )
+    out.append("  (* not counted: the other checkpointing choice; the smaller of the backward's two peaks)")
     verdict = "fits" if plan.fits else "does NOT fit"
     out.append(f"peak {_gib(plan.peak)} in the {plan.peak_phase}: {verdict}")
     if s.memory > 0:
