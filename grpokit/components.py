@@ -104,9 +104,7 @@ def build_components(
         cfg, policy, tokenizer, seed=cfg.seed + world.rank, max_len=max_len, most=world.most
     )
     if cfg.model.gradient_checkpointing == "auto":  # before the critic, which follows the policy's setting
-        auto_checkpointing(
-            model, world, *MicroBatching.of(cfg).worst(max_len), release=cfg.model.release_freed_memory
-        )
+        auto_checkpointing(model, world, cfg, max_len)
     total = cfg.optim.max_steps * cfg.algorithm.num_iterations * cfg.optim.num_minibatches
     try:
         optimizer = Optimizer(
@@ -216,13 +214,14 @@ def build_checkpointer(
     )
 
 
-def auto_checkpointing(model, world: World, rows: int, tokens: int, *, release: bool = True) -> None:
-    """model.gradient_checkpointing=auto: checkpoint the layers that a micro-batch of `rows` sequences of
-    `tokens` tokens needs (policy/memory.py). Every rank takes the plan of the least memory left: under
-    FSDP2 a recomputed layer gathers its weights again, so the ranks must recompute the same layers."""
+def auto_checkpointing(model, world: World, cfg: Config, max_len: int) -> None:
+    """model.gradient_checkpointing=auto: checkpoint the layers that the run's largest micro-batch of rows
+    up to `max_len` tokens needs (policy/memory.py). Every rank takes the plan of the least memory left:
+    under FSDP2 a recomputed layer gathers its weights again, so the ranks must recompute the same layers."""
+    rows, tokens = MicroBatching.of(cfg).worst(max_len)
     plan = checkpointing_plan(model, rows, tokens, left=min(world.gather(memory_left(model))))
     if plan is not None:
-        enable_checkpointing(model, plan.every_n_layers, release=release)
+        enable_checkpointing(model, plan.every_n_layers, release=cfg.model.release_freed_memory)
         if world.rank == 0:
             print(f"model.gradient_checkpointing=auto: {plan}", flush=True)
 

@@ -92,6 +92,7 @@ LAYERS: dict[str, int] = {
     "grpokit.policy.plan": SERVICES,
     "grpokit.policy.padding_free": SERVICES,
     "grpokit.policy.attention": SERVICES,
+    "grpokit.policy.heap": SERVICES,
     "grpokit.policy.optim": SERVICES,
     "grpokit.distributed": SERVICES,
     "grpokit.distributed.parallel": SERVICES,
@@ -203,8 +204,9 @@ TEMPORARY_UPWARD_IMPORTS: dict[tuple[str, str], str] = {}
 #: layers ran one way: policy 46, tasks and tools among them; algo 7; batch 41; data 28. With them: policy 17,
 #: algo 7, batch 4, data 7. A count may not grow back past the old one, except by a new module of a layer at
 #: or below the imported one's: policy + 1 for grpokit.data.micro_batches (its log-prob passes' splits),
-#: + 1 for grpokit.policy.attention (padding-free rows' attention).
-LOADED_BEFORE = {"grpokit.policy": 49, "grpokit.algo": 7, "grpokit.data": 28}
+#: + 1 for grpokit.policy.attention (padding-free rows' attention), + 1 for grpokit.policy.heap (a
+#: checkpointed pass's freed memory).
+LOADED_BEFORE = {"grpokit.policy": 50, "grpokit.algo": 7, "grpokit.data": 28}
 FRESH_IMPORTS = ("grpokit.policy", "grpokit.algo", "grpokit.data")
 
 
