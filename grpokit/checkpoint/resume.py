@@ -118,6 +118,7 @@ FREE_ON_RESUME = (
     "optim.micro_batch_size",
     "optim.max_tokens_per_micro_batch",
     "model.gradient_checkpointing",
+    "model.release_freed_memory",
     "reward_timeout",
     "reward_slow_warning",
     "reward_error_fraction",
