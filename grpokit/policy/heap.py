@@ -10,8 +10,8 @@ and before its backward, 759 MiB (benchmarks/results/long_pass.md). The backward
 stops at the last tensor it needs (torch's early stop), before the layer's hooks.
 
 What it costs is the pages' faults when the heap reuses them: 1-2% of the pass at 4k tokens, 11-25% at 1k
-tokens (the same benchmark). It acts only where the
-memory is the constraint: on the CPU, in passes with a gradient, on layers that checkpoint.
+tokens (the same benchmark). It acts only where the memory is the constraint: on the CPU, in passes with a
+gradient, on layers that checkpoint.
 """
 
 from __future__ import annotations
