@@ -98,6 +98,9 @@ def _high_water_kb() -> int:
 
 #: (completion tokens, optim.micro_batch_size, model.gradient_checkpointing) of the grid's rows
 LENGTHS = [(256, 4, "false"), (1024, 2, "false"), (4096, 1, "true")]
+#: (completion tokens, LoRA, ranks, distributed.sequence_parallel) of the long rows (micro-batches of one
+#: sequence, checkpointing)
+LONG = [(4096, False, 2, 2), (4096, True, 2, 2), (16384, False, 1, 1), (16384, False, 2, 2)]
 
 
 def smollm2() -> Path:
@@ -134,13 +137,15 @@ def build_model(work: Path, real: bool = False) -> Path:
 
 
 def overrides(
-    work: Path, tokens: int, micro: int, checkpointing: str, lora: bool, model: str = "model"
+    work: Path, tokens: int, micro: int, checkpointing: str, lora: bool, model: str = "model", sp: int = 1
 ) -> list[str]:
-    """A 2-step run: 2 prompts x 2 completions a step, prompts cut at 64 tokens, the fast engine."""
+    """A 2-step run: 2 prompts x 2 completions a step, prompts cut at 64 tokens, the fast engine; `sp`:
+    distributed.sequence_parallel."""
     return [
         f"model.name_or_path={work / model}",
         f"model.gradient_checkpointing={checkpointing}",
         *(["model.lora.r=16"] if lora else []),
+        *([f"distributed.sequence_parallel={sp}"] if sp > 1 else []),
         f"data.train_path={work / 'prompts.jsonl'}",
         "data.max_prompt_length=64",
         "data.overlong_prompts=truncate",
@@ -156,14 +161,15 @@ def overrides(
         "logging.sample_every=0",
         "checkpoint.save_every=0",
         "threads=1",
-        f"output_dir={work / 'runs' / f'{model}-{tokens}-{lora}'}",
+        f"output_dir={work / 'runs' / f'{model}-{tokens}-{lora}-sp{sp}'}",
     ]
 
 
 def grid(quick: bool, real: bool, smoke: bool = False) -> list[dict]:
     """The rows: each length of LENGTHS with LoRA off and on, at 1 and 2 ranks (the micro-batch within a
-    rank's share of the 4 completions); with `real`, SmolLM2-135M-Instruct at 256 and 1024 tokens; `smoke`:
-    one row of 32 tokens."""
+    rank's share of the 4 completions); with `real`, SmolLM2-135M-Instruct at 256 and 1024 tokens, and the
+    long rows: 4096 and 16384 tokens with each sequence split over 2 ranks (distributed.sequence_parallel=2),
+    16384 on one; `smoke`: one row of 32 tokens."""
     if smoke:
         return [dict(model="model", tokens=32, micro=4, ckpt="false", lora=False, ranks=1)]
     rows = []
@@ -183,6 +189,10 @@ def grid(quick: bool, real: bool, smoke: bool = False) -> list[dict]:
     if real:
         rows.append(dict(model="smollm2", tokens=256, micro=2, ckpt="false", lora=False, ranks=1))
         rows.append(dict(model="smollm2", tokens=1024, micro=2, ckpt="true", lora=False, ranks=1))
+        for tokens, lora, ranks, sp in LONG:
+            rows.append(
+                dict(model="model", tokens=tokens, micro=1, ckpt="true", lora=lora, ranks=ranks, sp=sp)
+            )
     return rows
 
 
@@ -219,7 +229,8 @@ def predict(args: list[str], ranks: int) -> dict:
     from grpokit.policy.plan import ROLLOUT, UPDATE, Setup, memory_plan, model_shapes
 
     cfg = load_config(None, args)
-    plan = memory_plan(cfg, model_shapes(cfg.model), Setup(ranks=ranks))
+    setup = Setup(ranks=ranks, sp=cfg.distributed.sequence_parallel)
+    plan = memory_plan(cfg, model_shapes(cfg.model), setup)
     return {"peak": plan.peak / MIB, "rollout": plan.total(ROLLOUT) / MIB, "update": plan.total(UPDATE) / MIB}
 
 
@@ -233,7 +244,9 @@ def main() -> None:
         "--real", action="store_true", help="and SmolLM2-135M-Instruct at 256 and 1024 tokens"
     )
     parser.add_argument(
-        "--rows", default="", help="only these rows: MODEL:TOKENS:LORA:RANKS,... (model:4096:False:1)"
+        "--rows",
+        default="",
+        help="only these rows: MODEL:TOKENS:LORA:RANKS[:spN],... (model:4096:True:2:sp2)",
     )
     parser.add_argument(
         "--report-only", action="store_true", help="the table from WORK/rows.jsonl, predicted anew"
@@ -269,18 +282,22 @@ def main() -> None:
 
 
 def _key(row: dict) -> str:
-    return f"{row['model']}:{row['tokens']}:{row['lora']}:{row['ranks']}"
+    sp = row.get("sp", 1)
+    return f"{row['model']}:{row['tokens']}:{row['lora']}:{row['ranks']}" + (f":sp{sp}" if sp > 1 else "")
 
 
 def _cli(work: Path, row: dict) -> list[str]:
-    return overrides(work, row["tokens"], row["micro"], row["ckpt"], row["lora"], row["model"])
+    return overrides(
+        work, row["tokens"], row["micro"], row["ckpt"], row["lora"], row["model"], row.get("sp", 1)
+    )
 
 
 def write_table(rows: list[dict], out: Path, argv: str) -> str:
     """The grid's markdown table (predicted and measured peak per rank, MiB; the error), written and
     returned."""
     head = (
-        "| model | completion tokens | micro-batch | checkpointing | LoRA | ranks | predicted MiB "
+        "| model | completion tokens | micro-batch | checkpointing | LoRA | ranks | sequence parallel "
+        "| predicted MiB "
         "| measured MiB | error | measured rollout / update MiB | s |"
     )
     lines = [
@@ -293,18 +310,20 @@ def write_table(rows: list[dict], out: Path, argv: str) -> str:
         "and backward has run; the largest rank's. Predicted: the peak of `grpokit plan` for the same config",
         "and ranks. tiny: a random Llama over SmolLM2's tokenizer (hidden 256, 4 layers, vocabulary 49,152,",
         "16.8 M parameters); smollm2: SmolLM2-135M-Instruct. fp32; 2 steps of 2 prompts x 2 completions",
-        "(prompts of at most 64 tokens), the fast engine, beta = 0.04; 2 ranks: torchrun, FSDP2 on gloo.",
-        "CPU, one thread a rank.",
+        "(prompts of at most 64 tokens), the fast engine, beta = 0.04; 2 ranks: torchrun, FSDP2 on gloo;",
+        "sequence parallel 2: each sequence of a micro-batch split over the 2 ranks (Ulysses), which roll",
+        "out and hold 2 of the 4 completions each. CPU, one thread a rank.",
         "",
         head,
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         p, m = r["predicted"]["peak"], r["measured"]["peak"]
         model = "tiny" if r["model"] == "model" else r["model"]
         lines.append(
             f"| {model} | {r['tokens']} | {r['micro']} | {r['ckpt']} | "
-            f"{'r=16' if r['lora'] else 'off'} | {r['ranks']} | {p:,.0f} | {m:,.0f} | {(p - m) / m:+.1%} | "
+            f"{'r=16' if r['lora'] else 'off'} | {r['ranks']} | {r.get('sp', 1)} | {p:,.0f} | {m:,.0f} | "
+            f"{(p - m) / m:+.1%} | "
             f"{r['measured']['rollout']:,.0f} / {r['measured']['update']:,.0f} | {r['seconds']:.0f} |"
         )
     worst = max(abs(r["predicted"]["peak"] - r["measured"]["peak"]) / r["measured"]["peak"] for r in rows)

@@ -209,7 +209,12 @@ def plan(
         "memory shared by the ranks",
     ),
     ranks: int = typer.Option(1, "--ranks", min=1, help="processes under torchrun"),
-    sp: int = typer.Option(1, "--sp", min=1, help="sequence-parallel degree (a prediction)"),
+    sp: int | None = typer.Option(
+        None,
+        "--sp",
+        min=1,
+        help="sequence-parallel degree (a prediction); default: the config's distributed.sequence_parallel",
+    ),
 ):
     """The run's memory per rank and phase, from the config and the model's shapes, without loading the
     model: the peak, the longest completion that fits, what to change (docs/memory.md). Exit 2 when it does
@@ -225,7 +230,9 @@ def plan(
         free, device = available_memory(ranks)
         size = free if memory is None else int(memory * GIB)
         plan = memory_plan(
-            cfg, model_shapes(cfg.model), Setup(ranks=ranks, sp=sp, memory=size, device=device)
+            cfg,
+            model_shapes(cfg.model),
+            Setup(ranks=ranks, sp=sp or cfg.distributed.sequence_parallel, memory=size, device=device),
         )
         typer.echo(plan.table())
         if (line := plan.refusal()) is not None:

@@ -156,6 +156,24 @@ def test_sequence_parallelism_and_checkpointing_shrink_the_activations(tiny_dir)
     assert "backward's temporaries (a layer)" not in update
 
 
+def test_the_configs_sequence_parallel_degree_is_the_plans_at_the_start_and_in_grpokit_plan(
+    tiny_dir, tmp_path, monkeypatch
+):
+    cfg = run_config(tiny_dir, "distributed.sequence_parallel=2", "model.padding_free=true")
+    shapes = model_shapes(cfg.model)
+    monkeypatch.setattr(plan_module, "available_memory", lambda ranks: (4 * GIB, "cpu"))
+    at_start = plan_module.check_memory(cfg, 2, echo=False)
+    assert at_start is not None and at_start.setup.sp == 2
+    assert at_start.lines == memory_plan(cfg, shapes, Setup(ranks=2, sp=2, memory=4 * GIB)).lines
+    halved = lines(at_start, UPDATE)["activations, checkpointing off"]
+    assert halved < lines(memory_plan(cfg, shapes, Setup(ranks=2)), UPDATE)["activations, checkpointing off"]
+    config = tmp_path / "run.yaml"
+    config.write_text(f"model: {{name_or_path: '{tiny_dir}'}}\n")
+    for extra, degree in (["distributed.sequence_parallel=2"], "2"), (["--sp", "4"], "4"):
+        shown = CliRunner().invoke(app, ["plan", str(config), "--ranks", "4", "--memory", "4", *extra])
+        assert shown.exit_code == 0 and f"sequence parallel {degree}" in shown.output, shown.output
+
+
 def test_a_plan_that_does_not_fit_is_refused_in_one_line_naming_a_change_that_fits(tiny_dir):
     long = ("rollout.max_completion_length=4000", "data.max_prompt_length=64")
     cfg = run_config(tiny_dir, *long)

@@ -402,8 +402,11 @@ def _candidates(cfg: Config, shapes: Shapes, setup: Setup) -> list[tuple[str, in
             out.append((f"{ranks} ranks (torchrun, FSDP2)", _peak(cfg, shapes, replace(setup, ranks=ranks))))
             break
     for sp in (2, 4, 8):
-        if sp > setup.sp:
-            out.append((f"sequence parallelism of degree {sp}", _peak(cfg, shapes, replace(setup, sp=sp))))
+        if sp > setup.sp:  # on a multiple of sp ranks: torchrun's world is data x sequence ranks
+            ranks = sp * -(-setup.ranks // sp)
+            split = replace(setup, sp=sp, ranks=ranks)
+            change = f"distributed.sequence_parallel={sp} (each sequence split over {sp} of {ranks} ranks)"
+            out.append((change, _peak(cfg, shapes, split)))
             break
     out.append(_together(cfg, shapes, setup))
     return [(change, peak) for change, peak in out if peak < _peak(cfg, shapes, setup)]
@@ -574,7 +577,7 @@ def with_automatic_budget(cfg: Config, ranks: int) -> tuple[Config, str | None]:
     except ModelLoadError:
         return cfg, None
     memory, device = available_memory(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    setup = Setup(ranks=ranks, memory=memory, device=device)
+    setup = Setup(ranks=ranks, sp=cfg.distributed.sequence_parallel, memory=memory, device=device)
     budget = automatic_budget(cfg, shapes, setup)
     if not budget:
         return cfg, None
@@ -598,7 +601,8 @@ def check_memory(cfg: Config, ranks: int, *, echo: bool = True) -> MemoryPlan | 
     except ModelLoadError:  # a model that cannot be read: the loader's own line says why, next
         return None
     memory, device = available_memory(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    plan = memory_plan(cfg, shapes, Setup(ranks=ranks, memory=memory, device=device))
+    setup = Setup(ranks=ranks, sp=cfg.distributed.sequence_parallel, memory=memory, device=device)
+    plan = memory_plan(cfg, shapes, setup)
     if echo:
         print(summary(plan), flush=True)
     line = plan.refusal()
