@@ -13,6 +13,11 @@ from grpokit.policy import heap
 from grpokit.policy.loading import enable_checkpointing
 
 LAYERS = 3
+#: a checkpointed layer's trims in one pass with a gradient: after the forward of its attention, its MLP and
+#: itself (3); in the backward, before the layer's and the MLP's (2, then the recomputation), after the
+#: recomputed attention's forward (1; the recomputation stops early, inside the MLP), before the
+#: attention's (1)
+TRIMS = 7
 
 
 def tiny(seed: int = 0) -> LlamaForCausalLM:
@@ -38,19 +43,21 @@ def loss_and_grads(model, ids):
     return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
-def test_each_checkpointed_layer_trims_after_its_forward_and_before_its_backward(trims):
+def test_each_checkpointed_layer_and_its_attention_and_mlp_trim_after_the_forward_and_before_the_backward(
+    trims,
+):
     model = tiny()
     enable_checkpointing(model, release=True)
     enable_checkpointing(model, release=True)  # a hook a layer, however often it is enabled
     ids = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(1))
-    model(input_ids=ids, labels=ids).loss.backward()  # the recomputation stops early: no hook of its own
-    assert len(trims) == 2 * LAYERS and set(trims) == {0}
+    model(input_ids=ids, labels=ids).loss.backward()
+    assert len(trims) == TRIMS * LAYERS and set(trims) == {0}
     with torch.no_grad():  # pi_old / pi_ref passes
         model(input_ids=ids)
     model.eval()  # generation
     with torch.no_grad():
         model.generate(ids[:, :4], max_new_tokens=3, do_sample=False)
-    assert len(trims) == 2 * LAYERS
+    assert len(trims) == TRIMS * LAYERS
 
 
 def test_layers_that_do_not_checkpoint_and_release_false_leave_the_allocator_alone(trims):
@@ -63,9 +70,9 @@ def test_layers_that_do_not_checkpoint_and_release_false_leave_the_allocator_alo
     enable_checkpointing(model, release=False)
     model(input_ids=ids, labels=ids).loss.backward()
     assert trims == []
-    enable_checkpointing(model, every_n_layers=2)  # layers 0 and 2 checkpoint: 2 trims each
+    enable_checkpointing(model, every_n_layers=2)  # layers 0 and 2 checkpoint
     model(input_ids=ids, labels=ids).loss.backward()
-    assert len(trims) == 2 * 2
+    assert len(trims) == TRIMS * 2
 
 
 def test_the_same_loss_and_gradients_with_and_without_releasing():

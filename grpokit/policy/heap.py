@@ -6,8 +6,13 @@ there stays resident. A checkpointed pass allocates and frees each layer's activ
 output (the next checkpoint) left among the holes, so the heap fragments and grows by a layer's worth at a
 time. On SmolLM2-135M's training pass over one row of 4,160 tokens the process held 2,194 MiB above its
 weights for 636 MiB of tensors at their peak; calling malloc_trim(0) after each checkpointed layer's forward
-and before its backward, 759 MiB (benchmarks/results/long_pass.md). The backward's recomputation of a layer
-stops at the last tensor it needs (torch's early stop), before the layer's hooks.
+and before its backward, 759 MiB (benchmarks/results/long_pass.md).
+
+Within a layer too: where a layer's tensors are below the threshold (two sequence ranks at 16k tokens: half a
+row's hidden states, 19 MB), the recomputation and backward of one layer left 350-420 MiB of freed heap
+resident a rank. So the layer's attention and MLP (its children that hold modules) trim as well: after their
+forward and before their backward. The backward's recomputation of a layer stops at the last tensor it needs
+(torch's early stop), after its attention's forward and before the MLP's and the layer's ends.
 
 What it costs is the pages' faults when the heap reuses them: 1-2% of the pass at 4k tokens, 11-25% at 1k
 tokens (the same benchmark). It acts only where the memory is the constraint: on the CPU, in passes with a
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 from collections.abc import Callable
 
 import torch
@@ -35,9 +41,10 @@ _TRIM = malloc_trim()
 
 
 def release_between_layers(model) -> bool:
-    """Return the freed heap to the OS after each checkpointed decoder layer's forward and before its
-    backward (the model's transformers decoder layers: GradientCheckpointingLayer). Whether it could: a CPU
-    model under glibc. Registered once a layer; a layer that does not checkpoint is left alone."""
+    """Return the freed heap to the OS after the forward and before the backward of each checkpointed decoder
+    layer (the model's transformers decoder layers: GradientCheckpointingLayer) and of its attention and MLP.
+    Whether it could: a CPU model under glibc. Registered once a layer; a layer that does not checkpoint is
+    left alone."""
     try:
         from transformers.modeling_layers import GradientCheckpointingLayer
     except ImportError:  # transformers before 4.54: no common class for its decoder layers
@@ -46,16 +53,20 @@ def release_between_layers(model) -> bool:
     if _TRIM is None or param is None or param.device.type != "cpu":
         return False
     for layer in model.modules():
-        if (
-            isinstance(layer, GradientCheckpointingLayer)
-            and _after_forward not in layer._forward_hooks.values()
-        ):
-            layer.register_forward_hook(_after_forward)
+        if isinstance(layer, GradientCheckpointingLayer) and not getattr(layer, HOOKED, False):
+            setattr(layer, HOOKED, True)
+            parts = [child for child in layer.children() if next(child.children(), None) is not None]
+            for part in [*parts, layer]:  # attention and MLP (not the norms), then the layer
+                part.register_forward_hook(functools.partial(_after_forward, layer))
     return True
 
 
-def _after_forward(module, args, output) -> None:
-    if not (module.training and torch.is_grad_enabled() and getattr(module, "gradient_checkpointing", False)):
+#: set on a decoder layer whose hooks are registered
+HOOKED = "_grpokit_releases_freed_memory"
+
+
+def _after_forward(layer, module, args, output) -> None:
+    if not (layer.training and torch.is_grad_enabled() and getattr(layer, "gradient_checkpointing", False)):
         return  # pi_old / pi_ref passes, generation, layers that keep their activations
     trim()
     out = output[0] if isinstance(output, tuple) else output
