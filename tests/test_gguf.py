@@ -5,12 +5,23 @@ The real conversion and the model it gives are tests/test_real_model.py's."""
 import importlib.util
 import json
 import stat
+import subprocess
+import sys
+import textwrap
 
 import pytest
 
 import grpokit.policy.gguf as gguf
 from grpokit.policy import ModelLoadError, load_model, load_tokenizer
-from grpokit.policy.gguf import SOURCE_FILE, GGUFError, cache_root, file_sha256, gguf_file, resolve
+from grpokit.policy.gguf import (
+    SOURCE_FILE,
+    GGUFError,
+    cache_root,
+    complete,
+    file_sha256,
+    gguf_file,
+    resolve,
+)
 
 
 @pytest.fixture
@@ -119,9 +130,65 @@ def test_resolve_reuses_a_converted_folder_without_converting_again(tmp_path, ca
     folder = cache / "gguf" / file_sha256(model)[:16]
     folder.mkdir(parents=True)
     (folder / SOURCE_FILE).write_text(json.dumps({"source": str(model)}) + "\n")
+    (folder / "config.json").write_text("{}")
+    (folder / "model.safetensors").write_bytes(b"w")
     monkeypatch.setattr(gguf, "convert", never_convert)
     assert resolve(str(model)) == str(folder)
     assert resolve(str(tmp_path / "m")) == str(folder)  # the folder holding it: the same copy
+
+
+def test_a_cached_folder_without_its_weights_is_converted_again_and_replaced(tmp_path, cache, monkeypatch):
+    """As a rank other than 0 once left it (transformers wrote the model on rank 0 only): the tokenizer and
+    the source record, no config or weights."""
+    model = fake_gguf(tmp_path / "model.gguf")
+    folder = cache / "gguf" / file_sha256(model)[:16]
+    folder.mkdir(parents=True)
+    (folder / SOURCE_FILE).write_text(json.dumps({"source": str(model)}) + "\n")
+    (folder / "tokenizer.json").write_text("{}")
+
+    def fake_convert(gguf_path, out, *, key="model.name_or_path"):
+        (out / "config.json").write_text("{}")
+        (out / "model.safetensors").write_bytes(b"w")
+
+    monkeypatch.setattr(gguf, "convert", fake_convert)
+    assert resolve(str(model)) == str(folder)
+    assert sorted(p.name for p in folder.iterdir()) == ["config.json", SOURCE_FILE, "model.safetensors"]
+    assert [p.name for p in (cache / "gguf").iterdir()] == [folder.name]
+
+
+SAVE_ON_RANK_1 = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+
+    import torch.distributed as dist
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from grpokit.policy.gguf import complete, save
+
+    dist.init_process_group("gloo")
+    config = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1)
+    out = Path(sys.argv[1]) / f"rank{dist.get_rank()}"
+    save(LlamaForCausalLM(config), AutoTokenizer.from_pretrained(sys.argv[2]), out)
+    assert complete(out, record=False), sorted(p.name for p in out.iterdir())
+    dist.destroy_process_group()
+    """
+)
+
+
+@pytest.mark.slow
+def test_every_rank_of_a_torchrun_writes_its_converted_folder_whole(tmp_path, tiny_model_dir):
+    """Two ranks resolving an unconverted file both convert; rank 1's folder may be the one kept, so it must
+    hold the weights (transformers' save_pretrained writes them on rank 0 only under torch.distributed)."""
+    script = tmp_path / "save.py"
+    script.write_text(SAVE_ON_RANK_1)
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    done = subprocess.run(
+        [*launch, str(script), str(tmp_path), str(tiny_model_dir)], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert complete(tmp_path / "rank0", record=False) and complete(tmp_path / "rank1", record=False)
 
 
 def test_resolve_converts_once_into_a_folder_keyed_by_the_hash_that_others_can_read(

@@ -98,7 +98,7 @@ def resolve(name_or_path: str, key: str = "model.name_or_path") -> str:
         return name_or_path
     sha = cached_sha256(gguf)
     folder = cache_root() / "gguf" / sha[:16]
-    if (folder / SOURCE_FILE).exists():
+    if complete(folder):
         if folder not in _ANNOUNCED:  # the tokenizer and the model load it: say so once
             _ANNOUNCED.add(folder)
             logger.warning("%s: %s is loaded from its converted copy %s", key, gguf.name, folder)
@@ -141,7 +141,13 @@ def resolve(name_or_path: str, key: str = "model.name_or_path") -> str:
         try:
             tmp.rename(folder)
         except OSError:  # another process converted the same file meanwhile: keep theirs
-            if not (folder / SOURCE_FILE).exists():
+            if complete(folder):
+                pass
+            elif folder.exists():  # one without its weights (an earlier bug): replaced
+                logger.warning("%s: replacing %s, a conversion without its weights", key, folder)
+                shutil.rmtree(folder, ignore_errors=True)
+                tmp.rename(folder)
+            else:
                 raise
         _ANNOUNCED.add(folder)
     finally:
@@ -208,5 +214,25 @@ def convert(gguf: Path, out: Path, *, key: str = "model.name_or_path") -> None:
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(loaded.state_dict())
     model.generation_config = loaded.generation_config
+    save(model, tokenizer, out)
+    if not complete(out, record=False):
+        raise GGUFError(f"{key}={str(gguf)!r}: the conversion wrote no config.json or weights into {out}")
+
+
+def save(model, tokenizer, out: Path) -> None:
+    """save_pretrained of both, by this process whatever its rank: once torch.distributed is initialized,
+    transformers writes a model's files on rank 0 only, while every rank converts into a folder of its own
+    and any of them may be the one renamed into the cache."""
+    model.should_save_on_this_rank = lambda is_main_process: True
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+
+
+def complete(folder: Path, record: bool = True) -> bool:
+    """Whether `folder` holds a converted model: its config, its weights, and (`record`) the record of its
+    source, written last."""
+    return (
+        (folder / "config.json").exists()
+        and any(folder.glob("*.safetensors"))
+        and (not record or (folder / SOURCE_FILE).exists())
+    )
