@@ -138,21 +138,27 @@ def resolve(name_or_path: str, key: str = "model.name_or_path") -> str:
         tmp.chmod(0o755)
         for path in tmp.rglob("*"):
             path.chmod(0o755 if path.is_dir() else 0o644)
-        try:
-            tmp.rename(folder)
-        except OSError:  # another process converted the same file meanwhile: keep theirs
-            if complete(folder):
-                pass
-            elif folder.exists():  # one without its weights (an earlier bug): replaced
-                logger.warning("%s: replacing %s, a conversion without its weights", key, folder)
-                shutil.rmtree(folder, ignore_errors=True)
-                tmp.rename(folder)
-            else:
-                raise
+        move_into_place(tmp, folder, key)
         _ANNOUNCED.add(folder)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return str(folder)
+
+
+def move_into_place(tmp: Path, folder: Path, key: str) -> None:
+    """The converted `tmp` renamed to `folder`, unless another process converted the same file meanwhile
+    (theirs is kept); a folder there without its weights (as an earlier version left it under torchrun) is
+    replaced."""
+    try:
+        tmp.rename(folder)
+    except OSError:
+        if complete(folder):
+            return
+        if not folder.exists():
+            raise
+        logger.warning("%s: replacing %s, a conversion without its weights", key, folder)
+        shutil.rmtree(folder, ignore_errors=True)
+        tmp.rename(folder)
 
 
 def data_end(gguf: Path) -> int:
