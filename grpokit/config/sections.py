@@ -59,11 +59,12 @@ class ModelConfig(Section):
     the model's sizes once the run is built), and then on the fewest decoder layers that fit
     (grpokit/policy/memory.py); the run prints the decision."""
     release_freed_memory: bool = True
-    """On the CPU under glibc, with gradient checkpointing: hand what each checkpointed decoder layer frees
-    back to the OS after its forward and before its backward (malloc_trim), in the passes with a gradient.
-    glibc's malloc keeps freed blocks resident, and a checkpointed pass fragments its heap: one 4k-token row
-    held 3.4x its tensors (docs/memory.md). The cost: 1-2% of such a pass's time at 4k tokens, 11-25% at 1k,
-    for re-faulting the pages. false: leave the allocator alone."""
+    """On the CPU under glibc, with gradient checkpointing: hand what each checkpointed decoder layer, its
+    attention and its MLP free back to the OS after their forward and before their backward (malloc_trim), in
+    the passes with a gradient. glibc's malloc keeps freed blocks resident, and a checkpointed pass fragments
+    its heap: one 4k-token row held 3.4x its tensors, a third of that with it (docs/memory.md). The cost, for
+    re-faulting the pages: 5-12% of such a pass's time at 4k tokens, 26-34% at 1k, none measured at 16k.
+    false: leave the allocator alone."""
     attn_implementation: str | None = None
     """Passed to from_pretrained (e.g. "sdpa", "eager", "flash_attention_2"); None = transformers' default."""
     padding_free: bool | Literal["auto"] = "auto"
