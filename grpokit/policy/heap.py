@@ -40,6 +40,9 @@ def malloc_trim() -> Callable[[int], int] | None:
 
 _TRIM = malloc_trim()
 
+#: set on a decoder layer whose hooks are registered
+HOOKED = "_grpokit_releases_freed_memory"
+
 
 def release_between_layers(model) -> bool:
     """Return the freed heap to the OS after the forward and before the backward of each checkpointed decoder
@@ -60,10 +63,6 @@ def release_between_layers(model) -> bool:
             for part in [*parts, layer]:  # attention and MLP (not the norms), then the layer
                 part.register_forward_hook(functools.partial(_after_forward, layer))
     return True
-
-
-#: set on a decoder layer whose hooks are registered
-HOOKED = "_grpokit_releases_freed_memory"
 
 
 def _after_forward(layer, module, args, output) -> None:

@@ -566,6 +566,13 @@ def summary(plan: MemoryPlan) -> str:
     return "\n".join(lines)
 
 
+def machine_setup(cfg: Config, ranks: int) -> Setup:
+    """The run's Setup on this machine: its ranks, the config's sequence-parallel degree, the memory each
+    of torchrun's local ranks (LOCAL_WORLD_SIZE) may take."""
+    memory, device = available_memory(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    return Setup(ranks=ranks, sp=cfg.distributed.sequence_parallel, memory=memory, device=device)
+
+
 def with_automatic_budget(cfg: Config, ranks: int) -> tuple[Config, str | None]:
     """cfg with the automatic token budget (automatic_budget) on this machine, and the line that says so;
     (cfg, None) when it needs none, sets a micro-batch key itself, turned model.memory_check off, or has a
@@ -576,8 +583,7 @@ def with_automatic_budget(cfg: Config, ranks: int) -> tuple[Config, str | None]:
         shapes = model_shapes(cfg.model)
     except ModelLoadError:
         return cfg, None
-    memory, device = available_memory(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    setup = Setup(ranks=ranks, sp=cfg.distributed.sequence_parallel, memory=memory, device=device)
+    setup = machine_setup(cfg, ranks)
     budget = automatic_budget(cfg, shapes, setup)
     if not budget:
         return cfg, None
@@ -587,7 +593,7 @@ def with_automatic_budget(cfg: Config, ranks: int) -> tuple[Config, str | None]:
     return cfg, (
         f"optim.max_tokens_per_micro_batch: {budget} tokens a micro-batch ({budget // tokens} sequences of "
         f"up to {tokens} tokens), chosen by the memory plan: the whole minibatch ({rows} sequences a "
-        f"rank) would need {_gib(whole)} of the {_gib(memory)} available; the same gradient in "
+        f"rank) would need {_gib(whole)} of the {_gib(setup.memory)} available; the same gradient in "
         "more forwards (set optim.micro_batch_size or max_tokens_per_micro_batch to choose)"
     )
 
@@ -600,9 +606,7 @@ def check_memory(cfg: Config, ranks: int, *, echo: bool = True) -> MemoryPlan | 
         shapes = model_shapes(cfg.model)
     except ModelLoadError:  # a model that cannot be read: the loader's own line says why, next
         return None
-    memory, device = available_memory(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    setup = Setup(ranks=ranks, sp=cfg.distributed.sequence_parallel, memory=memory, device=device)
-    plan = memory_plan(cfg, shapes, setup)
+    plan = memory_plan(cfg, shapes, machine_setup(cfg, ranks))
     if echo:
         print(summary(plan), flush=True)
     line = plan.refusal()
