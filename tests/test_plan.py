@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -87,13 +88,15 @@ def test_the_plan_of_a_tiny_llama_in_worked_numbers(tiny_dir):
         "pi_ref (beta > 0)": weights,
         "AdamW moments": 2 * weights,
         "engine's whole copy (FSDP2)": 0,
-        "KV cache": kv,
         # the 96 completion positions' logits and logsumexp's 2 temporaries (3 x 96 x 1000 x 4 B), a layer's
-        # activations of the 2 x 64 tokens, the mask [2, 1, 64, 64]
+        # activations of the 2 x 64 tokens, the mask [2, 1, 64, 64]: 1,864,704 B
         "log-prob passes (pi_old, pi_ref)": 3 * 96 * 1000 * 4
         + 128 * (12 * 64 + 5 * 128) * 4
         + 2 * 64 * 64 * 4,
     }
+    # the engine frees its KV cache (131,072 B) when generate returns, before the passes: shown, not counted
+    cache = next(x for x in plan.lines if x.phase == ROLLOUT and x.name == "KV cache")
+    assert cache.bytes == kv and not cache.counted and "KV cache" in plan.table()
     # Without checkpointing the prompt runs once (2 completions of a prompt share it): 2 x 48 + 16 = 112
     # tokens through the layers, each keeping 2 layers of (12 x 64 + 5 x 128) x 4 = 5,632 B and 512 B more
     layer = (12 * 64 + 5 * 128) * 4
@@ -142,10 +145,10 @@ def test_sequence_parallelism_and_checkpointing_shrink_the_activations(tiny_dir)
     update = {x.name: x for x in on.lines if x.phase == UPDATE}
     assert on.checkpointing and update["activations, checkpointing every layer"].bytes == kept
     # the backward's peak: the last layer recomputed (7 x 64 + 2 x 2 x 16 + 2 x 16 + 4 x 128 = 1,056 values
-    # a token, saved, and as much in its gradients) or the LM head with its weight's gradient (1000 x 64),
-    # whichever is larger; the other is shown, not counted
+    # a token saved, and the gradients of 2 MLP-sized and 2 hidden-sized tensors: 2 x 128 + 2 x 64) or the
+    # LM head with its weight's gradient (1000 x 64), whichever is larger; the other is shown, not counted
     layer, head = update["a layer recomputed, and its gradients"], update["LM head (logits)"]
-    assert layer.bytes == 2 * 128 * 1056 * 4
+    assert layer.bytes == 128 * (1056 + 2 * 128 + 2 * 64) * 4
     # the plain pass's logits (96 x 1000, fp32) twice (sliced, then copied) and 4 temporaries of their size
     assert head.bytes == 6 * 96 * 1000 * 4 + 1000 * 64 * 4
     assert (
@@ -154,6 +157,34 @@ def test_sequence_parallelism_and_checkpointing_shrink_the_activations(tiny_dir)
         and on.total(UPDATE) == sum(x.bytes for x in update.values() if x.counted)
     )
     assert "backward's temporaries (a layer)" not in update
+    # over 2 sequence ranks a rank recomputes 64 of the 128 tokens, and its attention's backward holds the
+    # all-to-all's send and receive buffers of the q, k and v gradients: 2 x (4 + 2 + 2) heads x 16 values
+    split = memory_plan(run_config(tiny_dir, "model.gradient_checkpointing=true"), shapes, Setup(sp=2))
+    layer_sp = next(x for x in split.lines if x.name == "a layer recomputed, and its gradients")
+    assert layer_sp.bytes == 64 * (1056 + 2 * 128 + 2 * 64 + 2 * 8 * 16) * 4
+    # SmolLM2's layer (hidden 576, MLP 1536, 9 heads of 64, 3 KV heads): 59,648 B a token on one rank
+    # (measured 60,032); over 2 ranks the 9 heads are padded to 10 and the keys and values repeated to
+    # them, 2 x 30 x 64 x 4 = 15,360 B more
+    smol = replace(shapes, hidden=576, intermediate=1536, heads=9, kv_heads=3, head_dim=64)
+    assert plan_module._layer_backward_bytes(smol, 1) == 59_648
+    assert plan_module._layer_backward_bytes(smol, 2) == 59_648 + 15_360
+
+
+def test_the_rollouts_kv_cache_and_its_log_prob_passes_do_not_coexist(tiny_dir):
+    """The fast and hf engines free their cache when generate returns: the rollout counts the larger of the
+    cache and the pi_old / pi_ref passes. vLLM keeps its cache: both count."""
+    long = run_config(tiny_dir, "rollout.max_completion_length=2048", "model.padding_free=true")
+    plan = memory_plan(long, model_shapes(long.model))
+    rollout = {x.name: x for x in plan.lines if x.phase == ROLLOUT}
+    cache, passes = rollout["KV cache"], rollout["log-prob passes (pi_old, pi_ref)"]
+    assert cache.bytes == 4 * (16 + 2048) * (2 * 2 * 2 * 16 * 4)  # 4 sequences: 8,454,144 B
+    assert cache.counted != passes.counted and max(cache.bytes, passes.bytes) == (
+        cache.bytes if cache.counted else passes.bytes
+    )
+    state = sum(rollout[k].bytes for k in ("weights", "pi_ref (beta > 0)", "AdamW moments"))
+    assert plan.total(ROLLOUT) == state + max(cache.bytes, passes.bytes)
+    vllm = memory_plan(run_config(tiny_dir, "rollout.engine=vllm"), model_shapes(long.model))
+    assert all(x.counted for x in vllm.lines if x.phase == ROLLOUT)
 
 
 def test_the_configs_sequence_parallel_degree_is_the_plans_at_the_start_and_in_grpokit_plan(

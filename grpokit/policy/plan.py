@@ -23,6 +23,7 @@ The prompt is counted at data.max_prompt_length: the plan bounds the longest row
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, replace
 
@@ -53,6 +54,7 @@ class Shapes:
     vocab: int
     element_size: int  # bytes of model.dtype
     max_positions: int | None = None
+    heads: int = 0  # query heads (0: hidden // head_dim)
 
 
 @dataclass(frozen=True)
@@ -157,8 +159,13 @@ def plan_lines(cfg: Config, s: Shapes, setup: Setup) -> tuple[list[Line], int, i
     mask = 0 if packs(cfg.model) and not shared else rows * tokens * -(-tokens // setup.sp) * b
     completions = rows * cfg.rollout.max_completion_length  # the positions that reach the LM head
     head = _head(s, completions, shard, backward=False, copied=(shard > 1 or on) and rows > 1)
-    passes = head + rows * tokens * _layer_bytes(s) + mask
-    rollout.append(Line(ROLLOUT, "log-prob passes (pi_old, pi_ref)", passes if beta or shard > 1 else 0))
+    passes = head + rows * tokens * _layer_bytes(s) + mask if beta or shard > 1 else 0
+    if cfg.rollout.engine == "vllm":  # vLLM keeps its cache while the trainer's passes run
+        rollout.append(Line(ROLLOUT, "log-prob passes (pi_old, pi_ref)", passes))
+    else:  # the fast and hf engines free their KV cache when generate returns, before the passes run
+        kv = next(line for line in rollout if line.name == "KV cache")
+        rollout[rollout.index(kv)] = replace(kv, counted=kv.bytes >= passes)
+        rollout.append(Line(ROLLOUT, "log-prob passes (pi_old, pi_ref)", passes, counted=passes > kv.bytes))
     return [*rollout, *update], rows, tokens, on
 
 
@@ -198,9 +205,9 @@ def _activation_lines(cfg: Config, s: Shapes, setup: Setup, rows: int, shard: in
         ]
     # With checkpointing the backward's peak is one of two moments that do not coexist: the LM head's (its
     # logits' chunks, and its weight's gradient where it trains), or the last layer recomputed, what it
-    # saves, with its gradients (measured: 1.0 x what it saves)
+    # saves, with its backward's gradients (_layer_backward_bytes)
     head += s.vocab * s.hidden * b if s.trained == s.params else 0
-    layer = 2 * n * _recomputed_layer_bytes(s)
+    layer = n * _layer_backward_bytes(s, setup.sp)
     return [
         *lines,
         Line(UPDATE, "a layer recomputed, and its gradients", layer, counted=layer >= head),
@@ -274,6 +281,25 @@ def _recomputed_layer_bytes(s: Shapes) -> int:
     and 4 MLP-sized ones (gate, up, the activation, the product)."""
     kv = s.kv_heads * s.head_dim
     return (7 * s.hidden + 2 * kv + 2 * s.head_dim + 4 * s.intermediate) * s.element_size
+
+
+def _layer_backward_bytes(s: Shapes, sp: int = 1) -> int:
+    """A token's bytes at the peak of a checkpointed decoder layer's recomputation and backward: what it
+    saves, and at the MLP's backward the gradients of 2 MLP-sized and 2 hidden-sized tensors (measured alone,
+    torch's profiler over one layer: 36,121 B a token on a Llama of hidden 256 and MLP 1,024 at 4,096 and
+    16,448 tokens, this formula 36,352; 60,032 B on SmolLM2's layer at 4,160, this 59,648). Over sp > 1
+    sequence ranks the attention's backward also holds the all-to-all's send and receive buffers of the
+    query, key and value gradients (heads padded to a multiple of sp, keys and values repeated as
+    distributed/sequence.py does: SmolLM2's 9 heads become 10 over 2 ranks)."""
+    own = _recomputed_layer_bytes(s) + 2 * (s.intermediate + s.hidden) * s.element_size
+    if sp <= 1:
+        return own
+    heads = s.heads or s.hidden // s.head_dim
+    if heads % sp:
+        q = kv = heads + -heads % sp
+    else:
+        q, kv = heads, s.kv_heads * (sp // math.gcd(s.kv_heads, sp))
+    return own + 2 * (q + 2 * kv) * s.head_dim * s.element_size
 
 
 def _head(s: Shapes, tokens: int, shard: int, *, backward: bool, copied: bool = False) -> int:
@@ -490,6 +516,7 @@ def model_shapes(model_cfg) -> Shapes:
         vocab=text.vocab_size,
         element_size=torch.empty((), dtype=DTYPES[model_cfg.dtype]).element_size(),
         max_positions=getattr(text, "max_position_embeddings", None),
+        heads=heads,
     )
 
 
@@ -530,7 +557,9 @@ def format_plan(plan: MemoryPlan) -> str:
         if any(c not in ("", "0 MiB") for c in cells):
             out.append(f"  {name:46}{cells[0]:>12}{cells[1]:>12}")
     out.append(f"  {'total':46}{_mib(plan.total(ROLLOUT)):>12}{_mib(plan.total(UPDATE)):>12}")
-    out.append("  (* not counted: the other checkpointing choice; the smaller of the backward's two peaks)")
+    out.append(
+        "  (* not counted: the other checkpointing choice; the smaller of two peaks that do not coexist)"
+    )
     verdict = "fits" if plan.fits else "does NOT fit"
     out.append(f"peak {_gib(plan.peak)} in the {plan.peak_phase}: {verdict}")
     if s.memory > 0:
