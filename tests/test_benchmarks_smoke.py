@@ -99,6 +99,27 @@ SMOKES: dict[str, tuple[Smoke, ...]] = {
     ),
     "engine_default.py": (Smoke((), (r"^\| hf \| \d+\.\d+ \|", r"^\| auto \(default\) \| \d+\.\d+ \|")),),
     "long_chains.py": (Smoke((), (r"^\| step \| reward \| length mean", r"^\| 2 \| 0\.\d+ \| \d+ \|")),),
+    "layer_backward.py": (
+        Smoke(
+            (),
+            (
+                r"^\| layer \| hidden \|",
+                r"^\| tiny Llama \(grid\) \| 256 \| 1024 \| 4 / 4 \| 64 \| [\d,]+ \|",
+            ),
+        ),
+    ),
+    "long_step.py": (
+        # one process, then 2 gloo ranks under torchrun (FSDP2, each sequence split over both)
+        Smoke(
+            (),
+            (
+                r"^\| T \| SP \| mean completion \|",
+                r"^\| 16 \| 1 \| 16 \| [\d.]+ \|",
+                r"^\| 16 \| 2 \| 16 \| [\d.]+ \|",
+            ),
+            ("gguf",),
+        ),
+    ),
     "long_rollout.py": (
         Smoke(
             ("--threads", "1"),
