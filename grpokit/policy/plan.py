@@ -10,7 +10,8 @@ Per rank, with P parameters of b bytes, T of them trained, W ranks (FSDP2 divide
 - weights P b; pi_ref P b when beta > 0 without LoRA (LoRA's pi_ref is the adapter off); AdamW's two
   moments 2 T b once the first step ran; gradients T b in the update only (set to None after each step).
 - rollout: the engine's whole copy (FSDP2 with fast / hf: P x the engine_copy dtype), its KV cache
-  2 x layers x kv heads x head dim x rows x (prompt + completion) b, the pi_old / pi_ref passes' temporaries.
+  2 x layers x kv heads x head dim x rows x (prompt + completion) b, or the pi_old / pi_ref passes'
+  temporaries, whichever is larger (the fast and hf engines free the cache before the passes; vLLM's stays).
 - update: the activations a micro-batch keeps for the backward (memory.py's per-token sizes: all of each
   layer without checkpointing; with it each layer's input), the attention masks of padded rows (sdpa keeps
   one [rows, 1, T, T] a layer), and without checkpointing a layer's worth of the backward's temporaries and
@@ -286,8 +287,9 @@ def _recomputed_layer_bytes(s: Shapes) -> int:
 def _layer_backward_bytes(s: Shapes, sp: int = 1) -> int:
     """A token's bytes at the peak of a checkpointed decoder layer's recomputation and backward: what it
     saves, and at the MLP's backward the gradients of 2 MLP-sized and 2 hidden-sized tensors (measured alone,
-    torch's profiler over one layer: 36,121 B a token on a Llama of hidden 256 and MLP 1,024 at 4,096 and
-    16,448 tokens, this formula 36,352; 60,032 B on SmolLM2's layer at 4,160, this 59,648). Over sp > 1
+    torch's profiler over one layer, benchmarks/layer_backward.py: 36,117 and 35,928 B a token on a Llama of
+    hidden 256 and MLP 1,024 at 4,160 and 16,448 tokens, this formula 36,352; 60,032 and 59,395 B on
+    SmolLM2's layer, this 59,648). Over sp > 1
     sequence ranks the attention's backward also holds the all-to-all's send and receive buffers of the
     query, key and value gradients (heads padded to a multiple of sp, keys and values repeated as
     distributed/sequence.py does: SmolLM2's 9 heads become 10 over 2 ranks)."""
