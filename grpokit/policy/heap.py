@@ -40,6 +40,10 @@ def malloc_trim() -> Callable[[int], int] | None:
 
 _TRIM = malloc_trim()
 
+#: glibc's largest mmap threshold on 64-bit: a block this large or larger is always mapped on its own, and
+#: goes back to the OS when freed; a smaller one may come from a heap, where it stays resident once freed
+MMAP_THRESHOLD_MAX = 32 << 20
+
 #: set on a decoder layer whose hooks are registered
 HOOKED = "_grpokit_releases_freed_memory"
 

@@ -10,8 +10,8 @@ Per rank, with P parameters of b bytes, T of them trained, W ranks (FSDP2 divide
 - weights P b; pi_ref P b when beta > 0 without LoRA (LoRA's pi_ref is the adapter off); AdamW's two
   moments 2 T b once the first step ran; gradients T b in the update only (set to None after each step).
 - rollout: the engine's whole copy (FSDP2 with fast / hf: P x the engine_copy dtype), its KV cache
-  2 x layers x kv heads x head dim x rows x (prompt + completion) b, or the pi_old / pi_ref passes'
-  temporaries, whichever is larger (the fast and hf engines free the cache before the passes; vLLM's stays).
+  2 x layers x kv heads x head dim x rows x (prompt + completion) b, and the pi_old / pi_ref passes'
+  temporaries; the larger of the two where the cache's memory is free by then (_cache_stays).
 - update: the activations a micro-batch keeps for the backward (memory.py's per-token sizes: all of each
   layer without checkpointing; with it each layer's input), the attention masks of padded rows (sdpa keeps
   one [rows, 1, T, T] a layer), and without checkpointing a layer's worth of the backward's temporaries and
@@ -33,6 +33,7 @@ import torch
 from grpokit.algo.fused import chunk_rows
 from grpokit.config import Config, ConfigError
 from grpokit.config.sections import LoraConfig
+from grpokit.policy.heap import MMAP_THRESHOLD_MAX
 from grpokit.policy.loading import DTYPES, ModelLoadError, model_folder
 from grpokit.policy.logprobs import FUSED_MIN_LOGITS
 from grpokit.policy.memory import GIB, SHARE, cpu_memory_available, layer_sizes
@@ -161,13 +162,26 @@ def plan_lines(cfg: Config, s: Shapes, setup: Setup) -> tuple[list[Line], int, i
     completions = rows * cfg.rollout.max_completion_length  # the positions that reach the LM head
     head = _head(s, completions, shard, backward=False, copied=(shard > 1 or on) and rows > 1)
     passes = head + rows * tokens * _layer_bytes(s) + mask if beta or shard > 1 else 0
-    if cfg.rollout.engine == "vllm":  # vLLM keeps its cache while the trainer's passes run
+    kv = next(line for line in rollout if line.name == "KV cache")
+    if cfg.rollout.engine == "vllm" or _cache_stays(cfg, s, setup, tokens):
         rollout.append(Line(ROLLOUT, "log-prob passes (pi_old, pi_ref)", passes))
-    else:  # the fast and hf engines free their KV cache when generate returns, before the passes run
-        kv = next(line for line in rollout if line.name == "KV cache")
+    else:  # the cache is freed when generate returns, before the passes run: the larger of the two
         rollout[rollout.index(kv)] = replace(kv, counted=kv.bytes >= passes)
         rollout.append(Line(ROLLOUT, "log-prob passes (pi_old, pi_ref)", passes, counted=passes > kv.bytes))
     return [*rollout, *update], rows, tokens, on
+
+
+def _cache_stays(cfg: Config, s: Shapes, setup: Setup, tokens: int) -> bool:
+    """Whether the fast / hf engine's KV cache still holds memory while the log-prob passes run. The engines
+    free it when generate returns. A GPU's caching allocator hands those blocks to the passes; on the CPU,
+    glibc returns a block to the OS only when it was mapped on its own (heap.MMAP_THRESHOLD_MAX and larger),
+    so a cache whose per-layer buffers [rows, KV heads, tokens, head dim] are smaller stays resident
+    (measured: SmolLM2 at 1k and 4k tokens, 4 rows, 3.3 and 12.8 MB buffers, the rollout held the cache
+    and the passes together; a Llama's at 16k tokens, 67 MB buffers, the larger of the two)."""
+    if setup.device != "cpu":
+        return False
+    rows = cfg.rollout.generation_batch_size or -(-cfg.rollout_batch_size // setup.ranks)
+    return rows * s.kv_heads * tokens * s.head_dim * s.element_size < MMAP_THRESHOLD_MAX
 
 
 def _activation_lines(cfg: Config, s: Shapes, setup: Setup, rows: int, shard: int, on: bool) -> list[Line]:
