@@ -180,7 +180,7 @@ def _cache_stays(cfg: Config, s: Shapes, setup: Setup, tokens: int) -> bool:
     and the passes together; a Llama's at 16k tokens, 67 MB buffers, the larger of the two)."""
     if setup.device != "cpu":
         return False
-    rows = cfg.rollout.generation_batch_size or -(-cfg.rollout_batch_size // setup.ranks)
+    rows = generation_rows(cfg, setup)
     return rows * s.kv_heads * tokens * s.head_dim * s.element_size < MMAP_THRESHOLD_MAX
 
 
@@ -264,8 +264,14 @@ def engine_lines(cfg: Config, s: Shapes, setup: Setup, tokens: int, shard: int) 
         kv = r.vllm_kv_cache_mb << 20 or max(rows * tokens, 256) * _kv_bytes_per_token(s)
         return [("vLLM's weights", s.params * s.element_size), ("KV cache", kv)]
     copy = s.params * (2 if cfg.distributed.engine_copy == "bf16" else 4) if shard > 1 else 0
-    rows = r.generation_batch_size or -(-cfg.rollout_batch_size // setup.ranks)
+    rows = generation_rows(cfg, setup)
     return [("engine's whole copy (FSDP2)", copy), ("KV cache", rows * tokens * _kv_bytes_per_token(s))]
+
+
+def generation_rows(cfg: Config, setup: Setup) -> int:
+    """Sequences a rank's fast / hf engine generates at once: rollout.generation_batch_size, else its whole
+    share of the rollout batch."""
+    return cfg.rollout.generation_batch_size or -(-cfg.rollout_batch_size // setup.ranks)
 
 
 def _kv_bytes_per_token(s: Shapes) -> int:
@@ -303,10 +309,10 @@ def _layer_backward_bytes(s: Shapes, sp: int = 1) -> int:
     saves, and at the MLP's backward the gradients of 2 MLP-sized and 2 hidden-sized tensors (measured alone,
     torch's profiler over one layer, benchmarks/layer_backward.py: 36,117 and 35,928 B a token on a Llama of
     hidden 256 and MLP 1,024 at 4,160 and 16,448 tokens, this formula 36,352; 60,032 and 59,395 B on
-    SmolLM2's layer, this 59,648). Over sp > 1
-    sequence ranks the attention's backward also holds the all-to-all's send and receive buffers of the
-    query, key and value gradients (heads padded to a multiple of sp, keys and values repeated as
-    distributed/sequence.py does: SmolLM2's 9 heads become 10 over 2 ranks)."""
+    SmolLM2's layer, this 59,648). Over sp > 1 sequence ranks the attention's backward also holds the
+    all-to-all's send and receive buffers of the query, key and value gradients (heads padded to a multiple
+    of sp, keys and values repeated as distributed/sequence.py does: SmolLM2's 9 heads become 10 over 2
+    ranks)."""
     own = _recomputed_layer_bytes(s) + 2 * (s.intermediate + s.hidden) * s.element_size
     if sp <= 1:
         return own
@@ -429,7 +435,7 @@ def _candidates(cfg: Config, shapes: Shapes, setup: Setup) -> list[tuple[str, in
             )
             out.append((change, _peak(smaller, shapes, setup)))
             break
-    gen = cfg.rollout.generation_batch_size or -(-cfg.rollout_batch_size // setup.ranks)
+    gen = generation_rows(cfg, setup)
     if gen > cfg.rollout.num_generations and cfg.rollout.engine != "vllm":
         fewer = _with(cfg, "rollout", generation_batch_size=cfg.rollout.num_generations)
         out.append(
